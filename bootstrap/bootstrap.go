@@ -1,0 +1,52 @@
+// Package bootstrap tells a starting rank who it is and lets the ranks of a
+// job exchange business cards before any subdevice is connected.
+//
+// A [Bootstrap] is a small key-value store with a barrier, the shape the PMI
+// interfaces of MPICH's Hydra and Slurm share: every rank Puts its own keys,
+// all ranks Fence, then any rank Gets any rank's keys. [Open] picks the
+// backend from the environment: mdrun's rendezvous service when the process
+// was started by mdrun, otherwise a singleton world of one rank.
+package bootstrap
+
+import (
+	"context"
+	"errors"
+)
+
+// Bootstrap is one rank's view of the job's launcher. Implementations are
+// safe for concurrent use.
+type Bootstrap interface {
+	// Rank is this process's rank in the world, in [0, Size).
+	Rank() int
+	// Size is the number of ranks in the world.
+	Size() int
+	// Host is the launcher's name for the host this rank runs on. Ranks with
+	// the same Host share a machine (and may use shared memory).
+	Host() string
+	// JobID is unique per job; subdevices name shared resources with it.
+	JobID() string
+	// Secret is a per-job secret that subdevices use to refuse strangers.
+	Secret() []byte
+	// Put publishes a key of this rank. Keys become visible to other ranks
+	// after the next Fence.
+	Put(key string, value []byte) error
+	// Fence is a barrier over all ranks that also publishes every Put made
+	// before it.
+	Fence(ctx context.Context) error
+	// Get returns the value rank published under key before the last Fence.
+	// It returns an error wrapping ErrNotFound when there is none.
+	Get(ctx context.Context, rank int, key string) ([]byte, error)
+	// Abort asks the launcher to end the whole job with code, and says why.
+	Abort(code int, reason string) error
+	// Close tells the launcher this rank finished cleanly and releases the
+	// connection.
+	Close() error
+}
+
+// Sentinel errors.
+var (
+	// ErrNotFound: the key was not published by that rank.
+	ErrNotFound = errors.New("bootstrap: key not found")
+	// ErrClosed: the bootstrap was closed, or the launcher went away.
+	ErrClosed = errors.New("bootstrap: closed")
+)

@@ -1,0 +1,262 @@
+package sdi
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// APIVersion is the SDI version this package defines. Subdevices list the
+// versions they speak in [Info.APIVersions]; the multidevice passes the one it
+// chose back in [OpenParams.APIVersion].
+const APIVersion = "v1.0"
+
+// Rank is a peer's identity within the job (its rank in the world). A
+// subdevice never sees communicators.
+type Rank int32
+
+// Info is a subdevice's static identity. Obtaining it has no side effects.
+type Info struct {
+	Name        string   // "tcp", "shm", ...; the name plugins.hcl and connection tables use
+	Version     string   // the subdevice's own version, independent of the SDI version
+	APIVersions []string // SDI versions it speaks, e.g. "v1.0"
+}
+
+// Reach says which peers a subdevice can possibly connect to.
+type Reach uint8
+
+const (
+	// ReachHost: only peers on the same host ([OpenParams.Host] equal).
+	ReachHost Reach = iota + 1
+	// ReachNetwork: peers on any host the network connects.
+	ReachNetwork
+)
+
+func (r Reach) String() string {
+	switch r {
+	case ReachHost:
+		return "host"
+	case ReachNetwork:
+		return "network"
+	}
+	return fmt.Sprintf("Reach(%d)", uint8(r))
+}
+
+// Flag is a set of capability bits in [Caps.Flags].
+type Flag uint32
+
+const (
+	// FlagReliable: every accepted frame arrives once, or the peer is
+	// reported down.
+	FlagReliable Flag = 1 << iota
+	// FlagOrdered: frames to one peer are delivered in the order Send
+	// accepted them.
+	FlagOrdered
+	// FlagMatching: the subdevice matches messages itself and implements
+	// [Matcher]. The multidevice then runs ANY_SOURCE by duplicated requests.
+	FlagMatching
+)
+
+// Has reports whether all bits of g are set in f.
+func (f Flag) Has(g Flag) bool { return f&g == g }
+
+// Caps are the limits and hints a subdevice publishes from Open. Routing reads
+// them; it never probes behaviour.
+type Caps struct {
+	MaxHeader   int           // largest opaque header per frame, > 0
+	MaxEager    int           // largest message the multidevice sends eagerly; <= MaxFrame
+	MaxFrame    int           // largest payload of one frame
+	Exclusivity uint32        // higher wins when several subdevices reach a peer
+	Latency     time.Duration // nominal one-way latency, for routing
+	Bandwidth   uint64        // nominal bytes/s, for routing and striping
+	Reach       Reach
+	Flags       Flag
+}
+
+// Validate reports caps that break the contract.
+func (c Caps) Validate() error {
+	switch {
+	case c.MaxHeader <= 0:
+		return fmt.Errorf("sdi: caps: MaxHeader %d must be > 0", c.MaxHeader)
+	case c.MaxFrame <= 0:
+		return fmt.Errorf("sdi: caps: MaxFrame %d must be > 0", c.MaxFrame)
+	case c.MaxEager < 0 || c.MaxEager > c.MaxFrame:
+		return fmt.Errorf("sdi: caps: MaxEager %d must be in [0, MaxFrame=%d]", c.MaxEager, c.MaxFrame)
+	case c.Reach != ReachHost && c.Reach != ReachNetwork:
+		return fmt.Errorf("sdi: caps: Reach %v is neither host nor network", c.Reach)
+	}
+	return nil
+}
+
+// Frame is one outbound active message.
+//
+// The subdevice may keep Header and Payload until it reports completion for
+// Token through [Handler.SendDone]; the caller must not modify either before
+// then.
+type Frame struct {
+	Peer    Rank
+	Header  []byte // opaque to the subdevice; at most Caps.MaxHeader bytes
+	Payload []byte // at most Caps.MaxFrame bytes
+	Token   uint64 // echoed in Handler.SendDone
+}
+
+// Handler is implemented by the multidevice and passed to Open.
+//
+// Methods are called from goroutines the subdevice owns. They must not block
+// and must not call back into the SubDevice synchronously. For one peer,
+// Deliver calls are serialized, and in send order if Caps.Flags has
+// FlagOrdered.
+type Handler interface {
+	// Deliver hands over one arriving frame. header and payload are valid
+	// only during the call; the handler copies what it keeps.
+	Deliver(from Rank, header, payload []byte)
+	// SendDone reports that the frame accepted with token is locally complete
+	// (its buffers may be reused), with err non-nil if it was not sent.
+	// It is called exactly once per accepted frame.
+	SendDone(token uint64, err error)
+	// PeerDown reports that the subdevice lost its connection to peer.
+	PeerDown(peer Rank, err error)
+}
+
+// OpenParams configure a subdevice.
+type OpenParams struct {
+	Rank       Rank
+	Size       int          // ranks in the job
+	Host       string       // the launcher's name for this rank's host
+	JobID      string       // unique per job; names shared resources
+	Secret     []byte       // per-job secret; peers that cannot show it are refused
+	APIVersion string       // the SDI version chosen from Info.APIVersions
+	Config     []byte       // the subdevice's config block from plugins.hcl, as JSON; may be empty
+	Handler    Handler      // receives frames and completions; never nil
+	Logger     hclog.Logger // named for the subdevice; never nil
+}
+
+// Local is what Open returns.
+type Local struct {
+	Addr []byte // business card: published to peers, who pass it to Connect
+	Caps Caps
+}
+
+// SubDevice is a transport under the multidevice.
+//
+// Implementations are safe for concurrent use by multiple goroutines: the
+// multidevice calls Send from many goroutines at once and Connect while
+// frames flow to other peers.
+//
+// Lifecycle: Info (any time), Open (once), then Connect, Send, Flush,
+// Disconnect in any order and concurrently, then Close (idempotent).
+type SubDevice interface {
+	// Info returns the static identity. It does not block and has no side
+	// effects; it may be called before Open.
+	Info(ctx context.Context) (Info, error)
+
+	// Open binds local resources (a listening socket, a shared segment) and
+	// returns this rank's business card and the effective Caps. It may block
+	// until ctx is done.
+	Open(ctx context.Context, p OpenParams) (Local, error)
+
+	// Connect makes peer reachable using its business card. It may connect at
+	// once or on first use. It blocks at most until ctx is done, and returns
+	// an error wrapping ErrPeerUnreachable when the card is not usable from
+	// here (another host for a host-local subdevice, a foreign job, a
+	// refused connection).
+	Connect(ctx context.Context, peer Rank, addr []byte) error
+
+	// Disconnect flushes and releases the connection to peer.
+	Disconnect(ctx context.Context, peer Rank) error
+
+	// Send queues one frame. It never blocks. On success the frame is
+	// accepted: SendDone(f.Token, …) follows exactly once, and the subdevice
+	// owns f.Header and f.Payload until then. On error nothing was accepted
+	// and no SendDone follows: ErrWouldBlock (retry later), ErrTooLarge,
+	// ErrNotConnected, ErrPeerUnreachable, ErrClosed.
+	Send(f *Frame) error
+
+	// Flush blocks until every frame accepted for peer is locally complete
+	// (SendDone was called), or ctx is done.
+	Flush(ctx context.Context, peer Rank) error
+
+	// Close releases everything. Frames still pending get SendDone with
+	// ErrClosed. Close is idempotent; after it every call returns ErrClosed.
+	// No Handler method is called after Close returns.
+	Close(ctx context.Context) error
+}
+
+// Factory makes an unopened subdevice.
+type Factory func(logger hclog.Logger) SubDevice
+
+// Matcher is implemented by subdevices that set [FlagMatching]: they carry
+// the message envelope themselves and match arriving messages against
+// receives the multidevice posts into them. The multidevice reaches it only
+// after checking the flag.
+//
+// For an ANY_SOURCE receive the multidevice posts one copy of the receive
+// into every matching subdevice and keeps one in its own queue; all copies
+// share one [Claim]. A subdevice must win the claim (TryClaim) before it
+// writes any byte into the buffer; when it loses, it treats the posted
+// receive as gone and matches the message against the next one (or queues
+// it as unexpected).
+type Matcher interface {
+	// SendTagged queues a message for peer with its envelope. Like Send it
+	// never blocks; completion is reported through Handler.SendDone(Token).
+	SendTagged(m *TaggedMessage) error
+	// PostRecv posts a receive. Completion is reported through Done, called
+	// once, from a subdevice goroutine, after the data is in Buf.
+	PostRecv(r *PostedRecv) error
+	// CancelRecv removes a posted receive that has not matched yet. It
+	// reports whether the receive was removed; Done is not called for it.
+	CancelRecv(id uint64) bool
+	// Probe looks for an unexpected message matching the envelope without
+	// receiving it.
+	Probe(source Rank, tag int32, context uint64) (Envelope, bool)
+}
+
+// AnySource and AnyTag are the wildcards in envelopes passed to a Matcher.
+const (
+	AnySource Rank  = -1
+	AnyTag    int32 = -1
+)
+
+// Envelope identifies a message for matching.
+type Envelope struct {
+	Source  Rank
+	Tag     int32
+	Context uint64
+	Len     int // bytes of payload
+}
+
+// TaggedMessage is a message sent through a [Matcher].
+type TaggedMessage struct {
+	Peer    Rank
+	Tag     int32
+	Context uint64
+	Payload []byte
+	Token   uint64
+}
+
+// PostedRecv is a receive posted into a [Matcher].
+type PostedRecv struct {
+	ID      uint64
+	Source  Rank  // or AnySource
+	Tag     int32 // or AnyTag
+	Context uint64
+	Buf     []byte
+	Claim   *Claim
+	// Done is called once the message is in Buf (n bytes; truncated when the
+	// message was longer than Buf) or the subdevice failed.
+	Done func(env Envelope, n int, err error)
+}
+
+// Claim is the one-shot token shared by the copies of a duplicated receive.
+// The zero value is unclaimed. It is safe for concurrent use.
+type Claim struct{ owner atomic.Int64 }
+
+// TryClaim takes the claim for owner (any non-zero id) and reports whether it
+// won. Exactly one caller ever wins.
+func (c *Claim) TryClaim(owner int64) bool { return c.owner.CompareAndSwap(0, owner) }
+
+// Owner returns the winner's id, or 0 while unclaimed.
+func (c *Claim) Owner() int64 { return c.owner.Load() }
