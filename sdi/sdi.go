@@ -113,9 +113,9 @@ type Handler interface {
 	// Deliver hands over one arriving frame. header and payload are valid
 	// only during the call; the handler copies what it keeps.
 	Deliver(from Rank, header, payload []byte)
-	// SendDone reports that the frame accepted with token is locally complete
-	// (its buffers may be reused), with err non-nil if it was not sent.
-	// It is called exactly once per accepted frame.
+	// SendDone reports that a frame Send accepted with done=false is
+	// locally complete (its buffers may be reused), with err non-nil if it
+	// was not sent. It is called exactly once per such frame.
 	SendDone(token uint64, err error)
 	// PeerDown reports that the subdevice lost its connection to peer.
 	PeerDown(peer Rank, err error)
@@ -168,12 +168,19 @@ type SubDevice interface {
 	// Disconnect flushes and releases the connection to peer.
 	Disconnect(ctx context.Context, peer Rank) error
 
-	// Send queues one frame. It never blocks. On success the frame is
-	// accepted: SendDone(f.Token, …) follows exactly once, and the subdevice
-	// owns f.Header and f.Payload until then. On error nothing was accepted
-	// and no SendDone follows: ErrWouldBlock (retry later), ErrTooLarge,
+	// Send hands over one frame. It never blocks.
+	//
+	// It returns done=true when the frame is already locally complete: the
+	// caller may reuse f.Header and f.Payload at once and no SendDone
+	// follows (a shm ring that copied the frame). It returns done=false when
+	// the frame is accepted but still in flight: the subdevice owns
+	// f.Header and f.Payload until SendDone(f.Token, …), which follows
+	// exactly once, never from within Send itself.
+	//
+	// On error nothing was accepted and no SendDone follows: ErrWouldBlock
+	// (retry after a SendDone or a short wait), ErrTooLarge,
 	// ErrNotConnected, ErrPeerUnreachable, ErrClosed.
-	Send(f *Frame) error
+	Send(f *Frame) (done bool, err error)
 
 	// Flush blocks until every frame accepted for peer is locally complete
 	// (SendDone was called), or ctx is done.
@@ -200,9 +207,9 @@ type Factory func(logger hclog.Logger) SubDevice
 // receive as gone and matches the message against the next one (or queues
 // it as unexpected).
 type Matcher interface {
-	// SendTagged queues a message for peer with its envelope. Like Send it
-	// never blocks; completion is reported through Handler.SendDone(Token).
-	SendTagged(m *TaggedMessage) error
+	// SendTagged hands over a message for peer with its envelope, with the
+	// same non-blocking contract and completion rules as SubDevice.Send.
+	SendTagged(m *TaggedMessage) (done bool, err error)
 	// PostRecv posts a receive. Completion is reported through Done, called
 	// once, from a subdevice goroutine, after the data is in Buf.
 	PostRecv(r *PostedRecv) error
