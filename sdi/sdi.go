@@ -205,7 +205,8 @@ type Factory func(logger hclog.Logger) SubDevice
 // share one [Claim]. A subdevice must win the claim (TryClaim) before it
 // writes any byte into the buffer; when it loses, it treats the posted
 // receive as gone and matches the message against the next one (or queues
-// it as unexpected).
+// it as unexpected). A posted receive whose claim is already taken when it
+// is posted or matched is dropped without calling Done.
 type Matcher interface {
 	// SendTagged hands over a message for peer with its envelope, with the
 	// same non-blocking contract and completion rules as SubDevice.Send.
@@ -241,7 +242,10 @@ type TaggedMessage struct {
 	Tag     int32
 	Context uint64
 	Payload []byte
-	Token   uint64
+	// Sync asks for synchronous-send completion: the subdevice reports
+	// completion only after the receiver matched the message.
+	Sync  bool
+	Token uint64
 }
 
 // PostedRecv is a receive posted into a [Matcher].

@@ -1,0 +1,313 @@
+package adi
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/multidevice"
+)
+
+// Wildcards and limits.
+const (
+	AnySource = multidevice.AnySource // receive from any rank
+	AnyTag    = multidevice.AnyTag    // receive any tag
+	MaxTag    = 1<<31 - 1             // the largest tag (MPI_TAG_UB)
+	// Undefined as a Split color leaves the calling rank out of every new
+	// communicator.
+	Undefined = -1
+)
+
+// Status describes a received or probed message. Source is a rank in the
+// communicator the receive was posted on.
+type Status struct {
+	Source    int
+	Tag       int
+	Count     int // bytes received; for a probe, the message length
+	Cancelled bool
+}
+
+// worldContext is the world communicator's context id. Each communicator
+// owns an even id for point-to-point traffic and the odd id after it for
+// the library's own collective traffic (Split), so the two never match.
+const worldContext uint64 = 2
+
+// Comm is a communicator: a group of ranks and a context isolating their
+// messages from every other communicator's. It is safe for concurrent use.
+type Comm struct {
+	w       *World
+	context uint64
+	rank    int   // this process's rank in the communicator
+	ranks   []int // communicator rank -> world rank
+	index   map[int]int
+	derived atomic.Uint64 // communicators created from this one (Dup, Split)
+}
+
+func newComm(w *World, context uint64, ranks []int) *Comm {
+	c := &Comm{w: w, context: context, ranks: ranks, index: make(map[int]int, len(ranks))}
+	for i, r := range ranks {
+		c.index[r] = i
+	}
+	c.rank = c.index[w.dev.Rank()]
+	return c
+}
+
+// Rank is this process's rank in c.
+func (c *Comm) Rank() int { return c.rank }
+
+// Size is the number of ranks in c.
+func (c *Comm) Size() int { return len(c.ranks) }
+
+// WorldRank translates a rank of c into a world rank.
+func (c *Comm) WorldRank(r int) (int, error) {
+	if r < 0 || r >= len(c.ranks) {
+		return 0, fmt.Errorf("%w: %d not in [0,%d)", ErrRank, r, len(c.ranks))
+	}
+	return c.ranks[r], nil
+}
+
+func (c *Comm) dest(r int) (int, error) {
+	w, err := c.WorldRank(r)
+	if err != nil {
+		return 0, fmt.Errorf("adi: destination: %w", err)
+	}
+	return w, nil
+}
+
+func (c *Comm) source(r int) (int, error) {
+	if r == AnySource {
+		return AnySource, nil
+	}
+	w, err := c.WorldRank(r)
+	if err != nil {
+		return 0, fmt.Errorf("adi: source: %w", err)
+	}
+	return w, nil
+}
+
+// status converts a device status (world source) to one of c.
+func (c *Comm) status(st multidevice.Status) Status {
+	src := st.Source
+	if !st.Cancelled {
+		if r, ok := c.index[st.Source]; ok {
+			src = r
+		}
+	}
+	return Status{Source: src, Tag: st.Tag, Count: st.Count, Cancelled: st.Cancelled}
+}
+
+// Isend starts a standard-mode send of buf to rank dest with tag. buf must
+// not change until the request completes.
+func (c *Comm) Isend(buf []byte, dest, tag int) (*Request, error) {
+	return c.isend(buf, dest, tag, false)
+}
+
+// Issend starts a synchronous-mode send: it completes only once the
+// receiver has matched the message.
+func (c *Comm) Issend(buf []byte, dest, tag int) (*Request, error) {
+	return c.isend(buf, dest, tag, true)
+}
+
+func (c *Comm) isend(buf []byte, dest, tag int, sync bool) (*Request, error) {
+	d, err := c.dest(dest)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.w.dev.Isend(buf, d, tag, c.context, sync)
+	if err != nil {
+		return nil, fmt.Errorf("adi: send to rank %d: %w", dest, err)
+	}
+	return &Request{r: r, c: c}, nil
+}
+
+// Send sends buf to rank dest with tag and returns when buf may be reused.
+func (c *Comm) Send(ctx context.Context, buf []byte, dest, tag int) error {
+	r, err := c.Isend(buf, dest, tag)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	return err
+}
+
+// Ssend sends synchronously: it returns once the receiver matched the
+// message.
+func (c *Comm) Ssend(ctx context.Context, buf []byte, dest, tag int) error {
+	r, err := c.Issend(buf, dest, tag)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	return err
+}
+
+// Irecv posts a receive into buf from rank source (or AnySource) with tag (or
+// AnyTag). A longer message completes the request with ErrTruncated.
+func (c *Comm) Irecv(buf []byte, source, tag int) (*Request, error) {
+	s, err := c.source(source)
+	if err != nil {
+		return nil, err
+	}
+	r, err := c.w.dev.Irecv(buf, s, tag, c.context)
+	if err != nil {
+		return nil, fmt.Errorf("adi: receive from rank %d: %w", source, err)
+	}
+	return &Request{r: r, c: c}, nil
+}
+
+// Recv receives one message into buf.
+func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, error) {
+	r, err := c.Irecv(buf, source, tag)
+	if err != nil {
+		return Status{}, err
+	}
+	st, err := r.Wait(ctx)
+	if ctx.Err() != nil {
+		r.Cancel()
+	}
+	return st, err
+}
+
+// Iprobe reports whether a message from source with tag is waiting, without
+// receiving it.
+func (c *Comm) Iprobe(source, tag int) (Status, bool, error) {
+	s, err := c.source(source)
+	if err != nil {
+		return Status{}, false, err
+	}
+	st, ok, err := c.w.dev.Iprobe(s, tag, c.context)
+	if err != nil {
+		return Status{}, false, fmt.Errorf("adi: probe: %w", err)
+	}
+	return c.status(st), ok, nil
+}
+
+// Probe blocks until a message from source with tag is waiting and describes
+// it.
+func (c *Comm) Probe(ctx context.Context, source, tag int) (Status, error) {
+	poll := c.w.dev.HasMatchingSubDevices()
+	for {
+		changed := c.w.dev.Changed()
+		st, ok, err := c.Iprobe(source, tag)
+		if err != nil || ok {
+			return st, err
+		}
+		var tick <-chan time.Time
+		if poll { // matching subdevices queue messages we are not told about
+			tick = time.After(100 * time.Microsecond)
+		}
+		select {
+		case <-changed:
+		case <-tick:
+		case <-ctx.Done():
+			return Status{}, fmt.Errorf("adi: probe: %w", ctx.Err())
+		}
+	}
+}
+
+// Dup returns a communicator with the same group and a new, isolated
+// context. Every rank of c must call Dup in the same order relative to other
+// Dup and Split calls on c.
+func (c *Comm) Dup(ctx context.Context) (*Comm, error) {
+	n := c.derived.Add(1)
+	return newComm(c.w, deriveContext(c.context, n, 0), c.ranks), nil
+}
+
+// Split partitions c: ranks passing the same color form a new communicator,
+// ordered by key and then by rank in c. A rank passing Undefined gets nil.
+// It is collective: every rank of c must call it.
+func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
+	if color < Undefined {
+		return nil, fmt.Errorf("adi: split: color %d must be >= 0 or Undefined", color)
+	}
+	n := c.derived.Add(1)
+	all, err := c.allgather(ctx, n, color, key)
+	if err != nil {
+		return nil, fmt.Errorf("adi: split: %w", err)
+	}
+	if color == Undefined {
+		return nil, nil
+	}
+	type member struct{ key, rank int }
+	var members []member
+	for r, ck := range all {
+		if ck[0] == color {
+			members = append(members, member{ck[1], r})
+		}
+	}
+	sort.SliceStable(members, func(i, j int) bool {
+		if members[i].key != members[j].key {
+			return members[i].key < members[j].key
+		}
+		return members[i].rank < members[j].rank
+	})
+	ranks := make([]int, len(members))
+	for i, m := range members {
+		ranks[i] = c.ranks[m.rank]
+	}
+	return newComm(c.w, deriveContext(c.context, n, uint64(color)+1), ranks), nil
+}
+
+// allgather exchanges (color, key) among the ranks of c on c's collective
+// context.
+func (c *Comm) allgather(ctx context.Context, round uint64, color, key int) ([][2]int, error) {
+	tag := int(round & MaxTag)
+	coll := c.context | 1
+	mine := make([]byte, 16)
+	binary.LittleEndian.PutUint64(mine, uint64(int64(color)))
+	binary.LittleEndian.PutUint64(mine[8:], uint64(int64(key)))
+	out := make([][2]int, len(c.ranks))
+	out[c.rank] = [2]int{color, key}
+	var reqs []*multidevice.Request
+	bufs := make([][]byte, len(c.ranks))
+	for r, wr := range c.ranks {
+		if r == c.rank {
+			continue
+		}
+		bufs[r] = make([]byte, 16)
+		rr, err := c.w.dev.Irecv(bufs[r], wr, tag, coll)
+		if err != nil {
+			return nil, err
+		}
+		sr, err := c.w.dev.Isend(mine, wr, tag, coll, false)
+		if err != nil {
+			return nil, err
+		}
+		reqs = append(reqs, rr, sr)
+	}
+	for _, r := range reqs {
+		select {
+		case <-r.Done():
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if _, err := r.Result(); err != nil {
+			return nil, err
+		}
+	}
+	for r, b := range bufs {
+		if b != nil {
+			out[r] = [2]int{int(int64(binary.LittleEndian.Uint64(b))), int(int64(binary.LittleEndian.Uint64(b[8:])))}
+		}
+	}
+	return out, nil
+}
+
+// deriveContext gives a child communicator an even context id that every
+// member computes alike from the parent's id, the creation count and the
+// color, without communication. 64-bit mixing makes a collision between
+// live communicators vanishingly unlikely.
+func deriveContext(parent, n, color uint64) uint64 {
+	x := parent*0x9e3779b97f4a7c15 ^ n*0xbf58476d1ce4e5b9 ^ color*0x94d049bb133111eb
+	x ^= x >> 31
+	x *= 0xd6e8feb86659fd93
+	x ^= x >> 32
+	x &^= 1
+	if x <= worldContext {
+		x += 4
+	}
+	return x
+}

@@ -1,0 +1,42 @@
+// Package adi is the application interface of multidevice: the only package
+// an MPI-style Go program needs.
+//
+// A program calls [Init], gets the world communicator from [World.Comm] and
+// exchanges messages with blocking ([Comm.Send], [Comm.Recv], [Comm.Ssend],
+// [Comm.Probe]) and nonblocking ([Comm.Isend], [Comm.Irecv], [Comm.Iprobe])
+// point-to-point calls. Messages between a pair of ranks on one communicator
+// never overtake each other, whatever subdevice or path carries them.
+// [Comm.Dup] and [Comm.Split] make communicators with isolated contexts.
+//
+// # Usage
+//
+//	w, err := adi.Init(ctx)
+//	if err != nil { ... }
+//	defer w.Finalize(ctx)
+//	c := w.Comm()
+//	if c.Rank() == 0 {
+//		err = c.Send(ctx, []byte("hi"), 1, 7)
+//	} else if c.Rank() == 1 {
+//		buf := make([]byte, 16)
+//		st, err := c.Recv(ctx, buf, adi.AnySource, adi.AnyTag)
+//		// buf[:st.Count] == "hi", st.Source == 0, st.Tag == 7
+//	}
+//
+// Run it with `mdrun -n 4 ./prog`, or alone as a world of one rank.
+//
+// Ranks and tags are plain ints (Go's indexes and loop variables are int;
+// a distinct type would cost every caller a conversion). Tags are 0 to
+// [MaxTag]; negative tags are reserved for the library's system messages.
+//
+// # Environment
+//
+//   - MD_PLUGINS: path of a plugins.hcl choosing the subdevices (default:
+//     built-in shm and tcp).
+//   - MD_CONNTABLE: a connection-table file, or a directory holding one
+//     <host>.json per host (as mdconfig writes them); default: derived
+//     (same host: shm, else tcp).
+//   - MD_LOG_LEVEL: trace, debug, info, warn (default), error, off.
+//
+// mdrun sets the MDRUN_* variables that tell a rank who it is (see package
+// bootstrap); without them a program is a singleton world.
+package adi

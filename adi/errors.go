@@ -1,0 +1,21 @@
+package adi
+
+import "github.com/hpc-multidevice/multidevice/multidevice"
+
+// Sentinel errors; test them with errors.Is.
+var (
+	// ErrTruncated: a message was longer than the receive buffer. The buffer
+	// holds its first bytes and Status.Count says how many. Never silent.
+	ErrTruncated = multidevice.ErrTruncated
+	// ErrCanceled: the receive was cancelled before it matched; its Status
+	// has Cancelled set.
+	ErrCanceled = multidevice.ErrCanceled
+	// ErrRank: a rank outside the communicator.
+	ErrRank = multidevice.ErrRank
+	// ErrTag: a tag outside 0..MaxTag (and not AnyTag where allowed).
+	ErrTag = multidevice.ErrTag
+	// ErrFinalized: the world was finalized.
+	ErrFinalized = multidevice.ErrClosed
+	// ErrPeerDown: the transport lost a rank a request depends on.
+	ErrPeerDown = multidevice.ErrPeerDown
+)

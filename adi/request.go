@@ -1,0 +1,98 @@
+package adi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/hpc-multidevice/multidevice/multidevice"
+)
+
+// Request is a nonblocking operation. Its methods are safe for concurrent
+// use.
+type Request struct {
+	r *multidevice.Request
+	c *Comm
+}
+
+// Wait blocks until the request completes or ctx is done. On ctx's end the
+// request stays pending (Cancel it, or Wait again).
+func (q *Request) Wait(ctx context.Context) (Status, error) {
+	select {
+	case <-q.r.Done():
+	case <-ctx.Done():
+		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
+	}
+	st, err := q.r.Result()
+	return q.c.status(st), err
+}
+
+// Test reports whether the request completed, with its status if so.
+func (q *Request) Test() (Status, bool, error) {
+	st, done, err := q.r.Test()
+	if !done {
+		return Status{}, false, nil
+	}
+	return q.c.status(st), true, err
+}
+
+// Cancel asks to cancel the request. A receive that has not matched yet
+// completes with ErrCanceled and Status.Cancelled; a matched receive or a
+// send completes normally (as MPI allows).
+func (q *Request) Cancel() { q.c.w.dev.Cancel(q.r) }
+
+// WaitAll waits for every request. It returns all statuses and the errors
+// joined, each naming the request's index.
+func WaitAll(ctx context.Context, reqs ...*Request) ([]Status, error) {
+	sts := make([]Status, len(reqs))
+	var errs []error
+	for i, q := range reqs {
+		st, err := q.Wait(ctx)
+		sts[i] = st
+		if err != nil {
+			if ctx.Err() != nil {
+				return sts, err
+			}
+			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+		}
+	}
+	return sts, errors.Join(errs...)
+}
+
+// WaitAny waits until one of the requests completes and returns its index.
+// Nil entries are skipped; with none left it returns -1.
+func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
+	for {
+		var changed <-chan struct{}
+		for _, q := range reqs {
+			if q != nil {
+				changed = q.c.w.dev.Changed()
+				break
+			}
+		}
+		if changed == nil {
+			return -1, Status{}, nil
+		}
+		if i, st, ok, err := TestAny(reqs...); ok {
+			return i, st, err
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return -1, Status{}, fmt.Errorf("adi: wait any: %w", ctx.Err())
+		}
+	}
+}
+
+// TestAny reports the first completed request, if any.
+func TestAny(reqs ...*Request) (int, Status, bool, error) {
+	for i, q := range reqs {
+		if q == nil {
+			continue
+		}
+		if st, ok, err := q.Test(); ok {
+			return i, st, true, err
+		}
+	}
+	return -1, Status{}, false, nil
+}

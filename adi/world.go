@@ -1,0 +1,187 @@
+package adi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/multidevice"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// World is an initialized job as seen by one rank. It is safe for
+// concurrent use.
+type World struct {
+	dev  *multidevice.Device
+	boot bootstrap.Bootstrap
+	comm *Comm
+}
+
+type config struct {
+	boot        bootstrap.Bootstrap
+	logger      hclog.Logger
+	pluginsPath string
+	plugins     *multidevice.PluginsConfig
+	tablePath   string
+	table       *conntable.Table
+	factories   map[string]sdi.Factory
+}
+
+// Option changes how Init sets the world up.
+type Option func(*config)
+
+// WithBootstrap uses b instead of the one the environment names; several
+// ranks can then share one process.
+func WithBootstrap(b bootstrap.Bootstrap) Option { return func(c *config) { c.boot = b } }
+
+// WithLogger sends the library's logs to l instead of stderr at
+// MD_LOG_LEVEL.
+func WithLogger(l hclog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithPluginsFile reads the subdevice list from a plugins.hcl file instead
+// of MD_PLUGINS.
+func WithPluginsFile(path string) Option { return func(c *config) { c.pluginsPath = path } }
+
+// WithPlugins uses an already decoded plugins.hcl.
+func WithPlugins(p *multidevice.PluginsConfig) Option { return func(c *config) { c.plugins = p } }
+
+// WithConnTableFile reads routes from a connection-table file, or from
+// <dir>/<host>.json when path is a directory, instead of MD_CONNTABLE.
+func WithConnTableFile(path string) Option { return func(c *config) { c.tablePath = path } }
+
+// WithConnTable forces routes from a table value.
+func WithConnTable(t *conntable.Table) Option { return func(c *config) { c.table = t } }
+
+// WithSubDevice makes a subdevice factory available under name, ahead of the
+// built-in ones (for tests and for subdevices linked into the program).
+func WithSubDevice(name string, f sdi.Factory) Option {
+	return func(c *config) {
+		if c.factories == nil {
+			c.factories = make(map[string]sdi.Factory)
+		}
+		c.factories[name] = f
+	}
+}
+
+// Init joins the job: it finds the launcher (mdrun, or none for a world of
+// one), loads the subdevices, exchanges business cards and connects routes.
+func Init(ctx context.Context, opts ...Option) (*World, error) {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.logger == nil {
+		c.logger = hclog.New(&hclog.LoggerOptions{
+			Name:   "multidevice",
+			Level:  hclog.LevelFromString(envOr("MD_LOG_LEVEL", "warn")),
+			Output: os.Stderr,
+		})
+	}
+	if c.boot == nil {
+		b, err := bootstrap.Open(ctx, c.logger.Named("bootstrap"))
+		if err != nil {
+			return nil, fmt.Errorf("adi: init: %w", err)
+		}
+		c.boot = b
+	}
+	w, err := initWorld(ctx, &c)
+	if err != nil {
+		reason := err.Error()
+		_ = c.boot.Abort(1, reason)
+		_ = c.boot.Close()
+		return nil, err
+	}
+	return w, nil
+}
+
+func initWorld(ctx context.Context, c *config) (*World, error) {
+	plugins := c.plugins
+	if plugins == nil {
+		var err error
+		if plugins, err = multidevice.LoadPlugins(pick(c.pluginsPath, os.Getenv("MD_PLUGINS"))); err != nil {
+			return nil, fmt.Errorf("adi: init: %w", err)
+		}
+	}
+	table := c.table
+	if table == nil {
+		if path := pick(c.tablePath, os.Getenv("MD_CONNTABLE")); path != "" {
+			var err error
+			if table, err = loadTable(path, c.boot.Host()); err != nil {
+				return nil, fmt.Errorf("adi: init: %w", err)
+			}
+		}
+	}
+	dev, err := multidevice.Open(ctx, multidevice.Options{
+		Bootstrap: c.boot,
+		Plugins:   plugins,
+		Table:     table,
+		Factories: c.factories,
+		Logger:    c.logger,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("adi: init: %w", err)
+	}
+	w := &World{dev: dev, boot: c.boot}
+	ranks := make([]int, dev.Size())
+	for i := range ranks {
+		ranks[i] = i
+	}
+	w.comm = newComm(w, worldContext, ranks)
+	return w, nil
+}
+
+// loadTable reads a table file, or <dir>/<host>.json from a directory.
+func loadTable(path, host string) (*conntable.Table, error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		path = filepath.Join(path, host+".json")
+	}
+	return conntable.Load(path)
+}
+
+func pick(first, second string) string {
+	if first != "" {
+		return first
+	}
+	return second
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// Comm returns the world communicator.
+func (w *World) Comm() *Comm { return w.comm }
+
+// Finalize waits until every rank finalizes, then closes the subdevices and
+// tells the launcher this rank is done. Requests still pending fail with
+// ErrFinalized. It is idempotent.
+func (w *World) Finalize(ctx context.Context) error {
+	err := w.dev.Close(ctx)
+	return errors.Join(err, w.boot.Close())
+}
+
+// Abort ends the whole job with code, telling the launcher why.
+func (w *World) Abort(code int, reason string) error { return w.boot.Abort(code, reason) }
+
+// LinkStats counts what one subdevice carried from this rank to one peer.
+type LinkStats = multidevice.LinkStats
+
+// Stats lists the frames and bytes this rank sent, per peer (world rank) and
+// subdevice.
+func (w *World) Stats() []LinkStats { return w.dev.Stats() }
+
+// Route names the subdevice that carries a message of n bytes from this rank
+// to world rank peer.
+func (w *World) Route(peer, n int) (string, error) { return w.dev.Route(peer, n) }
+
+// Host is the launcher's name for this rank's host.
+func (w *World) Host() string { return w.boot.Host() }

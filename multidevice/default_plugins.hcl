@@ -1,0 +1,3 @@
+# Built-in subdevices, loaded when no plugins.hcl is given.
+subdevice "shm" {}
+subdevice "tcp" {}

@@ -1,0 +1,481 @@
+package multidevice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Options configure a Device.
+type Options struct {
+	// Bootstrap tells the rank who it is and exchanges business cards.
+	// Required.
+	Bootstrap bootstrap.Bootstrap
+	// Plugins lists the subdevices to load; nil loads DefaultPlugins.
+	Plugins *PluginsConfig
+	// Table forces routes; nil derives them (same host: shm, else tcp).
+	Table *conntable.Table
+	// Factories, when set, is consulted before the sdi registry; tests use
+	// it to inject fakes.
+	Factories map[string]sdi.Factory
+	// Logger; nil means hclog's null logger.
+	Logger hclog.Logger
+}
+
+// subdev is one loaded subdevice. idx is its position in Device.subs.
+type subdev struct {
+	name    string
+	idx     int
+	sd      sdi.SubDevice
+	caps    sdi.Caps
+	matcher sdi.Matcher // non-nil when caps has FlagMatching
+	frames  []atomic.Uint64
+	bytes   []atomic.Uint64
+}
+
+// Device is the multidevice of one rank: it owns that rank's subdevices,
+// routes, matching queues and protocols. It is safe for concurrent use.
+type Device struct {
+	log  hclog.Logger
+	boot bootstrap.Bootstrap
+	rank int32
+	size int
+
+	subs     []*subdev // subs[0] is the built-in self path
+	table    *conntable.Resolved
+	routes   [][]int // [peer][class] -> index into subs
+	matchSub []int   // [peer] -> matching subdevice carrying all traffic to peer, or -1
+	matchers []int   // indexes of subdevices with FlagMatching
+
+	nextID  atomic.Uint64
+	sendSeq []atomic.Uint64 // [peer] next sequence number to stamp
+
+	tokMu  sync.Mutex
+	tokens map[uint64]func(error) // frame completions by token
+
+	// mu guards the matching state below.
+	mu         sync.Mutex
+	posted     []*Request
+	unexpected []*inMsg
+	recvSeq    []uint64            // [source] next expected sequence number
+	ooo        []map[uint64]*inMsg // [source] arrived early
+	rndvSend   map[uint64]*Request // sends waiting for clear-to-send, by request id
+	rndvRecv   map[uint64]*Request // receives waiting for data, by request id
+	syncSend   map[uint64]*Request // synchronous eager sends waiting for the acknowledgement
+	down       map[int32]error     // peers a subdevice reported down
+
+	genMu sync.Mutex
+	gen   chan struct{} // closed and replaced on every completion or arrival
+
+	out     outbox
+	sys     map[int32]func(from int32, h *header, payload []byte)
+	closed  atomic.Bool
+	closeMu sync.Mutex
+	wg      sync.WaitGroup
+}
+
+// inMsg is an arrived matchable message kept in the unexpected or
+// out-of-order queue. data is an owned copy (eager) or nil (RTS).
+type inMsg struct {
+	h    header
+	data []byte
+}
+
+// Claim owners: the multidevice's own queue, cancellation, subdevice i.
+const (
+	claimOwn    int64 = 1
+	claimCancel int64 = math.MaxInt64
+)
+
+func claimSub(idx int) int64 { return int64(idx) + 2 }
+
+// Open builds the device for this rank: it loads and opens the subdevices,
+// publishes their business cards, resolves the connection table and
+// connects to the peers the routes name.
+func Open(ctx context.Context, o Options) (*Device, error) {
+	if o.Bootstrap == nil {
+		return nil, errors.New("multidevice: Options.Bootstrap is required")
+	}
+	log := o.Logger
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	b := o.Bootstrap
+	d := &Device{
+		log:      log.With("rank", b.Rank()),
+		boot:     b,
+		rank:     int32(b.Rank()),
+		size:     b.Size(),
+		tokens:   make(map[uint64]func(error)),
+		rndvSend: make(map[uint64]*Request),
+		rndvRecv: make(map[uint64]*Request),
+		syncSend: make(map[uint64]*Request),
+		down:     make(map[int32]error),
+		gen:      make(chan struct{}),
+	}
+	d.sendSeq = make([]atomic.Uint64, d.size)
+	d.recvSeq = make([]uint64, d.size)
+	d.ooo = make([]map[uint64]*inMsg, d.size)
+	d.sys = map[int32]func(int32, *header, []byte){
+		sysCTS:  d.onCTS,
+		sysData: d.onData,
+		sysAck:  d.onAck,
+	}
+	d.out.init(d)
+	d.wg.Add(1)
+	go d.out.run(&d.wg)
+
+	if err := d.open(ctx, o); err != nil {
+		d.shutdown(context.Background())
+		return nil, err
+	}
+	return d, nil
+}
+
+func (d *Device) open(ctx context.Context, o Options) error {
+	plugins := o.Plugins
+	if plugins == nil {
+		var err error
+		if plugins, err = LoadPlugins(""); err != nil {
+			return err
+		}
+	}
+	self := newSelf()
+	if err := d.addSub(ctx, "self", self, nil, sdi.APIVersion); err != nil {
+		return err
+	}
+	for _, spec := range plugins.SubDevices {
+		if !spec.Enabled {
+			continue
+		}
+		if spec.Command != "" {
+			return fmt.Errorf("multidevice: %s: subdevice %q is an external plugin (command %q); this build loads built-in subdevices only", spec.Where, spec.Name, spec.Command)
+		}
+		factory := o.Factories[spec.Name]
+		if factory == nil {
+			var err error
+			if factory, err = sdi.Lookup(spec.Name); err != nil {
+				return fmt.Errorf("multidevice: %s: %w", spec.Where, err)
+			}
+		}
+		sd := factory(d.log.Named(spec.Name))
+		info, err := sd.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("multidevice: subdevice %q: info: %w", spec.Name, err)
+		}
+		if !speaks(info.APIVersions, sdi.APIVersion) {
+			return fmt.Errorf("multidevice: subdevice %q speaks SDI %v, this build needs %s", spec.Name, info.APIVersions, sdi.APIVersion)
+		}
+		if err := d.addSub(ctx, spec.Name, sd, spec.Config, sdi.APIVersion); err != nil {
+			return err
+		}
+	}
+	if len(d.subs) == 1 && d.size > 1 {
+		return errors.New("multidevice: no subdevice is enabled; plugins.hcl must enable at least one")
+	}
+	for _, s := range d.subs[1:] {
+		if s.matcher != nil {
+			d.matchers = append(d.matchers, s.idx)
+		}
+	}
+
+	// Publish the host and every card, then learn everybody's.
+	if err := d.boot.Put("host", []byte(d.boot.Host())); err != nil {
+		return fmt.Errorf("multidevice: publish host: %w", err)
+	}
+	if err := d.boot.Fence(ctx); err != nil {
+		return fmt.Errorf("multidevice: exchange business cards: %w", err)
+	}
+	hosts := make([]string, d.size)
+	for r := range hosts {
+		h, err := d.boot.Get(ctx, r, "host")
+		if err != nil {
+			return fmt.Errorf("multidevice: host of rank %d: %w", r, err)
+		}
+		hosts[r] = string(h)
+	}
+	return d.route(ctx, o.Table, hosts)
+}
+
+func speaks(versions []string, want string) bool {
+	for _, v := range versions {
+		if v == want {
+			return true
+		}
+	}
+	return false
+}
+
+// addSub opens a subdevice and publishes its card. Until this returns the
+// subdevice may already deliver frames: the receive state exists.
+func (d *Device) addSub(ctx context.Context, name string, sd sdi.SubDevice, config []byte, api string) error {
+	s := &subdev{name: name, idx: len(d.subs), sd: sd,
+		frames: make([]atomic.Uint64, d.size), bytes: make([]atomic.Uint64, d.size)}
+	d.subs = append(d.subs, s)
+	local, err := sd.Open(ctx, sdi.OpenParams{
+		Rank:       sdi.Rank(d.rank),
+		Size:       d.size,
+		Host:       d.boot.Host(),
+		JobID:      d.boot.JobID(),
+		Secret:     d.boot.Secret(),
+		APIVersion: api,
+		Config:     config,
+		Handler:    handler{d: d, sub: s.idx},
+		Logger:     d.log.Named(name),
+	})
+	if err != nil {
+		return fmt.Errorf("multidevice: open subdevice %q: %w", name, err)
+	}
+	if err := local.Caps.Validate(); err != nil {
+		return fmt.Errorf("multidevice: subdevice %q: %w", name, err)
+	}
+	if local.Caps.MaxHeader < headerSize {
+		return fmt.Errorf("multidevice: subdevice %q carries headers of %d bytes, the multidevice needs %d", name, local.Caps.MaxHeader, headerSize)
+	}
+	s.caps = local.Caps
+	if local.Caps.Flags.Has(sdi.FlagMatching) {
+		m, ok := sd.(sdi.Matcher)
+		if !ok {
+			return fmt.Errorf("multidevice: subdevice %q declares FlagMatching but does not implement sdi.Matcher", name)
+		}
+		s.matcher = m
+	}
+	if err := d.boot.Put("sdi/"+name, local.Addr); err != nil {
+		return fmt.Errorf("multidevice: publish %q business card: %w", name, err)
+	}
+	return nil
+}
+
+// route resolves the connection table and connects what it names.
+func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) error {
+	if t == nil {
+		var cands []conntable.Candidate
+		for _, s := range d.subs[1:] {
+			cands = append(cands, conntable.Candidate{Name: s.name, HostOnly: s.caps.Reach == sdi.ReachHost, Exclusivity: s.caps.Exclusivity})
+		}
+		if len(cands) == 0 { // a singleton with every subdevice disabled
+			cands = append(cands, conntable.Candidate{Name: "self"})
+		}
+		var err error
+		if t, err = conntable.Derive(cands); err != nil {
+			return err
+		}
+	}
+	res, err := t.Resolve(int(d.rank), hosts)
+	if err != nil {
+		return fmt.Errorf("multidevice: %w", err)
+	}
+	d.table = res
+	byName := make(map[string]*subdev, len(d.subs))
+	for _, s := range d.subs {
+		byName[s.name] = s
+	}
+	nclass := len(res.Classes())
+	d.routes = make([][]int, d.size)
+	d.matchSub = make([]int, d.size)
+	for peer := range d.size {
+		d.matchSub[peer] = -1
+		d.routes[peer] = make([]int, nclass)
+		if peer == int(d.rank) {
+			continue // routes[self] are all 0: the self path
+		}
+		connected := map[int]bool{}
+		for ci, hops := range res.ByClass(peer) {
+			if len(hops) == 0 {
+				return fmt.Errorf("multidevice: %w: rank %d, class %q", ErrNoRoute, peer, res.Classes()[ci].Name)
+			}
+			hop := hops[0]
+			s, ok := byName[hop.SubDevice]
+			if !ok {
+				return fmt.Errorf("multidevice: %w: the table routes rank %d (host %q) over subdevice %q, which is not loaded (loaded: %s)",
+					ErrNoRoute, peer, hosts[peer], hop.SubDevice, d.subNames())
+			}
+			if hop.Via >= 0 {
+				return fmt.Errorf("multidevice: %w: the table routes rank %d via rank %d; forwarding through gateways is not in this build", ErrNoRoute, peer, hop.Via)
+			}
+			if s.caps.Reach == sdi.ReachHost && hosts[peer] != hosts[d.rank] {
+				return fmt.Errorf("multidevice: %w: the table routes rank %d on host %q over %q, which only reaches host %q",
+					ErrNoRoute, peer, hosts[peer], s.name, hosts[d.rank])
+			}
+			d.routes[peer][ci] = s.idx
+			if s.matcher != nil {
+				d.matchSub[peer] = s.idx
+			}
+			if !connected[s.idx] {
+				connected[s.idx] = true
+				if err := d.connect(ctx, s, peer, hosts[peer]); err != nil {
+					return err
+				}
+			}
+		}
+		if m := d.matchSub[peer]; m >= 0 {
+			for _, idx := range d.routes[peer] {
+				if idx != m {
+					return fmt.Errorf("multidevice: rank %d is routed over matching subdevice %q for some sizes and %q for others; a subdevice that matches on its own must carry all of a peer's traffic",
+						peer, d.subs[m].name, d.subs[idx].name)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Device) connect(ctx context.Context, s *subdev, peer int, host string) error {
+	card, err := d.boot.Get(ctx, peer, "sdi/"+s.name)
+	if err != nil {
+		return fmt.Errorf("multidevice: rank %d (host %q) published no %q business card (is %q enabled in its plugins.hcl?): %w", peer, host, s.name, s.name, err)
+	}
+	if err := s.sd.Connect(ctx, sdi.Rank(peer), card); err != nil {
+		return fmt.Errorf("multidevice: connect to rank %d (host %q) over %q: %w", peer, host, s.name, err)
+	}
+	return nil
+}
+
+func (d *Device) subNames() string {
+	var names []string
+	for _, s := range d.subs {
+		names = append(names, s.name)
+	}
+	return fmt.Sprint(names)
+}
+
+// Rank is this rank's world rank.
+func (d *Device) Rank() int { return int(d.rank) }
+
+// Size is the number of ranks in the world.
+func (d *Device) Size() int { return d.size }
+
+// Route names the subdevice that carries a message of n bytes to peer.
+func (d *Device) Route(peer, n int) (string, error) {
+	if peer < 0 || peer >= d.size {
+		return "", fmt.Errorf("%w: %d not in [0,%d)", ErrRank, peer, d.size)
+	}
+	return d.subs[d.routes[peer][d.table.Class(n)]].name, nil
+}
+
+// LinkStats counts what one subdevice carried to one peer.
+type LinkStats struct {
+	Peer      int
+	SubDevice string
+	Frames    uint64
+	Bytes     uint64 // payload bytes
+}
+
+// Stats lists, for every (peer, subdevice) that carried traffic from this
+// rank, the frames and payload bytes sent.
+func (d *Device) Stats() []LinkStats {
+	var out []LinkStats
+	for peer := range d.size {
+		for _, s := range d.subs {
+			if f := s.frames[peer].Load(); f > 0 {
+				out = append(out, LinkStats{Peer: peer, SubDevice: s.name, Frames: f, Bytes: s.bytes[peer].Load()})
+			}
+		}
+	}
+	return out
+}
+
+// notifyAll wakes everybody waiting for "something changed".
+func (d *Device) notifyAll() {
+	d.genMu.Lock()
+	close(d.gen)
+	d.gen = make(chan struct{})
+	d.genMu.Unlock()
+}
+
+// changed returns a channel closed at the next completion or arrival.
+func (d *Device) changed() <-chan struct{} {
+	d.genMu.Lock()
+	defer d.genMu.Unlock()
+	return d.gen
+}
+
+// Changed returns a channel that is closed at the next request completion
+// or message arrival; WaitAny and Probe wait on it.
+func (d *Device) Changed() <-chan struct{} { return d.changed() }
+
+// Close flushes, waits for every rank to reach Close (so nobody tears down a
+// link a peer still uses), and closes the subdevices. It is idempotent.
+func (d *Device) Close(ctx context.Context) error {
+	d.closeMu.Lock()
+	defer d.closeMu.Unlock()
+	if d.closed.Load() {
+		return nil
+	}
+	var errs []error
+	if err := d.out.drain(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	for peer := range d.size {
+		if peer == int(d.rank) {
+			continue
+		}
+		for _, s := range d.subs[1:] {
+			if s.frames[peer].Load() == 0 {
+				continue
+			}
+			if err := s.sd.Flush(ctx, sdi.Rank(peer)); err != nil && !errors.Is(err, sdi.ErrClosed) {
+				errs = append(errs, fmt.Errorf("multidevice: flush %q to rank %d: %w", s.name, peer, err))
+			}
+		}
+	}
+	if err := d.boot.Fence(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("multidevice: finalize barrier: %w", err))
+	}
+	errs = append(errs, d.shutdown(ctx))
+	return errors.Join(errs...)
+}
+
+// shutdown closes subdevices and stops the engine.
+func (d *Device) shutdown(ctx context.Context) error {
+	d.closed.Store(true)
+	var errs []error
+	for _, s := range d.subs {
+		if err := s.sd.Close(ctx); err != nil && !errors.Is(err, sdi.ErrClosed) {
+			errs = append(errs, fmt.Errorf("multidevice: close %q: %w", s.name, err))
+		}
+	}
+	d.out.stop()
+	d.wg.Wait()
+	d.failAll(ErrClosed)
+	return errors.Join(errs...)
+}
+
+// failAll completes every outstanding request with err.
+func (d *Device) failAll(err error) {
+	d.mu.Lock()
+	var reqs []*Request
+	reqs = append(reqs, d.posted...)
+	for _, m := range []map[uint64]*Request{d.rndvSend, d.rndvRecv, d.syncSend} {
+		for id, r := range m {
+			reqs = append(reqs, r)
+			delete(m, id)
+		}
+	}
+	d.posted = nil
+	d.mu.Unlock()
+	for _, r := range reqs {
+		r.complete(Status{}, err)
+	}
+}
+
+func (d *Device) newRequest(send bool, peer int32) *Request {
+	return &Request{d: d, id: d.nextID.Add(1), send: send, peer: peer, done: make(chan struct{}), atSub: -1}
+}
+
+func rankName(r int32) string {
+	if r == AnySource {
+		return "any"
+	}
+	return strconv.Itoa(int(r))
+}

@@ -1,0 +1,100 @@
+package multidevice
+
+import (
+	"fmt"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// handler is the sdi.Handler given to subdevice sub. Its methods run on the
+// subdevice's goroutines; they never block and never call into a subdevice
+// (replies go through the outbox).
+type handler struct {
+	d   *Device
+	sub int
+}
+
+func (h handler) Deliver(from sdi.Rank, hb, payload []byte) {
+	d := h.d
+	if d.closed.Load() {
+		return
+	}
+	hdr, err := decodeHeader(hb, d.size)
+	if err != nil {
+		d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
+		return
+	}
+	if hdr.dst != d.rank || hdr.src != int32(from) {
+		d.log.Warn("dropping frame not addressed to this rank", "subdevice", d.subs[h.sub].name,
+			"from", from, "source", hdr.src, "destination", hdr.dst)
+		return
+	}
+	if hdr.kind == kindEager && uint64(len(payload)) != hdr.length {
+		d.log.Warn("dropping eager frame whose payload disagrees with its header", "from", from, "payload", len(payload), "length", hdr.length)
+		return
+	}
+	switch hdr.kind {
+	case kindEager, kindRTS:
+		d.arrive(&hdr, payload)
+	case kindSys:
+		fn := d.sys[hdr.tag]
+		if fn == nil {
+			d.log.Warn("dropping system message of unknown kind", "from", from, "tag", hdr.tag)
+			return
+		}
+		fn(hdr.src, &hdr, payload)
+	}
+}
+
+func (h handler) SendDone(token uint64, err error) {
+	h.d.finishToken(token, err)
+	h.d.out.kick()
+}
+
+func (h handler) PeerDown(peer sdi.Rank, err error) {
+	d := h.d
+	if d.closed.Load() || int(peer) < 0 || int(peer) >= d.size {
+		return
+	}
+	name := d.subs[h.sub].name
+	// A subdevice that carries none of this peer's routes losing it is no loss.
+	uses := false
+	for _, idx := range d.routes[peer] {
+		uses = uses || idx == h.sub
+	}
+	if !uses {
+		d.log.Debug("peer down on an unused subdevice", "peer", peer, "subdevice", name, "error", err)
+		return
+	}
+	d.log.Warn("peer down", "peer", peer, "subdevice", name, "error", err)
+	cause := fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err)
+	d.mu.Lock()
+	d.down[int32(peer)] = err
+	var failed []*Request
+	for _, m := range []map[uint64]*Request{d.rndvSend, d.syncSend} {
+		for id, r := range m {
+			if r.peer == int32(peer) {
+				failed = append(failed, r)
+				delete(m, id)
+			}
+		}
+	}
+	for id, r := range d.rndvRecv {
+		if r.status.Source == int(peer) {
+			failed = append(failed, r)
+			delete(d.rndvRecv, id)
+		}
+	}
+	for i := 0; i < len(d.posted); {
+		if r := d.posted[i]; r.peer == int32(peer) {
+			failed = append(failed, r)
+			d.posted = append(d.posted[:i], d.posted[i+1:]...)
+			continue
+		}
+		i++
+	}
+	d.mu.Unlock()
+	for _, r := range failed {
+		r.complete(Status{}, cause)
+	}
+}

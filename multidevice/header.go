@@ -1,0 +1,128 @@
+package multidevice
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// The multidevice header travels as the opaque sdi header of every frame.
+//
+//	0       1      2      3      4           8           12          16
+//	+-------+------+------+------+-----------+-----------+-----------+
+//	|version| kind |flags | rsvd |   tag     |  source   |   dest    |
+//	+-------+------+------+------+-----------+-----------+-----------+
+//	|        context (u64)       |         sequence (u64)            |  16..32
+//	|     message length (u64)   |   sender request id (u64)         |  32..48
+//	|  receiver request id (u64) |   offset / capacity (u64)         |  48..64
+//
+// Little-endian. Source and dest are world ranks of the original sender and
+// the final receiver (they differ from the frame's peer once messages are
+// forwarded). Only eager and ready-to-send frames carry a sequence number;
+// system messages are unsequenced and addressed by request ids.
+const (
+	headerVersion = 1
+	headerSize    = 64
+)
+
+type kind uint8
+
+const (
+	kindEager kind = iota + 1 // envelope + whole payload
+	kindRTS                   // rendezvous ready-to-send: envelope, no payload
+	kindSys                   // system message; Tag (negative) selects the handler
+)
+
+func (k kind) String() string {
+	switch k {
+	case kindEager:
+		return "eager"
+	case kindRTS:
+		return "rts"
+	case kindSys:
+		return "sys"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+const (
+	flagSync uint8 = 1 << iota // synchronous send: the receiver acknowledges the match
+)
+
+// header is the decoded multidevice header.
+type header struct {
+	kind    kind
+	flags   uint8
+	tag     int32
+	src     int32
+	dst     int32
+	context uint64
+	seq     uint64
+	length  uint64
+	sreq    uint64
+	rreq    uint64
+	offset  uint64
+}
+
+var errBadHeader = errors.New("multidevice: malformed header")
+
+func (h *header) put(b []byte) {
+	_ = b[headerSize-1]
+	b[0] = headerVersion
+	b[1] = byte(h.kind)
+	b[2] = h.flags
+	b[3] = 0
+	binary.LittleEndian.PutUint32(b[4:], uint32(h.tag))
+	binary.LittleEndian.PutUint32(b[8:], uint32(h.src))
+	binary.LittleEndian.PutUint32(b[12:], uint32(h.dst))
+	binary.LittleEndian.PutUint64(b[16:], h.context)
+	binary.LittleEndian.PutUint64(b[24:], h.seq)
+	binary.LittleEndian.PutUint64(b[32:], h.length)
+	binary.LittleEndian.PutUint64(b[40:], h.sreq)
+	binary.LittleEndian.PutUint64(b[48:], h.rreq)
+	binary.LittleEndian.PutUint64(b[56:], h.offset)
+}
+
+// decodeHeader parses and checks a header for a job of size ranks. It never
+// panics; every error wraps errBadHeader and says what was wrong.
+func decodeHeader(b []byte, size int) (header, error) {
+	if len(b) != headerSize {
+		return header{}, fmt.Errorf("%w: %d bytes, want %d", errBadHeader, len(b), headerSize)
+	}
+	if b[0] != headerVersion {
+		return header{}, fmt.Errorf("%w: version %d, this build speaks %d", errBadHeader, b[0], headerVersion)
+	}
+	h := header{
+		kind:    kind(b[1]),
+		flags:   b[2],
+		tag:     int32(binary.LittleEndian.Uint32(b[4:])),
+		src:     int32(binary.LittleEndian.Uint32(b[8:])),
+		dst:     int32(binary.LittleEndian.Uint32(b[12:])),
+		context: binary.LittleEndian.Uint64(b[16:]),
+		seq:     binary.LittleEndian.Uint64(b[24:]),
+		length:  binary.LittleEndian.Uint64(b[32:]),
+		sreq:    binary.LittleEndian.Uint64(b[40:]),
+		rreq:    binary.LittleEndian.Uint64(b[48:]),
+		offset:  binary.LittleEndian.Uint64(b[56:]),
+	}
+	switch {
+	case h.kind != kindEager && h.kind != kindRTS && h.kind != kindSys:
+		return header{}, fmt.Errorf("%w: unknown kind %d", errBadHeader, b[1])
+	case h.src < 0 || int(h.src) >= size:
+		return header{}, fmt.Errorf("%w: source rank %d outside a job of %d", errBadHeader, h.src, size)
+	case h.dst < 0 || int(h.dst) >= size:
+		return header{}, fmt.Errorf("%w: destination rank %d outside a job of %d", errBadHeader, h.dst, size)
+	case h.kind == kindSys && h.tag >= 0:
+		return header{}, fmt.Errorf("%w: system message with non-negative tag %d", errBadHeader, h.tag)
+	case h.kind != kindSys && h.tag < 0:
+		return header{}, fmt.Errorf("%w: %v message with reserved negative tag %d", errBadHeader, h.kind, h.tag)
+	case b[2]&^flagSync != 0 || b[3] != 0:
+		return header{}, fmt.Errorf("%w: unknown flags %#x/%#x", errBadHeader, b[2], b[3])
+	case h.length > maxMessage:
+		return header{}, fmt.Errorf("%w: message length %d exceeds %d", errBadHeader, h.length, uint64(maxMessage))
+	}
+	return h, nil
+}
+
+// maxMessage bounds one message so lengths from the wire never overflow int.
+const maxMessage = 1 << 40

@@ -1,0 +1,122 @@
+package multidevice
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
+)
+
+// testLogger routes logs into t.Log at MP_TEST_LOG_LEVEL (default off).
+func testLogger(t testing.TB) hclog.Logger {
+	lvl := os.Getenv("MP_TEST_LOG_LEVEL")
+	if lvl == "" {
+		return hclog.NewNullLogger()
+	}
+	return hclog.New(&hclog.LoggerOptions{Level: hclog.LevelFromString(lvl), Output: tWriter{t}})
+}
+
+type tWriter struct{ t testing.TB }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// jobSpec describes an in-process job for a test.
+type jobSpec struct {
+	n         int
+	subs      []string // plugins.hcl subdevice names, in order
+	factories map[string]sdi.Factory
+	table     *conntable.Table
+	hostOf    func(int) string
+	logger    hclog.Logger
+}
+
+// openJob opens n devices concurrently (Open fences) and closes them at the
+// end of the test.
+func openJob(t testing.TB, js jobSpec) []*Device {
+	t.Helper()
+	boots, err := bootstrap.InProcess(js.n, js.hostOf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plugins := &PluginsConfig{}
+	for _, s := range js.subs {
+		plugins.SubDevices = append(plugins.SubDevices, SubDeviceSpec{Name: s, Enabled: true})
+	}
+	log := js.logger
+	if log == nil {
+		log = testLogger(t)
+	}
+	devs := make([]*Device, js.n)
+	errs := make([]error, js.n)
+	var wg sync.WaitGroup
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for r := range js.n {
+		wg.Go(func() {
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Table: js.table, Factories: js.factories, Logger: log.Named(fmt.Sprint(r))})
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("open rank %d: %v", r, err)
+		}
+	}
+	t.Cleanup(func() { closeJob(t, devs) })
+	return devs
+}
+
+func closeJob(t testing.TB, devs []*Device) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r, d := range devs {
+		wg.Go(func() {
+			if err := d.Close(ctx); err != nil {
+				t.Errorf("close rank %d: %v", r, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// wait waits for a request with a watchdog.
+func wait(t testing.TB, r *Request) (Status, error) {
+	t.Helper()
+	select {
+	case <-r.Done():
+		return r.Result()
+	case <-time.After(20 * time.Second):
+		t.Fatalf("request %d did not complete", r.id)
+		return Status{}, nil
+	}
+}
+
+// must fails the test on an error: must(t)(d.Isend(...)).
+func must(t testing.TB) func(*Request, error) *Request {
+	return func(r *Request, err error) *Request {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+}
+
+// loopJob is a job over one loopback fabric with the given caps.
+func loopJob(t testing.TB, n int, caps sdi.Caps) []*Device {
+	f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: caps})
+	return openJob(t, jobSpec{n: n, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": f.New}})
+}
+
+// smallCaps make rendezvous and multi-block data cheap to reach.
+var smallCaps = sdi.Caps{MaxHeader: 128, MaxEager: 256, MaxFrame: 1000, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered, Exclusivity: 1}

@@ -1,0 +1,316 @@
+package multidevice
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Matching. Every matchable message (eager or ready-to-send) carries a
+// per-(source, destination) sequence number. Arrivals are matched strictly in
+// sequence order per source, whichever subdevice, size class or retry
+// carried them: an early arrival waits in the out-of-order queue. That is what
+// keeps MPI's non-overtaking rule when small and large messages to the same
+// peer take different subdevices.
+//
+// ANY_SOURCE over subdevices that match on their own (sdi.FlagMatching)
+// follows Schindler & Rehm: the receive is duplicated, one copy here and one
+// in each matching subdevice, all sharing one sdi.Claim. Whoever wins the
+// claim writes the buffer and completes the original; the other copies are
+// cancelled. A copy here that finds the claim taken is discarded.
+
+func matches(r *Request, h *header) bool {
+	return r.context == h.context &&
+		(r.peer == AnySource || r.peer == h.src) &&
+		(r.tag == AnyTag || r.tag == h.tag)
+}
+
+// Irecv posts a receive into buf from world rank src (or AnySource) with tag
+// (or AnyTag) on context.
+func (d *Device) Irecv(buf []byte, src, tag int, context uint64) (*Request, error) {
+	if d.closed.Load() {
+		return nil, ErrClosed
+	}
+	if src != AnySource && (src < 0 || src >= d.size) {
+		return nil, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.size)
+	}
+	if tag != AnyTag && (tag < 0 || tag > maxTag) {
+		return nil, fmt.Errorf("%w: %d (tags are 0..%d or AnyTag)", ErrTag, tag, maxTag)
+	}
+	r := d.newRequest(false, int32(src))
+	r.tag, r.context, r.buf = int32(tag), context, buf
+
+	if src != AnySource && d.matchSub[src] >= 0 {
+		r.atSub = d.matchSub[src]
+		return r, d.postToSub(r, d.subs[r.atSub])
+	}
+	if src == AnySource && len(d.matchers) > 0 {
+		r.claim = new(sdi.Claim)
+	}
+
+	d.mu.Lock()
+	for i, m := range d.unexpected {
+		if !matches(r, &m.h) {
+			continue
+		}
+		if r.claim != nil {
+			r.claim.TryClaim(claimOwn) // no copy exists yet: always wins
+		}
+		d.unexpected = slices.Delete(d.unexpected, i, i+1)
+		d.deliverLocked(r, &m.h, m.data)
+		d.mu.Unlock()
+		return r, nil
+	}
+	d.posted = append(d.posted, r)
+	d.mu.Unlock()
+
+	if r.claim != nil {
+		for _, idx := range d.matchers {
+			if err := d.postToSub(r, d.subs[idx]); err != nil {
+				d.log.Warn("posting ANY_SOURCE copy failed", "subdevice", d.subs[idx].name, "error", err)
+			}
+		}
+	}
+	return r, nil
+}
+
+// postToSub posts r (or its duplicate) into a matching subdevice.
+func (d *Device) postToSub(r *Request, s *subdev) error {
+	p := &sdi.PostedRecv{
+		ID: r.id, Source: sdi.Rank(r.peer), Tag: r.tag, Context: r.context, Buf: r.buf, Claim: r.claim,
+		Done: func(env sdi.Envelope, n int, err error) {
+			st := Status{Source: int(env.Source), Tag: int(env.Tag), Count: n}
+			if err == nil && env.Len > n {
+				err = fmt.Errorf("%w: message of %d bytes, buffer of %d", ErrTruncated, env.Len, n)
+			}
+			r.complete(st, err)
+			if r.claim != nil {
+				d.dropCopies(r, s.idx)
+			}
+		},
+	}
+	if err := s.matcher.PostRecv(p); err != nil {
+		return fmt.Errorf("multidevice: post receive into %q: %w", s.name, err)
+	}
+	return nil
+}
+
+// dropCopies removes the copies of a duplicated receive that did not win:
+// the one here and those in matching subdevices other than winner.
+func (d *Device) dropCopies(r *Request, winner int) {
+	if winner != 0 {
+		d.mu.Lock()
+		d.removePostedLocked(r)
+		d.mu.Unlock()
+	}
+	for _, idx := range d.matchers {
+		if idx == winner {
+			continue
+		}
+		s := d.subs[idx]
+		// Handler callbacks must not call into a subdevice: go through the engine.
+		d.out.push(outItem{fn: func() { s.matcher.CancelRecv(r.id) }})
+	}
+}
+
+func (d *Device) removePostedLocked(r *Request) bool {
+	if i := slices.Index(d.posted, r); i >= 0 {
+		d.posted = slices.Delete(d.posted, i, i+1)
+		return true
+	}
+	return false
+}
+
+// arrive handles a matchable message from the wire, in sequence order.
+func (d *Device) arrive(h *header, payload []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	src := h.src
+	exp := d.recvSeq[src]
+	switch {
+	case h.seq == exp:
+		d.matchLocked(h, payload)
+		exp++
+		for q := d.ooo[src]; q != nil; {
+			m, ok := q[exp]
+			if !ok {
+				break
+			}
+			delete(q, exp)
+			d.matchLocked(&m.h, m.data)
+			exp++
+		}
+		d.recvSeq[src] = exp
+	case h.seq > exp:
+		if d.ooo[src] == nil {
+			d.ooo[src] = make(map[uint64]*inMsg)
+		}
+		if _, dup := d.ooo[src][h.seq]; dup {
+			d.log.Warn("dropping duplicate message", "source", src, "seq", h.seq)
+			return
+		}
+		d.ooo[src][h.seq] = &inMsg{h: *h, data: clone(h, payload)}
+	default:
+		d.log.Warn("dropping duplicate message", "source", src, "seq", h.seq, "expected", exp)
+	}
+}
+
+func clone(h *header, payload []byte) []byte {
+	if h.kind != kindEager {
+		return nil
+	}
+	return append([]byte(nil), payload...)
+}
+
+// matchLocked matches one in-order arrival against the posted receives or
+// queues it as unexpected.
+func (d *Device) matchLocked(h *header, payload []byte) {
+	for i := 0; i < len(d.posted); {
+		r := d.posted[i]
+		if !matches(r, h) {
+			i++
+			continue
+		}
+		d.posted = slices.Delete(d.posted, i, i+1)
+		if r.claim != nil && !r.claim.TryClaim(claimOwn) {
+			continue // a matching subdevice or Cancel won this receive
+		}
+		d.deliverLocked(r, h, payload)
+		return
+	}
+	d.unexpected = append(d.unexpected, &inMsg{h: *h, data: clone(h, payload)})
+	d.notifyAll()
+}
+
+// deliverLocked completes (eager) or advances (rendezvous) a matched receive.
+func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
+	if r.claim != nil {
+		d.dropCopies(r, 0)
+	}
+	st := Status{Source: int(h.src), Tag: int(h.tag)}
+	var err error
+	if h.length > uint64(len(r.buf)) {
+		err = fmt.Errorf("%w: message of %d bytes from rank %d, buffer of %d", ErrTruncated, h.length, h.src, len(r.buf))
+	}
+	if h.kind == kindEager {
+		st.Count = copy(r.buf, payload)
+		if h.flags&flagSync != 0 {
+			d.sendSys(h.src, header{tag: sysAck, context: h.context, sreq: h.sreq}, nil, nil)
+		}
+		r.complete(st, err)
+		return
+	}
+	// Rendezvous: ask for as much as fits; the sender completes either way.
+	r.rndvLen = min(h.length, uint64(len(r.buf)))
+	r.status, r.truncErr = st, err
+	r.status.Count = int(r.rndvLen)
+	if r.rndvLen > 0 {
+		d.rndvRecv[r.id] = r
+	}
+	d.sendSys(h.src, header{tag: sysCTS, context: h.context, sreq: h.sreq, rreq: r.id, offset: r.rndvLen}, nil, nil)
+	if r.rndvLen == 0 {
+		r.complete(r.status, err)
+	}
+}
+
+// onData copies one rendezvous block into its receive buffer.
+func (d *Device) onData(from int32, h *header, payload []byte) {
+	d.mu.Lock()
+	r := d.rndvRecv[h.rreq]
+	d.mu.Unlock()
+	if r == nil || r.status.Source != int(from) {
+		d.log.Warn("dropping data block for no pending receive", "from", from, "request", h.rreq)
+		return
+	}
+	end := h.offset + uint64(len(payload))
+	if end > r.rndvLen || end < h.offset {
+		d.log.Warn("dropping data block outside the receive buffer", "from", from, "offset", h.offset, "len", len(payload), "expected", r.rndvLen)
+		return
+	}
+	// Blocks cover disjoint ranges, so they copy without the matching lock.
+	copy(r.buf[h.offset:], payload)
+	if r.received.Add(uint64(len(payload))) == r.rndvLen {
+		d.mu.Lock()
+		delete(d.rndvRecv, r.id)
+		d.mu.Unlock()
+		r.complete(r.status, r.truncErr)
+	}
+}
+
+// Cancel cancels a receive that has not matched yet: it completes with
+// ErrCanceled and Status.Cancelled set. A receive that already matched, and
+// any send, completes normally (MPI allows a cancel to fail).
+func (d *Device) Cancel(r *Request) {
+	if r.send || r.completed.Load() {
+		return
+	}
+	cancelled := Status{Source: AnySource, Tag: AnyTag, Cancelled: true}
+	switch {
+	case r.atSub >= 0:
+		if d.subs[r.atSub].matcher.CancelRecv(r.id) {
+			r.complete(cancelled, ErrCanceled)
+		}
+	case r.claim != nil:
+		if !r.claim.TryClaim(claimCancel) {
+			return // a copy matched; it completes the request
+		}
+		d.mu.Lock()
+		d.removePostedLocked(r)
+		d.mu.Unlock()
+		for _, idx := range d.matchers {
+			d.subs[idx].matcher.CancelRecv(r.id)
+		}
+		r.complete(cancelled, ErrCanceled)
+	default:
+		d.mu.Lock()
+		removed := d.removePostedLocked(r)
+		d.mu.Unlock()
+		if removed {
+			r.complete(cancelled, ErrCanceled)
+		}
+	}
+}
+
+// Iprobe looks for a message that a receive with (src, tag, context) would
+// match, without receiving it.
+func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
+	if d.closed.Load() {
+		return Status{}, false, ErrClosed
+	}
+	if src != AnySource && (src < 0 || src >= d.size) {
+		return Status{}, false, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.size)
+	}
+	if tag != AnyTag && (tag < 0 || tag > maxTag) {
+		return Status{}, false, fmt.Errorf("%w: %d", ErrTag, tag)
+	}
+	if src == AnySource || d.matchSub[src] < 0 {
+		probe := Request{peer: int32(src), tag: int32(tag), context: context}
+		d.mu.Lock()
+		for _, m := range d.unexpected {
+			if matches(&probe, &m.h) {
+				st := Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}
+				d.mu.Unlock()
+				return st, true, nil
+			}
+		}
+		d.mu.Unlock()
+	}
+	subs := d.matchers
+	if src != AnySource {
+		subs = nil
+		if m := d.matchSub[src]; m >= 0 {
+			subs = []int{m}
+		}
+	}
+	for _, idx := range subs {
+		if env, ok := d.subs[idx].matcher.Probe(sdi.Rank(src), int32(tag), context); ok {
+			return Status{Source: int(env.Source), Tag: int(env.Tag), Count: env.Len}, true, nil
+		}
+	}
+	return Status{}, false, nil
+}
+
+// HasMatchingSubDevices reports whether some loaded subdevice matches on its
+// own, in which case probes must poll it.
+func (d *Device) HasMatchingSubDevices() bool { return len(d.matchers) > 0 }

@@ -1,0 +1,18 @@
+# plugins.hcl: which subdevices a job loads and how (see multidevice.ParsePlugins).
+#
+# Built-in subdevices need only a block. A config block is handed to the
+# subdevice as JSON when it opens; the subdevice validates it.
+#
+# External subdevices (a binary in plugin_dir, started through go-plugin)
+# use command, args and checksum; this build refuses them with a clear error
+# until the plugin loader lands.
+
+# plugin_dir = "./plugins"
+
+subdevice "shm" {
+  # config { ring_bytes = 1048576 }
+}
+
+subdevice "tcp" {
+  # config { connect_timeout = "10s" }
+}
