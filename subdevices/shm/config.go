@@ -1,0 +1,79 @@
+package shm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Ring size limits. The lower bound keeps MaxFrame above MaxEager; the upper
+// one keeps cursors' in-ring offsets far from overflow and segments sane.
+const (
+	defaultRingBytes = 1 << 20
+	minRingBytes     = 1 << 16
+	maxRingBytes     = 1 << 30
+)
+
+// Caps this subdevice publishes, besides those derived from the ring size.
+const (
+	maxHeader   = 256
+	maxEager    = 16 << 10
+	exclusivity = 50
+)
+
+// config is the subdevice's block from plugins.hcl, as JSON:
+//
+//	{"ring_bytes": 1048576}
+type config struct {
+	// RingBytes is the data capacity of each inbound ring: a power of two in
+	// [64 KiB, 1 GiB]. Every rank of a job must use the same value.
+	RingBytes uint64 `json:"ring_bytes"`
+}
+
+// parseConfig decodes and validates raw, filling defaults. Empty input means
+// all defaults.
+func parseConfig(raw []byte) (config, error) {
+	var c config
+	if len(bytes.TrimSpace(raw)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return config{}, fmt.Errorf("shm: config: %w (want {\"ring_bytes\": N})", err)
+		}
+		if dec.More() {
+			return config{}, fmt.Errorf("shm: config: trailing data after the JSON object")
+		}
+	}
+	if c.RingBytes == 0 {
+		c.RingBytes = defaultRingBytes
+	}
+	if c.RingBytes < minRingBytes || c.RingBytes > maxRingBytes || c.RingBytes&(c.RingBytes-1) != 0 {
+		return config{}, fmt.Errorf("shm: config: ring_bytes %d must be a power of two in [%d, %d]",
+			c.RingBytes, minRingBytes, maxRingBytes)
+	}
+	return c, nil
+}
+
+// maxFrame is the largest payload for a ring of ringBytes. A quarter of the
+// ring keeps the largest record (plus a padding record at the wrap) below
+// half the ring, so an empty ring always accepts any frame and a few large
+// frames can be in flight at once.
+func maxFrame(ringBytes uint64) int { return int(ringBytes / 4) }
+
+// caps returns the Caps for a configuration.
+func (c config) caps() sdi.Caps {
+	mf := maxFrame(c.RingBytes)
+	return sdi.Caps{
+		MaxHeader:   maxHeader,
+		MaxEager:    min(maxEager, mf),
+		MaxFrame:    mf,
+		Exclusivity: exclusivity,
+		Latency:     500 * time.Nanosecond, // nominal, for routing
+		Bandwidth:   5 << 30,
+		Reach:       sdi.ReachHost,
+		Flags:       sdi.FlagReliable | sdi.FlagOrdered,
+	}
+}

@@ -1,0 +1,110 @@
+// Package shm is the shared-memory subdevice: it moves frames between ranks
+// of one host through lock-free single-producer single-consumer rings in
+// shared mappings. There are no sockets and no system calls on the data path
+// except a futex wake when the receiver sleeps.
+//
+// # Usage
+//
+// The package registers itself as "shm" with [sdi.Register]; import it for
+// its side effect, or call [New] directly:
+//
+//	sd := shm.New(logger)
+//	local, err := sd.Open(ctx, sdi.OpenParams{Rank: r, Size: n, Host: h, JobID: id, Handler: hd, Logger: logger})
+//	// publish local.Addr; for every peer on this host:
+//	err = sd.Connect(ctx, peer, card)
+//	done, err := sd.Send(&sdi.Frame{Peer: peer, Header: h, Payload: p})
+//
+// Configuration (the plugins.hcl block, as JSON): {"ring_bytes": N}, a power
+// of two in [64 KiB, 1 GiB], default 1 MiB, the same on every rank of a job.
+//
+// # Segments and rings
+//
+// Every rank creates one segment, a file /dev/shm/mdshm.<job>.r<rank>.<nonce>
+// (mode 0600, unlinked at Close), holding one inbound ring per rank of the
+// job: ring s carries frames from rank s to the owner. A sender maps the
+// receiver's segment at Connect and writes into its own ring there; the
+// receiver polls all its rings. A ring is written by exactly one sender
+// (goroutines of that sender take turns under a mutex) and read by exactly
+// one receiver.
+//
+//	segment of rank R (offsets in bytes)
+//	+-----------------------------------------------------------------+ 0
+//	| magic "MDSHMSG1" | version | nrings | ring_bytes | rank | pid   |
+//	| sha256(job)[:16] | sha256(secret)[:16]                          |
+//	+-----------------------------------------------------------------+ 128
+//	| state      (open / closed; senders check it before each frame)  |
+//	+-----------------------------------------------------------------+ 256
+//	| sleeping   (1 while R is about to wait or waiting)              |
+//	+-----------------------------------------------------------------+ 384
+//	| doorbell   (futex word senders bump to wake R)                  |
+//	+-----------------------------------------------------------------+ 4096
+//	| ring 0: tail (producer cursor)        | pad to 128              |
+//	|         head (consumer cursor)        | pad to 256              |
+//	|         data [ring_bytes]                                       |
+//	+-----------------------------------------------------------------+
+//	| ring 1 ... ring nrings-1 (same shape)                           |
+//	+-----------------------------------------------------------------+
+//
+// The words that different parties write sit 128 bytes apart so that they
+// never share a cache line (nor a prefetched pair of lines). tmpfs allocates
+// pages on first touch, so rings nobody writes cost only address space.
+//
+// Cursors are monotonic uint64 byte counts, masked with ring_bytes-1 on use;
+// tail-head is the number of unread bytes. A record is a [sdi.WireHeader],
+// the opaque header and the payload, padded to 16 bytes:
+//
+//	data  0                                                  ring_bytes
+//	      |..free..|hdr|H|payload|pad|hdr|H|payload|..free..|PAD->|
+//	               ^head                           ^tail
+//
+// A record never straddles the wrap: when one does not fit before the end,
+// the sender writes a padding record (wire-header flag 1) covering the rest
+// and starts the record at offset 0. Records are 16-byte aligned, so there
+// is always room for that padding header. MaxFrame is a quarter of the ring,
+// so a record plus padding never exceeds half of it and an empty ring always
+// accepts any frame.
+//
+// # Memory ordering
+//
+// Go's sync/atomic operations are sequentially consistent. Two edges make
+// the ring safe:
+//
+//   - the sender writes the record bytes, then stores tail; the receiver
+//     loads tail, then reads the bytes before it (tail store -> tail load);
+//   - the receiver returns from Deliver, then stores head; the sender loads
+//     head, then overwrites bytes before it (head store -> head load).
+//
+// The receiver loads tail once per pass and validates every record against
+// that value and the ring size with [sdi.DecodeWireHeader] before slicing, so
+// a corrupt or hostile writer can make it stop reading that ring (reported
+// through [sdi.Handler.PeerDown] with an error wrapping [sdi.ErrBadFrame])
+// but never make it read outside the ring or panic.
+//
+// # Sending
+//
+// Send copies the frame into the ring and returns done=true, so no SendDone
+// ever follows and Flush has nothing to wait for. When the ring is full Send
+// returns [sdi.ErrWouldBlock] and the caller retries; the subdevice keeps no
+// backlog of its own (the multidevice owns the pending queue). Send to a rank
+// whose segment is closed, whose process exited or whose ring was found
+// corrupt returns an error wrapping [sdi.ErrPeerUnreachable].
+//
+// # Receiving and waiting
+//
+// One progress goroutine per subdevice polls the inbound rings and calls
+// Deliver with slices that point into the ring; they are valid only during
+// the call. When nothing arrives it spins for a while, then polls with
+// runtime.Gosched in between, then sleeps in futex_wait on the doorbell
+// after announcing it in the sleeping word. Senders check that word after
+// publishing a record and wake the receiver only when it sleeps, so the fast
+// path has no system call. The comment on receiver.sleep explains why no
+// wake-up is lost. A sleep parks one OS thread; it ends at the latest after
+// half a second to check whether peers are still alive.
+//
+// # Limitations
+//
+// A segment has a ring for every rank of the job, so its virtual size is
+// ranks * ring_bytes; only touched pages use memory. Peers must share the
+// host's /dev/shm. A rank whose process dies without Close is noticed by its
+// pid, within a sleep timeout; its segment file is left behind.
+package shm

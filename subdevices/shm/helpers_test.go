@@ -1,0 +1,201 @@
+package shm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// testLogger routes hclog into t.Log at the level in MP_TEST_LOG_LEVEL
+// (default: errors only, so corrupt-ring tests show what they provoke).
+func testLogger(t testing.TB) hclog.Logger {
+	level := hclog.LevelFromString(os.Getenv("MP_TEST_LOG_LEVEL"))
+	if level == hclog.NoLevel {
+		level = hclog.Error
+	}
+	return hclog.New(&hclog.LoggerOptions{Name: "shm", Level: level, Output: tlogWriter{t}})
+}
+
+type tlogWriter struct{ t testing.TB }
+
+func (w tlogWriter) Write(p []byte) (int, error) {
+	w.t.Helper()
+	w.t.Log(string(p))
+	return len(p), nil
+}
+
+// msg is one delivered frame, copied out of the ring.
+type msg struct {
+	from    sdi.Rank
+	header  []byte
+	payload []byte
+}
+
+// recorder is a Handler that queues what it receives. Deliver blocks while
+// gate is held, which tests use to keep a ring full.
+type recorder struct {
+	t    testing.TB
+	msgs chan msg
+	down chan downEvent
+	gate sync.RWMutex
+}
+
+type downEvent struct {
+	peer sdi.Rank
+	err  error
+}
+
+func newRecorder(t testing.TB) *recorder {
+	return &recorder{t: t, msgs: make(chan msg, 1<<15), down: make(chan downEvent, 64)}
+}
+
+func (h *recorder) Deliver(from sdi.Rank, header, payload []byte) {
+	h.gate.RLock()
+	defer h.gate.RUnlock()
+	h.msgs <- msg{from: from, header: append([]byte(nil), header...), payload: append([]byte(nil), payload...)}
+}
+
+func (h *recorder) SendDone(token uint64, err error) {
+	h.t.Errorf("SendDone(%d, %v) called, but shm completes every Send at once", token, err)
+}
+
+func (h *recorder) PeerDown(peer sdi.Rank, err error) {
+	select {
+	case h.down <- downEvent{peer, err}:
+	default:
+	}
+}
+
+// next returns the next delivered frame, failing the test if none arrives
+// within a generous watchdog (a hang, not a performance assertion).
+func (h *recorder) next(t testing.TB) msg {
+	t.Helper()
+	select {
+	case m := <-h.msgs:
+		return m
+	case <-time.After(20 * time.Second):
+		t.Fatal("no frame delivered within the watchdog")
+		return msg{}
+	}
+}
+
+func (h *recorder) nextDown(t testing.TB) downEvent {
+	t.Helper()
+	select {
+	case d := <-h.down:
+		return d
+	case <-time.After(20 * time.Second):
+		t.Fatal("no PeerDown within the watchdog")
+		return downEvent{}
+	}
+}
+
+// job is n opened and fully connected instances in this process.
+type job struct {
+	sds   []sdi.SubDevice
+	hs    []*recorder
+	local []sdi.Local
+	id    string
+}
+
+type jobOpts struct {
+	config []byte
+	host   func(r int) string
+}
+
+// openJob opens n instances with a fresh job id and connects every pair
+// (including each rank to itself). Close runs at cleanup.
+func openJob(t testing.TB, n int, o jobOpts) *job {
+	t.Helper()
+	j := &job{id: fmt.Sprintf("test-%s-%d-%d", t.Name(), os.Getpid(), time.Now().UnixNano())}
+	ctx := context.Background()
+	for r := 0; r < n; r++ {
+		h := newRecorder(t)
+		sd := New(testLogger(t))
+		host := "host-a"
+		if o.host != nil {
+			host = o.host(r)
+		}
+		l, err := sd.Open(ctx, sdi.OpenParams{
+			Rank: sdi.Rank(r), Size: n, Host: host, JobID: j.id, Secret: []byte("s3cret"),
+			APIVersion: sdi.APIVersion, Config: o.config, Handler: h, Logger: testLogger(t),
+		})
+		if err != nil {
+			t.Fatalf("Open rank %d: %v", r, err)
+		}
+		if err := l.Caps.Validate(); err != nil {
+			t.Fatalf("rank %d caps: %v", r, err)
+		}
+		t.Cleanup(func() {
+			if err := sd.Close(context.Background()); err != nil {
+				t.Errorf("Close rank %d: %v", r, err)
+			}
+		})
+		j.sds, j.hs, j.local = append(j.sds, sd), append(j.hs, h), append(j.local, l)
+	}
+	if o.host != nil {
+		return j // callers connect across hosts themselves
+	}
+	for a := range j.sds {
+		for b := range j.sds {
+			if err := j.sds[a].Connect(ctx, sdi.Rank(b), j.local[b].Addr); err != nil {
+				t.Fatalf("Connect %d -> %d: %v", a, b, err)
+			}
+		}
+	}
+	return j
+}
+
+// sendRetry sends f, retrying while the ring is full.
+func sendRetry(t testing.TB, sd sdi.SubDevice, f *sdi.Frame) {
+	t.Helper()
+	for {
+		done, err := sd.Send(f)
+		switch {
+		case errors.Is(err, sdi.ErrWouldBlock):
+			runtime.Gosched()
+			continue
+		case err != nil:
+			t.Fatalf("Send to %d: %v", f.Peer, err)
+		case !done:
+			t.Fatalf("Send to %d returned done=false; shm always completes at once", f.Peer)
+		}
+		return
+	}
+}
+
+// pattern returns n bytes derived from seed, so corruption or mix-ups show.
+func pattern(seed uint64, n int) []byte {
+	b := make([]byte, n)
+	x := seed*0x9e3779b97f4a7c15 + 1
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b[i] = byte(x)
+	}
+	return b
+}
+
+func u64(v uint64) []byte { return binary.LittleEndian.AppendUint64(nil, v) }
+
+// waitGoroutines waits for the goroutine count to drop to at most want and
+// reports the final count.
+func waitGoroutines(want int) int {
+	n := runtime.NumGoroutine()
+	for i := 0; i < 200 && n > want; i++ {
+		time.Sleep(10 * time.Millisecond)
+		n = runtime.NumGoroutine()
+	}
+	return n
+}

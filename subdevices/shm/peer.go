@@ -1,0 +1,292 @@
+package shm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpc-multidevice/multidevice/internal/shmem"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// peer is the outbound side towards one rank: a mapping of that rank's
+// segment and the ring in it that carries this rank's frames.
+//
+// The ring is single-producer; mu makes the goroutines that Send to the same
+// peer take turns. It is held only while copying one frame.
+type peer struct {
+	rank sdi.Rank
+	sd   *device
+
+	mu   sync.Mutex
+	seg  *shmem.Segment // nil once detached
+	mem  []byte
+	ring ring
+	tail uint64 // producer cursor; ring.tail is its published copy
+	head uint64 // last consumer cursor read from ring.head
+	pid  int
+	gone error // set when the peer may no longer be used; Send returns it
+}
+
+// Connect maps the segment named in rank r's business card. The card must come
+// from the same host and job; a card for another host or job, an unreadable
+// card, or a segment that does not match it yields an error wrapping
+// [sdi.ErrPeerUnreachable]. Connecting again to the same segment is a no-op.
+func (sd *device) Connect(ctx context.Context, r sdi.Rank, addr []byte) error {
+	if err := sd.usable(); err != nil {
+		return fmt.Errorf("shm: connect to rank %d: %w", r, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("shm: connect to rank %d: %w", r, err)
+	}
+	if r < 0 || int(r) >= len(sd.peers) {
+		return fmt.Errorf("shm: connect to rank %d: not in a job of %d ranks: %w", r, len(sd.peers), sdi.ErrPeerUnreachable)
+	}
+	c, err := decodeCard(addr)
+	if err != nil {
+		return fmt.Errorf("shm: connect to rank %d: %w: %w", r, sdi.ErrPeerUnreachable, err)
+	}
+	switch {
+	case c.Host != sd.host:
+		return fmt.Errorf("shm: connect to rank %d: it runs on host %q, this rank on %q: %w", r, c.Host, sd.host, sdi.ErrPeerUnreachable)
+	case c.JobID != sd.jobID:
+		return fmt.Errorf("shm: connect to rank %d: card is from job %q, this is job %q: %w", r, c.JobID, sd.jobID, sdi.ErrPeerUnreachable)
+	case c.Rank != r:
+		return fmt.Errorf("shm: connect to rank %d: card belongs to rank %d: %w", r, c.Rank, sdi.ErrPeerUnreachable)
+	}
+
+	sd.connMu.Lock()
+	defer sd.connMu.Unlock()
+	if err := sd.usable(); err != nil {
+		return fmt.Errorf("shm: connect to rank %d: %w", r, err)
+	}
+	old := sd.peers[r].Load()
+	if old != nil && old.segmentName() == c.Segment {
+		return nil
+	}
+	seg, err := shmem.Open(c.Segment)
+	if err != nil {
+		return fmt.Errorf("shm: connect to rank %d: %w: %w", r, sdi.ErrPeerUnreachable, err)
+	}
+	p, err := sd.newPeer(r, seg)
+	if err != nil {
+		return errors.Join(fmt.Errorf("shm: connect to rank %d: segment %s: %w: %w", r, c.Segment, sdi.ErrPeerUnreachable, err), seg.Close())
+	}
+	sd.peers[r].Store(p)
+	if old != nil {
+		if err := old.detach(fmt.Errorf("shm: rank %d: reconnected: %w", r, sdi.ErrNotConnected)); err != nil {
+			sd.log.Warn("releasing the previous connection failed", "peer", r, "error", err)
+		}
+	}
+	sd.log.Debug("connected", "peer", r, "segment", c.Segment)
+	return nil
+}
+
+// newPeer checks that seg is rank r's live segment for this job, made with
+// the same ring size, and returns the connection to it.
+func (sd *device) newPeer(r sdi.Rank, seg *shmem.Segment) (*peer, error) {
+	mem := seg.Bytes()
+	if len(mem) < hdrBytes {
+		return nil, fmt.Errorf("%d bytes, shorter than the %d-byte header", len(mem), hdrBytes)
+	}
+	if string(mem[offMagic:offMagic+len(segMagic)]) != segMagic {
+		return nil, errors.New("not an shm segment (bad magic)")
+	}
+	if v := word32(mem, offVersion).Load(); v != segVersion {
+		return nil, fmt.Errorf("layout version %d, this build speaks %d", v, segVersion)
+	}
+	if s := word32(mem, offState).Load(); s != stateOpen {
+		return nil, fmt.Errorf("owner is not receiving (state %d)", s)
+	}
+	if owner := sdi.Rank(int32(word32(mem, offRank).Load())); owner != r {
+		return nil, fmt.Errorf("segment belongs to rank %d", owner)
+	}
+	if !bytes.Equal(mem[offJobHash:offJobHash+16], sd.jobHash[:]) {
+		return nil, errors.New("segment belongs to another job")
+	}
+	if !bytes.Equal(mem[offSecretHash:offSecretHash+16], sd.secHash[:]) {
+		return nil, errors.New("segment was made with another job secret")
+	}
+	nrings := int(word32(mem, offNRings).Load())
+	ringBytes := word64(mem, offRingBytes).Load()
+	if nrings != len(sd.peers) {
+		return nil, fmt.Errorf("made for a job of %d ranks, this job has %d", nrings, len(sd.peers))
+	}
+	if ringBytes != sd.cfg.RingBytes {
+		return nil, fmt.Errorf("ring_bytes %d differs from this rank's %d; every rank must use the same config", ringBytes, sd.cfg.RingBytes)
+	}
+	if want, err := segmentSize(nrings, ringBytes); err != nil || want != len(mem) {
+		return nil, fmt.Errorf("%d bytes, want %d for %d rings of %d bytes", len(mem), want, nrings, ringBytes)
+	}
+	p := &peer{rank: r, sd: sd, seg: seg, mem: mem, ring: ringAt(mem, int(sd.rank), ringBytes)}
+	p.pid = int(int32(word32(mem, offPID).Load()))
+	// Resume where an earlier connection from this rank stopped.
+	p.tail = p.ring.tail.Load()
+	p.head = p.ring.head.Load()
+	if p.tail-p.head > ringBytes || p.tail%recAlign != 0 || p.head%recAlign != 0 {
+		return nil, fmt.Errorf("%w: ring cursors %d and %d are inconsistent", sdi.ErrBadFrame, p.tail, p.head)
+	}
+	return p, nil
+}
+
+// Disconnect releases the mapping of rank r's segment. Send copies frames
+// before returning, so there is nothing left to flush. Disconnecting a rank
+// that is not connected is a no-op.
+func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
+	if err := sd.usable(); err != nil {
+		return fmt.Errorf("shm: disconnect rank %d: %w", r, err)
+	}
+	if r < 0 || int(r) >= len(sd.peers) {
+		return fmt.Errorf("shm: disconnect rank %d: not in a job of %d ranks: %w", r, len(sd.peers), sdi.ErrNotConnected)
+	}
+	sd.connMu.Lock()
+	defer sd.connMu.Unlock()
+	p := sd.peers[r].Swap(nil)
+	if p == nil {
+		return nil
+	}
+	if err := p.detach(fmt.Errorf("shm: rank %d: disconnected: %w", r, sdi.ErrNotConnected)); err != nil {
+		return fmt.Errorf("shm: disconnect rank %d: %w", r, err)
+	}
+	return nil
+}
+
+// Send copies f into the ring towards f.Peer and returns done=true: the
+// caller may reuse its buffers at once and no SendDone follows. When the
+// ring lacks space it returns [sdi.ErrWouldBlock] and the caller retries
+// later; this subdevice keeps no backlog of its own (the multidevice owns
+// the pending queue). Send never blocks beyond waiting for another Send to
+// the same peer to finish its copy, and never calls the Handler.
+func (sd *device) Send(f *sdi.Frame) (bool, error) {
+	if err := sd.usable(); err != nil {
+		return false, fmt.Errorf("shm: send: %w", err)
+	}
+	if f == nil {
+		return false, errors.New("shm: send: nil frame")
+	}
+	if len(f.Header) > maxHeader || len(f.Payload) > sd.caps.MaxFrame {
+		return false, fmt.Errorf("shm: send to rank %d: header %d bytes (max %d), payload %d bytes (max %d): %w",
+			f.Peer, len(f.Header), maxHeader, len(f.Payload), sd.caps.MaxFrame, sdi.ErrTooLarge)
+	}
+	if f.Peer < 0 || int(f.Peer) >= len(sd.peers) {
+		return false, fmt.Errorf("shm: send to rank %d: not in a job of %d ranks: %w", f.Peer, len(sd.peers), sdi.ErrNotConnected)
+	}
+	p := sd.peers[f.Peer].Load()
+	if p == nil {
+		return false, fmt.Errorf("shm: send to rank %d: %w", f.Peer, sdi.ErrNotConnected)
+	}
+	return p.send(f.Header, f.Payload)
+}
+
+func (p *peer) send(hdr, payload []byte) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gone != nil {
+		return false, p.gone
+	}
+	if word32(p.mem, offState).Load() != stateOpen {
+		p.gone = fmt.Errorf("shm: send to rank %d: it closed its segment: %w", p.rank, sdi.ErrPeerUnreachable)
+		return false, p.gone
+	}
+	capacity := uint64(len(p.ring.data))
+	need := spaceNeeded(capacity, p.tail, recordLen(len(hdr), len(payload)))
+	if p.tail-p.head+need > capacity {
+		// Acquire: pairs with the receiver's head.Store, made after its
+		// Deliver for every record before head returned, so those bytes
+		// may now be overwritten.
+		h := p.ring.head.Load()
+		if h-p.head > p.tail-p.head || h%recAlign != 0 {
+			p.gone = fmt.Errorf("shm: send to rank %d: consumer cursor %d outside [%d, %d]: %w: %w",
+				p.rank, h, p.head, p.tail, sdi.ErrPeerUnreachable, sdi.ErrBadFrame)
+			return false, p.gone
+		}
+		p.head = h
+		if p.tail-p.head+need > capacity {
+			return false, sdi.ErrWouldBlock
+		}
+	}
+	p.tail = putRecord(p.ring.data, p.tail, hdr, payload)
+	// Release: pairs with the receiver's tail.Load; every byte of the
+	// record written above is visible to it once it sees the new tail.
+	p.ring.tail.Store(p.tail)
+	p.sd.ringDoorbell(p.mem)
+	return true, nil
+}
+
+// alive reports an error wrapping [sdi.ErrPeerUnreachable] once the peer
+// closed its segment, its process exited, or a Send found its ring corrupt.
+// It returns nil for a detached peer: that one was let go on purpose.
+func (p *peer) alive() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seg == nil {
+		return nil
+	}
+	if p.gone != nil {
+		if errors.Is(p.gone, sdi.ErrPeerUnreachable) {
+			return p.gone
+		}
+		return nil
+	}
+	if word32(p.mem, offState).Load() != stateOpen {
+		p.gone = fmt.Errorf("shm: rank %d closed its segment: %w", p.rank, sdi.ErrPeerUnreachable)
+		return p.gone
+	}
+	// Ranks in this process share the pid; their Close marks the state.
+	if p.pid > 0 && p.pid != os.Getpid() && errors.Is(unix.Kill(p.pid, 0), unix.ESRCH) {
+		p.gone = fmt.Errorf("shm: rank %d: process %d exited: %w", p.rank, p.pid, sdi.ErrPeerUnreachable)
+		return p.gone
+	}
+	return nil
+}
+
+// markDown stops further sends to the peer with err.
+func (p *peer) markDown(err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gone == nil {
+		p.gone = err
+	}
+}
+
+// segmentName returns the name of the mapped segment, "" once detached.
+func (p *peer) segmentName() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seg == nil {
+		return ""
+	}
+	return p.seg.Name()
+}
+
+// detach makes later sends fail with reason, wakes the peer so that it
+// notices a closing rank promptly, and unmaps the peer's segment.
+func (p *peer) detach(reason error) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seg == nil {
+		return nil
+	}
+	p.sd.ringDoorbell(p.mem)
+	p.gone = reason
+	err := p.seg.Close()
+	p.seg, p.mem = nil, nil
+	return err
+}
+
+// usable returns nil while the device is open.
+func (sd *device) usable() error {
+	switch sd.state.Load() {
+	case devOpen:
+		return nil
+	case devClosed:
+		return sdi.ErrClosed
+	}
+	return errNotOpen
+}

@@ -1,0 +1,190 @@
+package shm
+
+import (
+	"fmt"
+	"runtime"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/internal/futex"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Waiting policy of the progress goroutine after its last frame: spin for
+// spinPolls polls, then poll yieldPolls more times with runtime.Gosched
+// between them, then sleep on the doorbell. A busy rank therefore reacts
+// within one poll; an idle one parks an OS thread in futex_wait and uses no
+// CPU.
+const (
+	spinPolls  = 256
+	yieldPolls = 64
+	// sleepTimeout bounds a doorbell sleep so that a peer whose process died
+	// without closing is noticed (at most a few wake-ups per second).
+	sleepTimeout = 500 * time.Millisecond
+	// livenessEvery is how many polls a busy receiver makes between checks
+	// of its peers' liveness.
+	livenessEvery = 1 << 12
+)
+
+// receiver is the state the progress goroutine owns alone.
+type receiver struct {
+	sd       *device
+	heads    []uint64 // consumer cursor per inbound ring; the shared copy is only ever written
+	dead     []bool   // inbound rings no longer read because they were corrupt
+	reported []bool   // ranks already reported through PeerDown
+}
+
+// progress polls the inbound rings and delivers frames until Close.
+func (sd *device) progress() {
+	defer sd.wg.Done()
+	n := len(sd.inbound)
+	rc := &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n)}
+	idle := 0
+	for polls := 1; !sd.stop.Load(); polls++ {
+		if rc.poll() > 0 {
+			idle = 0
+		} else {
+			idle++
+		}
+		if polls%livenessEvery == 0 {
+			rc.checkPeers()
+		}
+		switch {
+		case idle <= spinPolls:
+		case idle <= spinPolls+yieldPolls:
+			runtime.Gosched()
+		default:
+			rc.checkPeers()
+			rc.sleep()
+			idle = 0
+		}
+	}
+}
+
+// poll drains every readable inbound ring once and returns the number of
+// records consumed.
+func (rc *receiver) poll() int {
+	n := 0
+	for r := range rc.sd.inbound {
+		if !rc.dead[r] {
+			n += rc.drain(r)
+		}
+	}
+	return n
+}
+
+// drain delivers the records published in ring r when it was looked at.
+func (rc *receiver) drain(r int) int {
+	sd := rc.sd
+	rg := sd.inbound[r]
+	head := rc.heads[r]
+	// Acquire: pairs with the sender's tail.Store, so every byte before
+	// tail is visible here. tail is loaded once per call and every record
+	// is checked against it, so a sender cannot change what was validated.
+	tail := rg.tail.Load()
+	n := 0
+	for head != tail && !sd.stop.Load() {
+		rec, err := parseRecord(rg.data, head, tail, maxHeader, sd.caps.MaxFrame)
+		if err != nil {
+			rc.fail(r, err)
+			break
+		}
+		if !rec.pad {
+			if sd.log.IsTrace() {
+				sd.log.Trace("deliver", "peer", r, "header_bytes", len(rec.header), "payload_bytes", len(rec.payload))
+			}
+			sd.handler.Deliver(sdi.Rank(r), rec.header, rec.payload)
+		}
+		head = rec.next
+		rc.heads[r] = head
+		// Release: pairs with the sender's head.Load; it may reuse the
+		// bytes of this record only after Deliver returned.
+		rg.head.Store(head)
+		n++
+	}
+	return n
+}
+
+// pending reports whether any readable ring holds unread records.
+func (rc *receiver) pending() bool {
+	for r, rg := range rc.sd.inbound {
+		if !rc.dead[r] && rg.tail.Load() != rc.heads[r] {
+			return true
+		}
+	}
+	return false
+}
+
+// fail stops reading ring r after a corrupt record, stops sending to that
+// rank too, and reports it down.
+func (rc *receiver) fail(r int, err error) {
+	rc.dead[r] = true
+	err = fmt.Errorf("shm: ring from rank %d is corrupt, no longer reading it: %w", r, err)
+	rc.sd.log.Error("corrupt shared-memory ring", "peer", r, "error", err)
+	if p := rc.sd.peers[r].Load(); p != nil {
+		p.markDown(err)
+	}
+	rc.reportDown(r, err)
+}
+
+// checkPeers reports connected peers that went away, after delivering what
+// they sent before.
+func (rc *receiver) checkPeers() {
+	for r := range rc.sd.peers {
+		if rc.reported[r] {
+			continue
+		}
+		p := rc.sd.peers[r].Load()
+		if p == nil {
+			continue
+		}
+		if err := p.alive(); err != nil {
+			if !rc.dead[r] {
+				rc.drain(r)
+			}
+			rc.reportDown(r, err)
+		}
+	}
+}
+
+func (rc *receiver) reportDown(r int, err error) {
+	if rc.reported[r] || rc.sd.stop.Load() {
+		return
+	}
+	rc.reported[r] = true
+	rc.sd.log.Debug("peer down", "peer", r, "error", err)
+	rc.sd.handler.PeerDown(sdi.Rank(r), err)
+}
+
+// sleep waits on the doorbell until a sender rings it, Close does, or
+// sleepTimeout passes.
+//
+// Why no wake-up is lost. Go's atomics are sequentially consistent, so all
+// the loads and stores below and in ringDoorbell fall into one total order.
+// The receiver does
+//
+//	R1 seq := doorbell   R2 sleeping = 1   R3 re-scan all tails (and stop)   R4 futex_wait(doorbell, seq)
+//
+// and a sender (or Close) does
+//
+//	S1 store tail (stop)   S2 load sleeping; if 1: S3 doorbell++, S4 futex_wake(doorbell)
+//
+// If R3 misses S1, then S1 follows R3, so S2 follows R2 and reads 1: the
+// sender rings. S3 follows R1, so the doorbell no longer equals seq. If S3
+// comes before the kernel's check in R4, futex_wait returns at once (EAGAIN);
+// otherwise the receiver is already queued when S4 runs and is woken. If R3
+// sees S1, the receiver does not sleep at all. Either way the record is read.
+func (rc *receiver) sleep() {
+	mem := rc.sd.seg.Bytes()
+	bell := word32(mem, offDoorbell)
+	sleeping := word32(mem, offSleeping)
+	seq := bell.Load()
+	sleeping.Store(1)
+	if !rc.pending() && !rc.sd.stop.Load() {
+		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, sleepTimeout); err != nil {
+			// Should not happen; fall back to a short nap rather than a busy loop.
+			rc.sd.log.Warn("futex wait failed", "error", err)
+			time.Sleep(time.Millisecond)
+		}
+	}
+	sleeping.Store(0)
+}

@@ -1,0 +1,190 @@
+package shm
+
+import (
+	"fmt"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Segment layout; see the package doc for the picture. Every offset of an
+// atomic word is a multiple of 8, and the mapping is page-aligned, so the
+// words are naturally aligned.
+const (
+	segMagic   = "MDSHMSG1"
+	segVersion = 1
+
+	hdrBytes      = 4096 // segment header, one page
+	offMagic      = 0    // [8]byte
+	offVersion    = 8    // uint32
+	offNRings     = 12   // uint32: inbound rings, one per rank of the job
+	offRingBytes  = 16   // uint64: data bytes per ring
+	offRank       = 24   // int32: the owner's rank
+	offPID        = 28   // int32: the owner's process id
+	offJobHash    = 32   // [16]byte: sha256(JobID)[:16]
+	offSecretHash = 48   // [16]byte: sha256(Secret)[:16]
+	// Words the owner and its senders touch at run time, each on its own
+	// 128-byte block so that adjacent-line prefetching does not make them
+	// share a line either.
+	offState    = 128 // uint32: stateOpen while the owner receives
+	offSleeping = 256 // uint32: 1 while the owner is about to wait or waiting on the doorbell
+	offDoorbell = 384 // uint32: futex word senders bump to wake the owner
+
+	ringCtlBytes = 256 // per-ring control block ahead of the data
+	offTail      = 0   // uint64: producer cursor, written only by the sender
+	offHead      = 128 // uint64: consumer cursor, written only by the receiver
+
+	// recAlign keeps every record start 16-byte aligned, so the space left
+	// before the end of the ring is always zero or at least a wire header
+	// long and a padding record always fits there.
+	recAlign = 16
+
+	// flagPad in a wire header marks a padding record: the rest of the ring
+	// up to the wrap is unused and the next record starts at offset 0.
+	flagPad uint8 = 1
+)
+
+// Segment states in offState. Zero means not yet initialised.
+const (
+	stateOpen   = 1
+	stateClosed = 2
+)
+
+// word32 and word64 view a naturally aligned word of a shared mapping as an
+// atomic. Go's atomics are sequentially consistent, which the doorbell
+// protocol in progress.go relies on.
+func word32(mem []byte, off int) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&mem[off]))
+}
+
+func word64(mem []byte, off int) *atomic.Uint64 {
+	return (*atomic.Uint64)(unsafe.Pointer(&mem[off]))
+}
+
+// rawWord32 is the same word as word32 for the futex system call.
+func rawWord32(mem []byte, off int) *uint32 {
+	return (*uint32)(unsafe.Pointer(&mem[off]))
+}
+
+// segmentSize returns the bytes of a segment with nrings rings of ringBytes.
+func segmentSize(nrings int, ringBytes uint64) (int, error) {
+	stride := uint64(ringCtlBytes) + ringBytes
+	if nrings <= 0 || ringBytes == 0 || uint64(nrings) > (maxSegmentBytes-hdrBytes)/stride {
+		return 0, fmt.Errorf("shm: %d rings of %d bytes exceed the %d-byte segment limit", nrings, ringBytes, uint64(maxSegmentBytes))
+	}
+	return hdrBytes + nrings*int(stride), nil
+}
+
+// maxSegmentBytes bounds a segment's virtual size. tmpfs allocates pages
+// only when touched, so this is about address space, not memory.
+const maxSegmentBytes = 1 << 40
+
+// ring is a view of one single-producer single-consumer ring in a mapping.
+type ring struct {
+	tail *atomic.Uint64
+	head *atomic.Uint64
+	data []byte // power-of-two length
+}
+
+// ringAt returns ring i of a segment mapped at mem.
+func ringAt(mem []byte, i int, ringBytes uint64) ring {
+	base := hdrBytes + i*(ringCtlBytes+int(ringBytes))
+	return ring{
+		tail: word64(mem, base+offTail),
+		head: word64(mem, base+offHead),
+		data: mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
+	}
+}
+
+// recordLen returns the ring bytes a frame with hlen header and plen payload
+// bytes occupies.
+func recordLen(hlen, plen int) uint64 {
+	n := uint64(sdi.WireHeaderSize) + uint64(hlen) + uint64(plen)
+	return (n + recAlign - 1) &^ (recAlign - 1)
+}
+
+// spaceNeeded returns the ring bytes that writing an n-byte record at tail
+// consumes: the record, plus a padding record when it would straddle the wrap.
+func spaceNeeded(capacity, tail, n uint64) uint64 {
+	if contig := capacity - tail&(capacity-1); n > contig {
+		return contig + n
+	}
+	return n
+}
+
+// putRecord writes one frame at tail and returns the new tail. The caller
+// has checked, with spaceNeeded, that the space is free. Nothing is visible
+// to the consumer until the caller stores the returned tail.
+func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
+	capacity := uint64(len(data))
+	off := tail & (capacity - 1)
+	n := recordLen(len(hdr), len(payload))
+	if contig := capacity - off; n > contig {
+		sdi.WireHeader{Flags: flagPad}.Put(data[off:])
+		tail += contig
+		off = 0
+	}
+	sdi.WireHeader{HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(payload))}.Put(data[off:])
+	copy(data[off+sdi.WireHeaderSize:], hdr)
+	copy(data[off+sdi.WireHeaderSize+uint64(len(hdr)):], payload)
+	return tail + n
+}
+
+// record is one record parsed from a ring.
+type record struct {
+	pad     bool   // a padding record: no frame, skip to the wrap
+	header  []byte // the frame's opaque header; aliases the ring
+	payload []byte // the frame's payload; aliases the ring
+	next    uint64 // cursor of the following record
+}
+
+// parseRecord reads the record at cursor head of a ring whose producer has
+// published everything before tail (head != tail). The returned slices
+// alias data and have no spare capacity, so appending to them cannot
+// scribble on the ring.
+//
+// data, head and tail may hold anything (they come from shared memory): every
+// length and offset is checked before slicing, and a failure wraps
+// [sdi.ErrBadFrame].
+func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (record, error) {
+	capacity := uint64(len(data))
+	if capacity < recAlign || capacity&(capacity-1) != 0 {
+		return record{}, fmt.Errorf("%w: ring size %d is not a power of two >= %d", sdi.ErrBadFrame, capacity, recAlign)
+	}
+	avail := tail - head
+	switch {
+	case avail == 0 || avail > capacity:
+		return record{}, fmt.Errorf("%w: producer cursor %d is %d bytes ahead of consumer cursor %d in a %d-byte ring",
+			sdi.ErrBadFrame, tail, int64(avail), head, capacity)
+	case head%recAlign != 0 || avail%recAlign != 0:
+		return record{}, fmt.Errorf("%w: cursors %d and %d are not %d-byte aligned", sdi.ErrBadFrame, head, tail, recAlign)
+	}
+	off := head & (capacity - 1)
+	contig := capacity - off // >= recAlign > WireHeaderSize, a multiple of recAlign
+	wh, err := sdi.DecodeWireHeader(data[off:], maxHeader, maxPayload)
+	if err != nil {
+		return record{}, fmt.Errorf("record at cursor %d: %w", head, err)
+	}
+	if wh.Flags == flagPad {
+		if wh.HeaderLen != 0 || wh.PayloadLen != 0 {
+			return record{}, fmt.Errorf("%w: padding record at cursor %d has lengths %d and %d", sdi.ErrBadFrame, head, wh.HeaderLen, wh.PayloadLen)
+		}
+		if contig > avail {
+			return record{}, fmt.Errorf("%w: padding record at cursor %d covers %d bytes, only %d published", sdi.ErrBadFrame, head, contig, avail)
+		}
+		return record{pad: true, next: head + contig}, nil
+	}
+	if wh.Flags != 0 {
+		return record{}, fmt.Errorf("%w: record at cursor %d has unknown flags %#x", sdi.ErrBadFrame, head, wh.Flags)
+	}
+	n := recordLen(int(wh.HeaderLen), int(wh.PayloadLen))
+	if n > contig || n > avail {
+		return record{}, fmt.Errorf("%w: %d-byte record at cursor %d overruns the wrap (%d bytes) or the published data (%d bytes)",
+			sdi.ErrBadFrame, n, head, contig, avail)
+	}
+	h0 := off + sdi.WireHeaderSize
+	p0 := h0 + uint64(wh.HeaderLen)
+	p1 := p0 + uint64(wh.PayloadLen)
+	return record{header: data[h0:p0:p0], payload: data[p0:p1:p1], next: head + n}, nil
+}

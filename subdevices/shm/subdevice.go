@@ -1,0 +1,243 @@
+package shm
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"sync/atomic"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/internal/futex"
+	"github.com/hpc-multidevice/multidevice/internal/shmem"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Version is the shm subdevice's own version.
+const Version = "0.1.0"
+
+// Lifecycle states of a device.
+const (
+	devNew int32 = iota
+	devOpen
+	devClosed
+)
+
+var errNotOpen = errors.New("shm: subdevice not open")
+
+// device is the shm subdevice. It is safe for concurrent use, as
+// [sdi.SubDevice] requires.
+type device struct {
+	logger hclog.Logger // from New; replaced by OpenParams.Logger at Open
+
+	state atomic.Int32 // devNew, devOpen, devClosed
+
+	// Set by Open, read-only afterwards.
+	log     hclog.Logger
+	handler sdi.Handler
+	rank    sdi.Rank
+	host    string
+	jobID   string
+	jobHash [16]byte
+	secHash [16]byte
+	cfg     config
+	caps    sdi.Caps
+	seg     *shmem.Segment // this rank's segment: the inbound rings
+	inbound []ring         // inbound[r] carries frames from rank r
+
+	// peers[r] is the outbound connection to rank r, nil when not connected.
+	// Send reads it without locks; connMu serializes Connect, Disconnect and
+	// Close's sweep so no peer is installed after Close took them down.
+	peers  []atomic.Pointer[peer]
+	connMu sync.Mutex
+
+	stop      atomic.Bool // tells the progress goroutine to return
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+	closed    chan struct{} // closed once Close's teardown finished
+}
+
+// New returns an unopened shm subdevice that logs through logger (nil means
+// no logging) until Open supplies its own.
+func New(logger hclog.Logger) sdi.SubDevice {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &device{logger: logger, closed: make(chan struct{})}
+}
+
+// Info implements [sdi.SubDevice.Info].
+func (sd *device) Info(context.Context) (sdi.Info, error) {
+	return sdi.Info{Name: "shm", Version: Version, APIVersions: []string{sdi.APIVersion}}, nil
+}
+
+// Open creates this rank's segment with one inbound ring per rank of the job,
+// starts the progress goroutine and returns the business card.
+func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	if err := ctx.Err(); err != nil {
+		return sdi.Local{}, fmt.Errorf("shm: open: %w", err)
+	}
+	switch {
+	case p.Handler == nil:
+		return sdi.Local{}, errors.New("shm: open: nil Handler")
+	case p.Size <= 0 || p.Rank < 0 || int(p.Rank) >= p.Size:
+		return sdi.Local{}, fmt.Errorf("shm: open: rank %d not in a job of %d ranks", p.Rank, p.Size)
+	}
+	cfg, err := parseConfig(p.Config)
+	if err != nil {
+		return sdi.Local{}, err
+	}
+	size, err := segmentSize(p.Size, cfg.RingBytes)
+	if err != nil {
+		return sdi.Local{}, fmt.Errorf("shm: open: %w", err)
+	}
+	if !sd.state.CompareAndSwap(devNew, devOpen) {
+		if sd.state.Load() == devClosed {
+			return sdi.Local{}, fmt.Errorf("shm: open: %w", sdi.ErrClosed)
+		}
+		return sdi.Local{}, errors.New("shm: open: already open")
+	}
+	log := p.Logger
+	if log == nil {
+		log = sd.logger
+	}
+	sd.log = log.With("rank", p.Rank)
+	sd.handler = p.Handler
+	sd.rank = p.Rank
+	sd.host = p.Host
+	sd.jobID = p.JobID
+	sd.jobHash = hash16([]byte(p.JobID))
+	sd.secHash = hash16(p.Secret)
+	sd.cfg = cfg
+	sd.caps = cfg.caps()
+
+	// The random suffix keeps names unique even when a job id is reused or
+	// several instances of one rank exist (tests); the card carries the name.
+	var nonce [8]byte
+	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails on Linux
+	name := fmt.Sprintf("mdshm.%s.r%d.%s", hex.EncodeToString(sd.jobHash[:6]), p.Rank, hex.EncodeToString(nonce[:]))
+	addr, err := card{Host: p.Host, JobID: p.JobID, Rank: p.Rank, Segment: name}.encode()
+	if err != nil {
+		sd.state.Store(devNew)
+		return sdi.Local{}, err
+	}
+	seg, err := shmem.Create(name, size)
+	if err != nil {
+		sd.state.Store(devNew)
+		return sdi.Local{}, fmt.Errorf("shm: open: %w", err)
+	}
+	sd.seg = seg
+	mem := seg.Bytes()
+	copy(mem[offMagic:], segMagic)
+	word32(mem, offVersion).Store(segVersion)
+	word32(mem, offNRings).Store(uint32(p.Size))
+	word64(mem, offRingBytes).Store(cfg.RingBytes)
+	word32(mem, offRank).Store(uint32(p.Rank))
+	word32(mem, offPID).Store(uint32(os.Getpid()))
+	copy(mem[offJobHash:], sd.jobHash[:])
+	copy(mem[offSecretHash:], sd.secHash[:])
+	sd.inbound = make([]ring, p.Size)
+	for r := range sd.inbound {
+		sd.inbound[r] = ringAt(mem, r, cfg.RingBytes)
+	}
+	sd.peers = make([]atomic.Pointer[peer], p.Size)
+	// Publishing the state last orders every header field before it for a
+	// peer that loads stateOpen in Connect.
+	word32(mem, offState).Store(stateOpen)
+
+	sd.wg.Add(1)
+	go sd.progress()
+	sd.log.Debug("opened shared-memory segment", "segment", name, "rings", p.Size, "ring_bytes", cfg.RingBytes)
+	return sdi.Local{Addr: addr, Caps: sd.caps}, nil
+}
+
+// Flush implements [sdi.SubDevice.Flush]. Send copies every frame into the
+// ring before it returns, so nothing accepted is ever pending locally and
+// Flush returns at once.
+func (sd *device) Flush(ctx context.Context, peer sdi.Rank) error {
+	switch sd.state.Load() {
+	case devNew:
+		return fmt.Errorf("shm: flush rank %d: %w", peer, errNotOpen)
+	case devClosed:
+		return fmt.Errorf("shm: flush rank %d: %w", peer, sdi.ErrClosed)
+	}
+	return nil
+}
+
+// Close stops the progress goroutine, tells peers this rank is gone, unmaps
+// every segment and unlinks this rank's own. It is idempotent; later calls
+// wait for the first to finish and return nil. If ctx ends while a Handler
+// call is still running, Close returns ctx's error and the teardown finishes
+// in the background when the Handler returns.
+func (sd *device) Close(ctx context.Context) error {
+	first := false
+	sd.closeOnce.Do(func() {
+		first = true
+		prev := sd.state.Swap(devClosed)
+		if prev != devOpen {
+			close(sd.closed)
+			return
+		}
+		mem := sd.seg.Bytes()
+		// Senders check the state before every frame and stop with
+		// ErrPeerUnreachable.
+		word32(mem, offState).Store(stateClosed)
+		sd.stop.Store(true)
+		sd.ringDoorbell(mem)
+		go func() {
+			sd.wg.Wait()
+			sd.closeErr = sd.teardown()
+			close(sd.closed)
+		}()
+	})
+	select {
+	case <-sd.closed:
+		if first {
+			return sd.closeErr
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("shm: close: waiting for the progress goroutine: %w", ctx.Err())
+	}
+}
+
+// teardown releases the peers' mappings and this rank's segment. It runs
+// after the progress goroutine has returned.
+func (sd *device) teardown() error {
+	sd.connMu.Lock()
+	defer sd.connMu.Unlock()
+	var errs []error
+	for r := range sd.peers {
+		if p := sd.peers[r].Swap(nil); p != nil {
+			errs = append(errs, p.detach(fmt.Errorf("shm: rank %d: %w", p.rank, sdi.ErrClosed)))
+		}
+	}
+	if err := sd.seg.Close(); err != nil {
+		errs = append(errs, fmt.Errorf("shm: close own segment: %w", err))
+	}
+	sd.log.Debug("closed shared-memory segment", "segment", sd.seg.Name())
+	return errors.Join(errs...)
+}
+
+// ringDoorbell wakes the owner of the segment mapped at mem if it is
+// sleeping, or about to. See progress.go for why this cannot lose a wake-up.
+func (sd *device) ringDoorbell(mem []byte) {
+	if word32(mem, offSleeping).Load() == 0 {
+		return
+	}
+	word32(mem, offDoorbell).Add(1)
+	if _, err := futex.Wake(rawWord32(mem, offDoorbell), 1); err != nil {
+		sd.log.Warn("futex wake failed", "error", err)
+	}
+}
+
+func hash16(b []byte) [16]byte {
+	s := sha256.Sum256(b)
+	return [16]byte(s[:16])
+}
