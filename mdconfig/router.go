@@ -1,0 +1,349 @@
+package mdconfig
+
+import (
+	"math"
+)
+
+// The graph has a vertex per host and one per network ("hub"): a host is
+// joined to each network it is on, so a network of n hosts costs n edges
+// instead of the n² of a clique. Leaving a host onto a network costs the
+// network's link cost for the class; arriving from a network costs nothing;
+// leaving a host that is neither the source nor the destination also costs
+// that host's penalty. Vertex v < len(hosts) is a host, v >= len(hosts) the
+// network v-len(hosts).
+//
+// The penalty is charged at every intermediate host, not only where the
+// subdevice changes. A forwarded message always changes network there (one
+// network is never worth crossing twice: the direct link on it is cheaper),
+// and forwarding costs a receive, a system-message handler and a send even
+// between two tcp networks, as a relay between private-address clusters
+// does. Charging it per host also keeps the cost of the rest of a path
+// independent of how the message arrived, which is what lets a table hold
+// one next hop per destination and still be exact hop by hop.
+
+// hop is the first step of a route: the network taken out of the source and
+// the host it reaches first (-1 while only the network is known).
+type hop struct{ net, host int32 }
+
+// choice is one route from a source to a destination: its first step and
+// the cost of the whole path for the class's typical size.
+type choice struct {
+	hop  hop
+	cost float64
+}
+
+// router computes routes from one source at a time. It owns scratch space
+// sized to the graph and is not safe for concurrent use.
+type router struct {
+	d     *Description
+	nh    int32
+	src   int32
+	class int
+	// shortest paths (pass 1)
+	dist  []float64
+	hops  []int32
+	first []hop
+	done  []bool
+	pq    heap
+	cost  []float64 // per network, for the current class
+	// near-shortest paths with distinct first steps (pass 2)
+	labN    []uint8
+	labCost []float64
+	labHop  []int32
+	hopIDs  map[hop]int32
+	hopList []hop
+}
+
+func newRouter(d *Description) *router {
+	nv := len(d.hosts) + len(d.nets)
+	k := d.maxRoutes
+	return &router{
+		d:       d,
+		nh:      int32(len(d.hosts)),
+		dist:    make([]float64, nv),
+		hops:    make([]int32, nv),
+		first:   make([]hop, nv),
+		done:    make([]bool, nv),
+		labN:    make([]uint8, nv),
+		labCost: make([]float64, nv*k),
+		labHop:  make([]int32, nv*k),
+		hopIDs:  map[hop]int32{},
+		cost:    make([]float64, len(d.nets)),
+	}
+}
+
+// run computes the routes from src for one size class.
+func (r *router) run(src int32, class int) {
+	r.src, r.class = src, class
+	for i := range r.d.nets {
+		r.cost[i] = r.d.nets[i].cost[class]
+	}
+	r.shortest()
+	if r.d.maxRoutes > 1 {
+		r.nearShortest()
+	}
+}
+
+func (r *router) shortest() {
+	d := r.d
+	cost := r.cost
+	for i := range r.dist {
+		r.dist[i] = math.Inf(1)
+		r.hops[i] = 0
+		r.first[i] = hop{-1, -1}
+		r.done[i] = false
+	}
+	r.pq.reset()
+	r.dist[r.src] = 0
+	r.pq.push(item{0, 0, r.src, 0})
+	for r.pq.len() > 0 {
+		it := r.pq.pop()
+		v := it.v
+		if r.done[v] {
+			continue
+		}
+		r.done[v] = true
+		if v < r.nh {
+			extra := 0.0
+			if v != r.src {
+				extra = d.penalty[v]
+				if math.IsInf(extra, 1) {
+					continue
+				}
+			}
+			for _, n := range d.hostNets[v] {
+				f := r.first[v]
+				if v == r.src {
+					f = hop{n, -1}
+				}
+				r.relax(r.nh+n, r.dist[v]+extra+cost[n], r.hops[v]+1, f)
+			}
+			continue
+		}
+		for _, h := range d.nets[v-r.nh].members {
+			if h == r.src {
+				continue
+			}
+			f := r.first[v]
+			if f.host < 0 {
+				f.host = h
+			}
+			r.relax(h, r.dist[v], r.hops[v], f)
+		}
+	}
+}
+
+// relax records a better way to u. Ties go to fewer hops, then to the lower
+// network and host index, so that every run picks the same route.
+func (r *router) relax(u int32, nd float64, hops int32, f hop) {
+	if r.done[u] {
+		return
+	}
+	old := r.dist[u]
+	if nd < old || nd == old && (hops < r.hops[u] || hops == r.hops[u] && hopLess(f, r.first[u])) {
+		r.dist[u], r.hops[u], r.first[u] = nd, hops, f
+		r.pq.push(item{nd, hops, u, 0})
+	}
+}
+
+func hopLess(a, b hop) bool {
+	if a.net != b.net {
+		return a.net < b.net
+	}
+	return a.host < b.host
+}
+
+// nearShortest finds, for every vertex, up to maxRoutes cheapest paths that
+// start with distinct first steps and cost at most slack more than the
+// shortest. The slack is absolute (the alternatives fraction of the longest
+// shortest path) because an absolute bound is safe to prune with: a label
+// more than slack above the best at one vertex stays more than slack above
+// the best at every vertex beyond it. Paths never return to the source.
+func (r *router) nearShortest() {
+	d := r.d
+	k := d.maxRoutes
+	cost := r.cost
+	longest := 0.0
+	for h := int32(0); h < r.nh; h++ {
+		if !math.IsInf(r.dist[h], 1) {
+			longest = max(longest, r.dist[h])
+		}
+	}
+	slack := d.alternatives*longest + longest*1e-9
+	clear(r.labN)
+	clear(r.hopIDs)
+	r.hopList = r.hopList[:0]
+	r.pq.reset()
+	for _, n := range d.hostNets[r.src] {
+		r.pq.push(item{cost[n], 0, r.nh + n, r.hopID(hop{n, -1})})
+	}
+	for r.pq.len() > 0 {
+		it := r.pq.pop()
+		v, c, id := it.v, it.dist, it.label
+		cnt := int(r.labN[v])
+		if cnt == k || c > r.dist[v]+slack {
+			continue
+		}
+		base := int(v) * k
+		dup := false
+		for i := range cnt {
+			if r.labHop[base+i] == id {
+				dup = true
+				break
+			}
+		}
+		if dup {
+			continue
+		}
+		r.labHop[base+cnt], r.labCost[base+cnt] = id, c
+		r.labN[v]++
+		if v < r.nh {
+			p := d.penalty[v]
+			if math.IsInf(p, 1) {
+				continue
+			}
+			for _, n := range d.hostNets[v] {
+				r.pq.push(item{c + p + cost[n], 0, r.nh + n, id})
+			}
+			continue
+		}
+		f := r.hopList[id]
+		for _, h := range d.nets[v-r.nh].members {
+			if h == r.src {
+				continue
+			}
+			hid := id
+			if f.host < 0 {
+				hid = r.hopID(hop{f.net, h})
+			}
+			r.pq.push(item{c, 0, h, hid})
+		}
+	}
+}
+
+func (r *router) hopID(h hop) int32 {
+	if id, ok := r.hopIDs[h]; ok {
+		return id
+	}
+	id := int32(len(r.hopList))
+	r.hopIDs[h] = id
+	r.hopList = append(r.hopList, h)
+	return id
+}
+
+// routes appends to buf the routes from the source to host dst, best first:
+// the shortest path, then alternatives within the alternatives fraction of
+// it. An alternative through a next hop g is kept only if g's own shortest
+// path to dst is strictly shorter than the source's (what remains of the
+// alternative after g bounds it from above), so following any mix of
+// primary and alternative next hops always gets closer and never loops.
+// Alternatives that would give the same subdevice and next hop as an
+// earlier route are dropped. It returns buf unchanged when dst is
+// unreachable.
+func (r *router) routes(dst int32, buf []choice) []choice {
+	best := r.dist[dst]
+	if dst == r.src || math.IsInf(best, 1) {
+		return buf
+	}
+	start := len(buf)
+	buf = append(buf, choice{r.first[dst], best})
+	if r.d.maxRoutes == 1 {
+		return buf
+	}
+	d := r.d
+	limit := best*(1+d.alternatives) + best*1e-9
+	base := int(dst) * d.maxRoutes
+	for i := range int(r.labN[dst]) {
+		c := r.labCost[base+i]
+		if c > limit {
+			break
+		}
+		h := r.hopList[r.labHop[base+i]]
+		if h.host != dst {
+			rest := c - d.nets[h.net].cost[r.class] - d.penalty[h.host]
+			if rest >= best*(1-1e-9) {
+				continue
+			}
+		}
+		if r.sameRoute(buf[start:], h) {
+			continue
+		}
+		buf = append(buf, choice{h, c})
+		if len(buf)-start == d.maxRoutes {
+			break
+		}
+	}
+	return buf
+}
+
+// sameRoute reports whether h would be written as a route already in have.
+func (r *router) sameRoute(have []choice, h hop) bool {
+	sub := r.d.nets[h.net].sub
+	for _, c := range have {
+		if r.d.nets[c.hop.net].sub == sub && c.hop.host == h.host {
+			return true
+		}
+	}
+	return false
+}
+
+// item is a heap entry: a tentative cost to vertex v. label is the first-step
+// id in the near-shortest pass and unused in the shortest pass.
+type item struct {
+	dist  float64
+	hops  int32
+	v     int32
+	label int32
+}
+
+// heap is a binary min-heap on (dist, hops) with lazy deletion; written out
+// rather than through container/heap to avoid an interface call per
+// comparison on graphs of ten thousand hosts.
+type heap struct{ a []item }
+
+func (h *heap) reset()   { h.a = h.a[:0] }
+func (h *heap) len() int { return len(h.a) }
+
+func (h *heap) less(i, j int) bool {
+	if h.a[i].dist != h.a[j].dist {
+		return h.a[i].dist < h.a[j].dist
+	}
+	return h.a[i].hops < h.a[j].hops
+}
+
+func (h *heap) push(it item) {
+	h.a = append(h.a, it)
+	i := len(h.a) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h.a[i], h.a[p] = h.a[p], h.a[i]
+		i = p
+	}
+}
+
+func (h *heap) pop() item {
+	top := h.a[0]
+	last := len(h.a) - 1
+	h.a[0] = h.a[last]
+	h.a = h.a[:last]
+	i := 0
+	for {
+		l := 2*i + 1
+		if l >= last {
+			break
+		}
+		m := l
+		if r := l + 1; r < last && h.less(r, l) {
+			m = r
+		}
+		if !h.less(m, i) {
+			break
+		}
+		h.a[i], h.a[m] = h.a[m], h.a[i]
+		i = m
+	}
+	return top
+}
