@@ -1,0 +1,583 @@
+package sditest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"runtime"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+type setup uint8
+
+const (
+	setupConnected setup = iota // Peers instances opened and every pair connected
+	setupOpened                 // opened, not connected
+	setupNone                   // the check opens what it needs
+)
+
+// check is one entry of the catalogue. fn runs on the test goroutine and
+// may call t.Fatal.
+type check struct {
+	name  string
+	setup setup
+	fn    func(t testing.TB, e *env)
+}
+
+// catalogue lists the checks in the order Run runs them.
+var catalogue = []check{
+	// Info is static and has no side effects: repeated calls agree, before and after Open.
+	{"Info/NoSideEffects", setupNone, testInfoNoSideEffects},
+	// Open publishes valid caps, a business card per rank, and the same limits on every rank.
+	{"Open/CapsSane", setupOpened, testOpenCapsSane},
+	// Unusable cards fail Connect with ErrPeerUnreachable, and a failed Connect harms nothing.
+	{"Connect/BadAddr", setupOpened, testConnectBadAddr},
+	// Frames of every legal size arrive intact; oversized payloads and headers get ErrTooLarge.
+	{"Send/Sizes", setupConnected, testSendSizes},
+	// Every accepted frame completes exactly once: done=true or one SendDone, never both.
+	{"Send/CompletionExactlyOnce", setupConnected, testCompletionExactlyOnce},
+	// A buffer overwritten right after completion does not change what the receiver sees.
+	{"Send/BufferReuseAfterDone", setupConnected, testBufferReuseAfterDone},
+	// Flooding a peer ends in ErrWouldBlock or succeeds; then everything arrives.
+	{"Backpressure/WouldBlockThenDrains", setupConnected, testWouldBlockThenDrains},
+	// Strict alternation between two ranks: nothing is held back waiting for more traffic.
+	{"PingPong/1000", setupConnected, testPingPong},
+	// With FlagOrdered, frames to one peer arrive in the order Send accepted them.
+	{"Ordering/PerPeerFIFO", setupConnected, testPerPeerFIFO},
+	// All ranks sending to rank 0 at once: nothing lost, per-sender order kept.
+	{"ManyToOne", setupConnected, testManyToOne},
+	// Eight goroutines per rank sending to every peer at once: each frame arrives exactly once.
+	{"Concurrent/Sends", setupConnected, testConcurrentSends},
+	// When Flush returns, SendDone has been called for every frame accepted for that peer.
+	{"Flush/CompletesAll", setupConnected, testFlushCompletesAll},
+	// Close completes or fails every accepted frame before it returns, then the Handler stays silent.
+	{"Close/FailsPendingOrCompletes", setupConnected, testCloseFailsPending},
+	// Close may be called again, and concurrently, without error or panic.
+	{"Close/Idempotent", setupConnected, testCloseIdempotent},
+	// Closing every instance ends every goroutine the subdevice started.
+	{"Close/NoLeakedGoroutines", setupNone, testNoLeakedGoroutines},
+	// After Close, Send, Connect, Flush and Disconnect return ErrClosed.
+	{"Close/SendAfterClose", setupConnected, testSendAfterClose},
+	// A closed peer is reported by the right rank if at all, and sends to it never hang.
+	{"PeerDown/OnPeerClose", setupConnected, testPeerDownOnPeerClose},
+}
+
+func testInfoNoSideEffects(t testing.TB, e *env) {
+	sd := e.h.New(t)
+	e.extra = append(e.extra, sd)
+	first, err := sd.Info(e.ctx)
+	if err != nil {
+		t.Fatalf("Info before Open: %v", err)
+	}
+	if first.Name == "" {
+		t.Error("Info.Name is empty")
+	}
+	if !slices.Contains(first.APIVersions, sdi.APIVersion) {
+		t.Errorf("Info.APIVersions %q lacks %q, the version this suite checks", first.APIVersions, sdi.APIVersion)
+	}
+	for range 3 {
+		if again, err := sd.Info(e.ctx); err != nil || !reflect.DeepEqual(again, first) {
+			t.Errorf("Info again = %+v, %v; first call gave %+v", again, err, first)
+		}
+	}
+	if _, err := sd.Open(e.ctx, e.params(0, 1, Host, e.jobID, e.secret, newRecorder(e, 0))); err != nil {
+		t.Fatalf("Open after Info: %v", err)
+	}
+	if after, err := sd.Info(e.ctx); err != nil || !reflect.DeepEqual(after, first) {
+		t.Errorf("Info after Open = %+v, %v; before Open it gave %+v", after, err, first)
+	}
+}
+
+func testOpenCapsSane(t testing.TB, e *env) {
+	t.Logf("caps: %+v", e.caps)
+	for i, l := range e.locals {
+		if len(l.Addr) == 0 {
+			t.Errorf("rank %d published an empty business card", i)
+		}
+		if l.Caps != e.caps {
+			t.Errorf("rank %d caps %+v differ from rank 0 caps %+v; one subdevice with one config must publish the same limits everywhere", i, l.Caps, e.caps)
+		}
+		for j := range i {
+			if bytes.Equal(l.Addr, e.locals[j].Addr) {
+				t.Errorf("ranks %d and %d published the same business card %s", j, i, cardString(l.Addr))
+			}
+		}
+	}
+}
+
+func testConnectBadAddr(t testing.TB, e *env) {
+	garbage := map[string][]byte{
+		"empty":  nil,
+		"random": []byte(randomHex(24)),
+		"binary": {0xff, 0x00, 0xfe, 0x01, 0xfd, 0x02, 0xfc},
+	}
+	for name, card := range garbage {
+		err := e.sds[0].Connect(e.ctx, 1, card)
+		if !errors.Is(err, sdi.ErrPeerUnreachable) {
+			t.Errorf("Connect with %s card %s = %v, want an error wrapping sdi.ErrPeerUnreachable", name, cardString(card), err)
+		}
+	}
+
+	// A card of another job: refused, or, for a subdevice that connects
+	// lazily, never a path for frames between the jobs.
+	foreignRec := newRecorder(e, 1)
+	foreign := e.openExtra(t, e.params(1, e.h.Peers, Host, "sditest-"+randomHex(6), []byte(randomHex(16)), foreignRec))
+	switch err := e.sds[0].Connect(e.ctx, 1, foreign.Addr); {
+	case err == nil:
+		t.Log("Connect accepted a card of another job; checking that no frame crosses")
+		e.send(0, e.frame(msg{from: 0, to: 1, stream: 9, size: 1}))
+		time.Sleep(e.tm.quiet)
+		e.mu.Lock()
+		crossed := len(foreignRec.arrivals)
+		e.mu.Unlock()
+		if crossed > 0 {
+			t.Error("a frame crossed from one job to another")
+		}
+	case !errors.Is(err, sdi.ErrPeerUnreachable):
+		t.Errorf("Connect with another job's card = %v, want nil or an error wrapping sdi.ErrPeerUnreachable", err)
+	}
+
+	if e.caps.Reach == sdi.ReachHost {
+		other := e.openExtra(t, e.params(1, e.h.Peers, "sditest-other-host", e.jobID, e.secret, newRecorder(e, 1)))
+		if err := e.sds[0].Connect(e.ctx, 1, other.Addr); !errors.Is(err, sdi.ErrPeerUnreachable) {
+			t.Errorf("Reach is host, and Connect with a card from another host = %v, want an error wrapping sdi.ErrPeerUnreachable", err)
+		}
+	}
+
+	// Failed attempts leave the instances usable with the right cards.
+	e.connectAll(t)
+	e.mustSend(t, 0, e.frame(msg{from: 0, to: 1, stream: 1, size: 1}))
+	e.mustSend(t, 1, e.frame(msg{from: 1, to: 0, stream: 1, size: 1}))
+	e.awaitStream(t, 1, 0, 1, 1)
+	e.awaitStream(t, 0, 1, 1, 1)
+}
+
+func testSendSizes(t testing.TB, e *env) {
+	c := e.caps
+	var sizes []int
+	for _, s := range []int{0, 1, c.MaxEager, c.MaxFrame} {
+		if !slices.Contains(sizes, s) {
+			sizes = append(sizes, s)
+		}
+	}
+	for i, size := range sizes {
+		e.mustSend(t, 0, e.frame(msg{from: 0, to: 1, stream: 1, seq: uint64(i), size: size, hdr: c.MaxHeader}))
+	}
+	e.awaitStream(t, 1, 0, 1, len(sizes))
+	e.checkStream(t, 1, 0, 1, len(sizes), e.ordered())
+
+	tooLarge := []struct {
+		what string
+		m    msg
+	}{
+		{fmt.Sprintf("payload MaxFrame+1 = %d bytes", c.MaxFrame+1), msg{from: 0, to: 1, stream: 2, seq: 0, size: c.MaxFrame + 1}},
+		{fmt.Sprintf("header MaxHeader+1 = %d bytes", c.MaxHeader+1), msg{from: 0, to: 1, stream: 2, seq: 1, size: 1, hdr: c.MaxHeader + 1}},
+	}
+	for _, tc := range tooLarge {
+		if done, err := e.send(0, e.frame(tc.m)); !errors.Is(err, sdi.ErrTooLarge) {
+			t.Errorf("Send with %s = done %v, %v; want sdi.ErrTooLarge", tc.what, done, err)
+		}
+	}
+	// A marker sent after the rejected frames; once it is in, they would be too.
+	e.mustSend(t, 0, e.frame(msg{from: 0, to: 1, stream: 3, size: 1}))
+	e.awaitStream(t, 1, 0, 3, 1)
+	time.Sleep(e.tm.quiet)
+	e.mu.Lock()
+	n := len(e.recs[1].arrivals[streamKey{0, 2}])
+	e.mu.Unlock()
+	if n > 0 {
+		t.Errorf("%d frames rejected with ErrTooLarge were delivered", n)
+	}
+	e.awaitCompletions(t)
+}
+
+// mixedSize cycles through sizes that hit both completion paths of common
+// designs: empty, tiny, eager and, now and then, the largest frame.
+func (e *env) mixedSize(seq int) int {
+	switch {
+	case seq%50 == 49:
+		return e.caps.MaxFrame
+	case seq%4 == 0:
+		return 0
+	case seq%4 == 1:
+		return 1 + seq%64
+	case seq%4 == 2:
+		return e.caps.MaxEager
+	}
+	return min(e.caps.MaxFrame, 1+seq%1000)
+}
+
+func testCompletionExactlyOnce(t testing.TB, e *env) {
+	n := count(500)
+	// Every rank sends to its successor at once, so completions race with
+	// sends, deliveries and one another.
+	parallel(t, len(e.sds), func(i int) error {
+		return e.sendStream(i, (i+1)%len(e.sds), 1, n, e.mixedSize)
+	})
+	for i := range e.sds {
+		e.awaitStream(t, (i+1)%len(e.sds), i, 1, n)
+	}
+	e.awaitCompletions(t)
+	time.Sleep(e.tm.quiet) // late duplicates are reported as violations
+	e.mu.Lock()
+	var pending, done int
+	for _, st := range e.tokens {
+		switch st.outcome {
+		case outcomePending:
+			pending++
+		case outcomeDone:
+			done++
+		}
+	}
+	e.mu.Unlock()
+	t.Logf("%d frames completed at Send, %d through SendDone", done, pending)
+}
+
+func testBufferReuseAfterDone(t testing.TB, e *env) {
+	n := count(200)
+	size := e.caps.MaxEager
+	if size == 0 {
+		size = min(e.caps.MaxFrame, 1024)
+	}
+	// One header and one payload buffer for every frame, as a caller with a
+	// send buffer pool would do.
+	hdr, payload := make([]byte, headerSize), make([]byte, size)
+	for i := range n {
+		m := msg{from: 0, to: 1, stream: 1, seq: uint64(i)}
+		m.fill(hdr, payload)
+		f := &sdi.Frame{Peer: 1, Header: hdr, Payload: payload, Token: e.nextToken.Add(1)}
+		if !e.mustSend(t, 0, f) {
+			e.awaitToken(t, f.Token)
+		}
+		for j := range hdr {
+			hdr[j] = 0xa5
+		}
+		for j := range payload {
+			payload[j] = 0xa5
+		}
+	}
+	e.awaitStream(t, 1, 0, 1, n)
+	e.checkStream(t, 1, 0, 1, n, e.ordered())
+}
+
+// awaitToken waits for the SendDone of one frame accepted with done=false.
+func (e *env) awaitToken(t testing.TB, token uint64) {
+	t.Helper()
+	e.await(t, func() (bool, string) {
+		return e.tokens[token].sendDones > 0, fmt.Sprintf("SendDone for token %d", token)
+	})
+}
+
+func testWouldBlockThenDrains(t testing.TB, e *env) {
+	n := count(20000)
+	size := min(e.caps.MaxEager, 256)
+	blockedAt := -1
+	for i := range n {
+		f := e.frame(msg{from: 0, to: 1, stream: 1, seq: uint64(i), size: size})
+		_, err := e.sendOnce(0, e.sds[0], f)
+		if errors.Is(err, sdi.ErrWouldBlock) {
+			blockedAt = i
+			// The same frame again, now waiting for room as callers do.
+			e.mustSend(t, 0, f)
+			break
+		}
+		if err != nil {
+			t.Fatalf("Send of frame %d: %v", i, err)
+		}
+	}
+	if blockedAt < 0 {
+		t.Logf("%d frames accepted without ErrWouldBlock", n)
+	} else {
+		t.Logf("ErrWouldBlock after %d frames; sending the rest with retries", blockedAt)
+		if err := e.sendStreamFrom(0, 1, 1, blockedAt+1, n, size); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.awaitStream(t, 1, 0, 1, n)
+	e.checkStream(t, 1, 0, 1, n, e.ordered())
+	e.awaitCompletions(t)
+}
+
+// sendStreamFrom sends seq first..n-1 of a stream with retries.
+func (e *env) sendStreamFrom(from, to int, stream uint16, first, n, size int) error {
+	for i := first; i < n; i++ {
+		if _, err := e.send(from, e.frame(msg{from: from, to: to, stream: stream, seq: uint64(i), size: size})); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func testPingPong(t testing.TB, e *env) {
+	n := count(1000)
+	for i := range n {
+		e.mustSend(t, 0, e.frame(msg{from: 0, to: 1, stream: 1, seq: uint64(i), size: i % 128}))
+		e.awaitStream(t, 1, 0, 1, i+1)
+		e.mustSend(t, 1, e.frame(msg{from: 1, to: 0, stream: 1, seq: uint64(i), size: i % 128}))
+		e.awaitStream(t, 0, 1, 1, i+1)
+	}
+	e.checkStream(t, 1, 0, 1, n, e.ordered())
+	e.checkStream(t, 0, 1, 1, n, e.ordered())
+	e.awaitCompletions(t)
+}
+
+func testPerPeerFIFO(t testing.TB, e *env) {
+	if !e.ordered() {
+		t.Skipf("Caps.Flags %#x lacks FlagOrdered: per-peer order is not promised", e.caps.Flags)
+	}
+	n := count(2000)
+	peers := len(e.sds)
+	// Each rank interleaves its frames to all peers from one goroutine.
+	parallel(t, peers, func(i int) error {
+		for seq := range n {
+			for j := range peers {
+				if j == i {
+					continue
+				}
+				m := msg{from: i, to: j, stream: 1, seq: uint64(seq), size: e.mixedSize(seq)}
+				if _, err := e.send(i, e.frame(m)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	for i := range peers {
+		for j := range peers {
+			if i != j {
+				e.awaitStream(t, j, i, 1, n)
+				e.checkStream(t, j, i, 1, n, true)
+			}
+		}
+	}
+	e.awaitCompletions(t)
+}
+
+func testManyToOne(t testing.TB, e *env) {
+	n := count(1000)
+	senders := len(e.sds) - 1
+	parallel(t, senders, func(i int) error {
+		return e.sendStream(i+1, 0, 1, n, func(seq int) int { return min(e.caps.MaxEager, seq%512) })
+	})
+	for i := 1; i <= senders; i++ {
+		e.awaitStream(t, 0, i, 1, n)
+		e.checkStream(t, 0, i, 1, n, e.ordered())
+	}
+	e.awaitCompletions(t)
+}
+
+func testConcurrentSends(t testing.TB, e *env) {
+	const goroutines = 8
+	n := count(250)
+	peers := len(e.sds)
+	// Goroutine g of rank i sends stream g+1 to every peer in turn; each
+	// stream is sequential, so FlagOrdered applies to it.
+	parallel(t, peers*goroutines, func(k int) error {
+		from, g := k/goroutines, k%goroutines
+		for seq := range n {
+			for to := range peers {
+				if to == from {
+					continue
+				}
+				m := msg{from: from, to: to, stream: uint16(g + 1), seq: uint64(seq), size: e.mixedSize(seq + g)}
+				if _, err := e.send(from, e.frame(m)); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	})
+	for from := range peers {
+		for to := range peers {
+			for g := range goroutines {
+				if from != to {
+					e.awaitStream(t, to, from, uint16(g+1), n)
+					e.checkStream(t, to, from, uint16(g+1), n, e.ordered())
+				}
+			}
+		}
+	}
+	e.awaitCompletions(t)
+}
+
+func testFlushCompletesAll(t testing.TB, e *env) {
+	if err := e.sds[0].Flush(e.ctx, 1); err != nil {
+		t.Fatalf("Flush with nothing sent: %v", err)
+	}
+	n := count(500)
+	if err := e.sendStream(0, 1, 1, n, func(seq int) int { return 1 + e.mixedSize(seq)%e.caps.MaxFrame }); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sds[0].Flush(e.ctx, 1); err != nil {
+		t.Fatalf("Flush after %d frames: %v", n, err)
+	}
+	e.mu.Lock()
+	owed, example := e.owedLocked([]int{0})
+	e.mu.Unlock()
+	if owed > 0 {
+		t.Errorf("Flush returned while %d accepted frames still lacked SendDone (e.g. token %d)", owed, example)
+	}
+	e.awaitStream(t, 1, 0, 1, n)
+	e.checkStream(t, 1, 0, 1, n, e.ordered())
+}
+
+func testCloseFailsPending(t testing.TB, e *env) {
+	n := count(1000)
+	// Both directions busy, so rank 0 closes with frames in flight both ways.
+	parallel(t, 2, func(i int) error {
+		return e.sendStream(i, 1-i, 1, n, e.mixedSize)
+	})
+	if err := e.closeRank(0); err != nil {
+		t.Fatalf("rank 0: Close: %v", err)
+	}
+	e.mu.Lock()
+	var ok, failed, atSend, owed int
+	for tok, st := range e.tokens {
+		if st.from != 0 {
+			continue
+		}
+		switch {
+		case st.outcome == outcomeDone:
+			atSend++
+		case st.outcome != outcomePending:
+		case st.sendDones == 0:
+			owed++
+			if owed == 1 {
+				t.Errorf("Close returned before SendDone for accepted token %d", tok)
+			}
+		case st.err == nil:
+			ok++
+		case errors.Is(st.err, sdi.ErrClosed):
+			failed++
+		default:
+			t.Errorf("token %d failed at Close with %v, want an error wrapping sdi.ErrClosed", tok, st.err)
+		}
+	}
+	e.mu.Unlock()
+	if owed > 0 {
+		t.Errorf("Close returned with %d accepted frames lacking SendDone", owed)
+	}
+	t.Logf("rank 0 closed: %d frames completed at Send, %d by SendDone, %d failed with ErrClosed", atSend, ok, failed)
+	// Rank 1's frames to the closed rank must still complete, one way or another.
+	e.awaitCompletions(t, 1)
+	time.Sleep(e.tm.quiet) // Handler calls after Close are reported as violations
+}
+
+func testCloseIdempotent(t testing.TB, e *env) {
+	if err := e.closeRank(0); err != nil {
+		t.Errorf("first Close: %v", err)
+	}
+	if err := e.closeRank(0); err != nil && !errors.Is(err, sdi.ErrClosed) {
+		t.Errorf("second Close = %v, want nil or sdi.ErrClosed", err)
+	}
+	errs := make([]error, 4)
+	var wg sync.WaitGroup
+	for i := range errs {
+		wg.Go(func() { errs[i] = e.sds[1].Close(e.ctx) })
+	}
+	wg.Wait()
+	e.recs[1].markClosed()
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, sdi.ErrClosed) {
+			t.Errorf("concurrent Close = %v, want nil or sdi.ErrClosed", err)
+		}
+	}
+}
+
+func testNoLeakedGoroutines(t testing.TB, e *env) {
+	base := runtime.NumGoroutine()
+	e.open(t)
+	e.connectAll(t)
+	// Leave frames in flight, so Close has something to tear down.
+	parallel(t, len(e.sds), func(i int) error {
+		return e.sendStream(i, (i+1)%len(e.sds), 1, count(200), e.mixedSize)
+	})
+	for i := range e.sds {
+		if err := e.closeRank(i); err != nil {
+			t.Errorf("rank %d: Close: %v", i, err)
+		}
+	}
+	deadline := time.Now().Add(e.tm.patience)
+	for runtime.NumGoroutine() > base {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines before Open, %d still running %v after closing every instance:\n%s",
+				base, runtime.NumGoroutine(), e.tm.patience, stacks())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func testSendAfterClose(t testing.TB, e *env) {
+	if err := e.closeRank(0); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	f := e.frame(msg{from: 0, to: 1, stream: 1, size: 1})
+	if done, err := e.sendOnce(0, e.sds[0], f); done || !errors.Is(err, sdi.ErrClosed) {
+		t.Errorf("Send after Close = done %v, %v; want sdi.ErrClosed", done, err)
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, e.tm.patience)
+	defer cancel()
+	calls := map[string]func() error{
+		"Connect":    func() error { return e.sds[0].Connect(ctx, 1, e.locals[1].Addr) },
+		"Flush":      func() error { return e.sds[0].Flush(ctx, 1) },
+		"Disconnect": func() error { return e.sds[0].Disconnect(ctx, 1) },
+	}
+	for name, call := range calls {
+		if err := call(); !errors.Is(err, sdi.ErrClosed) {
+			t.Errorf("%s after Close = %v, want sdi.ErrClosed", name, err)
+		}
+	}
+}
+
+func testPeerDownOnPeerClose(t testing.TB, e *env) {
+	// One exchange first, so lazy connections exist when the peer goes.
+	e.mustSend(t, 0, e.frame(msg{from: 0, to: 1, stream: 1, size: 1}))
+	e.awaitStream(t, 1, 0, 1, 1)
+	e.mustSend(t, 1, e.frame(msg{from: 1, to: 0, stream: 1, size: 1}))
+	e.awaitStream(t, 0, 1, 1, 1)
+
+	if err := e.closeRank(1); err != nil {
+		t.Fatalf("rank 1: Close: %v", err)
+	}
+	err := e.awaitFor(min(e.tm.patience, 2*time.Second), func() (bool, string) {
+		return len(e.recs[0].peerDowns) > 0, "PeerDown on rank 0"
+	})
+	if err != nil {
+		t.Log("no PeerDown reported for the closed peer (allowed)")
+	}
+	e.mu.Lock()
+	for _, r := range e.recs {
+		for _, pd := range r.peerDowns {
+			if pd.peer != 1 {
+				t.Errorf("rank %d: PeerDown(%d, %v) after only rank 1 closed", r.rank, pd.peer, pd.err)
+			}
+		}
+	}
+	e.mu.Unlock()
+
+	// Sends to the closed peer fail or complete; they never hang.
+	for i := range 5 {
+		f := e.frame(msg{from: 0, to: 1, stream: 2, seq: uint64(i), size: 1})
+		done, err := e.send(0, f)
+		switch {
+		case err != nil:
+			if i == 0 {
+				t.Logf("Send to the closed peer: %v", err)
+			}
+		case !done:
+			e.awaitToken(t, f.Token)
+		}
+	}
+	ctx, cancel := context.WithTimeout(e.ctx, e.tm.patience)
+	defer cancel()
+	if err := e.sds[0].Flush(ctx, 1); errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Flush to the closed peer did not return within %v", e.tm.patience)
+	}
+}
