@@ -1,0 +1,314 @@
+package tcp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// watchdog bounds every wait in these tests. It is a hang detector, not a
+// performance assertion: on a healthy run every wait ends far sooner.
+const watchdog = 30 * time.Second
+
+const testSecret = "test-secret"
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if leaked := leakedGoroutines(); leaked != "" {
+			fmt.Fprintf(os.Stderr, "goroutines leaked by the tcp subdevice:\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// leakedGoroutines returns the stacks of goroutines the subdevice started
+// that are still running. A goroutine that just called wg.Done may still be
+// unwinding, so it looks a few times before reporting.
+func leakedGoroutines() string {
+	markers := []string{"tcp.(*subDevice).acceptLoop", "tcp.(*subDevice).serveInbound", "tcp.(*peer).writeLoop", "tcp.(*peer).watch"}
+	var found []string
+	for range 100 {
+		found = found[:0]
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			for _, m := range markers {
+				if strings.Contains(g, m) {
+					found = append(found, g)
+					break
+				}
+			}
+		}
+		if len(found) == 0 {
+			return ""
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return strings.Join(found, "\n\n")
+}
+
+// logBuffer collects hclog output for assertions; it is safe for
+// concurrent use.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// testLogger logs at Debug into a buffer the test can search, and shows it
+// with t.Log when the test fails or MP_TEST_LOG_LEVEL is set.
+func testLogger(t testing.TB, name string) (hclog.Logger, *logBuffer) {
+	buf := &logBuffer{}
+	level := hclog.Debug
+	if l := os.Getenv("MP_TEST_LOG_LEVEL"); l != "" {
+		level = hclog.LevelFromString(l)
+	}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("MP_TEST_LOG_LEVEL") != "" {
+			t.Logf("log of %s:\n%s", name, buf.String())
+		}
+	})
+	return hclog.New(&hclog.LoggerOptions{Name: name, Level: level, Output: buf}), buf
+}
+
+type delivery struct {
+	header, payload []byte
+}
+
+// recorder is a Handler that keeps copies of everything it is told.
+type recorder struct {
+	mu        sync.Mutex
+	delivered map[sdi.Rank][]delivery
+	done      map[uint64][]error // every SendDone per token, to spot duplicates
+	downs     map[sdi.Rank]error
+	late      int           // Handler calls after closedAt was set
+	closed    bool          // set once the owning instance's Close returned
+	changed   chan struct{} // closed and replaced on every event
+	// gate, when non-nil, makes Deliver wait until it is closed: it plays a
+	// peer that stops reading.
+	gate chan struct{}
+}
+
+func newRecorder() *recorder {
+	return &recorder{
+		delivered: make(map[sdi.Rank][]delivery),
+		done:      make(map[uint64][]error),
+		downs:     make(map[sdi.Rank]error),
+		changed:   make(chan struct{}),
+	}
+}
+
+func (r *recorder) event() {
+	if r.closed {
+		r.late++
+	}
+	close(r.changed)
+	r.changed = make(chan struct{})
+}
+
+func (r *recorder) Deliver(from sdi.Rank, header, payload []byte) {
+	r.mu.Lock()
+	gate := r.gate
+	r.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	d := delivery{header: bytes.Clone(header), payload: bytes.Clone(payload)}
+	r.mu.Lock()
+	r.delivered[from] = append(r.delivered[from], d)
+	r.event()
+	r.mu.Unlock()
+}
+
+func (r *recorder) SendDone(token uint64, err error) {
+	r.mu.Lock()
+	r.done[token] = append(r.done[token], err)
+	r.event()
+	r.mu.Unlock()
+}
+
+func (r *recorder) PeerDown(peer sdi.Rank, err error) {
+	r.mu.Lock()
+	r.downs[peer] = err
+	r.event()
+	r.mu.Unlock()
+}
+
+// waitFor blocks until cond, evaluated under the recorder's lock, holds.
+func (r *recorder) waitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	timer := time.NewTimer(watchdog)
+	defer timer.Stop()
+	for {
+		r.mu.Lock()
+		ok := cond()
+		ch := r.changed
+		r.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			t.Fatalf("watchdog: still waiting for %s", what)
+		}
+	}
+}
+
+func (r *recorder) count(from sdi.Rank) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.delivered[from])
+}
+
+// node is one opened instance in a test job.
+type node struct {
+	sd    sdi.SubDevice
+	rec   *recorder
+	local sdi.Local
+	log   *logBuffer
+	rank  sdi.Rank
+}
+
+type jobOpts struct {
+	size   int // ranks in the job; defaults to the number of nodes
+	config string
+	secret string
+	host   string
+}
+
+// openNode opens rank r of a job named after the test.
+func openNode(t testing.TB, r sdi.Rank, o jobOpts) *node {
+	t.Helper()
+	logger, buf := testLogger(t, fmt.Sprintf("tcp.%d", r))
+	n := &node{sd: New(logger), rec: newRecorder(), log: buf, rank: r}
+	secret := o.secret
+	if secret == "" {
+		secret = testSecret
+	}
+	host := o.host
+	if host == "" {
+		host = "testhost"
+	}
+	local, err := n.sd.Open(context.Background(), sdi.OpenParams{
+		Rank: r, Size: o.size, Host: host, JobID: "job-" + t.Name(), Secret: []byte(secret),
+		APIVersion: sdi.APIVersion, Config: []byte(o.config), Handler: n.rec, Logger: logger,
+	})
+	if err != nil {
+		t.Fatalf("open rank %d: %v", r, err)
+	}
+	if err := local.Caps.Validate(); err != nil {
+		t.Fatalf("caps: %v", err)
+	}
+	n.local = local
+	t.Cleanup(func() { n.close(t) })
+	return n
+}
+
+func (n *node) close(t testing.TB) {
+	if err := n.sd.Close(context.Background()); err != nil {
+		t.Errorf("close rank %d: %v", n.rank, err)
+	}
+	n.rec.mu.Lock()
+	n.rec.closed = true
+	n.rec.mu.Unlock()
+}
+
+// newJob opens count instances and connects every pair in both directions.
+func newJob(t testing.TB, count int, o jobOpts) []*node {
+	t.Helper()
+	if o.size == 0 {
+		o.size = count
+	}
+	if o.config == "" {
+		o.config = `{"listen": "127.0.0.1:0"}`
+	}
+	nodes := make([]*node, count)
+	for i := range nodes {
+		nodes[i] = openNode(t, sdi.Rank(i), o)
+	}
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a == b {
+				continue
+			}
+			if err := a.sd.Connect(context.Background(), b.rank, b.local.Addr); err != nil {
+				t.Fatalf("connect %d -> %d: %v", a.rank, b.rank, err)
+			}
+		}
+	}
+	return nodes
+}
+
+// send retries ErrWouldBlock until the frame is accepted, waiting for a
+// SendDone in between as the contract suggests.
+func send(t testing.TB, n *node, f *sdi.Frame) {
+	t.Helper()
+	timer := time.NewTimer(watchdog)
+	defer timer.Stop()
+	for {
+		n.rec.mu.Lock()
+		ch := n.rec.changed
+		n.rec.mu.Unlock()
+		done, err := n.sd.Send(f)
+		switch {
+		case err == nil:
+			if done {
+				t.Fatalf("tcp Send reported done=true; it always completes through SendDone")
+			}
+			return
+		case errors.Is(err, sdi.ErrWouldBlock):
+		default:
+			t.Fatalf("send to %d: %v", f.Peer, err)
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			t.Fatalf("watchdog: send to %d blocked", f.Peer)
+		}
+	}
+}
+
+// frames returns the frames delivered from a rank so far.
+func (r *recorder) frames(from sdi.Rank) []delivery {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]delivery(nil), r.delivered[from]...)
+}
+
+// doneErrs returns the errors of every SendDone for token.
+func (r *recorder) doneErrs(token uint64) []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]error(nil), r.done[token]...)
+}
+
+// down returns the PeerDown error for a rank, or nil.
+func (r *recorder) down(rank sdi.Rank) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.downs[rank]
+}

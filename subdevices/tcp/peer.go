@@ -1,0 +1,281 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// outFrame is an accepted frame waiting for the writer. It copies the
+// slices out of the caller's sdi.Frame, which the caller may reuse at once.
+type outFrame struct {
+	header, payload []byte
+	token           uint64
+}
+
+func (f outFrame) cost() int { return sdi.WireHeaderSize + len(f.header) + len(f.payload) }
+
+// peer is the outbound side of the link to one rank: the connection this rank
+// initiated and the only one it sends on, so frames to a peer leave in the
+// order Send accepted them. It is safe for concurrent use. A writer goroutine
+// owns the connection's write side and a watcher goroutine its read side.
+type peer struct {
+	rank  sdi.Rank
+	conn  net.Conn
+	h     sdi.Handler
+	log   hclog.Logger
+	limit int // queue_bytes
+
+	wake      chan struct{} // capacity 1: frames were queued
+	halted    chan struct{} // closed by halt
+	watchDone chan struct{} // closed when the watcher returned
+	done      chan struct{} // closed when writer and watcher returned
+
+	mu       sync.Mutex
+	queue    []outFrame
+	queued   int    // bytes of accepted frames not yet written
+	accepted uint64 // frames Send accepted
+	finished uint64 // frames whose SendDone has returned; they finish in accept order
+	flushers []*flusher
+	err      error // why the peer stopped; Send refuses with it
+	report   bool  // the connection failed (not us): report PeerDown
+}
+
+// flusher is a Flush waiting for the frames accepted before it to finish.
+type flusher struct {
+	target uint64
+	ch     chan struct{}
+}
+
+func newPeer(rank sdi.Rank, conn net.Conn, h sdi.Handler, log hclog.Logger, limit int) *peer {
+	return &peer{
+		rank:      rank,
+		conn:      conn,
+		h:         h,
+		log:       log,
+		limit:     limit,
+		wake:      make(chan struct{}, 1),
+		halted:    make(chan struct{}),
+		watchDone: make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+}
+
+// start runs the writer and the watcher, both counted in wg.
+func (p *peer) start(wg *sync.WaitGroup) {
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		p.watch()
+	}()
+	go func() {
+		defer wg.Done()
+		p.writeLoop()
+	}()
+}
+
+// send queues f or refuses it; it never blocks and never calls the handler.
+func (p *peer) send(f *sdi.Frame) error {
+	of := outFrame{header: f.Header, payload: f.Payload, token: f.Token}
+	cost := of.cost()
+	p.mu.Lock()
+	if p.err != nil {
+		err := p.err
+		p.mu.Unlock()
+		return err
+	}
+	// An empty queue takes any frame, so queue_bytes below MaxFrame slows
+	// large frames down instead of refusing them forever.
+	if p.queued > 0 && p.queued+cost > p.limit {
+		p.mu.Unlock()
+		return sdi.ErrWouldBlock
+	}
+	p.queue = append(p.queue, of)
+	p.queued += cost
+	p.accepted++
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default: // the writer has a wake-up pending and will see this frame
+	}
+	return nil
+}
+
+func (p *peer) alive() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.err == nil
+}
+
+// halt stops the peer for reason err; the first call wins. Closing the
+// connection unblocks a writer stuck on a peer that stopped reading.
+func (p *peer) halt(err error, report bool) {
+	p.mu.Lock()
+	first := p.err == nil
+	if first {
+		p.err = err
+		p.report = report
+		close(p.halted)
+	}
+	p.mu.Unlock()
+	if first {
+		p.conn.Close()
+	}
+}
+
+// watch detects a peer that went away while we have nothing to send. The
+// acceptor never writes after the handshake, so any return from Read means
+// the connection is over.
+func (p *peer) watch() {
+	defer close(p.watchDone)
+	var b [1]byte
+	_, err := p.conn.Read(b[:])
+	switch {
+	case err == nil:
+		err = errors.New("peer wrote on a send-only connection")
+	case errors.Is(err, io.EOF):
+		err = errors.New("peer closed the connection")
+	}
+	p.halt(fmt.Errorf("tcp: rank %d down: %w: %w", p.rank, sdi.ErrPeerUnreachable, err), true)
+}
+
+// writeLoop writes queued frames in batches, one writev per batch, and
+// completes them. It is the only goroutine that calls the handler for this
+// peer, so SendDone and PeerDown for one peer never run concurrently.
+func (p *peer) writeLoop() {
+	defer close(p.done)
+	defer func() { <-p.watchDone }()
+	var (
+		batch []outFrame
+		wire  []byte
+		bufs  net.Buffers
+	)
+	for {
+		select {
+		case <-p.wake:
+		case <-p.halted:
+		}
+		p.mu.Lock()
+		if p.err != nil {
+			p.mu.Unlock()
+			p.fail(nil)
+			return
+		}
+		batch, p.queue = p.queue, batch[:0]
+		p.mu.Unlock()
+		if len(batch) == 0 {
+			continue
+		}
+
+		if need := len(batch) * sdi.WireHeaderSize; cap(wire) < need {
+			wire = make([]byte, need)
+		}
+		bufs = bufs[:0]
+		n := 0
+		for i, f := range batch {
+			w := wire[i*sdi.WireHeaderSize : (i+1)*sdi.WireHeaderSize]
+			sdi.WireHeader{HeaderLen: uint16(len(f.header)), PayloadLen: uint32(len(f.payload))}.Put(w)
+			bufs = append(bufs, w)
+			if len(f.header) > 0 {
+				bufs = append(bufs, f.header)
+			}
+			if len(f.payload) > 0 {
+				bufs = append(bufs, f.payload)
+			}
+			n += f.cost()
+		}
+		if p.log.IsTrace() {
+			p.log.Trace("writing frames", "peer", p.rank, "frames", len(batch), "bytes", n)
+		}
+		// WriteTo consumes its receiver; writing through a copy keeps bufs'
+		// backing array for the next batch.
+		w := bufs
+		_, err := w.WriteTo(p.conn)
+		clear(bufs) // drop references to caller buffers we no longer own
+		if err != nil {
+			p.halt(fmt.Errorf("tcp: rank %d down: %w: write: %w", p.rank, sdi.ErrPeerUnreachable, err), true)
+			p.fail(batch)
+			return
+		}
+		p.mu.Lock()
+		p.queued -= n
+		p.mu.Unlock()
+		for _, f := range batch {
+			p.h.SendDone(f.token, nil)
+		}
+		p.completed(len(batch))
+		clear(batch)
+	}
+}
+
+// fail completes the frames of a batch that was being written and every
+// queued frame with the halt reason, then reports the peer down if the
+// connection (not Close or Disconnect) ended it.
+func (p *peer) fail(batch []outFrame) {
+	p.mu.Lock()
+	err, report := p.err, p.report
+	rest := p.queue
+	p.queue, p.queued = nil, 0
+	p.mu.Unlock()
+	for _, f := range batch {
+		p.h.SendDone(f.token, err)
+	}
+	for _, f := range rest {
+		p.h.SendDone(f.token, err)
+	}
+	p.completed(len(batch) + len(rest))
+	if report {
+		p.log.Info("lost connection to peer", "peer", p.rank, "remote_addr", p.conn.RemoteAddr(), "failed_frames", len(batch)+len(rest), "error", err)
+		p.h.PeerDown(p.rank, err)
+	}
+}
+
+func (p *peer) completed(n int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.finished += uint64(n)
+	keep := p.flushers[:0]
+	for _, f := range p.flushers {
+		if f.target <= p.finished {
+			close(f.ch)
+		} else {
+			keep = append(keep, f)
+		}
+	}
+	clear(p.flushers[len(keep):])
+	p.flushers = keep
+	p.mu.Unlock()
+}
+
+// flush waits until every frame accepted before the call has had its
+// SendDone. Frames sent while it waits do not delay it.
+func (p *peer) flush(ctx context.Context) error {
+	p.mu.Lock()
+	if p.finished >= p.accepted {
+		p.mu.Unlock()
+		return nil
+	}
+	f := &flusher{target: p.accepted, ch: make(chan struct{})}
+	p.flushers = append(p.flushers, f)
+	p.mu.Unlock()
+	select {
+	case <-f.ch:
+		return nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		if i := slices.Index(p.flushers, f); i >= 0 {
+			p.flushers = slices.Delete(p.flushers, i, i+1)
+		}
+		p.mu.Unlock()
+		return ctx.Err()
+	}
+}

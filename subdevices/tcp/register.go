@@ -1,0 +1,5 @@
+package tcp
+
+import "github.com/hpc-multidevice/multidevice/sdi"
+
+func init() { sdi.Register("tcp", New) }
