@@ -193,7 +193,7 @@ func describeJSONError(data []byte, err error) string {
 	var te *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &se):
-		return fmt.Sprintf("%s: %v", position(data, se.Offset), se)
+		return fmt.Sprintf("%s: %v", position(data, max(se.Offset-1, 0)), se) // Offset is just past the bad byte
 	case errors.As(err, &te):
 		return fmt.Sprintf("%s: field %q: %v", position(data, te.Offset), te.Field, te)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
