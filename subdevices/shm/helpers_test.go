@@ -110,7 +110,10 @@ type job struct {
 
 type jobOpts struct {
 	config []byte
-	host   func(r int) string
+	// noSleepBound makes doorbell sleeps unbounded, so a lost wake-up hangs
+	// the test instead of costing half a second.
+	noSleepBound bool
+	host         func(r int) string
 }
 
 // openJob opens n instances with a fresh job id and connects every pair
@@ -122,6 +125,9 @@ func openJob(t testing.TB, n int, o jobOpts) *job {
 	for r := 0; r < n; r++ {
 		h := newRecorder(t)
 		sd := New(testLogger(t))
+		if o.noSleepBound {
+			sd.(*device).sleepFor = 0
+		}
 		host := "host-a"
 		if o.host != nil {
 			host = o.host(r)
@@ -159,11 +165,17 @@ func openJob(t testing.TB, n int, o jobOpts) *job {
 // sendRetry sends f, retrying while the ring is full.
 func sendRetry(t testing.TB, sd sdi.SubDevice, f *sdi.Frame) {
 	t.Helper()
-	for {
+	for tries := 0; ; tries++ {
 		done, err := sd.Send(f)
 		switch {
 		case errors.Is(err, sdi.ErrWouldBlock):
-			runtime.Gosched()
+			// Yield first; then nap, so that spinning senders do not starve
+			// the receiver on a small machine.
+			if tries < 64 {
+				runtime.Gosched()
+			} else {
+				time.Sleep(20 * time.Microsecond)
+			}
 			continue
 		case err != nil:
 			t.Fatalf("Send to %d: %v", f.Peer, err)

@@ -180,7 +180,7 @@ func (rc *receiver) sleep() {
 	seq := bell.Load()
 	sleeping.Store(1)
 	if !rc.pending() && !rc.sd.stop.Load() {
-		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, sleepTimeout); err != nil {
+		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, rc.sd.sleepFor); err != nil {
 			// Should not happen; fall back to a short nap rather than a busy loop.
 			rc.sd.log.Warn("futex wait failed", "error", err)
 			time.Sleep(time.Millisecond)

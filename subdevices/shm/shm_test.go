@@ -71,7 +71,7 @@ func TestSizes(t *testing.T) {
 }
 
 func TestPingPong(t *testing.T) {
-	j := openJob(t, 2, jobOpts{})
+	j := openJob(t, 2, jobOpts{noSleepBound: true})
 	const rounds = 1000
 	done := make(chan struct{})
 	go func() { // rank 1 echoes; Deliver must not send, so a goroutine does
@@ -387,17 +387,20 @@ func TestPeerDownOnClose(t *testing.T) {
 	}
 }
 
-// TestIdleSleeps checks that an idle receiver ends up parked on its doorbell
-// (no CPU burnt) and that a frame still wakes it.
-func TestIdleSleeps(t *testing.T) {
-	j := openJob(t, 2, jobOpts{})
+// TestIdleSleepsAndWakes checks that an idle receiver ends up parked on its
+// doorbell (no CPU burnt) and that a frame still wakes it. Sleeps have no
+// time bound here, so a lost wake-up hangs and the watchdog fails the test.
+func TestIdleSleepsAndWakes(t *testing.T) {
+	j := openJob(t, 2, jobOpts{noSleepBound: true})
 	mem := j.sds[1].(*device).seg.Bytes()
-	for word32(mem, offSleeping).Load() == 0 {
-		time.Sleep(10 * time.Millisecond) // the test timeout catches a receiver that never sleeps
-	}
-	sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Payload: []byte("wake up")})
-	if m := j.hs[1].next(t); string(m.payload) != "wake up" {
-		t.Fatalf("got %q", m.payload)
+	for i := range uint64(50) {
+		for word32(mem, offSleeping).Load() == 0 {
+			time.Sleep(time.Millisecond) // the test timeout catches a receiver that never sleeps
+		}
+		sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i)})
+		if m := j.hs[1].next(t); binary.LittleEndian.Uint64(m.header) != i {
+			t.Fatalf("frame %d arrived as %x", i, m.header)
+		}
 	}
 }
 

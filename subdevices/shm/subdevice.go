@@ -10,6 +10,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -56,6 +57,10 @@ type device struct {
 	peers  []atomic.Pointer[peer]
 	connMu sync.Mutex
 
+	// sleepFor bounds a doorbell sleep; tests set it to 0 (no bound) so a
+	// lost wake-up shows up as a hang instead of a delay.
+	sleepFor time.Duration
+
 	stop      atomic.Bool // tells the progress goroutine to return
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -69,7 +74,7 @@ func New(logger hclog.Logger) sdi.SubDevice {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &device{logger: logger, closed: make(chan struct{})}
+	return &device{logger: logger, sleepFor: sleepTimeout, closed: make(chan struct{})}
 }
 
 // Info implements [sdi.SubDevice.Info].

@@ -1,0 +1,88 @@
+package shm
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// TestCorruptRing scribbles on the ring that carries rank 0's frames into
+// rank 1's segment, as a buggy or hostile process could, and checks that
+// rank 1 reports rank 0 down with ErrBadFrame instead of panicking or
+// reading outside the ring, stops talking to rank 0, and still serves rank 2.
+func TestCorruptRing(t *testing.T) {
+	tests := []struct {
+		name    string
+		corrupt func(rg ring, tail uint64) (newTail uint64)
+	}{
+		{"garbage bytes", func(rg ring, tail uint64) uint64 {
+			copy(rg.data[tail&uint64(len(rg.data)-1):], "\xde\xad\xbe\xef garbage!!\x00\x01\x02")
+			return tail + 16
+		}},
+		{"payload length beyond MaxFrame", func(rg ring, tail uint64) uint64 {
+			sdi.WireHeader{PayloadLen: 1<<32 - 1}.Put(rg.data[tail&uint64(len(rg.data)-1):])
+			return tail + 16
+		}},
+		{"record longer than published", func(rg ring, tail uint64) uint64 {
+			sdi.WireHeader{PayloadLen: 4000}.Put(rg.data[tail&uint64(len(rg.data)-1):])
+			return tail + 16
+		}},
+		{"tail beyond the ring", func(rg ring, tail uint64) uint64 {
+			return tail + uint64(len(rg.data)) + recAlign
+		}},
+		{"misaligned tail", func(rg ring, tail uint64) uint64 { return tail + 5 }},
+		{"unknown flags", func(rg ring, tail uint64) uint64 {
+			sdi.WireHeader{Flags: 0x40}.Put(rg.data[tail&uint64(len(rg.data)-1):])
+			return tail + 16
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := openJob(t, 3, jobOpts{config: []byte(`{"ring_bytes": 65536}`)})
+			// Some honest traffic first, so the cursors are not at zero.
+			sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Payload: []byte("hello")})
+			if m := j.hs[1].next(t); string(m.payload) != "hello" {
+				t.Fatalf("got %q", m.payload)
+			}
+			rx := j.sds[1].(*device)
+			rg := rx.inbound[0]
+			rg.tail.Store(tt.corrupt(rg, rg.tail.Load()))
+			rx.ringDoorbell(rx.seg.Bytes())
+
+			d := j.hs[1].nextDown(t)
+			if d.peer != 0 || !errors.Is(d.err, sdi.ErrBadFrame) {
+				t.Fatalf("PeerDown(%d, %v), want rank 0 with ErrBadFrame", d.peer, d.err)
+			}
+			t.Log(d.err)
+			if _, err := j.sds[1].Send(&sdi.Frame{Peer: 0}); !errors.Is(err, sdi.ErrBadFrame) {
+				t.Errorf("Send to the corrupt peer = %v, want ErrBadFrame", err)
+			}
+			sendRetry(t, j.sds[2], &sdi.Frame{Peer: 1, Payload: []byte("still here")})
+			if m := j.hs[1].next(t); m.from != 2 || string(m.payload) != "still here" {
+				t.Fatalf("after corruption: got %q from %d", m.payload, m.from)
+			}
+		})
+	}
+}
+
+// TestCorruptConsumerCursor breaks the cursor the sender reads back: the
+// sender must refuse to write instead of overrunning unread data.
+func TestCorruptConsumerCursor(t *testing.T) {
+	j := openJob(t, 2, jobOpts{config: []byte(`{"ring_bytes": 65536}`)})
+	rx := j.sds[1].(*device)
+	j.hs[1].gate.Lock() // keep the receiver from moving head itself
+	defer j.hs[1].gate.Unlock()
+	payload := make([]byte, 8000)
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		_, err = j.sds[0].Send(&sdi.Frame{Peer: 1, Payload: payload})
+	}
+	if !errors.Is(err, sdi.ErrWouldBlock) {
+		t.Fatalf("filling the ring ended with %v, want ErrWouldBlock", err)
+	}
+	rx.inbound[0].head.Store(rx.inbound[0].tail.Load() + 1<<20) // head beyond tail
+	if _, err := j.sds[0].Send(&sdi.Frame{Peer: 1, Payload: payload}); !errors.Is(err, sdi.ErrPeerUnreachable) {
+		t.Fatalf("Send with a corrupt consumer cursor = %v, want ErrPeerUnreachable", err)
+	}
+}
