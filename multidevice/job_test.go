@@ -35,6 +35,7 @@ type jobSpec struct {
 	subs      []string // plugins.hcl subdevice names, in order
 	factories map[string]sdi.Factory
 	table     *conntable.Table
+	tableOf   func(rank int) *conntable.Table // per-rank tables; overrides table
 	hostOf    func(int) string
 	logger    hclog.Logger
 }
@@ -62,7 +63,11 @@ func openJob(t testing.TB, js jobSpec) []*Device {
 	defer cancel()
 	for r := range js.n {
 		wg.Go(func() {
-			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Table: js.table, Factories: js.factories, Logger: log.Named(fmt.Sprint(r))})
+			table := js.table
+			if js.tableOf != nil {
+				table = js.tableOf(r)
+			}
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Table: table, Factories: js.factories, Logger: log.Named(fmt.Sprint(r))})
 		})
 	}
 	wg.Wait()

@@ -42,7 +42,6 @@ type SubDeviceSpec struct {
 type pluginsFile struct {
 	PluginDir  string         `hcl:"plugin_dir,optional"`
 	SubDevices []subdeviceHCL `hcl:"subdevice,block"`
-	Remain     hcl.Body       `hcl:",remain"`
 }
 
 type subdeviceHCL struct {
@@ -70,12 +69,6 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 	}
 	var raw pluginsFile
 	if diags := gohcl.DecodeBody(f.Body, nil, &raw); diags.HasErrors() {
-		return nil, fmt.Errorf("multidevice: plugins: %w", diags)
-	}
-	if attrs, diags := raw.Remain.JustAttributes(); len(attrs) > 0 || diags.HasErrors() {
-		for _, a := range attrs {
-			return nil, fmt.Errorf("multidevice: plugins: %s: unknown setting %q (known: plugin_dir, subdevice blocks)", a.NameRange, a.Name)
-		}
 		return nil, fmt.Errorf("multidevice: plugins: %w", diags)
 	}
 	cfg := &PluginsConfig{PluginDir: raw.PluginDir}

@@ -1,0 +1,61 @@
+package multidevice
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestHeaderRoundTrip(t *testing.T) {
+	in := header{kind: kindRTS, flags: flagSync, tag: 12, src: 3, dst: 1, context: 1 << 40, seq: 99, length: 1 << 30, sreq: 7, rreq: 8, offset: 9}
+	b := make([]byte, headerSize)
+	in.put(b)
+	out, err := decodeHeader(b, 4)
+	if err != nil || out != in {
+		t.Fatalf("round trip: %+v, %v", out, err)
+	}
+}
+
+func TestHeaderRejects(t *testing.T) {
+	good := header{kind: kindEager, tag: 1, src: 0, dst: 1}
+	for _, tc := range []struct {
+		name string
+		mut  func(b []byte) []byte
+	}{
+		{"short", func(b []byte) []byte { return b[:10] }},
+		{"version", func(b []byte) []byte { b[0] = 9; return b }},
+		{"kind", func(b []byte) []byte { b[1] = 77; return b }},
+		{"source out of range", func(b []byte) []byte { b[8] = 5; return b }},
+		{"negative destination", func(b []byte) []byte { b[12], b[13], b[14], b[15] = 255, 255, 255, 255; return b }},
+		{"application message with negative tag", func(b []byte) []byte { b[7] = 0x80; return b }},
+		{"unknown flag", func(b []byte) []byte { b[2] = 0x80; return b }},
+		{"huge length", func(b []byte) []byte { b[39] = 0xff; return b }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := make([]byte, headerSize)
+			good.put(b)
+			if _, err := decodeHeader(tc.mut(b), 2); !errors.Is(err, errBadHeader) {
+				t.Fatalf("err = %v, want errBadHeader", err)
+			}
+		})
+	}
+}
+
+func FuzzDecodeHeader(f *testing.F) {
+	b := make([]byte, headerSize)
+	(&header{kind: kindEager, tag: 1, dst: 1}).put(b)
+	f.Add(b)
+	(&header{kind: kindSys, tag: sysCTS, src: 1}).put(b)
+	f.Add(b)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		h, err := decodeHeader(data, 4)
+		if err != nil {
+			return
+		}
+		out := make([]byte, headerSize)
+		h.put(out)
+		if h2, err := decodeHeader(out, 4); err != nil || h2 != h {
+			t.Fatalf("re-encoding a valid header changed it: %+v -> %+v (%v)", h, h2, err)
+		}
+	})
+}

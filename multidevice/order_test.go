@@ -1,0 +1,100 @@
+package multidevice
+
+import (
+	"encoding/binary"
+	"math/rand/v2"
+	"sync"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
+)
+
+// mixedTable sends messages up to 1 KiB over "fast" and larger ones over
+// "slow", so one peer's messages travel on two subdevices at once.
+func mixedTable() *conntable.Table {
+	return &conntable.Table{
+		Version: conntable.Version,
+		Classes: []conntable.Class{{Name: "small", MaxBytes: 1024}, {Name: "large"}},
+		Peers: []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{
+			"small": {{SubDevice: "fast"}},
+			"large": {{SubDevice: "slow"}},
+		}}},
+	}
+}
+
+func mixedJob(t testing.TB, n int) []*Device {
+	fast := sditest.NewFabric(sditest.LoopbackOptions{Name: "fast", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered, Exclusivity: 2}})
+	slow := sditest.NewFabric(sditest.LoopbackOptions{Name: "slow", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 2048, MaxFrame: 2048, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered, Exclusivity: 1}, QueueLimit: 8})
+	return openJob(t, jobSpec{n: n, subs: []string{"fast", "slow"}, table: mixedTable(),
+		factories: map[string]sdi.Factory{"fast": fast.New, "slow": slow.New}})
+}
+
+// TestOrderUnderMixedRoutes: several senders, random sizes (eager and
+// rendezvous on both subdevices) and random tags; the receiver takes
+// everything with ANY_SOURCE/ANY_TAG or per-source receives, and every
+// message must arrive in its sender's order.
+func TestOrderUnderMixedRoutes(t *testing.T) {
+	const n, perSender = 4, 300
+	for _, mode := range []string{"any-source", "per-source"} {
+		t.Run(mode, func(t *testing.T) {
+			devs := mixedJob(t, n)
+			var wg sync.WaitGroup
+			for s := 1; s < n; s++ {
+				wg.Go(func() {
+					rng := rand.New(rand.NewPCG(uint64(s), 42))
+					var reqs []*Request
+					for i := range perSender {
+						size := 8 + rng.IntN(6000)
+						msg := pattern(size, i)
+						binary.LittleEndian.PutUint64(msg, uint64(i))
+						r, err := devs[s].Isend(msg, 0, rng.IntN(4), 2, rng.IntN(10) == 0)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						reqs = append(reqs, r)
+					}
+					for _, r := range reqs {
+						if _, err := wait(t, r); err != nil {
+							t.Error(err)
+						}
+					}
+				})
+			}
+			next := make([]uint64, n)
+			check := func(st Status, err error, buf []byte) {
+				t.Helper()
+				if err != nil {
+					t.Fatal(err)
+				}
+				seq := binary.LittleEndian.Uint64(buf)
+				if seq != next[st.Source] {
+					t.Fatalf("from rank %d got message %d, want %d: order broken", st.Source, seq, next[st.Source])
+				}
+				want := pattern(st.Count, int(seq))
+				binary.LittleEndian.PutUint64(want, seq)
+				if string(buf[:st.Count]) != string(want) {
+					t.Fatalf("message %d from rank %d corrupted", seq, st.Source)
+				}
+				next[st.Source]++
+			}
+			buf := make([]byte, 8192)
+			if mode == "any-source" {
+				for range (n - 1) * perSender {
+					st, err := wait(t, must(t)(devs[0].Irecv(buf, AnySource, AnyTag, 2)))
+					check(st, err, buf)
+				}
+			} else {
+				// Interleave sources; each receive names one.
+				for i := range (n - 1) * perSender {
+					src := 1 + i%(n-1)
+					st, err := wait(t, must(t)(devs[0].Irecv(buf, src, AnyTag, 2)))
+					check(st, err, buf)
+				}
+			}
+			wg.Wait()
+		})
+	}
+}
