@@ -1,0 +1,354 @@
+package sditest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// faulty is a working loopback with one rule broken by whichever function
+// fields are set; the others pass through.
+type faulty struct {
+	sdi.SubDevice
+	h    sdi.Handler // the suite's handler, captured at Open
+	sent atomic.Int64
+
+	mu   sync.Mutex
+	held *sdi.Frame
+
+	openF    func(x *faulty)
+	sendF    func(x *faulty, f *sdi.Frame) (bool, error)
+	connectF func(x *faulty, err error) error
+	flushF   func(x *faulty) error
+	closeF   func(x *faulty, err error) error
+	handlerF func(x *faulty, h sdi.Handler) sdi.Handler
+}
+
+func (x *faulty) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	x.h = p.Handler
+	if x.handlerF != nil {
+		p.Handler = x.handlerF(x, p.Handler)
+	}
+	if x.openF != nil {
+		x.openF(x)
+	}
+	return x.SubDevice.Open(ctx, p)
+}
+
+func (x *faulty) Send(f *sdi.Frame) (bool, error) {
+	if x.sendF != nil {
+		return x.sendF(x, f)
+	}
+	return x.SubDevice.Send(f)
+}
+
+func (x *faulty) Connect(ctx context.Context, peer sdi.Rank, addr []byte) error {
+	err := x.SubDevice.Connect(ctx, peer, addr)
+	if x.connectF != nil {
+		return x.connectF(x, err)
+	}
+	return err
+}
+
+func (x *faulty) Flush(ctx context.Context, peer sdi.Rank) error {
+	if x.flushF != nil {
+		return x.flushF(x)
+	}
+	return x.SubDevice.Flush(ctx, peer)
+}
+
+func (x *faulty) Close(ctx context.Context) error {
+	err := x.SubDevice.Close(ctx)
+	if x.closeF != nil {
+		return x.closeF(x, err)
+	}
+	return err
+}
+
+// handlerFuncs overrides the methods of a Handler whose fields are set.
+type handlerFuncs struct {
+	sdi.Handler
+	deliver  func(from sdi.Rank, header, payload []byte)
+	sendDone func(token uint64, err error)
+}
+
+func (h handlerFuncs) Deliver(from sdi.Rank, header, payload []byte) {
+	if h.deliver != nil {
+		h.deliver(from, header, payload)
+		return
+	}
+	h.Handler.Deliver(from, header, payload)
+}
+
+func (h handlerFuncs) SendDone(token uint64, err error) {
+	if h.sendDone != nil {
+		h.sendDone(token, err)
+		return
+	}
+	h.Handler.SendDone(token, err)
+}
+
+// fault is a broken subdevice and the check that must catch it.
+type fault struct {
+	name  string
+	check string
+	want  string // part of the failure message the check must produce
+	setup func(x *faulty, stop <-chan struct{})
+}
+
+var faults = []fault{
+	{"drops every 10th frame", "PingPong/1000", "waiting for rank 1 to receive 10 frames",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				if x.sent.Add(1)%10 == 0 {
+					return true, nil
+				}
+				return x.SubDevice.Send(f)
+			}
+		}},
+	{"drops every 10th frame", "Concurrent/Sends", "gave up",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				if x.sent.Add(1)%10 == 0 {
+					return true, nil
+				}
+				return x.SubDevice.Send(f)
+			}
+		}},
+	{"calls SendDone twice", "Send/CompletionExactlyOnce", "called 2 times",
+		func(x *faulty, _ <-chan struct{}) {
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				return handlerFuncs{Handler: h, sendDone: func(token uint64, err error) {
+					h.SendDone(token, err)
+					h.SendDone(token, err)
+				}}
+			}
+		}},
+	{"returns done=true and calls SendDone too", "Send/CompletionExactlyOnce", "done=true",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				_, err := x.SubDevice.Send(f)
+				return err == nil, err
+			}
+		}},
+	{"calls SendDone from within Send", "Send/CompletionExactlyOnce", "from within Send",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				done, err := x.SubDevice.Send(f)
+				if err == nil && done {
+					x.h.SendDone(f.Token, nil)
+					return false, nil
+				}
+				return done, err
+			}
+		}},
+	{"keeps the caller's buffer after done=true", "Send/BufferReuseAfterDone", "waiting for rank 1 to receive",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				x.mu.Lock()
+				prev := x.held
+				x.held = f
+				x.mu.Unlock()
+				if prev != nil {
+					x.SubDevice.Send(prev) // reads what the caller wrote since
+				}
+				return true, nil
+			}
+		}},
+	{"reports oversized frames with its own error", "Send/Sizes", "want sdi.ErrTooLarge",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				done, err := x.SubDevice.Send(f)
+				if errors.Is(err, sdi.ErrTooLarge) {
+					return false, errors.New("frame too big")
+				}
+				return done, err
+			}
+		}},
+	{"never has room", "Backpressure/WouldBlockThenDrains", "kept returning ErrWouldBlock",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(*faulty, *sdi.Frame) (bool, error) { return false, sdi.ErrWouldBlock }
+		}},
+	{"swaps pairs of frames while claiming FlagOrdered", "Ordering/PerPeerFIFO", "FlagOrdered promises send order",
+		func(x *faulty, _ <-chan struct{}) {
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				var mu sync.Mutex
+				held := map[sdi.Rank][2][]byte{}
+				return handlerFuncs{Handler: h, deliver: func(from sdi.Rank, header, payload []byte) {
+					mu.Lock()
+					defer mu.Unlock()
+					prev, ok := held[from]
+					if !ok {
+						held[from] = [2][]byte{append([]byte(nil), header...), append([]byte(nil), payload...)}
+						return
+					}
+					delete(held, from)
+					h.Deliver(from, header, payload)
+					h.Deliver(from, prev[0], prev[1])
+				}}
+			}
+		}},
+	{"accepts garbage cards", "Connect/BadAddr", "want an error wrapping sdi.ErrPeerUnreachable",
+		func(x *faulty, _ <-chan struct{}) {
+			x.connectF = func(*faulty, error) error { return nil }
+		}},
+	{"returns from Flush at once", "Flush/CompletesAll", "Flush returned while",
+		func(x *faulty, _ <-chan struct{}) {
+			x.flushF = func(*faulty) error { return nil }
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				return handlerFuncs{Handler: h, sendDone: func(token uint64, err error) {
+					time.AfterFunc(20*time.Millisecond, func() { h.SendDone(token, err) })
+				}}
+			}
+		}},
+	{"calls the Handler after Close", "Close/FailsPendingOrCompletes", "after Close returned",
+		func(x *faulty, _ <-chan struct{}) {
+			x.closeF = func(x *faulty, err error) error {
+				time.AfterFunc(time.Millisecond, func() { x.h.PeerDown(1, errors.New("late")) })
+				return err
+			}
+		}},
+	{"leaks a goroutine", "Close/NoLeakedGoroutines", "still running",
+		func(x *faulty, stop <-chan struct{}) {
+			x.openF = func(*faulty) { go func() { <-stop }() }
+		}},
+	{"accepts frames after Close", "Close/SendAfterClose", "Send after Close",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				done, err := x.SubDevice.Send(f)
+				if errors.Is(err, sdi.ErrClosed) {
+					return true, nil
+				}
+				return done, err
+			}
+		}},
+}
+
+// recordingTB records failures instead of reporting them, so a test can
+// assert that a check fails. Like testing.T, FailNow and SkipNow end the
+// calling goroutine.
+type recordingTB struct {
+	*testing.T
+	mu       sync.Mutex
+	failures []string
+	skipped  bool
+}
+
+func (r *recordingTB) record(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failures = append(r.failures, s)
+}
+
+func (r *recordingTB) Helper()                           {}
+func (r *recordingTB) Fail()                             { r.record("Fail") }
+func (r *recordingTB) FailNow()                          { r.record("FailNow"); runtime.Goexit() }
+func (r *recordingTB) Error(args ...any)                 { r.record(fmt.Sprint(args...)) }
+func (r *recordingTB) Errorf(format string, args ...any) { r.record(fmt.Sprintf(format, args...)) }
+func (r *recordingTB) Fatal(args ...any)                 { r.Error(args...); runtime.Goexit() }
+func (r *recordingTB) Fatalf(format string, args ...any) { r.Errorf(format, args...); runtime.Goexit() }
+func (r *recordingTB) Skip(args ...any)                  { r.SkipNow() }
+func (r *recordingTB) Skipf(string, ...any)              { r.SkipNow() }
+
+func (r *recordingTB) SkipNow() {
+	r.mu.Lock()
+	r.skipped = true
+	r.mu.Unlock()
+	runtime.Goexit()
+}
+
+func (r *recordingTB) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.failures) > 0
+}
+
+func (r *recordingTB) Skipped() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.skipped
+}
+
+// runRecorded runs one check of the catalogue on a recordingTB inside a
+// subtest, so the check's cleanup has run when it returns.
+func runRecorded(t *testing.T, name string, tm timing, newSD func(testing.TB) sdi.SubDevice) *recordingTB {
+	t.Helper()
+	c := findCheck(name)
+	if c == nil {
+		t.Fatalf("no check %q", name)
+	}
+	var rec *recordingTB
+	t.Run(name, func(t *testing.T) {
+		rec = &recordingTB{T: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			runCheck(rec, Harness{New: newSD, Peers: 2}, *c, tm)
+		}()
+		<-done
+	})
+	return rec
+}
+
+// faultTiming gives up sooner than the default: every fault that shows as a
+// missing frame costs one patience.
+var faultTiming = timing{watchdog: 20 * time.Second, patience: 2 * time.Second, quiet: 50 * time.Millisecond}
+
+// TestSuiteCatchesFaults proves the suite can fail: each check, given a
+// subdevice that breaks the rule it guards, reports the violation.
+func TestSuiteCatchesFaults(t *testing.T) {
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			stop := make(chan struct{})
+			t.Cleanup(func() { close(stop) })
+			fabric := NewFabric(LoopbackOptions{})
+			rec := runRecorded(t, f.check, faultTiming, func(testing.TB) sdi.SubDevice {
+				x := &faulty{SubDevice: fabric.New(hclog.NewNullLogger())}
+				f.setup(x, stop)
+				return x
+			})
+			if rec.Skipped() {
+				t.Fatalf("%s skipped instead of catching the fault", f.check)
+			}
+			rec.mu.Lock()
+			defer rec.mu.Unlock()
+			for _, msg := range rec.failures {
+				if strings.Contains(msg, f.want) {
+					t.Logf("caught: %s", msg)
+					return
+				}
+			}
+			t.Errorf("%s did not report a subdevice that %s with a failure mentioning %q; it reported %q", f.check, f.name, f.want, rec.failures)
+		})
+	}
+}
+
+// TestFaultyWrapperIsTransparent is the control for TestSuiteCatchesFaults:
+// without a fault, the wrapper passes the same checks, so what they catch
+// is the fault and not the wrapper.
+func TestFaultyWrapperIsTransparent(t *testing.T) {
+	checked := map[string]bool{}
+	for _, f := range faults {
+		if checked[f.check] {
+			continue
+		}
+		checked[f.check] = true
+		fabric := NewFabric(LoopbackOptions{})
+		rec := runRecorded(t, f.check, defaultTiming, func(testing.TB) sdi.SubDevice {
+			return &faulty{SubDevice: fabric.New(hclog.NewNullLogger())}
+		})
+		if rec.Failed() || rec.Skipped() {
+			t.Errorf("%s failed or skipped on the unbroken wrapper: %q", f.check, rec.failures)
+		}
+	}
+}
