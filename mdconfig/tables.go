@@ -1,16 +1,28 @@
 package mdconfig
 
 import (
+	"encoding/binary"
 	"fmt"
 	"iter"
+	"math"
 	"slices"
 	"sort"
+	"strings"
 
 	"github.com/hpc-multidevice/multidevice/conntable"
 )
 
-// tableBuilder computes tables one source host at a time, reusing its
-// router and buffers; not safe for concurrent use.
+// Hosts on the same networks with the same penalty are interchangeable:
+// swapping two of them, R and S, maps the graph onto itself. So S's routes
+// are R's, except that S's routes to R are R's routes to S with S and R
+// swapped. R never routes through S (S reaches nothing R does not reach
+// directly, and the alternatives rule refuses a next hop no closer to the
+// destination), so no other entry changes. Tables are therefore computed
+// once per such group and patched per host: a cluster of a hundred
+// identical nodes costs one routing run instead of a hundred.
+
+// tableBuilder computes tables, reusing its router and buffers; not safe
+// for concurrent use.
 type tableBuilder struct {
 	d       *Description
 	r       *router
@@ -18,10 +30,12 @@ type tableBuilder struct {
 	byName  []int32    // host indices sorted by name
 	res     [][]choice // per class: routes to every host, maxRoutes slots each
 	resN    [][]uint8
+	intern  map[string]map[string][]conntable.Route
+	key     []byte
 }
 
 func newTableBuilder(d *Description) *tableBuilder {
-	t := &tableBuilder{d: d, r: newRouter(d), classes: d.conntableClasses()}
+	t := &tableBuilder{d: d, r: newRouter(d), classes: d.conntableClasses(), intern: map[string]map[string][]conntable.Route{}}
 	t.byName = make([]int32, len(d.hosts))
 	for i := range t.byName {
 		t.byName[i] = int32(i)
@@ -34,7 +48,7 @@ func newTableBuilder(d *Description) *tableBuilder {
 	return t
 }
 
-// compute fills res for one source host.
+// compute fills res with the routes from src.
 func (t *tableBuilder) compute(src int32) {
 	k := t.d.maxRoutes
 	var buf []choice
@@ -47,35 +61,109 @@ func (t *tableBuilder) compute(src int32) {
 	}
 }
 
-func (t *tableBuilder) table(src int32) *conntable.Table {
-	d := t.d
+// entry builds the entry for the routes computed to host from, written as
+// the entry for host to, with host swapFrom read as swapTo; ok is false
+// when from is unreachable.
+func (t *tableBuilder) entry(from, to, swapFrom, swapTo int32) (conntable.Entry, bool) {
+	d, k := t.d, t.d.maxRoutes
+	if t.resN[0][from] == 0 {
+		return conntable.Entry{}, false
+	}
+	t.key = t.key[:0]
+	for c := range d.classes {
+		t.key = append(t.key, t.resN[c][from])
+		for _, ch := range t.res[c][int(from)*k : int(from)*k+int(t.resN[c][from])] {
+			via := ch.hop.host
+			if via == swapFrom {
+				via = swapTo
+			}
+			if via == to {
+				via = -1
+			}
+			t.key = binary.LittleEndian.AppendUint32(t.key, uint32(d.nets[ch.hop.net].sub))
+			t.key = binary.LittleEndian.AppendUint32(t.key, uint32(via))
+			t.key = binary.LittleEndian.AppendUint64(t.key, math.Float64bits(round3(ch.cost)))
+		}
+	}
+	if m, ok := t.intern[string(t.key)]; ok {
+		return conntable.Entry{To: d.hosts[to], Routes: m}, true
+	}
+	perClass := make([][]conntable.Route, len(d.classes))
+	for c := range d.classes {
+		cs := t.res[c][int(from)*k : int(from)*k+int(t.resN[c][from])]
+		rs := make([]conntable.Route, len(cs))
+		for i, ch := range cs {
+			rs[i] = conntable.Route{SubDevice: d.subdevices[d.nets[ch.hop.net].sub].name, Cost: round3(ch.cost)}
+			via := ch.hop.host
+			if via == swapFrom {
+				via = swapTo
+			}
+			if via != to {
+				rs[i].Via = d.hosts[via]
+			}
+		}
+		perClass[c] = rs
+	}
+	m := t.keyed(perClass)
+	t.intern[string(t.key)] = m
+	return conntable.Entry{To: d.hosts[to], Routes: m}, true
+}
+
+// peers computes the routes from src and returns its entries for every
+// other host it reaches, sorted by host name. Hosts in another island get
+// no entry, so that a job spanning islands fails to resolve rather than
+// routing nowhere.
+func (t *tableBuilder) peers(src int32) []conntable.Entry {
 	t.compute(src)
+	clear(t.intern)
+	out := make([]conntable.Entry, 0, len(t.d.hosts))
+	for _, h := range t.byName {
+		if h == src {
+			continue
+		}
+		if e, ok := t.entry(h, h, -1, -1); ok {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// swapped returns the table of host s, which is interchangeable with rep,
+// from rep's entries (computed by peers): the same entries, except that the
+// one for s becomes one for rep. Entries share their route maps with rep's.
+func (t *tableBuilder) swapped(repPeers []conntable.Entry, rep, s int32) *conntable.Table {
+	d := t.d
+	e, _ := t.entry(s, rep, s, rep)
+	find := func(name string) int {
+		return sort.Search(len(repPeers), func(i int) bool { return repPeers[i].To >= name })
+	}
+	iS, iR := find(d.hosts[s]), find(d.hosts[rep])
+	tab := t.table(s, nil)
+	p := slices.Grow(tab.Peers, len(repPeers))
+	if iR <= iS {
+		p = append(p, repPeers[:iR]...)
+		p = append(p, e)
+		p = append(p, repPeers[iR:iS]...)
+	} else {
+		p = append(p, repPeers[:iS]...)
+		p = append(p, repPeers[iS+1:iR]...)
+		p = append(p, e)
+		iS = iR - 1
+	}
+	tab.Peers = append(p, repPeers[iS+1:]...)
+	return tab
+}
+
+// table starts the table of src with its "@local" entry, then peers.
+func (t *tableBuilder) table(src int32, peers []conntable.Entry) *conntable.Table {
 	tab := &conntable.Table{
 		Version: conntable.Version,
-		Host:    d.hosts[src],
+		Host:    t.d.hosts[src],
 		Classes: t.classes,
-		Peers:   make([]conntable.Entry, 0, len(d.hosts)),
+		Peers:   make([]conntable.Entry, 0, len(peers)+1),
 	}
 	tab.Peers = append(tab.Peers, conntable.Entry{To: conntable.SelectLocal, Routes: t.localRoutes(src)})
-	k := d.maxRoutes
-	for _, h := range t.byName {
-		if h == src || t.resN[0][h] == 0 {
-			continue // self, or another island: no entry, so a job spanning it fails to resolve
-		}
-		perClass := make([][]conntable.Route, len(d.classes))
-		for c := range d.classes {
-			cs := t.res[c][int(h)*k : int(h)*k+int(t.resN[c][h])]
-			rs := make([]conntable.Route, len(cs))
-			for i, ch := range cs {
-				rs[i] = conntable.Route{SubDevice: d.subdevices[d.nets[ch.hop.net].sub].name, Cost: round3(ch.cost)}
-				if ch.hop.host != h {
-					rs[i].Via = d.hosts[ch.hop.host]
-				}
-			}
-			perClass[c] = rs
-		}
-		tab.Peers = append(tab.Peers, conntable.Entry{To: d.hosts[h], Routes: t.keyed(perClass)})
-	}
+	tab.Peers = append(tab.Peers, peers...)
 	return tab
 }
 
@@ -150,25 +238,56 @@ func (t *tableBuilder) localRoutes(src int32) map[string][]conntable.Route {
 // ranks on the host itself and an entry per other host it can reach, each
 // with routes per size class: the subdevice to use and, for indirect
 // routes, the next host ("via"), best first, alternatives after. Hosts in
-// another island get no entry.
+// another island get no entry. Entries with identical routes share one
+// routes map; copy before modifying.
 func (d *Description) Table(host string) (*conntable.Table, error) {
 	i, ok := d.hostIndex[host]
 	if !ok {
 		return nil, fmt.Errorf("%w %q", ErrUnknownHost, host)
 	}
-	return newTableBuilder(d).table(i), nil
+	t := newTableBuilder(d)
+	return t.table(i, t.peers(i)), nil
 }
 
-// Tables yields the table of every host, in the order hosts were first
-// named. Each table is built when it is asked for, so memory stays that of
-// one table however many hosts there are.
+// Tables yields the table of every host (see [Description.Table]), hosts
+// that share their networks and penalty one after the other, because their
+// routes are computed once for all of them. Each table is built when it is
+// asked for; tables share route maps with each other, so a caller that
+// keeps and modifies them must copy first.
 func (d *Description) Tables() iter.Seq[*conntable.Table] {
 	return func(yield func(*conntable.Table) bool) {
 		t := newTableBuilder(d)
-		for h := range int32(len(d.hosts)) {
-			if !yield(t.table(h)) {
+		for _, group := range d.interchangeable() {
+			rep := group[0]
+			repPeers := t.peers(rep)
+			if !yield(t.table(rep, repPeers)) {
 				return
+			}
+			for _, s := range group[1:] {
+				if !yield(t.swapped(repPeers, rep, s)) {
+					return
+				}
 			}
 		}
 	}
+}
+
+// interchangeable groups hosts by the networks they are on and their
+// penalty, groups in the order their first host was named.
+func (d *Description) interchangeable() [][]int32 {
+	index := map[string]int{}
+	var groups [][]int32
+	var key strings.Builder
+	for h := range int32(len(d.hosts)) {
+		key.Reset()
+		fmt.Fprint(&key, d.penalty[h], d.hostNets[h])
+		i, ok := index[key.String()]
+		if !ok {
+			i = len(groups)
+			index[key.String()] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], h)
+	}
+	return groups
 }
