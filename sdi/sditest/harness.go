@@ -401,30 +401,42 @@ func (m msg) fill(header, payload []byte) {
 // look alike, so a shifted, truncated or mixed-up payload is caught.
 func pattern(b []byte, seed uint64) {
 	x := seed*0x9e3779b97f4a7c15 | 1
+	var w [8]byte
 	for i := 0; i < len(b); i += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
-		for k := 0; k < 8 && i+k < len(b); k++ {
-			b[i+k] = byte(x >> (8 * k))
+		x = xorshift(x)
+		if i+8 <= len(b) {
+			binary.LittleEndian.PutUint64(b[i:], x)
+			continue
 		}
+		binary.LittleEndian.PutUint64(w[:], x)
+		copy(b[i:], w[:])
 	}
 }
 
 // mismatch returns the first offset at which b differs from pattern(seed), or -1.
 func mismatch(b []byte, seed uint64) int {
 	x := seed*0x9e3779b97f4a7c15 | 1
+	var w [8]byte
 	for i := 0; i < len(b); i += 8 {
-		x ^= x << 13
-		x ^= x >> 7
-		x ^= x << 17
+		x = xorshift(x)
+		if i+8 <= len(b) && binary.LittleEndian.Uint64(b[i:]) == x {
+			continue
+		}
+		binary.LittleEndian.PutUint64(w[:], x)
 		for k := 0; k < 8 && i+k < len(b); k++ {
-			if b[i+k] != byte(x>>(8*k)) {
+			if b[i+k] != w[k] {
 				return i + k
 			}
 		}
 	}
 	return -1
+}
+
+func xorshift(x uint64) uint64 {
+	x ^= x << 13
+	x ^= x >> 7
+	x ^= x << 17
+	return x
 }
 
 // decode checks an arriving frame and says what is wrong with it, if anything.
