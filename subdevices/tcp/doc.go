@@ -55,8 +55,10 @@
 // writev and then reports SendDone for each frame, so Send always returns
 // done=false. The queue is bounded by queue_bytes (counting wire header,
 // header and payload of every frame accepted but not yet written): Send
-// returns [sdi.ErrWouldBlock] while the queue is non-empty and the frame
-// would exceed the bound. An empty queue accepts any frame up to MaxFrame.
+// returns [sdi.ErrWouldBlock] while the queue holds queue_bytes or more, and
+// otherwise accepts a frame of any size up to MaxFrame. Memory per peer is
+// thus at most queue_bytes plus one frame, and a large frame is never
+// starved by a stream of small ones.
 // A write error fails the frame being written and every queued frame with
 // an error wrapping [sdi.ErrPeerUnreachable] and reports
 // [sdi.Handler.PeerDown]; so does the peer closing the connection, noticed

@@ -91,9 +91,11 @@ func (p *peer) send(f *sdi.Frame) error {
 		p.mu.Unlock()
 		return err
 	}
-	// An empty queue takes any frame, so queue_bytes below MaxFrame slows
-	// large frames down instead of refusing them forever.
-	if p.queued > 0 && p.queued+cost > p.limit {
+	// Refuse only once the queue is at its bound, whatever the frame's size:
+	// requiring room for the whole frame would let a stream of small frames
+	// starve a large one forever. The queue thus holds at most queue_bytes
+	// plus one frame.
+	if p.queued >= p.limit {
 		p.mu.Unlock()
 		return sdi.ErrWouldBlock
 	}
