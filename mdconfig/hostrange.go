@@ -7,9 +7,14 @@ import (
 	"strings"
 )
 
-// maxExpand bounds what one host pattern may expand to, so that a typo such
-// as "n[1-1000000000]" is an error rather than an out-of-memory crash.
-const maxExpand = 1 << 20
+// maxExpand bounds what one host pattern may expand to, and maxHosts a
+// whole description, so that a typo such as "n[1-1000000000]" is an error
+// rather than an out-of-memory crash. Both are far above the 10,000 hosts
+// the tables are designed for.
+const (
+	maxExpand = 1 << 17
+	maxHosts  = 1 << 18
+)
 
 // expandHosts expands a host pattern: literal text with bracket groups of
 // comma-separated numbers and ranges, e.g. "a[01-16]", "n[1-4,8]",

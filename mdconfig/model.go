@@ -418,6 +418,10 @@ func (b *builder) networks(raw []rawNetwork, subIndex map[string]int) {
 		member := map[string]hcl.Range{}
 		for _, hv := range rn.hosts {
 			for _, h := range b.expand(hv) {
+				if _, known := b.d.hostIndex[h]; !known && len(b.d.hosts) == maxHosts {
+					b.errorf(hv.rng, "too many hosts", "the description names more than %d hosts; split it.", maxHosts)
+					return
+				}
 				if r, dup := member[h]; dup {
 					b.errorf(hv.rng, "host listed twice", "host %q is already in network %q at %s; remove one of the two.", h, n.name, posString(r))
 					continue
