@@ -29,7 +29,7 @@ type faulty struct {
 	openF    func(x *faulty)
 	sendF    func(x *faulty, f *sdi.Frame) (bool, error)
 	connectF func(x *faulty, err error) error
-	flushF   func(x *faulty) error
+	flushF   func(ctx context.Context) error
 	closeF   func(x *faulty, err error) error
 	handlerF func(x *faulty, h sdi.Handler) sdi.Handler
 }
@@ -62,7 +62,7 @@ func (x *faulty) Connect(ctx context.Context, peer sdi.Rank, addr []byte) error 
 
 func (x *faulty) Flush(ctx context.Context, peer sdi.Rank) error {
 	if x.flushF != nil {
-		return x.flushF(x)
+		return x.flushF(ctx)
 	}
 	return x.SubDevice.Flush(ctx, peer)
 }
@@ -104,6 +104,12 @@ type fault struct {
 	check string
 	want  string // part of the failure message the check must produce
 	setup func(x *faulty, stop <-chan struct{})
+}
+
+// hangs lists the faults that hang, with a watchdog short enough to catch
+// them quickly.
+var hangs = map[string]time.Duration{
+	"Flush waits for its context, never for frames": 300 * time.Millisecond,
 }
 
 var faults = []fault{
@@ -204,11 +210,18 @@ var faults = []fault{
 		}},
 	{"returns from Flush at once", "Flush/CompletesAll", "Flush returned while",
 		func(x *faulty, _ <-chan struct{}) {
-			x.flushF = func(*faulty) error { return nil }
+			x.flushF = func(context.Context) error { return nil }
 			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
 				return handlerFuncs{Handler: h, sendDone: func(token uint64, err error) {
 					time.AfterFunc(20*time.Millisecond, func() { h.SendDone(token, err) })
 				}}
+			}
+		}},
+	{"Flush waits for its context, never for frames", "Flush/CompletesAll", "watchdog fired",
+		func(x *faulty, _ <-chan struct{}) {
+			x.flushF = func(ctx context.Context) error {
+				<-ctx.Done()
+				return ctx.Err()
 			}
 		}},
 	{"calls the Handler after Close", "Close/FailsPendingOrCompletes", "after Close returned",
@@ -312,7 +325,11 @@ func TestSuiteCatchesFaults(t *testing.T) {
 			stop := make(chan struct{})
 			t.Cleanup(func() { close(stop) })
 			fabric := NewFabric(LoopbackOptions{})
-			rec := runRecorded(t, f.check, faultTiming, func(testing.TB) sdi.SubDevice {
+			tm := faultTiming
+			if d, ok := hangs[f.name]; ok {
+				tm.watchdog = d
+			}
+			rec := runRecorded(t, f.check, tm, func(testing.TB) sdi.SubDevice {
 				x := &faulty{SubDevice: fabric.New(hclog.NewNullLogger())}
 				f.setup(x, stop)
 				return x
