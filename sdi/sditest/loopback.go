@@ -327,7 +327,7 @@ func (l *loopback) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error
 	return sdi.Local{Addr: l.fabric.card(id), Caps: caps}, nil
 }
 
-// live returns an error unless l is open and not killed. l.mu must be held.
+// liveLocked returns an error unless l is open and not killed. l.mu must be held.
 func (l *loopback) liveLocked(op string) error {
 	switch {
 	case l.killed:
