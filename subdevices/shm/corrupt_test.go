@@ -41,7 +41,7 @@ func TestCorruptRing(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			j := openJob(t, 3, jobOpts{config: []byte(`{"ring_bytes": 65536}`)})
 			// Some honest traffic first, so the cursors are not at zero.
-			sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Payload: []byte("hello")})
+			mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Payload: []byte("hello")})
 			if m := j.hs[1].next(t); string(m.payload) != "hello" {
 				t.Fatalf("got %q", m.payload)
 			}
@@ -58,7 +58,7 @@ func TestCorruptRing(t *testing.T) {
 			if _, err := j.sds[1].Send(&sdi.Frame{Peer: 0}); !errors.Is(err, sdi.ErrBadFrame) {
 				t.Errorf("Send to the corrupt peer = %v, want ErrBadFrame", err)
 			}
-			sendRetry(t, j.sds[2], &sdi.Frame{Peer: 1, Payload: []byte("still here")})
+			mustSend(t, j.sds[2], &sdi.Frame{Peer: 1, Payload: []byte("still here")})
 			if m := j.hs[1].next(t); m.from != 2 || string(m.payload) != "still here" {
 				t.Fatalf("after corruption: got %q from %d", m.payload, m.from)
 			}

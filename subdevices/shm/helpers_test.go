@@ -80,12 +80,20 @@ func (h *recorder) PeerDown(peer sdi.Rank, err error) {
 // within a generous watchdog (a hang, not a performance assertion).
 func (h *recorder) next(t testing.TB) msg {
 	t.Helper()
+	m, err := h.await()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// await is next for goroutines other than the test's.
+func (h *recorder) await() (msg, error) {
 	select {
 	case m := <-h.msgs:
-		return m
+		return m, nil
 	case <-time.After(20 * time.Second):
-		t.Fatal("no frame delivered within the watchdog")
-		return msg{}
+		return msg{}, errors.New("no frame delivered within the watchdog")
 	}
 }
 
@@ -162,9 +170,9 @@ func openJob(t testing.TB, n int, o jobOpts) *job {
 	return j
 }
 
-// sendRetry sends f, retrying while the ring is full.
-func sendRetry(t testing.TB, sd sdi.SubDevice, f *sdi.Frame) {
-	t.Helper()
+// sendRetry sends f, retrying while the ring is full. It may be called
+// from any goroutine: it returns the error instead of failing the test.
+func sendRetry(sd sdi.SubDevice, f *sdi.Frame) error {
 	for tries := 0; ; tries++ {
 		done, err := sd.Send(f)
 		switch {
@@ -178,11 +186,19 @@ func sendRetry(t testing.TB, sd sdi.SubDevice, f *sdi.Frame) {
 			}
 			continue
 		case err != nil:
-			t.Fatalf("Send to %d: %v", f.Peer, err)
+			return fmt.Errorf("Send to %d: %w", f.Peer, err)
 		case !done:
-			t.Fatalf("Send to %d returned done=false; shm always completes at once", f.Peer)
+			return fmt.Errorf("Send to %d returned done=false; shm always completes at once", f.Peer)
 		}
-		return
+		return nil
+	}
+}
+
+// mustSend is sendRetry for the test goroutine.
+func mustSend(t testing.TB, sd sdi.SubDevice, f *sdi.Frame) {
+	t.Helper()
+	if err := sendRetry(sd, f); err != nil {
+		t.Fatal(err)
 	}
 }
 

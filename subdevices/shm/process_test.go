@@ -78,13 +78,13 @@ func TestCrossProcess(t *testing.T) {
 	sizes := []int{0, 1, 100, l.Caps.MaxEager, l.Caps.MaxFrame}
 	for i := range uint64(300) {
 		size := sizes[i%uint64(len(sizes))]
-		sendRetry(t, sd, &sdi.Frame{Peer: 1, Header: u64(i), Payload: pattern(i, size)})
+		mustSend(t, sd, &sdi.Frame{Peer: 1, Header: u64(i), Payload: pattern(i, size)})
 		m := h.next(t)
 		if m.from != 1 || binary.LittleEndian.Uint64(m.header) != i || !bytes.Equal(m.payload, pattern(i, size)) {
 			t.Fatalf("echo %d: from %d, header %x, %d payload bytes (want %d)", i, m.from, m.header, len(m.payload), size)
 		}
 	}
-	sendRetry(t, sd, &sdi.Frame{Peer: 1, Header: []byte(byeHeader)})
+	mustSend(t, sd, &sdi.Frame{Peer: 1, Header: []byte(byeHeader)})
 	d := h.nextDown(t)
 	if d.peer != 1 || !errors.Is(d.err, sdi.ErrPeerUnreachable) {
 		t.Fatalf("PeerDown(%d, %v), want rank 1 and ErrPeerUnreachable", d.peer, d.err)
@@ -100,17 +100,19 @@ func TestHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) != "1" {
 		t.Skip("helper process for TestCrossProcess")
 	}
-	if err := runHelper(os.Stdin, os.Stdout, os.Getenv(helperJobEnv)); err != nil {
+	// Exit explicitly: the test framework's own output on stdout would
+	// otherwise follow the card line, and the parent reads the exit code.
+	if err := runHelper(t, os.Stdin, os.Stdout, os.Getenv(helperJobEnv)); err != nil || t.Failed() {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		os.Exit(1)
 	}
 	os.Exit(0)
 }
 
-func runHelper(in io.Reader, out io.Writer, jobID string) error {
+func runHelper(t *testing.T, in io.Reader, out io.Writer, jobID string) error {
 	ctx := context.Background()
 	logger := hclog.New(&hclog.LoggerOptions{Name: "helper", Output: os.Stderr, Level: hclog.Warn})
-	h := &recorder{t: nil, msgs: make(chan msg, 1024), down: make(chan downEvent, 4)}
+	h := newRecorder(t)
 	sd := New(logger)
 	l, err := sd.Open(ctx, sdi.OpenParams{Rank: 1, Size: 2, Host: "h", JobID: jobID, Secret: []byte("x"), Handler: h, Logger: logger})
 	if err != nil {

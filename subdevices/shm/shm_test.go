@@ -48,7 +48,7 @@ func TestSizes(t *testing.T) {
 					for _, size := range sizes {
 						seed := uint64(a*1000 + b*100 + size)
 						hdr := pattern(seed+1, min(size, caps.MaxHeader))
-						sendRetry(t, j.sds[a], &sdi.Frame{Peer: sdi.Rank(b), Header: hdr, Payload: pattern(seed, size)})
+						mustSend(t, j.sds[a], &sdi.Frame{Peer: sdi.Rank(b), Header: hdr, Payload: pattern(seed, size)})
 						m := j.hs[b].next(t)
 						if m.from != sdi.Rank(a) || !bytes.Equal(m.header, hdr) || !bytes.Equal(m.payload, pattern(seed, size)) {
 							t.Fatalf("%d -> %d size %d: got from %d, %d header and %d payload bytes (content differs)",
@@ -77,12 +77,18 @@ func TestPingPong(t *testing.T) {
 	go func() { // rank 1 echoes; Deliver must not send, so a goroutine does
 		defer close(done)
 		for range rounds {
-			m := j.hs[1].next(t)
-			sendRetry(t, j.sds[1], &sdi.Frame{Peer: 0, Header: m.header, Payload: m.payload})
+			m, err := j.hs[1].await()
+			if err == nil {
+				err = sendRetry(j.sds[1], &sdi.Frame{Peer: 0, Header: m.header, Payload: m.payload})
+			}
+			if err != nil {
+				t.Errorf("echo: %v", err)
+				return
+			}
 		}
 	}()
 	for i := range uint64(rounds) {
-		sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i), Payload: pattern(i, int(i%512))})
+		mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i), Payload: pattern(i, int(i%512))})
 		m := j.hs[0].next(t)
 		if binary.LittleEndian.Uint64(m.header) != i || !bytes.Equal(m.payload, pattern(i, int(i%512))) {
 			t.Fatalf("round %d: echo has header %x and %d payload bytes", i, m.header, len(m.payload))
@@ -100,7 +106,10 @@ func TestFIFO(t *testing.T) {
 	for a := 1; a < n; a++ {
 		wg.Go(func() {
 			for i := range uint64(frames) {
-				sendRetry(t, j.sds[a], &sdi.Frame{Peer: 0, Header: u64(i), Payload: pattern(i, int(i*37%3000))})
+				if err := sendRetry(j.sds[a], &sdi.Frame{Peer: 0, Header: u64(i), Payload: pattern(i, int(i*37%3000))}); err != nil {
+					t.Error(err)
+					return
+				}
 			}
 		})
 	}
@@ -129,7 +138,10 @@ func TestConcurrentSenders(t *testing.T) {
 		wg.Go(func() {
 			for i := range uint64(frames) {
 				hdr := append(u64(g), u64(i)...)
-				sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Header: hdr, Payload: pattern(g<<32|i, int(i%700))})
+				if err := sendRetry(j.sds[0], &sdi.Frame{Peer: 1, Header: hdr, Payload: pattern(g<<32|i, int(i%700))}); err != nil {
+					t.Error(err)
+					return
+				}
 			}
 		})
 	}
@@ -171,7 +183,7 @@ func TestBackpressure(t *testing.T) {
 	j.hs[1].gate.Unlock()
 	const more = 200
 	for i := sent; i < sent+more; i++ {
-		sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(uint64(i)), Payload: payload})
+		mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(uint64(i)), Payload: payload})
 	}
 	for i := range uint64(sent + more) {
 		if m := j.hs[1].next(t); binary.LittleEndian.Uint64(m.header) != i {
@@ -370,7 +382,7 @@ func TestBadOpenParams(t *testing.T) {
 
 func TestPeerDownOnClose(t *testing.T) {
 	j := openJob(t, 2, jobOpts{})
-	sendRetry(t, j.sds[1], &sdi.Frame{Peer: 0, Payload: []byte("last words")})
+	mustSend(t, j.sds[1], &sdi.Frame{Peer: 0, Payload: []byte("last words")})
 	if err := j.sds[1].Close(context.Background()); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
@@ -397,7 +409,7 @@ func TestIdleSleepsAndWakes(t *testing.T) {
 		for word32(mem, offSleeping).Load() == 0 {
 			time.Sleep(time.Millisecond) // the test timeout catches a receiver that never sleeps
 		}
-		sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i)})
+		mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i)})
 		if m := j.hs[1].next(t); binary.LittleEndian.Uint64(m.header) != i {
 			t.Fatalf("frame %d arrived as %x", i, m.header)
 		}
@@ -416,7 +428,7 @@ func TestReconnectResumesRing(t *testing.T) {
 				t.Fatalf("Connect: %v", err)
 			}
 		}
-		sendRetry(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i), Payload: make([]byte, 1000)})
+		mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i), Payload: make([]byte, 1000)})
 		if m := j.hs[1].next(t); binary.LittleEndian.Uint64(m.header) != i {
 			t.Fatalf("frame %d arrived as %d", i, binary.LittleEndian.Uint64(m.header))
 		}
