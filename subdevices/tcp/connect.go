@@ -16,8 +16,9 @@ import (
 // secret is reported here rather than by the first Send. It tries the card's
 // addresses in dial order (loopback first on the same host), each bounded by
 // connect_timeout and ctx, and keeps the first that completes the handshake.
-// Connecting to a rank that is already connected does nothing; a rank that
-// went down is connected afresh.
+// The card is checked even for a rank that is already connected; beyond
+// that, connecting such a rank again does nothing. A rank that went down is
+// connected afresh.
 func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) error {
 	if sd.closed.Load() {
 		return fmt.Errorf("tcp: connect to rank %d: %w", rank, sdi.ErrClosed)
@@ -28,9 +29,6 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 	if rank < 0 || int(rank) >= len(sd.peers) {
 		return fmt.Errorf("tcp: connect to rank %d: %w: rank out of range [0,%d)", rank, sdi.ErrPeerUnreachable, len(sd.peers))
 	}
-	if p := sd.peers[rank].Load(); p != nil && p.alive() {
-		return nil
-	}
 	c, err := decodeCard(addr)
 	if err != nil {
 		return fmt.Errorf("tcp: connect to rank %d: %w: %w", rank, sdi.ErrPeerUnreachable, err)
@@ -40,6 +38,9 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 	}
 	if c.JobTag != jobTag(sd.auth.jobID) {
 		return fmt.Errorf("tcp: connect to rank %d: %w: the card is from another job", rank, sdi.ErrPeerUnreachable)
+	}
+	if p := sd.peers[rank].Load(); p != nil && p.alive() {
+		return nil
 	}
 	order := c.dialOrder(sd.host)
 	if len(order) == 0 {
@@ -76,8 +77,8 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 
 // dial connects to ap and runs the connector's handshake, within
 // connect_timeout and ctx.
-func (sd *subDevice) dial(ctx context.Context, rank sdi.Rank, ap netip.AddrPort) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, sd.cfg.connectTimeout)
+func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, ap netip.AddrPort) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(parent, sd.cfg.connectTimeout)
 	defer cancel()
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", ap.String())
@@ -100,7 +101,10 @@ func (sd *subDevice) dial(ctx context.Context, rank sdi.Rank, ap netip.AddrPort)
 		if err == nil {
 			err = errors.New("handshake completed as the connect was abandoned")
 		}
-		return nil, fmt.Errorf("handshake: %w (%w)", ctx.Err(), err)
+		if parent.Err() == nil {
+			return nil, fmt.Errorf("handshake: no answer within connect_timeout %v: %w", sd.cfg.connectTimeout, err)
+		}
+		return nil, fmt.Errorf("handshake: %w (%w)", parent.Err(), err)
 	}
 	if err != nil {
 		conn.Close()

@@ -1,0 +1,275 @@
+package tcp
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+func TestParseConfig(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    config
+		wantErr string // substring of the error; empty means success
+	}{
+		{name: "empty", in: "", want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes}},
+		{name: "empty object", in: "{}", want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes}},
+		{name: "all keys", in: `{"listen": "127.0.0.1:7000", "connect_timeout": "250ms", "queue_bytes": 1024}`,
+			want: config{listen: "127.0.0.1:7000", connectTimeout: 250 * time.Millisecond, queueBytes: 1024}},
+		{name: "unknown key", in: `{"lisen": ":0"}`, wantErr: `unknown field "lisen"`},
+		{name: "listen without port", in: `{"listen": "127.0.0.1"}`, wantErr: "listen \"127.0.0.1\": want host:port"},
+		{name: "timeout not a duration", in: `{"connect_timeout": "10"}`, wantErr: "connect_timeout \"10\": want a duration"},
+		{name: "timeout a number", in: `{"connect_timeout": 10}`, wantErr: "connect_timeout"},
+		{name: "timeout negative", in: `{"connect_timeout": "-1s"}`, wantErr: "must be positive"},
+		{name: "queue zero", in: `{"queue_bytes": 0}`, wantErr: "queue_bytes 0 must be in"},
+		{name: "queue huge", in: `{"queue_bytes": 40000000000}`, wantErr: "queue_bytes 40000000000 must be in"},
+		{name: "queue fraction", in: `{"queue_bytes": 1.5}`, wantErr: "queue_bytes"},
+		{name: "not an object", in: `[1]`, wantErr: "tcp: config"},
+		{name: "trailing data", in: `{} {}`, wantErr: "trailing data"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseConfig([]byte(tt.in))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("parseConfig(%s) error = %v, want one containing %q", tt.in, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("parseConfig(%s) = %+v, %v; want %+v", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	h := newRecorder()
+	tests := []struct {
+		name string
+		p    sdi.OpenParams
+		want string
+	}{
+		{"nil handler", sdi.OpenParams{Size: 1}, "nil Handler"},
+		{"zero size", sdi.OpenParams{Size: 0, Handler: h}, "job size 0"},
+		{"rank out of range", sdi.OpenParams{Rank: 2, Size: 2, Handler: h}, "rank 2 out of range"},
+		{"wrong api", sdi.OpenParams{Size: 1, Handler: h, APIVersion: "v9.0"}, "v9.0"},
+		{"bad config", sdi.OpenParams{Size: 1, Handler: h, Config: []byte(`{"queue_bytes": -1}`)}, "queue_bytes -1"},
+		{"unbindable listen", sdi.OpenParams{Size: 1, Handler: h, Config: []byte(`{"listen": "192.0.2.250:0"}`)}, "listen on"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sd := New(nil)
+			defer sd.Close(context.Background())
+			if _, err := sd.Open(context.Background(), tt.p); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("Open() error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDialOrder(t *testing.T) {
+	addrs := []netip.Prefix{
+		netip.MustParsePrefix("127.0.0.1/8"),
+		netip.MustParsePrefix("::1/128"),
+		netip.MustParsePrefix("10.1.2.3/16"),
+		netip.MustParsePrefix("2001:db8::5/64"),
+	}
+	c := card{Port: 7000, Host: "alpha", Addrs: addrs}
+	tests := []struct {
+		name  string
+		local string
+		card  string
+		want  string
+	}{
+		{"same host tries loopback first", "alpha", "alpha", "[127.0.0.1:7000 [::1]:7000 10.1.2.3:7000 [2001:db8::5]:7000]"},
+		{"other host skips loopback", "beta", "alpha", "[10.1.2.3:7000 [2001:db8::5]:7000]"},
+		{"unknown local host tries all", "", "alpha", "[127.0.0.1:7000 [::1]:7000 10.1.2.3:7000 [2001:db8::5]:7000]"},
+		{"unknown peer host tries all", "beta", "", "[127.0.0.1:7000 [::1]:7000 10.1.2.3:7000 [2001:db8::5]:7000]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c.Host = tt.card
+			var got []string
+			for _, ap := range c.dialOrder(tt.local) {
+				got = append(got, ap.String())
+			}
+			if s := "[" + strings.Join(got, " ") + "]"; s != tt.want {
+				t.Fatalf("dialOrder(%q) = %s, want %s", tt.local, s, tt.want)
+			}
+		})
+	}
+}
+
+// closedPort returns a loopback port nobody listens on.
+func closedPort(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).AddrPort().Port()
+	ln.Close()
+	return port
+}
+
+// silentListener accepts connections and never speaks, like a stranger
+// service on the port a card names.
+func silentListener(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().(*net.TCPAddr).AddrPort().Port()
+}
+
+func TestConnectErrors(t *testing.T) {
+	nodes := newJob(t, 2, jobOpts{size: 3, config: `{"listen": "127.0.0.1:0", "connect_timeout": "200ms"}`})
+	a, b := nodes[0], nodes[1]
+	job := jobTag("job-" + t.Name())
+	loop4 := netip.MustParsePrefix("127.0.0.1/8")
+	loop6 := netip.MustParsePrefix("::1/128")
+	mustEncode := func(c card) []byte {
+		b, err := c.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	other := openNode(t, 2, jobOpts{size: 3, secret: "another secret", config: `{"listen": "127.0.0.1:0"}`})
+	closed := closedPort(t)
+	silent := silentListener(t)
+
+	tests := []struct {
+		name string
+		peer sdi.Rank
+		card []byte
+		want []string // substrings of the error, which must wrap ErrPeerUnreachable
+	}{
+		{"garbage card", 1, []byte("not a card at all, certainly"), []string{"bad business card", "magic"}},
+		{"empty card", 1, nil, []string{"bad business card"}},
+		{"card of another rank", 2, b.local.Addr, []string{"belongs to rank 1"}},
+		{"card of another job", 1, mustEncode(card{Rank: 1, Port: 9, Addrs: []netip.Prefix{loop4}}), []string{"another job"}},
+		{"rank outside the job", 7, b.local.Addr, []string{"out of range"}},
+		{"closed port, both families", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "testhost", Addrs: []netip.Prefix{loop4, loop6}}),
+			[]string{"127.0.0.1:" + itoa(closed), "[::1]:" + itoa(closed), "refused"}},
+		{"silent listener times out", 2, mustEncode(card{Rank: 2, JobTag: job, Port: silent, Host: "testhost", Addrs: []netip.Prefix{loop4}}),
+			[]string{"127.0.0.1:" + itoa(silent), "timeout"}},
+		{"loopback card from another host", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "elsewhere", Addrs: []netip.Prefix{loop4}}),
+			[]string{"only loopback", "elsewhere"}},
+		{"peer with another secret", 2, other.local.Addr, []string{"refused the handshake"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := a.sd.Connect(context.Background(), tt.peer, tt.card)
+			if !errors.Is(err, sdi.ErrPeerUnreachable) {
+				t.Fatalf("Connect() error = %v, want ErrPeerUnreachable", err)
+			}
+			t.Log(err)
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("Connect() error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+
+	t.Run("cancelled context", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		c := mustEncode(card{Rank: 1, JobTag: job, Port: silent, Host: "testhost", Addrs: []netip.Prefix{loop4}})
+		sd := New(nil)
+		defer sd.Close(context.Background())
+		if _, err := sd.Open(context.Background(), sdi.OpenParams{Size: 2, Handler: newRecorder(), JobID: "job-" + "TestConnectErrors",
+			Config: []byte(`{"listen": "127.0.0.1:0", "connect_timeout": "1h"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		errc := make(chan error, 1)
+		go func() { errc <- sd.Connect(ctx, 1, c) }()
+		cancel()
+		err := <-errc
+		if !errors.Is(err, sdi.ErrPeerUnreachable) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("Connect() error = %v, want ErrPeerUnreachable and context.Canceled", err)
+		}
+	})
+
+	// None of the failures above may disturb the working connection.
+	send(t, a, &sdi.Frame{Peer: b.rank, Payload: []byte("still fine")})
+	b.rec.waitFor(t, "delivery", func() bool { return len(b.rec.delivered[a.rank]) == 1 })
+	if !strings.Contains(other.log.String(), "authentication failed") {
+		t.Errorf("the instance with another secret did not log why it refused rank 0:\n%s", other.log.String())
+	}
+}
+
+// TestConnectWrongListener checks that Connect refuses a listener that does
+// not prove to be the rank the card names, here a rank of the same job whose
+// card was altered to name another rank.
+func TestConnectWrongListener(t *testing.T) {
+	nodes := newJob(t, 2, jobOpts{size: 3})
+	c, err := decodeCard(nodes[1].local.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Rank = 2
+	forged, err := c.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = nodes[0].sd.Connect(context.Background(), 2, forged)
+	if !errors.Is(err, sdi.ErrPeerUnreachable) || !strings.Contains(err.Error(), "listener is rank 1, want rank 2") {
+		t.Fatalf("Connect() error = %v, want ErrPeerUnreachable naming the wrong rank", err)
+	}
+}
+
+func TestConnectConcurrentWithSends(t *testing.T) {
+	nodes := newJob(t, 2, jobOpts{size: 3})
+	a, b := nodes[0], nodes[1]
+	third := openNode(t, 2, jobOpts{size: 3, config: `{"listen": "127.0.0.1:0"}`})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 200 {
+			send(t, a, &sdi.Frame{Peer: b.rank, Payload: pattern(100, byte(i)), Token: uint64(i)})
+		}
+	}()
+	// Connecting again and to a new rank while frames flow to b.
+	for range 3 {
+		if err := a.sd.Connect(context.Background(), 2, third.local.Addr); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.sd.Connect(context.Background(), b.rank, b.local.Addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+	b.rec.waitFor(t, "all frames", func() bool { return len(b.rec.delivered[a.rank]) == 200 })
+	send(t, a, &sdi.Frame{Peer: 2, Payload: []byte("hi")})
+	third.rec.waitFor(t, "frame on the new connection", func() bool { return len(third.rec.delivered[a.rank]) == 1 })
+}
+
+func itoa(p uint16) string { return netip.AddrPortFrom(netip.IPv4Unspecified(), p).String()[len("0.0.0.0:"):] }
