@@ -25,7 +25,9 @@
 // receiver's segment at Connect and writes into its own ring there; the
 // receiver polls all its rings. A ring is written by exactly one sender
 // (goroutines of that sender take turns under a mutex) and read by exactly
-// one receiver.
+// one receiver. The receiver polls only the rings a sender has attached to
+// (flagged at Connect, announced by the attach generation), so its polling
+// cost grows with the ranks that talk to it, not with the job.
 //
 //	segment of rank R (offsets in bytes)
 //	+-----------------------------------------------------------------+ 0
@@ -37,8 +39,10 @@
 //	| sleeping   (1 while R is about to wait or waiting)              |
 //	+-----------------------------------------------------------------+ 384
 //	| doorbell   (futex word senders bump to wake R)                  |
+//	+-----------------------------------------------------------------+ 512
+//	| attach generation (bumped when a sender attaches to a ring)     |
 //	+-----------------------------------------------------------------+ 4096
-//	| ring 0: tail (producer cursor)        | pad to 128              |
+//	| ring 0: tail (producer cursor), attached | pad to 128           |
 //	|         head (consumer cursor)        | pad to 256              |
 //	|         data [ring_bytes]                                       |
 //	+-----------------------------------------------------------------+
@@ -104,7 +108,8 @@
 // # Limitations
 //
 // A segment has a ring for every rank of the job, so its virtual size is
-// ranks * ring_bytes; only touched pages use memory. Peers must share the
+// ranks * ring_bytes; only touched pages use memory, and a peer maps the
+// whole segment of every rank it connects to. Peers must share the
 // host's /dev/shm. A rank whose process dies without Close is noticed by its
 // pid, within a sleep timeout; its segment file is left behind.
 package shm

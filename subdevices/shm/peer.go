@@ -78,6 +78,12 @@ func (sd *device) Connect(ctx context.Context, r sdi.Rank, addr []byte) error {
 	if err != nil {
 		return errors.Join(fmt.Errorf("shm: connect to rank %d: segment %s: %w: %w", r, c.Segment, sdi.ErrPeerUnreachable, err), seg.Close())
 	}
+	// Tell r's receiver to start polling our ring. The generation bump comes
+	// after the flag and before any record, so a receiver that sees the
+	// bump sees the flag, and one that sleeps through it is woken by the
+	// first record's doorbell (see receiver.sleep).
+	p.ring.attached.Store(1)
+	word32(p.mem, offAttachGen).Add(1)
 	sd.peers[r].Store(p)
 	if old != nil {
 		if err := old.detach(fmt.Errorf("shm: rank %d: reconnected: %w", r, sdi.ErrNotConnected)); err != nil {

@@ -31,6 +31,11 @@ type receiver struct {
 	heads    []uint64 // consumer cursor per inbound ring; the shared copy is only ever written
 	dead     []bool   // inbound rings no longer read because they were corrupt
 	reported []bool   // ranks already reported through PeerDown
+	// active lists the rings a sender attached to and that are not dead,
+	// so a rank polls only the ranks that talk to it, not the whole job.
+	// gen is the attach generation active was built from.
+	active []int
+	gen    uint32
 }
 
 // progress polls the inbound rings and delivers frames until Close.
@@ -60,16 +65,37 @@ func (sd *device) progress() {
 	}
 }
 
-// poll drains every readable inbound ring once and returns the number of
+// poll drains every active inbound ring once and returns the number of
 // records consumed.
 func (rc *receiver) poll() int {
+	rc.refresh()
 	n := 0
-	for r := range rc.sd.inbound {
+	for _, r := range rc.active {
 		if !rc.dead[r] {
 			n += rc.drain(r)
 		}
 	}
 	return n
+}
+
+// refresh rebuilds the active list when a sender attached since the last
+// look. The generation load is one read of a line senders write only at
+// Connect.
+func (rc *receiver) refresh() {
+	gen := word32(rc.sd.seg.Bytes(), offAttachGen).Load()
+	if gen == rc.gen && rc.active != nil {
+		return
+	}
+	if rc.active == nil {
+		rc.active = make([]int, 0, len(rc.sd.inbound))
+	}
+	rc.gen = gen
+	rc.active = rc.active[:0]
+	for r, rg := range rc.sd.inbound {
+		if !rc.dead[r] && rg.attached.Load() != 0 {
+			rc.active = append(rc.active, r)
+		}
+	}
 }
 
 // drain delivers the records published in ring r when it was looked at.
@@ -104,10 +130,14 @@ func (rc *receiver) drain(r int) int {
 	return n
 }
 
-// pending reports whether any readable ring holds unread records.
+// pending reports whether a sender attached since the last poll or an
+// active ring holds unread records.
 func (rc *receiver) pending() bool {
-	for r, rg := range rc.sd.inbound {
-		if !rc.dead[r] && rg.tail.Load() != rc.heads[r] {
+	if word32(rc.sd.seg.Bytes(), offAttachGen).Load() != rc.gen {
+		return true
+	}
+	for _, r := range rc.active {
+		if !rc.dead[r] && rc.sd.inbound[r].tail.Load() != rc.heads[r] {
 			return true
 		}
 	}
@@ -167,6 +197,10 @@ func (rc *receiver) reportDown(r int, err error) {
 // and a sender (or Close) does
 //
 //	S1 store tail (stop)   S2 load sleeping; if 1: S3 doorbell++, S4 futex_wake(doorbell)
+//
+// (R3 scans only the active rings, but it also compares the attach
+// generation, which a new sender bumps before its first S1; so "R3 misses
+// S1" still implies S1 follows R3.)
 //
 // If R3 misses S1, then S1 follows R3, so S2 follows R2 and reads 1: the
 // sender rings. S3 follows R1, so the doorbell no longer equals seq. If S3

@@ -27,12 +27,14 @@ const (
 	// Words the owner and its senders touch at run time, each on its own
 	// 128-byte block so that adjacent-line prefetching does not make them
 	// share a line either.
-	offState    = 128 // uint32: stateOpen while the owner receives
-	offSleeping = 256 // uint32: 1 while the owner is about to wait or waiting on the doorbell
-	offDoorbell = 384 // uint32: futex word senders bump to wake the owner
+	offState     = 128 // uint32: stateOpen while the owner receives
+	offSleeping  = 256 // uint32: 1 while the owner is about to wait or waiting on the doorbell
+	offDoorbell  = 384 // uint32: futex word senders bump to wake the owner
+	offAttachGen = 512 // uint32: bumped by every sender that attaches to a ring
 
 	ringCtlBytes = 256 // per-ring control block ahead of the data
 	offTail      = 0   // uint64: producer cursor, written only by the sender
+	offAttached  = 8   // uint32: non-zero once a sender attached; the receiver polls only those rings
 	offHead      = 128 // uint64: consumer cursor, written only by the receiver
 
 	// recAlign keeps every record start 16-byte aligned, so the space left
@@ -82,18 +84,20 @@ const maxSegmentBytes = 1 << 40
 
 // ring is a view of one single-producer single-consumer ring in a mapping.
 type ring struct {
-	tail *atomic.Uint64
-	head *atomic.Uint64
-	data []byte // power-of-two length
+	tail     *atomic.Uint64
+	head     *atomic.Uint64
+	attached *atomic.Uint32
+	data     []byte // power-of-two length
 }
 
 // ringAt returns ring i of a segment mapped at mem.
 func ringAt(mem []byte, i int, ringBytes uint64) ring {
 	base := hdrBytes + i*(ringCtlBytes+int(ringBytes))
 	return ring{
-		tail: word64(mem, base+offTail),
-		head: word64(mem, base+offHead),
-		data: mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
+		tail:     word64(mem, base+offTail),
+		head:     word64(mem, base+offHead),
+		attached: word32(mem, base+offAttached),
+		data:     mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
 	}
 }
 

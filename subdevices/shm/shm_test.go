@@ -434,3 +434,23 @@ func TestReconnectResumesRing(t *testing.T) {
 		}
 	}
 }
+
+// TestAttachWhileReceiverSleeps connects a sender only after the receiver has
+// gone to sleep with no ring to poll; the first frame must still wake it and
+// be found (sleeps are unbounded here, so a miss hangs).
+func TestAttachWhileReceiverSleeps(t *testing.T) {
+	j := openJob(t, 3, jobOpts{noSleepBound: true, host: func(int) string { return "host-a" }})
+	mem := j.sds[1].(*device).seg.Bytes()
+	for _, from := range []sdi.Rank{2, 0} {
+		for word32(mem, offSleeping).Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		if err := j.sds[from].Connect(context.Background(), 1, j.local[1].Addr); err != nil {
+			t.Fatalf("Connect: %v", err)
+		}
+		mustSend(t, j.sds[from], &sdi.Frame{Peer: 1, Payload: []byte("first")})
+		if m := j.hs[1].next(t); m.from != from || string(m.payload) != "first" {
+			t.Fatalf("got %q from %d, want \"first\" from %d", m.payload, m.from, from)
+		}
+	}
+}
