@@ -1,11 +1,3 @@
-// Package bootstrap tells a starting rank who it is and lets the ranks of a
-// job exchange business cards before any subdevice is connected.
-//
-// A [Bootstrap] is a small key-value store with a barrier, the shape the PMI
-// interfaces of MPICH's Hydra and Slurm share: every rank Puts its own keys,
-// all ranks Fence, then any rank Gets any rank's keys. [Open] picks the
-// backend from the environment: mdrun's rendezvous service when the process
-// was started by mdrun, otherwise a singleton world of one rank.
 package bootstrap
 
 import (

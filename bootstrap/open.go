@@ -1,0 +1,158 @@
+package bootstrap
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"strconv"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Environment variables mdrun sets for each rank; see the package doc.
+const (
+	EnvAddr   = "MDRUN_ADDR"
+	EnvRank   = "MDRUN_RANK"
+	EnvSize   = "MDRUN_SIZE"
+	EnvJobID  = "MDRUN_JOBID"
+	EnvSecret = "MDRUN_SECRET"
+	EnvHost   = "MDRUN_HOST"
+)
+
+// lookupFunc reads the environment; os.LookupEnv in production, a map in
+// tests.
+type lookupFunc func(key string) (string, bool)
+
+// backend is one way of learning about the job. Adding a launcher (PMI-1,
+// PMI-2) means adding one of these to [backends].
+type backend struct {
+	name string
+	// detect reports whether the environment belongs to this backend.
+	detect func(env lookupFunc) bool
+	open   func(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, error)
+}
+
+// backends lists the launcher backends in the order Open tries them. When
+// none matches, the process is a singleton.
+func backends() []backend {
+	return []backend{
+		{name: "mdrun", detect: detectMdrun, open: openMdrun},
+	}
+}
+
+// Open returns this process's view of the job, picking the backend from the
+// environment as the package doc describes. ctx bounds connecting to the
+// launcher. A nil logger logs nothing.
+//
+// When the environment names a launcher but is broken (a malformed
+// variable, an unreachable service, a refused secret), Open fails with an
+// error naming the variable or address; it never falls back to a singleton.
+func Open(ctx context.Context, logger hclog.Logger) (Bootstrap, error) {
+	return open(ctx, logger, os.LookupEnv)
+}
+
+func open(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, error) {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	for _, b := range backends() {
+		if !b.detect(env) {
+			continue
+		}
+		bs, err := b.open(ctx, logger.Named(b.name), env)
+		if err != nil {
+			return nil, err
+		}
+		logger.Debug("bootstrap opened", "backend", b.name, "rank", bs.Rank(), "size", bs.Size())
+		return bs, nil
+	}
+	logger.Debug("no launcher in the environment, running as a singleton")
+	return newSingleton()
+}
+
+// mdrunEnv is the parsed MDRUN_* environment of one rank.
+type mdrunEnv struct {
+	addr   string
+	rank   int
+	size   int
+	jobID  string
+	secret []byte
+	host   string
+}
+
+func detectMdrun(env lookupFunc) bool {
+	for _, k := range []string{EnvAddr, EnvRank, EnvSize, EnvJobID, EnvSecret, EnvHost} {
+		if _, ok := env(k); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// parseMdrunEnv reads and checks every MDRUN_* variable. Errors name the
+// variable, because the user has to find which one is wrong.
+func parseMdrunEnv(env lookupFunc) (mdrunEnv, error) {
+	var e mdrunEnv
+	str := func(k string) (string, error) {
+		v, ok := env(k)
+		if !ok || v == "" {
+			return "", fmt.Errorf("bootstrap: %s is not set but other MDRUN_* variables are; was this process started by mdrun?", k)
+		}
+		return v, nil
+	}
+	num := func(k string) (int, error) {
+		s, err := str(k)
+		if err != nil {
+			return 0, err
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			return 0, fmt.Errorf("bootstrap: %s=%q is not a number", k, s)
+		}
+		return n, nil
+	}
+	var err error
+	if e.addr, err = str(EnvAddr); err != nil {
+		return e, err
+	}
+	if e.size, err = num(EnvSize); err != nil {
+		return e, err
+	}
+	if e.size < 1 {
+		return e, fmt.Errorf("bootstrap: %s=%d, want at least 1", EnvSize, e.size)
+	}
+	if e.rank, err = num(EnvRank); err != nil {
+		return e, err
+	}
+	if e.rank < 0 || e.rank >= e.size {
+		return e, fmt.Errorf("bootstrap: %s=%d is not in [0, %s=%d)", EnvRank, e.rank, EnvSize, e.size)
+	}
+	if e.jobID, err = str(EnvJobID); err != nil {
+		return e, err
+	}
+	s, err := str(EnvSecret)
+	if err != nil {
+		return e, err
+	}
+	if e.secret, err = hex.DecodeString(s); err != nil {
+		return e, fmt.Errorf("bootstrap: %s is not hexadecimal: %w", EnvSecret, err)
+	}
+	if e.host, err = str(EnvHost); err != nil {
+		return e, err
+	}
+	return e, nil
+}
+
+// formatEnv is the inverse of parseMdrunEnv, as "KEY=value" strings for
+// os/exec.
+func formatEnv(e mdrunEnv) []string {
+	return []string{
+		EnvAddr + "=" + e.addr,
+		EnvRank + "=" + strconv.Itoa(e.rank),
+		EnvSize + "=" + strconv.Itoa(e.size),
+		EnvJobID + "=" + e.jobID,
+		EnvSecret + "=" + hex.EncodeToString(e.secret),
+		EnvHost + "=" + e.host,
+	}
+}

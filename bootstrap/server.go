@@ -1,0 +1,467 @@
+package bootstrap
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// helloTimeout is how long a new connection may take to say hello; a
+// stranger that connects and stays silent is dropped.
+const helloTimeout = 10 * time.Second
+
+// writeTimeout bounds one reply, so a rank that stopped reading cannot hold
+// up the replies to the others.
+const writeTimeout = 10 * time.Second
+
+// AbortError reports that a rank called [Bootstrap.Abort].
+type AbortError struct {
+	Rank   int
+	Code   int
+	Reason string
+}
+
+func (e *AbortError) Error() string {
+	return fmt.Sprintf("rank %d aborted with code %d: %s", e.Rank, e.Code, e.Reason)
+}
+
+// Server is the rendezvous service of one job on one host: it checks each
+// rank's secret, collects Puts, runs Fences and answers Gets. mdrun runs one;
+// tests run one in-process. Its methods are safe for concurrent use.
+type Server struct {
+	logger  hclog.Logger
+	size    int
+	ln      net.Listener
+	addr    string
+	sockDir string // removed on Close; empty when the caller owns the listener
+	host    string
+	jobID   string
+	secret  []byte
+	aborts  chan *AbortError
+
+	closeOnce  sync.Once
+	abortsOnce sync.Once
+	wg         sync.WaitGroup
+
+	mu        sync.Mutex
+	serving   bool
+	closed    bool
+	conns     map[net.Conn]struct{}
+	ranks     []rankState
+	arrived   []*serverConn // per rank: its fence reply goes here; nil if not arrived
+	narrived  int
+	fenceID   []uint64            // per rank: the id of its waiting fence
+	pending   []map[string][]byte // per rank: puts of the running fence
+	published []map[string][]byte // per rank: puts of completed fences
+	left      string              // why fences can no longer complete; "" while they can
+}
+
+// rankState is where a rank is in its life.
+type rankState int
+
+const (
+	rankWaiting   rankState = iota // not connected yet
+	rankConnected                  // said hello
+	rankLeft                       // finalized, aborted or disconnected
+)
+
+// NewServer starts listening on a unix socket in a new private directory for
+// a job of size ranks. Ranks can connect once [Server.Serve] runs. A nil
+// logger logs nothing.
+func NewServer(size int, logger hclog.Logger) (*Server, error) {
+	if size < 1 {
+		return nil, fmt.Errorf("bootstrap: server: size %d, want at least 1", size)
+	}
+	dir, err := os.MkdirTemp("", "mdrun-")
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: server: %w", err)
+	}
+	// MkdirTemp makes the directory 0700, so only this user can reach the
+	// socket; the secret guards against the user's other jobs.
+	ln, err := net.Listen("unix", filepath.Join(dir, "rendezvous.sock"))
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("bootstrap: server: %w", err)
+	}
+	s, err := NewServerListener(ln, size, logger)
+	if err != nil {
+		ln.Close()
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	s.sockDir = dir
+	return s, nil
+}
+
+// NewServerListener is [NewServer] on a listener the caller made, such as
+// loopback TCP. The server closes ln when it is closed.
+func NewServerListener(ln net.Listener, size int, logger hclog.Logger) (*Server, error) {
+	if size < 1 {
+		return nil, fmt.Errorf("bootstrap: server: size %d, want at least 1", size)
+	}
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: server: host name: %w", err)
+	}
+	jobID, secret, err := newJobIdentity()
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: server: %w", err)
+	}
+	s := &Server{
+		logger:    logger,
+		size:      size,
+		ln:        ln,
+		addr:      ln.Addr().Network() + ":" + ln.Addr().String(),
+		host:      host,
+		jobID:     jobID,
+		secret:    secret,
+		aborts:    make(chan *AbortError, size), // a rank aborts at most once, so sends never block
+		conns:     map[net.Conn]struct{}{},
+		ranks:     make([]rankState, size),
+		arrived:   make([]*serverConn, size),
+		fenceID:   make([]uint64, size),
+		pending:   make([]map[string][]byte, size),
+		published: make([]map[string][]byte, size),
+	}
+	for r := range size {
+		s.pending[r] = map[string][]byte{}
+		s.published[r] = map[string][]byte{}
+	}
+	return s, nil
+}
+
+// Addr is the service's address in the MDRUN_ADDR form.
+func (s *Server) Addr() string { return s.addr }
+
+// JobID is the job's identifier.
+func (s *Server) JobID() string { return s.jobID }
+
+// Env returns the MDRUN_* variables for rank as "KEY=value" strings, to be
+// appended to the rank's environment.
+func (s *Server) Env(rank int) []string {
+	return formatEnv(mdrunEnv{addr: s.addr, rank: rank, size: s.size, jobID: s.jobID, secret: s.secret, host: s.host})
+}
+
+// Aborts delivers one [AbortError] per rank that called Abort. It is closed
+// when Serve returns. Nobody has to receive from it: it has room for every
+// rank.
+func (s *Server) Aborts() <-chan *AbortError { return s.aborts }
+
+// Serve accepts and serves ranks until ctx ends or Close is called, then
+// closes every connection, waits for its goroutines and returns nil. It
+// returns an error if accepting fails otherwise or if it was called before.
+func (s *Server) Serve(ctx context.Context) error {
+	s.mu.Lock()
+	if s.serving {
+		s.mu.Unlock()
+		return errors.New("bootstrap: server: Serve called twice")
+	}
+	s.serving = true
+	s.mu.Unlock()
+	defer s.abortsOnce.Do(func() { close(s.aborts) })
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+
+	var err error
+	for {
+		conn, aerr := s.ln.Accept()
+		if aerr != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if !closed {
+				err = fmt.Errorf("bootstrap: server: accept: %w", aerr)
+			}
+			break
+		}
+		if !s.track(conn) {
+			conn.Close()
+			break
+		}
+		s.wg.Add(1)
+		go s.handle(conn)
+	}
+	s.Close()
+	s.wg.Wait()
+	return err
+}
+
+// Close stops the service: the listener and every connection are closed, so
+// ranks see ErrClosed. It is idempotent.
+func (s *Server) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		for c := range s.conns {
+			c.Close()
+		}
+		serving := s.serving
+		s.mu.Unlock()
+		s.ln.Close()
+		if s.sockDir != "" {
+			os.RemoveAll(s.sockDir)
+		}
+		if !serving {
+			s.abortsOnce.Do(func() { close(s.aborts) })
+		}
+	})
+	return nil
+}
+
+// track records conn so Close can end it; it reports false once closed.
+func (s *Server) track(conn net.Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[conn] = struct{}{}
+	return true
+}
+
+// serverConn is one rank's connection; replies may come from the goroutine
+// of another rank (the last to reach a fence), hence the lock.
+type serverConn struct {
+	conn net.Conn
+	mu   sync.Mutex
+}
+
+func (sc *serverConn) reply(m *message) error {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	sc.conn.SetWriteDeadline(time.Now().Add(writeTimeout))
+	if err := writeMessage(sc.conn, m); err != nil {
+		sc.conn.Close() // its reader sees the close and the rank leaves
+		return err
+	}
+	return nil
+}
+
+func errorReply(id uint64, code, reason string) *message {
+	return &message{Op: opError, ID: id, ErrCode: code, Reason: reason}
+}
+
+// handle serves one connection from hello to goodbye.
+func (s *Server) handle(conn net.Conn) {
+	defer s.wg.Done()
+	defer func() {
+		s.mu.Lock()
+		delete(s.conns, conn)
+		s.mu.Unlock()
+		conn.Close()
+	}()
+	logger := s.logger.With("remote", conn.RemoteAddr().String())
+	sc := &serverConn{conn: conn}
+
+	conn.SetReadDeadline(time.Now().Add(helloTimeout))
+	m, err := readMessage(conn)
+	if err != nil {
+		logger.Warn("dropping connection before hello", "error", err)
+		return
+	}
+	rank, err := s.hello(m)
+	if err != nil {
+		logger.Warn("refusing connection", "error", err)
+		sc.reply(errorReply(m.ID, errCodeRefused, err.Error()))
+		return
+	}
+	conn.SetReadDeadline(time.Time{})
+	logger = s.logger.With("rank", rank)
+	if err := sc.reply(&message{Op: opOK, ID: m.ID}); err != nil {
+		s.leave(rank, "its connection failed")
+		logger.Warn("dropping rank", "error", err)
+		return
+	}
+	logger.Debug("rank connected")
+
+	for {
+		m, err := readMessage(conn)
+		if err != nil {
+			s.leave(rank, "disconnected")
+			if s.isClosed() {
+				return
+			}
+			logger.Debug("rank disconnected", "error", err)
+			return
+		}
+		switch m.Op {
+		case opFence:
+			if err := s.fence(rank, sc, m); err != nil {
+				s.leave(rank, "broke the protocol")
+				logger.Warn("dropping rank", "error", err)
+				return
+			}
+		case opGet:
+			s.get(rank, sc, m)
+		case opAbort:
+			s.abort(rank, m)
+			sc.reply(&message{Op: opOK, ID: m.ID})
+			return
+		case opFinalize:
+			s.leave(rank, "finalized")
+			sc.reply(&message{Op: opOK, ID: m.ID})
+			logger.Debug("rank finalized")
+			return
+		default:
+			s.leave(rank, "broke the protocol")
+			logger.Warn("dropping rank", "error", fmt.Errorf("%w: unexpected %q after hello", errBadMessage, m.Op))
+			return
+		}
+	}
+}
+
+func (s *Server) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// hello checks a connection's first message and claims its rank.
+func (s *Server) hello(m *message) (int, error) {
+	if m.Op != opHello {
+		return 0, fmt.Errorf("%w: first message is %q, want hello", errBadMessage, m.Op)
+	}
+	if m.Version != protocolVersion {
+		return 0, fmt.Errorf("protocol version %d, this mdrun speaks %d", m.Version, protocolVersion)
+	}
+	secret, err := hex.DecodeString(m.Secret)
+	if err != nil || subtle.ConstantTimeCompare(secret, s.secret) != 1 {
+		return 0, errors.New("wrong job secret")
+	}
+	// The job's identity is checked here, before the rank is claimed, so a
+	// rank with a stale environment cannot lock out the right one.
+	if m.JobID != s.jobID {
+		return 0, fmt.Errorf("%s=%q, but this service runs job %q", EnvJobID, m.JobID, s.jobID)
+	}
+	if m.Size != s.size {
+		return 0, fmt.Errorf("%s=%d, but this service runs a job of %d ranks", EnvSize, m.Size, s.size)
+	}
+	if m.Rank >= s.size {
+		return 0, fmt.Errorf("rank %d not in a job of %d ranks", m.Rank, s.size)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ranks[m.Rank] != rankWaiting {
+		return 0, fmt.Errorf("rank %d connected before", m.Rank)
+	}
+	s.ranks[m.Rank] = rankConnected
+	return m.Rank, nil
+}
+
+// fence records rank's arrival and puts; the last rank to arrive publishes
+// everything and releases all.
+func (s *Server) fence(rank int, sc *serverConn, m *message) error {
+	s.mu.Lock()
+	if s.arrived[rank] != nil {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: rank %d sent a second fence before the first completed", errBadMessage, rank)
+	}
+	if s.left != "" {
+		reason := s.left
+		s.mu.Unlock()
+		sc.reply(errorReply(m.ID, errCodeFence, reason))
+		return nil
+	}
+	s.arrived[rank], s.fenceID[rank] = sc, m.ID
+	s.narrived++
+	for k, v := range m.Puts {
+		s.pending[rank][k] = v
+	}
+	if s.narrived < s.size {
+		s.mu.Unlock()
+		return nil
+	}
+	for r := range s.size {
+		for k, v := range s.pending[r] {
+			s.published[r][k] = v
+		}
+		clear(s.pending[r])
+	}
+	waiters := s.takeArrivalsLocked()
+	s.mu.Unlock()
+	s.logger.Debug("fence complete")
+	for _, w := range waiters {
+		w.sc.reply(&message{Op: opOK, ID: w.id})
+	}
+	return nil
+}
+
+// fenceWaiter is a rank waiting in a fence: where and under which request
+// id its reply goes.
+type fenceWaiter struct {
+	sc *serverConn
+	id uint64
+}
+
+// takeArrivalsLocked empties the fence and returns who waited in it.
+func (s *Server) takeArrivalsLocked() []fenceWaiter {
+	waiters := make([]fenceWaiter, 0, s.narrived)
+	for r, sc := range s.arrived {
+		if sc != nil {
+			waiters = append(waiters, fenceWaiter{sc, s.fenceID[r]})
+		}
+	}
+	clear(s.arrived)
+	s.narrived = 0
+	return waiters
+}
+
+func (s *Server) get(rank int, sc *serverConn, m *message) {
+	if m.Rank >= s.size {
+		sc.reply(errorReply(m.ID, errCodeNotFound, fmt.Sprintf("rank %d not in a job of %d ranks", m.Rank, s.size)))
+		return
+	}
+	s.mu.Lock()
+	v, ok := s.published[m.Rank][m.Key]
+	s.mu.Unlock()
+	if !ok {
+		sc.reply(errorReply(m.ID, errCodeNotFound, fmt.Sprintf("rank %d published no key %q", m.Rank, m.Key)))
+		return
+	}
+	sc.reply(&message{Op: opOK, ID: m.ID, Value: v})
+}
+
+func (s *Server) abort(rank int, m *message) {
+	reason := m.Reason
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	s.logger.Debug("rank aborted", "rank", rank, "code", m.Code, "reason", reason)
+	// Each rank reaches this once (its connection ends after it), and the
+	// channel has room for every rank. The report goes out before the other
+	// ranks' fences fail, so a launcher sees the cause before the effects.
+	s.aborts <- &AbortError{Rank: rank, Code: m.Code, Reason: reason}
+	s.leave(rank, "aborted")
+}
+
+// leave marks rank gone. No fence can complete without it, so the running
+// fence and every later one fail with the reason instead of hanging.
+func (s *Server) leave(rank int, why string) {
+	s.mu.Lock()
+	if s.ranks[rank] == rankLeft {
+		s.mu.Unlock()
+		return
+	}
+	s.ranks[rank] = rankLeft
+	if s.left == "" {
+		s.left = fmt.Sprintf("rank %d %s; the fence cannot complete", rank, why)
+	}
+	reason := s.left
+	waiters := s.takeArrivalsLocked()
+	s.mu.Unlock()
+	for _, w := range waiters {
+		w.sc.reply(errorReply(w.id, errCodeFence, reason))
+	}
+}
