@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -272,4 +273,4 @@ func TestConnectConcurrentWithSends(t *testing.T) {
 	third.rec.waitFor(t, "frame on the new connection", func() bool { return len(third.rec.delivered[a.rank]) == 1 })
 }
 
-func itoa(p uint16) string { return netip.AddrPortFrom(netip.IPv4Unspecified(), p).String()[len("0.0.0.0:"):] }
+func itoa(p uint16) string { return strconv.Itoa(int(p)) }
