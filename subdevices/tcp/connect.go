@@ -43,6 +43,9 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 		return nil
 	}
 	order := c.dialOrder(sd.host)
+	if len(c.Addrs) == 0 {
+		return fmt.Errorf("tcp: connect to rank %d: %w: its card lists no address", rank, sdi.ErrPeerUnreachable)
+	}
 	if len(order) == 0 {
 		return fmt.Errorf("tcp: connect to rank %d: %w: its card lists only loopback addresses of host %q, and this is host %q",
 			rank, sdi.ErrPeerUnreachable, c.Host, sd.host)

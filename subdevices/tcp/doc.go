@@ -62,7 +62,9 @@
 // A write error fails the frame being written and every queued frame with
 // an error wrapping [sdi.ErrPeerUnreachable] and reports
 // [sdi.Handler.PeerDown]; so does the peer closing the connection, noticed
-// even while nothing is being sent.
+// even while nothing is being sent. PeerDown concerns the ranks this
+// instance connected to: a peer's own connection to us ending is logged, not
+// reported, since that peer may simply have disconnected.
 //
 // A reader goroutine per accepted connection checks each wire header with
 // [sdi.DecodeWireHeader] before reading the body into one reusable buffer,
