@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+)
+
+// killGrace is how long ranks get to act on SIGTERM (or a forwarded
+// signal) before mdrun sends SIGKILL.
+const killGrace = 3 * time.Second
+
+// pipeGrace bounds how long mdrun keeps reading a rank's output after the
+// rank exited, in case a process it left behind still holds the pipe.
+const pipeGrace = 2 * time.Second
+
+// job is one run of mdrun. Only its run goroutine touches its fields; the
+// per-rank goroutines report through channels.
+type job struct {
+	cfg    config
+	logger hclog.Logger
+	stdout *syncWriter
+	stderr *syncWriter
+
+	ranks   []*rank
+	running int
+
+	status      int // exit status, decided by the first failure
+	terminating bool
+	killTimer   <-chan time.Time
+}
+
+// rank is one started process.
+type rank struct {
+	id     int
+	cmd    *exec.Cmd
+	out    *lineWriter
+	errOut *lineWriter
+	exited bool
+}
+
+// exitEvent reports that rank's process was reaped.
+type exitEvent struct {
+	rank  *rank
+	state *os.ProcessState
+	err   error
+}
+
+func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
+	srv, err := bootstrap.NewServer(j.cfg.n, j.logger.Named("rendezvous"))
+	if err != nil {
+		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
+		return exitFailed
+	}
+	serveCtx, stopServe := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(serveCtx) }()
+	defer func() {
+		stopServe()
+		if err := <-served; err != nil {
+			j.logger.Warn("rendezvous service failed", "error", err)
+		}
+	}()
+	j.logger.Debug("rendezvous service listening", "addr", srv.Addr(), "job", srv.JobID())
+
+	exits := make(chan exitEvent, j.cfg.n)
+	for r := range j.cfg.n {
+		rk, err := j.start(r, srv.Env(r))
+		if err != nil {
+			j.fail(exitFailed, fmt.Sprintf("mdrun: starting rank %d: %v; terminating the job", r, err))
+			break
+		}
+		j.ranks = append(j.ranks, rk)
+		j.running++
+		go func() {
+			err := rk.cmd.Wait()
+			exits <- exitEvent{rank: rk, state: rk.cmd.ProcessState, err: err}
+		}()
+	}
+
+	var deadline <-chan time.Time
+	if j.cfg.timeout > 0 {
+		t := time.NewTimer(j.cfg.timeout)
+		defer t.Stop()
+		deadline = t.C
+	}
+	aborts := srv.Aborts()
+	done := ctx.Done()
+	for j.running > 0 {
+		select {
+		case e := <-exits:
+			// A rank that aborted usually exits right after; its abort,
+			// already queued, is the better explanation.
+			aborts = j.drainAborts(aborts)
+			j.exited(e)
+		case a, ok := <-aborts:
+			if !ok {
+				aborts = nil // the service stopped; the ranks' exits end the job
+				continue
+			}
+			j.aborted(a)
+		case sig := <-sigs:
+			j.signalled(sig)
+		case <-deadline:
+			j.fail(exitTimeout, fmt.Sprintf("mdrun: the job ran longer than -timeout %v; terminating the job", j.cfg.timeout))
+		case <-done:
+			done = nil
+			j.fail(exitFailed, fmt.Sprintf("mdrun: %v; terminating the job", context.Cause(ctx)))
+		case <-j.killTimer:
+			j.killTimer = nil
+			j.logger.Debug("grace period over, killing the remaining ranks")
+			j.signalAll(syscall.SIGKILL)
+		}
+	}
+	return j.status
+}
+
+// start starts one rank.
+func (j *job) start(r int, env []string) (*rank, error) {
+	cmd := exec.Command(j.cfg.prog, j.cfg.args...)
+	cmd.Env = append(os.Environ(), env...)
+	if j.cfg.plugins != "" {
+		cmd.Env = append(cmd.Env, "MD_PLUGINS="+j.cfg.plugins)
+	}
+	if j.cfg.conntable != "" {
+		cmd.Env = append(cmd.Env, "MD_CONNTABLE="+j.cfg.conntable)
+	}
+	prefix := ""
+	if j.cfg.prefix {
+		prefix = "[" + strconv.Itoa(r) + "] "
+	}
+	rk := &rank{
+		id:     r,
+		cmd:    cmd,
+		out:    &lineWriter{out: j.stdout, prefix: prefix},
+		errOut: &lineWriter{out: j.stderr, prefix: prefix},
+	}
+	cmd.Stdout, cmd.Stderr = rk.out, rk.errOut
+	cmd.WaitDelay = pipeGrace
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		// Its own process group, so a terminal's Ctrl-C reaches the rank
+		// once (through mdrun) and a signal reaches whatever the rank
+		// started.
+		Setpgid: true,
+		// A rank must not outlive an mdrun that was killed outright.
+		Pdeathsig: syscall.SIGKILL,
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	j.logger.Debug("rank started", "rank", r, "pid", cmd.Process.Pid)
+	return rk, nil
+}
+
+func (j *job) exited(e exitEvent) {
+	rk := e.rank
+	rk.exited = true
+	j.running--
+	rk.out.Flush()
+	rk.errOut.Flush()
+	ws, ok := e.state.Sys().(syscall.WaitStatus)
+	j.logger.Debug("rank exited", "rank", rk.id, "pid", e.state.Pid(), "state", e.state.String(), "wait_error", e.err)
+	if !ok || (ws.Exited() && ws.ExitStatus() == 0) {
+		return
+	}
+	who := fmt.Sprintf("rank %d (pid %d)", rk.id, e.state.Pid())
+	switch {
+	case ws.Signaled():
+		j.fail(128+int(ws.Signal()), fmt.Sprintf("mdrun: %s was killed by signal %d (%v); terminating the job", who, int(ws.Signal()), ws.Signal()))
+	case rk.errOut.panicked:
+		j.fail(ws.ExitStatus(), fmt.Sprintf("mdrun: %s panicked and exited with status %d; terminating the job", who, ws.ExitStatus()))
+	default:
+		j.fail(ws.ExitStatus(), fmt.Sprintf("mdrun: %s exited with status %d; terminating the job", who, ws.ExitStatus()))
+	}
+}
+
+// drainAborts handles the aborts already reported and returns the channel
+// to keep receiving from (nil once it is closed).
+func (j *job) drainAborts(aborts <-chan *bootstrap.AbortError) <-chan *bootstrap.AbortError {
+	for {
+		select {
+		case a, ok := <-aborts:
+			if !ok {
+				return nil
+			}
+			j.aborted(a)
+		default:
+			return aborts
+		}
+	}
+}
+
+func (j *job) aborted(a *bootstrap.AbortError) {
+	status := a.Code
+	if status < 1 || status > 255 {
+		status = exitFailed
+	}
+	pid := 0
+	if a.Rank < len(j.ranks) {
+		pid = j.ranks[a.Rank].cmd.Process.Pid
+	}
+	j.fail(status, fmt.Sprintf("mdrun: rank %d (pid %d) aborted with code %d: %s; terminating the job", a.Rank, pid, a.Code, a.Reason))
+}
+
+// signalled passes a signal mdrun received on to the ranks. A second one
+// means the user is out of patience: SIGKILL at once.
+func (j *job) signalled(sig os.Signal) {
+	if j.terminating {
+		j.logger.Debug("second signal, killing the ranks", "signal", sig)
+		j.signalAll(syscall.SIGKILL)
+		return
+	}
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		s = syscall.SIGTERM
+	}
+	fmt.Fprintf(j.stderr, "mdrun: received %v; passing it on to the ranks\n", sig)
+	j.status = 128 + int(s)
+	j.terminating = true
+	j.signalAll(s)
+	j.killTimer = time.After(killGrace)
+}
+
+// fail ends the job because of the first failure; later ones, often caused
+// by the termination itself, are only logged.
+func (j *job) fail(status int, msg string) {
+	if j.terminating {
+		j.logger.Debug("while terminating", "event", msg)
+		return
+	}
+	fmt.Fprintln(j.stderr, msg)
+	j.status = status
+	j.terminating = true
+	j.signalAll(syscall.SIGTERM)
+	j.killTimer = time.After(killGrace)
+}
+
+// signalAll signals the process group of every rank that has not been
+// reaped.
+func (j *job) signalAll(sig syscall.Signal) {
+	for _, rk := range j.ranks {
+		if rk.exited {
+			continue
+		}
+		pid := rk.cmd.Process.Pid
+		if err := syscall.Kill(-pid, sig); err != nil {
+			j.logger.Debug("cannot signal rank", "rank", rk.id, "pid", pid, "signal", sig, "error", err)
+		}
+	}
+}

@@ -1,0 +1,388 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+)
+
+// helperName is the name the test binary runs under when it plays a rank;
+// TestMain sees it in os.Args[0]. Choosing the behaviour by name rather than
+// by an environment variable keeps the tests free to run in parallel.
+const helperName = "mdrun-test-rank"
+
+// helper is the path of a symlink to the test binary named helperName.
+var helper string
+
+func TestMain(m *testing.M) {
+	if filepath.Base(os.Args[0]) == helperName {
+		os.Exit(rankMain(os.Args[1:]))
+	}
+	os.Exit(runTests(m))
+}
+
+func runTests(m *testing.M) int {
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	dir, err := os.MkdirTemp("", "mdrun-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	helper = filepath.Join(dir, helperName)
+	if err := os.Symlink(exe, helper); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// rankMain is a rank of a test job; args[0] picks what it does.
+func rankMain(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "helper: no behaviour")
+		return 1
+	}
+	switch args[0] {
+	case "plain": // does not use the library at all
+		fmt.Println("hello from a plain program")
+		fmt.Print("no newline at the end")
+		return 0
+	case "env":
+		fmt.Printf("MD_PLUGINS=%s\nMD_CONNTABLE=%s\n", os.Getenv("MD_PLUGINS"), os.Getenv("MD_CONNTABLE"))
+		return 0
+	}
+	ctx := context.Background()
+	bs, err := bootstrap.Open(ctx, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	rank, size := bs.Rank(), bs.Size()
+	// Exchange business cards the way a subdevice would.
+	card := func(r int) string { return fmt.Sprintf("shm:%s:%d", bs.JobID(), r) }
+	if err := bs.Put("card", []byte(card(rank))); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := bs.Fence(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for p := range size {
+		got, err := bs.Get(ctx, p, "card")
+		if err != nil || string(got) != card(p) {
+			fmt.Fprintf(os.Stderr, "card of %d: %q, %v\n", p, got, err)
+			return 1
+		}
+	}
+	fmt.Printf("pid %d\n", os.Getpid())
+	// A second fence: every rank has printed its pid before any of them
+	// fails, so the test knows which processes must be gone.
+	if err := bs.Fence(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	switch args[0] {
+	case "exchange":
+		fmt.Printf("rank %d has all %d cards\n", rank, size)
+		if err := bs.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	case "exit3":
+		if rank == 1 {
+			return 3
+		}
+	case "panic":
+		if rank == 2 {
+			panic("boom")
+		}
+	case "abort":
+		if rank == 0 {
+			if err := bs.Abort(7, "bad input"); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		}
+	case "kill":
+		if rank == 1 {
+			syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		}
+	case "block":
+	default:
+		fmt.Fprintf(os.Stderr, "helper: unknown behaviour %q\n", args[0])
+		return 1
+	}
+	fmt.Println("ready")
+	// Blocks until mdrun ends the job; the test's watchdog ends it otherwise.
+	time.Sleep(time.Hour)
+	return 0
+}
+
+// lockedBuffer is a goroutine-safe buffer that can announce how many lines
+// containing some text it has seen.
+type lockedBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	watch string
+	want  int
+	seen  chan struct{} // closed once want lines contained watch
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.Write(p)
+	if b.seen != nil && strings.Count(b.buf.String(), b.watch) >= b.want {
+		select {
+		case <-b.seen:
+		default:
+			close(b.seen)
+		}
+	}
+	return len(p), nil
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// watchdog is how long a test job may take before the test gives up on it;
+// it only turns a hang into a failure, it asserts nothing about speed.
+const watchdog = 60 * time.Second
+
+func runMdrun(t *testing.T, args []string, stdout *lockedBuffer, sigs <-chan os.Signal) (int, string, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeoutCause(context.Background(), watchdog, errors.New("test watchdog expired"))
+	defer cancel()
+	if stdout == nil {
+		stdout = &lockedBuffer{}
+	}
+	var stderr lockedBuffer
+	status := run(ctx, args, stdout, &stderr, sigs)
+	t.Logf("mdrun %s -> %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), status, stdout, &stderr)
+	return status, stdout.String(), stderr.String()
+}
+
+// pids returns the pids the ranks printed.
+func pids(t *testing.T, stdout string) []int {
+	t.Helper()
+	var out []int
+	for _, m := range regexp.MustCompile(`(?m)pid (\d+)$`).FindAllStringSubmatch(stdout, -1) {
+		pid, _ := strconv.Atoi(m[1])
+		out = append(out, pid)
+	}
+	return out
+}
+
+// checkGone fails if any of the pids still exists.
+func checkGone(t *testing.T, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("rank process %d still exists after mdrun returned (kill 0: %v)", pid, err)
+		}
+	}
+}
+
+func TestJobs(t *testing.T) {
+	dir := t.TempDir()
+	plugins := filepath.Join(dir, "plugins.hcl")
+	if err := os.WriteFile(plugins, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name      string
+		flags     []string
+		n         int
+		behaviour string
+		status    int
+		stdout    []*regexp.Regexp // each must match
+		stderr    []*regexp.Regexp
+		notStdout *regexp.Regexp
+		pidsPrint int // ranks that print their pid and must be gone afterwards
+	}{
+		{
+			name: "exchange", n: 4, behaviour: "exchange", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] rank 0 has all 4 cards$`),
+				regexp.MustCompile(`(?m)^\[1\] rank 1 has all 4 cards$`),
+				regexp.MustCompile(`(?m)^\[2\] rank 2 has all 4 cards$`),
+				regexp.MustCompile(`(?m)^\[3\] rank 3 has all 4 cards$`),
+			},
+			pidsPrint: 4,
+		},
+		{
+			name: "no prefix", flags: []string{"-prefix=false"}, n: 2, behaviour: "exchange", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^rank 0 has all 2 cards$`),
+				regexp.MustCompile(`(?m)^rank 1 has all 2 cards$`),
+			},
+			notStdout: regexp.MustCompile(`\[\d\]`),
+			pidsPrint: 2,
+		},
+		{
+			name: "rank exits 3", n: 4, behaviour: "exit3", status: 3,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 1 \(pid \d+\) exited with status 3; terminating the job$`)},
+			pidsPrint: 4,
+		},
+		{
+			name: "rank panics", n: 4, behaviour: "panic", status: 2,
+			stderr: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[2\] panic: boom$`),
+				regexp.MustCompile(`(?m)^mdrun: rank 2 \(pid \d+\) panicked and exited with status 2; terminating the job$`),
+			},
+			pidsPrint: 4,
+		},
+		{
+			name: "rank aborts", n: 3, behaviour: "abort", status: 7,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 0 \(pid \d+\) aborted with code 7: bad input; terminating the job$`)},
+			pidsPrint: 3,
+		},
+		{
+			name: "rank killed", n: 2, behaviour: "kill", status: 128 + 9,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 1 \(pid \d+\) was killed by signal 9 \(killed\); terminating the job$`)},
+			pidsPrint: 2,
+		},
+		{
+			name: "timeout", flags: []string{"-timeout", "200ms"}, n: 2, behaviour: "block", status: exitTimeout,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: the job ran longer than -timeout 200ms; terminating the job$`)},
+			pidsPrint: 2,
+		},
+		{
+			name: "plain program", n: 2, behaviour: "plain", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[1\] hello from a plain program$`),
+				regexp.MustCompile(`(?m)^\[0\] no newline at the end$`),
+			},
+		},
+		{
+			name: "environment", flags: []string{"-plugins", plugins, "-conntable", dir}, n: 1, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] MD_PLUGINS=` + regexp.QuoteMeta(plugins) + `$`),
+				regexp.MustCompile(`(?m)^\[0\] MD_CONNTABLE=` + regexp.QuoteMeta(dir) + `$`),
+			},
+		},
+		{
+			name: "verbose", flags: []string{"-v"}, n: 1, behaviour: "exchange", status: 0,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`mdrun: rank started: rank=0`)},
+			pidsPrint: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			args := append(append([]string{}, tt.flags...), "-n", strconv.Itoa(tt.n), helper, tt.behaviour)
+			status, stdout, stderr := runMdrun(t, args, nil, nil)
+			if status != tt.status {
+				t.Errorf("exit status %d, want %d", status, tt.status)
+			}
+			for _, re := range tt.stdout {
+				if !re.MatchString(stdout) {
+					t.Errorf("stdout does not match %v", re)
+				}
+			}
+			for _, re := range tt.stderr {
+				if !re.MatchString(stderr) {
+					t.Errorf("stderr does not match %v", re)
+				}
+			}
+			if tt.notStdout != nil && tt.notStdout.MatchString(stdout) {
+				t.Errorf("stdout matches %v", tt.notStdout)
+			}
+			if got := pids(t, stdout); len(got) != tt.pidsPrint {
+				t.Errorf("%d ranks printed their pid, want %d", len(got), tt.pidsPrint)
+			} else {
+				checkGone(t, got)
+			}
+		})
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"nothing", nil, "-n 0: need at least 1 rank"},
+		{"n missing", []string{helper}, "-n 0: need at least 1 rank"},
+		{"n zero", []string{"-n", "0", helper}, "-n 0"},
+		{"n negative", []string{"-n", "-2", helper}, "-n -2"},
+		{"n not a number", []string{"-n", "four", helper}, `invalid value "four" for flag -n`},
+		{"no program", []string{"-n", "2"}, "no program to run"},
+		{"program not found", []string{"-n", "2", "/nonexistent/prog"}, `program "/nonexistent/prog" not found`},
+		{"program not in PATH", []string{"-n", "2", "no-such-mdrun-program"}, `program "no-such-mdrun-program" not found`},
+		{"unknown flag", []string{"-x", "-n", "2", helper}, "flag provided but not defined: -x"},
+		{"plugins missing", []string{"-plugins", "/nonexistent/plugins.hcl", "-n", "1", helper}, "-plugins: stat /nonexistent/plugins.hcl"},
+		{"conntable missing", []string{"-conntable", "/nonexistent/ct", "-n", "1", helper}, "-conntable: stat /nonexistent/ct"},
+		{"negative timeout", []string{"-timeout", "-1s", "-n", "1", helper}, "-timeout -1s is negative"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			status, stdout, stderr := runMdrun(t, tt.args, nil, nil)
+			if status != exitUsage {
+				t.Errorf("exit status %d, want %d", status, exitUsage)
+			}
+			if !strings.Contains(stderr, tt.want) || !strings.Contains(stderr, "usage: mdrun") {
+				t.Errorf("stderr %q does not say %q and show the usage", stderr, tt.want)
+			}
+			if stdout != "" {
+				t.Errorf("stdout %q, want nothing", stdout)
+			}
+		})
+	}
+}
+
+func TestSignalForwarding(t *testing.T) {
+	tests := []struct {
+		name string
+		sig  syscall.Signal
+	}{
+		{"SIGTERM", syscall.SIGTERM},
+		{"SIGINT", syscall.SIGINT},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			const n = 3
+			stdout := &lockedBuffer{watch: "ready", want: n, seen: make(chan struct{})}
+			sigs := make(chan os.Signal, 1)
+			go func() {
+				<-stdout.seen
+				sigs <- tt.sig
+			}()
+			status, out, stderr := runMdrun(t, []string{"-n", strconv.Itoa(n), helper, "block"}, stdout, sigs)
+			if want := 128 + int(tt.sig); status != want {
+				t.Errorf("exit status %d, want %d", status, want)
+			}
+			if want := fmt.Sprintf("mdrun: received %v; passing it on to the ranks", tt.sig); !strings.Contains(stderr, want) {
+				t.Errorf("stderr does not say %q", want)
+			}
+			got := pids(t, out)
+			if len(got) != n {
+				t.Fatalf("%d ranks printed their pid, want %d", len(got), n)
+			}
+			checkGone(t, got)
+		})
+	}
+}

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"sync"
+)
+
+// maxLine bounds how much of one line is held back waiting for its newline;
+// a longer line is forwarded in pieces.
+const maxLine = 64 << 10
+
+// syncWriter serialises whole lines onto one destination, so lines of
+// different ranks (and mdrun's own messages) never mix. It is safe for
+// concurrent use.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+// Write writes p in one call; hclog writes whole lines through it.
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+// lineWriter receives one output stream of one rank (os/exec copies into
+// it from a single goroutine) and forwards it line by line with a prefix.
+// It is not safe for concurrent use.
+type lineWriter struct {
+	out    *syncWriter
+	prefix string
+	buf    []byte
+	// panicked records a line starting the way the Go runtime reports a
+	// panic or fatal error, to tell a panic from a plain exit status 2.
+	panicked bool
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			w.buf = append(w.buf, p...)
+			if len(w.buf) >= maxLine {
+				if err := w.emit(); err != nil {
+					return n, err
+				}
+			}
+			return n, nil
+		}
+		w.buf = append(w.buf, p[:i]...)
+		p = p[i+1:]
+		if err := w.emit(); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+// Flush forwards a last line that had no newline.
+func (w *lineWriter) Flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	return w.emit()
+}
+
+func (w *lineWriter) emit() error {
+	if bytes.HasPrefix(w.buf, []byte("panic: ")) || bytes.HasPrefix(w.buf, []byte("fatal error: ")) {
+		w.panicked = true
+	}
+	line := make([]byte, 0, len(w.prefix)+len(w.buf)+1)
+	line = append(line, w.prefix...)
+	line = append(line, w.buf...)
+	line = append(line, '\n')
+	w.buf = w.buf[:0]
+	_, err := w.out.Write(line)
+	return err
+}

@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// Exit statuses of mdrun itself; a failing rank's status is passed through.
+const (
+	exitFailed  = 1   // mdrun could not run the job
+	exitUsage   = 2   // bad command line
+	exitTimeout = 124 // -timeout expired, as timeout(1) reports it
+)
+
+// config is the parsed command line.
+type config struct {
+	n         int
+	plugins   string // absolute path or ""
+	conntable string // absolute path or ""
+	prefix    bool
+	timeout   time.Duration
+	verbose   bool
+	prog      string // resolved path of the program
+	args      []string
+}
+
+// usageError is a command-line mistake; mdrun prints it and exits 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+// run is mdrun without the process around it: args are the arguments after
+// the command name, sigs delivers the signals to pass on to the ranks, and
+// ctx ending terminates the job like a failure. It returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, sigs <-chan os.Signal) int {
+	errw := &syncWriter{w: stderr}
+	cfg, err := parseArgs(args, errw)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		var ue *usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(errw, "mdrun: %v\nusage: mdrun [flags] -n N prog [args...]; mdrun -h lists the flags\n", err)
+			return exitUsage
+		}
+		fmt.Fprintf(errw, "mdrun: %v\n", err)
+		return exitFailed
+	}
+	level := hclog.Off
+	if cfg.verbose {
+		level = hclog.Debug
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "mdrun", Level: level, Output: errw})
+	j := &job{
+		cfg:    cfg,
+		logger: logger,
+		stdout: &syncWriter{w: stdout},
+		stderr: errw,
+	}
+	return j.run(ctx, sigs)
+}
+
+// parseArgs reads the command line; flag's own messages go to errw.
+func parseArgs(args []string, errw io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("mdrun", flag.ContinueOnError)
+	fs.SetOutput(errw)
+	fs.IntVar(&cfg.n, "n", 0, "number of ranks to start (required)")
+	fs.StringVar(&cfg.plugins, "plugins", "", "plugins.hcl for the ranks, passed as MD_PLUGINS")
+	fs.StringVar(&cfg.conntable, "conntable", "", "connection table file, or directory of per-host tables, passed as MD_CONNTABLE")
+	fs.BoolVar(&cfg.prefix, "prefix", true, `prefix each line of output with "[rank] "`)
+	fs.DurationVar(&cfg.timeout, "timeout", 0, "end the job after this wall-clock time, e.g. 10m (0: no limit)")
+	fs.BoolVar(&cfg.verbose, "v", false, "log what the launcher does to stderr")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: mdrun [flags] -n N prog [args...]\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, err
+		}
+		return cfg, &usageError{err.Error()}
+	}
+	if cfg.n < 1 {
+		return cfg, &usageError{fmt.Sprintf("-n %d: need at least 1 rank", cfg.n)}
+	}
+	if cfg.timeout < 0 {
+		return cfg, &usageError{fmt.Sprintf("-timeout %v is negative", cfg.timeout)}
+	}
+	if fs.NArg() == 0 {
+		return cfg, &usageError{"no program to run"}
+	}
+	prog, err := exec.LookPath(fs.Arg(0))
+	if err != nil {
+		return cfg, &usageError{fmt.Sprintf("program %q not found: %v", fs.Arg(0), err)}
+	}
+	cfg.prog, cfg.args = prog, fs.Args()[1:]
+	for _, p := range []struct {
+		flag string
+		path *string
+	}{{"-plugins", &cfg.plugins}, {"-conntable", &cfg.conntable}} {
+		if *p.path == "" {
+			continue
+		}
+		// Absolute, so a rank that changes directory still finds it.
+		abs, err := filepath.Abs(*p.path)
+		if err == nil {
+			_, err = os.Stat(abs)
+		}
+		if err != nil {
+			return cfg, &usageError{fmt.Sprintf("%s: %v", p.flag, err)}
+		}
+		*p.path = abs
+	}
+	return cfg, nil
+}
