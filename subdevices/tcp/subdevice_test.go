@@ -457,3 +457,32 @@ func TestClose(t *testing.T) {
 		t.Errorf("goroutines still running after Close:\n%s", leaked)
 	}
 }
+
+// TestStuckPeerFlushDisconnect checks that Flush and Disconnect give up at
+// their context on a peer that never reads, and that Disconnect then fails
+// what was queued instead of leaving it pending.
+func TestStuckPeerFlushDisconnect(t *testing.T) {
+	nodes := newJob(t, 1, jobOpts{size: 2, config: `{"listen": "127.0.0.1:0", "queue_bytes": 65536}`})
+	a := nodes[0]
+	stuckPeer(t, a, 1)
+	accepted := fill(t, a, 1, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := a.sd.Flush(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Flush on a stuck peer with a cancelled context: %v, want context.Canceled", err)
+	}
+	if err := a.sd.Disconnect(ctx, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Disconnect on a stuck peer with a cancelled context: %v, want context.Canceled", err)
+	}
+	for tok := range uint64(accepted) {
+		if errs := a.rec.doneErrs(tok); len(errs) != 1 || !errors.Is(errs[0], sdi.ErrNotConnected) {
+			t.Errorf("token %d: SendDone calls %v, want one ErrNotConnected", tok, errs)
+		}
+	}
+	if _, err := a.sd.Send(&sdi.Frame{Peer: 1}); !errors.Is(err, sdi.ErrNotConnected) {
+		t.Fatalf("Send after Disconnect: %v, want ErrNotConnected", err)
+	}
+	if err := a.rec.down(1); err != nil {
+		t.Fatalf("Disconnect reported the peer down: %v", err)
+	}
+}
