@@ -57,9 +57,8 @@ type Server struct {
 	closed    bool
 	conns     map[net.Conn]struct{}
 	ranks     []rankState
-	arrived   []*serverConn // per rank: its fence reply goes here; nil if not arrived
+	arrived   []*fenceWaiter // per rank: nil until it reaches the running fence
 	narrived  int
-	fenceID   []uint64            // per rank: the id of its waiting fence
 	pending   []map[string][]byte // per rank: puts of the running fence
 	published []map[string][]byte // per rank: puts of completed fences
 	left      string              // why fences can no longer complete; "" while they can
@@ -130,8 +129,7 @@ func NewServerListener(ln net.Listener, size int, logger hclog.Logger) (*Server,
 		aborts:    make(chan *AbortError, size), // a rank aborts at most once, so sends never block
 		conns:     map[net.Conn]struct{}{},
 		ranks:     make([]rankState, size),
-		arrived:   make([]*serverConn, size),
-		fenceID:   make([]uint64, size),
+		arrived:   make([]*fenceWaiter, size),
 		pending:   make([]map[string][]byte, size),
 		published: make([]map[string][]byte, size),
 	}
@@ -290,9 +288,6 @@ func (s *Server) handle(conn net.Conn) {
 		m, err := readMessage(conn)
 		if err != nil {
 			s.leave(rank, "disconnected")
-			if s.isClosed() {
-				return
-			}
 			logger.Debug("rank disconnected", "error", err)
 			return
 		}
@@ -320,12 +315,6 @@ func (s *Server) handle(conn net.Conn) {
 			return
 		}
 	}
-}
-
-func (s *Server) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
 }
 
 // hello checks a connection's first message and claims its rank.
@@ -374,7 +363,7 @@ func (s *Server) fence(rank int, sc *serverConn, m *message) error {
 		sc.reply(errorReply(m.ID, errCodeFence, reason))
 		return nil
 	}
-	s.arrived[rank], s.fenceID[rank] = sc, m.ID
+	s.arrived[rank] = &fenceWaiter{sc: sc, id: m.ID}
 	s.narrived++
 	for k, v := range m.Puts {
 		s.pending[rank][k] = v
@@ -406,11 +395,11 @@ type fenceWaiter struct {
 }
 
 // takeArrivalsLocked empties the fence and returns who waited in it.
-func (s *Server) takeArrivalsLocked() []fenceWaiter {
-	waiters := make([]fenceWaiter, 0, s.narrived)
-	for r, sc := range s.arrived {
-		if sc != nil {
-			waiters = append(waiters, fenceWaiter{sc, s.fenceID[r]})
+func (s *Server) takeArrivalsLocked() []*fenceWaiter {
+	waiters := make([]*fenceWaiter, 0, s.narrived)
+	for _, w := range s.arrived {
+		if w != nil {
+			waiters = append(waiters, w)
 		}
 	}
 	clear(s.arrived)
@@ -420,7 +409,7 @@ func (s *Server) takeArrivalsLocked() []fenceWaiter {
 
 func (s *Server) get(rank int, sc *serverConn, m *message) {
 	if m.Rank >= s.size {
-		sc.reply(errorReply(m.ID, errCodeNotFound, fmt.Sprintf("rank %d not in a job of %d ranks", m.Rank, s.size)))
+		sc.reply(errorReply(m.ID, errCodeBadRequest, fmt.Sprintf("rank %d not in a job of %d ranks", m.Rank, s.size)))
 		return
 	}
 	s.mu.Lock()

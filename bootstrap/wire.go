@@ -36,9 +36,10 @@ const (
 
 // Error codes in an opError reply.
 const (
-	errCodeNotFound = "not_found" // get: no such key
-	errCodeRefused  = "refused"   // hello: wrong version, rank or secret
-	errCodeFence    = "fence"     // fence: cannot complete
+	errCodeNotFound   = "not_found"   // get: no such key
+	errCodeRefused    = "refused"     // hello: wrong version, rank or secret
+	errCodeFence      = "fence"       // fence: cannot complete
+	errCodeBadRequest = "bad_request" // a well-formed request that makes no sense
 )
 
 // message is every message of the protocol; each op uses a few fields.
