@@ -6,8 +6,10 @@
 // reads (MDRUN_ADDR, MDRUN_RANK, MDRUN_SIZE, MDRUN_JOBID, MDRUN_SECRET,
 // MDRUN_HOST, and MD_PLUGINS and MD_CONNTABLE when -plugins and -conntable
 // are given), serves their rendezvous, and forwards their output line by
-// line with a "[rank] " prefix. SIGINT and SIGTERM are passed on to the
-// ranks.
+// line with a "[rank] " prefix (lines over 64 KiB are split). The ranks'
+// standard input is /dev/null. Each rank runs in its own process group, so
+// SIGINT and SIGTERM reach it once, passed on by mdrun, together with any
+// process it started; a second signal kills the ranks at once.
 //
 // The job ends when every rank has exited, or as soon as one rank fails:
 // exits non-zero, is killed by a signal, panics, or calls Abort. mdrun then
