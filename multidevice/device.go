@@ -77,11 +77,14 @@ type Device struct {
 	genMu sync.Mutex
 	gen   chan struct{} // closed and replaced on every completion or arrival
 
-	out     outbox
-	sys     map[int32]func(from int32, h *header, payload []byte)
-	closed  atomic.Bool
-	closeMu sync.Mutex
-	wg      sync.WaitGroup
+	out    outbox
+	sys    map[int32]func(from int32, h *header, payload []byte)
+	closed atomic.Bool
+	// finalizing is set once every rank passed the finalize barrier: peers
+	// tearing down their links from then on is expected, not a failure.
+	finalizing atomic.Bool
+	closeMu    sync.Mutex
+	wg         sync.WaitGroup
 }
 
 // inMsg is an arrived matchable message kept in the unexpected or
@@ -432,6 +435,7 @@ func (d *Device) Close(ctx context.Context) error {
 	if err := d.boot.Fence(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("multidevice: finalize barrier: %w", err))
 	}
+	d.finalizing.Store(true)
 	errs = append(errs, d.shutdown(ctx))
 	return errors.Join(errs...)
 }

@@ -56,6 +56,10 @@ func (h handler) PeerDown(peer sdi.Rank, err error) {
 	if d.closed.Load() || int(peer) < 0 || int(peer) >= d.size {
 		return
 	}
+	if d.finalizing.Load() {
+		d.log.Debug("peer closed its links after finalize", "peer", peer, "subdevice", d.subs[h.sub].name)
+		return
+	}
 	name := d.subs[h.sub].name
 	// A subdevice that carries none of this peer's routes losing it is no loss.
 	uses := false
