@@ -80,8 +80,8 @@ type Device struct {
 	out    outbox
 	sys    map[int32]func(from int32, h *header, payload []byte)
 	closed atomic.Bool
-	// finalizing is set once every rank passed the finalize barrier: peers
-	// tearing down their links from then on is expected, not a failure.
+	// finalizing is set when this rank enters the finalize barrier: peers
+	// that pass it first tear down their links, which is expected then.
 	finalizing atomic.Bool
 	closeMu    sync.Mutex
 	wg         sync.WaitGroup
@@ -432,10 +432,10 @@ func (d *Device) Close(ctx context.Context) error {
 			}
 		}
 	}
+	d.finalizing.Store(true)
 	if err := d.boot.Fence(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("multidevice: finalize barrier: %w", err))
 	}
-	d.finalizing.Store(true)
 	errs = append(errs, d.shutdown(ctx))
 	return errors.Join(errs...)
 }
