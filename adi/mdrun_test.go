@@ -1,0 +1,161 @@
+package adi_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+// Multi-process jobs: the test binary re-executes itself as the ranks of a
+// job launched by a freshly built mdrun; ADI_E2E_ROLE picks what a rank does.
+func TestMain(m *testing.M) {
+	if role := os.Getenv("ADI_E2E_ROLE"); role != "" {
+		os.Exit(rankMain(role))
+	}
+	os.Exit(m.Run())
+}
+
+func rankMain(role string) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	w, err := adi.Init(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "init:", err)
+		return 1
+	}
+	c := w.Comm()
+	switch role {
+	case "order":
+		if err := allToAllOrder(ctx, c); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Printf("rank %d of %d: order ok\n", c.Rank(), c.Size())
+	case "exit3", "panic":
+		if c.Rank() == 2 && role == "exit3" {
+			os.Exit(3)
+		}
+		if c.Rank() == 1 && role == "panic" {
+			panic("rank 1 gives up")
+		}
+		// The others wait for a message that never comes; mdrun must end them.
+		_, err := c.Recv(ctx, make([]byte, 1), adi.AnySource, adi.AnyTag)
+		fmt.Fprintln(os.Stderr, "unexpected return from Recv:", err)
+		return 1
+	}
+	if err := w.Finalize(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, "finalize:", err)
+		return 1
+	}
+	return 0
+}
+
+// allToAllOrder: every rank sends numbered messages of random sizes (eager
+// and rendezvous) to every other and checks each source's order.
+func allToAllOrder(ctx context.Context, c *adi.Comm) error {
+	const per = 100
+	var reqs []*adi.Request
+	rng := rand.New(rand.NewPCG(uint64(c.Rank()), 1))
+	for i := range per {
+		for peer := range c.Size() {
+			if peer == c.Rank() {
+				continue
+			}
+			msg := make([]byte, 8+rng.IntN(100<<10))
+			binary.LittleEndian.PutUint64(msg, uint64(i))
+			r, err := c.Isend(msg, peer, rng.IntN(3))
+			if err != nil {
+				return err
+			}
+			reqs = append(reqs, r)
+		}
+	}
+	next := make([]uint64, c.Size())
+	buf := make([]byte, 101<<10)
+	for range per * (c.Size() - 1) {
+		st, err := c.Recv(ctx, buf, adi.AnySource, adi.AnyTag)
+		if err != nil {
+			return err
+		}
+		if got := binary.LittleEndian.Uint64(buf); got != next[st.Source] {
+			return fmt.Errorf("rank %d: message %d from rank %d, want %d", c.Rank(), got, st.Source, next[st.Source])
+		}
+		next[st.Source]++
+	}
+	_, err := adi.WaitAll(ctx, reqs...)
+	return err
+}
+
+func buildMdrun(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "mdrun")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/hpc-multidevice/multidevice/cmd/mdrun").CombinedOutput()
+	if err != nil {
+		t.Fatalf("build mdrun: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func TestJobsThroughMdrun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mdrun and starts processes")
+	}
+	mdrun := buildMdrun(t)
+	for _, tc := range []struct {
+		role       string
+		n          int
+		extra      []string
+		wantStatus int
+		wantOut    []string
+	}{
+		{"order", 4, nil, 0, []string{"[3] rank 3 of 4: order ok", "[0] rank 0 of 4: order ok"}},
+		{"order", 3, []string{"-plugins", "tcp-only.hcl"}, 0, []string{"[2] rank 2 of 3: order ok"}},
+		{"exit3", 4, nil, 3, []string{"mdrun: rank 2", "exited with status 3"}},
+		{"panic", 4, nil, 2, []string{"mdrun: rank 1", "panic", "[1] panic: rank 1 gives up"}},
+	} {
+		t.Run(fmt.Sprintf("%s-%d%s", tc.role, tc.n, strings.Join(tc.extra, "")), func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, "tcp-only.hcl"), []byte("subdevice \"tcp\" {}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			args := append(append([]string{}, tc.extra...), "-n", fmt.Sprint(tc.n), os.Args[0], "-test.run=^$")
+			cmd := exec.Command(mdrun, args...)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "ADI_E2E_ROLE="+tc.role)
+			done := make(chan struct{})
+			var out []byte
+			var err error
+			go func() { out, err = cmd.CombinedOutput(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(2 * time.Minute):
+				cmd.Process.Kill()
+				<-done
+				t.Fatalf("job did not end:\n%s", out)
+			}
+			status := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				status = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if status != tc.wantStatus {
+				t.Fatalf("mdrun exited %d, want %d:\n%s", status, tc.wantStatus, out)
+			}
+			for _, w := range tc.wantOut {
+				if !strings.Contains(string(out), w) {
+					t.Errorf("output lacks %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
