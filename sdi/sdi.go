@@ -64,7 +64,9 @@ const (
 func (f Flag) Has(g Flag) bool { return f&g == g }
 
 // Caps are the limits and hints a subdevice publishes from Open. Routing reads
-// them; it never probes behaviour.
+// them; it never probes behaviour. A sender sizes frames by its own Caps, so
+// every rank of a job that opens a subdevice with the same configuration must
+// publish the same limits.
 type Caps struct {
 	MaxHeader   int           // largest opaque header per frame, > 0
 	MaxEager    int           // largest message the multidevice sends eagerly; <= MaxFrame
@@ -175,7 +177,8 @@ type SubDevice interface {
 	// follows (a shm ring that copied the frame). It returns done=false when
 	// the frame is accepted but still in flight: the subdevice owns
 	// f.Header and f.Payload until SendDone(f.Token, …), which follows
-	// exactly once, never from within Send itself.
+	// exactly once, never from within Send itself, though possibly from
+	// another goroutine before Send has returned.
 	//
 	// On error nothing was accepted and no SendDone follows: ErrWouldBlock
 	// (retry after a SendDone or a short wait), ErrTooLarge,
