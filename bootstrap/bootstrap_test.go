@@ -15,24 +15,11 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 )
 
-// testLogger routes hclog into t.Log at the level in MP_TEST_LOG_LEVEL
-// (silent when unset).
-func testLogger(t testing.TB) hclog.Logger {
-	level := hclog.LevelFromString(os.Getenv("MP_TEST_LOG_LEVEL"))
-	if level == hclog.NoLevel {
-		level = hclog.Off
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: t.Name(), Level: level, Output: tWriter{t}})
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSuffix(string(p), "\n"))
-	return len(p), nil
-}
+func testLogger(t testing.TB) hclog.Logger { return testlog.New(t, t.Name(), hclog.Off) }
 
 // envOf turns "KEY=value" strings into a lookupFunc.
 func envOf(kv []string) lookupFunc {

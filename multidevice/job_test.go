@@ -3,7 +3,6 @@ package multidevice
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -12,22 +11,12 @@ import (
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
 	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
 
-// testLogger routes logs into t.Log at MP_TEST_LOG_LEVEL (default off).
-func testLogger(t testing.TB) hclog.Logger {
-	lvl := os.Getenv("MP_TEST_LOG_LEVEL")
-	if lvl == "" {
-		return hclog.NewNullLogger()
-	}
-	return hclog.New(&hclog.LoggerOptions{Level: hclog.LevelFromString(lvl), Output: tWriter{t}})
-}
-
-type tWriter struct{ t testing.TB }
-
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+func testLogger(t testing.TB) hclog.Logger { return testlog.New(t, "multidevice", hclog.Off) }
 
 // jobSpec describes an in-process job for a test.
 type jobSpec struct {

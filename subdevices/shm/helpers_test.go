@@ -13,26 +13,13 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // testLogger routes hclog into t.Log at the level in MP_TEST_LOG_LEVEL
 // (default: errors only, so corrupt-ring tests show what they provoke).
-func testLogger(t testing.TB) hclog.Logger {
-	level := hclog.LevelFromString(os.Getenv("MP_TEST_LOG_LEVEL"))
-	if level == hclog.NoLevel {
-		level = hclog.Error
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: "shm", Level: level, Output: tlogWriter{t}})
-}
-
-type tlogWriter struct{ t testing.TB }
-
-func (w tlogWriter) Write(p []byte) (int, error) {
-	w.t.Helper()
-	w.t.Log(string(p))
-	return len(p), nil
-}
+func testLogger(t testing.TB) hclog.Logger { return testlog.New(t, "shm", hclog.Error) }
 
 // msg is one delivered frame, copied out of the ring.
 type msg struct {
