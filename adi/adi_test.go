@@ -38,7 +38,9 @@ func job(t testing.TB, n int, opts ...adi.Option) []*adi.World {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for r := range n {
-		wg.Go(func() { ws[r], errs[r] = adi.Init(ctxT(t), append([]adi.Option{adi.WithBootstrap(boots[r])}, opts...)...) })
+		wg.Go(func() {
+			ws[r], errs[r] = adi.Init(ctxT(t), append([]adi.Option{adi.WithBootstrap(boots[r])}, opts...)...)
+		})
 	}
 	wg.Wait()
 	for r, err := range errs {

@@ -86,10 +86,14 @@ func (d *Device) peerErr(peer int32) error {
 // the frame is locally complete or failed. Never called with d.mu held by a
 // handler goroutine of s: it may call s.Send.
 func (d *Device) sendFrame(s *subdev, peer int32, h *header, payload []byte, done func(error)) {
+	d.trySend(s, d.frame(peer, h, payload), done, true)
+}
+
+// frame builds an outbound frame with a fresh token.
+func (d *Device) frame(peer int32, h *header, payload []byte) *sdi.Frame {
 	hb := make([]byte, headerSize)
 	h.put(hb)
-	f := &sdi.Frame{Peer: sdi.Rank(peer), Header: hb, Payload: payload, Token: d.nextID.Add(1)}
-	d.trySend(s, f, done, true)
+	return &sdi.Frame{Peer: sdi.Rank(peer), Header: hb, Payload: payload, Token: d.nextID.Add(1)}
 }
 
 // trySend sends f now or queues it on the outbox when the subdevice would
@@ -139,8 +143,6 @@ func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error))
 	h.kind = kindSys
 	h.src, h.dst = d.rank, peer
 	s := d.subs[d.routes[peer][d.table.Class(len(payload))]]
-	hb := make([]byte, headerSize)
-	h.put(hb)
 	if done == nil {
 		done = func(err error) {
 			if err != nil {
@@ -148,8 +150,7 @@ func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error))
 			}
 		}
 	}
-	f := &sdi.Frame{Peer: sdi.Rank(peer), Header: hb, Payload: payload, Token: d.nextID.Add(1)}
-	d.out.push(outItem{sub: s, frame: f, done: done})
+	d.out.push(outItem{sub: s, frame: d.frame(peer, &h, payload), done: done})
 }
 
 // sendTagged sends through a subdevice that matches on its own.
@@ -182,12 +183,8 @@ func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context 
 
 // onCTS runs at the sender when the receiver matched a rendezvous message.
 func (d *Device) onCTS(from int32, h *header, _ []byte) {
-	d.mu.Lock()
-	r := d.rndvSend[h.sreq]
-	delete(d.rndvSend, h.sreq)
-	d.mu.Unlock()
-	if r == nil || r.peer != from {
-		d.log.Warn("dropping clear-to-send for no pending send", "from", from, "request", h.sreq)
+	r := d.takeSend(d.rndvSend, h.sreq, from, "clear-to-send")
+	if r == nil {
 		return
 	}
 	n := uint64(len(r.buf))
@@ -205,22 +202,30 @@ func (d *Device) onCTS(from int32, h *header, _ []byte) {
 	for off := uint64(0); off < n; off += chunk {
 		end := min(off+chunk, n)
 		dh := header{kind: kindSys, tag: sysData, src: d.rank, dst: from, context: h.context, length: uint64(len(r.buf)), sreq: r.id, rreq: h.rreq, offset: off}
-		hb := make([]byte, headerSize)
-		dh.put(hb)
-		f := &sdi.Frame{Peer: sdi.Rank(from), Header: hb, Payload: r.buf[off:end], Token: d.nextID.Add(1)}
-		d.out.push(outItem{sub: s, frame: f, done: r.frameDone})
+		d.out.push(outItem{sub: s, frame: d.frame(from, &dh, r.buf[off:end]), done: r.frameDone})
 	}
 }
 
 // onAck runs at the sender of a synchronous eager message once it matched.
 func (d *Device) onAck(from int32, h *header, _ []byte) {
-	d.mu.Lock()
-	r := d.syncSend[h.sreq]
-	delete(d.syncSend, h.sreq)
-	d.mu.Unlock()
-	if r == nil || r.peer != from {
-		d.log.Warn("dropping acknowledgement for no pending send", "from", from, "request", h.sreq)
-		return
+	if r := d.takeSend(d.syncSend, h.sreq, from, "acknowledgement"); r != nil {
+		r.frameDone(nil)
 	}
-	r.frameDone(nil)
+}
+
+// takeSend removes and returns the send waiting in m under id, if it went to
+// from; a control message for anything else is dropped with a warning.
+func (d *Device) takeSend(m map[uint64]*Request, id uint64, from int32, what string) *Request {
+	d.mu.Lock()
+	r := m[id]
+	if r != nil && r.peer == from {
+		delete(m, id)
+	} else {
+		r = nil
+	}
+	d.mu.Unlock()
+	if r == nil {
+		d.log.Warn("dropping "+what+" for no pending send", "from", from, "request", id)
+	}
+	return r
 }
