@@ -2,7 +2,12 @@ module github.com/hpc-multidevice/multidevice
 
 go 1.26.0
 
-require github.com/hashicorp/go-hclog v1.6.3
+require (
+	github.com/hashicorp/go-hclog v1.6.3
+	github.com/hashicorp/hcl/v2 v2.25.0
+	github.com/zclconf/go-cty v1.19.0
+	golang.org/x/sys v0.49.0
+)
 
 require (
 	github.com/agext/levenshtein v1.2.1 // indirect
@@ -10,14 +15,11 @@ require (
 	github.com/apparentlymart/go-textseg/v17 v17.0.1 // indirect
 	github.com/fatih/color v1.13.0 // indirect
 	github.com/google/go-cmp v0.6.0 // indirect
-	github.com/hashicorp/hcl/v2 v2.25.0 // indirect
 	github.com/mattn/go-colorable v0.1.12 // indirect
 	github.com/mattn/go-isatty v0.0.14 // indirect
 	github.com/mitchellh/go-wordwrap v1.0.1 // indirect
-	github.com/zclconf/go-cty v1.19.0 // indirect
 	golang.org/x/mod v0.29.0 // indirect
 	golang.org/x/sync v0.18.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/text v0.31.0 // indirect
 	golang.org/x/tools v0.38.0 // indirect
 )
