@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -59,6 +58,9 @@ type Device struct {
 
 	nextID  atomic.Uint64
 	sendSeq []atomic.Uint64 // [peer] next sequence number to stamp
+	// down holds, per peer, why a subdevice lost it. Atomic so that every
+	// send can check it without taking the matching lock.
+	down []atomic.Pointer[error]
 
 	tokMu  sync.Mutex
 	tokens map[uint64]func(error) // frame completions by token
@@ -72,7 +74,6 @@ type Device struct {
 	rndvSend   map[uint64]*Request // sends waiting for clear-to-send, by request id
 	rndvRecv   map[uint64]*Request // receives waiting for data, by request id
 	syncSend   map[uint64]*Request // synchronous eager sends waiting for the acknowledgement
-	down       map[int32]error     // peers a subdevice reported down
 
 	genMu sync.Mutex
 	gen   chan struct{} // closed and replaced on every completion or arrival
@@ -123,10 +124,10 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		rndvSend: make(map[uint64]*Request),
 		rndvRecv: make(map[uint64]*Request),
 		syncSend: make(map[uint64]*Request),
-		down:     make(map[int32]error),
 		gen:      make(chan struct{}),
 	}
 	d.sendSeq = make([]atomic.Uint64, d.size)
+	d.down = make([]atomic.Pointer[error], d.size)
 	d.recvSeq = make([]uint64, d.size)
 	d.ooo = make([]map[uint64]*inMsg, d.size)
 	d.sys = map[int32]func(int32, *header, []byte){
@@ -396,16 +397,13 @@ func (d *Device) notifyAll() {
 	d.genMu.Unlock()
 }
 
-// changed returns a channel closed at the next completion or arrival.
-func (d *Device) changed() <-chan struct{} {
+// Changed returns a channel that is closed at the next request completion
+// or message arrival; WaitAny and Probe wait on it.
+func (d *Device) Changed() <-chan struct{} {
 	d.genMu.Lock()
 	defer d.genMu.Unlock()
 	return d.gen
 }
-
-// Changed returns a channel that is closed at the next request completion
-// or message arrival; WaitAny and Probe wait on it.
-func (d *Device) Changed() <-chan struct{} { return d.changed() }
 
 // Close flushes, waits for every rank to reach Close (so nobody tears down a
 // link a peer still uses), and closes the subdevices. It is idempotent.
@@ -475,11 +473,4 @@ func (d *Device) failAll(err error) {
 
 func (d *Device) newRequest(send bool, peer int32) *Request {
 	return &Request{d: d, id: d.nextID.Add(1), send: send, peer: peer, done: make(chan struct{}), atSub: -1}
-}
-
-func rankName(r int32) string {
-	if r == AnySource {
-		return "any"
-	}
-	return strconv.Itoa(int(r))
 }

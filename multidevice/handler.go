@@ -72,8 +72,8 @@ func (h handler) PeerDown(peer sdi.Rank, err error) {
 	}
 	d.log.Warn("peer down", "peer", peer, "subdevice", name, "error", err)
 	cause := fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err)
+	d.down[peer].Store(&err)
 	d.mu.Lock()
-	d.down[int32(peer)] = err
 	var failed []*Request
 	for _, m := range []map[uint64]*Request{d.rndvSend, d.syncSend} {
 		for id, r := range m {

@@ -74,10 +74,8 @@ func (d *Device) Isend(buf []byte, dst, tag int, context uint64, sync bool) (*Re
 const maxTag = 1<<31 - 1
 
 func (d *Device) peerErr(peer int32) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if err, ok := d.down[peer]; ok {
-		return fmt.Errorf("%w: rank %d: %v", ErrPeerDown, peer, err)
+	if err := d.down[peer].Load(); err != nil {
+		return fmt.Errorf("%w: rank %d: %v", ErrPeerDown, peer, *err)
 	}
 	return nil
 }
