@@ -76,6 +76,9 @@ func (r *inRank) Put(key string, value []byte) error {
 }
 
 func (r *inRank) Fence(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("bootstrap: fence: %w", err)
+	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -124,6 +127,12 @@ func (r *inRank) Get(ctx context.Context, rank int, key string) ([]byte, error) 
 	}
 	if rank < 0 || rank >= r.job.size {
 		return nil, fmt.Errorf("bootstrap: get: rank %d not in a world of %d", rank, r.job.size)
+	}
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("bootstrap: get: %w", ErrClosed)
 	}
 	r.job.mu.Lock()
 	defer r.job.mu.Unlock()
