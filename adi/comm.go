@@ -125,18 +125,17 @@ func (c *Comm) isend(buf []byte, dest, tag int, sync bool) (*Request, error) {
 
 // Send sends buf to rank dest with tag and returns when buf may be reused.
 func (c *Comm) Send(ctx context.Context, buf []byte, dest, tag int) error {
-	r, err := c.Isend(buf, dest, tag)
-	if err != nil {
-		return err
-	}
-	_, err = r.Wait(ctx)
-	return err
+	return c.send(ctx, buf, dest, tag, false)
 }
 
 // Ssend sends synchronously: it returns once the receiver matched the
 // message.
 func (c *Comm) Ssend(ctx context.Context, buf []byte, dest, tag int) error {
-	r, err := c.Issend(buf, dest, tag)
+	return c.send(ctx, buf, dest, tag, true)
+}
+
+func (c *Comm) send(ctx context.Context, buf []byte, dest, tag int, sync bool) error {
+	r, err := c.isend(buf, dest, tag, sync)
 	if err != nil {
 		return err
 	}

@@ -47,11 +47,7 @@ func sendNumbered(t *testing.T, d *Device, dst, count int, wg *sync.WaitGroup) {
 			}
 			reqs = append(reqs, r)
 		}
-		for _, r := range reqs {
-			if _, err := wait(t, r); err != nil {
-				t.Error(err)
-			}
-		}
+		waitAll(t, reqs)
 	})
 }
 

@@ -95,6 +95,17 @@ func wait(t testing.TB, r *Request) (Status, error) {
 	}
 }
 
+// waitAll waits for every request and reports failures without stopping,
+// so it can run on a sender goroutine.
+func waitAll(t testing.TB, reqs []*Request) {
+	t.Helper()
+	for _, r := range reqs {
+		if _, err := wait(t, r); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
 // must fails the test on an error: must(t)(d.Isend(...)).
 func must(t testing.TB) func(*Request, error) *Request {
 	return func(r *Request, err error) *Request {

@@ -56,11 +56,7 @@ func TestOrderUnderMixedRoutes(t *testing.T) {
 						}
 						reqs = append(reqs, r)
 					}
-					for _, r := range reqs {
-						if _, err := wait(t, r); err != nil {
-							t.Error(err)
-						}
-					}
+					waitAll(t, reqs)
 				})
 			}
 			next := make([]uint64, n)
