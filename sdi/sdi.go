@@ -58,6 +58,9 @@ const (
 	// FlagMatching: the subdevice matches messages itself and implements
 	// [Matcher]. The multidevice then runs ANY_SOURCE by duplicated requests.
 	FlagMatching
+	// FlagPoll: the subdevice implements [Poller]; a rank that waits may
+	// drive its progress on the waiting goroutine.
+	FlagPoll
 )
 
 // Has reports whether all bits of g are set in f.
@@ -193,6 +196,28 @@ type SubDevice interface {
 	// ErrClosed. Close is idempotent; after it every call returns ErrClosed.
 	// No Handler method is called after Close returns.
 	Close(ctx context.Context) error
+}
+
+// Poller is implemented by subdevices that set [FlagPoll]. It lets a rank
+// that waits for a message drive the subdevice itself, which saves the
+// wake-up of a parked goroutine (tens of microseconds) on every message.
+//
+// The progress model: a waiting rank calls Poll in a loop for a bounded time
+// (busy-polling), then parks. While nobody polls, the subdevice's own
+// goroutines carry on (a futex, the netpoller) so that an idle rank burns no
+// CPU and still receives. Either way the [Handler] rules hold: for one peer
+// Deliver calls stay serialized and in order, so a subdevice that delivers
+// from both a poller and its own goroutine must exclude the two per peer
+// (or per receive queue).
+type Poller interface {
+	// Poll delivers frames that have arrived and reports sends that have
+	// completed, calling the Handler on the calling goroutine. It never
+	// blocks and returns how many frames and completions it handled. Calls
+	// may come from several goroutines at once; a call that finds another
+	// poller at work may return 0 at once. Handler methods called from Poll
+	// follow the usual rules: they do not block and do not call back into
+	// the SubDevice.
+	Poll() int
 }
 
 // Factory makes an unopened subdevice.
