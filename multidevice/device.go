@@ -37,6 +37,7 @@ type subdev struct {
 	idx     int
 	sd      sdi.SubDevice
 	caps    sdi.Caps
+	card    []byte      // this rank's business card, as published
 	matcher sdi.Matcher // non-nil when caps has FlagMatching
 	frames  []atomic.Uint64
 	bytes   []atomic.Uint64
@@ -247,6 +248,7 @@ func (d *Device) addSub(ctx context.Context, name string, sd sdi.SubDevice, conf
 		return fmt.Errorf("multidevice: subdevice %q carries headers of %d bytes, the multidevice needs %d", name, local.Caps.MaxHeader, headerSize)
 	}
 	s.caps = local.Caps
+	s.card = local.Addr
 	if local.Caps.Flags.Has(sdi.FlagMatching) {
 		m, ok := sd.(sdi.Matcher)
 		if !ok {
@@ -274,6 +276,9 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 		if t, err = conntable.Derive(cands); err != nil {
 			return err
 		}
+	}
+	if err := d.shareCards(ctx, hosts); err != nil {
+		return err
 	}
 	res, err := t.Resolve(int(d.rank), hosts)
 	if err != nil {
@@ -329,6 +334,38 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 						peer, d.subs[m].name, d.subs[idx].name)
 				}
 			}
+		}
+	}
+	return nil
+}
+
+// shareCards gives subdevices that asked for it (sdi.FlagJobCards) the cards
+// of the whole job before any Connect.
+func (d *Device) shareCards(ctx context.Context, hosts []string) error {
+	for _, s := range d.subs[1:] {
+		if !s.caps.Flags.Has(sdi.FlagJobCards) {
+			continue
+		}
+		jc, ok := s.sd.(sdi.JobCards)
+		if !ok {
+			return fmt.Errorf("multidevice: subdevice %q declares FlagJobCards but does not implement sdi.JobCards", s.name)
+		}
+		cards := make([][]byte, d.size)
+		for r := range cards {
+			if r == int(d.rank) {
+				cards[r] = s.card
+				continue
+			}
+			// A rank that did not open this subdevice published no card;
+			// that is the subdevice's business, not an error here.
+			if c, err := d.boot.Get(ctx, r, "sdi/"+s.name); err == nil {
+				cards[r] = c
+			} else if ctx.Err() != nil {
+				return fmt.Errorf("multidevice: collect %q cards: %w", s.name, ctx.Err())
+			}
+		}
+		if err := jc.SetJobCards(ctx, cards); err != nil {
+			return fmt.Errorf("multidevice: subdevice %q: job cards: %w", s.name, err)
 		}
 	}
 	return nil

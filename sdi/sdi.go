@@ -61,6 +61,9 @@ const (
 	// FlagPoll: the subdevice implements [Poller]; a rank that waits may
 	// drive its progress on the waiting goroutine.
 	FlagPoll
+	// FlagJobCards: the subdevice implements [JobCards] and wants every
+	// rank's business card before it connects to any.
+	FlagJobCards
 )
 
 // Has reports whether all bits of g are set in f.
@@ -218,6 +221,19 @@ type Poller interface {
 	// follow the usual rules: they do not block and do not call back into
 	// the SubDevice.
 	Poll() int
+}
+
+// JobCards is implemented by subdevices that set [FlagJobCards]: they decide
+// how to reach a peer from what the whole job published, not from the peer's
+// card alone (a private IPv4 range that two sites both use is only found by
+// comparing the cards of all hosts).
+type JobCards interface {
+	// SetJobCards hands over the card every rank published for this
+	// subdevice, indexed by rank, nil where a rank did not open it. The
+	// multidevice calls it once, after the exchange and before the first
+	// Connect; the caller's own card is at its own rank. The subdevice
+	// must not modify the slices.
+	SetJobCards(ctx context.Context, cards [][]byte) error
 }
 
 // Factory makes an unopened subdevice.
