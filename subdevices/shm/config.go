@@ -74,6 +74,6 @@ func (c config) caps() sdi.Caps {
 		Latency:     500 * time.Nanosecond, // nominal, for routing
 		Bandwidth:   5 << 30,
 		Reach:       sdi.ReachHost,
-		Flags:       sdi.FlagReliable | sdi.FlagOrdered,
+		Flags:       sdi.FlagReliable | sdi.FlagOrdered | sdi.FlagPoll,
 	}
 }
