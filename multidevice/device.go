@@ -29,6 +29,12 @@ type Options struct {
 	Factories map[string]sdi.Factory
 	// Logger; nil means hclog's null logger.
 	Logger hclog.Logger
+	// Forward tunes routes through gateways: block size and the credit
+	// window that bounds gateway memory (forward.go).
+	Forward ForwardOptions
+	// Relay makes this rank a dedicated relay: it takes no application
+	// rank and only forwards for others (relay.go).
+	Relay bool
 }
 
 // subdev is one loaded subdevice. idx is its position in Device.subs.
@@ -49,7 +55,10 @@ type Device struct {
 	log  hclog.Logger
 	boot bootstrap.Bootstrap
 	rank int32
-	size int
+	size int // ranks in the job, relays included
+	// appSize is the world applications see: the ranks before the relays.
+	appSize int
+	isRelay bool
 
 	subs     []*subdev // subs[0] is the built-in self path
 	table    *conntable.Resolved
@@ -71,7 +80,7 @@ type Device struct {
 	mu         sync.Mutex
 	posted     []*Request
 	unexpected []*inMsg
-	freeMsgs   []*inMsg // recycled unexpected messages: match.go
+	freeMsgs   []*inMsg            // recycled unexpected messages: match.go
 	recvSeq    []uint64            // [source] next expected sequence number
 	ooo        []map[uint64]*inMsg // [source] arrived early
 	rndvSend   map[uint64]*Request // sends waiting for clear-to-send, by request id
@@ -83,6 +92,7 @@ type Device struct {
 	armed atomic.Bool   // someone holds gen from Changed; notifyAll must close it
 
 	prog progressState // waiting goroutines drive progress: progress.go
+	fwd  forwarder     // indirect communication: forward.go, credit.go, trunk.go
 
 	out    outbox
 	closed atomic.Bool
@@ -125,6 +135,8 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		boot:     b,
 		rank:     int32(b.Rank()),
 		size:     b.Size(),
+		appSize:  b.Size(),
+		isRelay:  o.Relay,
 		tokens:   make(map[uint64]*outFrame),
 		early:    make(map[uint64]error),
 		rndvSend: make(map[uint64]*Request),
@@ -136,6 +148,10 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	d.down = make([]atomic.Pointer[error], d.size)
 	d.recvSeq = make([]uint64, d.size)
 	d.ooo = make([]map[uint64]*inMsg, d.size)
+	d.fwd.opts = o.Forward.withDefaults()
+	if err := d.fwd.opts.validate(); err != nil {
+		return nil, err
+	}
 	d.out.init(d)
 	d.wg.Add(1)
 	go d.out.run(&d.wg)
@@ -202,8 +218,14 @@ func (d *Device) open(ctx context.Context, o Options) error {
 	if err := d.boot.Put("host", []byte(d.boot.Host())); err != nil {
 		return fmt.Errorf("multidevice: publish host: %w", err)
 	}
+	if err := d.publishRole(); err != nil {
+		return err
+	}
 	if err := d.boot.Fence(ctx); err != nil {
 		return fmt.Errorf("multidevice: exchange business cards: %w", err)
+	}
+	if err := d.learnRoles(ctx); err != nil {
+		return err
 	}
 	hosts := make([]string, d.size)
 	for r := range hosts {
@@ -296,16 +318,28 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 	nclass := len(res.Classes())
 	d.routes = make([][]int, d.size)
 	d.matchSub = make([]int, d.size)
+	d.fwd.init(d.size, nclass)
+	lk := newLinker(d, hosts)
+	// needVia[peer][class]: every direct attempt found the peer unreachable.
+	needVia := make([][]bool, d.size)
 	for peer := range d.size {
 		d.matchSub[peer] = -1
 		d.routes[peer] = make([]int, nclass)
 		if peer == int(d.rank) {
 			continue // routes[self] are all 0: the self path
 		}
-		connected := map[int]bool{}
 		for ci, hops := range res.ByClass(peer) {
 			if len(hops) == 0 {
 				return fmt.Errorf("multidevice: %w: rank %d, class %q", ErrNoRoute, peer, res.Classes()[ci].Name)
+			}
+			if hops[0].Via >= 0 {
+				trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops)
+				if err != nil {
+					return err
+				}
+				d.fwd.setPath(peer, ci, trunks)
+				d.routes[peer][ci] = trunks[0].sub.idx
+				continue
 			}
 			hop := hops[0]
 			s, ok := byName[hop.SubDevice]
@@ -313,22 +347,23 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 				return fmt.Errorf("multidevice: %w: the table routes rank %d (host %q) over subdevice %q, which is not loaded (loaded: %s)",
 					ErrNoRoute, peer, hosts[peer], hop.SubDevice, d.subNames())
 			}
-			if hop.Via >= 0 {
-				return fmt.Errorf("multidevice: %w: the table routes rank %d via rank %d; forwarding through gateways is not in this build", ErrNoRoute, peer, hop.Via)
-			}
 			if s.caps.Reach == sdi.ReachHost && hosts[peer] != hosts[d.rank] {
 				return fmt.Errorf("multidevice: %w: the table routes rank %d on host %q over %q, which only reaches host %q",
 					ErrNoRoute, peer, hosts[peer], s.name, hosts[d.rank])
 			}
 			d.routes[peer][ci] = s.idx
-			if s.matcher != nil {
-				d.matchSub[peer] = s.idx
-			}
-			if !connected[s.idx] {
-				connected[s.idx] = true
-				if err := d.connect(ctx, s, peer, hosts[peer]); err != nil {
+			if err := lk.connect(ctx, s, peer); err != nil {
+				if !errors.Is(err, sdi.ErrPeerUnreachable) {
 					return err
 				}
+				if needVia[peer] == nil {
+					needVia[peer] = make([]bool, nclass)
+				}
+				needVia[peer][ci] = true
+				continue
+			}
+			if s.matcher != nil {
+				d.matchSub[peer] = s.idx
 			}
 		}
 		if m := d.matchSub[peer]; m >= 0 {
@@ -340,7 +375,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			}
 		}
 	}
-	return nil
+	return d.autoRoute(ctx, lk, needVia, hosts)
 }
 
 // shareCards gives subdevices that asked for it (sdi.FlagJobCards) the cards
@@ -397,8 +432,9 @@ func (d *Device) subNames() string {
 // Rank is this rank's world rank.
 func (d *Device) Rank() int { return int(d.rank) }
 
-// Size is the number of ranks in the world.
-func (d *Device) Size() int { return d.size }
+// Size is the number of ranks in the world applications see; dedicated
+// relays (relay.go) are not counted.
+func (d *Device) Size() int { return d.appSize }
 
 // Route names the subdevice that carries a message of n bytes to peer.
 func (d *Device) Route(peer, n int) (string, error) {
@@ -467,6 +503,11 @@ func (d *Device) Close(ctx context.Context) error {
 	}
 	var errs []error
 	if err := d.out.drain(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	if err := d.fwdDrain(ctx); err != nil {
+		errs = append(errs, err)
+	} else if err := d.out.drain(ctx); err != nil {
 		errs = append(errs, err)
 	}
 	for peer := range d.size {

@@ -24,30 +24,40 @@ func (h handler) Deliver(from sdi.Rank, hb, payload []byte) {
 		d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
 		return
 	}
+	if hdr.kind == kindSys && (hdr.tag == sysFwd || hdr.tag == sysCredit) {
+		d.onIndirect(int32(from), &hdr, payload) // forward.go: may be for another rank
+		return
+	}
 	if hdr.dst != d.rank || hdr.src != int32(from) {
 		d.log.Warn("dropping frame not addressed to this rank", "subdevice", d.subs[h.sub].name,
 			"from", from, "source", hdr.src, "destination", hdr.dst)
 		return
 	}
+	d.dispatch(&hdr, payload)
+}
+
+// dispatch handles a frame addressed to this rank, arrived directly or
+// unwrapped from a forwarded block.
+func (d *Device) dispatch(hdr *header, payload []byte) {
 	if hdr.kind == kindEager && uint64(len(payload)) != hdr.length {
-		d.log.Warn("dropping eager frame whose payload disagrees with its header", "from", from, "payload", len(payload), "length", hdr.length)
+		d.log.Warn("dropping eager frame whose payload disagrees with its header", "from", hdr.src, "payload", len(payload), "length", hdr.length)
 		return
 	}
 	switch hdr.kind {
 	case kindEager, kindRTS:
-		d.arrive(&hdr, payload)
+		d.arrive(hdr, payload)
 	case kindSys:
 		// A switch, not a table of funcs: a call through a func value would
 		// make hdr escape to the heap on every frame.
 		switch hdr.tag {
 		case sysCTS:
-			d.onCTS(hdr.src, &hdr, payload)
+			d.onCTS(hdr.src, hdr, payload)
 		case sysData:
-			d.onData(hdr.src, &hdr, payload)
+			d.onData(hdr.src, hdr, payload)
 		case sysAck:
-			d.onAck(hdr.src, &hdr, payload)
+			d.onAck(hdr.src, hdr, payload)
 		default:
-			d.log.Warn("dropping system message of unknown kind", "from", from, "tag", hdr.tag)
+			d.log.Warn("dropping system message of unknown kind", "from", hdr.src, "tag", hdr.tag)
 		}
 	}
 }
@@ -66,6 +76,8 @@ func (h handler) PeerDown(peer sdi.Rank, err error) {
 		d.log.Debug("peer closed its links after finalize", "peer", peer, "subdevice", d.subs[h.sub].name)
 		return
 	}
+	// A gateway lost: its blocks go through the other trunks (trunk.go).
+	d.gatewayDown(int32(peer), err)
 	name := d.subs[h.sub].name
 	// A subdevice that carries none of this peer's routes losing it is no loss.
 	uses := false
@@ -77,8 +89,13 @@ func (h handler) PeerDown(peer sdi.Rank, err error) {
 		return
 	}
 	d.log.Warn("peer down", "peer", peer, "subdevice", name, "error", err)
-	cause := fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err)
-	d.down[peer].Store(&err)
+	d.failPeer(int(peer), err, fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err))
+}
+
+// failPeer records that peer is lost (why, for later sends) and fails every
+// request that depends on it with cause.
+func (d *Device) failPeer(peer int, why, cause error) {
+	d.down[peer].Store(&why)
 	d.mu.Lock()
 	var failed []*Request
 	for _, m := range []map[uint64]*Request{d.rndvSend, d.syncSend} {
@@ -90,7 +107,7 @@ func (h handler) PeerDown(peer sdi.Rank, err error) {
 		}
 	}
 	for id, r := range d.rndvRecv {
-		if r.status.Source == int(peer) {
+		if r.status.Source == peer {
 			failed = append(failed, r)
 			delete(d.rndvRecv, id)
 		}

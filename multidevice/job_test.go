@@ -27,6 +27,8 @@ type jobSpec struct {
 	tableOf   func(rank int) *conntable.Table // per-rank tables; overrides table
 	hostOf    func(int) string
 	logger    hclog.Logger
+	relays    int            // the last relays ranks open as dedicated relays
+	forward   ForwardOptions // for every rank
 }
 
 // openJob opens n devices concurrently (Open fences) and closes them at the
@@ -56,7 +58,8 @@ func openJob(t testing.TB, js jobSpec) []*Device {
 			if js.tableOf != nil {
 				table = js.tableOf(r)
 			}
-			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Table: table, Factories: js.factories, Logger: log.Named(fmt.Sprint(r))})
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Table: table, Factories: js.factories, Logger: log.Named(fmt.Sprint(r)),
+				Relay: r >= js.n-js.relays, Forward: js.forward})
 		})
 	}
 	wg.Wait()

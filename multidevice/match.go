@@ -37,8 +37,8 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
-	if src != AnySource && (src < 0 || src >= d.size) {
-		return nil, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.size)
+	if src != AnySource && (src < 0 || src >= d.appSize) {
+		return nil, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.appSize)
 	}
 	if tag != AnyTag && (tag < 0 || tag > maxTag) {
 		return nil, fmt.Errorf("%w: %d (tags are 0..%d or AnyTag)", ErrTag, tag, maxTag)
@@ -311,8 +311,8 @@ func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
 	if d.closed.Load() {
 		return Status{}, false, ErrClosed
 	}
-	if src != AnySource && (src < 0 || src >= d.size) {
-		return Status{}, false, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.size)
+	if src != AnySource && (src < 0 || src >= d.appSize) {
+		return Status{}, false, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.appSize)
 	}
 	if tag != AnyTag && (tag < 0 || tag > maxTag) {
 		return Status{}, false, fmt.Errorf("%w: %d", ErrTag, tag)

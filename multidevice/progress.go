@@ -52,7 +52,13 @@ func (d *Device) initPolling() error {
 	d.prog.peerPollers = make([][]sdi.Poller, d.size)
 	for peer, classes := range d.routes {
 		seen := map[int]bool{}
-		for _, idx := range classes {
+		idxs := append([]int(nil), classes...)
+		for _, trunks := range d.fwd.paths[peer] { // the first hops of indirect routes
+			for _, t := range trunks {
+				idxs = append(idxs, t.sub.idx)
+			}
+		}
+		for _, idx := range idxs {
 			if p, ok := bySub[idx]; ok && !seen[idx] {
 				seen[idx] = true
 				d.prog.peerPollers[peer] = append(d.prog.peerPollers[peer], p)

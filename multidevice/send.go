@@ -27,8 +27,8 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
-	if dst < 0 || dst >= d.size {
-		return nil, fmt.Errorf("%w: destination %d not in [0,%d)", ErrRank, dst, d.size)
+	if dst < 0 || dst >= d.appSize {
+		return nil, fmt.Errorf("%w: destination %d not in [0,%d)", ErrRank, dst, d.appSize)
 	}
 	if tag < 0 || tag > maxTag {
 		return nil, fmt.Errorf("%w: %d (tags are 0..%d)", ErrTag, tag, maxTag)
@@ -39,12 +39,13 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	if m := d.matchSub[dst]; m >= 0 {
 		return r, d.sendTagged(r, d.subs[m], buf, tag, context, sync)
 	}
-	s := d.subs[d.routes[dst][d.table.Class(len(buf))]]
+	class := d.table.Class(len(buf))
+	s := d.subs[d.routes[dst][class]]
 	h := header{
 		tag: int32(tag), src: d.rank, dst: int32(dst), context: context,
 		seq: d.sendSeq[dst].Add(1) - 1, length: uint64(len(buf)), sreq: r.id,
 	}
-	if len(buf) <= s.caps.MaxEager {
+	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
 		r.pending.Store(1)
 		if sync {
@@ -56,7 +57,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 		}
 		of := d.frame(int32(dst), &h, buf)
 		of.req = r
-		d.trySend(s, of, true)
+		d.post(int32(dst), class, len(buf), of, true)
 		return r, nil
 	}
 	// Rendezvous: announce, send data on clear-to-send. A rendezvous send is
@@ -80,7 +81,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 			r.complete(Status{}, err)
 		}
 	}
-	d.trySend(s, of, true)
+	d.post(int32(dst), class, len(buf), of, true)
 	return r, nil
 }
 
@@ -198,10 +199,9 @@ func (d *Device) finishToken(token uint64, err error) {
 func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error)) {
 	h.kind = kindSys
 	h.src, h.dst = d.rank, peer
-	s := d.subs[d.routes[peer][d.table.Class(len(payload))]]
 	of := d.frame(peer, &h, payload)
 	of.done = done
-	d.out.push(outItem{sub: s, frame: of})
+	d.post(peer, d.table.Class(len(payload)), len(payload), of, false)
 }
 
 // sendTagged sends through a subdevice that matches on its own.
@@ -239,8 +239,8 @@ func (d *Device) onCTS(from int32, h *header, _ []byte) {
 	if h.offset < n {
 		n = h.offset // the receiver's buffer is shorter: it reports truncation
 	}
-	s := d.subs[d.routes[from][d.table.Class(len(r.buf))]]
-	chunk := uint64(s.caps.MaxFrame)
+	class := d.table.Class(len(r.buf))
+	chunk := uint64(d.chunk(from, class, d.subs[d.routes[from][class]]))
 	blocks := int32((n + chunk - 1) / chunk)
 	if blocks == 0 {
 		r.complete(Status{}, nil)
@@ -252,7 +252,7 @@ func (d *Device) onCTS(from int32, h *header, _ []byte) {
 		dh := header{kind: kindSys, tag: sysData, src: d.rank, dst: from, context: h.context, length: uint64(len(r.buf)), sreq: r.id, rreq: h.rreq, offset: off}
 		of := d.frame(from, &dh, r.buf[off:end])
 		of.req = r
-		d.out.push(outItem{sub: s, frame: of})
+		d.post(from, class, len(r.buf), of, false)
 	}
 }
 

@@ -1,0 +1,325 @@
+package multidevice
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Flow control over virtual lines (Madeleine III's answer to a gateway
+// whose destination never drains). The source end of a line admits a
+// frame only while the line's unacknowledged bytes stay within
+// ForwardOptions.Window; admitting copies the frame into a block, which the
+// source keeps until the destination's cumulative credit covers it, so
+// that a block lost with a dead gateway can be sent again. A block is
+// acknowledged only after the destination handled it, so at any moment
+// the gateways of a line together hold at most Window bytes of it.
+//
+// Credits are coalesced: the destination queues at most one credit message
+// per line in the outbox, and that message carries the newest cumulative
+// block number when it leaves.
+
+// txLine is the source end of a virtual line to one indirect peer.
+type txLine struct {
+	mu       sync.Mutex
+	next     uint64         // block number of the next block
+	inflight int            // bytes of retained blocks
+	retained []*block       // unacknowledged blocks, ascending block numbers
+	waiting  []pendingFrame // frames not admitted yet, in send order
+	load     map[int32]int  // unacknowledged bytes per gateway
+	failed   error          // every trunk died; the line takes nothing more
+}
+
+// pendingFrame is a protocol frame waiting for credit. Its payload still
+// belongs to the application: the request completes only once admitted.
+type pendingFrame struct {
+	of     *outFrame
+	class  int
+	msgLen int
+}
+
+// block is an admitted frame: its inner header and data, kept until the
+// destination acknowledges it.
+type block struct {
+	seq    uint64
+	class  int
+	msgLen int
+	via    int32  // the gateway it was last sent through; guarded by txLine.mu
+	buf    []byte // inner header + data
+	// refs counts the owners of buf: one while retained, one per outer
+	// frame a subdevice has not completed.
+	refs atomic.Int32
+}
+
+func (b *block) release() {
+	if b.refs.Add(-1) == 0 {
+		putBlock(b.buf)
+	}
+}
+
+// rxLine is the destination end of a virtual line.
+type rxLine struct {
+	cum    uint64              // every block below it arrived
+	above  map[uint64]struct{} // blocks beyond cum that arrived (trunks reorder)
+	queued bool                // a credit for this line waits in the outbox
+}
+
+type sendItem struct {
+	sub *subdev
+	of  *outFrame
+}
+
+// fwdBatch is what a line operation does once the line's lock is released.
+type fwdBatch struct {
+	sends  []sendItem
+	done   []*outFrame // frames copied into blocks: locally complete
+	failed []*outFrame
+	err    error // for failed
+	lost   int32 // a peer whose last gateway died, or -1
+}
+
+// fwdSend sends a protocol frame to an indirect peer, now or once credit
+// allows.
+func (d *Device) fwdSend(peer int32, class, msgLen int, of *outFrame, direct bool) {
+	l := d.fwd.tx[peer]
+	bt := fwdBatch{lost: -1}
+	pf := pendingFrame{of: of, class: class, msgLen: msgLen}
+	l.mu.Lock()
+	if len(l.waiting) > 0 || !d.admitLocked(l, peer, pf, &bt) {
+		l.waiting = append(l.waiting, pf)
+	}
+	l.mu.Unlock()
+	d.finishBatch(&bt, direct)
+}
+
+// admitLocked copies pf into a block and sends it through the least loaded
+// live trunk, unless the window is full (false: pf must wait).
+func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatch) bool {
+	if l.failed != nil {
+		bt.failed, bt.err = append(bt.failed, pf.of), l.failed
+		return true
+	}
+	n := headerSize + len(pf.of.f.Payload)
+	if l.inflight > 0 && l.inflight+n > d.fwd.opts.Window {
+		return false
+	}
+	t, ok := d.pickTrunkLocked(l, peer, pf.class)
+	if !ok {
+		d.failLineLocked(l, peer, bt)
+		bt.failed = append(bt.failed, pf.of)
+		return true
+	}
+	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, via: t.via, buf: getBlock(n)}
+	copy(b.buf, pf.of.f.Header)
+	copy(b.buf[headerSize:], pf.of.f.Payload)
+	b.refs.Store(1)
+	l.next++
+	l.inflight += n
+	l.load[t.via] += n
+	l.retained = append(l.retained, b)
+	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t.via)})
+	bt.done = append(bt.done, pf.of)
+	return true
+}
+
+// blockFrame wraps a retained block for one trip to gateway via.
+func (d *Device) blockFrame(peer int32, b *block, via int32) *outFrame {
+	h := header{kind: kindSys, tag: sysFwd, src: d.rank, dst: peer, seq: b.seq, length: uint64(len(b.buf)), offset: uint64(b.msgLen)}
+	of := d.frame(via, &h, b.buf)
+	b.refs.Add(1)
+	of.done = func(err error) {
+		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
+			d.gatewayDown(via, err)
+		}
+		b.release()
+	}
+	return of
+}
+
+// finishBatch sends and completes what a line operation decided.
+func (d *Device) finishBatch(bt *fwdBatch, direct bool) {
+	for _, s := range bt.sends {
+		if direct {
+			d.trySend(s.sub, s.of, true)
+		} else {
+			d.out.push(outItem{sub: s.sub, frame: s.of})
+		}
+	}
+	for _, of := range bt.done {
+		d.finishFrame(of, nil)
+	}
+	for _, of := range bt.failed {
+		d.finishFrame(of, bt.err)
+	}
+	if bt.lost >= 0 {
+		d.failPeer(int(bt.lost), bt.err, bt.err)
+	}
+}
+
+// onCredit runs at the source of a line when its destination peer
+// acknowledges every block below cum: they are released and waiting
+// frames admitted.
+func (d *Device) onCredit(peer int32, cum uint64) {
+	l := d.fwd.tx[peer]
+	if l == nil {
+		d.log.Warn("dropping credit from a rank this one does not reach through gateways", "from", peer)
+		return
+	}
+	bt := fwdBatch{lost: -1}
+	l.mu.Lock()
+	if cum > l.next {
+		l.mu.Unlock()
+		d.log.Warn("dropping credit for blocks never sent", "from", peer, "credit", cum)
+		return
+	}
+	i := 0
+	for ; i < len(l.retained) && l.retained[i].seq < cum; i++ {
+		b := l.retained[i]
+		n := len(b.buf)
+		l.inflight -= n
+		l.load[b.via] -= n
+		b.release()
+	}
+	if i > 0 {
+		rest := copy(l.retained, l.retained[i:])
+		clear(l.retained[rest:])
+		l.retained = l.retained[:rest]
+	}
+	j := 0
+	for j < len(l.waiting) && d.admitLocked(l, peer, l.waiting[j], &bt) {
+		j++
+	}
+	if j > 0 {
+		rest := copy(l.waiting, l.waiting[j:])
+		clear(l.waiting[rest:])
+		l.waiting = l.waiting[:rest]
+	}
+	l.mu.Unlock()
+	d.finishBatch(&bt, false)
+}
+
+// onForward runs at the destination of a line: a new block is unwrapped
+// and handled as a direct frame, a duplicate (sent again after a gateway
+// died) is dropped; either way a credit is queued.
+func (d *Device) onForward(from int32, h *header, payload []byte) {
+	f := &d.fwd
+	f.rxMu.Lock()
+	l := &f.rx[h.src]
+	dup := true
+	switch {
+	case h.seq >= l.cum+maxAhead:
+		f.rxMu.Unlock()
+		d.log.Warn("dropping forwarded block far beyond its line's window", "from", from, "source", h.src, "block", h.seq, "expected", l.cum)
+		return
+	case h.seq == l.cum:
+		dup = false
+		l.cum++
+		for {
+			if _, ok := l.above[l.cum]; !ok {
+				break
+			}
+			delete(l.above, l.cum)
+			l.cum++
+		}
+	case h.seq > l.cum:
+		if _, dup = l.above[h.seq]; !dup {
+			if l.above == nil {
+				l.above = make(map[uint64]struct{})
+			}
+			l.above[h.seq] = struct{}{}
+		}
+	}
+	f.rxMu.Unlock()
+	if dup {
+		f.dups.Add(1)
+	} else {
+		inner, data, err := unwrap(h, payload, d.size)
+		if err != nil {
+			d.log.Warn("dropping forwarded block", "from", from, "source", h.src, "error", err)
+		} else {
+			d.dispatch(&inner, data)
+		}
+	}
+	d.queueCredit(h.src)
+}
+
+// queueCredit makes sure a credit for the line from src leaves soon.
+func (d *Device) queueCredit(src int32) {
+	f := &d.fwd
+	f.rxMu.Lock()
+	l := &f.rx[src]
+	queued := l.queued
+	l.queued = true
+	f.rxMu.Unlock()
+	if !queued {
+		d.out.push(outItem{fn: func() { d.sendCredit(src) }})
+	}
+}
+
+// sendCredit runs in the outbox: it sends the line's newest credit.
+func (d *Device) sendCredit(src int32) {
+	f := &d.fwd
+	f.rxMu.Lock()
+	l := &f.rx[src]
+	cum := l.cum
+	l.queued = false
+	f.rxMu.Unlock()
+	if d.closed.Load() {
+		return
+	}
+	t, ok := d.nextHop(src, 0, cum)
+	if !ok {
+		d.log.Warn("cannot return credit: no live route", "to", src)
+		return
+	}
+	h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: src, seq: cum}
+	of := d.frame(t.via, &h, nil)
+	if !d.trySend(t.sub, of, false) {
+		d.out.push(outItem{sub: t.sub, frame: of})
+	}
+}
+
+// recredit queues a credit on every line that has seen a block, in case a
+// dead gateway swallowed the last one.
+func (d *Device) recredit() {
+	f := &d.fwd
+	var srcs []int32
+	f.rxMu.Lock()
+	for src := range f.rx {
+		if f.rx[src].cum > 0 || len(f.rx[src].above) > 0 {
+			srcs = append(srcs, int32(src))
+		}
+	}
+	f.rxMu.Unlock()
+	for _, src := range srcs {
+		d.queueCredit(src)
+	}
+}
+
+// fwdDrain waits until every block this rank sent through gateways is
+// acknowledged, so that Close does not tear down before the destinations
+// have everything.
+func (d *Device) fwdDrain(ctx context.Context) error {
+	for peer, l := range d.fwd.tx {
+		if l == nil {
+			continue
+		}
+		for {
+			l.mu.Lock()
+			n, failed := len(l.retained)+len(l.waiting), l.failed
+			l.mu.Unlock()
+			if n == 0 || failed != nil {
+				break
+			}
+			d.out.help()
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("multidevice: %d blocks to rank %d still unacknowledged: %w", n, peer, ctx.Err())
+			case <-time.After(200 * time.Microsecond):
+			}
+		}
+	}
+	return nil
+}

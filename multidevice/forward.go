@@ -1,0 +1,339 @@
+package multidevice
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+)
+
+// Indirect communication. A peer the connection table (or the automatic
+// routing in reach.go) reaches "via rank G" gets every frame of the
+// multidevice protocol — eager, ready-to-send, clear-to-send, rendezvous
+// data, acknowledgements — wrapped as a system message of kind sysFwd:
+//
+//	outer header (64 bytes)                     payload
+//	+--------------------------------------+    +----------------+-----------+
+//	| kind sys, tag sysFwd                 |    | inner header   | data of   |
+//	| source, final destination            |    | (the frame as  | at most   |
+//	| sequence: block number on the line   |    | sent directly) | one block |
+//	| length: payload bytes                |    +----------------+-----------+
+//	| offset: message length (size class) |
+//	| context: hops travelled so far       |
+//	+--------------------------------------+
+//
+// Rendezvous data is cut into blocks of ForwardOptions.BlockSize, so a
+// gateway sends block k on while block k+1 is still arriving and no link
+// is held for a whole message. A gateway (any rank the frame reaches with a
+// destination other than itself) copies the frame and sends it on its own
+// route to the destination: the next gateway or the destination itself.
+// The destination unwraps the inner frame and handles it exactly as if it
+// had come directly: the inner header carries the end-to-end sequence
+// number, so MPI order holds however the blocks travelled, and rendezvous
+// blocks land at their offset.
+//
+// Each (source, destination) pair through gateways is a virtual line with
+// its own block numbers. The source keeps every block until the
+// destination acknowledges it with a credit message (sysCredit, a
+// cumulative block number, not wrapped, forwarded like sysFwd along the
+// reverse route) and stops admitting blocks while ForwardOptions.Window
+// bytes are unacknowledged: that bounds what all gateways of the line hold
+// together (credit.go). Several gateways to one destination are trunks;
+// blocks go to the least loaded one, and the blocks a dead gateway held are
+// sent again through the others (trunk.go); the destination drops the
+// duplicates by block number.
+
+// System message tags for indirect communication (see send.go for the
+// others).
+const (
+	sysFwd    int32 = -4 // a forwarded block: inner header + data
+	sysCredit int32 = -5 // the destination acknowledges blocks: seq = every block below is received
+)
+
+// ForwardOptions tune indirect routes. The zero value takes the defaults.
+// Only the source of a virtual line uses them, so ranks need not agree.
+type ForwardOptions struct {
+	// BlockSize is the most data bytes one forwarded block carries; 0 means
+	// 64 KiB. It is further capped so a block with its inner header fits
+	// the MaxFrame of the first hop's subdevice; every later hop must carry
+	// frames that large too.
+	BlockSize int
+	// Window is the credit of one virtual line: the most bytes (blocks
+	// with their inner header) a source keeps sent but unacknowledged
+	// towards one destination through gateways. It bounds what gateways
+	// hold for the line: a gateway never buffers more than Window bytes
+	// per virtual line passing through it, however slowly the destination
+	// drains. 0 means 4 MiB; it must hold at least one block.
+	Window int
+}
+
+const (
+	defaultBlockSize = 64 << 10
+	defaultWindow    = 4 << 20
+	// maxHops drops a frame that has passed this many gateways: a routing
+	// loop from inconsistent tables must not circle forever.
+	maxHops = 16
+	// maxAhead bounds how far beyond the next expected block a destination
+	// remembers arrivals; a source never runs that far ahead.
+	maxAhead = 1 << 20
+	// maxPooledBlock is the largest block buffer kept for reuse.
+	maxPooledBlock = 1<<20 + 2*headerSize
+)
+
+func (o ForwardOptions) withDefaults() ForwardOptions {
+	if o.BlockSize == 0 {
+		o.BlockSize = defaultBlockSize
+	}
+	if o.Window == 0 {
+		o.Window = defaultWindow
+	}
+	return o
+}
+
+func (o ForwardOptions) validate() error {
+	switch {
+	case o.BlockSize < 1:
+		return fmt.Errorf("multidevice: forward block size %d must be positive", o.BlockSize)
+	case o.Window < o.BlockSize+headerSize:
+		return fmt.Errorf("multidevice: forward window %d must hold one block (block size %d + %d header bytes)", o.Window, o.BlockSize, headerSize)
+	}
+	return nil
+}
+
+// trunk is one way towards an indirect peer: the subdevice to hand the
+// frame to and the gateway rank it goes to.
+type trunk struct {
+	sub *subdev
+	via int32
+}
+
+// forwarder is the Device's state for indirect communication.
+type forwarder struct {
+	opts ForwardOptions
+	// Written by route during Open, read-only afterwards.
+	indirect []bool      // [peer] some size class reaches it through gateways
+	paths    [][][]trunk // [peer][class] trunks; nil for a direct route
+	chunk    [][]int     // [peer][class] data bytes per block, for indirect routes
+	tx       []*txLine   // [peer] non-nil for indirect peers: credit.go
+	rx       []rxLine    // [source] lines ending here, guarded by rxMu
+	rxMu     sync.Mutex
+	dead     []atomic.Bool // [rank] gateways found dead: trunk.go
+
+	held      atomic.Int64 // bytes this rank holds as a gateway
+	heldMax   atomic.Int64
+	forwarded atomic.Uint64 // frames this rank passed on as a gateway
+	fwdBytes  atomic.Uint64
+	resent    atomic.Uint64 // blocks sent again after a gateway died
+	dups      atomic.Uint64 // blocks that arrived here twice and were dropped
+}
+
+func (f *forwarder) init(size, nclass int) {
+	f.indirect = make([]bool, size)
+	f.paths = make([][][]trunk, size)
+	f.chunk = make([][]int, size)
+	f.tx = make([]*txLine, size)
+	f.rx = make([]rxLine, size)
+	f.dead = make([]atomic.Bool, size)
+	for p := range size {
+		f.paths[p] = make([][]trunk, nclass)
+		f.chunk[p] = make([]int, nclass)
+	}
+}
+
+// setPath makes class ci of peer go through trunks.
+func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
+	f.indirect[peer] = true
+	f.paths[peer][ci] = trunks
+	chunk := f.opts.BlockSize
+	for _, t := range trunks {
+		chunk = min(chunk, t.sub.caps.MaxFrame-headerSize)
+	}
+	f.chunk[peer][ci] = chunk
+	if f.tx[peer] == nil {
+		f.tx[peer] = &txLine{load: make(map[int32]int)}
+	}
+}
+
+// ForwardStats describe this rank's part in indirect communication.
+type ForwardStats struct {
+	Held      int64  // bytes held now as a gateway (copied, not yet handed on)
+	MaxHeld   int64  // the most bytes ever held at once as a gateway
+	Forwarded uint64 // frames passed on as a gateway
+	Bytes     uint64 // payload bytes passed on as a gateway
+	Resent    uint64 // blocks this rank sent again after a gateway died
+	Dropped   uint64 // blocks that reached this rank twice (sent again) and were dropped
+}
+
+// ForwardStats reports what this rank forwarded and holds.
+func (d *Device) ForwardStats() ForwardStats {
+	f := &d.fwd
+	return ForwardStats{Held: f.held.Load(), MaxHeld: f.heldMax.Load(), Forwarded: f.forwarded.Load(), Bytes: f.fwdBytes.Load(), Resent: f.resent.Load(), Dropped: f.dups.Load()}
+}
+
+// Path describes how a message of n bytes travels to peer: the subdevice of
+// the first hop and the gateways it may go through (empty for a direct
+// link). A dead gateway is left out.
+func (d *Device) Path(peer, n int) (subdevice string, gateways []int, err error) {
+	if peer < 0 || peer >= d.size {
+		return "", nil, fmt.Errorf("%w: %d not in [0,%d)", ErrRank, peer, d.size)
+	}
+	ci := d.table.Class(n)
+	for _, t := range d.fwd.paths[peer][ci] {
+		if !d.fwd.dead[t.via].Load() {
+			gateways = append(gateways, int(t.via))
+		}
+	}
+	return d.subs[d.routes[peer][ci]].name, gateways, nil
+}
+
+// post sends a protocol frame to peer, directly or through gateways. With
+// direct set the caller may call into subdevices (an application
+// goroutine); otherwise everything goes through the outbox.
+func (d *Device) post(peer int32, class, msgLen int, of *outFrame, direct bool) {
+	if d.fwd.indirect[peer] && d.fwd.paths[peer][class] != nil {
+		d.fwdSend(peer, class, msgLen, of, direct)
+		return
+	}
+	s := d.subs[d.routes[peer][class]]
+	if direct {
+		d.trySend(s, of, true)
+	} else {
+		d.out.push(outItem{sub: s, frame: of})
+	}
+}
+
+// eagerMax is the largest message sent eagerly to peer in class; chunk the
+// data bytes per frame of a rendezvous.
+func (d *Device) eagerMax(peer int32, class int, s *subdev) int {
+	if d.fwd.indirect[peer] && d.fwd.paths[peer][class] != nil {
+		return min(s.caps.MaxEager, d.fwd.chunk[peer][class])
+	}
+	return s.caps.MaxEager
+}
+
+func (d *Device) chunk(peer int32, class int, s *subdev) int {
+	if d.fwd.indirect[peer] && d.fwd.paths[peer][class] != nil {
+		return d.fwd.chunk[peer][class]
+	}
+	return s.caps.MaxFrame
+}
+
+// onIndirect handles a sysFwd or sysCredit frame: for this rank it is
+// unwrapped or credited, for another it is passed on.
+func (d *Device) onIndirect(from int32, h *header, payload []byte) {
+	if h.tag == sysFwd && uint64(len(payload)) != h.length {
+		d.log.Warn("dropping forwarded block whose payload disagrees with its header", "from", from, "payload", len(payload), "length", h.length)
+		return
+	}
+	switch {
+	case h.dst != d.rank:
+		d.passOn(from, h, payload)
+	case h.tag == sysFwd:
+		d.onForward(from, h, payload)
+	default:
+		d.onCredit(h.src, h.seq)
+	}
+}
+
+// passOn passes a frame for another rank on along this rank's own route to
+// it. The payload is copied (it is valid only during Deliver) and counted
+// as held until the next subdevice has it.
+func (d *Device) passOn(from int32, h *header, payload []byte) {
+	if h.context >= maxHops {
+		d.log.Warn("dropping forwarded frame that passed too many gateways (routing loop?)", "from", from, "source", h.src, "destination", h.dst, "hops", h.context)
+		return
+	}
+	class := d.table.Class(int(min(h.offset, maxMessage)))
+	t, ok := d.nextHop(h.dst, class, h.seq)
+	if !ok {
+		d.log.Warn("dropping forwarded frame: no live route from this gateway", "from", from, "source", h.src, "destination", h.dst)
+		return
+	}
+	n := len(payload)
+	var buf []byte
+	if n > 0 {
+		buf = getBlock(n)
+		copy(buf, payload)
+	}
+	fh := *h
+	fh.context++
+	of := d.frame(t.via, &fh, buf)
+	f := &d.fwd
+	held := f.held.Add(int64(n))
+	for {
+		m := f.heldMax.Load()
+		if held <= m || f.heldMax.CompareAndSwap(m, held) {
+			break
+		}
+	}
+	f.forwarded.Add(1)
+	f.fwdBytes.Add(uint64(n))
+	src, dst := h.src, h.dst
+	of.done = func(err error) {
+		f.held.Add(-int64(n))
+		if buf != nil {
+			putBlock(buf)
+		}
+		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
+			d.log.Warn("forwarding failed", "source", src, "destination", dst, "next", t.via, "error", err)
+		}
+	}
+	d.out.push(outItem{sub: t.sub, frame: of})
+}
+
+// nextHop picks where a frame for dst goes from here: the destination
+// itself on a direct route, else a live gateway (spread by key).
+func (d *Device) nextHop(dst int32, class int, key uint64) (trunk, bool) {
+	trunks := d.fwd.paths[dst][class]
+	if trunks == nil {
+		if err := d.down[dst].Load(); err != nil {
+			return trunk{}, false
+		}
+		return trunk{sub: d.subs[d.routes[dst][class]], via: dst}, true
+	}
+	n := len(trunks)
+	for i := range n {
+		t := trunks[(int(key%uint64(n))+i)%n]
+		if !d.fwd.dead[t.via].Load() {
+			return t, true
+		}
+	}
+	return trunk{}, false
+}
+
+var errBadForward = errors.New("multidevice: malformed forwarded block")
+
+// unwrap checks a forwarded block addressed to this rank and returns the
+// frame inside it. It never panics.
+func unwrap(outer *header, payload []byte, size int) (header, []byte, error) {
+	if len(payload) < headerSize {
+		return header{}, nil, fmt.Errorf("%w: %d bytes, shorter than a header", errBadForward, len(payload))
+	}
+	inner, err := decodeHeader(payload[:headerSize], size)
+	if err != nil {
+		return header{}, nil, fmt.Errorf("%w: inner %w", errBadForward, err)
+	}
+	switch {
+	case inner.kind == kindSys && (inner.tag == sysFwd || inner.tag == sysCredit):
+		return header{}, nil, fmt.Errorf("%w: nested %d system message", errBadForward, inner.tag)
+	case inner.src != outer.src || inner.dst != outer.dst:
+		return header{}, nil, fmt.Errorf("%w: inner frame %d->%d in a block %d->%d", errBadForward, inner.src, inner.dst, outer.src, outer.dst)
+	}
+	return inner, payload[headerSize:], nil
+}
+
+// blockPool recycles the buffers of forwarded blocks.
+var blockPool sync.Pool // *[]byte
+
+func getBlock(n int) []byte {
+	if p, _ := blockPool.Get().(*[]byte); p != nil && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]byte, n)
+}
+
+func putBlock(b []byte) {
+	if cap(b) <= maxPooledBlock {
+		blockPool.Put(&b)
+	}
+}

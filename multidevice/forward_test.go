@@ -1,0 +1,617 @@
+package multidevice
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
+)
+
+// cutNet is a loopback fabric split into sites: a rank of one site cannot
+// connect to a rank of another (Connect fails with sdi.ErrPeerUnreachable,
+// as tcp's does for two clusters on the same private range), while ranks
+// of site -1 (gateways, relays) reach everybody. A slow rank's Deliver
+// pauses before every frame, like a destination that drains slowly.
+type cutNet struct {
+	fab      *sditest.Fabric
+	cut      func(a, b int) bool
+	slowRank int
+	slow     time.Duration
+}
+
+func (n *cutNet) New(log hclog.Logger) sdi.SubDevice {
+	return &cutSub{SubDevice: n.fab.New(log), net: n}
+}
+
+type cutSub struct {
+	sdi.SubDevice
+	net  *cutNet
+	rank sdi.Rank
+}
+
+func (c *cutSub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	c.rank = p.Rank
+	if c.net.slow > 0 && int(p.Rank) == c.net.slowRank {
+		p.Handler = slowHandler{Handler: p.Handler, pause: c.net.slow}
+	}
+	return c.SubDevice.Open(ctx, p)
+}
+
+func (c *cutSub) Connect(ctx context.Context, peer sdi.Rank, addr []byte) error {
+	if c.net.cut(int(c.rank), int(peer)) {
+		return fmt.Errorf("cut: rank %d to %d: %w", c.rank, peer, sdi.ErrPeerUnreachable)
+	}
+	return c.SubDevice.Connect(ctx, peer, addr)
+}
+
+type slowHandler struct {
+	sdi.Handler
+	pause time.Duration
+}
+
+func (h slowHandler) Deliver(from sdi.Rank, hdr, payload []byte) {
+	time.Sleep(h.pause)
+	h.Handler.Deliver(from, hdr, payload)
+}
+
+// siteCut separates ranks of different non-negative sites.
+func siteCut(sites []int) func(a, b int) bool {
+	return func(a, b int) bool { return sites[a] >= 0 && sites[b] >= 0 && sites[a] != sites[b] }
+}
+
+// fwdCaps keep blocks small, so that messages of a few KiB are several
+// blocks.
+var fwdCaps = sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered, Exclusivity: 1}
+
+type siteJob struct {
+	sites      []int // per rank; -1 reaches every site
+	relays     int   // the last ranks are dedicated relays
+	forward    ForwardOptions
+	queueLimit int
+	slowRank   int
+	slow       time.Duration
+	tableOf    func(rank int) *conntable.Table
+}
+
+func openSites(t testing.TB, sj siteJob) ([]*Device, *cutNet) {
+	net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: fwdCaps, QueueLimit: sj.queueLimit}),
+		cut: siteCut(sj.sites), slowRank: sj.slowRank, slow: sj.slow}
+	devs := openJob(t, jobSpec{n: len(sj.sites), subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": net.New},
+		relays: sj.relays, forward: sj.forward, tableOf: sj.tableOf})
+	return devs, net
+}
+
+// numbered returns message i of the stream from src to dst: its header is
+// (i, src), the rest a pattern both sides can recompute.
+func numbered(size, src, i int) []byte {
+	m := pattern(size, src*1_000_003+i)
+	if size >= 16 {
+		binary.LittleEndian.PutUint64(m, uint64(i))
+		binary.LittleEndian.PutUint64(m[8:], uint64(src))
+	}
+	return m
+}
+
+// TestForwardAllPairs: two sites that cannot reach each other and one
+// application rank that reaches both. Every rank sends every other eager,
+// rendezvous and multi-block messages, some synchronous; each arrives
+// intact, in order, through the gateway where there is no direct link.
+func TestForwardAllPairs(t *testing.T) {
+	sites := []int{0, 0, 1, 1, -1}
+	devs, _ := openSites(t, siteJob{sites: sites, forward: ForwardOptions{BlockSize: 1000, Window: 8000}})
+	n := len(devs)
+	if _, gws, _ := devs[0].Path(2, 20000); !slices.Equal(gws, []int{4}) {
+		t.Fatalf("rank 0 reaches rank 2 through %v, want [4]", gws)
+	}
+	if _, gws, _ := devs[0].Path(1, 20000); len(gws) != 0 {
+		t.Fatalf("rank 0 reaches rank 1 (same site) through %v, want a direct link", gws)
+	}
+	sizes := []int{0, 100, 511, 3000, 20000, 70000}
+	var wg sync.WaitGroup
+	for me := range n {
+		wg.Go(func() {
+			d := devs[me]
+			var sends, recvs []*Request
+			bufs := map[[2]int][]byte{}
+			for peer := range n {
+				if peer == me {
+					continue
+				}
+				for k, size := range sizes {
+					buf := make([]byte, size)
+					bufs[[2]int{peer, k}] = buf
+					r, err := d.Irecv(buf, peer, k, 7)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					recvs = append(recvs, r)
+				}
+				for k, size := range sizes {
+					r, err := d.Isend(numbered(size, me, k), peer, k, 7, k%2 == 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					sends = append(sends, r)
+				}
+			}
+			waitAll(t, sends)
+			i := 0
+			for peer := range n {
+				if peer == me {
+					continue
+				}
+				for k, size := range sizes {
+					st, err := wait(t, recvs[i])
+					i++
+					if err != nil || st.Source != peer || st.Tag != k || st.Count != size {
+						t.Errorf("rank %d from %d, message %d: status %+v, %v", me, peer, k, st, err)
+						continue
+					}
+					if string(bufs[[2]int{peer, k}]) != string(numbered(size, peer, k)) {
+						t.Errorf("rank %d from %d: message %d (%d bytes) corrupted", me, peer, k, size)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if st := devs[4].ForwardStats(); st.Forwarded == 0 || st.Held != 0 {
+		t.Errorf("gateway stats %+v: want frames forwarded and nothing held", st)
+	}
+	for _, r := range []int{0, 1, 2, 3} {
+		if st := devs[r].ForwardStats(); st.Forwarded != 0 {
+			t.Errorf("rank %d forwarded %d frames; only rank 4 is a gateway", r, st.Forwarded)
+		}
+	}
+}
+
+// TestForwardStress: random sizes, tags and synchronous flags from every
+// rank to random ranks across two sites joined by two relays (trunks); the
+// receivers take everything with ANY_SOURCE and check every message and
+// each sender's order.
+func TestForwardStress(t *testing.T) {
+	sites := []int{0, 0, 0, 1, 1, 1, -1, -1}
+	const apps, perSender = 6, 120
+	devs, _ := openSites(t, siteJob{sites: sites, relays: 2, forward: ForwardOptions{BlockSize: 2048, Window: 16 << 10}})
+	if got := devs[0].Size(); got != apps {
+		t.Fatalf("Size = %d with 2 relays, want %d", got, apps)
+	}
+	// plan[s] lists (destination, size, sync) per message of sender s.
+	type msg struct {
+		dst, size int
+		sync      bool
+	}
+	plan := make([][]msg, apps)
+	expect := make([]int, apps)
+	for s := range apps {
+		rng := rand.New(rand.NewPCG(uint64(s), 7))
+		for range perSender {
+			dst := rng.IntN(apps - 1)
+			if dst >= s {
+				dst++
+			}
+			size := 16 + rng.IntN(12000)
+			plan[s] = append(plan[s], msg{dst, size, rng.IntN(8) == 0})
+			expect[dst]++
+		}
+	}
+	var wg sync.WaitGroup
+	for s := range apps {
+		wg.Go(func() {
+			seq := make([]int, apps)
+			var reqs []*Request
+			for _, m := range plan[s] {
+				r, err := devs[s].Isend(numbered(m.size, s, seq[m.dst]), m.dst, seq[m.dst]%5, 3, m.sync)
+				seq[m.dst]++
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				reqs = append(reqs, r)
+			}
+			waitAll(t, reqs)
+		})
+		wg.Go(func() {
+			next := make([]int, apps)
+			buf := make([]byte, 16<<10)
+			for range expect[s] {
+				st, err := wait(t, must(t)(devs[s].Irecv(buf, AnySource, AnyTag, 3)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				i := int(binary.LittleEndian.Uint64(buf))
+				if i != next[st.Source] {
+					t.Errorf("rank %d: message %d from %d, want %d: order broken", s, i, st.Source, next[st.Source])
+					return
+				}
+				next[st.Source]++
+				if string(buf[:st.Count]) != string(numbered(st.Count, st.Source, i)) {
+					t.Errorf("rank %d: message %d from %d corrupted", s, i, st.Source)
+				}
+			}
+			if _, ok, _ := devs[s].Iprobe(AnySource, AnyTag, 3); ok {
+				t.Errorf("rank %d: a message beyond the plan arrived (duplicate?)", s)
+			}
+		})
+	}
+	wg.Wait()
+	var used int
+	for _, r := range []int{6, 7} {
+		if devs[r].ForwardStats().Forwarded > 0 {
+			used++
+		}
+	}
+	if used != 2 {
+		t.Errorf("%d of 2 relays carried traffic; trunks should share it", used)
+	}
+}
+
+// TestForwardMultiHop: ranks on a chain where only neighbours connect;
+// messages from one end to the other pass two gateways, with routes found
+// automatically or given by connection tables.
+func TestForwardMultiHop(t *testing.T) {
+	chain := func(a, b int) bool { return a-b > 1 || b-a > 1 }
+	viaTable := func(rank int) *conntable.Table {
+		e := []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{"*": {{SubDevice: "loop"}}}}}
+		for peer := range 4 {
+			if d := peer - rank; d > 1 || d < -1 {
+				next := rank + 1
+				if d < 0 {
+					next = rank - 1
+				}
+				e = append(e, conntable.Entry{To: fmt.Sprintf("rank:%d", peer), Routes: map[string][]conntable.Route{"*": {{SubDevice: "loop", Via: fmt.Sprintf("rank:%d", next)}}}})
+			}
+		}
+		return &conntable.Table{Version: conntable.Version, Peers: e}
+	}
+	for _, tc := range []struct {
+		name    string
+		tableOf func(int) *conntable.Table
+	}{{"automatic", nil}, {"table", viaTable}} {
+		t.Run(tc.name, func(t *testing.T) {
+			net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: fwdCaps}), cut: chain}
+			devs := openJob(t, jobSpec{n: 4, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": net.New},
+				tableOf: tc.tableOf, forward: ForwardOptions{BlockSize: 1500, Window: 6000}})
+			if _, gws, _ := devs[0].Path(3, 1); !slices.Equal(gws, []int{1}) {
+				t.Fatalf("rank 0 reaches rank 3 through %v, want [1]", gws)
+			}
+			if _, gws, _ := devs[1].Path(3, 1); !slices.Equal(gws, []int{2}) {
+				t.Fatalf("rank 1 reaches rank 3 through %v, want [2]", gws)
+			}
+			for _, size := range []int{10, 4000, 50000} {
+				for _, pair := range [][2]int{{0, 3}, {3, 0}} {
+					src, dst := pair[0], pair[1]
+					buf := make([]byte, size)
+					rr := must(t)(devs[dst].Irecv(buf, src, 1, 5))
+					must(t)(devs[src].Isend(numbered(size, src, 0), dst, 1, 5, true))
+					if st, err := wait(t, rr); err != nil || st.Count != size {
+						t.Fatalf("%d -> %d, %d bytes: %+v %v", src, dst, size, st, err)
+					}
+					if string(buf) != string(numbered(size, src, 0)) {
+						t.Fatalf("%d -> %d, %d bytes: corrupted", src, dst, size)
+					}
+				}
+			}
+			if devs[1].ForwardStats().Forwarded == 0 || devs[2].ForwardStats().Forwarded == 0 {
+				t.Fatal("both middle ranks should have forwarded")
+			}
+		})
+	}
+}
+
+// TestGatewayMemoryBounded: a relay between a fast source and a
+// destination that drains slowly holds at most the credit window (plus the
+// one block a loopback completion may lag behind its credit), however much
+// the source has to send.
+func TestGatewayMemoryBounded(t *testing.T) {
+	const window, block = 24 << 10, 2000
+	sites := []int{0, 1, -1}
+	devs, _ := openSites(t, siteJob{sites: sites, relays: 1, queueLimit: 2, slowRank: 1, slow: 100 * time.Microsecond,
+		forward: ForwardOptions{BlockSize: block, Window: window}})
+	const size, count = 200 << 10, 3
+	var reqs []*Request
+	bufs := make([][]byte, count)
+	for i := range count {
+		bufs[i] = make([]byte, size)
+		reqs = append(reqs, must(t)(devs[1].Irecv(bufs[i], 0, i, 9)))
+	}
+	for i := range count {
+		reqs = append(reqs, must(t)(devs[0].Isend(numbered(size, 0, i), 1, i, 9, false)))
+	}
+	for i := range 200 { // and a burst of eager messages
+		reqs = append(reqs, must(t)(devs[0].Isend(numbered(300, 0, i), 1, 1000, 9, false)))
+		reqs = append(reqs, must(t)(devs[1].Irecv(make([]byte, 300), 0, 1000, 9)))
+	}
+	waitAll(t, reqs)
+	for i := range count {
+		if string(bufs[i]) != string(numbered(size, 0, i)) {
+			t.Fatalf("message %d corrupted", i)
+		}
+	}
+	st := devs[2].ForwardStats()
+	bound := int64(window + block + headerSize)
+	t.Logf("relay held at most %d bytes; window %d, forwarded %d bytes", st.MaxHeld, window, st.Bytes)
+	if st.MaxHeld > bound {
+		t.Fatalf("relay held %d bytes, more than the window %d plus one block", st.MaxHeld, window)
+	}
+	if st.MaxHeld < window/2 {
+		t.Fatalf("relay held at most %d bytes: the slow destination did not back traffic up into it, the test proves nothing", st.MaxHeld)
+	}
+}
+
+// TestTrunkFailover: three relays carry two sites' traffic; one dies in
+// the middle. Its blocks are sent again through the others and every
+// message arrives once, intact and in order.
+func TestTrunkFailover(t *testing.T) {
+	sites := []int{0, 0, 1, 1, -1, -1, -1}
+	devs, net := openSites(t, siteJob{sites: sites, relays: 3, slowRank: 2, slow: 20 * time.Microsecond,
+		forward: ForwardOptions{BlockSize: 2000, Window: 32 << 10}})
+	const count, size = 30, 30000
+	pairs := [][2]int{{0, 2}, {1, 3}, {3, 0}}
+	var wg sync.WaitGroup
+	var killOnce sync.Once
+	for _, p := range pairs {
+		src, dst := p[0], p[1]
+		wg.Go(func() {
+			var reqs []*Request
+			for i := range count {
+				reqs = append(reqs, must(t)(devs[src].Isend(numbered(size, src, i), dst, 4, 2, i%3 == 0)))
+			}
+			waitAll(t, reqs)
+		})
+		wg.Go(func() {
+			buf := make([]byte, size)
+			for i := range count {
+				st, err := wait(t, must(t)(devs[dst].Irecv(buf, src, 4, 2)))
+				if err != nil || st.Count != size {
+					t.Errorf("%d -> %d message %d: %+v %v", src, dst, i, st, err)
+					return
+				}
+				if string(buf) != string(numbered(size, src, i)) {
+					t.Errorf("%d -> %d message %d corrupted or out of order", src, dst, i)
+					return
+				}
+				if i == count/3 {
+					killOnce.Do(func() { net.fab.Kill(4) })
+				}
+			}
+			if _, ok, _ := devs[dst].Iprobe(src, AnyTag, 2); ok {
+				t.Errorf("%d -> %d: a message beyond the %d sent arrived", src, dst, count)
+			}
+		})
+	}
+	wg.Wait()
+	var resent uint64
+	for r, other := range map[int]int{0: 2, 1: 3, 3: 0} {
+		resent += devs[r].ForwardStats().Resent
+		if _, gws, _ := devs[r].Path(other, size); slices.Contains(gws, 4) {
+			t.Errorf("rank %d still routes through the dead relay 4", r)
+		}
+	}
+	if resent == 0 {
+		t.Fatal("no block was sent again: the relay died holding nothing, the test proves nothing")
+	}
+	t.Logf("%d blocks sent again after relay 4 died", resent)
+}
+
+// openErr opens a job whose Open is expected to fail somewhere and returns
+// the errors; devices that opened are closed.
+func openErr(t *testing.T, n int, relayAt func(int) bool, factory sdi.Factory) []error {
+	boots, err := bootstrap.InProcess(n, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errs := make([]error, n)
+	devs := make([]*Device, n)
+	var wg sync.WaitGroup
+	for r := range n {
+		wg.Go(func() {
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "loop", Enabled: true}}},
+				Factories: map[string]sdi.Factory{"loop": factory}, Logger: testLogger(t), Relay: relayAt(r)})
+			if errs[r] != nil {
+				_ = boots[r].Abort(1, errs[r].Error()) // release ranks waiting in a fence
+			}
+		})
+	}
+	wg.Wait()
+	for _, d := range devs {
+		if d != nil {
+			_ = d.shutdown(ctx)
+		}
+	}
+	return errs
+}
+
+func TestOpenRefuses(t *testing.T) {
+	plain := func(int) bool { return false }
+	for _, tc := range []struct {
+		name    string
+		n       int
+		relayAt func(int) bool
+		cut     func(a, b int) bool
+		want    error
+		text    string
+	}{
+		{"no gateway between sites", 2, plain, siteCut([]int{0, 1}), ErrNoRoute, "no chain of ranks"},
+		{"relay before an application rank", 3, func(r int) bool { return r == 1 }, func(int, int) bool { return false }, nil, "relays must be the last ranks"},
+		{"only relays", 2, func(int) bool { return true }, func(int, int) bool { return false }, nil, "needs an application rank"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: fwdCaps}), cut: tc.cut}
+			errs := openErr(t, tc.n, tc.relayAt, net.New)
+			found := false
+			for _, err := range errs {
+				if err != nil && (tc.want == nil || errors.Is(err, tc.want)) && strings.Contains(err.Error(), tc.text) {
+					found = true
+				}
+			}
+			if !found {
+				t.Fatalf("errors %v: want one wrapping %v saying %q", errs, tc.want, tc.text)
+			}
+		})
+	}
+}
+
+func TestNextHops(t *testing.T) {
+	// reach builds rows from an edge list (symmetric).
+	reach := func(n int, edges ...[2]int) [][]bool {
+		rows := make([][]bool, n)
+		for i := range rows {
+			rows[i] = make([]bool, n)
+			rows[i][i] = true
+		}
+		for _, e := range edges {
+			rows[e[0]][e[1]], rows[e[1]][e[0]] = true, true
+		}
+		return rows
+	}
+	for _, tc := range []struct {
+		name      string
+		rows      [][]bool
+		self, dst int
+		want      []int
+	}{
+		{"one gateway", reach(3, [2]int{0, 2}, [2]int{1, 2}), 0, 1, []int{2}},
+		{"two trunks", reach(4, [2]int{0, 2}, [2]int{0, 3}, [2]int{1, 2}, [2]int{1, 3}), 0, 1, []int{2, 3}},
+		{"chain takes the next link", reach(4, [2]int{0, 1}, [2]int{1, 2}, [2]int{2, 3}), 0, 3, []int{1}},
+		{"shortest only", reach(5, [2]int{0, 1}, [2]int{1, 4}, [2]int{0, 2}, [2]int{2, 3}, [2]int{3, 4}), 0, 4, []int{1}},
+		{"island", reach(3, [2]int{0, 2}), 0, 1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := nextHops(tc.rows, tc.self, tc.dst); !slices.Equal(got, tc.want) {
+				t.Fatalf("nextHops = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReachRow(t *testing.T) {
+	for _, n := range []int{1, 7, 8, 9, 100} {
+		row := make([]bool, n)
+		for i := range row {
+			row[i] = i%3 == 0
+		}
+		got, err := decodeReach(encodeReach(row), n)
+		if err != nil || !slices.Equal(got, row) {
+			t.Fatalf("n=%d: round trip %v, %v", n, got, err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		size int
+	}{
+		{"empty", nil, 3},
+		{"short", []byte{reachVersion}, 9},
+		{"long", []byte{reachVersion, 0, 0}, 8},
+		{"version", []byte{9, 0}, 8},
+		{"bit beyond the job", []byte{reachVersion, 0x10}, 4},
+	} {
+		if _, err := decodeReach(tc.b, tc.size); !errors.Is(err, errBadReach) {
+			t.Errorf("%s: err = %v, want errBadReach", tc.name, err)
+		}
+	}
+}
+
+func FuzzDecodeReach(f *testing.F) {
+	f.Add(encodeReach([]bool{true, false, true}), 3)
+	f.Add([]byte{}, 0)
+	f.Fuzz(func(t *testing.T, b []byte, size int) {
+		if size < 0 || size > 1<<16 {
+			return
+		}
+		row, err := decodeReach(b, size)
+		if err != nil {
+			return
+		}
+		if string(encodeReach(row)) != string(b) {
+			t.Fatalf("re-encoding a valid row changed it")
+		}
+	})
+}
+
+func TestUnwrap(t *testing.T) {
+	outer := header{kind: kindSys, tag: sysFwd, src: 1, dst: 2}
+	frame := func(h header, data int) []byte {
+		b := make([]byte, headerSize+data)
+		h.put(b)
+		return b
+	}
+	inner := header{kind: kindEager, tag: 3, src: 1, dst: 2, length: 5}
+	h, data, err := unwrap(&outer, frame(inner, 5), 4)
+	if err != nil || h != inner || len(data) != 5 {
+		t.Fatalf("unwrap = %+v, %d bytes, %v", h, len(data), err)
+	}
+	for _, tc := range []struct {
+		name    string
+		payload []byte
+	}{
+		{"short", make([]byte, 10)},
+		{"bad inner header", make([]byte, headerSize)},
+		{"nested forward", frame(header{kind: kindSys, tag: sysFwd, src: 1, dst: 2}, 0)},
+		{"inner from another source", frame(header{kind: kindEager, tag: 3, src: 0, dst: 2}, 0)},
+		{"inner for another destination", frame(header{kind: kindEager, tag: 3, src: 1, dst: 3}, 0)},
+	} {
+		if _, _, err := unwrap(&outer, tc.payload, 4); !errors.Is(err, errBadForward) {
+			t.Errorf("%s: err = %v, want errBadForward", tc.name, err)
+		}
+	}
+}
+
+func FuzzUnwrap(f *testing.F) {
+	b := make([]byte, headerSize+3)
+	(&header{kind: kindEager, tag: 1, src: 1, dst: 2, length: 3}).put(b)
+	f.Add(b)
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		outer := header{kind: kindSys, tag: sysFwd, src: 1, dst: 2}
+		h, data, err := unwrap(&outer, payload, 4)
+		if err != nil {
+			return
+		}
+		if h.src != 1 || h.dst != 2 || len(data) != len(payload)-headerSize {
+			t.Fatalf("accepted %+v with %d data bytes from %d", h, len(data), len(payload))
+		}
+	})
+}
+
+// TestForwardDuplicateBlock: a block that reaches its destination twice
+// (sent again after a gateway died although it had arrived) is handled
+// once.
+func TestForwardDuplicateBlock(t *testing.T) {
+	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1}})
+	d := devs[1]
+	inner := header{kind: kindEager, tag: 6, src: 0, dst: 1, length: 4, seq: 0}
+	payload := make([]byte, headerSize+4)
+	inner.put(payload)
+	copy(payload[headerSize:], "abcd")
+	outer := header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, seq: 0, length: uint64(len(payload))}
+	for range 2 {
+		d.onIndirect(2, &outer, payload)
+	}
+	buf := make([]byte, 4)
+	if st, err := wait(t, must(t)(d.Irecv(buf, 0, 6, 0))); err != nil || string(buf) != "abcd" {
+		t.Fatalf("receive: %+v %v %q", st, err, buf)
+	}
+	if st := d.ForwardStats(); st.Dropped != 1 {
+		t.Fatalf("dropped %d duplicate blocks, want 1", st.Dropped)
+	}
+}
