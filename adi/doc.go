@@ -36,6 +36,10 @@
 //     <host>.json per host (as mdconfig writes them); default: derived
 //     (same host: shm, else tcp).
 //   - MD_LOG_LEVEL: trace, debug, info, warn (default), error, off.
+//   - MD_FORWARD_BLOCK, MD_FORWARD_WINDOW: bytes per forwarded block
+//     (default 65536) and the credit window per virtual line through
+//     gateways (default 4194304), which bounds what a gateway buffers
+//     for one (source, destination) pair; see multidevice.ForwardOptions.
 //
 // mdrun sets the MDRUN_* variables that tell a rank who it is (see package
 // bootstrap); without them a program is a singleton world.

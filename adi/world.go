@@ -31,6 +31,7 @@ type config struct {
 	tablePath   string
 	table       *conntable.Table
 	factories   map[string]sdi.Factory
+	relay       bool // RunRelay: a dedicated relay, no application rank
 }
 
 // Option changes how Init sets the world up.
@@ -117,17 +118,26 @@ func initWorld(ctx context.Context, c *config) (*World, error) {
 			}
 		}
 	}
+	fwd, err := multidevice.ForwardFromEnv(os.Getenv)
+	if err != nil {
+		return nil, fmt.Errorf("adi: init: %w", err)
+	}
 	dev, err := multidevice.Open(ctx, multidevice.Options{
+		Forward:   fwd,
 		Bootstrap: c.boot,
 		Plugins:   plugins,
 		Table:     table,
 		Factories: c.factories,
 		Logger:    c.logger,
+		Relay:     c.relay,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("adi: init: %w", err)
 	}
 	w := &World{dev: dev, boot: c.boot}
+	if c.relay {
+		return w, nil // a relay has no rank in the world, hence no communicator
+	}
 	ranks := make([]int, dev.Size())
 	for i := range ranks {
 		ranks[i] = i

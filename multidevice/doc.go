@@ -51,4 +51,19 @@
 // request's channel is made only if somebody selects on it; and Changed's
 // channel is replaced only if somebody holds it. Steady-state eager
 // ping-pong over shm allocates nothing (see adi's allocation test).
+//
+// # Indirect communication
+//
+// A peer that a connection table routes "via" another rank, or that no
+// subdevice reaches (every Connect failed with sdi.ErrPeerUnreachable, as
+// for two clusters on the same private range), is reached through gateways:
+// ranks that reach both ends, found automatically from the reachability
+// every rank publishes at Open. Frames to it travel as system messages in
+// blocks of [ForwardOptions.BlockSize]; a credit window per (source,
+// destination) pair bounds what gateways hold; several gateways are used
+// together (trunking) and a dead one's blocks go through the others. A
+// gateway is any rank, or a dedicated relay that takes no application rank
+// ([Options.Relay], adi.RunRelay, cmd/mdrelay). forward.go, credit.go,
+// trunk.go, reach.go and relay.go tell the details; [Device.Path] and
+// [Device.ForwardStats] show what happens.
 package multidevice

@@ -3,6 +3,7 @@ package multidevice
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 )
@@ -79,6 +80,34 @@ const (
 	// maxPooledBlock is the largest block buffer kept for reuse.
 	maxPooledBlock = 1<<20 + 2*headerSize
 )
+
+// Environment variables that set ForwardOptions for programs built on adi
+// and for cmd/mdrelay (whole numbers of bytes).
+const (
+	EnvForwardBlock  = "MD_FORWARD_BLOCK"
+	EnvForwardWindow = "MD_FORWARD_WINDOW"
+)
+
+// ForwardFromEnv reads ForwardOptions from MD_FORWARD_BLOCK and
+// MD_FORWARD_WINDOW through getenv (os.Getenv); unset means the default.
+func ForwardFromEnv(getenv func(string) string) (ForwardOptions, error) {
+	var o ForwardOptions
+	for _, v := range []struct {
+		name string
+		dst  *int
+	}{{EnvForwardBlock, &o.BlockSize}, {EnvForwardWindow, &o.Window}} {
+		s := getenv(v.name)
+		if s == "" {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n <= 0 {
+			return ForwardOptions{}, fmt.Errorf("multidevice: %s=%q: want a positive whole number of bytes", v.name, s)
+		}
+		*v.dst = n
+	}
+	return o, o.withDefaults().validate()
+}
 
 func (o ForwardOptions) withDefaults() ForwardOptions {
 	if o.BlockSize == 0 {
