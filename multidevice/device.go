@@ -164,6 +164,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		d.shutdown(context.Background())
 		return nil, err
 	}
+	d.fwdStart()
 	return d, nil
 }
 

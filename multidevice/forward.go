@@ -154,6 +154,19 @@ type forwarder struct {
 	fwdBytes  atomic.Uint64
 	resent    atomic.Uint64 // blocks sent again after a gateway died
 	dups      atomic.Uint64 // blocks that arrived here twice and were dropped
+
+	// Frames to forward or unwrap can arrive while this rank still computes
+	// its routes (peers that finished Open already send); they wait in
+	// early until Open is done.
+	ready   atomic.Bool
+	earlyMu sync.Mutex
+	early   []earlyFrame
+}
+
+type earlyFrame struct {
+	from    int32
+	h       header
+	payload []byte
 }
 
 func (f *forwarder) init(size, nclass int) {
@@ -250,6 +263,16 @@ func (d *Device) chunk(peer int32, class int, s *subdev) int {
 // onIndirect handles a sysFwd or sysCredit frame: for this rank it is
 // unwrapped or credited, for another it is passed on.
 func (d *Device) onIndirect(from int32, h *header, payload []byte) {
+	if !d.fwd.ready.Load() {
+		f := &d.fwd
+		f.earlyMu.Lock()
+		if !f.ready.Load() {
+			f.early = append(f.early, earlyFrame{from: from, h: *h, payload: append([]byte(nil), payload...)})
+			f.earlyMu.Unlock()
+			return
+		}
+		f.earlyMu.Unlock()
+	}
 	if h.tag == sysFwd && uint64(len(payload)) != h.length {
 		d.log.Warn("dropping forwarded block whose payload disagrees with its header", "from", from, "payload", len(payload), "length", h.length)
 		return
@@ -261,6 +284,21 @@ func (d *Device) onIndirect(from int32, h *header, payload []byte) {
 		d.onForward(from, h, payload)
 	default:
 		d.onCredit(h.src, h.seq)
+	}
+}
+
+// fwdStart is called once routes are final: indirect frames that came
+// early are handled now, and later ones at once.
+func (d *Device) fwdStart() {
+	f := &d.fwd
+	f.earlyMu.Lock()
+	f.ready.Store(true)
+	early := f.early
+	f.early = nil
+	f.earlyMu.Unlock()
+	for i := range early {
+		e := &early[i]
+		d.onIndirect(e.from, &e.h, e.payload)
 	}
 }
 

@@ -256,14 +256,18 @@ func (d *Device) onData(from int32, h *header, payload []byte) {
 		d.log.Warn("dropping data block for no pending receive", "from", from, "request", h.rreq)
 		return
 	}
+	want := r.rndvLen
 	end := h.offset + uint64(len(payload))
-	if end > r.rndvLen || end < h.offset {
-		d.log.Warn("dropping data block outside the receive buffer", "from", from, "offset", h.offset, "len", len(payload), "expected", r.rndvLen)
+	if end > want || end < h.offset {
+		d.log.Warn("dropping data block outside the receive buffer", "from", from, "offset", h.offset, "len", len(payload), "expected", want)
 		return
 	}
 	// Blocks cover disjoint ranges, so they copy without the matching lock.
+	// Blocks that came through different gateways arrive concurrently: once
+	// this one is counted, another may complete r and its owner reuse it,
+	// so nothing of r is read after the addition.
 	copy(r.buf[h.offset:], payload)
-	if r.received.Add(uint64(len(payload))) == r.rndvLen {
+	if r.received.Add(uint64(len(payload))) == want {
 		d.mu.Lock()
 		delete(d.rndvRecv, r.id)
 		d.mu.Unlock()

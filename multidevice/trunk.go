@@ -54,7 +54,7 @@ func (d *Device) failLineLocked(l *txLine, peer int32, bt *fwdBatch) {
 // again through the others. It runs from handler callbacks and frame
 // completions, so it only queues; it acts once per gateway.
 func (d *Device) gatewayDown(g int32, cause error) {
-	if g < 0 || int(g) >= d.size || !d.fwd.dead[g].CompareAndSwap(false, true) {
+	if !d.fwd.ready.Load() || g < 0 || int(g) >= d.size || !d.fwd.dead[g].CompareAndSwap(false, true) {
 		return
 	}
 	resent := 0
