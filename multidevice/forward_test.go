@@ -16,6 +16,7 @@ import (
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
 	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/mdconfig"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
@@ -613,5 +614,84 @@ func TestForwardDuplicateBlock(t *testing.T) {
 	}
 	if st := d.ForwardStats(); st.Dropped != 1 {
 		t.Fatalf("dropped %d duplicate blocks, want 1", st.Dropped)
+	}
+}
+
+// relayNet is examples/networks/relays.hcl in small, over the loopback
+// subdevice: two private clusters, each with a relay host, and the relays
+// joined by a WAN.
+const relayNet = `
+penalty = "off"
+subdevice "loop" {
+  latency   = "30us"
+  bandwidth = "10Gbit/s"
+}
+network "p-private" {
+  subdevice = "loop"
+  hosts     = ["p[01-02]", "p-relay"]
+}
+network "q-private" {
+  subdevice = "loop"
+  hosts     = ["q[01-02]", "q-relay"]
+}
+network "wan" {
+  subdevice = "loop"
+  hosts     = ["p-relay", "q-relay"]
+  latency   = "5ms"
+  bandwidth = "1Gbit/s"
+}
+host "p-relay" { penalty = "20us" }
+host "q-relay" { penalty = "20us" }
+`
+
+// TestForwardMdconfigTables: per-host tables that mdconfig computed route
+// the clusters' traffic through both relays (two gateways on the way), the
+// relays being dedicated relay ranks.
+func TestForwardMdconfigTables(t *testing.T) {
+	desc, diags := mdconfig.Parse([]byte(relayNet), "relays.hcl")
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	hosts := []string{"p01", "p02", "q01", "q02", "p-relay", "q-relay"}
+	nets := map[string][]string{"p01": {"p"}, "p02": {"p"}, "q01": {"q"}, "q02": {"q"}, "p-relay": {"p", "wan"}, "q-relay": {"q", "wan"}}
+	apart := func(a, b int) bool {
+		for _, n := range nets[hosts[a]] {
+			if slices.Contains(nets[hosts[b]], n) {
+				return false
+			}
+		}
+		return true
+	}
+	net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: fwdCaps}), cut: apart}
+	devs := openJob(t, jobSpec{n: len(hosts), subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": net.New},
+		relays: 2, hostOf: func(r int) string { return hosts[r] },
+		tableOf: func(r int) *conntable.Table {
+			tb, err := desc.Table(hosts[r])
+			if err != nil {
+				t.Error(err)
+			}
+			return tb
+		}})
+	if _, gws, _ := devs[0].Path(3, 1<<20); !slices.Equal(gws, []int{4}) {
+		t.Fatalf("p01 reaches q02 through %v, want [4] (p-relay)", gws)
+	}
+	if _, gws, _ := devs[4].Path(3, 1<<20); !slices.Equal(gws, []int{5}) {
+		t.Fatalf("p-relay reaches q02 through %v, want [5] (q-relay)", gws)
+	}
+	for _, size := range []int{100, 3000, 60000} {
+		for _, pair := range [][2]int{{0, 3}, {2, 1}} {
+			src, dst := pair[0], pair[1]
+			buf := make([]byte, size)
+			rr := must(t)(devs[dst].Irecv(buf, src, 2, 0))
+			must(t)(devs[src].Isend(numbered(size, src, 1), dst, 2, 0, false))
+			if st, err := wait(t, rr); err != nil || st.Count != size || string(buf) != string(numbered(size, src, 1)) {
+				t.Fatalf("%s -> %s, %d bytes: %+v %v", hosts[src], hosts[dst], size, st, err)
+			}
+		}
+	}
+	for _, r := range []int{4, 5} {
+		if devs[r].ForwardStats().Forwarded == 0 {
+			t.Errorf("%s forwarded nothing", hosts[r])
+		}
 	}
 }
