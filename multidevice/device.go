@@ -91,8 +91,9 @@ type Device struct {
 	gen   chan struct{} // closed and replaced on a completion or arrival after Changed
 	armed atomic.Bool   // someone holds gen from Changed; notifyAll must close it
 
-	prog progressState // waiting goroutines drive progress: progress.go
-	fwd  forwarder     // indirect communication: forward.go, credit.go, trunk.go
+	prog    progressState // waiting goroutines drive progress: progress.go
+	fwd     forwarder     // indirect communication: forward.go, credit.go, trunk.go
+	relayst relayState    // a dedicated relay's view of the job's end: relay.go
 
 	out    outbox
 	closed atomic.Bool
@@ -148,6 +149,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	d.down = make([]atomic.Pointer[error], d.size)
 	d.recvSeq = make([]uint64, d.size)
 	d.ooo = make([]map[uint64]*inMsg, d.size)
+	d.relayst = relayState{gone: make([]atomic.Bool, d.size), kick: make(chan struct{}, 1)}
 	d.fwd.opts = o.Forward.withDefaults()
 	if err := d.fwd.opts.validate(); err != nil {
 		return nil, err
@@ -527,6 +529,11 @@ func (d *Device) Close(ctx context.Context) error {
 	d.finalizing.Store(true)
 	if err := d.boot.Fence(ctx); err != nil {
 		errs = append(errs, fmt.Errorf("multidevice: finalize barrier: %w", err))
+		if d.isRelay {
+			if err := d.relayLinger(ctx); err != nil {
+				errs = append(errs, err)
+			}
+		}
 	}
 	errs = append(errs, d.shutdown(ctx))
 	return errors.Join(errs...)

@@ -72,6 +72,9 @@ func (h handler) PeerDown(peer sdi.Rank, err error) {
 	if d.closed.Load() || int(peer) < 0 || int(peer) >= d.size {
 		return
 	}
+	if d.isRelay {
+		d.relayPeerGone(int(peer))
+	}
 	if d.finalizing.Load() {
 		d.log.Debug("peer closed its links after finalize", "peer", peer, "subdevice", d.subs[h.sub].name)
 		return

@@ -3,6 +3,7 @@ package multidevice
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 )
 
 // Dedicated relays (GridMPI's relay on a cluster's front end). A relay is a
@@ -59,6 +60,46 @@ func (d *Device) learnRoles(ctx context.Context) error {
 	}
 	d.appSize = app
 	return nil
+}
+
+// relayState lets a relay outlive a failed final fence: when a rank of the
+// job dies, the fence fails at once for everybody, but the application's
+// other ranks may still be forwarding through this relay. It then serves
+// until every application rank it links directly has closed its links.
+type relayState struct {
+	gone []atomic.Bool // [rank] a subdevice reported it down
+	kick chan struct{} // capacity 1: a rank went
+}
+
+// relayPeerGone records, on a relay, that peer's link went down.
+func (d *Device) relayPeerGone(peer int) {
+	d.relayst.gone[peer].Store(true)
+	select {
+	case d.relayst.kick <- struct{}{}:
+	default:
+	}
+}
+
+// relayLinger waits until every application rank this relay reaches
+// directly is gone, or ctx ends.
+func (d *Device) relayLinger(ctx context.Context) error {
+	for {
+		left := 0
+		for r := range d.appSize {
+			if d.fwd.paths[r][0] == nil && !d.relayst.gone[r].Load() {
+				left++
+			}
+		}
+		if left == 0 {
+			return nil
+		}
+		d.log.Debug("final fence failed, forwarding until the application's ranks leave", "left", left)
+		select {
+		case <-d.relayst.kick:
+		case <-ctx.Done():
+			return fmt.Errorf("multidevice: relay: %d application ranks still linked: %w", left, ctx.Err())
+		}
+	}
 }
 
 // IsRelay reports whether this device is a dedicated relay.
