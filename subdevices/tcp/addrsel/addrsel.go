@@ -157,7 +157,9 @@ type Refusal struct {
 	Reason              string
 }
 
-func (r Refusal) String() string { return fmt.Sprintf("%s - %s: %s", r.LocalName, r.PeerName, r.Reason) }
+func (r Refusal) String() string {
+	return fmt.Sprintf("%s - %s: %s", r.LocalName, r.PeerName, r.Reason)
+}
 
 // Result is what [Select] chose.
 type Result struct {
