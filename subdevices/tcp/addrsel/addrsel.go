@@ -173,10 +173,11 @@ type Result struct {
 	Refused []Refusal
 }
 
-// Explain renders the refusals for an error message.
+// Explain renders the refusals for an error message: one entry per refused
+// interface pair, naming both interfaces and why.
 func (r Result) Explain() string {
 	if len(r.Refused) == 0 {
-		return "no interfaces to pair"
+		return "no interface pair refused"
 	}
 	s := make([]string, len(r.Refused))
 	for i, f := range r.Refused {
