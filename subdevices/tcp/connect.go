@@ -121,6 +121,9 @@ func (sd *subDevice) choose(rank sdi.Rank, c card) ([]addrsel.Pair, bool, error)
 	// The lower rank's interfaces are the left side at both ends, so both
 	// solve the same problem and agree on the pairs.
 	res := addrsel.Select(job, sd.ep, peerEP, sd.auth.rank <= rank)
+	sd.mu.Lock()
+	sd.chosen[rank] = res
+	sd.mu.Unlock()
 	switch {
 	case len(sd.ep.Ifaces) == 0:
 		return nil, false, fmt.Errorf("tcp: connect to rank %d: %w: this rank publishes no interface (check include and exclude in the tcp config)",

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/subdevices/tcp/addrsel"
 )
 
 // Link describes one connection a rank opened to a peer: the interface pair
@@ -40,6 +41,21 @@ func Links(sd sdi.SubDevice, peer sdi.Rank) []Link {
 		out[i].Bytes = l.written.Load()
 	}
 	return out
+}
+
+// Chosen returns what the last Connect of sd (a tcp subdevice) to peer
+// chose: the interface pairs, before any failed to connect and before
+// max_connections, and every pair it refused with the reason. ok is false
+// when sd is not a tcp subdevice or never chose for peer.
+func Chosen(sd sdi.SubDevice, peer sdi.Rank) (res addrsel.Result, ok bool) {
+	t, isTCP := sd.(*subDevice)
+	if !isTCP {
+		return addrsel.Result{}, false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	res, ok = t.chosen[peer]
+	return res, ok
 }
 
 // peer is the outbound side of the link to one rank: one lane per interface

@@ -41,7 +41,8 @@ type subDevice struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup // every goroutine this instance starts
 	inbound   map[*inbound]struct{}
-	latest    map[sdi.Rank]*session // newest inbound session per rank
+	latest    map[sdi.Rank]*session       // newest inbound session per rank
+	chosen    map[sdi.Rank]addrsel.Result // the last selection per rank, for Chosen
 
 	// Set by Open and read-only afterwards.
 	log        hclog.Logger
@@ -155,6 +156,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.ep = c.endpoint()
 	sd.inbound = make(map[*inbound]struct{})
 	sd.latest = make(map[sdi.Rank]*session)
+	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
 	sd.wg.Add(1)
 	go sd.acceptLoop()
