@@ -192,7 +192,10 @@ type edge struct {
 	w        Weight
 	l, r     netip.Addr // the addresses that give w
 	fallback bool       // w is 0 but l, r may route (private on different networks)
-	reason   string     // why w is 0
+	// Why w is 0: the families of each side when they share none, or the
+	// refused address pairs.
+	noFamily [2]string
+	notes    []note
 }
 
 // Select chooses the pairs between local and peer. localLeft says whether
@@ -219,7 +222,7 @@ func Select(job *Job, local, peer Endpoint, localLeft bool) Result {
 			edges[i][j] = e
 			w[i][j] = e.w
 			if e.w == 0 {
-				res.Refused = append(res.Refused, Refusal{Local: i, Peer: j, LocalName: left.Ifaces[i].Name, PeerName: right.Ifaces[j].Name, Reason: e.reason})
+				res.Refused = append(res.Refused, Refusal{Local: i, Peer: j, LocalName: left.Ifaces[i].Name, PeerName: right.Ifaces[j].Name, Reason: e.reason(!localLeft)})
 			}
 		}
 	}

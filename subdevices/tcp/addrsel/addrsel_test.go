@@ -94,10 +94,10 @@ func TestWeight(t *testing.T) {
 			i := len(tc.a.Ifaces) - 1 // the last interface is the one under test
 			e := job.weigh(tc.a, i, tc.b, len(tc.b.Ifaces)-1)
 			if e.w != tc.want {
-				t.Fatalf("weight %d (%s), want %d", e.w, e.reason, tc.want)
+				t.Fatalf("weight %d (%s), want %d", e.w, e.reason(false), tc.want)
 			}
-			if tc.want == 0 && !strings.Contains(e.reason, tc.reason) {
-				t.Errorf("reason %q, want it to mention %q", e.reason, tc.reason)
+			if tc.want == 0 && !strings.Contains(e.reason(false), tc.reason) {
+				t.Errorf("reason %q, want it to mention %q", e.reason(false), tc.reason)
 			}
 			// The weight does not depend on which side is left.
 			if back := job.weigh(tc.b, len(tc.b.Ifaces)-1, tc.a, i); back.w != e.w {
@@ -186,6 +186,11 @@ func TestFallbackRoutedPrivate(t *testing.T) {
 		if !strings.Contains(res.Explain(), want) {
 			t.Errorf("explanation %q lacks %q", res.Explain(), want)
 		}
+	}
+	// From b's end the local interface and address come first too.
+	back := Select(NewJob([]Endpoint{a, b, c}), b, a, false)
+	if want := "eth0 - eth0: 10.2.0.2/24 - 10.1.0.2/24: 10.2.0.2 is on 2 hosts"; !strings.Contains(back.Explain(), want) {
+		t.Errorf("explanation %q lacks %q", back.Explain(), want)
 	}
 }
 

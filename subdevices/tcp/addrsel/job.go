@@ -144,12 +144,7 @@ func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 	c.loopback = c.sameHost && hasLoopback(left) && hasLoopback(right)
 
 	var best edge
-	var reasons []string
-	note := func(r string) {
-		if !slices.Contains(reasons, r) {
-			reasons = append(reasons, r)
-		}
-	}
+	var notes []note
 	common := false
 	// Non-link-local pairs first: a link-local pair is only usable when one
 	// of them shows that the two interfaces share a link.
@@ -178,7 +173,7 @@ func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 				case w > best.w || (pass == 1 && w > 0 && w == best.w && x.Addr().Is6()):
 					best = edge{w: w, l: x.Addr(), r: y.Addr()}
 				case w == 0:
-					note(fmt.Sprintf("%v - %v: %s", x, y, reason))
+					notes = append(notes, note{x, y, reason})
 					if fb && best.w == 0 && !best.fallback {
 						best = edge{fallback: true, l: x.Addr(), r: y.Addr()}
 					}
@@ -189,11 +184,38 @@ func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 	switch {
 	case best.w > 0:
 	case !common:
-		best.reason = fmt.Sprintf("no common address family (%s / %s)", families(li), families(ri))
+		best.noFamily = [2]string{families(li), families(ri)}
 	default:
-		best.reason = strings.Join(reasons, ", ")
+		best.notes = notes
 	}
 	return best
+}
+
+// note is why one address pair of an edge was refused.
+type note struct {
+	x, y netip.Prefix // left, right
+	why  string
+}
+
+// reason explains a refused edge, with the local end first: flip says the
+// local end is the right one.
+func (e edge) reason(flip bool) string {
+	if e.noFamily[0] != "" {
+		l, r := e.noFamily[0], e.noFamily[1]
+		if flip {
+			l, r = r, l
+		}
+		return fmt.Sprintf("no common address family (%s / %s)", l, r)
+	}
+	var parts []string
+	for _, n := range e.notes {
+		x, y := n.x, n.y
+		if flip {
+			x, y = y, x
+		}
+		parts = append(parts, fmt.Sprintf("%v - %v: %s", x, y, n.why))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func families(ifc Interface) string {
