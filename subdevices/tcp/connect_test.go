@@ -255,3 +255,59 @@ func TestConnectConcurrentWithSends(t *testing.T) {
 }
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
+
+// FuzzParseConfig feeds arbitrary bytes to the config parser: it must not
+// panic, and what it accepts must be within the documented bounds, with
+// filters that can be applied.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"listen": "127.0.0.1:0", "connect_timeout": "250ms", "queue_bytes": 1024}`))
+	f.Add([]byte(`{"include": ["eth*", "10.1.0.0/16"], "exclude": ["docker0", "fd00::/8"], "max_connections": 2}`))
+	f.Add([]byte(`{"include": ["["]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := parseConfig(b)
+		if err != nil {
+			return
+		}
+		if c.connectTimeout <= 0 || c.queueBytes <= 0 || c.queueBytes > maxQueueBytes || c.maxConns < 0 || c.maxConns > maxConnections {
+			t.Fatalf("accepted a config beyond the limits: %+v", c)
+		}
+		c.filter.keep("eth0", netip.MustParseAddr("10.1.2.3"))
+		c.filter.keep("lo", netip.MustParseAddr("::1"))
+	})
+}
+
+func TestIfaceFilter(t *testing.T) {
+	mustFilter := func(js string) ifaceFilter {
+		c, err := parseConfig([]byte(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.filter
+	}
+	tests := []struct {
+		config string
+		iface  string
+		addr   string
+		keep   bool
+	}{
+		{`{}`, "eth0", "10.0.0.1", true},
+		{`{"include": ["eth*"]}`, "eth1", "10.0.0.1", true},
+		{`{"include": ["eth*"]}`, "ib0", "10.0.0.1", false},
+		{`{"include": ["eth*"]}`, "lo", "127.0.0.1", true}, // loopback needs no include
+		{`{"include": ["10.1.0.0/16"]}`, "ib0", "10.1.2.3", true},
+		{`{"include": ["10.1.0.0/16"]}`, "ib0", "10.2.2.3", false},
+		{`{"include": ["2001:db8::/32"]}`, "eth0", "2001:db8::5", true},
+		{`{"exclude": ["docker0"]}`, "docker0", "172.17.0.1", false},
+		{`{"exclude": ["docker0"]}`, "eth0", "172.17.0.1", true},
+		{`{"exclude": ["172.16.0.0/12"]}`, "eth0", "172.17.0.1", false},
+		{`{"exclude": ["lo"]}`, "lo", "127.0.0.1", false},
+		{`{"include": ["eth0"], "exclude": ["10.9.0.0/16"]}`, "eth0", "10.9.0.1", false},
+		{`{"include": ["eth0"], "exclude": ["10.9.0.0/16"]}`, "eth0", "10.8.0.1", true},
+	}
+	for _, tt := range tests {
+		if got := mustFilter(tt.config).keep(tt.iface, netip.MustParseAddr(tt.addr)); got != tt.keep {
+			t.Errorf("%s: keep(%s, %s) = %v, want %v", tt.config, tt.iface, tt.addr, got, tt.keep)
+		}
+	}
+}
