@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -309,5 +310,27 @@ func TestIfaceFilter(t *testing.T) {
 		if got := mustFilter(tt.config).keep(tt.iface, netip.MustParseAddr(tt.addr)); got != tt.keep {
 			t.Errorf("%s: keep(%s, %s) = %v, want %v", tt.config, tt.iface, tt.addr, got, tt.keep)
 		}
+	}
+}
+
+// The card follows include and exclude.
+func TestCardFilter(t *testing.T) {
+	names := func(config string) []string {
+		n := openNode(t, 0, jobOpts{size: 1, config: config})
+		c, err := decodeCard(n.local.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range c.Ifaces {
+			out = append(out, f.Name)
+		}
+		return out
+	}
+	if got := names(`{"include": ["no-such-interface"]}`); len(got) != 1 || got[0] != "lo" {
+		t.Errorf("include of nothing: card lists %v, want lo only", got)
+	}
+	if got := names(`{"exclude": ["lo", "127.0.0.0/8"]}`); slices.Contains(got, "lo") {
+		t.Errorf("lo excluded: card lists %v", got)
 	}
 }
