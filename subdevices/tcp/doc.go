@@ -9,8 +9,11 @@
 //	sd := tcp.New(logger)
 //	local, err := sd.Open(ctx, sdi.OpenParams{Rank: r, Size: n, Host: host,
 //		JobID: job, Secret: secret, Handler: h, Logger: logger})
-//	// publish local.Addr; for every peer p with card c:
-//	err = sd.Connect(ctx, p, c)
+//	// publish local.Addr; hand over every rank's card (Caps has FlagJobCards):
+//	err = sd.(sdi.JobCards).SetJobCards(ctx, cards)
+//	// then for every peer p:
+//	err = sd.Connect(ctx, p, cards[p])
+//	links := tcp.Links(sd, p) // the interface pairs in use
 //	done, err := sd.Send(&sdi.Frame{Peer: p, Header: hdr, Payload: data, Token: tok})
 //
 // # Connections
