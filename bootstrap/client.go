@@ -66,8 +66,8 @@ func (e *remoteError) Is(target error) bool {
 	return target == ErrNotFound && e.code == errCodeNotFound
 }
 
-func openMdrun(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, error) {
-	e, err := parseMdrunEnv(env)
+func openMdrun(ctx context.Context, logger hclog.Logger, st *openState) (Bootstrap, error) {
+	e, err := parseMdrunEnv(st.env)
 	if err != nil {
 		return nil, err
 	}

@@ -3,9 +3,11 @@ package bootstrap
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -24,13 +26,22 @@ const (
 // tests.
 type lookupFunc func(key string) (string, bool)
 
-// backend is one way of learning about the job. Adding a launcher (PMI-1,
-// PMI-2) means adding one of these to [backends].
+// backend is one way of learning about the job. Adding a launcher means
+// adding one of these to [backends].
 type backend struct {
 	name string
 	// detect reports whether the environment belongs to this backend.
 	detect func(env lookupFunc) bool
-	open   func(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, error)
+	// open joins the job. A *refusedError says the backend tried and the
+	// environment is not its own after all; Open then tries the next one.
+	open func(ctx context.Context, logger hclog.Logger, st *openState) (Bootstrap, error)
+}
+
+// openState is what the backends of one Open share.
+type openState struct {
+	env    lookupFunc
+	pmi    *pmiConn // the PMI manager's connection, once opened
+	pmiErr error
 }
 
 // backends lists the launcher backends in the order Open tries them. When
@@ -38,6 +49,8 @@ type backend struct {
 func backends() []backend {
 	return []backend{
 		{name: "mdrun", detect: detectMdrun, open: openMdrun},
+		{name: "pmi2", detect: detectPMI, open: openPMI2},
+		{name: "pmi1", detect: detectPMI, open: openPMI1},
 	}
 }
 
@@ -56,16 +69,35 @@ func open(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, 
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	st := &openState{env: env}
+	var refusals []string
 	for _, b := range backends() {
 		if !b.detect(env) {
 			continue
 		}
-		bs, err := b.open(ctx, logger.Named(b.name), env)
+		bs, err := b.open(ctx, logger.Named(b.name), st)
+		var ref *refusedError
+		if errors.As(err, &ref) {
+			logger.Debug("backend refused the environment", "backend", b.name, "reason", ref.reason)
+			refusals = append(refusals, b.name+": "+ref.reason)
+			continue
+		}
 		if err != nil {
+			if st.pmi != nil {
+				st.pmi.close()
+			}
 			return nil, err
 		}
 		logger.Debug("bootstrap opened", "backend", b.name, "rank", bs.Rank(), "size", bs.Size())
 		return bs, nil
+	}
+	if len(refusals) > 0 {
+		// A launcher is there but no backend speaks its language: a
+		// singleton would only hang the job.
+		if st.pmi != nil {
+			st.pmi.close()
+		}
+		return nil, fmt.Errorf("bootstrap: no backend accepted the launcher: %s", strings.Join(refusals, "; "))
 	}
 	logger.Debug("no launcher in the environment, running as a singleton")
 	return newSingleton()
