@@ -408,6 +408,7 @@ func (j *pmiJob) loop() {
 			var ce *connError
 			if errors.As(op.err, &ce) {
 				j.fail(op.err)
+				op.err = j.err
 			}
 			close(op.done)
 		case <-j.dead:
