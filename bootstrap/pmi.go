@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -40,6 +41,10 @@ const (
 
 // secretKey is the key under which rank 0 publishes the job secret.
 const secretKey = "bootstrap.secret"
+
+// abortGrace is how long Abort waits between logging its reason and
+// telling the manager.
+const abortGrace = 200 * time.Millisecond
 
 // mappingKey is the job attribute telling which ranks share a node.
 const mappingKey = "PMI_process_mapping"
@@ -640,6 +645,10 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	if err != nil {
 		return fmt.Errorf("bootstrap: abort: %w", err)
 	}
+	// Managers kill the job as soon as they read the abort, sometimes
+	// before forwarding what the rank wrote just before; give the reason
+	// logged above a moment to get out.
+	time.Sleep(abortGrace)
 	// Written beside the worker, which may be waiting in a barrier.
 	err = j.proto.abort(code, strings.ReplaceAll(reason, "\n", " "))
 	j.shutdown()
