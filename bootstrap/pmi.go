@@ -22,7 +22,7 @@ const (
 	EnvPMIRank  = "PMI_RANK"  // this process's rank (PMI-1; PMI-2 asks the manager)
 	EnvPMISize  = "PMI_SIZE"  // the number of ranks (PMI-1)
 	EnvPMIID    = "PMI_ID"    // PMI-2: this process's id in fullinit, where set
-	EnvPMIJobID = "PMI_JOBID" // PMI-2: the job id when the manager does not answer job-getid
+	EnvPMIJobID = "PMI_JOBID" // PMI-2: the job id, sent in fullinit; used when the manager does not answer job-getid
 	EnvPMIPort  = "PMI_PORT"  // the PMI port model, not supported
 	// EnvPMIVersion pins the PMI version: "1" or "2". Unset, PMI-2 is tried
 	// first and PMI-1 when the manager refuses it.
@@ -131,7 +131,11 @@ func handshake2(c *pmiConn, env lookupFunc) (*pmiSetup, error) {
 		return nil, &refusedError{fmt.Sprintf("the manager answered pmi_version=%s rc=%d", v, rc)}
 	}
 	p := &pmi2{c: c}
+	// Slurm insists on pmijobid and pmirank; Hydra needs neither.
 	var kv []string
+	if id, ok := env(EnvPMIJobID); ok {
+		kv = append(kv, "pmijobid", id)
+	}
 	if id, ok := env(EnvPMIID); ok {
 		kv = append(kv, "pmiid", id)
 	} else if r, ok := env(EnvPMIRank); ok {
@@ -650,7 +654,8 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	// logged above a moment to get out.
 	time.Sleep(abortGrace)
 	// Written beside the worker, which may be waiting in a barrier.
-	err = j.proto.abort(code, strings.ReplaceAll(reason, "\n", " "))
+	// Slurm's PMI-2 takes no ';' in a value, escaped or not.
+	err = j.proto.abort(code, strings.NewReplacer("\n", " ", ";", ",").Replace(reason))
 	j.shutdown()
 	if err != nil {
 		return fmt.Errorf("bootstrap: %s: abort: %w", j.name, err)

@@ -255,7 +255,7 @@ func TestPMIGetAndPutErrors(t *testing.T) {
 }
 
 func TestPMIAbort(t *testing.T) {
-	for _, tt := range []struct{ env, want string }{{"MD_PMI=1", "7"}, {"MD_PMI=2", "rank 0 gives up; really"}} {
+	for _, tt := range []struct{ env, want string }{{"MD_PMI=1", "7"}, {"MD_PMI=2", "rank 0 gives up, really"}} {
 		t.Run(tt.env, func(t *testing.T) {
 			f := newFakePMI(t, 2, nil)
 			ranks := openPMIRanks(t, f, tt.env)

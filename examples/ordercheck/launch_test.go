@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -184,6 +185,11 @@ func abortMain() int {
 	}
 	if w.Comm().Rank() == 1 {
 		w.Abort(3, "rank 1 gives up")
+		if os.Getenv("ORDERCHECK_ABORT_EXIT") != "" {
+			return 3 // as MPICH's MPI_Abort does after asking the manager
+		}
+		// Otherwise stay, so only the manager acting on the abort ends
+		// the job.
 		time.Sleep(watchdog)
 	}
 	w.Comm().Recv(ctx, make([]byte, 1), 0, 99)
@@ -257,6 +263,90 @@ func TestHydraTwoHosts(t *testing.T) {
 				t.Fatalf("mpiexec exited %d", status)
 			}
 			checkRanks(t, out, []string{"h1", "h1", "h2", "h2"})
+		})
+	}
+}
+
+// freePort returns a TCP port nobody listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestSlurm: srun --mpi=pmi2 -n 4 on a private one-node Slurm cluster that
+// testdata/slurm-one-node.sh starts. It skips when not root, when Slurm or
+// munge is not installed, or when the daemons do not come up in 20 s.
+func TestSlurm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Slurm daemons")
+	}
+	if os.Getuid() != 0 {
+		t.Skip("starting slurmctld and slurmd needs root")
+	}
+	for _, prog := range []string{"srun", "slurmctld", "slurmd", "munged", "sinfo"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s not found; apt-get install slurm-wlm munge", prog)
+		}
+	}
+	script, err := filepath.Abs("testdata/slurm-one-node.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short directory: munged's socket path must fit a sockaddr_un.
+	dir, err := os.MkdirTemp("", "mdslurm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("sh", script, "stop", dir).CombinedOutput(); err != nil {
+			t.Errorf("stopping Slurm: %v\n%s", err, out)
+		}
+		os.RemoveAll(dir)
+	})
+	start := exec.Command("sh", script, "start", dir)
+	start.Env = cleanEnv(fmt.Sprintf("SLURMCTLD_PORT=%d", freePort(t)), fmt.Sprintf("SLURMD_PORT=%d", freePort(t)))
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Skipf("a one-node Slurm cluster did not start here: %v\n%s", err, out)
+	}
+	conf := "SLURM_CONF=" + filepath.Join(dir, "slurm.conf")
+	for _, pmi := range []string{"", "1", "2"} {
+		t.Run("pmi"+pmi, func(t *testing.T) {
+			cmd := exec.Command("srun", "--mpi=pmi2", "-n", "4", helper, "-messages", "50")
+			cmd.Env = cleanEnv(conf, "MD_PMI="+pmi)
+			status, out := runJob(t, cmd)
+			if status != 0 {
+				t.Fatalf("srun exited %d", status)
+			}
+			checkRanks(t, out, []string{"a", "a", "a", "a"})
+		})
+	}
+	// Slurm 22.05 ends the step on a PMI-1 abort but not on a PMI-2 one
+	// (its stepd logs the request and does nothing more); there the
+	// aborting rank exits and srun -K ends the others, as with MPICH.
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"abort-pmi1", nil, []string{"MD_PMI=1"}},
+		{"abort-pmi2", []string{"-K"}, []string{"MD_PMI=2", "ORDERCHECK_ABORT_EXIT=1"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append(append([]string{"--mpi=pmi2"}, tt.args...), "-n", "3", helper+"-abort")
+			cmd := exec.Command("srun", args...)
+			cmd.Env = cleanEnv(append(tt.env, conf)...)
+			status, out := runJob(t, cmd)
+			if status == 0 {
+				t.Errorf("srun exited 0 after an abort")
+			}
+			if !strings.Contains(out, "rank 1 gives up") {
+				t.Errorf("output does not give the abort's reason")
+			}
 		})
 	}
 }
