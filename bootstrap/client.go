@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -257,6 +259,9 @@ func (c *client) finish(op string, m *message) error {
 
 // shutdown closes the connection and waits for the goroutines.
 func (c *client) shutdown() {
+	c.mu.Lock()
+	c.closing = true // this rank ends the connection; no leash
+	c.mu.Unlock()
 	c.fail(ErrClosed)
 	c.wg.Wait()
 }
@@ -359,6 +364,7 @@ func (c *client) readLoop() {
 		}
 		if err != nil {
 			c.fail(fmt.Errorf("connection to the mdrun service at %s ended (%v): %w", c.env.addr, err, ErrClosed))
+			c.leash()
 			return
 		}
 		c.mu.Lock()
@@ -371,6 +377,20 @@ func (c *client) readLoop() {
 		cl.resp = m
 		close(cl.done)
 	}
+}
+
+// leash ends the process when the service went away under a rank that
+// mdrun started on another host and that had not finished: mdrun is
+// ending the job, and nothing else would reach the rank.
+func (c *client) leash() {
+	c.mu.Lock()
+	finished := c.closing
+	c.mu.Unlock()
+	if !c.env.exitWithService || finished {
+		return
+	}
+	c.logger.Error("lost the mdrun service; ending this rank", "addr", c.env.addr)
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
 }
 
 func (c *client) writeLoop() {

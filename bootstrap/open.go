@@ -20,6 +20,10 @@ const (
 	EnvJobID  = "MDRUN_JOBID"
 	EnvSecret = "MDRUN_SECRET"
 	EnvHost   = "MDRUN_HOST"
+	// EnvExitWithService=1 makes a rank send itself SIGTERM when its
+	// connection to the mdrun service ends before Close or Abort: mdrun
+	// closes the service to end ranks it started on other hosts.
+	EnvExitWithService = "MDRUN_EXIT_WITH_SERVICE"
 )
 
 // lookupFunc reads the environment; os.LookupEnv in production, a map in
@@ -111,6 +115,8 @@ type mdrunEnv struct {
 	jobID  string
 	secret []byte
 	host   string
+	// exitWithService: end the process when the service goes away.
+	exitWithService bool
 }
 
 func detectMdrun(env lookupFunc) bool {
@@ -172,6 +178,12 @@ func parseMdrunEnv(env lookupFunc) (mdrunEnv, error) {
 	}
 	if e.host, err = str(EnvHost); err != nil {
 		return e, err
+	}
+	if v, ok := env(EnvExitWithService); ok {
+		if v != "0" && v != "1" {
+			return e, fmt.Errorf("bootstrap: %s=%q, want 0 or 1", EnvExitWithService, v)
+		}
+		e.exitWithService = v == "1"
 	}
 	return e, nil
 }
