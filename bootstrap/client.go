@@ -46,6 +46,10 @@ type client struct {
 	putSize int
 	fence   *call // the fence sent and not yet answered
 	closing bool  // Close or Abort was called
+	// leashOff: the rank finished (Close) or never joined, so losing the
+	// service does not end the process. Abort leaves the leash on: the
+	// job is ending, this rank with it.
+	leashOff bool
 }
 
 // call is one request waiting for its reply.
@@ -92,6 +96,7 @@ func openMdrun(ctx context.Context, logger hclog.Logger, st *openState) (Bootstr
 		Secret:  hex.EncodeToString(e.secret),
 	})
 	if err != nil {
+		c.unleash()
 		c.shutdown()
 		return nil, fmt.Errorf("bootstrap: hello to the mdrun service at %s=%s: %w", EnvAddr, e.addr, err)
 	}
@@ -236,7 +241,15 @@ func (c *client) Abort(code int, reason string) error {
 // Close says goodbye to the service and releases the connection. It is
 // idempotent; only the first call reports an error.
 func (c *client) Close() error {
+	c.unleash()
 	return c.finish(opFinalize, &message{Op: opFinalize})
+}
+
+// unleash marks the end of the connection as this rank's own doing.
+func (c *client) unleash() {
+	c.mu.Lock()
+	c.leashOff = true
+	c.mu.Unlock()
 }
 
 func (c *client) finish(op string, m *message) error {
@@ -259,9 +272,6 @@ func (c *client) finish(op string, m *message) error {
 
 // shutdown closes the connection and waits for the goroutines.
 func (c *client) shutdown() {
-	c.mu.Lock()
-	c.closing = true // this rank ends the connection; no leash
-	c.mu.Unlock()
 	c.fail(ErrClosed)
 	c.wg.Wait()
 }
@@ -380,13 +390,13 @@ func (c *client) readLoop() {
 }
 
 // leash ends the process when the service went away under a rank that
-// mdrun started on another host and that had not finished: mdrun is
-// ending the job, and nothing else would reach the rank.
+// mdrun started on another host and that had not finished, or that
+// aborted: mdrun is ending the job, and nothing else would reach the rank.
 func (c *client) leash() {
 	c.mu.Lock()
-	finished := c.closing
+	off := c.leashOff
 	c.mu.Unlock()
-	if !c.env.exitWithService || finished {
+	if !c.env.exitWithService || off {
 		return
 	}
 	c.logger.Error("lost the mdrun service; ending this rank", "addr", c.env.addr)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -238,7 +239,9 @@ case "$host" in
   10.77.0.2) ns=%s ;;
   *) echo "launch: unknown host $host" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" sh -c "$*"
+# A session of its own, as under sshd: a signal to this script does not
+# reach the command.
+exec ip netns exec "$ns" setsid -w sh -c "$*"
 `, h1.Name(), h2.Name())
 	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
 		t.Fatal(err)
@@ -349,4 +352,79 @@ func TestSlurm(t *testing.T) {
 			}
 		})
 	}
+}
+
+var (
+	mdrunOnce sync.Once
+	mdrunPath string
+	mdrunErr  error
+)
+
+// buildMdrun builds cmd/mdrun once per test binary.
+func buildMdrun(t *testing.T) string {
+	t.Helper()
+	mdrunOnce.Do(func() {
+		mdrunPath = filepath.Join(helperDir, "mdrun")
+		out, err := exec.Command("go", "build", "-o", mdrunPath, "github.com/hpc-multidevice/multidevice/cmd/mdrun").CombinedOutput()
+		if err != nil {
+			mdrunErr = fmt.Errorf("build mdrun: %v\n%s", err, out)
+		}
+	})
+	if mdrunErr != nil {
+		t.Fatal(mdrunErr)
+	}
+	return mdrunPath
+}
+
+// helperProcs lists the processes still running the helper.
+func helperProcs() []string {
+	var procs []string
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.HasPrefix(string(b), helper) {
+			procs = append(procs, filepath.Base(filepath.Dir(f)))
+		}
+	}
+	return procs
+}
+
+// TestMdrunTwoHosts: mdrun on a head node starts 2 ranks on each of two
+// hosts through the ssh-like launch script; when a rank aborts, mdrun ends
+// the remote ranks too.
+func TestMdrunTwoHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mdrun and starts jobs on namespace hosts")
+	}
+	head, script := twoHosts(t)
+	mdrun := buildMdrun(t)
+	t.Run("ordercheck", func(t *testing.T) {
+		cmd := head.Command(context.Background(), mdrun, "-hosts", "10.77.0.1:2,10.77.0.2:2", "-launcher", script,
+			"-n", "4", helper, "-messages", "50")
+		cmd.Env = cleanEnv()
+		status, out := runJob(t, cmd)
+		if status != 0 {
+			t.Fatalf("mdrun exited %d", status)
+		}
+		checkRanks(t, out, []string{"h1", "h1", "h2", "h2"})
+	})
+	t.Run("abort", func(t *testing.T) {
+		cmd := head.Command(context.Background(), mdrun, "-hosts", "10.77.0.1,10.77.0.2", "-launcher", script,
+			"-n", "4", helper+"-abort")
+		cmd.Env = cleanEnv()
+		status, out := runJob(t, cmd)
+		if status != 3 {
+			t.Errorf("mdrun exited %d, want 3", status)
+		}
+		if !regexp.MustCompile(`mdrun: rank 1 on 10\.77\.0\.2 \(launcher pid \d+\) aborted with code 3: rank 1 gives up`).MatchString(out) {
+			t.Errorf("mdrun does not name the aborting rank and its host")
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(helperProcs()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if p := helperProcs(); len(p) > 0 {
+			t.Errorf("ranks still running after mdrun ended: pids %v", p)
+		}
+	})
 }

@@ -22,6 +22,11 @@ cmd=${1:?usage: slurm-one-node.sh start|stop DIR}
 dir=${2:?usage: slurm-one-node.sh start|stop DIR}
 
 stop() {
+	# Steps still running (a test that gave up on a hung job) would leave
+	# their slurmstepd behind the daemons.
+	if [ -s "$dir/slurmctld.pid" ]; then
+		SLURM_CONF="$dir/slurm.conf" scancel --partition=md 2>/dev/null && sleep 1 || true
+	fi
 	for d in slurmd slurmctld munged; do
 		if [ -s "$dir/$d.pid" ]; then
 			kill "$(cat "$dir/$d.pid")" 2>/dev/null || true
