@@ -67,6 +67,9 @@
 //	MDRUN_JOBID   the job's identifier, unique per job
 //	MDRUN_SECRET  the job's secret, hexadecimal; the service refuses ranks without it
 //	MDRUN_HOST    the launcher's name for this rank's host
+//	MDRUN_EXIT_WITH_SERVICE
+//	              1 for ranks mdrun starts on other hosts: the rank sends itself
+//	              SIGTERM when its connection to the service ends before Close
 //
 // mdrun also passes two variables to the ranks when its flags ask for them.
 // They are read by the library, not by this package:

@@ -76,8 +76,8 @@ func (m *pmiMsg) addAttr(k, v string) error {
 		if m.cmd != "" {
 			return fmt.Errorf("%w: two commands", errBadPMI)
 		}
-		if v == "" {
-			return fmt.Errorf("%w: empty command", errBadPMI)
+		if v == "" || strings.IndexFunc(v, notCmdRune) >= 0 {
+			return fmt.Errorf("%w: command %.40q", errBadPMI, v)
 		}
 		m.cmd = v
 		return nil
@@ -90,6 +90,12 @@ func (m *pmiMsg) addAttr(k, v string) error {
 	}
 	m.attrs[k] = v
 	return nil
+}
+
+// notCmdRune reports what cannot be in a command name (get_result,
+// kvs-fence-response, ...).
+func notCmdRune(r rune) bool {
+	return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-')
 }
 
 // parsePMI1 parses one PMI-1 line without its newline.
