@@ -115,7 +115,6 @@ func order(ctx context.Context, c *adi.Comm, per, maxSize int) error {
 			}
 			msg := make([]byte, 8+rng.IntN(maxSize-7))
 			binary.LittleEndian.PutUint64(msg, uint64(i))
-			msg[len(msg)-1] ^= byte(i)
 			r, err := c.Isend(msg, peer, rng.IntN(tagMax))
 			if err != nil {
 				return fmt.Errorf("order: %w", err)
