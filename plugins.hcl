@@ -14,5 +14,10 @@ subdevice "shm" {
 }
 
 subdevice "tcp" {
-  # config { connect_timeout = "10s" }
+  # config {
+  #   connect_timeout = "10s"
+  #   include = ["eth*", "10.1.0.0/16"]  # interfaces (names, patterns) or CIDRs to publish; default all that are up
+  #   exclude = ["docker0", "virbr*"]    # never publish these
+  #   max_connections = 0                # per peer; 0: one per matched interface pair, 1: one ordered connection
+  # }
 }

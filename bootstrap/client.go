@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -44,6 +46,10 @@ type client struct {
 	putSize int
 	fence   *call // the fence sent and not yet answered
 	closing bool  // Close or Abort was called
+	// leashOff: the rank finished (Close) or never joined, so losing the
+	// service does not end the process. Abort leaves the leash on: the
+	// job is ending, this rank with it.
+	leashOff bool
 }
 
 // call is one request waiting for its reply.
@@ -66,8 +72,8 @@ func (e *remoteError) Is(target error) bool {
 	return target == ErrNotFound && e.code == errCodeNotFound
 }
 
-func openMdrun(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, error) {
-	e, err := parseMdrunEnv(env)
+func openMdrun(ctx context.Context, logger hclog.Logger, st *openState) (Bootstrap, error) {
+	e, err := parseMdrunEnv(st.env)
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +96,7 @@ func openMdrun(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootst
 		Secret:  hex.EncodeToString(e.secret),
 	})
 	if err != nil {
+		c.unleash()
 		c.shutdown()
 		return nil, fmt.Errorf("bootstrap: hello to the mdrun service at %s=%s: %w", EnvAddr, e.addr, err)
 	}
@@ -234,7 +241,15 @@ func (c *client) Abort(code int, reason string) error {
 // Close says goodbye to the service and releases the connection. It is
 // idempotent; only the first call reports an error.
 func (c *client) Close() error {
+	c.unleash()
 	return c.finish(opFinalize, &message{Op: opFinalize})
+}
+
+// unleash marks the end of the connection as this rank's own doing.
+func (c *client) unleash() {
+	c.mu.Lock()
+	c.leashOff = true
+	c.mu.Unlock()
 }
 
 func (c *client) finish(op string, m *message) error {
@@ -359,6 +374,7 @@ func (c *client) readLoop() {
 		}
 		if err != nil {
 			c.fail(fmt.Errorf("connection to the mdrun service at %s ended (%v): %w", c.env.addr, err, ErrClosed))
+			c.leash()
 			return
 		}
 		c.mu.Lock()
@@ -371,6 +387,20 @@ func (c *client) readLoop() {
 		cl.resp = m
 		close(cl.done)
 	}
+}
+
+// leash ends the process when the service went away under a rank that
+// mdrun started on another host and that had not finished, or that
+// aborted: mdrun is ending the job, and nothing else would reach the rank.
+func (c *client) leash() {
+	c.mu.Lock()
+	off := c.leashOff
+	c.mu.Unlock()
+	if !c.env.exitWithService || off {
+		return
+	}
+	c.logger.Error("lost the mdrun service; ending this rank", "addr", c.env.addr)
+	syscall.Kill(os.Getpid(), syscall.SIGTERM)
 }
 
 func (c *client) writeLoop() {

@@ -12,13 +12,50 @@
 //
 //  1. mdrun: any MDRUN_* variable is set. The rank connects to the
 //     rendezvous service of the mdrun that started it (see [Server]).
-//  2. singleton: nothing is set. The process is rank 0 of a world of one;
+//  2. pmi2: PMI_FD is set (MPICH's Hydra, Slurm's srun --mpi=pmi2, and
+//     other PMI process managers). The rank speaks the PMI-2 wire protocol
+//     on that descriptor: fullinit, job-getid, info-getjobattr, kvs-put,
+//     kvs-fence, kvs-get, abort, finalize.
+//  3. pmi1: PMI_FD is set and the manager refused PMI-2. The rank speaks
+//     PMI-1 on the same descriptor: init, get_maxes, get_my_kvsname, put,
+//     barrier_in, get, abort, finalize; rank and size come from PMI_RANK and
+//     PMI_SIZE.
+//  4. singleton: nothing is set. The process is rank 0 of a world of one;
 //     Put, Fence and Get work locally, JobID and Secret are random.
 //
-// PMI-1 and PMI-2 backends (for Hydra and Slurm) will slot in before the
-// singleton. A backend whose variables are present but wrong makes Open fail
-// with an error naming the variable or the address: a rank that silently
-// became a singleton would hang or corrupt a real job.
+// MD_PMI=1 or MD_PMI=2 pins the PMI version. A backend whose variables are
+// present but wrong makes Open fail with an error naming the backend and
+// the variable or address ("bootstrap: pmi2: PMI_FD=7: handshake: ..."): a
+// rank that silently became a singleton would hang or corrupt a real job.
+//
+// # Under a PMI process manager
+//
+// The manager's key-value store is one namespace of printable strings with
+// small limits (Hydra and Slurm: keys under 64 bytes, values under 1024), so
+// a rank's Put of (key, value) is stored as base64url text cut into chunks
+// under keys that carry the rank, the encoded key and the chunk number
+// (see pmikvs.go). A key is published once: a second Put of a key after
+// the Fence that published it fails, because the managers do not all
+// replace values.
+//
+// Fence is a barrier under every manager. Hydra's PMI-2 kvs-fence answers
+// at once and holds back kvs-get until every rank has fenced; the backend
+// follows kvs-fence with a get of a key nobody puts, which is answered only
+// then.
+//
+// Host is "<hostname>#<node>", where node is this rank's node in the
+// manager's PMI_process_mapping: ranks on one node share shared memory,
+// and hosts that share a host name (network namespaces, containers) stay
+// apart. Without a mapping, Host is the host name. JobID is the manager's
+// job id (PMI-1: the kvsname), with characters unsafe in file names
+// replaced. Secret is 32 random bytes that rank 0 publishes through the
+// store during Open: the store is as trusted as the manager, which can
+// start processes as this user anyway.
+//
+// When the manager goes away (the descriptor reaches end of file), every
+// waiting and later Fence and Get fails with an error wrapping [ErrClosed]
+// that says so; nothing hangs. The PMI port model (PMI_PORT) is not
+// supported.
 //
 // # Environment
 //
@@ -30,6 +67,9 @@
 //	MDRUN_JOBID   the job's identifier, unique per job
 //	MDRUN_SECRET  the job's secret, hexadecimal; the service refuses ranks without it
 //	MDRUN_HOST    the launcher's name for this rank's host
+//	MDRUN_EXIT_WITH_SERVICE
+//	              1 for ranks mdrun starts on other hosts: the rank sends itself
+//	              SIGTERM when its connection to the service ends before Close
 //
 // mdrun also passes two variables to the ranks when its flags ask for them.
 // They are read by the library, not by this package:

@@ -3,9 +3,11 @@ package bootstrap
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 )
@@ -18,19 +20,32 @@ const (
 	EnvJobID  = "MDRUN_JOBID"
 	EnvSecret = "MDRUN_SECRET"
 	EnvHost   = "MDRUN_HOST"
+	// EnvExitWithService=1 makes a rank send itself SIGTERM when its
+	// connection to the mdrun service ends before Close or Abort: mdrun
+	// closes the service to end ranks it started on other hosts.
+	EnvExitWithService = "MDRUN_EXIT_WITH_SERVICE"
 )
 
 // lookupFunc reads the environment; os.LookupEnv in production, a map in
 // tests.
 type lookupFunc func(key string) (string, bool)
 
-// backend is one way of learning about the job. Adding a launcher (PMI-1,
-// PMI-2) means adding one of these to [backends].
+// backend is one way of learning about the job. Adding a launcher means
+// adding one of these to [backends].
 type backend struct {
 	name string
 	// detect reports whether the environment belongs to this backend.
 	detect func(env lookupFunc) bool
-	open   func(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, error)
+	// open joins the job. A *refusedError says the backend tried and the
+	// environment is not its own after all; Open then tries the next one.
+	open func(ctx context.Context, logger hclog.Logger, st *openState) (Bootstrap, error)
+}
+
+// openState is what the backends of one Open share.
+type openState struct {
+	env    lookupFunc
+	pmi    *pmiConn // the PMI manager's connection, once opened
+	pmiErr error
 }
 
 // backends lists the launcher backends in the order Open tries them. When
@@ -38,6 +53,8 @@ type backend struct {
 func backends() []backend {
 	return []backend{
 		{name: "mdrun", detect: detectMdrun, open: openMdrun},
+		{name: "pmi2", detect: detectPMI, open: openPMI2},
+		{name: "pmi1", detect: detectPMI, open: openPMI1},
 	}
 }
 
@@ -56,16 +73,35 @@ func open(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, 
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
+	st := &openState{env: env}
+	var refusals []string
 	for _, b := range backends() {
 		if !b.detect(env) {
 			continue
 		}
-		bs, err := b.open(ctx, logger.Named(b.name), env)
+		bs, err := b.open(ctx, logger.Named(b.name), st)
+		var ref *refusedError
+		if errors.As(err, &ref) {
+			logger.Debug("backend refused the environment", "backend", b.name, "reason", ref.reason)
+			refusals = append(refusals, b.name+": "+ref.reason)
+			continue
+		}
 		if err != nil {
+			if st.pmi != nil {
+				st.pmi.close()
+			}
 			return nil, err
 		}
 		logger.Debug("bootstrap opened", "backend", b.name, "rank", bs.Rank(), "size", bs.Size())
 		return bs, nil
+	}
+	if len(refusals) > 0 {
+		// A launcher is there but no backend speaks its language: a
+		// singleton would only hang the job.
+		if st.pmi != nil {
+			st.pmi.close()
+		}
+		return nil, fmt.Errorf("bootstrap: no backend accepted the launcher: %s", strings.Join(refusals, "; "))
 	}
 	logger.Debug("no launcher in the environment, running as a singleton")
 	return newSingleton()
@@ -79,6 +115,8 @@ type mdrunEnv struct {
 	jobID  string
 	secret []byte
 	host   string
+	// exitWithService: end the process when the service goes away.
+	exitWithService bool
 }
 
 func detectMdrun(env lookupFunc) bool {
@@ -140,6 +178,12 @@ func parseMdrunEnv(env lookupFunc) (mdrunEnv, error) {
 	}
 	if e.host, err = str(EnvHost); err != nil {
 		return e, err
+	}
+	if v, ok := env(EnvExitWithService); ok {
+		if v != "0" && v != "1" {
+			return e, fmt.Errorf("bootstrap: %s=%q, want 0 or 1", EnvExitWithService, v)
+		}
+		e.exitWithService = v == "1"
 	}
 	return e, nil
 }

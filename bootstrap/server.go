@@ -152,6 +152,20 @@ func (s *Server) Env(rank int) []string {
 	return formatEnv(mdrunEnv{addr: s.addr, rank: rank, size: s.size, jobID: s.jobID, secret: s.secret, host: s.host})
 }
 
+// HostEnv is [Server.Env] for a rank on the named host (MDRUN_HOST=host):
+// ranks with the same host name share memory.
+func (s *Server) HostEnv(rank int, host string) []string {
+	return formatEnv(mdrunEnv{addr: s.addr, rank: rank, size: s.size, jobID: s.jobID, secret: s.secret, host: host})
+}
+
+// RemoteEnv is [Server.HostEnv] for a rank that a remote-exec command (ssh)
+// starts: the rank also ends itself if its connection to the service
+// breaks before it finished (see EnvExitWithService), because a signal to
+// the local ssh does not reach it.
+func (s *Server) RemoteEnv(rank int, host string) []string {
+	return append(s.HostEnv(rank, host), EnvExitWithService+"=1")
+}
+
 // Aborts delivers one [AbortError] per rank that called Abort. It is closed
 // when Serve returns. Nobody has to receive from it: it has room for every
 // rank.

@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -33,6 +35,11 @@ type job struct {
 	ranks   []*rank
 	running int
 
+	srv    *bootstrap.Server
+	self   string   // this machine's host name, with -hosts
+	hostOf []string // per rank, with -hosts
+	remote bool     // some rank runs on another host
+
 	status      int // exit status, decided by the first failure
 	terminating bool
 	killTimer   <-chan time.Time
@@ -41,6 +48,8 @@ type job struct {
 // rank is one started process.
 type rank struct {
 	id     int
+	remote bool   // started through the launcher
+	host   string // the remote host, for messages
 	cmd    *exec.Cmd
 	out    *lineWriter
 	errOut *lineWriter
@@ -55,7 +64,7 @@ type exitEvent struct {
 }
 
 func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
-	srv, err := bootstrap.NewServer(j.cfg.n, j.logger.Named("rendezvous"))
+	srv, err := j.newServer()
 	if err != nil {
 		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
 		return exitFailed
@@ -71,9 +80,10 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	}()
 	j.logger.Debug("rendezvous service listening", "addr", srv.Addr(), "job", srv.JobID())
 
+	j.srv = srv
 	exits := make(chan exitEvent, j.cfg.n)
 	for r := range j.cfg.n {
-		rk, err := j.start(r, srv.Env(r))
+		rk, err := j.start(r, srv)
 		if err != nil {
 			j.fail(exitFailed, fmt.Sprintf("mdrun: starting rank %d: %v; terminating the job", r, err))
 			break
@@ -123,15 +133,92 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	return j.status
 }
 
-// start starts one rank.
-func (j *job) start(r int, env []string) (*rank, error) {
-	cmd := exec.Command(j.cfg.prog, j.cfg.args...)
-	cmd.Env = append(os.Environ(), env...)
+// newServer starts the rendezvous service: on a private unix socket when
+// every rank runs here, otherwise on TCP where the remote ranks reach it.
+func (j *job) newServer() (*bootstrap.Server, error) {
+	logger := j.logger.Named("rendezvous")
+	if j.cfg.hosts == nil {
+		return bootstrap.NewServer(j.cfg.n, logger)
+	}
+	self, err := os.Hostname()
+	if err != nil {
+		return nil, fmt.Errorf("host name: %w", err)
+	}
+	j.self = self
+	j.hostOf = placeRanks(j.cfg.n, j.cfg.hosts)
+	remote := ""
+	for _, h := range j.hostOf {
+		if !isLocal(h, self) {
+			remote = h
+			break
+		}
+	}
+	if remote == "" {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("rendezvous service: %w", err)
+		}
+		return bootstrap.NewServerListener(ln, j.cfg.n, logger)
+	}
+	addr, err := listenAddr(j.cfg.listen, remote)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous service: %w", err)
+	}
+	// The service listens on the network; the job secret, checked in
+	// each rank's hello, keeps strangers out.
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("rendezvous service: %w", err)
+	}
+	j.remote = true
+	return bootstrap.NewServerListener(ln, j.cfg.n, logger)
+}
+
+// rankEnv is what a rank gets on top of the launcher's own variables.
+func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
+	var env []string
+	switch {
+	case j.hostOf == nil:
+		env = srv.Env(r)
+	case remote:
+		env = srv.RemoteEnv(r, j.hostOf[r])
+	default:
+		env = srv.HostEnv(r, j.hostOf[r])
+	}
 	if j.cfg.plugins != "" {
-		cmd.Env = append(cmd.Env, "MD_PLUGINS="+j.cfg.plugins)
+		env = append(env, "MD_PLUGINS="+j.cfg.plugins)
 	}
 	if j.cfg.conntable != "" {
-		cmd.Env = append(cmd.Env, "MD_CONNTABLE="+j.cfg.conntable)
+		env = append(env, "MD_CONNTABLE="+j.cfg.conntable)
+	}
+	if remote {
+		// A remote rank sees only what the command line carries.
+		for _, kv := range os.Environ() {
+			if strings.HasPrefix(kv, "MD_") && !strings.HasPrefix(kv, "MD_PLUGINS=") && !strings.HasPrefix(kv, "MD_CONNTABLE=") {
+				env = append(env, kv)
+			}
+		}
+		for _, name := range j.cfg.exports {
+			if v, ok := os.LookupEnv(name); ok {
+				env = append(env, name+"="+v)
+			}
+		}
+	}
+	return env
+}
+
+// start starts one rank, here or through the launcher.
+func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
+	remote := j.hostOf != nil && !isLocal(j.hostOf[r], j.self)
+	env := j.rankEnv(r, srv, remote)
+	var cmd *exec.Cmd
+	if remote {
+		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], env, j.cfg.prog, j.cfg.args)
+		cmd = exec.Command(argv[0], argv[1:]...)
+		cmd.Env = os.Environ()
+	} else {
+		cmd = exec.Command(j.cfg.prog, j.cfg.args...)
+		cmd.Env = append(os.Environ(), env...)
 	}
 	prefix := ""
 	if j.cfg.prefix {
@@ -139,6 +226,7 @@ func (j *job) start(r int, env []string) (*rank, error) {
 	}
 	rk := &rank{
 		id:     r,
+		remote: remote,
 		cmd:    cmd,
 		out:    &lineWriter{out: j.stdout, prefix: prefix},
 		errOut: &lineWriter{out: j.stderr, prefix: prefix},
@@ -153,10 +241,16 @@ func (j *job) start(r int, env []string) (*rank, error) {
 		// A rank must not outlive an mdrun that was killed outright.
 		Pdeathsig: syscall.SIGKILL,
 	}
+	if remote {
+		rk.host = j.hostOf[r]
+	}
 	if err := cmd.Start(); err != nil {
+		if remote {
+			return nil, fmt.Errorf("launcher %q for host %s: %w", j.cfg.launcher[0], rk.host, err)
+		}
 		return nil, err
 	}
-	j.logger.Debug("rank started", "rank", r, "pid", cmd.Process.Pid)
+	j.logger.Debug("rank started", "rank", r, "pid", cmd.Process.Pid, "host", rk.host)
 	return rk, nil
 }
 
@@ -171,7 +265,7 @@ func (j *job) exited(e exitEvent) {
 	if !ok || (ws.Exited() && ws.ExitStatus() == 0) {
 		return
 	}
-	who := fmt.Sprintf("rank %d (pid %d)", rk.id, e.state.Pid())
+	who := rk.describe(e.state.Pid())
 	switch {
 	case ws.Signaled():
 		j.fail(128+int(ws.Signal()), fmt.Sprintf("mdrun: %s was killed by signal %d (%v); terminating the job", who, int(ws.Signal()), ws.Signal()))
@@ -203,11 +297,12 @@ func (j *job) aborted(a *bootstrap.AbortError) {
 	if status < 1 || status > 255 {
 		status = exitFailed
 	}
-	pid := 0
+	who := fmt.Sprintf("rank %d", a.Rank)
 	if a.Rank < len(j.ranks) {
-		pid = j.ranks[a.Rank].cmd.Process.Pid
+		rk := j.ranks[a.Rank]
+		who = rk.describe(rk.cmd.Process.Pid)
 	}
-	j.fail(status, fmt.Sprintf("mdrun: rank %d (pid %d) aborted with code %d: %s; terminating the job", a.Rank, pid, a.Code, a.Reason))
+	j.fail(status, fmt.Sprintf("mdrun: %s aborted with code %d: %s; terminating the job", who, a.Code, a.Reason))
 }
 
 // signalled passes a signal mdrun received on to the ranks. A second one
@@ -226,7 +321,16 @@ func (j *job) signalled(sig os.Signal) {
 	j.status = 128 + int(s)
 	j.terminating = true
 	j.signalAll(s)
+	j.endRemote()
 	j.killTimer = time.After(killGrace)
+}
+
+// describe names a rank in messages.
+func (rk *rank) describe(pid int) string {
+	if rk.remote {
+		return fmt.Sprintf("rank %d on %s (launcher pid %d)", rk.id, rk.host, pid)
+	}
+	return fmt.Sprintf("rank %d (pid %d)", rk.id, pid)
 }
 
 // fail ends the job because of the first failure; later ones, often caused
@@ -240,7 +344,18 @@ func (j *job) fail(status int, msg string) {
 	j.status = status
 	j.terminating = true
 	j.signalAll(syscall.SIGTERM)
+	j.endRemote()
 	j.killTimer = time.After(killGrace)
+}
+
+// endRemote closes the rendezvous service when ranks run on other hosts: a
+// signal to the local launcher (ssh) does not reach them, but each ends
+// itself when its connection to the service breaks.
+func (j *job) endRemote() {
+	if j.remote && j.srv != nil {
+		j.logger.Debug("closing the rendezvous service to end the remote ranks")
+		j.srv.Close()
+	}
 }
 
 // signalAll signals the process group of every rank that has not been

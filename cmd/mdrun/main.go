@@ -1,6 +1,9 @@
-// Command mdrun starts the ranks of a multidevice job on this host.
+// Command mdrun starts the ranks of a multidevice job, on this host or on
+// several.
 //
 //	mdrun [flags] -n N prog [args...]
+//	mdrun -hosts h1:2,h2:2 [-launcher ssh] [-listen addr:port] -n 4 prog [args...]
+//	mdrun -hostfile hosts.txt -n 64 prog [args...]
 //
 // It runs N copies of prog, each with the environment the bootstrap package
 // reads (MDRUN_ADDR, MDRUN_RANK, MDRUN_SIZE, MDRUN_JOBID, MDRUN_SECRET,
@@ -10,6 +13,41 @@
 // standard input is /dev/null. Each rank runs in its own process group, so
 // SIGINT and SIGTERM reach it once, passed on by mdrun, together with any
 // process it started; a second signal kills the ranks at once.
+//
+// # Several hosts
+//
+// -hosts (h1,h2:2,[fd00::3]:4) or -hostfile (one host per line: host,
+// host:slots or host slots=N; '#' starts a comment) place the ranks: each
+// host in turn takes as many consecutive ranks as it has slots (1 if not
+// given), and the list starts over until every rank has a host, as Hydra
+// does. Ranks on "localhost" or on this machine's host name start here;
+// the others start through the -launcher command (default ssh), called as
+//
+//	launcher host env MDRUN_ADDR=... MD_...=... prog args...
+//
+// with every word after the host quoted for a POSIX shell, since ssh hands
+// them to the remote shell as one command line. A launcher script that is
+// not ssh does the same: `exec ip netns exec NS sh -c "$*"` (mpiexec's
+// -launcher-exec takes the same kind of script). The program must have the
+// same path on every host; remote ranks start in the launcher's directory
+// (ssh: the home directory) and see only the MDRUN_* variables, the MD_*
+// variables of mdrun's environment and those named with -x.
+//
+// The rendezvous service then listens on TCP at -listen, by default on this
+// machine's address on the route to the first remote host, any port. It
+// admits only ranks that present the job secret; the secret travels on the
+// launcher's command line, where other users of a remote host can read it
+// with ps while the rank starts. MDRUN_HOST is the name given in the list,
+// so ranks on one host use shared memory and those on different hosts TCP.
+//
+// Output, exit statuses and signals work as on one host; a failing remote
+// rank is named with its host ("rank 3 on h2 (launcher pid 1234)"). A
+// signal to the launcher does not reach a remote rank through ssh, so
+// mdrun also closes the rendezvous service when the job fails, and remote
+// ranks that have not finished end themselves when it closes
+// (MDRUN_EXIT_WITH_SERVICE=1).
+//
+// # Exit status
 //
 // The job ends when every rank has exited, or as soon as one rank fails:
 // exits non-zero, is killed by a signal, panics, or calls Abort. mdrun then

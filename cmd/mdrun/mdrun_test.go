@@ -26,6 +26,16 @@ const helperName = "mdrun-test-rank"
 // helper is the path of a symlink to the test binary named helperName.
 var helper string
 
+// fakeSSH is a launcher that runs the command line on this machine the way
+// ssh runs it on a remote one: through a shell, in a session of its own,
+// so that a signal to the launcher does not reach the rank.
+var fakeSSH string
+
+const fakeSSHScript = `#!/bin/sh
+shift # the host
+exec setsid -w sh -c "$*"
+`
+
 func TestMain(m *testing.M) {
 	if filepath.Base(os.Args[0]) == helperName {
 		os.Exit(rankMain(os.Args[1:]))
@@ -45,6 +55,11 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer os.RemoveAll(dir)
+	fakeSSH = filepath.Join(dir, "fake-ssh")
+	if err := os.WriteFile(fakeSSH, []byte(fakeSSHScript), 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	helper = filepath.Join(dir, helperName)
 	if err := os.Symlink(exe, helper); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -283,6 +298,32 @@ func TestJobs(t *testing.T) {
 			},
 		},
 		{
+			name: "remote exchange", flags: remoteFlags("localhost,far:3"), n: 4, behaviour: "exchange", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] rank 0 has all 4 cards$`),
+				regexp.MustCompile(`(?m)^\[3\] rank 3 has all 4 cards$`),
+			},
+			pidsPrint: 4,
+		},
+		{
+			// Ranks 2 and 3 on "far" only end because the service closes.
+			name: "remote rank exits 3", flags: remoteFlags("localhost,far:3"), n: 4, behaviour: "exit3", status: 3,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 1 on far \(launcher pid \d+\) exited with status 3; terminating the job$`)},
+			pidsPrint: 4,
+		},
+		{
+			name: "remote ranks after an abort", flags: remoteFlags("localhost:1,far:2"), n: 3, behaviour: "abort", status: 7,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 0 \(pid \d+\) aborted with code 7: bad input; terminating the job$`)},
+			pidsPrint: 3,
+		},
+		{
+			name: "remote environment", flags: append(remoteFlags("far"), "-plugins", plugins, "-conntable", dir), n: 1, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] MD_PLUGINS=` + regexp.QuoteMeta(plugins) + `$`),
+				regexp.MustCompile(`(?m)^\[0\] MD_CONNTABLE=` + regexp.QuoteMeta(dir) + `$`),
+			},
+		},
+		{
 			name: "verbose", flags: []string{"-v"}, n: 1, behaviour: "exchange", status: 0,
 			stderr:    []*regexp.Regexp{regexp.MustCompile(`mdrun: rank started: rank=0`)},
 			pidsPrint: 1,
@@ -318,6 +359,12 @@ func TestJobs(t *testing.T) {
 	}
 }
 
+// remoteFlags places ranks on hosts, starting those not named localhost
+// through fakeSSH.
+func remoteFlags(hosts string) []string {
+	return []string{"-hosts", hosts, "-launcher", fakeSSH, "-listen", "127.0.0.1:0"}
+}
+
 func TestUsageErrors(t *testing.T) {
 	tests := []struct {
 		name string
@@ -332,10 +379,16 @@ func TestUsageErrors(t *testing.T) {
 		{"no program", []string{"-n", "2"}, "no program to run"},
 		{"program not found", []string{"-n", "2", "/nonexistent/prog"}, `program "/nonexistent/prog" not found`},
 		{"program not in PATH", []string{"-n", "2", "no-such-mdrun-program"}, `program "no-such-mdrun-program" not found`},
-		{"unknown flag", []string{"-x", "-n", "2", helper}, "flag provided but not defined: -x"},
+		{"unknown flag", []string{"-bogus", "-n", "2", helper}, "flag provided but not defined: -bogus"},
 		{"plugins missing", []string{"-plugins", "/nonexistent/plugins.hcl", "-n", "1", helper}, "-plugins: stat /nonexistent/plugins.hcl"},
 		{"conntable missing", []string{"-conntable", "/nonexistent/ct", "-n", "1", helper}, "-conntable: stat /nonexistent/ct"},
 		{"negative timeout", []string{"-timeout", "-1s", "-n", "1", helper}, "-timeout -1s is negative"},
+		{"hosts and hostfile", []string{"-hosts", "a", "-hostfile", "/dev/null", "-n", "1", helper}, "give -hosts or -hostfile, not both"},
+		{"bad slots", []string{"-hosts", "a,b:0", "-n", "1", helper}, `-hosts: host "b:0": slots "0" is not a number from 1 to 65536`},
+		{"bad host", []string{"-hosts", "a,,b", "-n", "1", helper}, `-hosts: host "" is not a host name`},
+		{"empty launcher", []string{"-hosts", "a", "-launcher", " ", "-n", "1", helper}, "-launcher is empty"},
+		{"bad export", []string{"-x", "A=1", "-n", "1", helper}, `-x "A=1": want a variable name`},
+		{"hostfile missing", []string{"-hostfile", "/nonexistent/hosts", "-n", "1", helper}, "-hostfile: open /nonexistent/hosts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

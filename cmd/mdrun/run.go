@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -31,7 +32,19 @@ type config struct {
 	verbose   bool
 	prog      string // resolved path of the program
 	args      []string
+	// hosts places the ranks, from -hosts or -hostfile; nil runs every
+	// rank on this machine.
+	hosts    []hostSpec
+	launcher []string // remote-exec command, host and command line follow
+	listen   string   // -listen: the rendezvous address for remote ranks
+	exports  []string // -x: variables passed to remote ranks
 }
+
+// stringList is a flag that may be given several times.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // usageError is a command-line mistake; mdrun prints it and exits 2.
 type usageError struct{ msg string }
@@ -81,6 +94,12 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	fs.BoolVar(&cfg.prefix, "prefix", true, `prefix each line of output with "[rank] "`)
 	fs.DurationVar(&cfg.timeout, "timeout", 0, "end the job after this wall-clock time, e.g. 10m (0: no limit)")
 	fs.BoolVar(&cfg.verbose, "v", false, "log what the launcher does to stderr")
+	hosts := fs.String("hosts", "", "comma-separated hosts to place ranks on, each `host[:slots]` (default: all on this machine)")
+	hostfile := fs.String("hostfile", "", "file naming the hosts, one per line: host, host:slots or host slots=N")
+	launcher := fs.String("launcher", "ssh", "command that runs a command line on a remote host, called as: launcher host command...")
+	fs.StringVar(&cfg.listen, "listen", "", "host:port where remote ranks reach the rendezvous service (default: this machine's address towards the first remote host, any port)")
+	var exports stringList
+	fs.Var(&exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: mdrun [flags] -n N prog [args...]\n")
 		fs.PrintDefaults()
@@ -100,9 +119,36 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	if fs.NArg() == 0 {
 		return cfg, &usageError{"no program to run"}
 	}
+	if *hosts != "" && *hostfile != "" {
+		return cfg, &usageError{"give -hosts or -hostfile, not both"}
+	}
+	var err error
+	switch {
+	case *hosts != "":
+		cfg.hosts, err = parseHosts(*hosts)
+	case *hostfile != "":
+		cfg.hosts, err = parseHostfile(*hostfile)
+	}
+	if err != nil {
+		return cfg, &usageError{err.Error()}
+	}
+	if cfg.launcher = strings.Fields(*launcher); len(cfg.launcher) == 0 {
+		return cfg, &usageError{"-launcher is empty"}
+	}
+	for _, name := range exports {
+		if name == "" || strings.Contains(name, "=") {
+			return cfg, &usageError{fmt.Sprintf("-x %q: want a variable name", name)}
+		}
+	}
+	cfg.exports = exports
 	prog, err := exec.LookPath(fs.Arg(0))
 	if err != nil {
 		return cfg, &usageError{fmt.Sprintf("program %q not found: %v", fs.Arg(0), err)}
+	}
+	// Absolute, so remote hosts (which share the path) and ranks that
+	// change directory find it.
+	if prog, err = filepath.Abs(prog); err != nil {
+		return cfg, &usageError{fmt.Sprintf("program %q: %v", fs.Arg(0), err)}
 	}
 	cfg.prog, cfg.args = prog, fs.Args()[1:]
 	for _, p := range []struct {

@@ -62,6 +62,10 @@ type Bed struct {
 	nss    []string // namespaces made, in creation order
 	names  map[string]bool
 	ports  map[*Switch]int
+	// pending are interfaces brought up but maybe not yet operational: the
+	// kernel reports a new carrier up to a second late, and until then a
+	// program in the host sees the interface as not running.
+	pending []*Iface
 }
 
 // Host is a network namespace standing for one machine.
@@ -292,7 +296,32 @@ func (i *Iface) configure(addrs []string) {
 		b.must("ip", args...)
 	}
 	b.must("ip", "-n", i.host.ns, "link", "set", i.name, "up")
+	b.pending = append(b.pending, i)
 }
+
+// Settle waits until every interface brought up so far is operationally
+// up, so whatever runs in a host next sees the network as built; it fails
+// the test if one is not after 10 s. Run and Command call it; call it
+// before starting a program through ExecPrefix.
+func (b *Bed) Settle() {
+	b.t.Helper()
+	deadline := time.Now().Add(settleTimeout)
+	for len(b.pending) > 0 {
+		i := b.pending[0]
+		out, err := run("ip", "-n", i.host.ns, "-o", "link", "show", "dev", i.name)
+		if err == nil && (strings.Contains(out, " state UP ") || strings.Contains(out, " state UNKNOWN ")) {
+			b.pending = b.pending[1:]
+			continue
+		}
+		if time.Now().After(deadline) {
+			b.t.Fatalf("netns: %s in %s not up after %v: %v\n%s", i.name, i.host.ns, settleTimeout, err, out)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// settleTimeout bounds the wait for interfaces to come up.
+const settleTimeout = 10 * time.Second
 
 // Name returns the namespace name.
 func (h *Host) Name() string { return h.ns }
@@ -309,9 +338,13 @@ func (h *Host) Route(dst, via string) {
 }
 
 // Run runs a command inside the host and returns its combined output. Unlike
-// the bed's set-up methods it does not fail the test: the caller decides
-// what a failure means.
+// the bed's set-up methods it does not fail the test when the command fails:
+// the caller decides what that means. It first waits until every interface
+// of the bed is operationally up (the kernel can take up to a second to say
+// so), failing the test if one never comes up.
 func (h *Host) Run(args ...string) (string, error) {
+	h.bed.t.Helper()
+	h.bed.Settle()
 	if len(args) == 0 {
 		return "", errors.New("netns: Run: no command")
 	}
@@ -325,14 +358,17 @@ func (h *Host) Run(args ...string) (string, error) {
 
 // Command returns a command that runs name inside the namespace (ip netns
 // exec <ns> name args...); the caller sets Env, Stdout and so on. ip execs
-// name in place, so cancelling ctx kills name itself.
+// name in place, so cancelling ctx kills name itself. Like Run, it first
+// waits until every interface of the bed is operationally up.
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	h.bed.t.Helper()
+	h.bed.Settle()
 	p := h.ExecPrefix()
 	return exec.CommandContext(ctx, p[0], append(append(p[1:], name), args...)...)
 }
 
 // ExecPrefix is the argv prefix that enters the namespace:
-// {"ip", "netns", "exec", ns}.
+// {"ip", "netns", "exec", ns}. Call [Bed.Settle] before using it.
 func (h *Host) ExecPrefix() []string { return []string{"ip", "netns", "exec", h.ns} }
 
 // Name returns the interface name inside its host.
@@ -404,8 +440,15 @@ func (i *Iface) Counters() (rxBytes, txBytes uint64, err error) {
 // SetDown takes the interface down (its addresses are kept).
 func (i *Iface) SetDown() error { return i.setLink("down") }
 
-// SetUp brings the interface up again.
-func (i *Iface) SetUp() error { return i.setLink("up") }
+// SetUp brings the interface up again; the next Run or Command waits until
+// it is operational.
+func (i *Iface) SetUp() error {
+	if err := i.setLink("up"); err != nil {
+		return err
+	}
+	i.host.bed.pending = append(i.host.bed.pending, i)
+	return nil
+}
 
 func (i *Iface) setLink(state string) error {
 	if out, err := run("ip", "-n", i.host.ns, "link", "set", i.name, state); err != nil {

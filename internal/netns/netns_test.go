@@ -114,6 +114,11 @@ func TestSwitchReach(t *testing.T) {
 	sw := b.Switch("lan")
 	b.Attach(a, "eth0", sw, "10.9.0.1/24", "fd09::1/64")
 	b.Attach(c, "eth0", sw, "10.9.0.2/24", "fd09::2/64")
+	// What runs in a host sees its interfaces operational at once (the
+	// kernel may take a second to say so; the bed waits for it).
+	if out, err := a.Run("ip", "-o", "link", "show", "eth0"); err != nil || !strings.Contains(out, "state UP") {
+		t.Fatalf("eth0 not operational when the first command runs: %v\n%s", err, out)
+	}
 	mustReach(t, a, "10.9.0.2")
 	mustReach(t, a, "fd09::2")
 	mustReach(t, c, "10.9.0.1")

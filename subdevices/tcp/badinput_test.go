@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"strings"
 	"syscall"
 	"testing"
@@ -27,7 +28,10 @@ func dialRaw(t *testing.T, n *node) net.Conn {
 	return conn
 }
 
-func netip4(c card) string { return c.dialOrder("")[0].String() }
+// netip4 is the address a card from a listener on 127.0.0.1 publishes.
+func netip4(c card) string {
+	return netip.AddrPortFrom(c.Ifaces[0].Addrs[0].Addr(), c.Port).String()
+}
 
 // awaitDrop reads until the server closes the connection and fails unless
 // it was closed (EOF, or a reset when bytes were left unread).
@@ -58,7 +62,7 @@ func TestStrangers(t *testing.T) {
 	handshake := func(au auth) func(t *testing.T, c net.Conn) {
 		return func(t *testing.T, c net.Conn) {
 			c.SetDeadline(time.Now().Add(watchdog))
-			if err := au.connect(c, b.rank); err != nil {
+			if err := au.connect(c, b.rank, laneID{}); err != nil {
 				t.Fatalf("valid handshake failed: %v", err)
 			}
 		}
@@ -81,7 +85,7 @@ func TestStrangers(t *testing.T) {
 	refused := func(au auth) func(t *testing.T, c net.Conn) {
 		return func(t *testing.T, c net.Conn) {
 			c.SetDeadline(time.Now().Add(watchdog))
-			if err := au.connect(c, b.rank); err == nil {
+			if err := au.connect(c, b.rank, laneID{}); err == nil {
 				t.Fatalf("handshake with %+v succeeded", au)
 			}
 		}
@@ -100,7 +104,8 @@ func TestStrangers(t *testing.T) {
 		{"garbage", write(strings.Repeat("\xab", replyLen)), "bad reply magic"},
 		{"http request", write("GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: probe/1.0\r\nAccept: */*\r\nConnection: close\r\n\r\n"), "bad reply magic"},
 		{"silent", func(*testing.T, net.Conn) {}, "i/o timeout"},
-		{"short reply", write("mdth\x01rank"), "reading reply"},
+		{"short reply", write("mdth\x02rank"), "reading reply"},
+		{"old version", write("mdth\x01rank"), "reply version 1, this build speaks 2"},
 		{"wrong secret", refused(wrongSecret), "authentication failed for claimed rank 2"},
 		{"wrong job", refused(wrongJob), "authentication failed for claimed rank 2"},
 		{"rank beyond job", refused(badRank), "claimed rank 3 out of range [0,3)"},

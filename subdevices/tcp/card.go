@@ -7,34 +7,41 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/subdevices/tcp/addrsel"
 )
 
-// Business card layout, version 1. Integers are little-endian like
+// Business card layout, version 2. Integers are little-endian like
 // [sdi.WireHeader].
 //
 //	0     4     5     6           10          18    20    21
-//	+-----+-----+-----+-----------+-----------+-----+-----+----------+-----+-----------------+------------+
-//	|"mdtc"|vers |  0  |   rank    |  job tag  |port |hlen | host     |naddr| naddr addresses | extensions |
-//	+-----+-----+-----+-----------+-----------+-----+-----+----------+-----+-----------------+------------+
+//	+-----+-----+-----+-----------+-----------+-----+-----+----------+------+------------------+------------+
+//	|"mdtc"|vers |  0  |   rank    |  job tag  |port |hlen | host     |nifs  | nifs interfaces  | extensions |
+//	+-----+-----+-----+-----------+-----------+-----+-----+----------+------+------------------+------------+
 //
-//	address:   family (4 or 6) | 4 or 16 address bytes | prefix length of its interface
+//	interface: name length (1..64) | name | link speed in Mbit/s (4 bytes, 0 unknown) | naddr | naddr addresses
+//	address:   family (4 or 6) | 4 or 16 address bytes | prefix length
 //	extension: type (1 byte) | length (2 bytes) | value; decoders skip types they do not know
 //
 // The job tag is the first 8 bytes of SHA-256(job id): enough to refuse a
 // card from another job with a clear message, without publishing the id.
-// Prefix lengths travel now so a later peer-side address selection (which
-// local interface matches which peer network) needs no new card version.
+// An address's scope (loopback, link-local, private, public) follows from
+// the address itself, so the card does not repeat it. Interfaces are those
+// that are up; loopback is listed like the others and used only between
+// ranks on one host (see package addrsel).
 const (
-	cardMagic           = "mdtc"
-	cardVersion         = 1
-	cardFixedLen        = 21 // up to and including the host length byte
-	maxCardAddrs        = 64
-	maxCardLen          = 4096
-	maxCardHostLen      = 255
-	familyIPv4     byte = 4
-	familyIPv6     byte = 6
+	cardMagic            = "mdtc"
+	cardVersion          = 2
+	cardFixedLen         = 21 // up to and including the host length byte
+	maxCardIfaces        = 64
+	maxCardAddrs         = 64 // over all interfaces
+	maxIfaceNameLen      = 64
+	maxCardLen           = 8192
+	maxCardHostLen       = 255
+	familyIPv4      byte = 4
+	familyIPv6      byte = 6
 )
 
 var errBadCard = errors.New("tcp: bad business card")
@@ -45,10 +52,45 @@ type card struct {
 	JobTag [8]byte
 	Port   uint16
 	Host   string
-	// Addrs are the listener's addresses, each with the prefix length of the
-	// interface it sits on, in the order the owner lists them (loopback
-	// first).
-	Addrs []netip.Prefix
+	// Ifaces are the interfaces the listener can be reached on, in the
+	// owner's order, each with the addresses it publishes.
+	Ifaces []cardIface
+}
+
+// cardIface is one interface on a card.
+type cardIface struct {
+	Name  string
+	Speed uint32         // Mbit/s from /sys/class/net/<name>/speed; 0 unknown
+	Addrs []netip.Prefix // each address with its interface's prefix length
+}
+
+func (c card) numAddrs() int {
+	n := 0
+	for _, f := range c.Ifaces {
+		n += len(f.Addrs)
+	}
+	return n
+}
+
+// endpoint is the card as address selection sees it. A card without a
+// host name (a launcher that does not say) is identified by its addresses,
+// which ranks on one host publish alike.
+func (c card) endpoint() addrsel.Endpoint {
+	ep := addrsel.Endpoint{Host: c.Host, Ifaces: make([]addrsel.Interface, len(c.Ifaces))}
+	var addrs []string
+	for i, f := range c.Ifaces {
+		ep.Ifaces[i] = addrsel.Interface{Name: f.Name, Addrs: f.Addrs, Speed: f.Speed}
+		for _, p := range f.Addrs {
+			if !p.Addr().IsLoopback() {
+				addrs = append(addrs, p.String())
+			}
+		}
+	}
+	if ep.Host == "" {
+		slices.Sort(addrs)
+		ep.Host = "addresses:" + strings.Join(addrs, ",")
+	}
+	return ep
 }
 
 func jobTag(jobID string) [8]byte {
@@ -57,15 +99,19 @@ func jobTag(jobID string) [8]byte {
 }
 
 // encode serializes c. It fails only on a card that could not be decoded
-// again (too many addresses, a host name too long), which Open reports.
+// again (too many interfaces or addresses, a name too long), which Open
+// reports.
 func (c card) encode() ([]byte, error) {
 	if len(c.Host) > maxCardHostLen {
 		return nil, fmt.Errorf("%w: host name is %d bytes, at most %d fit", errBadCard, len(c.Host), maxCardHostLen)
 	}
-	if len(c.Addrs) > maxCardAddrs {
-		return nil, fmt.Errorf("%w: %d addresses, at most %d fit", errBadCard, len(c.Addrs), maxCardAddrs)
+	if len(c.Ifaces) > maxCardIfaces {
+		return nil, fmt.Errorf("%w: %d interfaces, at most %d fit", errBadCard, len(c.Ifaces), maxCardIfaces)
 	}
-	b := make([]byte, 0, cardFixedLen+len(c.Host)+1+len(c.Addrs)*18)
+	if n := c.numAddrs(); n > maxCardAddrs {
+		return nil, fmt.Errorf("%w: %d addresses, at most %d fit", errBadCard, n, maxCardAddrs)
+	}
+	b := make([]byte, 0, cardFixedLen+len(c.Host)+1+len(c.Ifaces)*24+c.numAddrs()*18)
 	b = append(b, cardMagic...)
 	b = append(b, cardVersion, 0)
 	b = binary.LittleEndian.AppendUint32(b, uint32(c.Rank))
@@ -73,26 +119,35 @@ func (c card) encode() ([]byte, error) {
 	b = binary.LittleEndian.AppendUint16(b, c.Port)
 	b = append(b, byte(len(c.Host)))
 	b = append(b, c.Host...)
-	b = append(b, byte(len(c.Addrs)))
-	for _, p := range c.Addrs {
-		a := p.Addr()
-		if !a.IsValid() || !p.IsValid() {
-			return nil, fmt.Errorf("%w: invalid address %v", errBadCard, p)
+	b = append(b, byte(len(c.Ifaces)))
+	for i, f := range c.Ifaces {
+		if len(f.Name) == 0 || len(f.Name) > maxIfaceNameLen {
+			return nil, fmt.Errorf("%w: interface %d name %q must be 1 to %d bytes", errBadCard, i, f.Name, maxIfaceNameLen)
 		}
-		if a.Is4() {
-			b = append(b, familyIPv4)
-		} else {
-			b = append(b, familyIPv6)
+		b = append(b, byte(len(f.Name)))
+		b = append(b, f.Name...)
+		b = binary.LittleEndian.AppendUint32(b, f.Speed)
+		b = append(b, byte(len(f.Addrs)))
+		for _, p := range f.Addrs {
+			a := p.Addr()
+			if !a.IsValid() || !p.IsValid() || a.Zone() != "" || a.Is4In6() {
+				return nil, fmt.Errorf("%w: interface %s: invalid address %v", errBadCard, f.Name, p)
+			}
+			if a.Is4() {
+				b = append(b, familyIPv4)
+			} else {
+				b = append(b, familyIPv6)
+			}
+			b = append(b, a.AsSlice()...)
+			b = append(b, byte(p.Bits()))
 		}
-		b = append(b, a.AsSlice()...)
-		b = append(b, byte(p.Bits()))
 	}
 	return b, nil
 }
 
 // decodeCard parses a business card. Every failure wraps errBadCard and
-// names the offending field; it never panics and allocates at most what the
-// (length-checked) input holds.
+// names the offending field and its byte offset; it never panics and
+// allocates at most what the (length-checked) input holds.
 func decodeCard(b []byte) (card, error) {
 	var c card
 	if len(b) > maxCardLen {
@@ -105,83 +160,140 @@ func decodeCard(b []byte) (card, error) {
 		return c, fmt.Errorf("%w: magic %q, want %q (not a tcp card?)", errBadCard, b[:4], cardMagic)
 	}
 	if b[4] != cardVersion {
-		return c, fmt.Errorf("%w: version %d, this build reads %d", errBadCard, b[4], cardVersion)
+		return c, fmt.Errorf("%w: version %d, this build reads %d (ranks built from different versions?)", errBadCard, b[4], cardVersion)
 	}
 	if b[5] != 0 {
-		return c, fmt.Errorf("%w: reserved byte is %#x, want 0", errBadCard, b[5])
+		return c, fmt.Errorf("%w: reserved byte 5 is %#x, want 0", errBadCard, b[5])
 	}
 	c.Rank = sdi.Rank(binary.LittleEndian.Uint32(b[6:]))
 	copy(c.JobTag[:], b[10:18])
 	c.Port = binary.LittleEndian.Uint16(b[18:])
 	if c.Port == 0 {
-		return c, fmt.Errorf("%w: port 0", errBadCard)
+		return c, fmt.Errorf("%w: port 0 at byte 18", errBadCard)
 	}
-	rest := b[cardFixedLen:]
+	d := cardDecoder{b: b, off: cardFixedLen}
 	hl := int(b[cardFixedLen-1])
-	if len(rest) < hl+1 {
-		return c, fmt.Errorf("%w: host name of %d bytes runs past the end", errBadCard, hl)
+	host, ok := d.take(hl)
+	if !ok {
+		return c, fmt.Errorf("%w: host name of %d bytes at byte %d runs past the end (%d bytes)", errBadCard, hl, cardFixedLen, len(b))
 	}
-	c.Host = string(rest[:hl])
-	n := int(rest[hl])
-	rest = rest[hl+1:]
-	if n > maxCardAddrs {
-		return c, fmt.Errorf("%w: %d addresses, at most %d", errBadCard, n, maxCardAddrs)
+	c.Host = string(host)
+	nif, ok := d.byte()
+	if !ok {
+		return c, fmt.Errorf("%w: interface count missing at byte %d", errBadCard, d.off)
 	}
-	c.Addrs = make([]netip.Prefix, 0, n)
-	for i := range n {
-		if len(rest) < 1 {
-			return c, fmt.Errorf("%w: address %d missing", errBadCard, i)
+	if int(nif) > maxCardIfaces {
+		return c, fmt.Errorf("%w: %d interfaces at byte %d, at most %d", errBadCard, nif, d.off-1, maxCardIfaces)
+	}
+	c.Ifaces = make([]cardIface, 0, nif)
+	naddrs := 0
+	for i := range int(nif) {
+		f, err := d.iface(i, &naddrs)
+		if err != nil {
+			return c, err
+		}
+		for _, g := range c.Ifaces {
+			if g.Name == f.Name {
+				return c, fmt.Errorf("%w: interface %d: name %q listed twice", errBadCard, i, f.Name)
+			}
+		}
+		c.Ifaces = append(c.Ifaces, f)
+	}
+	for d.off < len(b) {
+		start := d.off
+		hdr, ok := d.take(3)
+		if !ok {
+			return c, fmt.Errorf("%w: truncated extension header at byte %d", errBadCard, start)
+		}
+		l := int(binary.LittleEndian.Uint16(hdr[1:]))
+		if _, ok := d.take(l); !ok {
+			return c, fmt.Errorf("%w: extension type %d of %d bytes at byte %d runs past the end", errBadCard, hdr[0], l, start)
+		}
+	}
+	return c, nil
+}
+
+// cardDecoder walks a card's variable part.
+type cardDecoder struct {
+	b   []byte
+	off int
+}
+
+func (d *cardDecoder) take(n int) ([]byte, bool) {
+	if n > len(d.b)-d.off {
+		return nil, false
+	}
+	s := d.b[d.off : d.off+n]
+	d.off += n
+	return s, true
+}
+
+func (d *cardDecoder) byte() (byte, bool) {
+	s, ok := d.take(1)
+	if !ok {
+		return 0, false
+	}
+	return s[0], true
+}
+
+// iface decodes interface i; naddrs counts addresses over the whole card.
+func (d *cardDecoder) iface(i int, naddrs *int) (cardIface, error) {
+	var f cardIface
+	start := d.off
+	nl, ok := d.byte()
+	if !ok {
+		return f, fmt.Errorf("%w: interface %d missing at byte %d", errBadCard, i, start)
+	}
+	if nl == 0 || int(nl) > maxIfaceNameLen {
+		return f, fmt.Errorf("%w: interface %d at byte %d: name length %d, want 1 to %d", errBadCard, i, start, nl, maxIfaceNameLen)
+	}
+	name, ok := d.take(int(nl))
+	if !ok {
+		return f, fmt.Errorf("%w: interface %d at byte %d: name of %d bytes runs past the end", errBadCard, i, start, nl)
+	}
+	f.Name = string(name)
+	sp, ok := d.take(4)
+	if !ok {
+		return f, fmt.Errorf("%w: interface %d (%s): link speed truncated at byte %d", errBadCard, i, f.Name, d.off)
+	}
+	f.Speed = binary.LittleEndian.Uint32(sp)
+	n, ok := d.byte()
+	if !ok {
+		return f, fmt.Errorf("%w: interface %d (%s): address count missing at byte %d", errBadCard, i, f.Name, d.off)
+	}
+	*naddrs += int(n)
+	if *naddrs > maxCardAddrs {
+		return f, fmt.Errorf("%w: interface %d (%s): %d addresses in all, at most %d", errBadCard, i, f.Name, *naddrs, maxCardAddrs)
+	}
+	f.Addrs = make([]netip.Prefix, 0, n)
+	for k := range int(n) {
+		at := d.off
+		fam, ok := d.byte()
+		if !ok {
+			return f, fmt.Errorf("%w: interface %d (%s): address %d missing at byte %d", errBadCard, i, f.Name, k, at)
 		}
 		var alen, maxBits int
-		switch rest[0] {
+		switch fam {
 		case familyIPv4:
 			alen, maxBits = 4, 32
 		case familyIPv6:
 			alen, maxBits = 16, 128
 		default:
-			return c, fmt.Errorf("%w: address %d has family %d, want 4 or 6", errBadCard, i, rest[0])
+			return f, fmt.Errorf("%w: interface %d (%s): address %d at byte %d has family %d, want 4 or 6", errBadCard, i, f.Name, k, at, fam)
 		}
-		if len(rest) < 1+alen+1 {
-			return c, fmt.Errorf("%w: address %d truncated", errBadCard, i)
+		raw, ok := d.take(alen + 1)
+		if !ok {
+			return f, fmt.Errorf("%w: interface %d (%s): address %d at byte %d truncated", errBadCard, i, f.Name, k, at)
 		}
-		a, _ := netip.AddrFromSlice(rest[1 : 1+alen])
-		bits := int(rest[1+alen])
+		a, _ := netip.AddrFromSlice(raw[:alen])
+		bits := int(raw[alen])
 		if bits > maxBits {
-			return c, fmt.Errorf("%w: address %d (%v) has prefix length %d, at most %d", errBadCard, i, a, bits, maxBits)
+			return f, fmt.Errorf("%w: interface %d (%s): address %d (%v) at byte %d has prefix length %d, at most %d", errBadCard, i, f.Name, k, a, at, bits, maxBits)
 		}
-		c.Addrs = append(c.Addrs, netip.PrefixFrom(a, bits))
-		rest = rest[1+alen+1:]
+		if a.IsUnspecified() || a.IsMulticast() || a.Is4In6() {
+			return f, fmt.Errorf("%w: interface %d (%s): address %d at byte %d is %v, not a unicast address", errBadCard, i, f.Name, k, at, a)
+		}
+		f.Addrs = append(f.Addrs, netip.PrefixFrom(a, bits))
 	}
-	for len(rest) > 0 {
-		if len(rest) < 3 {
-			return c, fmt.Errorf("%w: truncated extension header", errBadCard)
-		}
-		l := int(binary.LittleEndian.Uint16(rest[1:]))
-		if len(rest) < 3+l {
-			return c, fmt.Errorf("%w: extension type %d of %d bytes runs past the end", errBadCard, rest[0], l)
-		}
-		rest = rest[3+l:]
-	}
-	return c, nil
-}
-
-// dialOrder returns the addresses a rank on localHost should try, in order.
-// A peer on the same host is reached over loopback first, since that path
-// never leaves the kernel; a peer on another host skips loopback, which would
-// only reach a process on this host. When either host name is unknown both
-// kinds are tried, loopback first: the handshake proves who answered.
-func (c card) dialOrder(localHost string) []netip.AddrPort {
-	sameHost := localHost == "" || c.Host == "" || localHost == c.Host
-	var loop, other []netip.AddrPort
-	for _, p := range c.Addrs {
-		ap := netip.AddrPortFrom(p.Addr(), c.Port)
-		if p.Addr().IsLoopback() {
-			if sameHost {
-				loop = append(loop, ap)
-			}
-			continue
-		}
-		other = append(other, ap)
-	}
-	return slices.Concat(loop, other)
+	return f, nil
 }

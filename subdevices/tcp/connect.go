@@ -1,24 +1,30 @@
 package tcp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/subdevices/tcp/addrsel"
 )
 
 // Connect connects to rank at once, so a bad card, a refused port or a wrong
-// secret is reported here rather than by the first Send. It tries the card's
-// addresses in dial order (loopback first on the same host), each bounded by
-// connect_timeout and ctx, and keeps the first that completes the handshake.
-// The card is checked even for a rank that is already connected; beyond
-// that, connecting such a rank again does nothing. A rank that went down is
-// connected afresh.
+// secret is reported here rather than by the first Send. It chooses the
+// interface pairs with package addrsel from both cards and the job's cards
+// (see SetJobCards), opens one connection per pair, each bound to the
+// chosen local address and bounded by connect_timeout and ctx, and keeps
+// those that complete the handshake. The card is checked even for a rank
+// that is already connected; beyond that, connecting such a rank again does
+// nothing. A rank that went down is connected afresh.
 func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) error {
 	if sd.closed.Load() {
 		return fmt.Errorf("tcp: connect to rank %d: %w", rank, sdi.ErrClosed)
@@ -42,13 +48,12 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 	if p := sd.peers[rank].Load(); p != nil && p.alive() {
 		return nil
 	}
-	order := c.dialOrder(sd.host)
-	if len(c.Addrs) == 0 {
+	if c.numAddrs() == 0 {
 		return fmt.Errorf("tcp: connect to rank %d: %w: its card lists no address", rank, sdi.ErrPeerUnreachable)
 	}
-	if len(order) == 0 {
-		return fmt.Errorf("tcp: connect to rank %d: %w: its card lists only loopback addresses of host %q, and this is host %q",
-			rank, sdi.ErrPeerUnreachable, c.Host, sd.host)
+	pairs, fallback, err := sd.choose(rank, c)
+	if err != nil {
+		return err
 	}
 
 	// Close cancels a Connect in progress.
@@ -56,35 +61,106 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 	defer cancel()
 	defer context.AfterFunc(sd.life, cancel)()
 
+	// Dial every pair at once: a pair that does not route costs one
+	// connect_timeout, not one per pair.
+	id := laneID{session: rand.Uint64(), lanes: uint16(len(pairs))}
+	conns := make([]net.Conn, len(pairs))
+	errs := make([]error, len(pairs))
+	var wg sync.WaitGroup
+	for i, pr := range pairs {
+		lid := id
+		lid.lane = uint16(i)
+		wg.Go(func() { conns[i], errs[i] = sd.dial(ctx, rank, pr, c.Port, lid) })
+	}
+	wg.Wait()
+
 	var reasons []string
-	for _, ap := range order {
-		conn, err := sd.dial(ctx, rank, ap)
-		if err == nil {
-			return sd.install(rank, conn)
+	var links []Link
+	var ok []net.Conn
+	for i, pr := range pairs {
+		if errs[i] != nil {
+			sd.log.Debug("connect attempt failed", "peer", rank, "local_addr", pr.LocalAddr, "addr", pr.PeerAddr, "error", errs[i])
+			reasons = append(reasons, fmt.Sprintf("%s %v -> %s %v: %v", pr.LocalName, pr.LocalAddr, pr.PeerName, netip.AddrPortFrom(pr.PeerAddr, c.Port), errs[i]))
+			continue
 		}
-		sd.log.Debug("connect attempt failed", "peer", rank, "addr", ap, "error", err)
-		reasons = append(reasons, fmt.Sprintf("%v: %v", ap, err))
-		if ctx.Err() != nil {
-			break
-		}
+		la, _ := netip.ParseAddrPort(conns[i].LocalAddr().String())
+		ra, _ := netip.ParseAddrPort(conns[i].RemoteAddr().String())
+		links = append(links, Link{LocalIface: pr.LocalName, PeerIface: pr.PeerName, LocalAddr: la, PeerAddr: ra, Weight: int(pr.Weight), Speed: pr.Speed})
+		ok = append(ok, conns[i])
 	}
 	if sd.closed.Load() {
+		closeAll(ok)
 		return fmt.Errorf("tcp: connect to rank %d: %w", rank, sdi.ErrClosed)
 	}
-	msg := strings.Join(reasons, "; ")
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("tcp: connect to rank %d: %w: %w after trying %s", rank, sdi.ErrPeerUnreachable, err, msg)
+	if len(ok) == 0 {
+		msg := strings.Join(reasons, "; ")
+		if fallback {
+			msg = "no interface pair qualified, so private addresses on different networks were tried in case they route: " + msg
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("tcp: connect to rank %d: %w: %w after trying %s", rank, sdi.ErrPeerUnreachable, err, msg)
+		}
+		return fmt.Errorf("tcp: connect to rank %d: %w: %s", rank, sdi.ErrPeerUnreachable, msg)
 	}
-	return fmt.Errorf("tcp: connect to rank %d: %w: %s", rank, sdi.ErrPeerUnreachable, msg)
+	if len(reasons) > 0 {
+		sd.log.Warn("some interface pairs did not connect; using the rest", "peer", rank, "connected", len(ok), "chosen", len(pairs), "failed", strings.Join(reasons, "; "))
+	}
+	return sd.install(rank, ok, links)
 }
 
-// dial connects to ap and runs the connector's handshake, within
-// connect_timeout and ctx.
-func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, ap netip.AddrPort) (net.Conn, error) {
+// choose returns the interface pairs to rank, at most max_connections of
+// them, or an error that lists every pair considered and why it was refused.
+func (sd *subDevice) choose(rank sdi.Rank, c card) ([]addrsel.Pair, bool, error) {
+	peerEP := c.endpoint()
+	job := sd.job.Load()
+	if job == nil || job.Site(peerEP.Host) < 0 {
+		// No job cards (a subdevice driven without them), or a card the
+		// job did not list: judge collisions from the two cards alone.
+		job = addrsel.NewJob([]addrsel.Endpoint{sd.ep, peerEP})
+	}
+	// The lower rank's interfaces are the left side at both ends, so both
+	// solve the same problem and agree on the pairs.
+	res := addrsel.Select(job, sd.ep, peerEP, sd.auth.rank <= rank)
+	sd.mu.Lock()
+	sd.chosen[rank] = res
+	sd.mu.Unlock()
+	switch {
+	case len(sd.ep.Ifaces) == 0:
+		return nil, false, fmt.Errorf("tcp: connect to rank %d: %w: this rank publishes no interface (check include and exclude in the tcp config)",
+			rank, sdi.ErrPeerUnreachable)
+	case len(res.Pairs) == 0:
+		return nil, false, fmt.Errorf("tcp: connect to rank %d: %w: no usable interface pair between host %q and host %q: %s",
+			rank, sdi.ErrPeerUnreachable, sd.host, c.Host, res.Explain())
+	}
+	pairs := res.Pairs
+	if m := sd.cfg.maxConns; m > 0 && len(pairs) > m {
+		// Keep the heaviest; the sort is stable over the left side's
+		// order, which both ends share.
+		slices.SortStableFunc(pairs, func(a, b addrsel.Pair) int {
+			if a.Weight != b.Weight {
+				return int(b.Weight) - int(a.Weight)
+			}
+			return cmp.Compare(b.Speed, a.Speed)
+		})
+		pairs = pairs[:m]
+	}
+	if sd.log.IsDebug() {
+		chosen := make([]string, len(pairs))
+		for i, p := range pairs {
+			chosen[i] = p.String()
+		}
+		sd.log.Debug("interface pairs chosen", "peer", rank, "peer_host", c.Host, "pairs", chosen, "fallback", res.Fallback, "refused", res.Explain())
+	}
+	return pairs, res.Fallback, nil
+}
+
+// dial connects from pair's local address to its peer address and runs the
+// connector's handshake, within connect_timeout and ctx.
+func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, pair addrsel.Pair, port uint16, id laneID) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(parent, sd.cfg.connectTimeout)
 	defer cancel()
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", ap.String())
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pair.LocalAddr.AsSlice(), Zone: pair.LocalAddr.Zone()}}
+	conn, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(pair.PeerAddr, port).String())
 	if err != nil {
 		return nil, trimDialErr(err)
 	}
@@ -98,7 +174,7 @@ func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, ap netip.AddrPo
 	// A cancelled ctx has no deadline to hit; a deadline in the past wakes
 	// the handshake's blocked read.
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	err = sd.auth.connect(conn, rank)
+	err = sd.auth.connect(conn, rank, id)
 	if !stop() {
 		conn.Close()
 		if err == nil {
@@ -117,6 +193,12 @@ func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, ap netip.AddrPo
 	return conn, nil
 }
 
+func closeAll(conns []net.Conn) {
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
 // trimDialErr drops the "dial tcp <addr>:" prefix, since the caller already
 // names the address.
 func trimDialErr(err error) error {
@@ -127,22 +209,33 @@ func trimDialErr(err error) error {
 	return err
 }
 
-// install makes conn the outbound connection to rank and starts its
+// install makes conns the outbound lanes to rank and starts their
 // goroutines, unless Close started or another Connect won the race.
-func (sd *subDevice) install(rank sdi.Rank, conn net.Conn) error {
+func (sd *subDevice) install(rank sdi.Rank, conns []net.Conn, links []Link) error {
 	sd.mu.Lock()
 	defer sd.mu.Unlock()
 	if sd.closed.Load() {
-		conn.Close()
+		closeAll(conns)
 		return fmt.Errorf("tcp: connect to rank %d: %w", rank, sdi.ErrClosed)
 	}
 	if old := sd.peers[rank].Load(); old != nil && old.alive() {
-		conn.Close()
+		closeAll(conns)
 		return nil
 	}
-	p := newPeer(rank, conn, sd.h, sd.log, sd.cfg.queueBytes)
+	p := newPeer(rank, sd.h, sd.log)
+	lanes := make([]*lane, len(conns))
+	for i, c := range conns {
+		lanes[i] = newLane(p, c, links[i], sd.cfg.queueBytes)
+	}
+	p.setLanes(lanes)
 	sd.peers[rank].Store(p)
 	p.start(&sd.wg)
-	sd.log.Debug("connected", "peer", rank, "remote_addr", conn.RemoteAddr())
+	if sd.log.IsDebug() {
+		desc := make([]string, len(links))
+		for i, l := range links {
+			desc[i] = fmt.Sprintf("%s %v -> %s %v", l.LocalIface, l.LocalAddr, l.PeerIface, l.PeerAddr)
+		}
+		sd.log.Debug("connected", "peer", rank, "links", desc)
+	}
 	return nil
 }

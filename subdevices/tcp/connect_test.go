@@ -5,6 +5,8 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -32,6 +34,16 @@ func TestParseConfig(t *testing.T) {
 		{name: "queue zero", in: `{"queue_bytes": 0}`, wantErr: "queue_bytes 0 must be in"},
 		{name: "queue huge", in: `{"queue_bytes": 40000000000}`, wantErr: "queue_bytes 40000000000 must be in"},
 		{name: "queue fraction", in: `{"queue_bytes": 1.5}`, wantErr: "queue_bytes"},
+		{name: "include and exclude", in: `{"include": ["eth*", "10.1.0.0/16"], "exclude": ["docker0", "fd00::1/64"], "max_connections": 2}`,
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, maxConns: 2, filter: ifaceFilter{
+				include: []matcher{{pattern: "eth*"}, {net: netip.MustParsePrefix("10.1.0.0/16")}},
+				exclude: []matcher{{pattern: "docker0"}, {net: netip.MustParsePrefix("fd00::/64")}},
+			}}},
+		{name: "bad CIDR", in: `{"include": ["eth0", "10.1.0.0/33"]}`, wantErr: `include[1] "10.1.0.0/33": want an interface name or a CIDR`},
+		{name: "bad pattern", in: `{"exclude": ["eth["]}`, wantErr: `exclude[0] "eth[": bad interface name pattern`},
+		{name: "empty name", in: `{"include": [""]}`, wantErr: `include[0] is empty`},
+		{name: "include not a list", in: `{"include": "eth0"}`, wantErr: "include"},
+		{name: "max connections negative", in: `{"max_connections": -1}`, wantErr: "max_connections -1 must be in [0, 64]"},
 		{name: "not an object", in: `[1]`, wantErr: "tcp: config"},
 		{name: "trailing data", in: `{} {}`, wantErr: "trailing data"},
 	}
@@ -44,7 +56,7 @@ func TestParseConfig(t *testing.T) {
 				}
 				return
 			}
-			if err != nil || got != tt.want {
+			if err != nil || !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("parseConfig(%s) = %+v, %v; want %+v", tt.in, got, err, tt.want)
 			}
 		})
@@ -71,39 +83,6 @@ func TestOpenErrors(t *testing.T) {
 			defer sd.Close(context.Background())
 			if _, err := sd.Open(context.Background(), tt.p); err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Open() error = %v, want one containing %q", err, tt.want)
-			}
-		})
-	}
-}
-
-func TestDialOrder(t *testing.T) {
-	addrs := []netip.Prefix{
-		netip.MustParsePrefix("127.0.0.1/8"),
-		netip.MustParsePrefix("::1/128"),
-		netip.MustParsePrefix("10.1.2.3/16"),
-		netip.MustParsePrefix("2001:db8::5/64"),
-	}
-	c := card{Port: 7000, Host: "alpha", Addrs: addrs}
-	tests := []struct {
-		name  string
-		local string
-		card  string
-		want  string
-	}{
-		{"same host tries loopback first", "alpha", "alpha", "[127.0.0.1:7000 [::1]:7000 10.1.2.3:7000 [2001:db8::5]:7000]"},
-		{"other host skips loopback", "beta", "alpha", "[10.1.2.3:7000 [2001:db8::5]:7000]"},
-		{"unknown local host tries all", "", "alpha", "[127.0.0.1:7000 [::1]:7000 10.1.2.3:7000 [2001:db8::5]:7000]"},
-		{"unknown peer host tries all", "beta", "", "[127.0.0.1:7000 [::1]:7000 10.1.2.3:7000 [2001:db8::5]:7000]"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c.Host = tt.card
-			var got []string
-			for _, ap := range c.dialOrder(tt.local) {
-				got = append(got, ap.String())
-			}
-			if s := "[" + strings.Join(got, " ") + "]"; s != tt.want {
-				t.Fatalf("dialOrder(%q) = %s, want %s", tt.local, s, tt.want)
 			}
 		})
 	}
@@ -150,6 +129,9 @@ func silentListener(t *testing.T) uint16 {
 	return ln.Addr().(*net.TCPAddr).AddrPort().Port()
 }
 
+// lo is a card's loopback interface with addrs.
+func lo(addrs ...netip.Prefix) []cardIface { return []cardIface{{Name: "lo", Addrs: addrs}} }
+
 func TestConnectErrors(t *testing.T) {
 	nodes := newJob(t, 2, jobOpts{size: 3, config: `{"listen": "127.0.0.1:0", "connect_timeout": "200ms"}`})
 	a, b := nodes[0], nodes[1]
@@ -176,14 +158,14 @@ func TestConnectErrors(t *testing.T) {
 		{"garbage card", 1, []byte("not a card at all, certainly"), []string{"bad business card", "magic"}},
 		{"empty card", 1, nil, []string{"bad business card"}},
 		{"card of another rank", 2, b.local.Addr, []string{"belongs to rank 1"}},
-		{"card of another job", 1, mustEncode(card{Rank: 1, Port: 9, Addrs: []netip.Prefix{loop4}}), []string{"another job"}},
+		{"card of another job", 1, mustEncode(card{Rank: 1, Port: 9, Ifaces: lo(loop4)}), []string{"another job"}},
 		{"rank outside the job", 7, b.local.Addr, []string{"out of range"}},
-		{"closed port, both families", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "testhost", Addrs: []netip.Prefix{loop4, loop6}}),
-			[]string{"127.0.0.1:" + itoa(closed), "[::1]:" + itoa(closed), "refused"}},
-		{"silent listener times out", 2, mustEncode(card{Rank: 2, JobTag: job, Port: silent, Host: "testhost", Addrs: []netip.Prefix{loop4}}),
+		{"closed port", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "testhost", Ifaces: lo(loop4, loop6)}),
+			[]string{"lo 127.0.0.1 -> lo 127.0.0.1:" + itoa(closed), "refused"}},
+		{"silent listener times out", 2, mustEncode(card{Rank: 2, JobTag: job, Port: silent, Host: "testhost", Ifaces: lo(loop4)}),
 			[]string{"127.0.0.1:" + itoa(silent), "timeout"}},
-		{"loopback card from another host", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "elsewhere", Addrs: []netip.Prefix{loop4}}),
-			[]string{"only loopback", "elsewhere"}},
+		{"loopback card from another host", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "elsewhere", Ifaces: lo(loop4)}),
+			[]string{"no usable interface pair", `host "elsewhere"`, "lo - lo: 127.0.0.1/8 - 127.0.0.1/8: loopback reaches only its own host"}},
 		{"peer with another secret", 2, other.local.Addr, []string{"refused the handshake"}},
 	}
 	for _, tt := range tests {
@@ -203,10 +185,10 @@ func TestConnectErrors(t *testing.T) {
 
 	t.Run("cancelled context", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		c := mustEncode(card{Rank: 1, JobTag: job, Port: silent, Host: "testhost", Addrs: []netip.Prefix{loop4}})
+		c := mustEncode(card{Rank: 1, JobTag: job, Port: silent, Host: "testhost", Ifaces: lo(loop4)})
 		sd := New(nil)
 		defer sd.Close(context.Background())
-		if _, err := sd.Open(context.Background(), sdi.OpenParams{Size: 2, Handler: newRecorder(), JobID: "job-" + "TestConnectErrors",
+		if _, err := sd.Open(context.Background(), sdi.OpenParams{Size: 2, Handler: newRecorder(), JobID: "job-" + "TestConnectErrors", Host: "testhost",
 			Config: []byte(`{"listen": "127.0.0.1:0", "connect_timeout": "1h"}`)}); err != nil {
 			t.Fatal(err)
 		}
@@ -274,3 +256,81 @@ func TestConnectConcurrentWithSends(t *testing.T) {
 }
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
+
+// FuzzParseConfig feeds arbitrary bytes to the config parser: it must not
+// panic, and what it accepts must be within the documented bounds, with
+// filters that can be applied.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(`{}`))
+	f.Add([]byte(`{"listen": "127.0.0.1:0", "connect_timeout": "250ms", "queue_bytes": 1024}`))
+	f.Add([]byte(`{"include": ["eth*", "10.1.0.0/16"], "exclude": ["docker0", "fd00::/8"], "max_connections": 2}`))
+	f.Add([]byte(`{"include": ["["]}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := parseConfig(b)
+		if err != nil {
+			return
+		}
+		if c.connectTimeout <= 0 || c.queueBytes <= 0 || c.queueBytes > maxQueueBytes || c.maxConns < 0 || c.maxConns > maxConnections {
+			t.Fatalf("accepted a config beyond the limits: %+v", c)
+		}
+		c.filter.keep("eth0", netip.MustParseAddr("10.1.2.3"))
+		c.filter.keep("lo", netip.MustParseAddr("::1"))
+	})
+}
+
+func TestIfaceFilter(t *testing.T) {
+	mustFilter := func(js string) ifaceFilter {
+		c, err := parseConfig([]byte(js))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c.filter
+	}
+	tests := []struct {
+		config string
+		iface  string
+		addr   string
+		keep   bool
+	}{
+		{`{}`, "eth0", "10.0.0.1", true},
+		{`{"include": ["eth*"]}`, "eth1", "10.0.0.1", true},
+		{`{"include": ["eth*"]}`, "ib0", "10.0.0.1", false},
+		{`{"include": ["eth*"]}`, "lo", "127.0.0.1", true}, // loopback needs no include
+		{`{"include": ["10.1.0.0/16"]}`, "ib0", "10.1.2.3", true},
+		{`{"include": ["10.1.0.0/16"]}`, "ib0", "10.2.2.3", false},
+		{`{"include": ["2001:db8::/32"]}`, "eth0", "2001:db8::5", true},
+		{`{"exclude": ["docker0"]}`, "docker0", "172.17.0.1", false},
+		{`{"exclude": ["docker0"]}`, "eth0", "172.17.0.1", true},
+		{`{"exclude": ["172.16.0.0/12"]}`, "eth0", "172.17.0.1", false},
+		{`{"exclude": ["lo"]}`, "lo", "127.0.0.1", false},
+		{`{"include": ["eth0"], "exclude": ["10.9.0.0/16"]}`, "eth0", "10.9.0.1", false},
+		{`{"include": ["eth0"], "exclude": ["10.9.0.0/16"]}`, "eth0", "10.8.0.1", true},
+	}
+	for _, tt := range tests {
+		if got := mustFilter(tt.config).keep(tt.iface, netip.MustParseAddr(tt.addr)); got != tt.keep {
+			t.Errorf("%s: keep(%s, %s) = %v, want %v", tt.config, tt.iface, tt.addr, got, tt.keep)
+		}
+	}
+}
+
+// The card follows include and exclude.
+func TestCardFilter(t *testing.T) {
+	names := func(config string) []string {
+		n := openNode(t, 0, jobOpts{size: 1, config: config})
+		c, err := decodeCard(n.local.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, f := range c.Ifaces {
+			out = append(out, f.Name)
+		}
+		return out
+	}
+	if got := names(`{"include": ["no-such-interface"]}`); len(got) != 1 || got[0] != "lo" {
+		t.Errorf("include of nothing: card lists %v, want lo only", got)
+	}
+	if got := names(`{"exclude": ["lo", "127.0.0.0/8"]}`); slices.Contains(got, "lo") {
+		t.Errorf("lo excluded: card lists %v", got)
+	}
+}

@@ -9,38 +9,83 @@
 //	sd := tcp.New(logger)
 //	local, err := sd.Open(ctx, sdi.OpenParams{Rank: r, Size: n, Host: host,
 //		JobID: job, Secret: secret, Handler: h, Logger: logger})
-//	// publish local.Addr; for every peer p with card c:
-//	err = sd.Connect(ctx, p, c)
+//	// publish local.Addr; hand over every rank's card (Caps has FlagJobCards):
+//	err = sd.(sdi.JobCards).SetJobCards(ctx, cards)
+//	// then for every peer p:
+//	err = sd.Connect(ctx, p, cards[p])
+//	links := tcp.Links(sd, p) // the interface pairs in use
 //	done, err := sd.Send(&sdi.Frame{Peer: p, Header: hdr, Payload: data, Token: tok})
 //
 // # Connections
 //
-// Each instance listens on one socket. A rank sends only on the connection it
-// opened to a peer and receives only on the connections peers opened to it,
-// so every direction of every pair is one ordered byte stream and per-peer
-// FIFO order ([sdi.FlagOrdered]) needs no sequence numbers. Connect dials at
-// once (not on first use), so a bad card, a closed port or a wrong secret is
-// reported by Connect. Reconnecting after Disconnect or after the peer went
-// down opens a new stream; the receiver delivers from it only after the old
-// stream from that rank has ended, which keeps delivery ordered and
-// serialized.
+// Each instance listens on one socket. A rank sends only on the connections
+// it opened to a peer and receives only on the connections peers opened to
+// it. Connect picks the interface pairs with package addrsel (see below)
+// and opens one connection per pair, bound to the pair's local address, all
+// at once, so a bad card, a closed port or a wrong secret is reported by
+// Connect; pairs that fail are logged and left out as long as one connects.
+// Reconnecting after Disconnect or after the peer went down opens a new
+// session; the receiver delivers from it only after every connection of the
+// old session from that rank has ended, which keeps a reconnect from
+// overtaking the old stream. Deliver calls for one rank are serialized
+// across its connections.
+//
+// # Address selection
+//
+// The business card lists every interface that is up, with its addresses
+// and link speed, and the multidevice hands the subdevice every rank's card
+// before it connects ([sdi.FlagJobCards], SetJobCards of
+// [sdi.JobCards]). Connect weighs every pair of a local and a peer interface
+// as Peiselt's thesis does (0 none; 1 private, same network, no collision;
+// 2 public, same network; 3 public, routed) and takes a maximum-cardinality,
+// maximum-weight matching: the most connections that share no interface at
+// either end, then the best ones. Private ranges that several hosts of the
+// job number alike (two clusters on 10.0.0.0/24, a docker0 bridge on every
+// host) are found from all cards and not used between hosts that cannot be
+// shown to share them. IPv6 link-local addresses are used only on a link
+// that another network on the same two interfaces shows to be shared, and
+// are dialed with the local interface as zone. Loopback is used only
+// between ranks with the same [sdi.OpenParams.Host], and then alone. When
+// no pair qualifies, private addresses on different networks are tried in
+// case they route; when nothing is left, Connect fails with an error
+// wrapping [sdi.ErrPeerUnreachable] that lists every interface pair
+// considered and why it was refused. The lower rank's interfaces are the
+// left side of the matching at both ends, so both choose the same pairs.
+// Package addrsel has the details. [Links] shows which pairs a rank uses,
+// and the pairs, refusals and connections are logged at Debug.
+//
+// # Striping
+//
+// Frames to a peer with several connections are spread over them. Frames up
+// to MaxEager go on the first connection; larger ones go to the connection
+// furthest behind its share of the bytes, shares following link speed when
+// every connection's interfaces report one (/sys/class/net/<if>/speed) and
+// even otherwise; a connection whose queue is full is skipped, so a slower
+// path takes less. Frames on different connections may arrive out of order,
+// so [sdi.FlagOrdered] is set only with max_connections 1: the multidevice
+// orders messages by its own per-peer sequence numbers and places
+// rendezvous blocks by offset. Losing any connection of a peer reports the
+// peer down once.
 //
 // # Business card
 //
 // [sdi.Local.Addr] is a versioned binary card (layout in card.go): the rank,
 // a tag derived from the job id, the port, the host name from
-// [sdi.OpenParams.Host], and the addresses to try, each with its interface's
-// prefix length: 127.0.0.1 and ::1 (where present), then the addresses of
-// every interface that is up, except link-local ones. A listener bound to one
-// address publishes only that address. A peer whose Host equals ours tries
-// loopback first; a peer on another host skips loopback. Unknown extension
-// records at the end of a card are skipped, so later versions can add data
-// (for smarter multi-NIC address selection) without breaking older readers.
+// [sdi.OpenParams.Host], and the interfaces that are up (loopback
+// included), each with its name, link speed in Mbit/s (0 where the system
+// does not report one) and addresses with prefix lengths. An address's
+// family and scope follow from the address. A listener bound to one address
+// publishes only that address. A card with an empty host name is treated as
+// a host of its own, identified by its addresses. Unknown extension records
+// at the end of a card are skipped, so later versions can add data without
+// breaking older readers; a card of another version is refused with an error
+// that says so.
 //
 // # Handshake
 //
-// The acceptor sends a random nonce; the connector answers with its rank, a
-// nonce of its own and HMAC-SHA256(secret, nonce || job id || rank); the
+// The acceptor sends a random nonce; the connector answers with its rank,
+// its session and connection number, a nonce of its own and an HMAC-SHA256
+// with the secret over the nonce, the job id and all of those; the
 // acceptor checks the MAC in constant time and the rank against the job
 // size, and answers with its own rank and an HMAC over the connector's nonce,
 // which Connect checks so it never sends to the wrong process. A connection
@@ -54,7 +99,8 @@
 // payload. A writer goroutine per peer writes everything queued with one
 // writev and then reports SendDone for each frame, so Send always returns
 // done=false. The queue is bounded by queue_bytes (counting wire header,
-// header and payload of every frame accepted but not yet written): Send
+// header and payload of every frame accepted but not yet written), per
+// connection: Send
 // returns [sdi.ErrWouldBlock] while the queue holds queue_bytes or more, and
 // otherwise accepts a frame of any size up to MaxFrame. Memory per peer is
 // thus at most queue_bytes plus one frame, and a large frame is never
@@ -80,7 +126,7 @@
 //	Exclusivity 10 (below shm)
 //	Latency     25µs, Bandwidth 1.25 GB/s (nominal 10 Gbit/s Ethernet)
 //	Reach       network
-//	Flags       reliable, ordered
+//	Flags       reliable, job cards; ordered with max_connections 1
 //
 // # Configuration
 //
@@ -93,8 +139,18 @@
 //	connect_timeout  Go duration bounding each address's dial plus handshake
 //	                 in Connect, and a stranger's handshake on the listener.
 //	                 Default "10s".
-//	queue_bytes      per-peer send queue bound in bytes, 1 to 1 GiB.
+//	queue_bytes      send queue bound in bytes per connection, 1 to 1 GiB.
 //	                 Default 4 MiB.
+//	include          interfaces to publish: names, shell patterns ("eth*")
+//	                 or CIDRs ("10.1.0.0/16", "2001:db8::/32"). When set,
+//	                 only addresses on a named interface or inside a listed
+//	                 CIDR go on the card; loopback stays unless excluded.
+//	                 Default: every interface that is up.
+//	exclude          the same forms; matching addresses never go on the
+//	                 card, e.g. ["docker0", "virbr*", "172.16.0.0/12"].
+//	max_connections  connections to one peer at most, 0 to 64; 0 (default)
+//	                 opens one per matched interface pair, 1 keeps a single
+//	                 ordered connection.
 //
 // # Close
 //

@@ -16,25 +16,52 @@ import (
 // and stays silent learns nothing but a nonce and is dropped at the deadline.
 //
 //	acceptor  -> connector  hello:  "mdth" | version | nonceA[32]
-//	connector -> acceptor   reply:  "mdth" | version | rank (LE32) | nonceC[32] |
-//	                                HMAC-SHA256(secret, nonceA || job id || rank)
+//	connector -> acceptor   reply:  "mdth" | version | rank (LE32) | session (LE64) |
+//	                                lane (LE16) | lanes (LE16) | nonceC[32] |
+//	                                HMAC-SHA256(secret, nonceA || job id || rank || session || lane || lanes)
 //	acceptor  -> connector  accept: "mdth" | version | rank (LE32) |
 //	                                HMAC-SHA256(secret, "accept" || nonceC || job id || rank)
+//
+// A session is one Connect: its lanes (one connection per interface pair)
+// share a random session id, so the acceptor can tell the lanes of a
+// reconnect from those of the connection it replaces.
 //
 // The acceptor closes the connection without a word when the reply is wrong,
 // so a prober cannot tell a bad secret from a bad rank. The accept message
 // proves to the connector that the listener belongs to the rank and job it
-// meant to reach: a port reused by another job, or a loopback address that
-// leads to another process on this host, is refused rather than trusted.
+// meant to reach: a port reused by another job, or an address that leads to
+// another process (a docker0-like bridge, loopback on another host), is
+// refused rather than trusted.
 const (
 	hsMagic   = "mdth"
-	hsVersion = 1
+	hsVersion = 2
 	nonceLen  = 32
 	macLen    = sha256.Size
+	laneLen   = 8 + 2 + 2 // session, lane, lanes
 	helloLen  = 4 + 1 + nonceLen
-	replyLen  = 4 + 1 + 4 + nonceLen + macLen
+	replyLen  = 4 + 1 + 4 + laneLen + nonceLen + macLen
 	acceptLen = 4 + 1 + 4 + macLen
 )
+
+// laneID says which connection of which Connect a stream is.
+type laneID struct {
+	session     uint64
+	lane, lanes uint16
+}
+
+func (l laneID) put(b []byte) {
+	binary.LittleEndian.PutUint64(b, l.session)
+	binary.LittleEndian.PutUint16(b[8:], l.lane)
+	binary.LittleEndian.PutUint16(b[10:], l.lanes)
+}
+
+func getLaneID(b []byte) laneID {
+	return laneID{
+		session: binary.LittleEndian.Uint64(b),
+		lane:    binary.LittleEndian.Uint16(b[8:]),
+		lanes:   binary.LittleEndian.Uint16(b[10:]),
+	}
+}
 
 var acceptLabel = []byte("accept")
 
@@ -47,7 +74,7 @@ type auth struct {
 	size   int
 }
 
-func (a *auth) mac(label, nonce []byte, rank sdi.Rank) []byte {
+func (a *auth) mac(label, nonce []byte, rank sdi.Rank, extra []byte) []byte {
 	m := hmac.New(sha256.New, a.secret)
 	m.Write(label)
 	m.Write(nonce)
@@ -55,6 +82,7 @@ func (a *auth) mac(label, nonce []byte, rank sdi.Rank) []byte {
 	var r [4]byte
 	binary.LittleEndian.PutUint32(r[:], uint32(rank))
 	m.Write(r[:])
+	m.Write(extra)
 	return m.Sum(nil)
 }
 
@@ -69,46 +97,57 @@ func checkPrefix(b []byte, what string) error {
 }
 
 // accept runs the acceptor's side on rw and returns the authenticated rank
-// of the connector. The caller bounds it with a deadline.
-func (a *auth) accept(rw io.ReadWriter) (sdi.Rank, error) {
+// of the connector and which lane of its session this is. It calls
+// register with both before it answers: the connector cannot go on (send,
+// reconnect) until then, so registrations happen in the order the connector
+// made its connections. The caller bounds it with a deadline.
+func (a *auth) accept(rw io.ReadWriter, register func(sdi.Rank, laneID)) (sdi.Rank, laneID, error) {
 	var hello [helloLen]byte
 	copy(hello[:], hsMagic)
 	hello[4] = hsVersion
 	nonce := hello[5:]
 	rand.Read(nonce)
 	if _, err := rw.Write(hello[:]); err != nil {
-		return 0, fmt.Errorf("sending hello: %w", err)
+		return 0, laneID{}, fmt.Errorf("sending hello: %w", err)
 	}
+	// The prefix first, so a stranger speaking another protocol is named
+	// as such at once rather than after the deadline.
 	var reply [replyLen]byte
-	if _, err := io.ReadFull(rw, reply[:]); err != nil {
-		return 0, fmt.Errorf("reading reply: %w", err)
+	if _, err := io.ReadFull(rw, reply[:5]); err != nil {
+		return 0, laneID{}, fmt.Errorf("reading reply: %w", err)
 	}
 	if err := checkPrefix(reply[:], "reply"); err != nil {
-		return 0, err
+		return 0, laneID{}, err
+	}
+	if _, err := io.ReadFull(rw, reply[5:]); err != nil {
+		return 0, laneID{}, fmt.Errorf("reading reply: %w", err)
 	}
 	rank := sdi.Rank(binary.LittleEndian.Uint32(reply[5:]))
-	nonceC := reply[9 : 9+nonceLen]
-	mac := reply[9+nonceLen:]
+	lid := reply[9 : 9+laneLen]
+	nonceC := reply[9+laneLen : 9+laneLen+nonceLen]
+	mac := reply[9+laneLen+nonceLen:]
 	if rank < 0 || int(rank) >= a.size {
-		return 0, fmt.Errorf("claimed rank %d out of range [0,%d)", rank, a.size)
+		return 0, laneID{}, fmt.Errorf("claimed rank %d out of range [0,%d)", rank, a.size)
 	}
-	if !hmac.Equal(mac, a.mac(nil, nonce, rank)) {
-		return 0, fmt.Errorf("authentication failed for claimed rank %d (wrong job secret or job id)", rank)
+	if !hmac.Equal(mac, a.mac(nil, nonce, rank, lid)) {
+		return 0, laneID{}, fmt.Errorf("authentication failed for claimed rank %d (wrong job secret or job id)", rank)
 	}
+	id := getLaneID(lid)
+	register(rank, id)
 	var acc [acceptLen]byte
 	copy(acc[:], hsMagic)
 	acc[4] = hsVersion
 	binary.LittleEndian.PutUint32(acc[5:], uint32(a.rank))
-	copy(acc[9:], a.mac(acceptLabel, nonceC, a.rank))
+	copy(acc[9:], a.mac(acceptLabel, nonceC, a.rank, nil))
 	if _, err := rw.Write(acc[:]); err != nil {
-		return 0, fmt.Errorf("sending accept: %w", err)
+		return 0, laneID{}, fmt.Errorf("sending accept: %w", err)
 	}
-	return rank, nil
+	return rank, id, nil
 }
 
-// connect runs the connector's side on rw and checks that the acceptor is
-// rank want of this job. The caller bounds it with a deadline.
-func (a *auth) connect(rw io.ReadWriter, want sdi.Rank) error {
+// connect runs the connector's side on rw for lane id and checks that the
+// acceptor is rank want of this job. The caller bounds it with a deadline.
+func (a *auth) connect(rw io.ReadWriter, want sdi.Rank, id laneID) error {
 	var hello [helloLen]byte
 	if _, err := io.ReadFull(rw, hello[:]); err != nil {
 		return fmt.Errorf("reading hello: %w", err)
@@ -120,9 +159,11 @@ func (a *auth) connect(rw io.ReadWriter, want sdi.Rank) error {
 	copy(reply[:], hsMagic)
 	reply[4] = hsVersion
 	binary.LittleEndian.PutUint32(reply[5:], uint32(a.rank))
-	nonceC := reply[9 : 9+nonceLen]
+	lid := reply[9 : 9+laneLen]
+	id.put(lid)
+	nonceC := reply[9+laneLen : 9+laneLen+nonceLen]
 	rand.Read(nonceC)
-	copy(reply[9+nonceLen:], a.mac(nil, hello[5:], a.rank))
+	copy(reply[9+laneLen+nonceLen:], a.mac(nil, hello[5:], a.rank, lid))
 	if _, err := rw.Write(reply[:]); err != nil {
 		return fmt.Errorf("sending reply: %w", err)
 	}
@@ -139,7 +180,7 @@ func (a *auth) connect(rw io.ReadWriter, want sdi.Rank) error {
 	if got := sdi.Rank(binary.LittleEndian.Uint32(acc[5:])); got != want {
 		return fmt.Errorf("listener is rank %d, want rank %d", got, want)
 	}
-	if !hmac.Equal(acc[9:], a.mac(acceptLabel, nonceC, want)) {
+	if !hmac.Equal(acc[9:], a.mac(acceptLabel, nonceC, want, nil)) {
 		return fmt.Errorf("listener failed to prove it belongs to this job (wrong job secret or job id)")
 	}
 	return nil

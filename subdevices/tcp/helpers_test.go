@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 // that are still running. A goroutine that just called wg.Done may still be
 // unwinding, so it looks a few times before reporting.
 func leakedGoroutines() string {
-	markers := []string{"tcp.(*subDevice).acceptLoop", "tcp.(*subDevice).serveInbound", "tcp.(*peer).writeLoop", "tcp.(*peer).watch"}
+	markers := []string{"tcp.(*subDevice).acceptLoop", "tcp.(*subDevice).serveInbound", "tcp.(*lane).writeLoop", "tcp.(*lane).watch"}
 	var found []string
 	for range 100 {
 		found = found[:0]
@@ -104,9 +104,13 @@ type recorder struct {
 	delivered map[sdi.Rank][]delivery
 	done      map[uint64][]error // every SendDone per token, to spot duplicates
 	downs     map[sdi.Rank]error
-	late      int           // Handler calls after closedAt was set
-	closed    bool          // set once the owning instance's Close returned
-	changed   chan struct{} // closed and replaced on every event
+	downCount map[sdi.Rank]int
+	busy      map[sdi.Rank]bool // a Deliver from that rank is running
+	hold      time.Duration     // each Deliver lasts at least this long, to expose overlaps
+	overlaps  int               // Deliver calls for one rank that overlapped
+	late      int               // Handler calls after closedAt was set
+	closed    bool              // set once the owning instance's Close returned
+	changed   chan struct{}     // closed and replaced on every event
 	// gate, when non-nil, makes Deliver wait until it is closed: it plays a
 	// peer that stops reading.
 	gate chan struct{}
@@ -117,6 +121,8 @@ func newRecorder() *recorder {
 		delivered: make(map[sdi.Rank][]delivery),
 		done:      make(map[uint64][]error),
 		downs:     make(map[sdi.Rank]error),
+		downCount: make(map[sdi.Rank]int),
+		busy:      make(map[sdi.Rank]bool),
 		changed:   make(chan struct{}),
 	}
 }
@@ -132,12 +138,19 @@ func (r *recorder) event() {
 func (r *recorder) Deliver(from sdi.Rank, header, payload []byte) {
 	r.mu.Lock()
 	gate := r.gate
+	if r.busy[from] {
+		r.overlaps++
+	}
+	r.busy[from] = true
+	hold := r.hold
 	r.mu.Unlock()
 	if gate != nil {
 		<-gate
 	}
+	time.Sleep(hold)
 	d := delivery{header: bytes.Clone(header), payload: bytes.Clone(payload)}
 	r.mu.Lock()
+	r.busy[from] = false
 	r.delivered[from] = append(r.delivered[from], d)
 	r.event()
 	r.mu.Unlock()
@@ -153,6 +166,7 @@ func (r *recorder) SendDone(token uint64, err error) {
 func (r *recorder) PeerDown(peer sdi.Rank, err error) {
 	r.mu.Lock()
 	r.downs[peer] = err
+	r.downCount[peer]++
 	r.event()
 	r.mu.Unlock()
 }
@@ -198,6 +212,10 @@ type jobOpts struct {
 	config string
 	secret string
 	host   string
+	// twoLoopbacks gives every rank a card with two interfaces, 127.0.0.1
+	// and 127.0.0.2, so ranks connect to each other twice; config must
+	// then listen on 0.0.0.0.
+	twoLoopbacks bool
 }
 
 // openNode opens rank r of a job named after the test.
@@ -205,6 +223,9 @@ func openNode(t testing.TB, r sdi.Rank, o jobOpts) *node {
 	t.Helper()
 	logger, buf := testLogger(t, fmt.Sprintf("tcp.%d", r))
 	n := &node{sd: New(logger), rec: newRecorder(), log: buf, rank: r}
+	if o.twoLoopbacks {
+		n.sd.(*subDevice).ifaces = newTwoLoopbacks().(*subDevice).ifaces
+	}
 	secret := o.secret
 	if secret == "" {
 		secret = testSecret

@@ -13,7 +13,19 @@ import (
 type inbound struct {
 	conn net.Conn
 	rank sdi.Rank      // valid after the handshake
+	sess *session      // valid after the handshake
 	done chan struct{} // closed when its reader has returned
+}
+
+// session is the set of inbound lanes one Connect of a peer opened. Its
+// lanes deliver side by side (serialized per rank by deliverMu); a newer
+// session of the same rank delivers only once every lane of the one before
+// has ended, which keeps a reconnect from overtaking the old stream.
+type session struct {
+	id   uint64
+	prev *session // the rank's session before this one; nil once it ended
+	refs int      // lanes open; guarded by subDevice.mu
+	done chan struct{}
 }
 
 // acceptLoop accepts connections until the listener closes and hands each to
@@ -73,8 +85,14 @@ func (sd *subDevice) track(in *inbound) bool {
 func (sd *subDevice) untrack(in *inbound) {
 	sd.mu.Lock()
 	delete(sd.inbound, in)
-	if sd.latest[in.rank] == in {
-		delete(sd.latest, in.rank)
+	if s := in.sess; s != nil {
+		s.refs--
+		if s.refs == 0 {
+			close(s.done)
+			if sd.latest[in.rank] == s {
+				delete(sd.latest, in.rank)
+			}
+		}
 	}
 	sd.mu.Unlock()
 	in.conn.Close()
@@ -91,7 +109,22 @@ func (sd *subDevice) serveInbound(in *inbound) {
 	// The deadline is what stops a silent stranger from holding this
 	// goroutine and a handshake slot.
 	in.conn.SetDeadline(time.Now().Add(sd.cfg.connectTimeout))
-	rank, err := sd.auth.accept(in.conn)
+	// Lanes of one session join it; the first lane of a new session (a
+	// reconnect after Disconnect, or after the old connections failed on
+	// the peer's side) starts one that waits for the previous session.
+	register := func(rank sdi.Rank, lid laneID) {
+		sd.mu.Lock()
+		defer sd.mu.Unlock()
+		in.rank = rank
+		s := sd.latest[rank]
+		if s == nil || s.id != lid.session {
+			s = &session{id: lid.session, prev: s, done: make(chan struct{})}
+			sd.latest[rank] = s
+		}
+		s.refs++
+		in.sess = s
+	}
+	rank, lid, err := sd.auth.accept(in.conn, register)
 	<-sd.handshakes
 	if err != nil {
 		if !sd.closed.Load() {
@@ -100,23 +133,20 @@ func (sd *subDevice) serveInbound(in *inbound) {
 		return
 	}
 	in.conn.SetDeadline(time.Time{})
-
-	// A rank that reconnects (after Disconnect, or after its old connection
-	// failed on its side) gets a new stream. Delivering from it only after
-	// the old stream has ended keeps Deliver calls for that rank serialized
-	// and in order.
 	sd.mu.Lock()
-	in.rank = rank
-	prev := sd.latest[rank]
-	sd.latest[rank] = in
+	s := in.sess
+	prev := s.prev
 	sd.mu.Unlock()
-	sd.log.Debug("accepted connection", "peer", rank, "remote_addr", remote)
+	sd.log.Debug("accepted connection", "peer", rank, "remote_addr", remote, "local_addr", in.conn.LocalAddr(), "lane", lid.lane, "lanes", lid.lanes)
 	if prev != nil {
 		select {
 		case <-prev.done:
 		case <-sd.life.Done():
 			return
 		}
+		sd.mu.Lock()
+		s.prev = nil // let the ended session go
+		sd.mu.Unlock()
 	}
 
 	fr := newFrameReader(in.conn, maxHeader, maxFrame)
@@ -132,7 +162,12 @@ func (sd *subDevice) serveInbound(in *inbound) {
 		if sd.log.IsTrace() {
 			sd.log.Trace("delivering frame", "peer", rank, "header_bytes", len(hdr), "payload_bytes", len(payload))
 		}
+		// Several lanes from one rank read side by side; the Handler
+		// wants one Deliver at a time per rank.
+		mu := &sd.deliverMu[rank]
+		mu.Lock()
 		sd.h.Deliver(rank, hdr, payload)
+		mu.Unlock()
 	}
 }
 

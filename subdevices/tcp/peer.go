@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -22,16 +23,20 @@ type outFrame struct {
 
 func (f outFrame) cost() int { return sdi.WireHeaderSize + len(f.header) + len(f.payload) }
 
-// peer is the outbound side of the link to one rank: the connection this rank
-// initiated and the only one it sends on, so frames to a peer leave in the
-// order Send accepted them. It is safe for concurrent use. A writer goroutine
-// owns the connection's write side and a watcher goroutine its read side.
-type peer struct {
+// lane is one outbound connection to a peer: frames queued on it leave in
+// the order Send accepted them. It is safe for concurrent use. A writer
+// goroutine owns the connection's write side and a watcher goroutine its
+// read side.
+type lane struct {
+	owner *peer
 	rank  sdi.Rank
 	conn  net.Conn
 	h     sdi.Handler
 	log   hclog.Logger
-	limit int // queue_bytes
+	limit int  // queue_bytes
+	link  Link // what address selection chose; Bytes is kept in written
+	// written counts bytes handed to the kernel, wire headers included.
+	written atomic.Uint64
 
 	wake      chan struct{} // capacity 1: frames were queued
 	halted    chan struct{} // closed by halt
@@ -54,12 +59,14 @@ type flusher struct {
 	ch     chan struct{}
 }
 
-func newPeer(rank sdi.Rank, conn net.Conn, h sdi.Handler, log hclog.Logger, limit int) *peer {
-	return &peer{
-		rank:      rank,
+func newLane(owner *peer, conn net.Conn, link Link, limit int) *lane {
+	return &lane{
+		owner:     owner,
+		link:      link,
+		rank:      owner.rank,
 		conn:      conn,
-		h:         h,
-		log:       log,
+		h:         owner.h,
+		log:       owner.log,
 		limit:     limit,
 		wake:      make(chan struct{}, 1),
 		halted:    make(chan struct{}),
@@ -69,7 +76,7 @@ func newPeer(rank sdi.Rank, conn net.Conn, h sdi.Handler, log hclog.Logger, limi
 }
 
 // start runs the writer and the watcher, both counted in wg.
-func (p *peer) start(wg *sync.WaitGroup) {
+func (p *lane) start(wg *sync.WaitGroup) {
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
@@ -82,7 +89,7 @@ func (p *peer) start(wg *sync.WaitGroup) {
 }
 
 // send queues f or refuses it; it never blocks and never calls the handler.
-func (p *peer) send(f *sdi.Frame) error {
+func (p *lane) send(f *sdi.Frame) error {
 	of := outFrame{header: f.Header, payload: f.Payload, token: f.Token}
 	cost := of.cost()
 	p.mu.Lock()
@@ -110,7 +117,7 @@ func (p *peer) send(f *sdi.Frame) error {
 	return nil
 }
 
-func (p *peer) alive() bool {
+func (p *lane) alive() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.err == nil
@@ -118,7 +125,7 @@ func (p *peer) alive() bool {
 
 // halt stops the peer for reason err; the first call wins. Closing the
 // connection unblocks a writer stuck on a peer that stopped reading.
-func (p *peer) halt(err error, report bool) {
+func (p *lane) halt(err error, report bool) {
 	p.mu.Lock()
 	first := p.err == nil
 	if first {
@@ -135,7 +142,7 @@ func (p *peer) halt(err error, report bool) {
 // watch detects a peer that went away while we have nothing to send. The
 // acceptor never writes after the handshake, so any return from Read means
 // the connection is over.
-func (p *peer) watch() {
+func (p *lane) watch() {
 	defer close(p.watchDone)
 	var b [1]byte
 	_, err := p.conn.Read(b[:])
@@ -150,8 +157,8 @@ func (p *peer) watch() {
 
 // writeLoop writes queued frames in batches, one writev per batch, and
 // completes them. It is the only goroutine that calls the handler for this
-// peer, so SendDone and PeerDown for one peer never run concurrently.
-func (p *peer) writeLoop() {
+// lane.
+func (p *lane) writeLoop() {
 	defer close(p.done)
 	defer func() { <-p.watchDone }()
 	var (
@@ -206,6 +213,7 @@ func (p *peer) writeLoop() {
 			p.fail(batch)
 			return
 		}
+		p.written.Add(uint64(n))
 		p.mu.Lock()
 		p.queued -= n
 		p.mu.Unlock()
@@ -218,9 +226,9 @@ func (p *peer) writeLoop() {
 }
 
 // fail completes the frames of a batch that was being written and every
-// queued frame with the halt reason, then reports the peer down if the
+// queued frame with the halt reason, then has the peer reported down if the
 // connection (not Close or Disconnect) ended it.
-func (p *peer) fail(batch []outFrame) {
+func (p *lane) fail(batch []outFrame) {
 	p.mu.Lock()
 	err, report := p.err, p.report
 	rest := p.queue
@@ -235,11 +243,11 @@ func (p *peer) fail(batch []outFrame) {
 	p.completed(len(batch) + len(rest))
 	if report {
 		p.log.Info("lost connection to peer", "peer", p.rank, "remote_addr", p.conn.RemoteAddr(), "failed_frames", len(batch)+len(rest), "error", err)
-		p.h.PeerDown(p.rank, err)
+		p.owner.laneDown(err)
 	}
 }
 
-func (p *peer) completed(n int) {
+func (p *lane) completed(n int) {
 	if n == 0 {
 		return
 	}
@@ -258,15 +266,21 @@ func (p *peer) completed(n int) {
 	p.mu.Unlock()
 }
 
-// flush waits until every frame accepted before the call has had its
-// SendDone. Frames sent while it waits do not delay it.
-func (p *peer) flush(ctx context.Context) error {
+// flushTarget returns how many frames a flush started now waits for.
+func (p *lane) flushTarget() uint64 {
 	p.mu.Lock()
-	if p.finished >= p.accepted {
+	defer p.mu.Unlock()
+	return p.accepted
+}
+
+// waitFinished waits until target frames have had their SendDone.
+func (p *lane) waitFinished(ctx context.Context, target uint64) error {
+	p.mu.Lock()
+	if p.finished >= target {
 		p.mu.Unlock()
 		return nil
 	}
-	f := &flusher{target: p.accepted, ch: make(chan struct{})}
+	f := &flusher{target: target, ch: make(chan struct{})}
 	p.flushers = append(p.flushers, f)
 	p.mu.Unlock()
 	select {

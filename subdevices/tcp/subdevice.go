@@ -4,14 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/subdevices/tcp/addrsel"
 )
 
 // Version is the tcp subdevice's own version, reported in [sdi.Info].
@@ -25,6 +30,10 @@ const maxHandshakes = 64
 // subDevice implements sdi.SubDevice over TCP. It is safe for concurrent use.
 type subDevice struct {
 	baseLog hclog.Logger
+	// ifaces, when set before Open, replaces the host's interfaces on the
+	// card: tests use two loopback addresses as two interfaces to get
+	// several connections to a peer on one host.
+	ifaces []cardIface
 
 	mu        sync.Mutex
 	opened    bool
@@ -32,7 +41,8 @@ type subDevice struct {
 	closeOnce sync.Once
 	wg        sync.WaitGroup // every goroutine this instance starts
 	inbound   map[*inbound]struct{}
-	latest    map[sdi.Rank]*inbound // newest inbound connection per rank
+	latest    map[sdi.Rank]*session       // newest inbound session per rank
+	chosen    map[sdi.Rank]addrsel.Result // the last selection per rank, for Chosen
 
 	// Set by Open and read-only afterwards.
 	log        hclog.Logger
@@ -44,7 +54,11 @@ type subDevice struct {
 	life       context.Context // done when Close starts; bounds Connect and accept back-off
 	cancel     context.CancelFunc
 	peers      []atomic.Pointer[peer] // indexed by rank; nil until Connect
+	deliverMu  []sync.Mutex           // indexed by rank: one Deliver at a time per rank
 	handshakes chan struct{}          // semaphore of maxHandshakes
+	ep         addrsel.Endpoint       // this rank's card, for address selection
+
+	job atomic.Pointer[addrsel.Job] // from SetJobCards; nil until then
 }
 
 // New returns an unopened tcp subdevice. logger is used until Open supplies
@@ -61,7 +75,14 @@ func (sd *subDevice) Info(context.Context) (sdi.Info, error) {
 	return sdi.Info{Name: "tcp", Version: Version, APIVersions: []string{sdi.APIVersion}}, nil
 }
 
-func caps() sdi.Caps {
+// caps are the same for every rank opened with the same config, as sdi
+// requires: whether frames to a peer may take several connections depends
+// on max_connections, not on this host's interfaces.
+func caps(cfg config) sdi.Caps {
+	flags := sdi.FlagReliable | sdi.FlagJobCards
+	if cfg.ordered() {
+		flags |= sdi.FlagOrdered
+	}
 	return sdi.Caps{
 		MaxHeader:   maxHeader,
 		MaxEager:    maxEager,
@@ -70,7 +91,7 @@ func caps() sdi.Caps {
 		Latency:     25 * time.Microsecond,
 		Bandwidth:   1_250_000_000, // 10 Gbit/s Ethernet
 		Reach:       sdi.ReachNetwork,
-		Flags:       sdi.FlagReliable | sdi.FlagOrdered,
+		Flags:       flags,
 	}
 }
 
@@ -111,8 +132,11 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 		return sdi.Local{}, err
 	}
 	lnAddr := ln.Addr().(*net.TCPAddr).AddrPort()
-	addrs := cardAddrs(lnAddr.Addr(), log)
-	c := card{Rank: p.Rank, JobTag: jobTag(p.JobID), Port: lnAddr.Port(), Host: p.Host, Addrs: addrs}
+	ifaces := sd.ifaces
+	if ifaces == nil {
+		ifaces = cardIfaces(lnAddr.Addr(), cfg.filter, log)
+	}
+	c := card{Rank: p.Rank, JobTag: jobTag(p.JobID), Port: lnAddr.Port(), Host: p.Host, Ifaces: ifaces}
 	b, err := c.encode()
 	if err != nil {
 		ln.Close()
@@ -128,13 +152,59 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.ln = ln
 	sd.life, sd.cancel = context.WithCancel(context.Background())
 	sd.peers = make([]atomic.Pointer[peer], p.Size)
+	sd.deliverMu = make([]sync.Mutex, p.Size)
+	sd.ep = c.endpoint()
 	sd.inbound = make(map[*inbound]struct{})
-	sd.latest = make(map[sdi.Rank]*inbound)
+	sd.latest = make(map[sdi.Rank]*session)
+	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
 	sd.wg.Add(1)
 	go sd.acceptLoop()
-	log.Debug("listening", "addr", ln.Addr(), "card_addrs", addrs, "queue_bytes", cfg.queueBytes, "connect_timeout", cfg.connectTimeout)
-	return sdi.Local{Addr: b, Caps: caps()}, nil
+	if log.IsDebug() {
+		desc := make([]string, len(ifaces))
+		for i, f := range ifaces {
+			desc[i] = fmt.Sprintf("%s %v speed=%d", f.Name, f.Addrs, f.Speed)
+		}
+		log.Debug("listening", "addr", ln.Addr(), "card_interfaces", desc, "queue_bytes", cfg.queueBytes,
+			"connect_timeout", cfg.connectTimeout, "max_connections", cfg.maxConns)
+	}
+	return sdi.Local{Addr: b, Caps: caps(cfg)}, nil
+}
+
+// SetJobCards takes every rank's card so that Connect can find private
+// ranges that collide across the job (see package addrsel). A card that
+// does not decode is an error naming its rank; nil cards (ranks that did
+// not open tcp) are skipped.
+func (sd *subDevice) SetJobCards(ctx context.Context, cards [][]byte) error {
+	if sd.closed.Load() {
+		return fmt.Errorf("tcp: job cards: %w", sdi.ErrClosed)
+	}
+	if len(sd.peers) == 0 {
+		return errors.New("tcp: job cards: not open")
+	}
+	if len(cards) != len(sd.peers) {
+		return fmt.Errorf("tcp: job cards: %d cards for a job of %d ranks", len(cards), len(sd.peers))
+	}
+	tag := jobTag(sd.auth.jobID)
+	eps := []addrsel.Endpoint{sd.ep}
+	for r, b := range cards {
+		if b == nil || sdi.Rank(r) == sd.auth.rank {
+			continue
+		}
+		c, err := decodeCard(b)
+		if err != nil {
+			return fmt.Errorf("tcp: job cards: rank %d: %w", r, err)
+		}
+		if c.JobTag != tag {
+			return fmt.Errorf("tcp: job cards: the card at rank %d is from another job", r)
+		}
+		if c.Rank != sdi.Rank(r) {
+			return fmt.Errorf("tcp: job cards: the card at rank %d belongs to rank %d", r, c.Rank)
+		}
+		eps = append(eps, c.endpoint())
+	}
+	sd.job.Store(addrsel.NewJob(eps))
+	return nil
 }
 
 // listen binds addr, or by default every address in both families, falling
@@ -167,10 +237,11 @@ func listen(ctx context.Context, addr string) (net.Listener, error) {
 	return ln, nil
 }
 
-// cardAddrs lists the addresses peers may dial to reach a listener bound to
-// bound: loopback first, then the addresses of interfaces that are up. A
-// listener bound to one address publishes only that one.
-func cardAddrs(bound netip.Addr, log hclog.Logger) []netip.Prefix {
+// cardIfaces lists the interfaces peers may reach a listener bound to bound
+// on: every interface that is up and running, with the addresses filter
+// keeps, loopback included. A listener bound to one address publishes only
+// that address, whatever the filter says.
+func cardIfaces(bound netip.Addr, filter ifaceFilter, log hclog.Logger) []cardIface {
 	bound = bound.Unmap()
 	specific := !bound.IsUnspecified()
 	want6 := bound.Is6() // the IPv6 wildcard is dual-stack; 0.0.0.0 is not
@@ -178,10 +249,14 @@ func cardAddrs(bound netip.Addr, log hclog.Logger) []netip.Prefix {
 	if err != nil {
 		log.Warn("cannot list network interfaces; publishing loopback only", "error", err)
 	}
-	var loop6 bool
-	var other []netip.Prefix
+	var out []cardIface
+	naddrs := 0
 	for _, ifc := range ifaces {
-		if ifc.Flags&net.FlagUp == 0 {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagRunning == 0 {
+			continue
+		}
+		if len(ifc.Name) == 0 || len(ifc.Name) > maxIfaceNameLen {
+			log.Debug("skipping interface with an unusable name", "interface", ifc.Name)
 			continue
 		}
 		ias, err := ifc.Addrs()
@@ -189,6 +264,7 @@ func cardAddrs(bound netip.Addr, log hclog.Logger) []netip.Prefix {
 			log.Debug("cannot list interface addresses", "interface", ifc.Name, "error", err)
 			continue
 		}
+		f := cardIface{Name: ifc.Name}
 		for _, ia := range ias {
 			ipn, ok := ia.(*net.IPNet)
 			if !ok {
@@ -202,41 +278,55 @@ func cardAddrs(bound netip.Addr, log hclog.Logger) []netip.Prefix {
 			bits, _ := ipn.Mask.Size()
 			if specific {
 				if a == bound {
-					return []netip.Prefix{netip.PrefixFrom(a, bits)}
+					return []cardIface{{Name: ifc.Name, Speed: linkSpeed(ifc.Name), Addrs: []netip.Prefix{netip.PrefixFrom(a, bits)}}}
 				}
 				continue
 			}
-			if a.Is6() && !want6 {
+			switch {
+			case a.Is6() && !want6, a.IsMulticast(), a.IsUnspecified():
+				continue
+			case a.IsLoopback() && a.Is4() && a != netip.AddrFrom4([4]byte{127, 0, 0, 1}):
+				continue // 127.0.0.1 stands for all of 127/8
+			case !filter.keep(ifc.Name, a):
+				continue
+			case naddrs == maxCardAddrs:
+				log.Debug("too many addresses for the business card; dropping the rest", "kept", maxCardAddrs, "interface", ifc.Name, "addr", a)
 				continue
 			}
-			switch {
-			case a == netip.IPv6Loopback():
-				loop6 = true
-			case a.IsLoopback():
-				// 127.0.0.1 is published below; the rest of 127/8 adds nothing.
-			case a.IsLinkLocalUnicast() || a.IsMulticast() || a.IsUnspecified():
-				// Link-local needs a zone that means nothing on the peer.
-			default:
-				other = append(other, netip.PrefixFrom(a, bits))
-			}
+			f.Addrs = append(f.Addrs, netip.PrefixFrom(a, bits))
+			naddrs++
 		}
+		if len(f.Addrs) == 0 || len(out) == maxCardIfaces {
+			continue
+		}
+		f.Speed = linkSpeed(ifc.Name)
+		out = append(out, f)
 	}
 	if specific {
 		// No interface lists the bound address (one went down meanwhile):
 		// publish it as it is.
-		return []netip.Prefix{netip.PrefixFrom(bound, bound.BitLen())}
+		return []cardIface{{Name: "listen", Addrs: []netip.Prefix{netip.PrefixFrom(bound, bound.BitLen())}}}
 	}
-	// 127.0.0.1 exists on every host we run on, even when the interface list
-	// is unavailable; ::1 only where an interface that is up carries it.
-	loop := []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}
-	if loop6 {
-		loop = append(loop, netip.MustParsePrefix("::1/128"))
+	if len(out) == 0 && err != nil {
+		// 127.0.0.1 exists on every host we run on, even when the
+		// interface list is unavailable.
+		out = []cardIface{{Name: "lo", Addrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/8")}}}
 	}
-	if len(loop)+len(other) > maxCardAddrs {
-		log.Debug("too many addresses for the business card; dropping the rest", "kept", maxCardAddrs, "dropped", len(loop)+len(other)-maxCardAddrs)
-		other = other[:maxCardAddrs-len(loop)]
+	return out
+}
+
+// linkSpeed returns the interface's speed in Mbit/s as Linux reports it, or
+// 0 where it does not (virtual devices, other systems, a link that is down).
+func linkSpeed(name string) uint32 {
+	b, err := os.ReadFile("/sys/class/net/" + name + "/speed")
+	if err != nil {
+		return 0
 	}
-	return append(loop, other...)
+	v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil || v <= 0 || v > math.MaxUint32 {
+		return 0
+	}
+	return uint32(v)
 }
 
 // peer returns the outbound state for rank, or an error wrapping
@@ -306,10 +396,10 @@ func (sd *subDevice) Disconnect(ctx context.Context, rank sdi.Rank) error {
 	sd.mu.Lock()
 	sd.peers[rank].CompareAndSwap(p, nil)
 	sd.mu.Unlock()
-	p.halt(fmt.Errorf("tcp: rank %d disconnected: %w", rank, sdi.ErrNotConnected), false)
-	// Halting closed the connection, so the writer and watcher end without
-	// waiting on the network.
-	<-p.done
+	p.halt(fmt.Errorf("tcp: rank %d disconnected: %w", rank, sdi.ErrNotConnected))
+	// Halting closed the connections, so the writers and watchers end
+	// without waiting on the network.
+	p.wait()
 	if ferr != nil {
 		return fmt.Errorf("tcp: disconnect rank %d: frames still queued: %w", rank, ferr)
 	}
@@ -348,7 +438,7 @@ func (sd *subDevice) shutdown() {
 	sd.ln.Close()
 	errClosed := fmt.Errorf("tcp: closed with the frame still queued: %w", sdi.ErrClosed)
 	for _, p := range peers {
-		p.halt(errClosed, false)
+		p.halt(errClosed)
 	}
 	for _, c := range conns {
 		c.Close()

@@ -271,13 +271,12 @@ func TestListenConfigs(t *testing.T) {
 				t.Fatalf("own card does not decode: %v", err)
 			}
 			var got []string
-			for _, p := range c.Addrs {
-				got = append(got, p.String())
-				if p.Addr().IsLinkLocalUnicast() {
-					t.Errorf("card lists link-local %v", p)
-				}
-				if tt.name == "ipv4 wildcard" && p.Addr().Is6() {
-					t.Errorf("IPv4-only listener publishes %v", p)
+			for _, f := range c.Ifaces {
+				for _, p := range f.Addrs {
+					got = append(got, p.String())
+					if tt.name == "ipv4 wildcard" && p.Addr().Is6() {
+						t.Errorf("IPv4-only listener publishes %v", p)
+					}
 				}
 			}
 			if tt.wantAddrs != nil && fmt.Sprint(got) != fmt.Sprint(tt.wantAddrs) {
@@ -359,7 +358,7 @@ func stuckPeer(t *testing.T, a *node, rank sdi.Rank) net.Conn {
 	t.Helper()
 	ours, theirs := net.Pipe()
 	t.Cleanup(func() { theirs.Close() })
-	if err := a.sd.(*subDevice).install(rank, ours); err != nil {
+	if err := a.sd.(*subDevice).install(rank, []net.Conn{ours}, []Link{{}}); err != nil {
 		t.Fatal(err)
 	}
 	return theirs

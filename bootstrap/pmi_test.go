@@ -1,0 +1,528 @@
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// openPMIRanks opens every rank of f's job concurrently (the handshake
+// includes a fence) with extra environment added.
+func openPMIRanks(t *testing.T, f *fakePMI, extra ...string) []Bootstrap {
+	t.Helper()
+	ranks := make([]Bootstrap, f.size)
+	errs := make([]error, f.size)
+	envs := make([][]string, f.size)
+	for r := range f.size {
+		envs[r] = append(f.env(r), extra...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range f.size {
+		wg.Go(func() {
+			ranks[r], errs[r] = open(ctx, testLogger(t).Named(fmt.Sprint("rank", r)), envOf(envs[r]))
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("open rank %d: %v", r, err)
+		}
+		bs := ranks[r]
+		t.Cleanup(func() { bs.Close() })
+	}
+	return ranks
+}
+
+// pmiExchange runs two rounds of put, fence and get-from-everyone, with
+// values large enough to need several chunks.
+func pmiExchange(bs Bootstrap, n int) error {
+	ctx := context.Background()
+	value := func(rank, round int) []byte {
+		return bytes.Repeat([]byte{byte(rank), byte(round), 0, ' ', ';', '=', '\n', 0xff}, 300+rank*50)
+	}
+	for round := range 2 {
+		key := fmt.Sprintf("card/%d", round)
+		if err := bs.Put(key, value(bs.Rank(), round)); err != nil {
+			return err
+		}
+		if err := bs.Put(key+"/empty", nil); err != nil {
+			return err
+		}
+		if err := bs.Fence(ctx); err != nil {
+			return fmt.Errorf("rank %d round %d: %w", bs.Rank(), round, err)
+		}
+		for peer := range n {
+			got, err := bs.Get(ctx, peer, key)
+			if err != nil {
+				return fmt.Errorf("rank %d round %d: %w", bs.Rank(), round, err)
+			}
+			if !bytes.Equal(got, value(peer, round)) {
+				return fmt.Errorf("rank %d round %d: card of %d has %d bytes, want %d", bs.Rank(), round, peer, len(got), len(value(peer, round)))
+			}
+			if got, err := bs.Get(ctx, peer, key+"/empty"); err != nil || len(got) != 0 {
+				return fmt.Errorf("rank %d round %d: empty value of %d = %q, %v", bs.Rank(), round, peer, got, err)
+			}
+		}
+	}
+	return nil
+}
+
+func TestPMIJob(t *testing.T) {
+	tests := []struct {
+		name    string
+		opts    func(*fakePMI)
+		extra   []string
+		wantJob string
+	}{
+		{"pmi2", nil, nil, "fake_job_7"},
+		{"pmi2-lazy-fence", func(f *fakePMI) { f.lazy = true }, nil, "fake_job_7"},
+		{"pmi1-pinned", nil, []string{"MD_PMI=1"}, "kvs_fake_1"},
+		{"pmi1-after-refused-pmi2", func(f *fakePMI) { f.noV2 = true }, nil, "kvs_fake_1"},
+		{"pmi1-small-values", func(f *fakePMI) { f.valMax = 40 }, []string{"MD_PMI=1"}, "kvs_fake_1"},
+		{"pmi1-short-keys", func(f *fakePMI) { f.keyMax = 32 }, []string{"MD_PMI=1"}, "kvs_fake_1"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			const n = 4
+			f := newFakePMI(t, n, func(f *fakePMI) {
+				f.mapping = "(vector,(0,2,2))"
+				if tt.opts != nil {
+					tt.opts(f)
+				}
+			})
+			ranks := openPMIRanks(t, f, tt.extra...)
+			var wg sync.WaitGroup
+			errs := make(chan error, n)
+			for _, bs := range ranks {
+				wg.Go(func() { errs <- pmiExchange(bs, n) })
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				if err != nil {
+					t.Error(err)
+				}
+			}
+			for r, bs := range ranks {
+				if bs.Rank() != r || bs.Size() != n || bs.JobID() != tt.wantJob || len(bs.Secret()) != 32 || !bytes.Equal(bs.Secret(), ranks[0].Secret()) {
+					t.Errorf("rank %d: identity rank=%d size=%d job=%q secret=%x", r, bs.Rank(), bs.Size(), bs.JobID(), bs.Secret())
+				}
+			}
+			// The mapping puts ranks 0,1 on one node and 2,3 on another.
+			h := func(r int) string { return ranks[r].Host() }
+			if h(0) != h(1) || h(2) != h(3) || h(0) == h(2) {
+				t.Errorf("hosts %q %q %q %q, want two pairs", h(0), h(1), h(2), h(3))
+			}
+			for r, bs := range ranks {
+				if err := bs.Close(); err != nil {
+					t.Errorf("rank %d: close: %v", r, err)
+				}
+			}
+		})
+	}
+}
+
+// TestPMIFenceIsBarrier: whatever the manager's kvs-fence does, no rank
+// leaves Fence before every rank entered it.
+func TestPMIFenceIsBarrier(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		opts func(*fakePMI)
+		env  string
+	}{
+		{"pmi2-lazy-fence", func(f *fakePMI) { f.lazy = true }, "MD_PMI=2"},
+		{"pmi2", nil, "MD_PMI=2"},
+		{"pmi1", nil, "MD_PMI=1"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			const n = 3
+			f := newFakePMI(t, n, tt.opts)
+			ranks := openPMIRanks(t, f, tt.env)
+			var entered atomic.Int32
+			var wg sync.WaitGroup
+			for r, bs := range ranks {
+				wg.Go(func() {
+					for round := range 3 {
+						if r == round%n {
+							time.Sleep(50 * time.Millisecond) // the last to arrive
+						}
+						entered.Add(1)
+						if err := bs.Fence(context.Background()); err != nil {
+							t.Errorf("rank %d: %v", r, err)
+							return
+						}
+						if got := entered.Load(); got < int32(n*(round+1)) {
+							t.Errorf("rank %d left fence %d when only %d entries were made", r, round, got)
+						}
+					}
+				})
+			}
+			wg.Wait()
+		})
+	}
+}
+
+// TestPMIManagerDies: a rank waiting in a fence when the manager goes away
+// gets a clear error, not a hang.
+func TestPMIManagerDies(t *testing.T) {
+	for _, v := range []string{"1", "2"} {
+		t.Run("pmi"+v, func(t *testing.T) {
+			f := newFakePMI(t, 2, nil)
+			ranks := openPMIRanks(t, f, "MD_PMI="+v)
+			done := make(chan error, 1)
+			go func() { done <- ranks[0].Fence(context.Background()) }()
+			time.Sleep(20 * time.Millisecond)
+			f.kill()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("fence did not return after the manager died")
+			}
+			if !errors.Is(err, ErrClosed) || !strings.Contains(err.Error(), "closed the connection") || !strings.Contains(err.Error(), "PMI_FD=") {
+				t.Errorf("fence error = %v; want ErrClosed naming the connection", err)
+			}
+			if _, err := ranks[0].Get(context.Background(), 1, "x"); !errors.Is(err, ErrClosed) {
+				t.Errorf("get after the manager died = %v, want ErrClosed", err)
+			}
+			if err := ranks[1].Fence(context.Background()); !errors.Is(err, ErrClosed) {
+				t.Errorf("other rank's fence = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+func TestPMIFenceCancelAndResume(t *testing.T) {
+	f := newFakePMI(t, 2, nil)
+	ranks := openPMIRanks(t, f)
+	if err := ranks[0].Put("k", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := ranks[0].Fence(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("fence alone = %v, want deadline exceeded", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ranks[0].Fence(context.Background()) }()
+	if err := ranks[1].Fence(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("resumed fence: %v", err)
+	}
+	if v, err := ranks[1].Get(context.Background(), 0, "k"); err != nil || string(v) != "v" {
+		t.Errorf("get = %q, %v", v, err)
+	}
+}
+
+func TestPMIGetAndPutErrors(t *testing.T) {
+	f := newFakePMI(t, 2, nil)
+	ranks := openPMIRanks(t, f)
+	ctx := context.Background()
+	if _, err := ranks[0].Get(ctx, 1, "nothing"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("get of a missing key = %v, want ErrNotFound", err)
+	}
+	if _, err := ranks[0].Get(ctx, 2, "k"); err == nil {
+		t.Error("get from rank 2 of 2 succeeded")
+	}
+	if err := ranks[0].Put("k", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := ranks[0].Put(strings.Repeat("long key ", 20), []byte("1")); err != nil {
+		t.Errorf("put of a long key: %v", err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { ranks[1].Fence(ctx) })
+	if err := ranks[0].Fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if v, err := ranks[1].Get(ctx, 0, strings.Repeat("long key ", 20)); err != nil || string(v) != "1" {
+		t.Errorf("get of a long key = %q, %v", v, err)
+	}
+	if err := ranks[0].Put("k", []byte("2")); err == nil || !strings.Contains(err.Error(), "published once") {
+		t.Errorf("second put of a published key = %v, want a refusal", err)
+	}
+}
+
+func TestPMIAbort(t *testing.T) {
+	for _, tt := range []struct{ env, want string }{{"MD_PMI=1", "7"}, {"MD_PMI=2", "rank 0 gives up, really"}} {
+		t.Run(tt.env, func(t *testing.T) {
+			f := newFakePMI(t, 2, nil)
+			ranks := openPMIRanks(t, f, tt.env)
+			if err := ranks[0].Abort(7, "rank 0 gives up;\nreally"); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for len(f.abortsSeen()) == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			if got := f.abortsSeen(); len(got) != 1 || got[0] != tt.want {
+				t.Errorf("manager saw aborts %q, want [%q]", got, tt.want)
+			}
+			if err := ranks[0].Put("k", nil); !errors.Is(err, ErrClosed) {
+				t.Errorf("put after abort = %v, want ErrClosed", err)
+			}
+		})
+	}
+}
+
+func TestPMIOpenErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		env  func(f *fakePMI) []string
+		opts func(*fakePMI)
+		want string
+	}{
+		{"fd not a number", func(*fakePMI) []string { return []string{"PMI_FD=seven"} }, nil, "PMI_FD=seven is not a file descriptor"},
+		{"fd not open", func(*fakePMI) []string { return []string{"PMI_FD=9999", "PMI_RANK=0", "PMI_SIZE=1"} }, nil, "PMI_FD=9999 is not an open file descriptor"},
+		{"port model", func(*fakePMI) []string { return []string{"PMI_PORT=host:1"} }, nil, "PMI_PORT=host:1: the PMI port model is not supported"},
+		{"pmi1 without rank", func(f *fakePMI) []string { return append(f.env(0)[:1], "PMI_SIZE=1", "MD_PMI=1") }, nil, "bootstrap: pmi1: PMI_FD="},
+		{"pmi1 rank out of range", func(f *fakePMI) []string { return append(f.env(0)[:1], "PMI_RANK=3", "PMI_SIZE=2", "MD_PMI=1") }, nil, "rank 3 of 2 ranks"},
+		{"garbage", func(f *fakePMI) []string { return f.env(0) }, func(f *fakePMI) { f.garbage = "hello there\n" }, "bootstrap: pmi2: PMI_FD="},
+		{"manager hangs up", func(f *fakePMI) []string { return f.env(0) }, func(f *fakePMI) { f.hangUp = true }, "closed the connection"},
+		{"bad mapping", func(f *fakePMI) []string { return f.env(0) }, func(f *fakePMI) { f.mapping = "(vector,(0,1" }, "process mapping"},
+		{"no version left", func(f *fakePMI) []string { return append(f.env(0), "MD_PMI=3") }, nil, "no backend accepted the launcher: pmi2: MD_PMI=3; pmi1: MD_PMI=3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakePMI(t, 1, tt.opts)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			bs, err := open(ctx, testLogger(t), envOf(tt.env(f)))
+			if err == nil {
+				bs.Close()
+				t.Fatalf("open succeeded, want %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("open error %q lacks %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestPMIOpenCancelled: a manager that never answers the handshake does not
+// hold Open past its context.
+func TestPMIOpenCancelled(t *testing.T) {
+	f := newFakePMI(t, 2, nil)
+	env := f.env(0)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	// Rank 1 never comes, so the fence of the open never completes.
+	_, err := open(ctx, testLogger(t), envOf(env))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("open = %v, want deadline exceeded", err)
+	}
+}
+
+func TestParseProcessMapping(t *testing.T) {
+	tests := []struct {
+		in   string
+		size int
+		want []int
+		err  string
+	}{
+		{"(vector,(0,2,2))", 4, []int{0, 0, 1, 1}, ""},
+		{"(vector,(0,1,1))", 3, []int{0, 0, 0}, ""}, // Hydra, one node: the block repeats
+		{"(vector,(0,2,1))", 4, []int{0, 1, 0, 1}, ""},
+		{" ( vector , (0, 2, 1) , 3 ) ", 4, []int{0, 1, 3, 0}, ""},
+		{"(vector,(0,1,2),(1,1,1))", 3, []int{0, 0, 1}, ""},
+		{"(vector,[(0,2,1)]x2,(5,1,1))", 5, []int{0, 1, 0, 1, 5}, ""},
+		{"(vector,[0,1]x3)", 6, []int{0, 1, 0, 1, 0, 1}, ""},
+		{"(vector,[(0,0,0)]x1000000000,(1,1,1))", 2, []int{1, 1}, ""},
+		{"", 1, nil, "want \"(\""},
+		{"(list,(0,1,1))", 1, nil, "want \"vector\""},
+		{"(vector)", 1, nil, "no blocks"},
+		{"(vector,(0,1))", 1, nil, "want \",\""},
+		{"(vector,(0,0,5))", 1, nil, "places no rank"},
+		{"(vector,(0,1,1)) x", 1, nil, "trailing text"},
+		{"(vector,(0,99999999999,1))", 1, nil, "too large"},
+		{"(vector,[(0,1,1)x2)", 1, nil, "want \"]x\""},
+	}
+	for _, tt := range tests {
+		got, err := parseProcessMapping(tt.in, tt.size)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("parse %q = %v, %v; want error with %q", tt.in, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(tt.want) {
+			t.Errorf("parse %q = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestValueChunks(t *testing.T) {
+	for _, size := range []int{0, 1, 2, 23, 24, 25, 100, 1000, maxValue} {
+		for _, room := range []int{minChunkRoom, 40, 1023} {
+			v := make([]byte, size)
+			for i := range v {
+				v[i] = byte(i * 7)
+			}
+			chunks, err := encodeValue(v, room)
+			if err != nil {
+				t.Fatalf("size %d room %d: %v", size, room, err)
+			}
+			for i, c := range chunks {
+				if len(c) > room || strings.ContainsAny(c, " ;=\n") || (len(c) == 0 && i > 0) {
+					t.Fatalf("size %d room %d: chunk %d = %q", size, room, i, c)
+				}
+			}
+			n, head, err := chunkCount(chunks[0])
+			if err != nil || n != len(chunks) {
+				t.Fatalf("size %d room %d: count %d, %v; %d chunks", size, room, n, err, len(chunks))
+			}
+			got, err := decodeValue(append([]string{head}, chunks[1:]...))
+			if err != nil || !bytes.Equal(got, v) {
+				t.Fatalf("size %d room %d: round trip gave %d bytes, %v", size, room, len(got), err)
+			}
+		}
+	}
+	if _, err := encodeValue(nil, minChunkRoom-1); err == nil {
+		t.Error("encode with a room below the minimum succeeded")
+	}
+}
+
+func TestWireKeys(t *testing.T) {
+	short, err := wireKey(3, "sdi/tcp", 0, 63)
+	if err != nil || short != "md.3.kc2RpL3RjcA.0" {
+		t.Errorf("wireKey = %q, %v", short, err)
+	}
+	long1, err1 := wireKey(3, strings.Repeat("a", 100)+"1", 12, 63)
+	long2, err2 := wireKey(3, strings.Repeat("a", 100)+"2", 12, 63)
+	if err1 != nil || err2 != nil || long1 == long2 || len(long1) > 63 || !strings.HasPrefix(long1, "md.3.h") {
+		t.Errorf("long keys %q %q, %v %v", long1, long2, err1, err2)
+	}
+	if _, err := wireKey(3, "k", 0, 8); err == nil {
+		t.Error("wireKey fits a key in 8 bytes")
+	}
+}
+
+func TestPMIWire(t *testing.T) {
+	m, err := parsePMI1("cmd=get_result rc=0 msg=success value=a=b")
+	if err != nil || m.cmd != "get_result" || m.attrs["value"] != "a=b" {
+		t.Errorf("parsePMI1 = %+v, %v", m, err)
+	}
+	for _, bad := range []string{"", "rc=0 cmd=x", "cmd=a cmd=b", "cmd=x novalue", "cmd=x =1", "cmd=x a=1 a=2", "cmd="} {
+		if _, err := parsePMI1(bad); !errors.Is(err, errBadPMI) {
+			t.Errorf("parsePMI1(%q) = %v, want errBadPMI", bad, err)
+		}
+	}
+	msg := formatPMI2("kvs-put", "key", "k", "value", "a;b;;c")
+	if msg != "34    cmd=kvs-put;key=k;value=a;;b;;;;c;" {
+		t.Errorf("formatPMI2 = %q", msg)
+	}
+	m, err = readPMI2(strings.NewReader(msg))
+	if err != nil || m.attrs["value"] != "a;b;;c" {
+		t.Errorf("readPMI2 = %+v, %v", m, err)
+	}
+	for _, bad := range []string{"", "5     cmd=x", "0     ", "x     cmd=x;", "999999cmd=x;", "7     cmd=x;", "8     cmd=x;a=", "9     cmd=x;a;b;"} {
+		if _, err := readPMI2(strings.NewReader(bad)); err == nil {
+			t.Errorf("readPMI2(%q) succeeded", bad)
+		}
+	}
+}
+
+func FuzzParsePMI1(f *testing.F) {
+	f.Add("cmd=get_result rc=0 msg=success value=x\n")
+	f.Add("cmd=maxes kvsname_max=256 keylen_max=64 vallen_max=1024\n")
+	f.Add("cmd=barrier_out\n")
+	f.Fuzz(func(t *testing.T, s string) {
+		m, err := parsePMI1(s)
+		if err != nil {
+			return
+		}
+		if m.cmd == "" {
+			t.Fatalf("parsed %q without a command", s)
+		}
+		// What parses must survive a format and a second parse.
+		var kv []string
+		for k, v := range m.attrs {
+			kv = append(kv, k, v)
+		}
+		m2, err := parsePMI1(strings.TrimSuffix(formatPMI1(m.cmd, kv...), "\n"))
+		if err != nil || m2.cmd != m.cmd || len(m2.attrs) != len(m.attrs) {
+			t.Fatalf("reparse of %q: %+v, %v", s, m2, err)
+		}
+	})
+}
+
+func FuzzReadPMI2(f *testing.F) {
+	f.Add([]byte(formatPMI2("kvs-get-response", "found", "TRUE", "value", "a;b", "rc", "0")))
+	f.Add([]byte("30    cmd=fullinit-response;rc=0;"))
+	f.Add([]byte("4     a=;;"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := readPMI2(bytes.NewReader(b))
+		if err != nil {
+			return
+		}
+		var kv []string
+		for k, v := range m.attrs {
+			kv = append(kv, k, v)
+		}
+		m2, err := readPMI2(strings.NewReader(formatPMI2(m.cmd, kv...)))
+		if err != nil || m2.cmd != m.cmd || fmt.Sprint(m2.attrs) != fmt.Sprint(m.attrs) {
+			t.Fatalf("reparse of %q: %+v, %v; first %+v", b, m2, err, m)
+		}
+	})
+}
+
+func FuzzProcessMapping(f *testing.F) {
+	f.Add("(vector,(0,2,2))", 4)
+	f.Add("(vector,[(0,2,1),3]x4,(1,1,1))", 9)
+	f.Fuzz(func(t *testing.T, s string, size int) {
+		if size < 1 || size > 4096 {
+			return
+		}
+		nodes, err := parseProcessMapping(s, size)
+		if err != nil {
+			return
+		}
+		if len(nodes) != size {
+			t.Fatalf("%q gave %d nodes for %d ranks", s, len(nodes), size)
+		}
+		for _, n := range nodes {
+			if n < 0 {
+				t.Fatalf("%q gave node %d", s, n)
+			}
+		}
+	})
+}
+
+func FuzzValueChunks(f *testing.F) {
+	f.Add([]byte("card"), 40, "2:abc")
+	f.Fuzz(func(t *testing.T, v []byte, room int, first string) {
+		// Arbitrary text from the store decodes or fails cleanly.
+		if n, head, err := chunkCount(first); err == nil {
+			if n < 1 || n > maxChunks {
+				t.Fatalf("count %d from %q", n, first)
+			}
+			decodeValue([]string{head})
+		}
+		if room < minChunkRoom || room > 4096 || len(v) > maxValue {
+			return
+		}
+		chunks, err := encodeValue(v, room)
+		if err != nil {
+			return
+		}
+		_, head, err := chunkCount(chunks[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := decodeValue(append([]string{head}, chunks[1:]...))
+		if err != nil || !bytes.Equal(got, v) {
+			t.Fatalf("round trip of %d bytes in room %d: %v", len(v), room, err)
+		}
+	})
+}

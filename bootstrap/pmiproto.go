@@ -1,0 +1,308 @@
+package bootstrap
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// pmiConn is the connection to the process manager that PMI_FD names. Its
+// reads belong to one goroutine at a time (the handshake, then the job's
+// worker); writes are serialised, so Abort can write while the worker
+// waits for a reply.
+type pmiConn struct {
+	desc string // "PMI_FD=6", for messages
+	rw   io.ReadWriteCloser
+	r    *bufio.Reader
+	wmu  sync.Mutex
+	// deadline sets a read/write deadline; nil when the fd is not pollable.
+	deadline func(time.Time) error
+}
+
+// connError is a failure of the connection itself (end of file, a message
+// that does not parse, a reply out of step): the job cannot go on.
+type connError struct{ err error }
+
+func (e *connError) Error() string { return e.err.Error() }
+func (e *connError) Unwrap() error { return e.err }
+
+// rcError is a request the manager answered with a non-zero return code;
+// the connection stays in step.
+type rcError struct {
+	cmd string
+	rc  int
+	msg string
+}
+
+func (e *rcError) Error() string {
+	if e.msg != "" {
+		return fmt.Sprintf("the process manager refused %s: rc=%d msg=%s", e.cmd, e.rc, e.msg)
+	}
+	return fmt.Sprintf("the process manager refused %s: rc=%d", e.cmd, e.rc)
+}
+
+// openPMIConn wraps the inherited descriptor named by PMI_FD.
+func openPMIConn(env lookupFunc) (*pmiConn, error) {
+	s, _ := env(EnvPMIFD)
+	desc := EnvPMIFD + "=" + s
+	fd, err := strconv.Atoi(s)
+	if err != nil || fd < 0 {
+		return nil, fmt.Errorf("%s is not a file descriptor", desc)
+	}
+	f := os.NewFile(uintptr(fd), "PMI_FD")
+	if f == nil {
+		return nil, fmt.Errorf("%s is not an open file descriptor", desc)
+	}
+	if _, err := f.Stat(); err != nil {
+		return nil, fmt.Errorf("%s is not an open file descriptor: %w", desc, err)
+	}
+	c := &pmiConn{desc: desc}
+	// A socket (Hydra and Slurm hand out socketpairs) becomes a net.Conn,
+	// with deadlines and a close-on-exec duplicate, so the rank's own
+	// children do not inherit the manager's connection.
+	if nc, err := net.FileConn(f); err == nil {
+		f.Close()
+		c.rw, c.deadline = nc, nc.SetDeadline
+	} else {
+		c.rw = f
+		if f.SetDeadline(time.Time{}) == nil {
+			c.deadline = f.SetDeadline
+		}
+	}
+	c.r = bufio.NewReaderSize(c.rw, 4096)
+	return c, nil
+}
+
+func (c *pmiConn) write(s string) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if _, err := io.WriteString(c.rw, s); err != nil {
+		return &connError{fmt.Errorf("send to the process manager: %w", err)}
+	}
+	return nil
+}
+
+// readErr describes a failed read; the end of the stream means the manager
+// is gone.
+func readErr(err error) error {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return &connError{fmt.Errorf("the process manager closed the connection (%v)", err)}
+	}
+	if errors.Is(err, errBadPMI) {
+		return &connError{err}
+	}
+	return &connError{fmt.Errorf("read from the process manager: %w", err)}
+}
+
+// during runs fn, a blocking exchange of the handshake, so that ctx ending
+// interrupts it.
+func (c *pmiConn) during(ctx context.Context, fn func() error) error {
+	if c.deadline == nil {
+		return fn()
+	}
+	if d, ok := ctx.Deadline(); ok {
+		c.deadline(d)
+	}
+	stop := context.AfterFunc(ctx, func() { c.deadline(time.Unix(1, 0)) })
+	err := fn()
+	stop()
+	c.deadline(time.Time{})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("%w (%v)", ctx.Err(), err)
+	}
+	return err
+}
+
+func (c *pmiConn) close() error { return c.rw.Close() }
+
+// initPMI sends the init line both versions start with and returns the
+// manager's answer.
+func (c *pmiConn) initPMI(version, subversion int) (*pmiMsg, error) {
+	if err := c.write(formatPMI1("init", "pmi_version", strconv.Itoa(version), "pmi_subversion", strconv.Itoa(subversion))); err != nil {
+		return nil, err
+	}
+	m, err := readPMI1(c.r)
+	if err != nil {
+		return nil, readErr(err)
+	}
+	if m.cmd != "response_to_init" {
+		return nil, &connError{fmt.Errorf("%w: init answered with %q", errBadPMI, m.cmd)}
+	}
+	return m, nil
+}
+
+// pmiProto is one PMI version's requests. Only the job's worker goroutine
+// calls them, except abort, which may run beside it.
+type pmiProto interface {
+	put(key, value string) error
+	fence() error
+	// get reports found=false when the manager has no such key.
+	get(key string) (value string, found bool, err error)
+	abort(code int, msg string) error
+	finalize() error
+}
+
+// checkReply turns a reply into an error when it is not want or its rc is
+// not zero.
+func checkReply(m *pmiMsg, want string) error {
+	if m.cmd != want {
+		return &connError{fmt.Errorf("%w: want %s, got %q", errBadPMI, want, m.cmd)}
+	}
+	rc, err := m.rc()
+	if err != nil {
+		return &connError{err}
+	}
+	if rc != 0 {
+		msg, _ := m.get("msg")
+		if msg == "" {
+			msg, _ = m.get("errmsg")
+		}
+		return &rcError{cmd: want, rc: rc, msg: msg}
+	}
+	return nil
+}
+
+// pmi1 speaks PMI-1 (MPICH's simple PMI wire protocol).
+type pmi1 struct {
+	c       *pmiConn
+	kvsname string
+}
+
+func (p *pmi1) roundTrip(req, want string) (*pmiMsg, error) {
+	if err := p.c.write(req); err != nil {
+		return nil, err
+	}
+	m, err := readPMI1(p.c.r)
+	if err != nil {
+		return nil, readErr(err)
+	}
+	return m, checkReply(m, want)
+}
+
+func (p *pmi1) put(key, value string) error {
+	_, err := p.roundTrip(formatPMI1("put", "kvsname", p.kvsname, "key", key, "value", value), "put_result")
+	return err
+}
+
+func (p *pmi1) fence() error {
+	_, err := p.roundTrip(formatPMI1("barrier_in"), "barrier_out")
+	return err
+}
+
+func (p *pmi1) get(key string) (string, bool, error) {
+	m, err := p.roundTrip(formatPMI1("get", "kvsname", p.kvsname, "key", key), "get_result")
+	var rc *rcError
+	if errors.As(err, &rc) {
+		// PMI-1 says "not found" only through a non-zero rc and a
+		// free-text message.
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, err
+	}
+	v, ok := m.get("value")
+	if !ok {
+		return "", false, &connError{fmt.Errorf("%w: get_result without a value", errBadPMI)}
+	}
+	return v, true, nil
+}
+
+func (p *pmi1) abort(code int, _ string) error {
+	// PMI-1 carries no reason the managers print; the job's logger
+	// reported it before.
+	return p.c.write(formatPMI1("abort", "exitcode", strconv.Itoa(code)))
+}
+
+func (p *pmi1) finalize() error {
+	_, err := p.roundTrip(formatPMI1("finalize"), "finalize_ack")
+	return err
+}
+
+// pmi2 speaks PMI-2.
+type pmi2 struct {
+	c *pmiConn
+}
+
+func (p *pmi2) roundTrip(want, cmd string, kv ...string) (*pmiMsg, error) {
+	if err := p.c.write(formatPMI2(cmd, kv...)); err != nil {
+		return nil, err
+	}
+	m, err := readPMI2(p.c.r)
+	if err != nil {
+		return nil, readErr(err)
+	}
+	return m, checkReply(m, want)
+}
+
+func (p *pmi2) put(key, value string) error {
+	_, err := p.roundTrip("kvs-put-response", "kvs-put", "key", key, "value", value)
+	return err
+}
+
+// barrierKey is a key no rank puts. After kvs-fence, asking for it is the
+// barrier.
+const barrierKey = "md.barrier"
+
+// fence is kvs-fence and then a kvs-get of a key nobody put. PMI-2 does not
+// say that kvs-fence waits for the other ranks, and Hydra's does not: it
+// answers at once and holds back kvs-gets until every rank has fenced. A
+// get of a missing key is answered only then, so the pair is a barrier
+// under Hydra and costs one round trip under a manager whose fence already
+// is one (Slurm).
+func (p *pmi2) fence() error {
+	if _, err := p.roundTrip("kvs-fence-response", "kvs-fence"); err != nil {
+		return err
+	}
+	_, _, err := p.get(barrierKey)
+	return err
+}
+
+// found reads a PMI-2 reply's found=TRUE|FALSE and value.
+func found(m *pmiMsg) (string, bool, error) {
+	switch f, _ := m.get("found"); f {
+	case "TRUE":
+		v, ok := m.get("value")
+		if !ok {
+			return "", false, &connError{fmt.Errorf("%w: %s found without a value", errBadPMI, m.cmd)}
+		}
+		return v, true, nil
+	case "FALSE":
+		return "", false, nil
+	default:
+		return "", false, &connError{fmt.Errorf("%w: %s: found=%.10q", errBadPMI, m.cmd, f)}
+	}
+}
+
+func (p *pmi2) get(key string) (string, bool, error) {
+	m, err := p.roundTrip("kvs-get-response", "kvs-get", "srcid", "-1", "key", key)
+	if err != nil {
+		return "", false, err
+	}
+	return found(m)
+}
+
+// jobAttr asks for a job attribute such as PMI_process_mapping.
+func (p *pmi2) jobAttr(key string) (string, bool, error) {
+	m, err := p.roundTrip("info-getjobattr-response", "info-getjobattr", "key", key)
+	if err != nil {
+		return "", false, err
+	}
+	return found(m)
+}
+
+func (p *pmi2) abort(_ int, msg string) error {
+	// PMI-2's abort has no exit code; the manager picks the job's status.
+	return p.c.write(formatPMI2("abort", "isworldabort", "TRUE", "msg", msg))
+}
+
+func (p *pmi2) finalize() error {
+	_, err := p.roundTrip("finalize-response", "finalize")
+	return err
+}

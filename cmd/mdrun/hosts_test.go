@@ -1,0 +1,135 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseHosts(t *testing.T) {
+	tests := []struct {
+		in   string
+		want string
+		err  string
+	}{
+		{"a", "[{a 1}]", ""},
+		{"a,b:2, c:3", "[{a 1} {b 2} {c 3}]", ""},
+		{"10.0.0.1:4,fd00::1,[fd00::2]:2,[fd00::3]", "[{10.0.0.1 4} {fd00::1 1} {fd00::2 2} {fd00::3 1}]", ""},
+		{"a:x", "", `slots "x" is not a number`},
+		{"a:70000", "", `slots "70000"`},
+		{"[fd00::1", "", "want [address] or [address]:slots"},
+		{"[fd00::1]:", "", `slots "?"`},
+		{"a b", "", `host "a b" is not a host name`},
+		{"a;rm", "", "is not a host name"},
+	}
+	for _, tt := range tests {
+		got, err := parseHosts(tt.in)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("parseHosts(%q) = %v, %v; want error %q", tt.in, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != tt.want {
+			t.Errorf("parseHosts(%q) = %v, %v; want %s", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+func TestParseHostfile(t *testing.T) {
+	tests := []struct {
+		text string
+		want string
+		err  string
+	}{
+		{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "[{n1 1} {n2 2} {n3 4}]", ""},
+		{"n1\nn2 slots=0\n", "", ":2: slots=\"0\" is not a number"},
+		{"n1 cpus=4\n", "", `:1: want "host", "host:slots" or "host slots=N"`},
+		{"n1 slots=1 x\n", "", ":1: want"},
+		{"# nothing\n", "", "no hosts"},
+		{"bad!host\n", "", `:1: host "bad!host" is not a host name`},
+	}
+	for i, tt := range tests {
+		path := filepath.Join(t.TempDir(), fmt.Sprintf("hosts%d", i))
+		if err := os.WriteFile(path, []byte(tt.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		got, err := parseHostfile(path)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) || !strings.Contains(err.Error(), path) {
+				t.Errorf("hostfile %q = %v, %v; want error naming the file and %q", tt.text, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || fmt.Sprint(got) != tt.want {
+			t.Errorf("hostfile %q = %v, %v; want %s", tt.text, got, err, tt.want)
+		}
+	}
+}
+
+func TestPlaceRanks(t *testing.T) {
+	tests := []struct {
+		n     int
+		hosts []hostSpec
+		want  string
+	}{
+		{4, []hostSpec{{"a", 1}, {"b", 1}}, "[a b a b]"},
+		{4, []hostSpec{{"a", 2}, {"b", 2}}, "[a a b b]"},
+		{5, []hostSpec{{"a", 2}, {"b", 1}}, "[a a b a a]"},
+		{1, []hostSpec{{"a", 3}, {"b", 1}}, "[a]"},
+	}
+	for _, tt := range tests {
+		if got := fmt.Sprint(placeRanks(tt.n, tt.hosts)); got != tt.want {
+			t.Errorf("placeRanks(%d, %v) = %s, want %s", tt.n, tt.hosts, got, tt.want)
+		}
+	}
+}
+
+// TestRemoteCommand runs the command line mdrun builds through a shell, as
+// ssh does, and checks that every word arrives unchanged.
+func TestRemoteCommand(t *testing.T) {
+	args := []string{"plain", "two words", "it's", `"quoted"`, "$HOME", "a;b", "*", "", "tab\there", "new\nline"}
+	env := []string{"MDRUN_ADDR=tcp:10.0.0.1:4000", "MD_X=with space"}
+	argv := remoteCommand([]string{"ssh", "-o", "BatchMode=yes"}, "h1", env, "/bin/sh", append([]string{"-c", `for a; do printf '<%s>' "$a"; done; printf '%s' "$MD_X"`, "sh"}, args...))
+	if strings.Join(argv[:5], " ") != "ssh -o BatchMode=yes h1 env" {
+		t.Fatalf("argv starts %q", argv[:5])
+	}
+	// What ssh does with the words after the host.
+	out, err := exec.Command("sh", "-c", strings.Join(argv[4:], " ")).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ""
+	for _, a := range args {
+		want += "<" + a + ">"
+	}
+	want += "with space"
+	if string(out) != want {
+		t.Errorf("the remote shell saw %q, want %q", out, want)
+	}
+}
+
+func TestListenAddr(t *testing.T) {
+	for _, tt := range []struct{ flag, remote, want, err string }{
+		{"10.1.2.3:5000", "h", "10.1.2.3:5000", ""},
+		{":5000", "h", "", "not a wildcard"},
+		{"0.0.0.0:0", "h", "", "not a wildcard"},
+		{"[::]:0", "h", "", "not a wildcard"},
+		{"nonsense", "h", "", `-listen "nonsense"`},
+		{"", "127.0.0.1", "", "other than loopback"},
+	} {
+		got, err := listenAddr(tt.flag, tt.remote)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("listenAddr(%q, %q) = %q, %v; want error %q", tt.flag, tt.remote, got, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || got != tt.want {
+			t.Errorf("listenAddr(%q, %q) = %q, %v; want %q", tt.flag, tt.remote, got, err, tt.want)
+		}
+	}
+}

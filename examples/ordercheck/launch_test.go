@@ -1,0 +1,430 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+	"github.com/hpc-multidevice/multidevice/internal/netns"
+)
+
+// The tests run ordercheck under real launchers. The test binary plays the
+// program: TestMain runs main when it is started under the name ordercheck
+// (a symlink), so no binary is built for it.
+//
+// The multi-host tests stand for hosts with network namespaces. A launcher
+// reaches a host through a script that behaves like ssh: it takes the host
+// name (after any options) and a command line, and runs that command line
+// through a shell inside the host's namespace.
+
+const helperName = "ordercheck"
+
+// helperDir holds the symlinks; helper is the program's path.
+var helperDir, helper string
+
+func TestMain(m *testing.M) {
+	switch filepath.Base(os.Args[0]) {
+	case helperName:
+		main()
+		os.Exit(0)
+	case helperName + "-abort":
+		os.Exit(abortMain())
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if helperDir, err = os.MkdirTemp("", "ordercheck-test-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	// Readable by the unprivileged users some launchers run ranks as.
+	os.Chmod(helperDir, 0o755)
+	helper = filepath.Join(helperDir, helperName)
+	for _, name := range []string{helper, helper + "-abort"} {
+		if err := os.Symlink(exe, name); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(helperDir)
+	os.Exit(code)
+}
+
+// cleanEnv is this process's environment without any launcher's variables,
+// so a test run under a launcher does not confuse the jobs it starts.
+func cleanEnv(extra ...string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "MDRUN_") || strings.HasPrefix(kv, "PMI_") || strings.HasPrefix(kv, "MD_PMI=") || strings.HasPrefix(kv, "SLURM_") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, extra...)
+}
+
+// watchdog turns a hung job into a failure; it asserts nothing about speed.
+const watchdog = 2 * time.Minute
+
+// runJob runs a launcher command and returns its exit status and output.
+func runJob(t *testing.T, cmd *exec.Cmd) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), watchdog)
+	defer cancel()
+	done := make(chan struct{})
+	var out []byte
+	var err error
+	go func() { out, err = cmd.CombinedOutput(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		cmd.Process.Kill()
+		<-done
+		t.Fatalf("%s did not end within %v:\n%s", cmd, watchdog, out)
+	}
+	t.Logf("%s\n%s", cmd, out)
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", cmd, err)
+	}
+	return 0, string(out)
+}
+
+var okLine = regexp.MustCompile(`(?m)rank (\d+) of (\d+) on (\S+): ring ok, order ok \(\d+ messages to each peer; subdevices ([a-z,]+)\)`)
+
+// checkRanks checks that every rank reported success and that ranks sit on
+// the hosts wantHost names (ranks with equal names share a host), using
+// shm inside a host and tcp between hosts.
+func checkRanks(t *testing.T, out string, wantHost []string) {
+	t.Helper()
+	n := len(wantHost)
+	hostOf := map[string]string{} // rank -> host it reported
+	subs := map[string]string{}
+	for _, m := range okLine.FindAllStringSubmatch(out, -1) {
+		if m[2] != fmt.Sprint(n) {
+			t.Errorf("rank %s reports a world of %s, want %d", m[1], m[2], n)
+		}
+		hostOf[m[1]] = m[3]
+		subs[m[1]] = m[4]
+	}
+	if len(hostOf) != n {
+		t.Fatalf("%d of %d ranks reported success", len(hostOf), n)
+	}
+	multi := false
+	for a := range n {
+		for b := range n {
+			same := wantHost[a] == wantHost[b]
+			if got := hostOf[fmt.Sprint(a)] == hostOf[fmt.Sprint(b)]; got != same {
+				t.Errorf("ranks %d and %d on hosts %q and %q; want same host %v", a, b, hostOf[fmt.Sprint(a)], hostOf[fmt.Sprint(b)], same)
+			}
+			multi = multi || !same
+		}
+	}
+	want := "shm"
+	if multi {
+		want = "shm,tcp"
+	}
+	for r, s := range subs {
+		if s != want {
+			t.Errorf("rank %s used subdevices %s, want %s", r, s, want)
+		}
+	}
+}
+
+func needHydra(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts jobs under mpiexec")
+	}
+	p, err := exec.LookPath("mpiexec.hydra")
+	if err != nil {
+		t.Skip("MPICH's Hydra (mpiexec.hydra) is not installed; apt-get install mpich")
+	}
+	return p
+}
+
+// TestHydraOneHost: mpiexec -n 4 on this host, over PMI-2 (the default) and
+// PMI-1.
+func TestHydraOneHost(t *testing.T) {
+	mpiexec := needHydra(t)
+	for _, pmi := range []string{"", "1", "2"} {
+		t.Run("pmi"+pmi, func(t *testing.T) {
+			cmd := exec.Command(mpiexec, "-n", "4", helper, "-messages", "50")
+			cmd.Env = cleanEnv("MD_PMI=" + pmi)
+			status, out := runJob(t, cmd)
+			if status != 0 {
+				t.Fatalf("mpiexec exited %d", status)
+			}
+			checkRanks(t, out, []string{"a", "a", "a", "a"})
+		})
+	}
+}
+
+// abortMain is a rank that aborts (rank 1) or waits for a message that
+// never comes (the others): the manager must end the job.
+func abortMain() int {
+	ctx, cancel := context.WithTimeout(context.Background(), watchdog)
+	defer cancel()
+	w, err := adi.Init(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if w.Comm().Rank() == 1 {
+		w.Abort(3, "rank 1 gives up")
+		if os.Getenv("ORDERCHECK_ABORT_EXIT") != "" {
+			return 3 // as MPICH's MPI_Abort does after asking the manager
+		}
+		// Otherwise stay, so only the manager acting on the abort ends
+		// the job.
+		time.Sleep(watchdog)
+	}
+	w.Comm().Recv(ctx, make([]byte, 1), 0, 99)
+	return 1
+}
+
+// TestHydraAbort: a rank's Abort ends the job under Hydra, with the
+// reason in the output and a failing status.
+func TestHydraAbort(t *testing.T) {
+	mpiexec := needHydra(t)
+	for _, pmi := range []string{"1", "2"} {
+		t.Run("pmi"+pmi, func(t *testing.T) {
+			cmd := exec.Command(mpiexec, "-n", "3", helper+"-abort")
+			cmd.Env = cleanEnv("MD_PMI=" + pmi)
+			status, out := runJob(t, cmd)
+			if status == 0 {
+				t.Errorf("mpiexec exited 0 after an abort")
+			}
+			if !strings.Contains(out, "rank 1 gives up") || !strings.Contains(out, "aborting the job") {
+				t.Errorf("output does not give the abort's reason")
+			}
+		})
+	}
+}
+
+// twoHosts builds a test bed: hosts h1 (10.77.0.1) and h2 (10.77.0.2) and a
+// head node (10.77.0.10) on one switch, and a launch script that enters a
+// host's namespace the way ssh enters a host.
+func twoHosts(t *testing.T) (head *netns.Host, script string) {
+	t.Helper()
+	bed := netns.New(t)
+	head = bed.Host("head")
+	h1, h2 := bed.Host("h1"), bed.Host("h2")
+	sw := bed.Switch("lan")
+	bed.Attach(head, "eth0", sw, "10.77.0.10/24")
+	bed.Attach(h1, "eth0", sw, "10.77.0.1/24")
+	bed.Attach(h2, "eth0", sw, "10.77.0.2/24")
+	script = filepath.Join(t.TempDir(), "launch")
+	body := fmt.Sprintf(`#!/bin/sh
+# launch [options] HOST COMMAND...: like ssh, run COMMAND (a shell command
+# line) on HOST, here the network namespace that stands for it.
+while [ "${1#-}" != "$1" ]; do shift; done
+host=$1; shift
+case "$host" in
+  10.77.0.1) ns=%s ;;
+  10.77.0.2) ns=%s ;;
+  *) echo "launch: unknown host $host" >&2; exit 255 ;;
+esac
+# A session of its own, as under sshd: a signal to this script does not
+# reach the command.
+exec ip netns exec "$ns" setsid -w sh -c "$*"
+`, h1.Name(), h2.Name())
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return head, script
+}
+
+// TestHydraTwoHosts: mpiexec on a head node starts 2 ranks on each of two
+// hosts through the launch script.
+func TestHydraTwoHosts(t *testing.T) {
+	mpiexec := needHydra(t)
+	head, script := twoHosts(t)
+	for _, pmi := range []string{"1", "2"} {
+		t.Run("pmi"+pmi, func(t *testing.T) {
+			cmd := head.Command(context.Background(), mpiexec,
+				"-launcher", "ssh", "-launcher-exec", script,
+				"-hosts", "10.77.0.1:2,10.77.0.2:2", "-localhost", "10.77.0.10",
+				"-n", "4", helper, "-messages", "50")
+			cmd.Env = cleanEnv("MD_PMI=" + pmi)
+			status, out := runJob(t, cmd)
+			if status != 0 {
+				t.Fatalf("mpiexec exited %d", status)
+			}
+			checkRanks(t, out, []string{"h1", "h1", "h2", "h2"})
+		})
+	}
+}
+
+// freePort returns a TCP port nobody listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestSlurm: srun --mpi=pmi2 -n 4 on a private one-node Slurm cluster that
+// testdata/slurm-one-node.sh starts. It skips when not root, when Slurm or
+// munge is not installed, or when the daemons do not come up in 20 s.
+func TestSlurm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts Slurm daemons")
+	}
+	if os.Getuid() != 0 {
+		t.Skip("starting slurmctld and slurmd needs root")
+	}
+	for _, prog := range []string{"srun", "slurmctld", "slurmd", "munged", "sinfo"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s not found; apt-get install slurm-wlm munge", prog)
+		}
+	}
+	script, err := filepath.Abs("testdata/slurm-one-node.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short directory: munged's socket path must fit a sockaddr_un.
+	dir, err := os.MkdirTemp("", "mdslurm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("sh", script, "stop", dir).CombinedOutput(); err != nil {
+			t.Errorf("stopping Slurm: %v\n%s", err, out)
+		}
+		os.RemoveAll(dir)
+	})
+	start := exec.Command("sh", script, "start", dir)
+	start.Env = cleanEnv(fmt.Sprintf("SLURMCTLD_PORT=%d", freePort(t)), fmt.Sprintf("SLURMD_PORT=%d", freePort(t)))
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Skipf("a one-node Slurm cluster did not start here: %v\n%s", err, out)
+	}
+	conf := "SLURM_CONF=" + filepath.Join(dir, "slurm.conf")
+	for _, pmi := range []string{"", "1", "2"} {
+		t.Run("pmi"+pmi, func(t *testing.T) {
+			cmd := exec.Command("srun", "--mpi=pmi2", "-n", "4", helper, "-messages", "50")
+			cmd.Env = cleanEnv(conf, "MD_PMI="+pmi)
+			status, out := runJob(t, cmd)
+			if status != 0 {
+				t.Fatalf("srun exited %d", status)
+			}
+			checkRanks(t, out, []string{"a", "a", "a", "a"})
+		})
+	}
+	// Slurm 22.05 ends the step on a PMI-1 abort but not on a PMI-2 one
+	// (its stepd logs the request and does nothing more); there the
+	// aborting rank exits and srun -K ends the others, as with MPICH.
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"abort-pmi1", nil, []string{"MD_PMI=1"}},
+		{"abort-pmi2", []string{"-K"}, []string{"MD_PMI=2", "ORDERCHECK_ABORT_EXIT=1"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			args := append(append([]string{"--mpi=pmi2"}, tt.args...), "-n", "3", helper+"-abort")
+			cmd := exec.Command("srun", args...)
+			cmd.Env = cleanEnv(append(tt.env, conf)...)
+			status, out := runJob(t, cmd)
+			if status == 0 {
+				t.Errorf("srun exited 0 after an abort")
+			}
+			if !strings.Contains(out, "rank 1 gives up") {
+				t.Errorf("output does not give the abort's reason")
+			}
+		})
+	}
+}
+
+var (
+	mdrunOnce sync.Once
+	mdrunPath string
+	mdrunErr  error
+)
+
+// buildMdrun builds cmd/mdrun once per test binary.
+func buildMdrun(t *testing.T) string {
+	t.Helper()
+	mdrunOnce.Do(func() {
+		mdrunPath = filepath.Join(helperDir, "mdrun")
+		out, err := exec.Command("go", "build", "-o", mdrunPath, "github.com/hpc-multidevice/multidevice/cmd/mdrun").CombinedOutput()
+		if err != nil {
+			mdrunErr = fmt.Errorf("build mdrun: %v\n%s", err, out)
+		}
+	})
+	if mdrunErr != nil {
+		t.Fatal(mdrunErr)
+	}
+	return mdrunPath
+}
+
+// helperProcs lists the processes still running the helper.
+func helperProcs() []string {
+	var procs []string
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, f := range cmdlines {
+		b, err := os.ReadFile(f)
+		if err == nil && strings.HasPrefix(string(b), helper) {
+			procs = append(procs, filepath.Base(filepath.Dir(f)))
+		}
+	}
+	return procs
+}
+
+// TestMdrunTwoHosts: mdrun on a head node starts 2 ranks on each of two
+// hosts through the ssh-like launch script; when a rank aborts, mdrun ends
+// the remote ranks too.
+func TestMdrunTwoHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mdrun and starts jobs on namespace hosts")
+	}
+	head, script := twoHosts(t)
+	mdrun := buildMdrun(t)
+	t.Run("ordercheck", func(t *testing.T) {
+		cmd := head.Command(context.Background(), mdrun, "-hosts", "10.77.0.1:2,10.77.0.2:2", "-launcher", script,
+			"-n", "4", helper, "-messages", "50")
+		cmd.Env = cleanEnv()
+		status, out := runJob(t, cmd)
+		if status != 0 {
+			t.Fatalf("mdrun exited %d", status)
+		}
+		checkRanks(t, out, []string{"h1", "h1", "h2", "h2"})
+	})
+	t.Run("abort", func(t *testing.T) {
+		cmd := head.Command(context.Background(), mdrun, "-hosts", "10.77.0.1,10.77.0.2", "-launcher", script,
+			"-n", "4", helper+"-abort")
+		cmd.Env = cleanEnv()
+		status, out := runJob(t, cmd)
+		if status != 3 {
+			t.Errorf("mdrun exited %d, want 3", status)
+		}
+		if !regexp.MustCompile(`mdrun: rank 1 on 10\.77\.0\.2 \(launcher pid \d+\) aborted with code 3: rank 1 gives up`).MatchString(out) {
+			t.Errorf("mdrun does not name the aborting rank and its host")
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for len(helperProcs()) > 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		if p := helperProcs(); len(p) > 0 {
+			t.Errorf("ranks still running after mdrun ended: pids %v", p)
+		}
+	})
+}

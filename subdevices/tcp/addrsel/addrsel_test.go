@@ -1,0 +1,378 @@
+package addrsel
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// ifc builds an interface from "name addr/len addr/len ...".
+func ifc(spec string) Interface {
+	f := strings.Fields(spec)
+	i := Interface{Name: f[0]}
+	for _, a := range f[1:] {
+		i.Addrs = append(i.Addrs, netip.MustParsePrefix(a))
+	}
+	return i
+}
+
+func ep(host string, ifaces ...string) Endpoint {
+	e := Endpoint{Host: host}
+	for _, s := range ifaces {
+		e.Ifaces = append(e.Ifaces, ifc(s))
+	}
+	return e
+}
+
+func TestScopeOf(t *testing.T) {
+	tests := []struct {
+		addr string
+		want Scope
+	}{
+		{"127.0.0.1", ScopeLoopback},
+		{"::1", ScopeLoopback},
+		{"169.254.3.4", ScopeLinkLocal},
+		{"fe80::1", ScopeLinkLocal},
+		{"10.1.2.3", ScopePrivate},
+		{"172.16.0.1", ScopePrivate},
+		{"172.32.0.1", ScopePublic},
+		{"192.168.1.1", ScopePrivate},
+		{"100.64.0.1", ScopePrivate},
+		{"fd00::2", ScopePrivate},
+		{"193.175.13.2", ScopePublic},
+		{"2001:906:638:aa01::2", ScopePublic},
+		{"::ffff:10.0.0.1", ScopePrivate},
+	}
+	for _, tc := range tests {
+		if got := ScopeOf(netip.MustParseAddr(tc.addr)); got != tc.want {
+			t.Errorf("ScopeOf(%s) = %v, want %v", tc.addr, got, tc.want)
+		}
+	}
+}
+
+// The rows of the thesis's table 3.1, plus what the thesis leaves open
+// (link-local, loopback, bridges that every host has), weighed between one
+// interface of host a and one of host b. others are further hosts of the
+// job, for collisions.
+func TestWeight(t *testing.T) {
+	tests := []struct {
+		name   string
+		a, b   Endpoint
+		others []Endpoint
+		want   Weight
+		reason string // substring of the refusal when want is 0
+	}{
+		{"no common family", ep("a", "eth0 10.0.0.1/24"), ep("b", "eth0 2001:db8::2/64"), nil, 0, "no common address family"},
+		{"private, different networks", ep("a", "eth0 10.0.0.1/24"), ep("b", "eth0 10.0.1.2/24"), nil, 0, "private addresses on different networks"},
+		{"private, same network", ep("a", "eth0 192.168.1.2/24"), ep("b", "eth0 192.168.1.3/24"), nil, WeightPrivateSame, ""},
+		{"private, same network, collision elsewhere", ep("a", "eth0 192.168.1.2/24"), ep("b", "eth0 192.168.1.3/24"),
+			[]Endpoint{ep("c", "eth0 192.168.1.2/24")}, 0, "collides across the job"},
+		{"ULA, same network", ep("a", "eth0 fd00:1::2/64"), ep("b", "eth0 fd00:1::3/64"), nil, WeightPrivateSame, ""},
+		{"public IPv4, same network", ep("a", "eth0 193.175.13.2/24"), ep("b", "eth0 193.175.13.3/24"), nil, WeightPublicSame, ""},
+		{"global IPv6, same network", ep("a", "eth0 2001:db8:1::2/64"), ep("b", "eth0 2001:db8:1::3/64"), nil, WeightPublicSame, ""},
+		{"public IPv4, routed", ep("a", "eth0 193.175.13.2/24"), ep("b", "eth0 193.175.14.2/24"), nil, WeightPublicRouted, ""},
+		{"global IPv6, routed", ep("a", "eth0 2001:db8:1::2/64"), ep("b", "eth0 2001:db8:2::2/64"), nil, WeightPublicRouted, ""},
+		{"private facing public", ep("a", "eth0 10.0.0.1/24"), ep("b", "eth0 193.175.14.2/24"), nil, 0, "private address facing a public one"},
+		{"best address pair wins", ep("a", "eth0 10.0.0.1/24 2001:db8:1::2/64"), ep("b", "eth0 10.0.0.2/24 2001:db8:2::2/64"), nil, WeightPublicRouted, ""},
+		{"same bridge address on both hosts", ep("a", "docker0 172.17.0.1/16"), ep("b", "docker0 172.17.0.1/16"), nil, 0, "both hosts have 172.17.0.1"},
+		{"bridge address on a third host", ep("a", "docker0 172.17.0.1/16"), ep("b", "docker0 172.17.0.2/16"),
+			[]Endpoint{ep("c", "docker0 172.17.0.1/16")}, 0, "172.17.0.0/16 collides"},
+		{"public address on two hosts", ep("a", "eth0 193.0.2.1/24"), ep("b", "eth0 193.0.3.2/24"),
+			[]Endpoint{ep("c", "eth0 193.0.2.1/24")}, 0, "193.0.2.1 is on 2 hosts"},
+		{"link-local on a shared link", ep("a", "eth0 fe80::1/64 10.0.0.1/24"), ep("b", "eth0 fe80::2/64 10.0.0.2/24"), nil, WeightPrivateSame, ""},
+		{"link-local alone", ep("a", "eth0 fe80::1/64"), ep("b", "eth0 fe80::2/64"), nil, 0, "link may differ"},
+		{"link-local with a routed network", ep("a", "eth0 fe80::1/64 2001:db8:1::2/64"), ep("b", "eth0 fe80::2/64 2001:db8:2::2/64"), nil, WeightPublicRouted, ""},
+		{"loopback, same host", ep("h", "lo 127.0.0.1/8"), ep("h", "lo 127.0.0.1/8"), nil, WeightPrivateSame, ""},
+		{"loopback, other host", ep("a", "lo 127.0.0.1/8"), ep("b", "lo 127.0.0.1/8"), nil, 0, "only its own host"},
+		{"same host with loopback", ep("h", "lo 127.0.0.1/8", "eth0 10.0.0.1/24"), ep("h", "lo 127.0.0.1/8", "eth0 10.0.0.1/24"), nil, 0, "loopback is used"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			job := NewJob(append([]Endpoint{tc.a, tc.b}, tc.others...))
+			i := len(tc.a.Ifaces) - 1 // the last interface is the one under test
+			e := job.weigh(tc.a, i, tc.b, len(tc.b.Ifaces)-1)
+			if e.w != tc.want {
+				t.Fatalf("weight %d (%s), want %d", e.w, e.reason(false), tc.want)
+			}
+			if tc.want == 0 && !strings.Contains(e.reason(false), tc.reason) {
+				t.Errorf("reason %q, want it to mention %q", e.reason(false), tc.reason)
+			}
+			// The weight does not depend on which side is left.
+			if back := job.weigh(tc.b, len(tc.b.Ifaces)-1, tc.a, i); back.w != e.w {
+				t.Errorf("reversed weight %d, want %d", back.w, e.w)
+			}
+		})
+	}
+}
+
+// The thesis's example (section 2.4.3, figure 3.2): taking 193.175.15.2 for
+// eth0 would leave no second connection; the matching takes 193.175.14.2 and
+// the IPv6 address of B's eth1.
+func TestThesisExample(t *testing.T) {
+	a := ep("A", "eth0 193.175.13.2/24 2001:906:638:aa01::2/64", "eth1 2001:906:638:bb01::2/64")
+	b := ep("B", "eth0 193.175.14.2/24", "eth1 193.175.15.2/24 2001:906:638:bb02::2/64")
+	job := NewJob([]Endpoint{a, b})
+	wantW := [][]Weight{{3, 3}, {0, 3}}
+	for i := range 2 {
+		for k := range 2 {
+			if e := job.weigh(a, i, b, k); e.w != wantW[i][k] {
+				t.Errorf("w[%d][%d] = %d, want %d", i, k, e.w, wantW[i][k])
+			}
+		}
+	}
+	for _, aLeft := range []bool{true, false} {
+		res := Select(job, a, b, aLeft)
+		got := fmt.Sprint(res.Pairs)
+		want := "[eth0 193.175.13.2 -> eth0 193.175.14.2 (weight 3) eth1 2001:906:638:bb01::2 -> eth1 2001:906:638:bb02::2 (weight 3)]"
+		if got != want {
+			t.Errorf("aLeft=%v: pairs %s, want %s", aLeft, got, want)
+		}
+	}
+}
+
+// Figure 3.1 and test-bed scenario 3: two clusters number their private
+// network alike (10.0.0.1 and 10.0.0.2 on both) and reach each other over
+// routed IPv6. Inside a cluster both networks are used; across clusters only
+// IPv6, never the colliding private one.
+func TestTwoClustersSameRange(t *testing.T) {
+	h := func(name, v6 string, v4 string) Endpoint {
+		return ep(name, "eth0 "+v6, "eth1 "+v4)
+	}
+	c1a := h("c1a", "2001:db8:1::2/64", "10.0.0.1/24")
+	c1b := h("c1b", "2001:db8:1::3/64", "10.0.0.2/24")
+	c2a := h("c2a", "2001:db8:2::2/64", "10.0.0.1/24")
+	c2b := h("c2b", "2001:db8:2::3/64", "10.0.0.2/24")
+	job := NewJob([]Endpoint{c1a, c1b, c2a, c2b})
+	if job.Site("c1a") != job.Site("c1b") || job.Site("c2a") != job.Site("c2b") || job.Site("c1a") == job.Site("c2a") {
+		t.Fatalf("sites: c1a %d c1b %d c2a %d c2b %d", job.Site("c1a"), job.Site("c1b"), job.Site("c2a"), job.Site("c2b"))
+	}
+	in := Select(job, c1a, c1b, true)
+	if got, want := fmt.Sprint(in.Pairs), "[eth0 2001:db8:1::2 -> eth0 2001:db8:1::3 (weight 2) eth1 10.0.0.1 -> eth1 10.0.0.2 (weight 1)]"; got != want {
+		t.Errorf("in-cluster pairs %s, want %s", got, want)
+	}
+	across := Select(job, c1b, c2a, true)
+	if got, want := fmt.Sprint(across.Pairs), "[eth0 2001:db8:1::3 -> eth0 2001:db8:2::2 (weight 3)]"; got != want {
+		t.Errorf("cross-cluster pairs %s, want %s", got, want)
+	}
+	if !strings.Contains(across.Explain(), "collides across the job") {
+		t.Errorf("cross-cluster refusals do not name the collision: %s", across.Explain())
+	}
+	// Within one site a collision still forbids the network.
+	c1c := h("c1c", "2001:db8:1::4/64", "10.0.0.2/24")
+	job = NewJob([]Endpoint{c1a, c1b, c1c})
+	if got := Select(job, c1a, c1b, true); len(got.Pairs) != 1 || got.Pairs[0].LocalName != "eth0" {
+		t.Errorf("collision inside a site: pairs %v, want only eth0", got.Pairs)
+	}
+}
+
+// Test-bed scenario 4: private networks joined by a router. No pair
+// qualifies, so the thesis's fallback tries the private addresses.
+func TestFallbackRoutedPrivate(t *testing.T) {
+	a := ep("a", "lo 127.0.0.1/8", "eth0 10.1.0.2/24")
+	b := ep("b", "lo 127.0.0.1/8", "eth0 10.2.0.2/24")
+	res := Select(nil, a, b, true)
+	if !res.Fallback || fmt.Sprint(res.Pairs) != "[eth0 10.1.0.2 -> eth0 10.2.0.2 (weight 0)]" {
+		t.Fatalf("fallback %v, pairs %v", res.Fallback, res.Pairs)
+	}
+	// An address several hosts publish is never tried, even as a fallback.
+	c := ep("c", "eth0 10.2.0.2/24")
+	res = Select(NewJob([]Endpoint{a, b, c}), a, b, true)
+	if len(res.Pairs) != 0 {
+		t.Fatalf("pairs %v with a duplicated peer address", res.Pairs)
+	}
+	for _, want := range []string{"lo - lo: 127.0.0.1/8 - 127.0.0.1/8: loopback reaches only its own host", "eth0 - eth0: 10.1.0.2/24 - 10.2.0.2/24: 10.2.0.2 is on 2 hosts"} {
+		if !strings.Contains(res.Explain(), want) {
+			t.Errorf("explanation %q lacks %q", res.Explain(), want)
+		}
+	}
+	// From b's end the local interface and address come first too.
+	back := Select(NewJob([]Endpoint{a, b, c}), b, a, false)
+	if want := "eth0 - eth0: 10.2.0.2/24 - 10.1.0.2/24: 10.2.0.2 is on 2 hosts"; !strings.Contains(back.Explain(), want) {
+		t.Errorf("explanation %q lacks %q", back.Explain(), want)
+	}
+}
+
+// Link-local needs another network to show the link is shared; then it wins
+// the tie at weight 1 and is dialed with the local interface as zone, at
+// both ends of the connection.
+func TestLinkLocal(t *testing.T) {
+	a := ep("a", "eth0 10.9.0.1/24", "ib0 10.0.0.1/24 fe80::1/64")
+	b := ep("b", "eth0 10.9.0.2/24", "ib1 10.0.0.2/24 fe80::2/64")
+	res := Select(nil, a, b, true)
+	if got, want := fmt.Sprint(res.Pairs), "[eth0 10.9.0.1 -> eth0 10.9.0.2 (weight 1) ib0 fe80::1%ib0 -> ib1 fe80::2%ib0 (weight 1)]"; got != want {
+		t.Errorf("pairs %s, want %s", got, want)
+	}
+	back := Select(nil, b, a, false)
+	if got, want := fmt.Sprint(back.Pairs), "[eth0 10.9.0.2 -> eth0 10.9.0.1 (weight 1) ib1 fe80::2%ib1 -> ib0 fe80::1%ib1 (weight 1)]"; got != want {
+		t.Errorf("from the other end: pairs %s, want %s", got, want)
+	}
+	// A public network on the same link weighs more than link-local.
+	pub := Select(nil, ep("a", "eth0 193.0.2.1/24 fe80::1/64"), ep("b", "eth0 193.0.2.2/24 fe80::2/64"), true)
+	if len(pub.Pairs) != 1 || pub.Pairs[0].Weight != WeightPublicSame {
+		t.Errorf("public and link-local: pairs %v", pub.Pairs)
+	}
+	// Without another network link-local is refused: a zone alone cannot
+	// show that two hosts share the link.
+	alone := Select(nil, ep("a", "eth0 fe80::1/64"), ep("b", "eth0 fe80::2/64"), true)
+	if len(alone.Pairs) != 0 || !strings.Contains(alone.Explain(), "link may differ") {
+		t.Errorf("link-local alone: pairs %v, refusals %s", alone.Pairs, alone.Explain())
+	}
+}
+
+// Ranks on one host use loopback only, one connection.
+func TestSameHost(t *testing.T) {
+	h := ep("h", "lo 127.0.0.1/8 ::1/128", "eth0 10.0.0.1/24", "eth1 2001:db8::1/64")
+	res := Select(nil, h, h, true)
+	if got, want := fmt.Sprint(res.Pairs), "[lo 127.0.0.1 -> lo 127.0.0.1 (weight 1)]"; got != want {
+		t.Errorf("pairs %s, want %s", got, want)
+	}
+}
+
+// Both ends get the same pairs, mirrored, whatever the instance.
+func TestAgreement(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	pool := []string{"10.0.0.%d/24", "10.0.1.%d/24", "192.168.5.%d/24", "193.175.13.%d/24", "193.175.14.%d/24",
+		"2001:db8:1::%d/64", "2001:db8:2::%d/64", "fd00:1::%d/64", "fe80::%d/64", "172.17.0.1/16"}
+	gen := func(host string, id int) Endpoint {
+		e := Endpoint{Host: host}
+		for i := range 1 + r.IntN(5) {
+			var f Interface
+			f.Name = fmt.Sprintf("eth%d", i)
+			for range 1 + r.IntN(3) {
+				s := pool[r.IntN(len(pool))]
+				if strings.Contains(s, "%d") {
+					s = fmt.Sprintf(s, id)
+				}
+				f.Addrs = append(f.Addrs, netip.MustParsePrefix(s))
+			}
+			e.Ifaces = append(e.Ifaces, f)
+		}
+		return e
+	}
+	for n := range 500 {
+		a, b, c := gen("a", 2), gen("b", 3), gen("c", 4)
+		job := NewJob([]Endpoint{a, b, c})
+		x, y := Select(job, a, b, true), Select(job, b, a, false)
+		if len(x.Pairs) != len(y.Pairs) || x.Fallback != y.Fallback {
+			t.Fatalf("instance %d: %v vs %v", n, x.Pairs, y.Pairs)
+		}
+		for k, p := range x.Pairs {
+			q := y.Pairs[k]
+			if p.Local != q.Peer || p.Peer != q.Local || p.LocalAddr.WithZone("") != q.PeerAddr.WithZone("") || p.PeerAddr.WithZone("") != q.LocalAddr.WithZone("") {
+				t.Fatalf("instance %d: pair %d is %v at one end and %v at the other", n, k, p, q)
+			}
+		}
+	}
+}
+
+// bruteForce returns the best (cardinality, weight) over all matchings.
+func bruteForce(w [][]Weight) (card int, weight Weight) {
+	used := make([]bool, len(w[0]))
+	var rec func(i, c int, s Weight)
+	rec = func(i, c int, s Weight) {
+		if i == len(w) {
+			if c > card || (c == card && s > weight) {
+				card, weight = c, s
+			}
+			return
+		}
+		rec(i+1, c, s)
+		for j, x := range w[i] {
+			if x > 0 && !used[j] {
+				used[j] = true
+				rec(i+1, c+1, s+x)
+				used[j] = false
+			}
+		}
+	}
+	rec(0, 0, 0)
+	return card, weight
+}
+
+func checkMatching(t *testing.T, w [][]Weight, m [][2]int) (int, Weight) {
+	t.Helper()
+	rows, cols := map[int]bool{}, map[int]bool{}
+	var s Weight
+	for _, p := range m {
+		if rows[p[0]] || cols[p[1]] {
+			t.Fatalf("%v: vertex used twice in %v", w, m)
+		}
+		rows[p[0]], cols[p[1]] = true, true
+		if w[p[0]][p[1]] <= 0 {
+			t.Fatalf("%v: zero edge in %v", w, m)
+		}
+		s += w[p[0]][p[1]]
+	}
+	return len(m), s
+}
+
+// Assign agrees with brute force on random small instances, square and not.
+func TestAssignAgainstBruteForce(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for n := range 3000 {
+		rows, cols := 1+r.IntN(6), 1+r.IntN(6)
+		density := r.Float64()
+		w := make([][]Weight, rows)
+		for i := range w {
+			w[i] = make([]Weight, cols)
+			for j := range w[i] {
+				if r.Float64() < density {
+					w[i][j] = Weight(1 + r.IntN(3))
+				}
+			}
+		}
+		m := Assign(w)
+		c, s := checkMatching(t, w, m)
+		bc, bs := bruteForce(w)
+		if c != bc || s != bs {
+			t.Fatalf("instance %d %v: Assign %v has cardinality %d weight %d, brute force %d %d", n, w, m, c, s, bc, bs)
+		}
+	}
+}
+
+// Cardinality beats weight: two weight-1 edges beat one weight-3 edge.
+func TestAssignCardinalityFirst(t *testing.T) {
+	w := [][]Weight{{3, 1}, {1, 0}}
+	if got := fmt.Sprint(Assign(w)); got != "[[0 1] [1 0]]" {
+		t.Errorf("Assign(%v) = %s, want [[0 1] [1 0]]", w, got)
+	}
+	if got := Assign([][]Weight{{0, 0}, {0, 0}}); len(got) != 0 {
+		t.Errorf("empty graph matched %v", got)
+	}
+	if got := Assign(nil); len(got) != 0 {
+		t.Errorf("nil matched %v", got)
+	}
+}
+
+// 64 interfaces a side (the card's limit) is solved and checked against the
+// size a complete bipartite graph must reach.
+func TestAssignLarge(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const n = 64
+	w := make([][]Weight, n)
+	for i := range w {
+		w[i] = make([]Weight, n)
+		for j := range w[i] {
+			w[i][j] = Weight(1 + r.IntN(3))
+		}
+	}
+	if c, _ := checkMatching(t, w, Assign(w)); c != n {
+		t.Fatalf("complete graph of %d: matched %d", n, c)
+	}
+}
+
+func BenchmarkAssign16(b *testing.B) {
+	r := rand.New(rand.NewPCG(7, 8))
+	w := make([][]Weight, 16)
+	for i := range w {
+		w[i] = make([]Weight, 16)
+		for j := range w[i] {
+			w[i][j] = Weight(r.IntN(4))
+		}
+	}
+	for b.Loop() {
+		Assign(w)
+	}
+}

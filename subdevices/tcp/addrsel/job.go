@@ -1,0 +1,329 @@
+package addrsel
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// Job is what the whole job's cards say about addresses: which ones several
+// hosts publish, and which hosts form a site. It is immutable once made and
+// safe for concurrent use.
+type Job struct {
+	owners map[netip.Addr][]string // non-loopback address -> hosts publishing it, sorted
+	dups   []netip.Addr            // addresses with more than one owner, sorted
+	site   map[string]int          // host -> site number
+}
+
+// NewJob indexes the endpoints of every rank of a job. Ranks on one host
+// (equal Host) count once; loopback addresses are ignored, since every host
+// has them.
+func NewJob(eps []Endpoint) *Job {
+	j := &Job{owners: map[netip.Addr][]string{}, site: map[string]int{}}
+	hosts := map[string][]netip.Prefix{}
+	var order []string
+	for _, ep := range eps {
+		if _, seen := hosts[ep.Host]; !seen {
+			order = append(order, ep.Host)
+			hosts[ep.Host] = nil
+		}
+		for _, ifc := range ep.Ifaces {
+			for _, p := range ifc.Addrs {
+				a := p.Addr().Unmap()
+				if !a.IsValid() || ScopeOf(a) == ScopeLoopback {
+					continue
+				}
+				hosts[ep.Host] = append(hosts[ep.Host], p)
+				if !slices.Contains(j.owners[a], ep.Host) {
+					j.owners[a] = append(j.owners[a], ep.Host)
+				}
+			}
+		}
+	}
+	for a, hs := range j.owners {
+		slices.Sort(hs)
+		if len(hs) > 1 {
+			j.dups = append(j.dups, a)
+		}
+	}
+	slices.SortFunc(j.dups, netip.Addr.Compare)
+
+	// Sites: hosts joined by a network they share that has no collision
+	// (link-local and loopback say nothing about sites).
+	parent := map[string]string{}
+	var find func(string) string
+	find = func(h string) string {
+		if parent[h] == h {
+			return h
+		}
+		r := find(parent[h])
+		parent[h] = r
+		return r
+	}
+	for _, h := range order {
+		parent[h] = h
+	}
+	first := map[netip.Prefix]string{} // network -> first host seen on it
+	for _, h := range order {
+		for _, p := range hosts[h] {
+			if ScopeOf(p.Addr()) == ScopeLinkLocal {
+				continue
+			}
+			n := p.Masked()
+			if j.collidingNet(n) {
+				continue
+			}
+			if h0, ok := first[n]; ok {
+				parent[find(h)] = find(h0)
+			} else {
+				first[n] = h
+			}
+		}
+	}
+	ids := map[string]int{}
+	for _, h := range order {
+		r := find(h)
+		if _, ok := ids[r]; !ok {
+			ids[r] = len(ids)
+		}
+		j.site[h] = ids[r]
+	}
+	return j
+}
+
+// collidingNet returns whether several hosts publish some address in n.
+func (j *Job) collidingNet(n netip.Prefix) bool {
+	return j.collisionIn(n, nil).IsValid()
+}
+
+// collisionIn returns an address in n that two hosts publish, counting only
+// hosts for which in returns true (all hosts when in is nil), or the zero
+// Addr when there is none.
+func (j *Job) collisionIn(n netip.Prefix, in func(host string) bool) netip.Addr {
+	for _, d := range j.dups {
+		if !n.Contains(d) {
+			continue
+		}
+		k := 0
+		for _, h := range j.owners[d] {
+			if in == nil || in(h) {
+				k++
+			}
+		}
+		if k > 1 {
+			return d
+		}
+	}
+	return netip.Addr{}
+}
+
+// Site returns the site number of host, or -1 for a host the job does not
+// know.
+func (j *Job) Site(host string) int {
+	if s, ok := j.site[host]; ok {
+		return s
+	}
+	return -1
+}
+
+func (j *Job) sameSite(a, b string) bool {
+	sa, ok1 := j.site[a]
+	sb, ok2 := j.site[b]
+	return ok1 && ok2 && sa == sb
+}
+
+// sameNet reports whether x and y sit on one network by both prefixes.
+func sameNet(x, y netip.Prefix) bool { return x.Contains(y.Addr()) && y.Contains(x.Addr()) }
+
+// weigh returns the best connection between interface i of left and
+// interface k of right.
+func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
+	li, ri := left.Ifaces[i], right.Ifaces[k]
+	c := addrCtx{job: j, lh: left.Host, rh: right.Host, sameHost: left.Host == right.Host}
+	c.loopback = c.sameHost && hasLoopback(left) && hasLoopback(right)
+
+	var best edge
+	var notes []note
+	common := false
+	// Non-link-local pairs first: a link-local pair is only usable when one
+	// of them shows that the two interfaces share a link.
+	shared := false
+	for pass := range 2 {
+		for _, x := range li.Addrs {
+			for _, y := range ri.Addrs {
+				if x.Addr().Is4() != y.Addr().Is4() {
+					continue
+				}
+				common = true
+				ll := ScopeOf(x.Addr()) == ScopeLinkLocal || ScopeOf(y.Addr()) == ScopeLinkLocal
+				if ll != (pass == 1) {
+					continue
+				}
+				w, reason, fb := c.weighAddrs(x, y, shared)
+				if pass == 0 && (w == WeightPrivateSame || w == WeightPublicSame) {
+					shared = true
+				}
+				switch {
+				// Ties keep the first pair in card order, except that a
+				// link-local pair beats the pair that showed its link is
+				// shared: with its zone it is pinned to this interface,
+				// whereas two interfaces on one subnet would both send
+				// through whichever the routing table lists first.
+				case w > best.w || (pass == 1 && w > 0 && w == best.w && x.Addr().Is6()):
+					best = edge{w: w, l: x.Addr(), r: y.Addr()}
+				case w == 0:
+					notes = append(notes, note{x, y, reason})
+					if fb && best.w == 0 && !best.fallback {
+						best = edge{fallback: true, l: x.Addr(), r: y.Addr()}
+					}
+				}
+			}
+		}
+	}
+	switch {
+	case best.w > 0:
+	case !common:
+		best.noFamily = [2]string{families(li), families(ri)}
+	default:
+		best.notes = notes
+	}
+	return best
+}
+
+// note is why one address pair of an edge was refused.
+type note struct {
+	x, y netip.Prefix // left, right
+	why  string
+}
+
+// reason explains a refused edge, with the local end first: flip says the
+// local end is the right one.
+func (e edge) reason(flip bool) string {
+	if e.noFamily[0] != "" {
+		l, r := e.noFamily[0], e.noFamily[1]
+		if flip {
+			l, r = r, l
+		}
+		return fmt.Sprintf("no common address family (%s / %s)", l, r)
+	}
+	var parts []string
+	for _, n := range e.notes {
+		x, y := n.x, n.y
+		if flip {
+			x, y = y, x
+		}
+		parts = append(parts, fmt.Sprintf("%v - %v: %s", x, y, n.why))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func families(ifc Interface) string {
+	var has4, has6 bool
+	for _, p := range ifc.Addrs {
+		if p.Addr().Is4() {
+			has4 = true
+		} else {
+			has6 = true
+		}
+	}
+	switch {
+	case has4 && has6:
+		return "IPv4+IPv6"
+	case has4:
+		return "IPv4 only"
+	case has6:
+		return "IPv6 only"
+	}
+	return "no addresses"
+}
+
+func hasLoopback(ep Endpoint) bool {
+	for _, ifc := range ep.Ifaces {
+		for _, p := range ifc.Addrs {
+			if ScopeOf(p.Addr()) == ScopeLoopback {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// addrCtx is what weighing one address pair needs to know about its hosts.
+type addrCtx struct {
+	job      *Job
+	lh, rh   string
+	sameHost bool
+	loopback bool // both ranks are on one host and both list loopback
+}
+
+// weighAddrs grades the address pair (x on the left, y on the right) of one
+// family. sharedLink says whether the two interfaces share a network without
+// collisions, which is what makes link-local usable. fallback marks a
+// refused pair that may still route.
+func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reason string, fallback bool) {
+	a, b := x.Addr(), y.Addr()
+	sa, sb := ScopeOf(a), ScopeOf(b)
+	switch {
+	case sa == ScopeLoopback || sb == ScopeLoopback:
+		switch {
+		case !c.sameHost:
+			return 0, "loopback reaches only its own host", false
+		case sa != sb:
+			return 0, "loopback facing a non-loopback address", false
+		}
+		return WeightPrivateSame, "", false
+	case c.loopback:
+		return 0, "same host: loopback is used", false
+	case a == b && !c.sameHost:
+		return 0, fmt.Sprintf("both hosts have %v (a local bridge such as docker0?)", a), false
+	}
+	// A private network is judged within the site when both hosts are in
+	// one; everything else against the whole job.
+	var inSite func(string) bool
+	if c.job.sameSite(c.lh, c.rh) {
+		site := c.job.site[c.lh]
+		inSite = func(h string) bool { return c.job.site[h] == site }
+	}
+	private := sa == ScopePrivate && sb == ScopePrivate
+	if private && sameNet(x, y) {
+		for _, n := range []netip.Prefix{x.Masked(), y.Masked()} {
+			if d := c.job.collisionIn(n, inSite); d.IsValid() {
+				return 0, fmt.Sprintf("private network %v collides across the job (%v is on several hosts)", n, d), false
+			}
+		}
+	}
+	for _, d := range []netip.Addr{a, b} {
+		hosts := c.job.owners[d]
+		if private && inSite != nil {
+			hosts = slices.DeleteFunc(slices.Clone(hosts), func(h string) bool { return !inSite(h) })
+		}
+		if len(hosts) > 1 {
+			return 0, fmt.Sprintf("%v is on %d hosts of the job", d, len(hosts)), false
+		}
+	}
+	switch {
+	case sa == ScopeLinkLocal || sb == ScopeLinkLocal:
+		switch {
+		case sa != sb:
+			other := sa
+			if sa == ScopeLinkLocal {
+				other = sb
+			}
+			return 0, fmt.Sprintf("link-local facing a %v address", other), false
+		case !sharedLink:
+			return 0, "link-local, and the interfaces share no other network, so the link may differ", false
+		}
+		return WeightPrivateSame, "", false
+	case private:
+		if !sameNet(x, y) {
+			return 0, "private addresses on different networks", true
+		}
+		return WeightPrivateSame, "", false
+	case sa == ScopePrivate || sb == ScopePrivate:
+		return 0, "private address facing a public one", true
+	case sameNet(x, y):
+		return WeightPublicSame, "", false
+	}
+	return WeightPublicRouted, "", false
+}
