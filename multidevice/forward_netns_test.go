@@ -29,11 +29,13 @@ import (
 // (TestHelperRank) with the MDRUN_* environment of a rendezvous service the
 // test serves on a unix socket, which every namespace sees.
 //
-// Two clusters use separate IPv4 subnets with no route between them, so a
-// host of one cannot reach a host of the other and tcp's Connect fails with
-// sdi.ErrPeerUnreachable; gateway and relay hosts have a NIC in each. (With
-// tcp's address selection, the clusters may use the same private range;
-// this test bed keeps the subnets apart so it does not depend on it.)
+// Both clusters number their private network 10.9.0.0/24 alike (a1 and b1
+// are both 10.9.0.1), and each has its own IPv6 ULA subnet (fd00:a::/64,
+// fd00:b::/64) with no route between them. tcp's address selection refuses
+// the colliding range and connects hosts of one cluster over their ULA
+// subnet; across clusters nothing qualifies, so Connect fails with
+// sdi.ErrPeerUnreachable and the multidevice routes through the hosts that
+// have a NIC on both switches (gateways or relays), found automatically.
 
 const (
 	envRole   = "MD_NETNS_ROLE"   // what TestHelperRank does
@@ -323,15 +325,15 @@ func newSiteBed(t *testing.T, a, g int, rate string) *siteBed {
 		return h
 	}
 	for i := range a {
-		bed.Attach(add(fmt.Sprintf("a%d", i+1)), "eth0", swA, fmt.Sprintf("10.91.0.%d/24", i+1))
+		bed.Attach(add(fmt.Sprintf("a%d", i+1)), "eth0", swA, fmt.Sprintf("10.9.0.%d/24", i+1), fmt.Sprintf("fd00:a::%d/64", i+1))
 	}
 	for i := range a {
-		bed.Attach(add(fmt.Sprintf("b%d", i+1)), "eth0", swB, fmt.Sprintf("10.92.0.%d/24", i+1))
+		bed.Attach(add(fmt.Sprintf("b%d", i+1)), "eth0", swB, fmt.Sprintf("10.9.0.%d/24", i+1), fmt.Sprintf("fd00:b::%d/64", i+1))
 	}
 	for i := range g {
 		h := add(fmt.Sprintf("g%d", i+1))
-		bed.Attach(h, "etha", swA, fmt.Sprintf("10.91.0.%d/24", 101+i))
-		nic := bed.Attach(h, "ethb", swB, fmt.Sprintf("10.92.0.%d/24", 101+i))
+		bed.Attach(h, "etha", swA, fmt.Sprintf("10.9.0.%d/24", 101+i), fmt.Sprintf("fd00:a::%d/64", 101+i))
+		nic := bed.Attach(h, "ethb", swB, fmt.Sprintf("10.9.0.%d/24", 151+i), fmt.Sprintf("fd00:b::%d/64", 151+i))
 		if rate != "" {
 			if err := nic.Limit(rate); err != nil {
 				t.Fatal(err)
