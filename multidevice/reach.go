@@ -57,11 +57,11 @@ func (d *Device) tableTrunks(ctx context.Context, lk *linker, byName map[string]
 		}
 		s, ok := byName[hop.SubDevice]
 		if !ok {
-			return nil, fmt.Errorf("multidevice: %w: the table routes rank %d via rank %d over subdevice %q, which is not loaded (loaded: %s)",
+			return nil, fmt.Errorf("%w: the table routes rank %d via rank %d over subdevice %q, which is not loaded (loaded: %s)",
 				ErrNoRoute, peer, hop.Via, hop.SubDevice, d.subNames())
 		}
 		if int(hop.Via) == int(d.rank) || int(hop.Via) >= d.size {
-			return nil, fmt.Errorf("multidevice: %w: the table routes rank %d via rank %d, which cannot forward for this rank", ErrNoRoute, peer, hop.Via)
+			return nil, fmt.Errorf("%w: the table routes rank %d via rank %d, which cannot forward for this rank", ErrNoRoute, peer, hop.Via)
 		}
 		t := trunk{sub: s, via: hop.Via}
 		if slices.Contains(trunks, t) {
@@ -121,7 +121,7 @@ func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, ho
 	for _, peer := range lost {
 		gws := nextHops(rows, int(d.rank), peer)
 		if len(gws) == 0 {
-			return fmt.Errorf("multidevice: %w: rank %d (host %q) is unreachable from rank %d (host %q) on every subdevice, and no chain of ranks reaches it",
+			return fmt.Errorf("%w: rank %d (host %q) is unreachable from rank %d (host %q) on every subdevice, and no chain of ranks reaches it",
 				ErrNoRoute, peer, hosts[peer], d.rank, hosts[d.rank])
 		}
 		for ci, need := range needVia[peer] {

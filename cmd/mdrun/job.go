@@ -81,8 +81,8 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	j.logger.Debug("rendezvous service listening", "addr", srv.Addr(), "job", srv.JobID())
 
 	j.srv = srv
-	exits := make(chan exitEvent, j.cfg.n)
-	for r := range j.cfg.n {
+	exits := make(chan exitEvent, j.size())
+	for r := range j.size() {
 		rk, err := j.start(r, srv)
 		if err != nil {
 			j.fail(exitFailed, fmt.Sprintf("mdrun: starting rank %d: %v; terminating the job", r, err))
@@ -133,19 +133,29 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	return j.status
 }
 
+// size is the number of ranks of the job: the application's and the relays.
+func (j *job) size() int { return j.cfg.n + len(j.cfg.relays) }
+
 // newServer starts the rendezvous service: on a private unix socket when
 // every rank runs here, otherwise on TCP where the remote ranks reach it.
 func (j *job) newServer() (*bootstrap.Server, error) {
 	logger := j.logger.Named("rendezvous")
-	if j.cfg.hosts == nil {
-		return bootstrap.NewServer(j.cfg.n, logger)
+	if j.cfg.hosts == nil && j.cfg.relays == nil {
+		return bootstrap.NewServer(j.size(), logger)
 	}
 	self, err := os.Hostname()
 	if err != nil {
 		return nil, fmt.Errorf("host name: %w", err)
 	}
 	j.self = self
-	j.hostOf = placeRanks(j.cfg.n, j.cfg.hosts)
+	if j.cfg.hosts != nil {
+		j.hostOf = placeRanks(j.cfg.n, j.cfg.hosts)
+	} else {
+		for range j.cfg.n {
+			j.hostOf = append(j.hostOf, self)
+		}
+	}
+	j.hostOf = append(j.hostOf, j.cfg.relays...)
 	remote := ""
 	for _, h := range j.hostOf {
 		if !isLocal(h, self) {
@@ -158,7 +168,7 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("rendezvous service: %w", err)
 		}
-		return bootstrap.NewServerListener(ln, j.cfg.n, logger)
+		return bootstrap.NewServerListener(ln, j.size(), logger)
 	}
 	addr, err := listenAddr(j.cfg.listen, remote)
 	if err != nil {
@@ -171,7 +181,7 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 		return nil, fmt.Errorf("rendezvous service: %w", err)
 	}
 	j.remote = true
-	return bootstrap.NewServerListener(ln, j.cfg.n, logger)
+	return bootstrap.NewServerListener(ln, j.size(), logger)
 }
 
 // rankEnv is what a rank gets on top of the launcher's own variables.
@@ -211,13 +221,17 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
 	remote := j.hostOf != nil && !isLocal(j.hostOf[r], j.self)
 	env := j.rankEnv(r, srv, remote)
+	prog, args := j.cfg.prog, j.cfg.args
+	if r >= j.cfg.n {
+		prog, args = j.cfg.relayCmd[0], j.cfg.relayCmd[1:]
+	}
 	var cmd *exec.Cmd
 	if remote {
-		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], env, j.cfg.prog, j.cfg.args)
+		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], env, prog, args)
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Env = os.Environ()
 	} else {
-		cmd = exec.Command(j.cfg.prog, j.cfg.args...)
+		cmd = exec.Command(prog, args...)
 		cmd.Env = append(os.Environ(), env...)
 	}
 	prefix := ""

@@ -47,6 +47,20 @@
 // ranks that have not finished end themselves when it closes
 // (MDRUN_EXIT_WITH_SERVICE=1).
 //
+// # Relays
+//
+// -relay h1,h2 (or h1:2 for two on one host) adds dedicated relays, as
+// GridMPI puts relays on clusters' front-end hosts: each runs -relay-cmd
+// (default mdrelay, found next to mdrun or in PATH) on its host as one of
+// the job's last ranks, after the N ranks of prog. Relays take no rank in
+// the application's world; they forward between ranks that have no direct
+// link (found automatically, or "via" the relay's host in a connection
+// table), and several relays between two clusters share the traffic. They
+// exit when the job's ranks finish; a relay that fails ends the job like
+// any rank.
+//
+//	mdrun -hosts a1:4,b1:4 -relay gw1,gw2 -n 8 prog
+//
 // # Exit status
 //
 // The job ends when every rank has exited, or as soon as one rank fails:

@@ -247,6 +247,18 @@ func TestJobs(t *testing.T) {
 			pidsPrint: 4,
 		},
 		{
+			// Relays are ranks 2 and 3 of a job of 4, running the relay
+			// command (here the helper) on their host.
+			name: "relays", flags: []string{"-relay", "localhost:2", "-relay-cmd", helper + " exchange"}, n: 2, behaviour: "exchange", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] rank 0 has all 4 cards$`),
+				regexp.MustCompile(`(?m)^\[1\] rank 1 has all 4 cards$`),
+				regexp.MustCompile(`(?m)^\[2\] rank 2 has all 4 cards$`),
+				regexp.MustCompile(`(?m)^\[3\] rank 3 has all 4 cards$`),
+			},
+			pidsPrint: 4,
+		},
+		{
 			name: "no prefix", flags: []string{"-prefix=false"}, n: 2, behaviour: "exchange", status: 0,
 			stdout: []*regexp.Regexp{
 				regexp.MustCompile(`(?m)^rank 0 has all 2 cards$`),
@@ -389,6 +401,8 @@ func TestUsageErrors(t *testing.T) {
 		{"empty launcher", []string{"-hosts", "a", "-launcher", " ", "-n", "1", helper}, "-launcher is empty"},
 		{"bad export", []string{"-x", "A=1", "-n", "1", helper}, `-x "A=1": want a variable name`},
 		{"hostfile missing", []string{"-hostfile", "/nonexistent/hosts", "-n", "1", helper}, "-hostfile: open /nonexistent/hosts"},
+		{"relay program missing", []string{"-relay", "localhost", "-relay-cmd", "no-such-mdrelay", "-n", "1", helper}, `-relay-cmd: relay program "no-such-mdrelay" not found`},
+		{"bad relay host", []string{"-relay", "a,,b", "-n", "1", helper}, `-relay: host "" is not a host name`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -38,6 +38,9 @@ type config struct {
 	launcher []string // remote-exec command, host and command line follow
 	listen   string   // -listen: the rendezvous address for remote ranks
 	exports  []string // -x: variables passed to remote ranks
+	// relays are the hosts of dedicated relays, ranks n.. of the job.
+	relays   []string
+	relayCmd []string // the relay program (absolute) and its arguments
 }
 
 // stringList is a flag that may be given several times.
@@ -98,6 +101,8 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	hostfile := fs.String("hostfile", "", "file naming the hosts, one per line: host, host:slots or host slots=N")
 	launcher := fs.String("launcher", "ssh", "command that runs a command line on a remote host, called as: launcher host command...")
 	fs.StringVar(&cfg.listen, "listen", "", "host:port where remote ranks reach the rendezvous service (default: this machine's address towards the first remote host, any port)")
+	relays := fs.String("relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count]`): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
+	relayCmd := fs.String("relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
 	var exports stringList
 	fs.Var(&exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass)")
 	fs.Usage = func() {
@@ -151,6 +156,21 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		return cfg, &usageError{fmt.Sprintf("program %q: %v", fs.Arg(0), err)}
 	}
 	cfg.prog, cfg.args = prog, fs.Args()[1:]
+	if *relays != "" {
+		var specs []hostSpec
+		count := 0
+		for _, e := range strings.Split(*relays, ",") {
+			h, err := parseHostEntry(strings.TrimSpace(e))
+			if err != nil {
+				return cfg, &usageError{fmt.Sprintf("-relay: %v", err)}
+			}
+			specs, count = append(specs, h), count+h.slots
+		}
+		cfg.relays = placeRanks(count, specs)
+		if cfg.relayCmd, err = relayCommand(*relayCmd); err != nil {
+			return cfg, &usageError{fmt.Sprintf("-relay-cmd: %v", err)}
+		}
+	}
 	for _, p := range []struct {
 		flag string
 		path *string
@@ -169,4 +189,36 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		*p.path = abs
 	}
 	return cfg, nil
+}
+
+// relayCommand resolves the relay program: a bare name next to mdrun's own
+// executable first (they are built together), then in PATH. The path is
+// absolute, so remote hosts, which share it, find it.
+func relayCommand(line string) ([]string, error) {
+	argv := strings.Fields(line)
+	if len(argv) == 0 {
+		return nil, errors.New("empty")
+	}
+	prog := argv[0]
+	if !strings.Contains(prog, "/") {
+		if exe, err := os.Executable(); err == nil {
+			if p := filepath.Join(filepath.Dir(exe), prog); isExecutable(p) {
+				prog = p
+			}
+		}
+	}
+	prog, err := exec.LookPath(prog)
+	if err != nil {
+		return nil, fmt.Errorf("relay program %q not found (build it with go build -o bin/ ./cmd/mdrelay): %w", argv[0], err)
+	}
+	if prog, err = filepath.Abs(prog); err != nil {
+		return nil, err
+	}
+	argv[0] = prog
+	return argv, nil
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
 }
