@@ -447,7 +447,8 @@ func (d *Device) Route(peer, n int) (string, error) {
 	return d.subs[d.routes[peer][d.table.Class(n)]].name, nil
 }
 
-// LinkStats counts what one subdevice carried to one peer.
+// LinkStats counts what one subdevice carried to one peer. Frames to a
+// peer reached through gateways count at the gateway they went to.
 type LinkStats struct {
 	Peer      int
 	SubDevice string

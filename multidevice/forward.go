@@ -62,9 +62,11 @@ type ForwardOptions struct {
 	// Window is the credit of one virtual line: the most bytes (blocks
 	// with their inner header) a source keeps sent but unacknowledged
 	// towards one destination through gateways. It bounds what gateways
-	// hold for the line: a gateway never buffers more than Window bytes
-	// per virtual line passing through it, however slowly the destination
-	// drains. 0 means 4 MiB; it must hold at least one block.
+	// hold for the line, however slowly the destination drains: a gateway
+	// holds at most Window bytes of it that the destination has not
+	// received, plus at most one block whose next subdevice reports the
+	// send complete only after delivery (the credit may overtake that
+	// report). 0 means 4 MiB; it must hold at least one block.
 	Window int
 }
 
