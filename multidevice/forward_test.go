@@ -1,6 +1,7 @@
 package multidevice
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -121,52 +122,13 @@ func TestForwardAllPairs(t *testing.T) {
 		t.Fatalf("rank 0 reaches rank 1 (same site) through %v, want a direct link", gws)
 	}
 	sizes := []int{0, 100, 511, 3000, 20000, 70000}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	var wg sync.WaitGroup
 	for me := range n {
 		wg.Go(func() {
-			d := devs[me]
-			var sends, recvs []*Request
-			bufs := map[[2]int][]byte{}
-			for peer := range n {
-				if peer == me {
-					continue
-				}
-				for k, size := range sizes {
-					buf := make([]byte, size)
-					bufs[[2]int{peer, k}] = buf
-					r, err := d.Irecv(buf, peer, k, 7)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					recvs = append(recvs, r)
-				}
-				for k, size := range sizes {
-					r, err := d.Isend(numbered(size, me, k), peer, k, 7, k%2 == 1)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					sends = append(sends, r)
-				}
-			}
-			waitAll(t, sends)
-			i := 0
-			for peer := range n {
-				if peer == me {
-					continue
-				}
-				for k, size := range sizes {
-					st, err := wait(t, recvs[i])
-					i++
-					if err != nil || st.Source != peer || st.Tag != k || st.Count != size {
-						t.Errorf("rank %d from %d, message %d: status %+v, %v", me, peer, k, st, err)
-						continue
-					}
-					if string(bufs[[2]int{peer, k}]) != string(numbered(size, peer, k)) {
-						t.Errorf("rank %d from %d: message %d (%d bytes) corrupted", me, peer, k, size)
-					}
-				}
+			if err := allPairs(ctx, devs[me], sizes, 7, func(k int) bool { return k%2 == 1 }); err != nil {
+				t.Errorf("rank %d: %v", me, err)
 			}
 		})
 	}
@@ -179,6 +141,56 @@ func TestForwardAllPairs(t *testing.T) {
 			t.Errorf("rank %d forwarded %d frames; only rank 4 is a gateway", r, st.Forwarded)
 		}
 	}
+}
+
+// allPairs sends every other rank one message of each size (tag = index
+// into sizes, synchronous where sync says), receives theirs, and checks
+// each status and payload.
+func allPairs(ctx context.Context, d *Device, sizes []int, ctxID uint64, sync func(k int) bool) error {
+	n, me := d.Size(), d.Rank()
+	var sends, recvs []*Request
+	bufs := map[[2]int][]byte{}
+	for peer := range n {
+		if peer == me {
+			continue
+		}
+		for k, size := range sizes {
+			buf := make([]byte, size)
+			bufs[[2]int{peer, k}] = buf
+			r, err := d.Irecv(buf, peer, k, ctxID)
+			if err != nil {
+				return err
+			}
+			recvs = append(recvs, r)
+		}
+		for k, size := range sizes {
+			r, err := d.Isend(numbered(size, me, k), peer, k, ctxID, sync(k))
+			if err != nil {
+				return err
+			}
+			sends = append(sends, r)
+		}
+	}
+	if err := waitReqs(ctx, sends); err != nil {
+		return fmt.Errorf("all-pairs send: %w", err)
+	}
+	i := 0
+	for peer := range n {
+		if peer == me {
+			continue
+		}
+		for k, size := range sizes {
+			st, err := recvs[i].Wait(ctx)
+			i++
+			if err != nil || st.Source != peer || st.Tag != k || st.Count != size {
+				return fmt.Errorf("all-pairs: from %d message %d: status %+v, %v", peer, k, st, err)
+			}
+			if !bytes.Equal(bufs[[2]int{peer, k}], numbered(size, peer, k)) {
+				return fmt.Errorf("all-pairs: from %d message %d (%d bytes) corrupted", peer, k, size)
+			}
+		}
+	}
+	return nil
 }
 
 // TestForwardStress: random sizes, tags and synchronous flags from every
