@@ -1,0 +1,78 @@
+package plugin_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/sdi/plugin"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
+)
+
+// binaries builds the plugin binaries once per test run, into a directory
+// that TestMain removes.
+var binaries struct {
+	once sync.Once
+	dir  string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaries.dir != "" {
+		os.RemoveAll(binaries.dir)
+	}
+	os.Exit(code)
+}
+
+// buildPlugin returns the path of the plugin binary built from pkg (a
+// package path relative to the module root).
+func buildPlugin(t testing.TB, pkg string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds plugin binaries; skipped with -short")
+	}
+	binaries.once.Do(func() {
+		binaries.dir, binaries.err = os.MkdirTemp("", "mdsdi-plugin-test-")
+		if binaries.err != nil {
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", binaries.dir+"/",
+			"../../cmd/sdi-tcp", "../../cmd/sdi-shm")
+		cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			binaries.err = err
+			t.Logf("go build: %s", out)
+		}
+	})
+	if binaries.err != nil {
+		t.Fatalf("building plugin binaries: %v", binaries.err)
+	}
+	return filepath.Join(binaries.dir, filepath.Base(pkg))
+}
+
+// TestConformance runs the SDI conformance suite against the built-in
+// subdevices served as plugin binaries, over both data planes.
+func TestConformance(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		pkg    string
+		config string
+		stream bool
+	}{
+		{"tcp", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, false},
+		{"tcp-stream", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, true},
+		{"shm", "cmd/sdi-shm", ``, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bin := buildPlugin(t, tc.pkg)
+			sditest.Run(t, sditest.Harness{
+				New:    sditest.Plugin(plugin.Config{Name: tc.name, Path: bin, Stream: tc.stream}),
+				Peers:  3,
+				Config: []byte(tc.config),
+			})
+		})
+	}
+}
