@@ -87,6 +87,8 @@ type Device struct {
 	finalizing atomic.Bool
 	closeMu    sync.Mutex
 	wg         sync.WaitGroup
+
+	skipped map[string]error // plugins left out at Open, and why (external.go)
 }
 
 // inMsg is an arrived matchable message kept in the unexpected or
@@ -163,8 +165,9 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		if !spec.Enabled {
 			continue
 		}
-		if spec.Command != "" {
-			return fmt.Errorf("multidevice: %s: subdevice %q is an external plugin (command %q); this build loads built-in subdevices only", spec.Where, spec.Name, spec.Command)
+		if spec.External() {
+			d.openExternal(ctx, spec)
+			continue
 		}
 		factory := o.Factories[spec.Name]
 		if factory == nil {
@@ -306,8 +309,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			hop := hops[0]
 			s, ok := byName[hop.SubDevice]
 			if !ok {
-				return fmt.Errorf("multidevice: %w: the table routes rank %d (host %q) over subdevice %q, which is not loaded (loaded: %s)",
-					ErrNoRoute, peer, hosts[peer], hop.SubDevice, d.subNames())
+				return d.missingSubDevice(peer, hosts[peer], hop.SubDevice)
 			}
 			if hop.Via >= 0 {
 				return fmt.Errorf("multidevice: %w: the table routes rank %d via rank %d; forwarding through gateways is not in this build", ErrNoRoute, peer, hop.Via)
