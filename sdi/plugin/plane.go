@@ -52,7 +52,7 @@ func deliver(h sdi.Handler, rec record) bool {
 func planeBytes(c sdi.Caps) (int, sdi.Caps) {
 	rec := recordLen(c.MaxHeader, c.MaxFrame)
 	size := 1 << 20
-	for size < 2*rec && size < maxPlaneBytes {
+	for size < 4*rec && size < maxPlaneBytes {
 		size <<= 1
 	}
 	if limit := size/2 - recordPrefix - c.MaxHeader; c.MaxFrame > limit {

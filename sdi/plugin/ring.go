@@ -255,7 +255,14 @@ func (rd *reader) sleep(spin time.Duration, d time.Duration) {
 			if i%64 == 63 && time.Now().After(deadline) {
 				break
 			}
-			runtime.Gosched()
+			// Yield the CPU to any thread, not just this process's
+			// goroutines: on a busy machine the spinner must not keep the
+			// thread it waits for off the CPU.
+			if i%8 == 7 {
+				osYield()
+			} else {
+				runtime.Gosched()
+			}
 		}
 		if !rd.empty() {
 			return

@@ -15,7 +15,7 @@ import (
 // tens of microseconds and a reply often comes sooner. Parked waits are
 // bounded so that a stop is noticed even without a wake-up.
 const (
-	ringSpin  = 20 * time.Microsecond
+	ringSpin  = 50 * time.Microsecond
 	ringNap   = 50 * time.Millisecond
 	drainStep = 64 // records handled per lock hold
 )
