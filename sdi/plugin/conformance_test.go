@@ -1,9 +1,11 @@
 package plugin_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
@@ -40,7 +42,7 @@ func buildPlugin(t testing.TB, pkg string) string {
 			return
 		}
 		cmd := exec.Command("go", "build", "-o", binaries.dir+"/",
-			"../../cmd/sdi-tcp", "../../cmd/sdi-shm")
+			"../../cmd/sdi-tcp", "../../cmd/sdi-shm", "../../examples/subdevice-plugin")
 		cmd.Env = append(os.Environ(), "GOFLAGS=-buildvcs=false")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			binaries.err = err
@@ -65,9 +67,13 @@ func TestConformance(t *testing.T) {
 		{"tcp", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, false},
 		{"tcp-stream", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, true},
 		{"shm", "cmd/sdi-shm", ``, false},
+		{"uds-example", "examples/subdevice-plugin", `{"dir": "%s", "queue_bytes": 1048576}`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			bin := buildPlugin(t, tc.pkg)
+			if strings.Contains(tc.config, "%s") {
+				tc.config = fmt.Sprintf(tc.config, t.TempDir())
+			}
 			sditest.Run(t, sditest.Harness{
 				New:    sditest.Plugin(plugin.Config{Name: tc.name, Path: bin, Stream: tc.stream}),
 				Peers:  3,
