@@ -22,6 +22,10 @@ var binaries struct {
 }
 
 func TestMain(m *testing.M) {
+	if len(os.Args) == 3 && os.Args[1] == helperArg {
+		serveHelper(os.Args[2])
+		os.Exit(0)
+	}
 	code := m.Run()
 	if binaries.dir != "" {
 		os.RemoveAll(binaries.dir)
