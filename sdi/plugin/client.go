@@ -382,7 +382,7 @@ func (c *Client) Close(ctx context.Context) error {
 			st.plane.stop()
 		}
 		c.wg.Wait()
-		c.pc.Kill()
+		c.kill(c.dead.Load() != nil)
 		if errors.Is(err, ErrPluginExited) {
 			err = nil // it is gone either way
 		}
@@ -423,7 +423,7 @@ func (c *Client) watch() {
 	}
 	why := *c.dead.Load()
 	c.log.Error("subdevice plugin taken out", "plugin", c.cfg.Name, "path", c.cfg.Path, "error", why)
-	c.pc.Kill()
+	c.kill(true)
 	if st := c.st.Load(); st != nil {
 		st.plane.stop()
 		for peer := range st.connected {
@@ -433,6 +433,44 @@ func (c *Client) watch() {
 		}
 	}
 }
+
+// kill ends the plugin process. go-plugin's Kill asks the plugin to shut
+// down and waits for that without a deadline, which a hung plugin never
+// answers; so a plugin that was taken out is killed outright first, and
+// any other gets killGrace to exit gracefully.
+func (c *Client) kill(force bool) {
+	pid := 0
+	if rc := c.pc.ReattachConfig(); rc != nil {
+		pid = rc.Pid
+	}
+	hardKill := func() {
+		// Only while go-plugin has not seen the process exit, so the pid
+		// cannot have been reused.
+		if pid > 0 && c.exit.Err() == nil {
+			if p, err := os.FindProcess(pid); err == nil {
+				p.Kill()
+			}
+		}
+	}
+	if force {
+		hardKill()
+	}
+	done := make(chan struct{})
+	go func() {
+		c.pc.Kill()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(killGrace):
+		c.log.Warn("plugin did not exit when asked; killing it", "plugin", c.cfg.Name, "pid", pid)
+		hardKill()
+		<-done
+	}
+}
+
+// killGrace is how long a plugin has to exit when closed.
+const killGrace = 5 * time.Second
 
 // ping checks that the plugin still answers; one that does not within the
 // timeout is taken out, so a stopped or wedged plugin cannot hang the job.

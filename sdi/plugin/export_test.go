@@ -21,3 +21,6 @@ func ServeVersion(v int, factory sdi.Factory) {
 		VersionedPlugins: map[int]goplugin.PluginSet{v: {pluginName: &grpcPlugin{srv: srv}}},
 	})
 }
+
+// PID is the plugin process's id.
+func (c *Client) PID() int { return c.pc.ReattachConfig().Pid }

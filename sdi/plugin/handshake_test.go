@@ -39,6 +39,10 @@ func (crashInOpen) Open(context.Context, sdi.OpenParams) (sdi.Local, error) {
 }
 
 func startHelper(t *testing.T, behaviour string, checksum []byte) (*plugin.Client, error) {
+	return startHelperTimeout(t, behaviour, checksum, 5*time.Second)
+}
+
+func startHelperTimeout(t *testing.T, behaviour string, checksum []byte, timeout time.Duration) (*plugin.Client, error) {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -46,7 +50,7 @@ func startHelper(t *testing.T, behaviour string, checksum []byte) (*plugin.Clien
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := plugin.Start(ctx, plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, behaviour}, Checksum: checksum, Timeout: 5 * time.Second})
+	c, err := plugin.Start(ctx, plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, behaviour}, Checksum: checksum, Timeout: timeout})
 	if c != nil {
 		t.Cleanup(func() { c.Close(context.Background()) })
 	}

@@ -1,0 +1,89 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/plugin"
+)
+
+// downHandler records PeerDown calls.
+type downHandler struct {
+	nopHandler
+	mu    sync.Mutex
+	downs []error
+	ch    chan struct{}
+}
+
+func (h *downHandler) PeerDown(_ sdi.Rank, err error) {
+	h.mu.Lock()
+	h.downs = append(h.downs, err)
+	h.mu.Unlock()
+	select {
+	case h.ch <- struct{}{}:
+	default:
+	}
+}
+
+// TestHangMidJob: a plugin that stops answering mid-job (here: stopped by
+// SIGSTOP) is taken out within its timeout; its peers are reported down and
+// sends fail instead of waiting.
+func TestHangMidJob(t *testing.T) {
+	var cs [2]*plugin.Client
+	var hs [2]*downHandler
+	var locals [2]sdi.Local
+	ctx := context.Background()
+	for i := range cs {
+		c, err := startHelperTimeout(t, "v1", nil, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs[i], hs[i] = c, &downHandler{ch: make(chan struct{}, 1)}
+		locals[i], err = c.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, Host: "h", JobID: "hang", Secret: []byte("s"),
+			APIVersion: sdi.APIVersion, Handler: hs[i], Config: []byte(`{"listen": "127.0.0.1:0"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range cs {
+		if err := cs[i].Connect(ctx, sdi.Rank(1-i), locals[1-i].Addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid := cs[1].PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	start := time.Now()
+	select {
+	case <-hs[1].ch:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stopped plugin was not taken out")
+	}
+	t.Logf("taken out after %v", time.Since(start).Round(time.Millisecond))
+	hs[1].mu.Lock()
+	err := hs[1].downs[0]
+	hs[1].mu.Unlock()
+	if !errors.Is(err, plugin.ErrPluginExited) {
+		t.Errorf("PeerDown(%v), want it to wrap ErrPluginExited", err)
+	}
+	if _, err := cs[1].Send(&sdi.Frame{Peer: 0, Payload: []byte("x")}); !errors.Is(err, sdi.ErrPeerUnreachable) || !errors.Is(err, plugin.ErrPluginExited) {
+		t.Errorf("Send after the plugin hung = %v, want ErrPeerUnreachable and ErrPluginExited", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cs[1].Close(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Close = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close of a hung plugin hangs")
+	}
+}
