@@ -52,9 +52,9 @@ func TestRecordRejects(t *testing.T) {
 		return b
 	}
 	for _, tc := range []struct {
-		name  string
-		break_ func(b []byte) []byte
-		want  string
+		name   string
+		mangle func(b []byte) []byte
+		want   string
 	}{
 		{"short prefix", func(b []byte) []byte { return b[:recordPrefix-1] }, "prefix"},
 		{"truncated body", func(b []byte) []byte { return b[:recordPrefix+4] }, "left"},
@@ -68,7 +68,7 @@ func TestRecordRejects(t *testing.T) {
 		{"negative peer", func(b []byte) []byte { b[8], b[9], b[10], b[11] = 0xff, 0xff, 0xff, 0xff; return b }, "peer -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, err := decodeRecord(tc.break_(good()), testLimits)
+			_, _, err := decodeRecord(tc.mangle(good()), testLimits)
 			if !errors.Is(err, sdi.ErrBadFrame) || !bytes.Contains([]byte(err.Error()), []byte(tc.want)) {
 				t.Fatalf("err = %v, want ErrBadFrame mentioning %q", err, tc.want)
 			}

@@ -10,12 +10,13 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
-// Waiting on the rings: a consumer that finds its ring empty spins this
-// long before it parks on the futex, because waking a parked thread costs
-// tens of microseconds and a reply often comes sooner. Parked waits are
-// bounded so that a stop is noticed even without a wake-up.
+// Waiting on the rings: a consumer that finds its ring empty spins for up
+// to maxSpin before it parks on the futex (reader.spin), because waking a
+// parked thread costs tens of microseconds and a reply often comes sooner.
+// Parked waits are bounded so that a stop is noticed even without a wake-up.
 const (
-	ringSpin  = 50 * time.Microsecond
+	minSpin   = 5 * time.Microsecond
+	maxSpin   = 200 * time.Microsecond
 	ringNap   = 50 * time.Millisecond
 	drainStep = 64 // records handled per lock hold
 )
@@ -66,8 +67,10 @@ func (p *hostRing) run() {
 		p.inMu.Lock()
 		n := p.drainLocked()
 		p.inMu.Unlock()
-		if n == 0 {
-			p.in.sleep(ringSpin, ringNap)
+		if n > 0 {
+			p.in.arrived()
+		} else {
+			p.in.sleep(p.in.spin(), ringNap)
 		}
 	}
 }
@@ -155,9 +158,10 @@ func (p *pluginRing) run() {
 		}
 		if !ok {
 			p.srv.pollInner()
-			p.out.sleep(ringSpin, ringNap)
+			p.out.sleep(p.out.spin(), ringNap)
 			continue
 		}
+		p.out.arrived()
 		seq := p.rels.add(cur)
 		p.srv.dispatch(rec, func() { p.rels.done(seq) })
 	}
