@@ -212,9 +212,9 @@ func TestExternalPluginSkipped(t *testing.T) {
 		}, "handshake"},
 		{"hangs in open", func(s SubDeviceSpec) SubDeviceSpec {
 			s.Args = []string{helperArg, "hang-open"}
-			s.Timeout = 500 * time.Millisecond
+			s.Timeout = 2 * time.Second
 			return s
-		}, "did not answer within 500ms"},
+		}, "did not answer within 2s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fab := tc.spec(helperSpec("fab", "tcp"))
