@@ -94,7 +94,10 @@ func (s *server) Open(ctx context.Context, req *sdiv1.Open_Request) (*sdiv1.Open
 	}
 	s.opened = true
 	s.caps = local.Caps
-	s.lim = limits{maxHeader: local.Caps.MaxHeader, maxPayload: local.Caps.MaxFrame, size: int(size)}
+	// The host fits the caps to its data plane the same way; records
+	// beyond the fitted limits are broken on both sides.
+	_, fitted := planeBytes(local.Caps)
+	s.lim = limits{maxHeader: fitted.MaxHeader, maxPayload: fitted.MaxFrame, size: int(size)}
 	s.down = make([]atomic.Bool, size)
 	return &sdiv1.Open_Response{Addr: local.Addr, Caps: capsToProto(local.Caps)}, nil
 }
@@ -326,8 +329,13 @@ func (s *server) peerDown(peer sdi.Rank, err error) {
 	if int(peer) < 0 || int(peer) >= len(s.down) || s.down[peer].Swap(true) {
 		return
 	}
-	s.put(kindPeerDown, peer, nil, []byte(err.Error()))
+	// The reason travels as a payload, so it obeys the payload limit.
+	why := []byte(err.Error())
+	s.put(kindPeerDown, peer, nil, why[:min(len(why), maxReason, s.lim.maxPayload)])
 }
+
+// maxReason bounds the text of a lost peer's reason.
+const maxReason = 1024
 
 // put sends a record to the host once the plane is attached.
 func (s *server) put(kind uint8, peer sdi.Rank, header, payload []byte) {
@@ -357,7 +365,14 @@ func (s *server) pollInner() {
 type serverHandler server
 
 func (h *serverHandler) Deliver(from sdi.Rank, header, payload []byte) {
-	(*server)(h).put(kindDeliver, from, header, payload)
+	s := (*server)(h)
+	if len(header) > s.lim.maxHeader || len(payload) > s.lim.maxPayload {
+		// The host would take this for a broken plugin.
+		s.log.Warn("dropping a delivered frame beyond the subdevice's own limits", "from", from,
+			"header", len(header), "payload", len(payload))
+		return
+	}
+	s.put(kindDeliver, from, header, payload)
 }
 
 func (h *serverHandler) SendDone(token uint64, err error) {
