@@ -26,6 +26,8 @@ func serveHelper(behaviour string) {
 		plugin.Serve(tcp.New)
 	case "v99":
 		plugin.ServeVersion(99, tcp.New)
+	case "host":
+		hostHelper()
 	case "crash-in-open":
 		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return crashInOpen{tcp.New(l)} })
 	}
