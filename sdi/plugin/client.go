@@ -391,7 +391,12 @@ func (c *Client) Close(ctx context.Context) error {
 }
 
 // takeOut marks the plugin dead for err, once; the watcher reports it.
+// After Close has begun, the ends it causes (the stream breaking) are not
+// the plugin's fault.
 func (c *Client) takeOut(err error) {
+	if c.closed.Load() {
+		return
+	}
 	if c.dead.CompareAndSwap(nil, &err) {
 		c.cancel()
 	}

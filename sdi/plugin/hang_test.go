@@ -3,10 +3,14 @@ package plugin_test
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
@@ -85,5 +89,52 @@ func TestHangMidJob(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Close of a hung plugin hangs")
+	}
+}
+
+// syncBuffer is a log sink read while the client writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b = append(s.b, p...)
+	return len(p), nil
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.b)
+}
+
+// TestCloseIsGraceful: Close lets the plugin exit on its own, with both
+// data planes; only a plugin that was taken out is killed.
+func TestCloseIsGraceful(t *testing.T) {
+	exe, _ := os.Executable()
+	for _, stream := range []bool{false, true} {
+		var logs syncBuffer
+		log := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})
+		c, err := plugin.Start(context.Background(), plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, "v1"}, Stream: stream, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Open(context.Background(), sdi.OpenParams{Rank: 0, Size: 1, APIVersion: sdi.APIVersion, Handler: nopHandler{},
+			Config: []byte(`{"listen": "127.0.0.1:0"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		l := logs.String()
+		if !strings.Contains(l, "plugin process exited") || strings.Contains(l, "killed") || strings.Contains(l, "taken out") {
+			t.Errorf("stream=%v: the plugin did not exit on its own:\n%s", stream, l)
+		}
+		if testing.Verbose() {
+			t.Log(l)
+		}
 	}
 }
