@@ -199,30 +199,6 @@ type reader struct {
 	r    *ring
 	lim  limits
 	read uint64 // cursor of the next record to read
-
-	// Arrival pacing, for the spin before parking.
-	last time.Time     // when records last arrived
-	gap  time.Duration // moving average of the time between arrivals
-}
-
-// arrived notes that records arrived now.
-func (rd *reader) arrived() {
-	now := time.Now()
-	if !rd.last.IsZero() {
-		rd.gap = (3*rd.gap + now.Sub(rd.last)) / 4
-	}
-	rd.last = now
-}
-
-// spin is how long to busy-wait for the next record before parking: a bit
-// more than the usual gap when records come often (a ping-pong: the reply
-// is near, and waking a parked thread costs more than the wait), nothing
-// when they do not (an idle rank burns no CPU).
-func (rd *reader) spin() time.Duration {
-	if rd.gap > maxSpin {
-		return 0
-	}
-	return min(max(2*rd.gap, minSpin), maxSpin)
 }
 
 // next returns the next record, if one is there, and the cursor just past
