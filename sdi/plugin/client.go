@@ -35,11 +35,12 @@ import (
 // exits, crashes or stops answering, every connected peer is reported
 // down and every later call fails with an error wrapping ErrPluginExited.
 type Client struct {
-	cfg  Config
-	log  hclog.Logger
-	pc   *goplugin.Client
-	rpc  sdiv1.SubDeviceClient
-	exit context.Context // done when the plugin process has exited
+	cfg     Config
+	log     hclog.Logger
+	pc      *goplugin.Client
+	sockDir string // the plugin's socket directory; removed once it has ended
+	rpc     sdiv1.SubDeviceClient
+	exit    context.Context // done when the plugin process has exited
 
 	life   context.Context // done at Close or when the plugin is taken out
 	cancel context.CancelFunc
@@ -65,8 +66,8 @@ type openState struct {
 	sendMu    sync.Mutex    // orders the count with the plane's order
 }
 
-func newClient(c Config, pc *goplugin.Client, d *dispensed) *Client {
-	cl := &Client{cfg: c, log: c.Logger, pc: pc, rpc: d.rpc, exit: d.done}
+func newClient(c Config, pc *goplugin.Client, d *dispensed, sockDir string) *Client {
+	cl := &Client{cfg: c, log: c.Logger, pc: pc, rpc: d.rpc, exit: d.done, sockDir: sockDir}
 	cl.life, cl.cancel = context.WithCancel(context.Background())
 	cl.wg.Add(1)
 	go cl.watch()
@@ -472,6 +473,7 @@ func (c *Client) kill(force bool) {
 		hardKill()
 		<-done
 	}
+	os.RemoveAll(c.sockDir)
 }
 
 // killGrace is how long a plugin has to exit when closed.

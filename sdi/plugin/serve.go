@@ -2,6 +2,8 @@ package plugin
 
 import (
 	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
@@ -29,7 +31,14 @@ func Serve(factory sdi.Factory) {
 	// go-plugin swaps os.Stderr for a pipe once it serves; the logger
 	// keeps the real one, which the host reads line by line.
 	log := hclog.New(&hclog.LoggerOptions{Level: level, Output: os.Stderr, JSONFormat: true})
-	srv := newServer(factory(log), log, func() { os.Exit(3) })
+	srv := newServer(factory(log), log, func() {
+		// Exiting here skips go-plugin's cleanup of its socket; the
+		// socket directory a host of ours made goes with it.
+		if dir := os.Getenv(goplugin.EnvUnixSocketDir); strings.HasPrefix(filepath.Base(dir), sockDirPrefix) {
+			os.RemoveAll(dir)
+		}
+		os.Exit(3)
+	})
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig:  handshake,
 		VersionedPlugins: pluginSets(srv),

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"time"
 
@@ -16,6 +17,9 @@ import (
 // DefaultTimeout bounds each control call to a plugin, and its start, when
 // Config.Timeout is zero.
 const DefaultTimeout = 30 * time.Second
+
+// sockDirPrefix names the directories that hold plugins' sockets.
+const sockDirPrefix = "mdsdi-plugin-"
 
 // Config says how to start one subdevice plugin.
 type Config struct {
@@ -63,8 +67,14 @@ func Start(ctx context.Context, c Config) (*Client, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		startTimeout = min(startTimeout, time.Until(dl))
 	}
+	// The plugin's socket goes in a directory of ours, removed when the
+	// plugin ends, so a plugin that dies leaves nothing in /tmp.
+	sockDir, err := os.MkdirTemp("", sockDirPrefix)
+	if err != nil {
+		return nil, fail("socket directory", err)
+	}
 	cmd := exec.Command(c.Path, c.Args...)
-	cmd.Env = append(cmd.Environ(), envLogLevel+"="+levelName(c.Logger))
+	cmd.Env = append(cmd.Environ(), envLogLevel+"="+levelName(c.Logger), goplugin.EnvUnixSocketDir+"="+sockDir)
 	var secure *goplugin.SecureConfig
 	if c.Checksum != nil {
 		secure = &goplugin.SecureConfig{Checksum: c.Checksum, Hash: sha256.New()}
@@ -82,9 +92,13 @@ func Start(ctx context.Context, c Config) (*Client, error) {
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
 		},
 	})
+	stop := func() {
+		pc.Kill()
+		os.RemoveAll(sockDir)
+	}
 	proto, err := pc.Client()
 	if err != nil {
-		pc.Kill()
+		stop()
 		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
 			return nil, fail("checksum", fmt.Errorf("the binary's SHA-256 does not match plugins.hcl: %w", err))
 		}
@@ -92,15 +106,15 @@ func Start(ctx context.Context, c Config) (*Client, error) {
 	}
 	raw, err := proto.Dispense(pluginName)
 	if err != nil {
-		pc.Kill()
+		stop()
 		return nil, fail("dispense", err)
 	}
 	d, ok := raw.(*dispensed)
 	if !ok {
-		pc.Kill()
+		stop()
 		return nil, fail("dispense", fmt.Errorf("got %T", raw))
 	}
-	return newClient(c, pc, d), nil
+	return newClient(c, pc, d, sockDir), nil
 }
 
 func levelName(l hclog.Logger) string {
