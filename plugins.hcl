@@ -1,11 +1,16 @@
-# plugins.hcl: which subdevices a job loads and how (see multidevice.ParsePlugins).
+# plugins.hcl: which subdevices a job loads and how (docs/plugins.hcl.md).
 #
 # Built-in subdevices need only a block. A config block is handed to the
 # subdevice as JSON when it opens; the subdevice validates it.
 #
-# External subdevices (a binary in plugin_dir, started through go-plugin)
-# use command, args and checksum; this build refuses them with a clear error
-# until the plugin loader lands.
+# External subdevices are plugin binaries (found in plugin_dir, by default
+# this file's directory) started through go-plugin: command, args,
+# checksum = "sha256:...", timeout, shared_memory. cmd/sdi-tcp and
+# cmd/sdi-shm serve the built-ins that way, e.g.
+#
+#   subdevice "tcp" {
+#     command = "sdi-tcp"
+#   }
 
 # plugin_dir = "./plugins"
 

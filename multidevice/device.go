@@ -102,6 +102,8 @@ type Device struct {
 	finalizing atomic.Bool
 	closeMu    sync.Mutex
 	wg         sync.WaitGroup
+
+	skipped map[string]error // plugins left out at Open, and why (external.go)
 }
 
 // inMsg is an arrived matchable message kept in the unexpected or
@@ -186,8 +188,9 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		if !spec.Enabled {
 			continue
 		}
-		if spec.Command != "" {
-			return fmt.Errorf("multidevice: %s: subdevice %q is an external plugin (command %q); this build loads built-in subdevices only", spec.Where, spec.Name, spec.Command)
+		if spec.External() {
+			d.openExternal(ctx, spec)
+			continue
 		}
 		factory := o.Factories[spec.Name]
 		if factory == nil {
@@ -347,8 +350,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			hop := hops[0]
 			s, ok := byName[hop.SubDevice]
 			if !ok {
-				return fmt.Errorf("multidevice: %w: the table routes rank %d (host %q) over subdevice %q, which is not loaded (loaded: %s)",
-					ErrNoRoute, peer, hosts[peer], hop.SubDevice, d.subNames())
+				return d.missingSubDevice(peer, hosts[peer], hop.SubDevice)
 			}
 			if s.caps.Reach == sdi.ReachHost && hosts[peer] != hosts[d.rank] {
 				return fmt.Errorf("multidevice: %w: the table routes rank %d on host %q over %q, which only reaches host %q",

@@ -2,10 +2,14 @@ package multidevice
 
 import (
 	_ "embed"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
+	"strings"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
@@ -22,7 +26,8 @@ var DefaultPlugins []byte
 
 // PluginsConfig is a decoded plugins.hcl: which subdevices to load and how.
 type PluginsConfig struct {
-	// PluginDir is where external subdevice binaries are looked up.
+	// PluginDir is where external subdevice binaries are looked up, as
+	// written; relative to the file's directory when relative.
 	PluginDir  string
 	SubDevices []SubDeviceSpec
 }
@@ -31,12 +36,31 @@ type PluginsConfig struct {
 type SubDeviceSpec struct {
 	Name     string
 	Enabled  bool
-	Command  string   // external binary; empty for a built-in subdevice
+	Command  string   // external binary as written; empty for a built-in subdevice
+	Path     string   // Command resolved: see ParsePlugins
 	Args     []string // arguments for Command
 	Checksum string   // "sha256:<hex>" of Command, checked before it starts
 	Config   []byte   // the config block as JSON; nil when absent
+	// Timeout bounds the plugin's start and each control call; 0 means
+	// the default of sdi/plugin.
+	Timeout time.Duration
+	// SharedMemory is false when the block asks for the gRPC stream data
+	// plane instead of shared-memory rings.
+	SharedMemory bool
 	// Where is the block's position, "file:line,col", for error messages.
 	Where string
+}
+
+// External reports whether the subdevice runs as a plugin binary.
+func (s *SubDeviceSpec) External() bool { return s.Command != "" }
+
+// ChecksumBytes returns the SHA-256 from Checksum, or nil when none is set.
+func (s *SubDeviceSpec) ChecksumBytes() []byte {
+	b, err := hex.DecodeString(strings.TrimPrefix(s.Checksum, "sha256:"))
+	if s.Checksum == "" || err != nil {
+		return nil
+	}
+	return b
 }
 
 type pluginsFile struct {
@@ -45,13 +69,15 @@ type pluginsFile struct {
 }
 
 type subdeviceHCL struct {
-	Name     string     `hcl:"name,label"`
-	Enabled  *bool      `hcl:"enabled,optional"`
-	Command  string     `hcl:"command,optional"`
-	Args     []string   `hcl:"args,optional"`
-	Checksum string     `hcl:"checksum,optional"`
-	Config   *configHCL `hcl:"config,block"`
-	DefRange hcl.Range  `hcl:",def_range"`
+	Name         string     `hcl:"name,label"`
+	Enabled      *bool      `hcl:"enabled,optional"`
+	Command      string     `hcl:"command,optional"`
+	Args         []string   `hcl:"args,optional"`
+	Checksum     string     `hcl:"checksum,optional"`
+	Timeout      string     `hcl:"timeout,optional"`
+	SharedMemory *bool      `hcl:"shared_memory,optional"`
+	Config       *configHCL `hcl:"config,block"`
+	DefRange     hcl.Range  `hcl:",def_range"`
 }
 
 type configHCL struct {
@@ -61,7 +87,10 @@ type configHCL struct {
 var checksumRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
 // ParsePlugins decodes plugins.hcl source. filename is used in diagnostics,
-// which carry file, line and column.
+// which carry file, line and column, and to resolve paths: a relative
+// plugin_dir is taken from the file's directory, a command without a slash
+// is looked up in plugin_dir (by default the file's directory), and a
+// relative command with a slash is taken from the file's directory.
 func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 	f, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
 	if diags.HasErrors() {
@@ -72,6 +101,13 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 		return nil, fmt.Errorf("multidevice: plugins: %w", diags)
 	}
 	cfg := &PluginsConfig{PluginDir: raw.PluginDir}
+	base := filepath.Dir(filename)
+	dir := raw.PluginDir
+	if dir == "" {
+		dir = base
+	} else if !filepath.IsAbs(dir) {
+		dir = filepath.Join(base, dir)
+	}
 	seen := make(map[string]string)
 	for _, s := range raw.SubDevices {
 		where := s.DefRange.String()
@@ -82,16 +118,35 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 		if s.Checksum != "" && !checksumRE.MatchString(s.Checksum) {
 			return nil, fmt.Errorf("multidevice: plugins: %s: checksum %q: want \"sha256:\" and 64 lower-case hex digits", where, s.Checksum)
 		}
-		if s.Command == "" && (len(s.Args) > 0 || s.Checksum != "") {
-			return nil, fmt.Errorf("multidevice: plugins: %s: args and checksum need a command (they describe an external plugin)", where)
+		if s.Command == "" && (len(s.Args) > 0 || s.Checksum != "" || s.Timeout != "" || s.SharedMemory != nil) {
+			return nil, fmt.Errorf("multidevice: plugins: %s: args, checksum, timeout and shared_memory need a command (they describe an external plugin)", where)
 		}
 		spec := SubDeviceSpec{
-			Name:     s.Name,
-			Enabled:  s.Enabled == nil || *s.Enabled,
-			Command:  s.Command,
-			Args:     s.Args,
-			Checksum: s.Checksum,
-			Where:    where,
+			Name:         s.Name,
+			Enabled:      s.Enabled == nil || *s.Enabled,
+			Command:      s.Command,
+			Args:         s.Args,
+			Checksum:     s.Checksum,
+			SharedMemory: s.SharedMemory == nil || *s.SharedMemory,
+			Where:        where,
+		}
+		switch {
+		case s.Command == "":
+		case strings.ContainsRune(s.Command, 0):
+			return nil, fmt.Errorf("multidevice: plugins: %s: command contains a NUL byte", where)
+		case filepath.IsAbs(s.Command):
+			spec.Path = filepath.Clean(s.Command)
+		case strings.ContainsRune(s.Command, '/'):
+			spec.Path = filepath.Join(base, s.Command)
+		default:
+			spec.Path = filepath.Join(dir, s.Command)
+		}
+		if s.Timeout != "" {
+			d, err := time.ParseDuration(s.Timeout)
+			if err != nil || d <= 0 {
+				return nil, fmt.Errorf("multidevice: plugins: %s: timeout %q: want a positive duration such as \"30s\"", where, s.Timeout)
+			}
+			spec.Timeout = d
 		}
 		if s.Config != nil {
 			js, err := bodyJSON(s.Config.Body)

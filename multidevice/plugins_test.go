@@ -3,6 +3,7 @@ package multidevice
 import (
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParsePlugins(t *testing.T) {
@@ -70,4 +71,65 @@ func FuzzParsePlugins(f *testing.F) {
 			t.Fatal("accepted a file without subdevices")
 		}
 	})
+}
+
+// TestParsePluginsExternal covers what external blocks add: where commands
+// are found, the timeout, the data plane choice, and their errors.
+func TestParsePluginsExternal(t *testing.T) {
+	sum := "sha256:" + strings.Repeat("0f", 32)
+	for _, tc := range []struct {
+		name, file, src string
+		want            SubDeviceSpec // Name, Path, Timeout, SharedMemory, Checksum checked
+		wantErr         string
+	}{
+		{name: "bare name in the file's directory", file: "/etc/md/plugins.hcl",
+			src:  `subdevice "a" { command = "sdi-a" }`,
+			want: SubDeviceSpec{Name: "a", Path: "/etc/md/sdi-a", SharedMemory: true}},
+		{name: "bare name in a relative plugin_dir", file: "/etc/md/plugins.hcl",
+			src:  "plugin_dir = \"bin\"\nsubdevice \"a\" { command = \"sdi-a\" }",
+			want: SubDeviceSpec{Name: "a", Path: "/etc/md/bin/sdi-a", SharedMemory: true}},
+		{name: "bare name in an absolute plugin_dir", file: "/etc/md/plugins.hcl",
+			src:  "plugin_dir = \"/opt/p\"\nsubdevice \"a\" { command = \"sdi-a\" }",
+			want: SubDeviceSpec{Name: "a", Path: "/opt/p/sdi-a", SharedMemory: true}},
+		{name: "relative path from the file", file: "/etc/md/plugins.hcl",
+			src:  "plugin_dir = \"/opt/p\"\nsubdevice \"a\" { command = \"../x/sdi-a\" }",
+			want: SubDeviceSpec{Name: "a", Path: "/etc/x/sdi-a", SharedMemory: true}},
+		{name: "absolute path", file: "/etc/md/plugins.hcl",
+			src:  `subdevice "a" { command = "/usr/lib/sdi-a" }`,
+			want: SubDeviceSpec{Name: "a", Path: "/usr/lib/sdi-a", SharedMemory: true}},
+		{name: "every key", file: "p.hcl",
+			src:  "subdevice \"a\" {\n command = \"sdi-a\"\n checksum = \"" + sum + "\"\n timeout = \"1m30s\"\n shared_memory = false\n}",
+			want: SubDeviceSpec{Name: "a", Path: "sdi-a", Timeout: 90 * time.Second, Checksum: sum}},
+		{name: "bad timeout", file: "p.hcl", src: "subdevice \"a\" {\n command = \"x\"\n timeout = \"soon\"\n}",
+			wantErr: `p.hcl:1,1-14: timeout "soon": want a positive duration`},
+		{name: "negative timeout", file: "p.hcl", src: "subdevice \"a\" {\n command = \"x\"\n timeout = \"-1s\"\n}",
+			wantErr: "positive duration"},
+		{name: "timeout without command", file: "p.hcl", src: `subdevice "a" { timeout = "1s" }`,
+			wantErr: "need a command"},
+		{name: "shared_memory without command", file: "p.hcl", src: `subdevice "a" { shared_memory = false }`,
+			wantErr: "need a command"},
+		{name: "shared_memory not a bool", file: "p.hcl", src: "subdevice \"a\" {\n command = \"x\"\n shared_memory = \"no\"\n}",
+			wantErr: "p.hcl:3"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := ParsePlugins([]byte(tc.src), tc.file)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := cfg.SubDevices[0]
+			if s.Name != tc.want.Name || s.Path != tc.want.Path || s.Timeout != tc.want.Timeout ||
+				s.SharedMemory != tc.want.SharedMemory || s.Checksum != tc.want.Checksum || !s.External() {
+				t.Fatalf("got %+v, want %+v", s, tc.want)
+			}
+			if tc.want.Checksum != "" && len(s.ChecksumBytes()) != 32 {
+				t.Fatalf("ChecksumBytes = %x", s.ChecksumBytes())
+			}
+		})
+	}
 }

@@ -34,6 +34,17 @@
 // by name, visibly. Close/NoLeakedGoroutines counts the process's
 // goroutines, so do not run Run in parallel with other tests.
 //
+// # Running the suite against a plugin binary
+//
+// [Plugin] makes Harness.New start a plugin binary (sdi/plugin) per
+// instance, so the same catalogue checks the subdevice out of process,
+// through the glue the multidevice uses:
+//
+//	sditest.Run(t, sditest.Harness{New: sditest.Plugin(plugin.Config{Path: bin}), Peers: 3})
+//
+// Without writing Go: cmd/sdi-conformance -plugin ./sdi-myfabric, or
+// SDI_CONFORMANCE_PLUGIN=./sdi-myfabric go test ./sdi/sditest -run ExternalPlugin.
+//
 // # The catalogue
 //
 //	Info/NoSideEffects               Info is static and callable before Open

@@ -1,0 +1,64 @@
+// Package plugin runs subdevices out of process: a subdevice binary is
+// started with hashicorp/go-plugin, and the host sees an sdi.SubDevice that
+// the multidevice uses like a built-in one.
+//
+// # Writing a plugin
+//
+// Implement sdi.SubDevice and hand its factory to Serve from main:
+//
+//	func main() { plugin.Serve(myfabric.New) }
+//
+// Test it with the conformance suite (sdi/sditest), in process and as the
+// built binary (sditest.Plugin, cmd/sdi-conformance). docs/writing-a-subdevice.md
+// walks through examples/subdevice-plugin.
+//
+// # Loading a plugin
+//
+// Start launches the binary and returns a *Client, unopened; multidevice
+// does this for every external subdevice block of plugins.hcl. Start
+// checks the binary's SHA-256 before it runs it (go-plugin's SecureConfig),
+// performs go-plugin's handshake (magic cookie, protocol version) and
+// secures the connection with automatically generated mutual TLS. The
+// plugin's log lines, JSON on its stderr, are re-logged through the host's
+// logger; the plugin formats nothing below the host's level.
+//
+// # Versions
+//
+// ProtocolVersion is go-plugin's protocol version and the version of
+// sdi/proto/sdiv1, which is frozen: a host offers every version it can load,
+// a plugin serves the newest they share, and a plugin with none in common
+// is refused at the handshake with both sides' versions in the error.
+// Inside a version, capabilities travel as sdi.Flag bits; a host ignores
+// bits it does not know. See docs/sdi-protocol.md.
+//
+// # Data plane
+//
+// Control calls (info, open, job cards, connect, disconnect, flush, close)
+// are gRPC calls, each bounded by Config.Timeout. Frames never pay a call
+// each: they travel as records through two single-producer rings in a
+// shared-memory segment that the host creates when it attaches (ring.go),
+// or, where the plugin cannot map it, batched on one long-lived gRPC
+// stream with credit-based flow control (streamplane.go). A consumer that
+// runs dry spins briefly, then parks on a futex in the segment.
+//
+// Send copies a frame into the plane and completes it at once; the plugin
+// hands it to its subdevice straight from the ring and gives the space
+// back when that subdevice is done with it. Should the subdevice refuse a
+// frame it already accepted here, the peer is reported down, as a reliable
+// subdevice must.
+//
+// # Faults
+//
+// A plugin that exits, crashes, breaks the protocol or does not answer a
+// call or the periodic liveness check within the timeout is taken out:
+// the process is killed, every connected peer is reported down through the
+// Handler, and every later call fails with an error wrapping
+// ErrPluginExited (and sdi.ErrPeerUnreachable for sends). The plugin, for
+// its part, closes its subdevice and exits when the host goes away.
+//
+// # Limitations
+//
+// Protocol 1 does not carry sdi.Matcher: a plugin whose subdevice declares
+// sdi.FlagMatching is refused at Open. FlagPoll and FlagJobCards are
+// carried.
+package plugin

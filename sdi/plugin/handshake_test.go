@@ -1,0 +1,133 @@
+package plugin_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"io"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/plugin"
+	"github.com/hpc-multidevice/multidevice/subdevices/tcp"
+)
+
+// helperArg makes this test binary a plugin (see TestMain).
+const helperArg = "sdi-plugin-test-helper"
+
+func serveHelper(behaviour string) {
+	switch behaviour {
+	case "v1":
+		plugin.Serve(tcp.New)
+	case "v99":
+		plugin.ServeVersion(99, tcp.New)
+	case "host":
+		hostHelper()
+	case "crash-in-open":
+		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return crashInOpen{tcp.New(l)} })
+	}
+}
+
+type crashInOpen struct{ sdi.SubDevice }
+
+func (crashInOpen) Open(context.Context, sdi.OpenParams) (sdi.Local, error) {
+	os.Exit(5)
+	return sdi.Local{}, nil
+}
+
+func startHelper(t *testing.T, behaviour string, checksum []byte) (*plugin.Client, error) {
+	return startHelperTimeout(t, behaviour, checksum, 5*time.Second)
+}
+
+func startHelperTimeout(t *testing.T, behaviour string, checksum []byte, timeout time.Duration) (*plugin.Client, error) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := plugin.Start(ctx, plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, behaviour}, Checksum: checksum, Timeout: timeout})
+	if c != nil {
+		t.Cleanup(func() { c.Close(context.Background()) })
+	}
+	return c, err
+}
+
+func sumOf(t *testing.T, path string) []byte {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h := sha256.New()
+	io.Copy(h, f)
+	return h.Sum(nil)
+}
+
+// TestHandshake covers what is decided before a plugin serves: the version
+// it speaks and the checksum of its binary.
+func TestHandshake(t *testing.T) {
+	exe, _ := os.Executable()
+	good := sumOf(t, exe)
+	bad := sha256.Sum256([]byte("another binary"))
+	for _, tc := range []struct {
+		name      string
+		behaviour string
+		checksum  []byte
+		want      string // "" for success
+	}{
+		{"same version", "v1", nil, ""},
+		{"matching checksum", "v1", good, ""},
+		{"wrong checksum", "v1", bad[:], "SHA-256 does not match"},
+		{"short checksum", "v1", good[:5], "a SHA-256 has 32"},
+		{"unsupported version", "v99", nil, "incompatible API version with plugin. Plugin version: 99, Client versions: [1]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := startHelper(t, tc.behaviour, tc.checksum)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				info, err := c.Info(context.Background())
+				if err != nil || info.Name != "tcp" {
+					t.Fatalf("Info = %+v, %v", info, err)
+				}
+				return
+			}
+			if !errors.Is(err, plugin.ErrStart) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), `"fab"`) {
+				t.Fatalf("err = %v, want ErrStart naming fab and saying %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestCrashInOpen: a plugin that dies during a control call fails that
+// call with ErrPluginExited, and every later call too; nothing hangs.
+func TestCrashInOpen(t *testing.T) {
+	c, err := startHelper(t, "crash-in-open", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Open(context.Background(), sdi.OpenParams{Rank: 0, Size: 2, Handler: nopHandler{}, APIVersion: sdi.APIVersion})
+	if !errors.Is(err, plugin.ErrPluginExited) || !strings.Contains(err.Error(), `"fab"`) {
+		t.Fatalf("Open = %v, want ErrPluginExited naming fab", err)
+	}
+	if _, err := c.Info(context.Background()); !errors.Is(err, plugin.ErrPluginExited) {
+		t.Fatalf("Info after the crash = %v, want ErrPluginExited", err)
+	}
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatalf("Close after the crash = %v", err)
+	}
+}
+
+type nopHandler struct{}
+
+func (nopHandler) Deliver(sdi.Rank, []byte, []byte) {}
+func (nopHandler) SendDone(uint64, error)           {}
+func (nopHandler) PeerDown(sdi.Rank, error)         {}

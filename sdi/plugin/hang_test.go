@@ -1,0 +1,140 @@
+package plugin_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/plugin"
+)
+
+// downHandler records PeerDown calls.
+type downHandler struct {
+	nopHandler
+	mu    sync.Mutex
+	downs []error
+	ch    chan struct{}
+}
+
+func (h *downHandler) PeerDown(_ sdi.Rank, err error) {
+	h.mu.Lock()
+	h.downs = append(h.downs, err)
+	h.mu.Unlock()
+	select {
+	case h.ch <- struct{}{}:
+	default:
+	}
+}
+
+// TestHangMidJob: a plugin that stops answering mid-job (here: stopped by
+// SIGSTOP) is taken out within its timeout; its peers are reported down and
+// sends fail instead of waiting.
+func TestHangMidJob(t *testing.T) {
+	var cs [2]*plugin.Client
+	var hs [2]*downHandler
+	var locals [2]sdi.Local
+	ctx := context.Background()
+	for i := range cs {
+		c, err := startHelperTimeout(t, "v1", nil, time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs[i], hs[i] = c, &downHandler{ch: make(chan struct{}, 1)}
+		locals[i], err = c.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, Host: "h", JobID: "hang", Secret: []byte("s"),
+			APIVersion: sdi.APIVersion, Handler: hs[i], Config: []byte(`{"listen": "127.0.0.1:0"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range cs {
+		if err := cs[i].Connect(ctx, sdi.Rank(1-i), locals[1-i].Addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pid := cs[1].PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
+	start := time.Now()
+	select {
+	case <-hs[1].ch:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the stopped plugin was not taken out")
+	}
+	t.Logf("taken out after %v", time.Since(start).Round(time.Millisecond))
+	hs[1].mu.Lock()
+	err := hs[1].downs[0]
+	hs[1].mu.Unlock()
+	if !errors.Is(err, plugin.ErrPluginExited) {
+		t.Errorf("PeerDown(%v), want it to wrap ErrPluginExited", err)
+	}
+	if _, err := cs[1].Send(&sdi.Frame{Peer: 0, Payload: []byte("x")}); !errors.Is(err, sdi.ErrPeerUnreachable) || !errors.Is(err, plugin.ErrPluginExited) {
+		t.Errorf("Send after the plugin hung = %v, want ErrPeerUnreachable and ErrPluginExited", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cs[1].Close(ctx) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Close = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close of a hung plugin hangs")
+	}
+}
+
+// syncBuffer is a log sink read while the client writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.b = append(s.b, p...)
+	return len(p), nil
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return string(s.b)
+}
+
+// TestCloseIsGraceful: Close lets the plugin exit on its own, with both
+// data planes; only a plugin that was taken out is killed.
+func TestCloseIsGraceful(t *testing.T) {
+	exe, _ := os.Executable()
+	for _, stream := range []bool{false, true} {
+		var logs syncBuffer
+		log := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})
+		c, err := plugin.Start(context.Background(), plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, "v1"}, Stream: stream, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Open(context.Background(), sdi.OpenParams{Rank: 0, Size: 1, APIVersion: sdi.APIVersion, Handler: nopHandler{},
+			Config: []byte(`{"listen": "127.0.0.1:0"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		l := logs.String()
+		if !strings.Contains(l, "plugin process exited") || strings.Contains(l, "killed") || strings.Contains(l, "taken out") {
+			t.Errorf("stream=%v: the plugin did not exit on its own:\n%s", stream, l)
+		}
+		if testing.Verbose() {
+			t.Log(l)
+		}
+	}
+}

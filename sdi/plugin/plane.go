@@ -1,0 +1,66 @@
+package plugin
+
+import (
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// The data plane moves records between the host and the plugin: frames
+// out, deliveries and lost peers in. Two implementations share one record
+// format: rings in shared memory (ringplane.go), and batches on the
+// Transfer stream (streamplane.go) where a segment cannot be shared.
+
+// hostPlane is the host's side.
+type hostPlane interface {
+	// send writes one frame record. It never blocks and returns
+	// sdi.ErrWouldBlock when the plane is full. Safe for concurrent use.
+	send(peer sdi.Rank, header, payload []byte) error
+	// poll hands arrived records to the Handler on the calling goroutine
+	// and returns how many; 0 at once if another goroutine is at it.
+	poll() int
+	// stop ends the plane's goroutines; no Handler call follows its return.
+	stop()
+}
+
+// pluginPlane is the plugin's side.
+type pluginPlane interface {
+	// put writes one record towards the host. It waits while the plane is
+	// full, and gives up (returning false) once the plane stops.
+	put(kind uint8, peer sdi.Rank, header, payload []byte) bool
+	// stop ends the plane's goroutines.
+	stop()
+}
+
+// deliver hands one inbound record to h. It reports a protocol violation
+// for a record kind that does not travel to the host.
+func deliver(h sdi.Handler, rec record) bool {
+	switch rec.kind {
+	case kindDeliver:
+		h.Deliver(rec.peer, rec.header, rec.payload)
+	case kindPeerDown:
+		h.PeerDown(rec.peer, &remoteError{op: "peer down", msg: string(rec.payload)})
+	default:
+		return false
+	}
+	return true
+}
+
+// planeBytes sizes the data plane for a subdevice's caps: each direction
+// holds at least two of its largest records. Subdevices whose frames would
+// need more than the largest ring get their MaxFrame lowered to fit; the
+// multidevice then cuts large messages into more frames. The result depends
+// on caps alone, so every rank publishes the same limits.
+func planeBytes(c sdi.Caps) (int, sdi.Caps) {
+	rec := recordLen(c.MaxHeader, c.MaxFrame)
+	size := 1 << 20
+	for size < 4*rec && size < maxPlaneBytes {
+		size <<= 1
+	}
+	if limit := size/2 - recordPrefix - c.MaxHeader; c.MaxFrame > limit {
+		c.MaxFrame = limit &^ (recordAlign - 1)
+		c.MaxEager = min(c.MaxEager, c.MaxFrame)
+	}
+	return size, c
+}
+
+// maxPlaneBytes bounds one direction of the data plane.
+const maxPlaneBytes = 64 << 20

@@ -1,0 +1,50 @@
+package plugin
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Serve runs a subdevice as a plugin: it is the whole main of a plugin
+// binary,
+//
+//	func main() { plugin.Serve(myfabric.New) }
+//
+// It answers the host's handshake, makes one subdevice with factory and
+// serves it until the host closes it or goes away, then exits the process.
+// Started by hand rather than by a host, it says so and exits with status 1.
+//
+// The subdevice logs through the logger it is given, as JSON on stderr,
+// which the host re-logs under the subdevice's name at the host's level.
+func Serve(factory sdi.Factory) {
+	level := hclog.LevelFromString(os.Getenv(envLogLevel))
+	if level == hclog.NoLevel {
+		level = hclog.Info
+	}
+	// go-plugin swaps os.Stderr for a pipe once it serves; the logger
+	// keeps the real one, which the host reads line by line.
+	log := hclog.New(&hclog.LoggerOptions{Level: level, Output: os.Stderr, JSONFormat: true})
+	srv := newServer(factory(log), log, func() {
+		// Exiting here skips go-plugin's cleanup of its socket; the
+		// socket directory a host of ours made goes with it.
+		if dir := os.Getenv(goplugin.EnvUnixSocketDir); strings.HasPrefix(filepath.Base(dir), sockDirPrefix) {
+			os.RemoveAll(dir)
+		}
+		os.Exit(3)
+	})
+	goplugin.Serve(&goplugin.ServeConfig{
+		HandshakeConfig:  handshake,
+		VersionedPlugins: pluginSets(srv),
+		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
+			return grpc.NewServer(append(opts, grpc.MaxRecvMsgSize(maxMessage), grpc.MaxSendMsgSize(maxMessage))...)
+		},
+		Logger: log,
+	})
+}

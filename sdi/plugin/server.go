@@ -1,0 +1,389 @@
+package plugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/hpc-multidevice/multidevice/internal/shmem"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/proto/sdiv1"
+)
+
+// server is the plugin side: it serves one subdevice instance over gRPC
+// and is that subdevice's Handler. Safe for concurrent use.
+type server struct {
+	sdiv1.UnimplementedSubDeviceServer
+	sd  sdi.SubDevice
+	log hclog.Logger
+	// orphaned is called when the host goes away without Close; Serve
+	// exits the process there. Nil in tests.
+	orphaned func()
+
+	mu       sync.Mutex
+	opened   bool
+	caps     sdi.Caps
+	lim      limits
+	plane    pluginPlane
+	attached chan struct{} // closed once a plane is attached, or at Close
+	closing  chan struct{} // closed when Close starts
+
+	closed atomic.Bool
+	// down records, per peer, that a PeerDown went to the host, so a
+	// stream of failing frames reports the loss once.
+	down []atomic.Bool
+
+	tokMu   sync.Mutex
+	tokens  map[uint64]pendingFrame
+	nextTok uint64
+
+	// dispatched counts frame records handed to the subdevice (accepted or
+	// refused); Flush and Disconnect wait for the count the host sent.
+	dispatched atomic.Uint64
+	kick       chan struct{} // a SendDone came: a refused frame may fit now
+}
+
+type pendingFrame struct {
+	peer    sdi.Rank
+	release func()
+}
+
+func newServer(sd sdi.SubDevice, log hclog.Logger, orphaned func()) *server {
+	return &server{sd: sd, log: log, orphaned: orphaned, tokens: make(map[uint64]pendingFrame),
+		attached: make(chan struct{}), closing: make(chan struct{}), kick: make(chan struct{}, 1)}
+}
+
+func (s *server) GetInfo(ctx context.Context, _ *sdiv1.GetInfo_Request) (*sdiv1.GetInfo_Response, error) {
+	info, err := s.sd.Info(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &sdiv1.GetInfo_Response{Name: info.Name, Version: info.Version, ApiVersions: info.APIVersions}, nil
+}
+
+func (s *server) Open(ctx context.Context, req *sdiv1.Open_Request) (*sdiv1.Open_Response, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.opened {
+		return nil, status.Error(codes.FailedPrecondition, "sdi/plugin: open: already open")
+	}
+	size := req.GetSize()
+	if size <= 0 || size > 1<<30 {
+		return nil, status.Errorf(codes.InvalidArgument, "sdi/plugin: open: job size %d", size)
+	}
+	local, err := s.sd.Open(ctx, sdi.OpenParams{
+		Rank:       sdi.Rank(req.GetRank()),
+		Size:       int(size),
+		Host:       req.GetHost(),
+		JobID:      req.GetJobId(),
+		Secret:     req.GetSecret(),
+		APIVersion: req.GetApiVersion(),
+		Config:     req.GetConfig(),
+		Handler:    (*serverHandler)(s),
+		Logger:     s.log,
+	})
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.opened = true
+	s.caps = local.Caps
+	// The host fits the caps to its data plane the same way; records
+	// beyond the fitted limits are broken on both sides.
+	_, fitted := planeBytes(local.Caps)
+	s.lim = limits{maxHeader: fitted.MaxHeader, maxPayload: fitted.MaxFrame, size: int(size)}
+	s.down = make([]atomic.Bool, size)
+	return &sdiv1.Open_Response{Addr: local.Addr, Caps: capsToProto(local.Caps)}, nil
+}
+
+func (s *server) SetJobCards(ctx context.Context, req *sdiv1.SetJobCards_Request) (*sdiv1.SetJobCards_Response, error) {
+	jc, ok := s.sd.(sdi.JobCards)
+	if !ok || !s.caps.Flags.Has(sdi.FlagJobCards) {
+		return nil, toStatus(fmt.Errorf("sdi/plugin: job cards: %w", sdi.ErrUnsupported))
+	}
+	cards := make([][]byte, len(req.GetCards()))
+	for i, c := range req.GetCards() {
+		if c.GetPresent() {
+			cards[i] = c.GetAddr()
+		}
+	}
+	return &sdiv1.SetJobCards_Response{}, toStatus(jc.SetJobCards(ctx, cards))
+}
+
+func (s *server) Connect(ctx context.Context, req *sdiv1.Connect_Request) (*sdiv1.Connect_Response, error) {
+	if err := s.sd.Connect(ctx, sdi.Rank(req.GetPeer()), req.GetAddr()); err != nil {
+		return nil, toStatus(err)
+	}
+	if p := int(req.GetPeer()); p >= 0 && p < len(s.down) {
+		s.down[p].Store(false)
+	}
+	return &sdiv1.Connect_Response{}, nil
+}
+
+func (s *server) Disconnect(ctx context.Context, req *sdiv1.Disconnect_Request) (*sdiv1.Disconnect_Response, error) {
+	if err := s.awaitDispatched(ctx, req.GetRecords()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &sdiv1.Disconnect_Response{}, toStatus(s.sd.Disconnect(ctx, sdi.Rank(req.GetPeer())))
+}
+
+func (s *server) Flush(ctx context.Context, req *sdiv1.Flush_Request) (*sdiv1.Flush_Response, error) {
+	if err := s.awaitDispatched(ctx, req.GetRecords()); err != nil {
+		return nil, toStatus(err)
+	}
+	return &sdiv1.Flush_Response{}, toStatus(s.sd.Flush(ctx, sdi.Rank(req.GetPeer())))
+}
+
+// awaitDispatched waits until the subdevice has been handed n frame
+// records. Flush is rare, so a short poll is good enough.
+func (s *server) awaitDispatched(ctx context.Context, n uint64) error {
+	pause := 10 * time.Microsecond
+	for s.dispatched.Load() < n {
+		if s.closed.Load() {
+			return sdi.ErrClosed
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sdi/plugin: waiting for %d frames to reach the subdevice (%d did): %w", n, s.dispatched.Load(), ctx.Err())
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 5*time.Millisecond)
+	}
+	return nil
+}
+
+func (s *server) Close(ctx context.Context, _ *sdiv1.Close_Request) (*sdiv1.Close_Response, error) {
+	return &sdiv1.Close_Response{}, toStatus(s.close(ctx))
+}
+
+// close closes the subdevice, then the plane. The subdevice's pending
+// frames complete with ErrClosed first, which releases their ring space.
+func (s *server) close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed.Swap(true) {
+		s.mu.Unlock()
+		return nil
+	}
+	close(s.closing)
+	plane := s.plane
+	if plane == nil {
+		close(s.attached)
+	}
+	s.mu.Unlock()
+	err := s.sd.Close(ctx)
+	if plane != nil {
+		plane.stop()
+	}
+	return err
+}
+
+// Transfer attaches the data plane and then carries it (stream plane) or
+// watches it (ring plane) until the host goes away.
+func (s *server) Transfer(st sdiv1.SubDevice_TransferServer) error {
+	first, err := st.Recv()
+	if err != nil {
+		return err
+	}
+	att := first.GetAttach()
+	if att == nil {
+		return status.Error(codes.InvalidArgument, "sdi/plugin: transfer: the first message must be an attach")
+	}
+	s.mu.Lock()
+	if !s.opened || s.plane != nil || s.closed.Load() {
+		s.mu.Unlock()
+		return status.Error(codes.FailedPrecondition, "sdi/plugin: transfer: attach needs an open subdevice without a data plane")
+	}
+	window := int(min(att.GetWindow(), maxPlaneBytes))
+	var ring *pluginRing
+	var reason string
+	if att.GetSegment() != "" {
+		if ring, err = s.attachRing(att); err != nil {
+			reason = err.Error()
+			s.log.Warn("shared-memory data plane not possible, using the stream", "error", err)
+		}
+	}
+	var stream *pluginStream
+	if ring != nil {
+		s.plane = ring
+	} else {
+		stream = newPluginStream(st, s, s.lim, max(window, 1<<16))
+		s.plane = stream
+	}
+	close(s.attached)
+	s.mu.Unlock()
+
+	// Only the stream plane's writer sends after this; it has nothing to
+	// send until the host has read this reply and frames flow.
+	if err := st.Send(&sdiv1.Transfer_Inbound{Msg: &sdiv1.Transfer_Inbound_Attached{Attached: &sdiv1.Transfer_Attached{Ring: ring != nil, Reason: reason}}}); err != nil {
+		s.hostGone(err)
+		return err
+	}
+	if stream != nil {
+		err = stream.receive()
+	} else {
+		// The ring carries everything; the stream only tells us when the
+		// host is gone.
+		for err == nil {
+			_, err = st.Recv()
+			if err == nil {
+				err = fmt.Errorf("%w: a message on the stream of a ring data plane", ErrProtocol)
+			}
+		}
+	}
+	s.hostGone(err)
+	return nil
+}
+
+func (s *server) attachRing(att *sdiv1.Transfer_Attach) (*pluginRing, error) {
+	seg, err := shmem.Open(att.GetSegment())
+	if err != nil {
+		return nil, err
+	}
+	if err := checkSegment(seg.Bytes(), att.GetOutBytes(), att.GetInBytes()); err != nil {
+		seg.Close()
+		return nil, fmt.Errorf("segment %s: %w", att.GetSegment(), err)
+	}
+	return newPluginRing(seg, s, s.lim), nil
+}
+
+// hostGone handles the end of the Transfer stream. After Close that is
+// expected; before, the host died or broke the protocol, and the plugin
+// has nobody to serve.
+func (s *server) hostGone(err error) {
+	if s.closed.Load() {
+		return
+	}
+	s.log.Error("host went away without closing the subdevice; shutting down", "error", err)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if cerr := s.close(ctx); cerr != nil {
+		s.log.Warn("close after the host went away", "error", cerr)
+	}
+	if s.orphaned != nil {
+		s.orphaned()
+	}
+}
+
+// protocolError is called by a plane that read something malformed from
+// the host: the data plane cannot be trusted any more.
+func (s *server) protocolError(err error) {
+	s.log.Error("data plane broken", "error", err)
+	go s.hostGone(err)
+}
+
+// dispatch hands one frame record to the subdevice, retrying while it
+// would block; release is called once the subdevice is done with the
+// record's bytes. Frames are dispatched in record order by one goroutine.
+func (s *server) dispatch(rec record, release func()) {
+	defer s.dispatched.Add(1)
+	s.tokMu.Lock()
+	s.nextTok++
+	tok := s.nextTok
+	s.tokens[tok] = pendingFrame{peer: rec.peer, release: release}
+	s.tokMu.Unlock()
+	f := &sdi.Frame{Peer: rec.peer, Header: rec.header, Payload: rec.payload, Token: tok}
+	pause := 20 * time.Microsecond
+	for {
+		done, err := s.sd.Send(f)
+		if errors.Is(err, sdi.ErrWouldBlock) && !s.closed.Load() {
+			select {
+			case <-s.kick:
+			case <-time.After(pause):
+				pause = min(2*pause, 5*time.Millisecond)
+			case <-s.closing:
+			}
+			continue
+		}
+		if err != nil || done {
+			s.finish(tok, err)
+		}
+		return
+	}
+}
+
+// finish completes a frame: its bytes go back to the plane, and an error
+// is reported to the host as the loss of the peer, since the host was told
+// the frame was accepted.
+func (s *server) finish(tok uint64, err error) {
+	s.tokMu.Lock()
+	pf, ok := s.tokens[tok]
+	delete(s.tokens, tok)
+	s.tokMu.Unlock()
+	if !ok {
+		s.log.Warn("SendDone for an unknown token", "token", tok)
+		return
+	}
+	pf.release()
+	if err != nil && !s.closed.Load() {
+		s.peerDown(pf.peer, err)
+	}
+}
+
+func (s *server) peerDown(peer sdi.Rank, err error) {
+	if int(peer) < 0 || int(peer) >= len(s.down) || s.down[peer].Swap(true) {
+		return
+	}
+	// The reason travels as a payload, so it obeys the payload limit.
+	why := []byte(err.Error())
+	s.put(kindPeerDown, peer, nil, why[:min(len(why), maxReason, s.lim.maxPayload)])
+}
+
+// maxReason bounds the text of a lost peer's reason.
+const maxReason = 1024
+
+// put sends a record to the host once the plane is attached.
+func (s *server) put(kind uint8, peer sdi.Rank, header, payload []byte) {
+	<-s.attached
+	s.mu.Lock()
+	plane := s.plane
+	s.mu.Unlock()
+	if plane != nil && !s.closed.Load() {
+		plane.put(kind, peer, header, payload)
+	}
+}
+
+// pollInner drives a subdevice that lets its caller poll, while the data
+// plane is idle and about to sleep.
+func (s *server) pollInner() {
+	if !s.caps.Flags.Has(sdi.FlagPoll) {
+		return
+	}
+	if p, ok := s.sd.(sdi.Poller); ok {
+		p.Poll()
+	}
+}
+
+// serverHandler is the Handler the plugin's subdevice sees. Deliver and
+// PeerDown become records towards the host; they wait while the data plane
+// is full, which pushes back on the subdevice's receive path.
+type serverHandler server
+
+func (h *serverHandler) Deliver(from sdi.Rank, header, payload []byte) {
+	s := (*server)(h)
+	if len(header) > s.lim.maxHeader || len(payload) > s.lim.maxPayload {
+		// The host would take this for a broken plugin.
+		s.log.Warn("dropping a delivered frame beyond the subdevice's own limits", "from", from,
+			"header", len(header), "payload", len(payload))
+		return
+	}
+	s.put(kindDeliver, from, header, payload)
+}
+
+func (h *serverHandler) SendDone(token uint64, err error) {
+	s := (*server)(h)
+	s.finish(token, err)
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (h *serverHandler) PeerDown(peer sdi.Rank, err error) {
+	(*server)(h).peerDown(peer, err)
+}

@@ -1,0 +1,134 @@
+package plugin
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	goplugin "github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+)
+
+// DefaultTimeout bounds each control call to a plugin, and its start, when
+// Config.Timeout is zero.
+const DefaultTimeout = 30 * time.Second
+
+// sockDirPrefix names the directories that hold plugins' sockets.
+const sockDirPrefix = "mdsdi-plugin-"
+
+// Config says how to start one subdevice plugin.
+type Config struct {
+	// Name is the subdevice's name in plugins.hcl; errors and logs use it.
+	Name string
+	// Path is the plugin binary; Args are its arguments.
+	Path string
+	Args []string
+	// Checksum is the binary's SHA-256. When set, go-plugin hashes the
+	// file and refuses to start it unless it matches.
+	Checksum []byte
+	// Timeout bounds the start, every control call (on top of the
+	// caller's context) and the liveness check; 0 means DefaultTimeout. A
+	// plugin that does not answer within it is taken out.
+	Timeout time.Duration
+	// Stream makes the data plane use the gRPC stream even where shared
+	// memory is possible (tests; hosts without a usable /dev/shm).
+	Stream bool
+	// Logger receives the glue's messages and the plugin's own log lines;
+	// nil discards them.
+	Logger hclog.Logger
+}
+
+// Start launches the plugin binary, checks its checksum, completes the
+// handshake over mutual TLS and returns the subdevice it serves, unopened.
+// The caller must Close it, which also stops the process. Every failure
+// wraps ErrStart and names the plugin.
+func Start(ctx context.Context, c Config) (*Client, error) {
+	if c.Timeout <= 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = hclog.NewNullLogger()
+	}
+	if c.Name == "" {
+		c.Name = c.Path
+	}
+	fail := func(what string, err error) error {
+		return fmt.Errorf("%w: %q (%s): %s: %w", ErrStart, c.Name, c.Path, what, err)
+	}
+	if c.Checksum != nil && len(c.Checksum) != sha256.Size {
+		return nil, fail("checksum", fmt.Errorf("%d bytes, a SHA-256 has %d", len(c.Checksum), sha256.Size))
+	}
+	startTimeout := c.Timeout
+	if dl, ok := ctx.Deadline(); ok {
+		startTimeout = min(startTimeout, time.Until(dl))
+	}
+	// The plugin's socket goes in a directory of ours, removed when the
+	// plugin ends, so a plugin that dies leaves nothing in /tmp.
+	sockDir, err := os.MkdirTemp("", sockDirPrefix)
+	if err != nil {
+		return nil, fail("socket directory", err)
+	}
+	cmd := exec.Command(c.Path, c.Args...)
+	cmd.Env = append(cmd.Environ(), envLogLevel+"="+levelName(c.Logger), goplugin.EnvUnixSocketDir+"="+sockDir)
+	var secure *goplugin.SecureConfig
+	if c.Checksum != nil {
+		secure = &goplugin.SecureConfig{Checksum: c.Checksum, Hash: sha256.New()}
+	}
+	pc := goplugin.NewClient(&goplugin.ClientConfig{
+		HandshakeConfig:  handshake,
+		VersionedPlugins: pluginSets(nil),
+		Cmd:              cmd,
+		SecureConfig:     secure,
+		AllowedProtocols: []goplugin.Protocol{goplugin.ProtocolGRPC},
+		AutoMTLS:         true,
+		StartTimeout:     startTimeout,
+		Logger:           c.Logger,
+		GRPCDialOptions: []grpc.DialOption{
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
+		},
+	})
+	stop := func() {
+		pc.Kill()
+		os.RemoveAll(sockDir)
+	}
+	proto, err := pc.Client()
+	if err != nil {
+		stop()
+		if errors.Is(err, goplugin.ErrChecksumsDoNotMatch) {
+			return nil, fail("checksum", fmt.Errorf("the binary's SHA-256 does not match plugins.hcl: %w", err))
+		}
+		return nil, fail("handshake", err)
+	}
+	raw, err := proto.Dispense(pluginName)
+	if err != nil {
+		stop()
+		return nil, fail("dispense", err)
+	}
+	d, ok := raw.(*dispensed)
+	if !ok {
+		stop()
+		return nil, fail("dispense", fmt.Errorf("got %T", raw))
+	}
+	return newClient(c, pc, d, sockDir), nil
+}
+
+func levelName(l hclog.Logger) string {
+	switch {
+	case l.IsTrace():
+		return "trace"
+	case l.IsDebug():
+		return "debug"
+	case l.IsInfo():
+		return "info"
+	case l.IsWarn():
+		return "warn"
+	case l.IsError():
+		return "error"
+	}
+	return "off"
+}

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package plugin
+
+import "runtime"
+
+func osYield() { runtime.Gosched() }
