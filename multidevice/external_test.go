@@ -68,6 +68,12 @@ type crashAfter struct {
 	left atomic.Int64
 }
 
+// SetJobCards passes the cards on: tcp declares FlagJobCards, and the
+// embedding alone would hide its method.
+func (c *crashAfter) SetJobCards(ctx context.Context, cards [][]byte) error {
+	return c.SubDevice.(sdi.JobCards).SetJobCards(ctx, cards)
+}
+
 func (c *crashAfter) Send(f *sdi.Frame) (bool, error) {
 	if c.left.Add(-1) < 0 {
 		os.Exit(7)

@@ -92,6 +92,12 @@ func (s *server) Open(ctx context.Context, req *sdiv1.Open_Request) (*sdiv1.Open
 	if err != nil {
 		return nil, toStatus(err)
 	}
+	// A flag whose interface is missing would fail only later, on the
+	// host, as "unsupported"; say what is wrong while it is clear.
+	if err := flagsImplemented(s.sd, local.Caps.Flags); err != nil {
+		s.sd.Close(ctx)
+		return nil, toStatus(err)
+	}
 	s.opened = true
 	s.caps = local.Caps
 	// The host fits the caps to its data plane the same way; records
@@ -386,4 +392,16 @@ func (h *serverHandler) SendDone(token uint64, err error) {
 
 func (h *serverHandler) PeerDown(peer sdi.Rank, err error) {
 	(*server)(h).peerDown(peer, err)
+}
+
+// flagsImplemented checks that sd implements the optional interfaces its
+// capability flags promise.
+func flagsImplemented(sd sdi.SubDevice, f sdi.Flag) error {
+	if _, ok := sd.(sdi.JobCards); f.Has(sdi.FlagJobCards) && !ok {
+		return fmt.Errorf("sdi/plugin: open: the subdevice declares FlagJobCards but does not implement sdi.JobCards: %w", sdi.ErrUnsupported)
+	}
+	if _, ok := sd.(sdi.Poller); f.Has(sdi.FlagPoll) && !ok {
+		return fmt.Errorf("sdi/plugin: open: the subdevice declares FlagPoll but does not implement sdi.Poller: %w", sdi.ErrUnsupported)
+	}
+	return nil
 }
