@@ -27,7 +27,8 @@
 // goroutine.
 //
 // When a rank sleeps. The loop polls back to back for 100 µs, then yields
-// the processor (runtime.Gosched) between polls up to 2 ms, then parks on
+// the processor (runtime.Gosched and sched_yield, so a peer process on the
+// same core can run) between polls up to 2 ms, then parks on
 // the request's channel. A request whose routes have no pollable
 // subdevice (tcp today) parks at once. So a rank blocked in Recv spends at
 // most 2 ms of CPU per call and then none.

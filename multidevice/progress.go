@@ -6,14 +6,15 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // How long a waiting goroutine drives progress before it parks: spinFor of
-// back-to-back polls, then polls with runtime.Gosched between them until
-// spinTotal. spinTotal is longer than the shm progress goroutine's nap, so
+// back-to-back polls, then polls with a yield of the processor between them
+// until spinTotal. spinTotal is longer than the shm progress goroutine's nap, so
 // that its hand-over to a parked waiter is rarely on a message's path, and
 // short enough that a rank blocked for long burns a negligible share of a
 // core (it parks after 2 ms, whatever the wait).
@@ -84,6 +85,7 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 		}
 		if yield {
 			runtime.Gosched()
+			osYield()
 		}
 		if i%spinCheckEvery == 0 {
 			if i == 0 {
@@ -98,6 +100,13 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 		}
 	}
 }
+
+// osYield gives the processor to another runnable thread, of this process
+// or another (sched_yield). runtime.Gosched alone only lets other
+// goroutines run; on a machine with fewer cores than spinning ranks, the
+// peer a rank waits for may be waiting for this core. The call does not
+// block, so it bypasses the Go scheduler's system-call bookkeeping.
+func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // stopSpinning ends a spin. If frames are queued, the outbox goroutine
 // takes over; push skipped waking it while this goroutine was sending.

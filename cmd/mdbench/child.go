@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -17,6 +19,10 @@ import (
 // childEnv carries a rank's job (JSON) from the launching mdbench to the
 // ranks it starts; its presence makes main run a rank.
 const childEnv = "MDBENCH_CHILD"
+
+// profileEnv names a directory where every rank writes a CPU profile,
+// rank<N>.<pid>.pprof, for `go tool pprof`.
+const profileEnv = "MDBENCH_CPUPROFILE"
 
 // resultPrefix starts every result line a rank prints on stdout.
 const resultPrefix = "MDBENCH "
@@ -53,6 +59,14 @@ func childMain() int {
 	emit := func(s sample) {
 		b, _ := json.Marshal(s) // a struct of plain fields always marshals
 		fmt.Printf("%s%s\n", resultPrefix, b)
+	}
+	if dir := os.Getenv(profileEnv); dir != "" {
+		stop, err := startProfile(dir)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "mdbench rank: %v\n", err)
+			return 1
+		}
+		defer stop()
 	}
 	var err error
 	if j.Direct {
@@ -129,6 +143,18 @@ func runMultidevice(ctx context.Context, j childJob, logger hclog.Logger, emit f
 		}
 	}
 	return w.Finalize(ctx)
+}
+
+func startProfile(dir string) (func(), error) {
+	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("rank%s.%d.pprof", os.Getenv("MDRUN_RANK"), os.Getpid())))
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // cpuTime is the user plus system time this process has used so far.
