@@ -2,9 +2,12 @@ package multidevice
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // outbox is the engine's queue: frames a subdevice refused with
@@ -74,6 +77,14 @@ func (o *outbox) pass() (blocked, idle bool) {
 	o.items = nil
 	o.mu.Unlock()
 
+	// Once a link would block, later frames for it wait their turn
+	// without being tried: a full ring or socket stays full for the rest
+	// of the pass, and trying costs a Send per queued frame.
+	type link struct {
+		sub  *subdev
+		peer sdi.Rank
+	}
+	var full []link
 	var kept []outItem
 	for _, it := range items {
 		if it.fn != nil {
@@ -84,7 +95,11 @@ func (o *outbox) pass() (blocked, idle bool) {
 			o.d.finishFrame(it.frame, ErrClosed)
 			continue
 		}
-		if !o.d.trySend(it.sub, it.frame, false) {
+		l := link{it.sub, it.frame.f.Peer}
+		if slices.Contains(full, l) || !o.d.trySend(it.sub, it.frame, false) {
+			if !slices.Contains(full, l) {
+				full = append(full, l)
+			}
 			kept = append(kept, it)
 		}
 	}

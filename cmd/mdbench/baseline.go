@@ -6,9 +6,11 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -98,21 +100,31 @@ func (m mpi) runBaseline(ctx context.Context, n int, sub string, scale float64, 
 	if err != nil {
 		return nil, fmt.Errorf("%s: %s: %v: %s", m.name, strings.Join(cmd.Args, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
+	samples, err := parseOSU(out)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", m.name, err)
+	}
+	return samples, nil
+}
+
+// parseOSU reads the osu program's lines, "<test> <size> <value>"; lines
+// of another shape (an MPI's own chatter) are skipped.
+func parseOSU(out []byte) ([]sample, error) {
 	var samples []sample
 	sc := bufio.NewScanner(bytes.NewReader(out))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
-		if len(f) != 3 {
+		if len(f) != 3 || !slices.Contains(allTests, f[0]) {
 			continue
 		}
 		size, err1 := strconv.Atoi(f[1])
 		v, err2 := strconv.ParseFloat(f[2], 64)
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("%s: cannot parse line %q", m.name, sc.Text())
+		if err1 != nil || err2 != nil || size < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("cannot parse osu line %q", sc.Text())
 		}
 		samples = append(samples, sample{Test: f[0], Size: size, Value: v})
 	}
-	return samples, nil
+	return samples, sc.Err()
 }
 
 func contains(list []string, s string) bool {

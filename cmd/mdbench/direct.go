@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,6 +24,9 @@ import (
 // counters otherwise. The difference to the multidevice figures is what
 // the multidevice costs.
 const (
+	// spinFor matches the multidevice's back-to-back polling phase.
+	spinFor = 100 * time.Microsecond
+
 	frameData byte = 0
 	frameAck  byte = 1
 )
@@ -167,13 +171,28 @@ func runDirect(ctx context.Context, j childJob, logger hclog.Logger, emit func(s
 	return boot.Fence(ctx) // nobody closes while the peer still reads
 }
 
-// await drives progress until cond holds.
+// await drives progress until cond holds, with the multidevice's waiting
+// policy minus the parking: polls back to back for spinFor, then a yield of
+// the processor between polls (a machine with fewer cores than spinning
+// ranks otherwise stalls), so that the two modes differ only in what the
+// multidevice does per message.
 func (d *directRank) await(ctx context.Context, cond func() bool) error {
+	var start time.Time
+	yield := false
 	for i := 0; !cond(); i++ {
 		if d.poller != nil {
 			d.poller.Poll()
-		} else {
+		}
+		if yield || d.poller == nil {
 			runtime.Gosched()
+			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		}
+		if i%16 == 0 {
+			if i == 0 {
+				start = time.Now()
+			} else {
+				yield = time.Since(start) > spinFor
+			}
 		}
 		if i%4096 == 4095 {
 			if err := ctx.Err(); err != nil {

@@ -73,7 +73,7 @@ func launch(ctx context.Context, n int, j childJob, logger hclog.Logger) ([]samp
 		}
 		cmds = append(cmds, cmd)
 		go func() {
-			got, perr := readSamples(out)
+			got, perr := readSamples(out, os.Stderr)
 			mu.Lock()
 			samples = append(samples, got...)
 			mu.Unlock()
@@ -101,15 +101,15 @@ func launch(ctx context.Context, n int, j childJob, logger hclog.Logger) ([]samp
 }
 
 // readSamples parses the result lines of a rank's stdout and passes other
-// lines on to our stderr.
-func readSamples(r io.Reader) ([]sample, error) {
+// lines on to other.
+func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
 	var out []sample
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		line := sc.Text()
 		rest, ok := strings.CutPrefix(line, resultPrefix)
 		if !ok {
-			fmt.Fprintln(os.Stderr, line)
+			fmt.Fprintln(other, line)
 			continue
 		}
 		var s sample
