@@ -87,8 +87,10 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 			runtime.Gosched()
 			osYield()
 		}
-		if i%spinCheckEvery == 0 {
-			if i == 0 {
+		// The clock is read only once a wait lasts a few rounds: most
+		// waits on a busy link end before that.
+		if i%spinCheckEvery == spinCheckEvery-1 {
+			if start.IsZero() {
 				start = time.Now()
 				continue
 			}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -68,18 +69,25 @@ func buildBaselines(ctx context.Context, want []string, dir string) ([]mpi, []st
 // command returns the launch of the osu program on n ranks over the
 // transport matching sub: MPICH's and Open MPI's shared memory by default,
 // their TCP paths over loopback for sub "tcp".
-func (m mpi) command(ctx context.Context, n int, sub string, scale float64, args ...string) *exec.Cmd {
+//
+// With bind set and no more ranks than CPUs, ranks are bound to cores, as
+// mdbench binds its own; otherwise binding is off for both.
+func (m mpi) command(ctx context.Context, n int, sub string, bind bool, scale float64, args ...string) *exec.Cmd {
 	var argv []string
 	env := append(os.Environ(), "OSU_SCALE="+strconv.FormatFloat(scale, 'g', -1, 64))
+	binding := "none"
+	if bind && n <= runtime.NumCPU() {
+		binding = "core"
+	}
 	switch m.name {
 	case "mpich":
-		argv = []string{"-n", strconv.Itoa(n)}
+		argv = []string{"-bind-to", binding, "-n", strconv.Itoa(n)}
 		if sub == "tcp" {
 			// ch4:ucx: route local ranks through the netmod, and UCX over TCP.
 			env = append(env, "MPIR_CVAR_NOLOCAL=1", "UCX_TLS=tcp,self")
 		}
 	case "openmpi":
-		argv = []string{"--allow-run-as-root", "--oversubscribe", "-x", "OSU_SCALE", "-n", strconv.Itoa(n)}
+		argv = []string{"--allow-run-as-root", "--oversubscribe", "--bind-to", binding, "-x", "OSU_SCALE", "-n", strconv.Itoa(n)}
 		if sub == "tcp" {
 			argv = append(argv, "--mca", "pml", "ob1", "--mca", "btl", "self,tcp")
 		}
@@ -92,8 +100,8 @@ func (m mpi) command(ctx context.Context, n int, sub string, scale float64, args
 }
 
 // runBaseline runs one test of the osu program and parses its lines.
-func (m mpi) runBaseline(ctx context.Context, n int, sub string, scale float64, args ...string) ([]sample, error) {
-	cmd := m.command(ctx, n, sub, scale, args...)
+func (m mpi) runBaseline(ctx context.Context, n int, sub string, bind bool, scale float64, args ...string) ([]sample, error) {
+	cmd := m.command(ctx, n, sub, bind, scale, args...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()

@@ -8,6 +8,8 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -19,7 +21,10 @@ import (
 
 // launch starts n ranks of this program for job j, with a rendezvous
 // service of its own (as mdrun does), and returns the samples they printed.
-func launch(ctx context.Context, n int, j childJob, logger hclog.Logger) ([]sample, error) {
+// With bind set and no more ranks than CPUs, rank r is bound to CPU r:
+// freshly started processes otherwise often share a CPU until the kernel
+// balances them, which wrecks a ping-pong of spinning ranks.
+func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logger) ([]sample, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("find own executable: %w", err)
@@ -58,6 +63,9 @@ func launch(ctx context.Context, n int, j childJob, logger hclog.Logger) ([]samp
 	for r := range n {
 		cmd := exec.CommandContext(ctx, self)
 		cmd.Env = append(append(os.Environ(), srv.Env(r)...), childEnv+"="+string(cfg))
+		if bind && n <= runtime.NumCPU() {
+			cmd.Env = append(cmd.Env, cpuEnv+"="+strconv.Itoa(r))
+		}
 		cmd.Stderr = os.Stderr // ranks are quiet unless MD_LOG_LEVEL says otherwise
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()

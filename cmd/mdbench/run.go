@@ -45,6 +45,7 @@ type options struct {
 	conntable string
 	direct    bool
 	baseline  bool
+	bind      bool
 	mpis      []string
 	reps      int
 	window    int
@@ -71,6 +72,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.plugins, "plugins", "", "plugins.hcl choosing the subdevices, instead of -sub")
 	fs.StringVar(&o.conntable, "conntable", "", "connection table (file, or directory of <host>.json) choosing the routes")
 	fs.BoolVar(&o.direct, "direct", false, "also drive the subdevice through the SDI alone, without the multidevice (series \"direct\"; lat, bw, bibw)")
+	fs.BoolVar(&o.bind, "bind", true, "bind rank r to CPU r when there are no more ranks than CPUs (and tell the MPIs to bind to cores), as OSU runs usually are")
 	fs.BoolVar(&o.baseline, "baseline", false, "also build baseline/osu.c with each MPI of -mpi found here and run it, interleaved")
 	mpiList := fs.String("mpi", "mpich,openmpi", "MPI implementations for -baseline")
 	fs.IntVar(&o.reps, "reps", 10, "repetitions")
@@ -258,7 +260,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		if len(two) > 0 {
 			j := job
 			j.Tests = two
-			s, err := launch(ctx, 2, j, logger)
+			s, err := launch(ctx, 2, j, o.bind, logger)
 			if err != nil {
 				return nil, err
 			}
@@ -267,7 +269,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		if len(rate) > 0 {
 			j := job
 			j.Tests = rate
-			s, err := launch(ctx, 2*o.pairs, j, logger)
+			s, err := launch(ctx, 2*o.pairs, j, o.bind, logger)
 			if err != nil {
 				return nil, err
 			}
@@ -280,7 +282,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			steps = append(steps, step{"direct", func() ([]sample, error) {
 				j := job
 				j.Tests, j.Direct = d, true
-				return launch(ctx, 2, j, logger)
+				return launch(ctx, 2, j, o.bind, logger)
 			}})
 		}
 	}
@@ -298,7 +300,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 				for _, s := range o.sizes {
 					args = append(args, strconv.Itoa(s))
 				}
-				s, err := m.runBaseline(ctx, n, o.sub, o.scale, args...)
+				s, err := m.runBaseline(ctx, n, o.sub, o.bind, o.scale, args...)
 				if err != nil {
 					return nil, err
 				}
@@ -335,13 +337,13 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		fmt.Fprintf(stderr, "mdbench: idle: a rank blocks in Recv for %gs\n", o.seconds)
 		j := job
 		j.Tests = []string{"idle"}
-		s, err := launch(ctx, 2, j, logger)
+		s, err := launch(ctx, 2, j, o.bind, logger)
 		if err != nil {
 			return nil, fmt.Errorf("idle: %w", err)
 		}
 		col.add(ours, s)
 		for _, m := range mpis {
-			s, err := m.runBaseline(ctx, 2, o.sub, 1, "idle", strconv.FormatFloat(o.seconds, 'f', 0, 64))
+			s, err := m.runBaseline(ctx, 2, o.sub, o.bind, 1, "idle", strconv.FormatFloat(o.seconds, 'f', 0, 64))
 			if err != nil {
 				return nil, fmt.Errorf("idle: %w", err)
 			}
