@@ -71,7 +71,7 @@ type Device struct {
 	mu         sync.Mutex
 	posted     []*Request
 	unexpected []*inMsg
-	freeMsgs   []*inMsg // recycled unexpected messages: match.go
+	freeMsgs   []*inMsg            // recycled unexpected messages: match.go
 	recvSeq    []uint64            // [source] next expected sequence number
 	ooo        []map[uint64]*inMsg // [source] arrived early
 	rndvSend   map[uint64]*Request // sends waiting for clear-to-send, by request id

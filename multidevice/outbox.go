@@ -24,10 +24,10 @@ type outbox struct {
 	queued  atomic.Int64 // len(items), readable without mu
 	mu      sync.Mutex
 	items   []outItem
-	wake  chan struct{} // capacity 1: "the queue or a subdevice changed"
-	quit  chan struct{}
-	empty *sync.Cond // signalled when items becomes empty
-	once  sync.Once
+	wake    chan struct{} // capacity 1: "the queue or a subdevice changed"
+	quit    chan struct{}
+	empty   *sync.Cond // signalled when items becomes empty
+	once    sync.Once
 }
 
 type outItem struct {

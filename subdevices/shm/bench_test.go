@@ -102,8 +102,8 @@ type copyHandler struct {
 func (h *copyHandler) Deliver(_ sdi.Rank, _, payload []byte) {
 	h.n.Add(int64(copy(h.buf, payload)))
 }
-func (h *copyHandler) SendDone(uint64, error)                {}
-func (h *copyHandler) PeerDown(sdi.Rank, error)              {}
+func (h *copyHandler) SendDone(uint64, error)   {}
+func (h *copyHandler) PeerDown(sdi.Rank, error) {}
 
 // BenchmarkSendPollOneGoroutine sends a frame from rank 0 to rank 1 and
 // polls rank 1 until it is delivered, on one goroutine: the subdevice's own
