@@ -59,19 +59,21 @@ func (o *outbox) push(it outItem) {
 }
 
 // help sends what is queued on the calling goroutine, unless the outbox
-// goroutine is at it. It must not be called from a Handler callback.
-func (o *outbox) help() {
+// goroutine is at it, and returns how many items left the queue. It must
+// not be called from a Handler callback.
+func (o *outbox) help() int {
 	if o.queued.Load() == 0 || !o.drainMu.TryLock() {
-		return
+		return 0
 	}
-	o.pass()
+	sent, _, _ := o.pass()
 	o.drainMu.Unlock()
+	return sent
 }
 
 // pass tries every queued item once, in order, and keeps those that would
-// block at the front of the queue. It reports whether some did and whether
-// the queue is now empty. The caller holds drainMu.
-func (o *outbox) pass() (blocked, idle bool) {
+// block at the front of the queue. It reports how many left, whether some
+// were kept and whether the queue is now empty. The caller holds drainMu.
+func (o *outbox) pass() (sent int, blocked, idle bool) {
 	o.mu.Lock()
 	items := o.items
 	o.items = nil
@@ -112,7 +114,7 @@ func (o *outbox) pass() (blocked, idle bool) {
 		o.empty.Broadcast()
 	}
 	o.mu.Unlock()
-	return len(kept) > 0, idle
+	return len(items) - len(kept), len(kept) > 0, idle
 }
 
 func (o *outbox) kick() {
@@ -150,7 +152,7 @@ func (o *outbox) run(wg *sync.WaitGroup) {
 	defer timer.Stop()
 	for {
 		o.drainMu.Lock()
-		blocked, idle := o.pass()
+		_, blocked, idle := o.pass()
 		o.drainMu.Unlock()
 
 		if !blocked {
