@@ -116,11 +116,11 @@ func (c *Comm) isend(buf []byte, dest, tag int, sync bool) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := c.w.dev.Isend(buf, d, tag, c.context, sync)
-	if err != nil {
+	q := &Request{c: c}
+	if err := c.w.dev.IsendRequest(&q.r, buf, d, tag, c.context, sync); err != nil {
 		return nil, fmt.Errorf("adi: send to rank %d: %w", dest, err)
 	}
-	return &Request{r: r, c: c}, nil
+	return q, nil
 }
 
 // Send sends buf to rank dest with tag and returns when buf may be reused.
@@ -152,11 +152,11 @@ func (c *Comm) Irecv(buf []byte, source, tag int) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := c.w.dev.Irecv(buf, s, tag, c.context)
-	if err != nil {
+	q := &Request{c: c}
+	if err := c.w.dev.IrecvRequest(&q.r, buf, s, tag, c.context); err != nil {
 		return nil, fmt.Errorf("adi: receive from rank %d: %w", source, err)
 	}
-	return &Request{r: r, c: c}, nil
+	return q, nil
 }
 
 // Recv receives one message into buf. When ctx ends first the receive is

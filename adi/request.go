@@ -11,7 +11,7 @@ import (
 // Request is a nonblocking operation. Its methods are safe for concurrent
 // use.
 type Request struct {
-	r *multidevice.Request
+	r multidevice.Request // by value: one allocation per operation
 	c *Comm
 }
 
@@ -39,11 +39,27 @@ func (q *Request) Test() (Status, bool, error) {
 // Cancel asks to cancel the request. A receive that has not matched yet
 // completes with ErrCanceled and Status.Cancelled; a matched receive or a
 // send completes normally (as MPI allows).
-func (q *Request) Cancel() { q.c.w.dev.Cancel(q.r) }
+func (q *Request) Cancel() { q.c.w.dev.Cancel(&q.r) }
 
 // WaitAll waits for every request. It returns all statuses and the errors
 // joined, each naming the request's index.
+//
+// The calling goroutine drives progress for all of them at once before it
+// waits for each in turn, so that frames queued for several requests keep
+// moving without a hand-over to a background goroutine between requests.
 func WaitAll(ctx context.Context, reqs ...*Request) ([]Status, error) {
+	if len(reqs) > 0 {
+		next := 0
+		reqs[0].c.w.dev.Progress(func() bool {
+			for next < len(reqs) {
+				if _, done, _ := reqs[next].r.Test(); !done {
+					return false
+				}
+				next++
+			}
+			return true
+		})
+	}
 	sts := make([]Status, len(reqs))
 	var errs []error
 	for i, q := range reqs {

@@ -32,7 +32,7 @@ func TestShmOrderUnderPolling(t *testing.T) {
 	const msgs = 600
 	cs := shmJob(t, 3)
 	ctx := ctxT(t)
-	size := func(src, i int) int { return (i*7919 + src*13) % (40 << 10) } // eager limit is 16 KiB
+	size := func(src, i int) int { return (i*7919 + src*13) % (160 << 10) } // eager limit is 64 KiB
 	payload := func(src, i int) []byte {
 		b := make([]byte, max(8, size(src, i)))
 		binary.LittleEndian.PutUint32(b, uint32(i))
@@ -53,7 +53,7 @@ func TestShmOrderUnderPolling(t *testing.T) {
 		})
 	}
 	next := []int{0, 0, 0}
-	buf := make([]byte, 64<<10)
+	buf := make([]byte, 160<<10)
 	for range 2 * msgs {
 		st, err := cs[0].Recv(ctx, buf, adi.AnySource, 3)
 		if err != nil {

@@ -241,6 +241,7 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		}
 		hosts[r] = string(h)
 	}
+	d.noteHosts(hosts) // progress.go
 	return d.route(ctx, o.Table, hosts)
 }
 
@@ -576,5 +577,7 @@ func (d *Device) failAll(err error) {
 }
 
 func (d *Device) newRequest(send bool, peer int32) *Request {
-	return &Request{d: d, id: d.nextID.Add(1), send: send, peer: peer, atSub: -1}
+	r := new(Request)
+	d.initRequest(r, send, peer)
+	return r
 }

@@ -26,11 +26,14 @@
 // a goroutine polls like this, queuing a frame does not wake the outbox
 // goroutine.
 //
-// When a rank sleeps. The loop polls back to back for 100 µs, then yields
-// the processor (runtime.Gosched) between polls up to 2 ms, then parks on
+// When a rank sleeps. Counting from the last frame it delivered or sent,
+// the loop polls back to back for 100 µs, then yields
+// the processor (runtime.Gosched and sched_yield, so a peer process on the
+// same core can run) between polls up to 2 ms, then parks on
 // the request's channel. A request whose routes have no pollable
-// subdevice (tcp today) parks at once. So a rank blocked in Recv spends at
-// most 2 ms of CPU per call and then none.
+// subdevice (tcp today) parks at once. So a rank blocked in Recv with
+// nothing arriving spends at most 2 ms of CPU per call and then none. On a host with more ranks than
+// CPUs the loop yields between polls from the start.
 //
 // What wakes it. Each subdevice keeps its own goroutines for the time
 // nobody polls: shm's progress goroutine naps while Poll calls keep coming

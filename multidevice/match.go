@@ -61,7 +61,7 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 		if r.claim != nil {
 			r.claim.TryClaim(claimOwn) // no copy exists yet: always wins
 		}
-		d.unexpected = slices.Delete(d.unexpected, i, i+1)
+		d.unexpected = removeAt(d.unexpected, i)
 		d.deliverLocked(r, &m.h, m.data)
 		d.freeMsgLocked(m)
 		d.mu.Unlock()
@@ -119,9 +119,25 @@ func (d *Device) dropCopies(r *Request, winner int) {
 	}
 }
 
+// removeAt removes q[i], keeping order. Matching mostly takes the oldest
+// entry, which is removed by reslicing instead of moving every pointer
+// after it (a memmove of pointers pays a GC write barrier per element).
+// An emptied queue goes back to the start of its array, so that a queue
+// that keeps draining never reallocates.
+func removeAt[T any](q []*T, i int) []*T {
+	if i == 0 {
+		q[0] = nil
+		if len(q) == 1 {
+			return q[:0]
+		}
+		return q[1:]
+	}
+	return slices.Delete(q, i, i+1)
+}
+
 func (d *Device) removePostedLocked(r *Request) bool {
 	if i := slices.Index(d.posted, r); i >= 0 {
-		d.posted = slices.Delete(d.posted, i, i+1)
+		d.posted = removeAt(d.posted, i)
 		return true
 	}
 	return false
@@ -205,7 +221,7 @@ func (d *Device) matchLocked(h *header, payload []byte) {
 			i++
 			continue
 		}
-		d.posted = slices.Delete(d.posted, i, i+1)
+		d.posted = removeAt(d.posted, i)
 		if r.claim != nil && !r.claim.TryClaim(claimOwn) {
 			continue // a matching subdevice or Cancel won this receive
 		}

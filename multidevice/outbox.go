@@ -2,9 +2,12 @@ package multidevice
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // outbox is the engine's queue: frames a subdevice refused with
@@ -21,10 +24,10 @@ type outbox struct {
 	queued  atomic.Int64 // len(items), readable without mu
 	mu      sync.Mutex
 	items   []outItem
-	wake  chan struct{} // capacity 1: "the queue or a subdevice changed"
-	quit  chan struct{}
-	empty *sync.Cond // signalled when items becomes empty
-	once  sync.Once
+	wake    chan struct{} // capacity 1: "the queue or a subdevice changed"
+	quit    chan struct{}
+	empty   *sync.Cond // signalled when items becomes empty
+	once    sync.Once
 }
 
 type outItem struct {
@@ -56,24 +59,34 @@ func (o *outbox) push(it outItem) {
 }
 
 // help sends what is queued on the calling goroutine, unless the outbox
-// goroutine is at it. It must not be called from a Handler callback.
-func (o *outbox) help() {
+// goroutine is at it, and returns how many items left the queue. It must
+// not be called from a Handler callback.
+func (o *outbox) help() int {
 	if o.queued.Load() == 0 || !o.drainMu.TryLock() {
-		return
+		return 0
 	}
-	o.pass()
+	sent, _, _ := o.pass()
 	o.drainMu.Unlock()
+	return sent
 }
 
 // pass tries every queued item once, in order, and keeps those that would
-// block at the front of the queue. It reports whether some did and whether
-// the queue is now empty. The caller holds drainMu.
-func (o *outbox) pass() (blocked, idle bool) {
+// block at the front of the queue. It reports how many left, whether some
+// were kept and whether the queue is now empty. The caller holds drainMu.
+func (o *outbox) pass() (sent int, blocked, idle bool) {
 	o.mu.Lock()
 	items := o.items
 	o.items = nil
 	o.mu.Unlock()
 
+	// Once a link would block, later frames for it wait their turn
+	// without being tried: a full ring or socket stays full for the rest
+	// of the pass, and trying costs a Send per queued frame.
+	type link struct {
+		sub  *subdev
+		peer sdi.Rank
+	}
+	var full []link
 	var kept []outItem
 	for _, it := range items {
 		if it.fn != nil {
@@ -84,7 +97,11 @@ func (o *outbox) pass() (blocked, idle bool) {
 			o.d.finishFrame(it.frame, ErrClosed)
 			continue
 		}
-		if !o.d.trySend(it.sub, it.frame, false) {
+		l := link{it.sub, it.frame.f.Peer}
+		if slices.Contains(full, l) || !o.d.trySend(it.sub, it.frame, false) {
+			if !slices.Contains(full, l) {
+				full = append(full, l)
+			}
 			kept = append(kept, it)
 		}
 	}
@@ -97,7 +114,7 @@ func (o *outbox) pass() (blocked, idle bool) {
 		o.empty.Broadcast()
 	}
 	o.mu.Unlock()
-	return len(kept) > 0, idle
+	return len(items) - len(kept), len(kept) > 0, idle
 }
 
 func (o *outbox) kick() {
@@ -135,7 +152,7 @@ func (o *outbox) run(wg *sync.WaitGroup) {
 	defer timer.Stop()
 	for {
 		o.drainMu.Lock()
-		blocked, idle := o.pass()
+		_, blocked, idle := o.pass()
 		o.drainMu.Unlock()
 
 		if !blocked {

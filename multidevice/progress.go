@@ -6,17 +6,20 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
-// How long a waiting goroutine drives progress before it parks: spinFor of
-// back-to-back polls, then polls with runtime.Gosched between them until
-// spinTotal. spinTotal is longer than the shm progress goroutine's nap, so
-// that its hand-over to a parked waiter is rarely on a message's path, and
-// short enough that a rank blocked for long burns a negligible share of a
-// core (it parks after 2 ms, whatever the wait).
+// How long a waiting goroutine drives progress without anything happening
+// before it parks: spinFor of back-to-back polls, then polls with a yield
+// of the processor between them until spinTotal. Any frame delivered or
+// sent restarts the clock, so a wait during which data flows (a window of
+// large messages) keeps driving it. spinTotal is longer than the shm
+// progress goroutine's nap, so that its hand-over to a parked waiter is
+// rarely on a message's path, and short enough that a rank blocked on
+// nothing burns a negligible share of a core (it parks after 2 ms).
 const (
 	spinFor   = 100 * time.Microsecond
 	spinTotal = 2 * time.Millisecond
@@ -33,6 +36,21 @@ type progressState struct {
 	// frames are sent by it and the outbox goroutine is not woken.
 	spinners atomic.Int32
 	reqs     sync.Pool // *Request, for the blocking Send and Recv
+	// crowded is set when this host runs more ranks than it has CPUs: a
+	// waiter then yields between polls from the start, since the peer it
+	// waits for may need this very core (Open MPI's yield_when_idle).
+	crowded bool
+}
+
+// noteHosts records how crowded this rank's host is.
+func (d *Device) noteHosts(hosts []string) {
+	local := 0
+	for _, h := range hosts {
+		if h == hosts[d.rank] {
+			local++
+		}
+	}
+	d.prog.crowded = local > runtime.NumCPU()
 }
 
 // initPolling finds the pollable subdevices once routes are known.
@@ -79,20 +97,27 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 	d.prog.spinners.Add(1)
 	defer d.stopSpinning()
 	var start time.Time
-	yield := false
+	yield := d.prog.crowded
 	for i := 0; ; i++ {
+		n := 0
 		for _, p := range pollers {
-			p.Poll()
+			n += p.Poll()
 		}
-		d.out.help()
+		n += d.out.help() // what the handlers queued in reply
 		if done() {
 			return true
 		}
+		if n > 0 && !start.IsZero() {
+			start, yield = time.Time{}, d.prog.crowded // restart the clock at the next check
+		}
 		if yield {
 			runtime.Gosched()
+			osYield()
 		}
-		if i%spinCheckEvery == 0 {
-			if i == 0 {
+		// The clock is read only once a wait lasts a few rounds: most
+		// waits on a busy link end before that.
+		if i%spinCheckEvery == spinCheckEvery-1 {
+			if start.IsZero() {
 				start = time.Now()
 				continue
 			}
@@ -100,10 +125,17 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 			if el > spinTotal {
 				return false
 			}
-			yield = el > spinFor
+			yield = yield || el > spinFor
 		}
 	}
 }
+
+// osYield gives the processor to another runnable thread, of this process
+// or another (sched_yield). runtime.Gosched alone only lets other
+// goroutines run; on a machine with fewer cores than spinning ranks, the
+// peer a rank waits for may be waiting for this core. The call does not
+// block, so it bypasses the Go scheduler's system-call bookkeeping.
+func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // stopSpinning ends a spin. If frames are queued, the outbox goroutine
 // takes over; push skipped waking it while this goroutine was sending.
@@ -170,3 +202,24 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 // other than one request (WaitAny, Probe) call it before parking on
 // Changed. done must not block; it is called after every polling round.
 func (d *Device) Progress(done func() bool) bool { return d.spin(d.prog.pollers, done) }
+
+// IsendRequest is Isend into r, a zero Request the caller allocated, so
+// that a layer above can embed the request in its own without a second
+// allocation per operation. r must not be used for anything else.
+func (d *Device) IsendRequest(r *Request, buf []byte, dst, tag int, context uint64, sync bool) error {
+	d.initRequest(r, true, int32(dst))
+	_, err := d.isend(r, buf, dst, tag, context, sync)
+	return err
+}
+
+// IrecvRequest is Irecv into r, a zero Request the caller allocated; see
+// IsendRequest.
+func (d *Device) IrecvRequest(r *Request, buf []byte, src, tag int, context uint64) error {
+	d.initRequest(r, false, int32(src))
+	_, err := d.irecv(r, buf, src, tag, context)
+	return err
+}
+
+func (d *Device) initRequest(r *Request, send bool, peer int32) {
+	r.d, r.id, r.send, r.peer, r.atSub = d, d.nextID.Add(1), send, peer, -1
+}

@@ -3,6 +3,7 @@ package multidevice
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 
@@ -48,7 +49,8 @@ type Request struct {
 	state  atomic.Int32 // reqPending, reqCompleting, reqDone
 	chMu   sync.Mutex
 	ch     chan struct{} // made by Done on demand, closed by complete
-	status Status        // written once before state becomes reqDone
+	closed bool          // under chMu: complete has closed ch or will not make one
+	status Status        // written once before ch closes and state becomes reqDone
 	err    error
 
 	// Receive side, guarded by Device.mu until matched.
@@ -73,10 +75,10 @@ type Request struct {
 func (r *Request) Done() <-chan struct{} {
 	r.chMu.Lock()
 	defer r.chMu.Unlock()
+	if r.closed {
+		return closedChan
+	}
 	if r.ch == nil {
-		if r.state.Load() == reqDone {
-			return closedChan
-		}
 		r.ch = make(chan struct{})
 	}
 	return r.ch
@@ -112,6 +114,11 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		case <-ctx.Done():
 			return Status{}, fmt.Errorf("multidevice: wait: %w", ctx.Err())
 		}
+		// The completer closes the channel just before it stores reqDone;
+		// callers may rely on Test reporting done once Wait returned.
+		for !r.isDone() {
+			runtime.Gosched()
+		}
 	}
 	return r.status, r.err
 }
@@ -130,14 +137,16 @@ func (r *Request) complete(st Status, err error) bool {
 	if !r.state.CompareAndSwap(reqPending, reqCompleting) {
 		return false
 	}
-	d := r.d // r may be reused once reqDone is visible
+	d := r.d
 	r.status, r.err = st, err
 	r.chMu.Lock()
-	r.state.Store(reqDone)
+	r.closed = true
 	if r.ch != nil {
 		close(r.ch)
 	}
 	r.chMu.Unlock()
+	// The last touch of r: its owner may recycle it once it sees reqDone.
+	r.state.Store(reqDone)
 	d.notifyAll()
 	return true
 }
@@ -164,12 +173,10 @@ func (r *Request) reusable() bool {
 	return r.isDone() && r.claim == nil && r.atSub < 0
 }
 
-// reset readies a completed request for reuse by the device's pool. chMu
-// waits out a complete that has published reqDone but not yet unlocked.
+// reset readies a completed request for reuse by the device's pool. The
+// completer stored reqDone last, so nobody else touches r any more.
 func (r *Request) reset() {
-	r.chMu.Lock()
-	r.ch = nil
-	r.chMu.Unlock()
+	r.ch, r.closed = nil, false
 	r.id, r.send, r.peer = 0, false, 0
 	r.status, r.err = Status{}, nil
 	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1

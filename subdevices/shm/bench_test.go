@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -88,5 +89,37 @@ func BenchmarkStream(b *testing.B) {
 			}
 			<-done
 		})
+	}
+}
+
+// copyHandler copies each payload out, as a receiver's library would.
+// The progress goroutine may deliver too, hence the atomic count.
+type copyHandler struct {
+	buf []byte
+	n   atomic.Int64
+}
+
+func (h *copyHandler) Deliver(_ sdi.Rank, _, payload []byte) {
+	h.n.Add(int64(copy(h.buf, payload)))
+}
+func (h *copyHandler) SendDone(uint64, error)   {}
+func (h *copyHandler) PeerDown(sdi.Rank, error) {}
+
+// BenchmarkSendPollOneGoroutine sends a frame from rank 0 to rank 1 and
+// polls rank 1 until it is delivered, on one goroutine: the subdevice's own
+// cost per message, without waiting for another core.
+func BenchmarkSendPollOneGoroutine(b *testing.B) {
+	j := openJob(b, 2, jobOpts{})
+	h := &copyHandler{buf: make([]byte, 64)}
+	j.sds[1].(*device).handler = h
+	hdr := make([]byte, 64) // the multidevice's header size
+	f := &sdi.Frame{Peer: 1, Header: hdr, Payload: make([]byte, 8)}
+	p := j.sds[1].(sdi.Poller)
+	for b.Loop() {
+		want := h.n.Load() + 8
+		trySend(j.sds[0], f)
+		for h.n.Load() < want {
+			p.Poll()
+		}
 	}
 }

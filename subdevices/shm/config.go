@@ -19,8 +19,12 @@ const (
 
 // Caps this subdevice publishes, besides those derived from the ring size.
 const (
-	maxHeader   = 256
-	maxEager    = 16 << 10
+	maxHeader = 256
+	// maxEager: messages up to 64 KiB cost one trip through the ring
+	// rather than a rendezvous handshake (three); like MPICH's shared
+	// memory eager limit, it trades a buffered copy at an unready
+	// receiver for latency.
+	maxEager    = 64 << 10
 	exclusivity = 50
 )
 

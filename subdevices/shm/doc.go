@@ -104,7 +104,7 @@
 // once. Deliver gets slices that point into the ring; they are valid only
 // during the call.
 //
-// The progress goroutine naps (a 200 µs timed futex wait on a private word)
+// The progress goroutine naps (a 1 ms timed futex wait on a private word)
 // while Poll calls keep coming, so it does not spin beside the poller. When
 // no Poll came during a nap it polls itself: it spins for a while, then
 // polls with runtime.Gosched in between, then sleeps in futex_wait on the

@@ -28,8 +28,10 @@ const (
 	// a waiting goroutine drives the rings through Poll. It is also the
 	// longest a frame waits for the progress goroutine after the last
 	// poller gave up: the multidevice polls for longer than this before it
-	// parks, so that hand-over is rarely on a message's path.
-	napFor = 200 * time.Microsecond
+	// parks, so that hand-over is rarely on a message's path. Shorter naps
+	// mean more wake-ups, each of which can preempt a spinning rank on a
+	// machine with few cores.
+	napFor = time.Millisecond
 )
 
 // receiver is the receive-side state. Whoever holds device.rxMu owns it:
