@@ -13,7 +13,7 @@ type plainSub struct{ sdi.SubDevice }
 type fullSub struct{ sdi.SubDevice }
 
 func (fullSub) SetJobCards(context.Context, [][]byte) error { return nil }
-func (fullSub) Poll() int                                    { return 0 }
+func (fullSub) Poll() int                                   { return 0 }
 
 func TestFlagsImplemented(t *testing.T) {
 	for _, tc := range []struct {
