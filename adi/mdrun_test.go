@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/subdevices/shm"
 )
 
 // Multi-process jobs: the test binary re-executes itself as the ranks of a
@@ -46,6 +48,9 @@ func rankMain(role string) int {
 		}
 		if c.Rank() == 1 && role == "panic" {
 			panic("rank 1 gives up")
+		}
+		if c.Rank() == 0 {
+			fmt.Printf("jobid=%s\n", os.Getenv(bootstrap.EnvJobID))
 		}
 		// The others wait for a message that never comes; mdrun must end them.
 		_, err := c.Recv(ctx, make([]byte, 1), adi.AnySource, adi.AnyTag)
@@ -155,6 +160,16 @@ func TestJobsThroughMdrun(t *testing.T) {
 				if !strings.Contains(string(out), w) {
 					t.Errorf("output lacks %q:\n%s", w, out)
 				}
+			}
+			// Ranks that died never closed their shm segments; mdrun
+			// must have removed them, so a second sweep finds none.
+			if _, id, ok := strings.Cut(string(out), "[0] jobid="); ok {
+				id, _, _ = strings.Cut(id, "\n")
+				if n, err := shm.RemoveJobSegments(id); n != 0 || err != nil {
+					t.Errorf("%d shared-memory segments of job %q were left in /dev/shm (%v)", n, id, err)
+				}
+			} else if tc.wantStatus != 0 {
+				t.Errorf("rank 0 did not print its job id:\n%s", out)
 			}
 		})
 	}

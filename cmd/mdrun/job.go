@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/subdevices/shm"
 )
 
 // killGrace is how long ranks get to act on SIGTERM (or a forwarded
@@ -130,7 +131,20 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 			j.signalAll(syscall.SIGKILL)
 		}
 	}
+	j.removeSegments(srv.JobID())
 	return j.status
+}
+
+// removeSegments unlinks the shared-memory segments of ranks that died
+// before their Close; on other hosts that is left to the host.
+func (j *job) removeSegments(jobID string) {
+	n, err := shm.RemoveJobSegments(jobID)
+	if err != nil {
+		j.logger.Warn("could not remove the job's shared-memory segments", "error", err)
+	}
+	if n > 0 {
+		j.logger.Debug("removed shared-memory segments left by ranks that did not close", "count", n)
+	}
 }
 
 // size is the number of ranks of the job: the application's and the relays.
