@@ -135,12 +135,14 @@ func (c *Comm) Ssend(ctx context.Context, buf []byte, dest, tag int) error {
 }
 
 func (c *Comm) send(ctx context.Context, buf []byte, dest, tag int, sync bool) error {
-	r, err := c.isend(buf, dest, tag, sync)
+	d, err := c.dest(dest)
 	if err != nil {
 		return err
 	}
-	_, err = r.Wait(ctx)
-	return err
+	if err := c.w.dev.Send(ctx, buf, d, tag, c.context, sync); err != nil {
+		return fmt.Errorf("adi: send to rank %d: %w", dest, err)
+	}
+	return nil
 }
 
 // Irecv posts a receive into buf from rank source (or AnySource) with tag (or
@@ -157,17 +159,18 @@ func (c *Comm) Irecv(buf []byte, source, tag int) (*Request, error) {
 	return &Request{r: r, c: c}, nil
 }
 
-// Recv receives one message into buf.
+// Recv receives one message into buf. When ctx ends first the receive is
+// cancelled and Recv returns an error wrapping ctx.Err().
 func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, error) {
-	r, err := c.Irecv(buf, source, tag)
+	s, err := c.source(source)
 	if err != nil {
 		return Status{}, err
 	}
-	st, err := r.Wait(ctx)
-	if ctx.Err() != nil {
-		r.Cancel()
+	st, err := c.w.dev.Recv(ctx, buf, s, tag, c.context)
+	if err != nil {
+		return c.status(st), fmt.Errorf("adi: receive from rank %d: %w", source, err)
 	}
-	return st, err
+	return c.status(st), nil
 }
 
 // Iprobe reports whether a message from source with tag is waiting, without
@@ -193,6 +196,9 @@ func (c *Comm) Probe(ctx context.Context, source, tag int) (Status, error) {
 		st, ok, err := c.Iprobe(source, tag)
 		if err != nil || ok {
 			return st, err
+		}
+		if c.w.dev.Progress(func() bool { _, ok, err := c.Iprobe(source, tag); return ok || err != nil }) {
+			continue
 		}
 		var tick <-chan time.Time
 		if poll { // matching subdevices queue messages we are not told about
@@ -278,12 +284,7 @@ func (c *Comm) allgather(ctx context.Context, round uint64, color, key int) ([][
 		reqs = append(reqs, rr, sr)
 	}
 	for _, r := range reqs {
-		select {
-		case <-r.Done():
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		if _, err := r.Result(); err != nil {
+		if _, err := r.Wait(ctx); err != nil {
 			return nil, err
 		}
 	}

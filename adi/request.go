@@ -15,15 +15,15 @@ type Request struct {
 	c *Comm
 }
 
-// Wait blocks until the request completes or ctx is done. On ctx's end the
-// request stays pending (Cancel it, or Wait again).
+// Wait blocks until the request completes or ctx is done. The calling
+// goroutine polls for a short while (up to a few milliseconds) before it
+// parks, so a message that comes soon is handled without a wake-up. On
+// ctx's end the request stays pending (Cancel it, or Wait again).
 func (q *Request) Wait(ctx context.Context) (Status, error) {
-	select {
-	case <-q.r.Done():
-	case <-ctx.Done():
+	st, err := q.r.Wait(ctx)
+	if _, done, _ := q.r.Test(); !done {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
 	}
-	st, err := q.r.Result()
 	return q.c.status(st), err
 }
 
@@ -64,9 +64,11 @@ func WaitAll(ctx context.Context, reqs ...*Request) ([]Status, error) {
 func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
 	for {
 		var changed <-chan struct{}
+		var dev *multidevice.Device
 		for _, q := range reqs {
 			if q != nil {
-				changed = q.c.w.dev.Changed()
+				dev = q.c.w.dev
+				changed = dev.Changed()
 				break
 			}
 		}
@@ -75,6 +77,9 @@ func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
 		}
 		if i, st, ok, err := TestAny(reqs...); ok {
 			return i, st, err
+		}
+		if dev.Progress(func() bool { _, _, ok, _ := TestAny(reqs...); return ok }) {
+			continue
 		}
 		select {
 		case <-changed:

@@ -64,12 +64,14 @@ type Device struct {
 	down []atomic.Pointer[error]
 
 	tokMu  sync.Mutex
-	tokens map[uint64]func(error) // frame completions by token
+	tokens map[uint64]*outFrame // frames a subdevice still owns, by token
+	early  map[uint64]error     // SendDone that came before the frame was registered
 
 	// mu guards the matching state below.
 	mu         sync.Mutex
 	posted     []*Request
 	unexpected []*inMsg
+	freeMsgs   []*inMsg // recycled unexpected messages: match.go
 	recvSeq    []uint64            // [source] next expected sequence number
 	ooo        []map[uint64]*inMsg // [source] arrived early
 	rndvSend   map[uint64]*Request // sends waiting for clear-to-send, by request id
@@ -77,10 +79,12 @@ type Device struct {
 	syncSend   map[uint64]*Request // synchronous eager sends waiting for the acknowledgement
 
 	genMu sync.Mutex
-	gen   chan struct{} // closed and replaced on every completion or arrival
+	gen   chan struct{} // closed and replaced on a completion or arrival after Changed
+	armed atomic.Bool   // someone holds gen from Changed; notifyAll must close it
+
+	prog progressState // waiting goroutines drive progress: progress.go
 
 	out    outbox
-	sys    map[int32]func(from int32, h *header, payload []byte)
 	closed atomic.Bool
 	// finalizing is set when this rank enters the finalize barrier: peers
 	// that pass it first tear down their links, which is expected then.
@@ -121,7 +125,8 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		boot:     b,
 		rank:     int32(b.Rank()),
 		size:     b.Size(),
-		tokens:   make(map[uint64]func(error)),
+		tokens:   make(map[uint64]*outFrame),
+		early:    make(map[uint64]error),
 		rndvSend: make(map[uint64]*Request),
 		rndvRecv: make(map[uint64]*Request),
 		syncSend: make(map[uint64]*Request),
@@ -131,16 +136,15 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	d.down = make([]atomic.Pointer[error], d.size)
 	d.recvSeq = make([]uint64, d.size)
 	d.ooo = make([]map[uint64]*inMsg, d.size)
-	d.sys = map[int32]func(int32, *header, []byte){
-		sysCTS:  d.onCTS,
-		sysData: d.onData,
-		sysAck:  d.onAck,
-	}
 	d.out.init(d)
 	d.wg.Add(1)
 	go d.out.run(&d.wg)
 
 	if err := d.open(ctx, o); err != nil {
+		d.shutdown(context.Background())
+		return nil, err
+	}
+	if err := d.initPolling(); err != nil {
 		d.shutdown(context.Background())
 		return nil, err
 	}
@@ -426,19 +430,30 @@ func (d *Device) Stats() []LinkStats {
 	return out
 }
 
-// notifyAll wakes everybody waiting for "something changed".
+// notifyAll wakes everybody waiting for "something changed". Without a
+// Changed caller since the last notification it costs one atomic load: a
+// caller that stores armed before it checks its condition either has its
+// condition seen true or its channel closed here (both sides use
+// sequentially consistent atomics).
 func (d *Device) notifyAll() {
+	if !d.armed.Load() {
+		return
+	}
 	d.genMu.Lock()
-	close(d.gen)
-	d.gen = make(chan struct{})
+	if d.armed.Load() {
+		d.armed.Store(false)
+		close(d.gen)
+		d.gen = make(chan struct{})
+	}
 	d.genMu.Unlock()
 }
 
 // Changed returns a channel that is closed at the next request completion
-// or message arrival; WaitAny and Probe wait on it.
+// or message arrival after the call; WaitAny and Probe wait on it.
 func (d *Device) Changed() <-chan struct{} {
 	d.genMu.Lock()
 	defer d.genMu.Unlock()
+	d.armed.Store(true)
 	return d.gen
 }
 
@@ -509,5 +524,5 @@ func (d *Device) failAll(err error) {
 }
 
 func (d *Device) newRequest(send bool, peer int32) *Request {
-	return &Request{d: d, id: d.nextID.Add(1), send: send, peer: peer, done: make(chan struct{}), atSub: -1}
+	return &Request{d: d, id: d.nextID.Add(1), send: send, peer: peer, atSub: -1}
 }

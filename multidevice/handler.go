@@ -37,12 +37,18 @@ func (h handler) Deliver(from sdi.Rank, hb, payload []byte) {
 	case kindEager, kindRTS:
 		d.arrive(&hdr, payload)
 	case kindSys:
-		fn := d.sys[hdr.tag]
-		if fn == nil {
+		// A switch, not a table of funcs: a call through a func value would
+		// make hdr escape to the heap on every frame.
+		switch hdr.tag {
+		case sysCTS:
+			d.onCTS(hdr.src, &hdr, payload)
+		case sysData:
+			d.onData(hdr.src, &hdr, payload)
+		case sysAck:
+			d.onAck(hdr.src, &hdr, payload)
+		default:
 			d.log.Warn("dropping system message of unknown kind", "from", from, "tag", hdr.tag)
-			return
 		}
-		fn(hdr.src, &hdr, payload)
 	}
 }
 

@@ -29,6 +29,11 @@ func matches(r *Request, h *header) bool {
 // Irecv posts a receive into buf from world rank src (or AnySource) with tag
 // (or AnyTag) on context.
 func (d *Device) Irecv(buf []byte, src, tag int, context uint64) (*Request, error) {
+	return d.irecv(d.newRequest(false, int32(src)), buf, src, tag, context)
+}
+
+// irecv posts r, a fresh receive request for src.
+func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*Request, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -38,7 +43,6 @@ func (d *Device) Irecv(buf []byte, src, tag int, context uint64) (*Request, erro
 	if tag != AnyTag && (tag < 0 || tag > maxTag) {
 		return nil, fmt.Errorf("%w: %d (tags are 0..%d or AnyTag)", ErrTag, tag, maxTag)
 	}
-	r := d.newRequest(false, int32(src))
 	r.tag, r.context, r.buf = int32(tag), context, buf
 
 	if src != AnySource && d.matchSub[src] >= 0 {
@@ -59,6 +63,7 @@ func (d *Device) Irecv(buf []byte, src, tag int, context uint64) (*Request, erro
 		}
 		d.unexpected = slices.Delete(d.unexpected, i, i+1)
 		d.deliverLocked(r, &m.h, m.data)
+		d.freeMsgLocked(m)
 		d.mu.Unlock()
 		return r, nil
 	}
@@ -108,9 +113,9 @@ func (d *Device) dropCopies(r *Request, winner int) {
 		if idx == winner {
 			continue
 		}
-		s := d.subs[idx]
+		s, id := d.subs[idx], r.id
 		// Handler callbacks must not call into a subdevice: go through the engine.
-		d.out.push(outItem{fn: func() { s.matcher.CancelRecv(r.id) }})
+		d.out.push(outItem{fn: func() { s.matcher.CancelRecv(id) }})
 	}
 }
 
@@ -139,6 +144,7 @@ func (d *Device) arrive(h *header, payload []byte) {
 			}
 			delete(q, exp)
 			d.matchLocked(&m.h, m.data)
+			d.freeMsgLocked(m)
 			exp++
 		}
 		d.recvSeq[src] = exp
@@ -150,17 +156,44 @@ func (d *Device) arrive(h *header, payload []byte) {
 			d.log.Warn("dropping duplicate message", "source", src, "seq", h.seq)
 			return
 		}
-		d.ooo[src][h.seq] = &inMsg{h: *h, data: clone(h, payload)}
+		d.ooo[src][h.seq] = d.newMsgLocked(h, payload)
 	default:
 		d.log.Warn("dropping duplicate message", "source", src, "seq", h.seq, "expected", exp)
 	}
 }
 
-func clone(h *header, payload []byte) []byte {
-	if h.kind != kindEager {
-		return nil
+// Unexpected and early messages are recycled through a short free list, so
+// that a steady stream of messages arriving before their receives costs no
+// allocation. Buffers above freeMsgMax are left to the garbage collector.
+const (
+	freeMsgs   = 64
+	freeMsgMax = 64 << 10
+)
+
+// newMsgLocked returns a queued message holding h and, for an eager
+// message, a copy of payload.
+func (d *Device) newMsgLocked(h *header, payload []byte) *inMsg {
+	var m *inMsg
+	if n := len(d.freeMsgs); n > 0 {
+		m = d.freeMsgs[n-1]
+		d.freeMsgs = d.freeMsgs[:n-1]
+	} else {
+		m = new(inMsg)
 	}
-	return append([]byte(nil), payload...)
+	m.h = *h
+	if h.kind == kindEager {
+		m.data = append(m.data[:0], payload...)
+	} else {
+		m.data = m.data[:0]
+	}
+	return m
+}
+
+// freeMsgLocked recycles a message that left every queue.
+func (d *Device) freeMsgLocked(m *inMsg) {
+	if len(d.freeMsgs) < freeMsgs && cap(m.data) <= freeMsgMax {
+		d.freeMsgs = append(d.freeMsgs, m)
+	}
 }
 
 // matchLocked matches one in-order arrival against the posted receives or
@@ -179,7 +212,7 @@ func (d *Device) matchLocked(h *header, payload []byte) {
 		d.deliverLocked(r, h, payload)
 		return
 	}
-	d.unexpected = append(d.unexpected, &inMsg{h: *h, data: clone(h, payload)})
+	d.unexpected = append(d.unexpected, d.newMsgLocked(h, payload))
 	d.notifyAll()
 }
 
@@ -242,7 +275,7 @@ func (d *Device) onData(from int32, h *header, payload []byte) {
 // ErrCanceled and Status.Cancelled set. A receive that already matched, and
 // any send, completes normally (MPI allows a cancel to fail).
 func (d *Device) Cancel(r *Request) {
-	if r.send || r.completed.Load() {
+	if r.send || r.state.Load() != reqPending {
 		return
 	}
 	cancelled := Status{Source: AnySource, Tag: AnyTag, Cancelled: true}

@@ -2,7 +2,9 @@ package multidevice
 
 import (
 	"context"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -12,11 +14,16 @@ import (
 // ErrWouldBlock, frames sent on behalf of handler callbacks (which must not
 // call into a subdevice), and small jobs such as cancelling duplicated
 // receives. One goroutine, started by Open and stopped by shutdown, owns the
-// retries.
+// retries; a goroutine waiting in Device.spin sends queued items itself
+// (help), and meanwhile pushes do not wake the outbox goroutine.
 type outbox struct {
-	d     *Device
-	mu    sync.Mutex
-	items []outItem
+	d *Device
+	// drainMu makes the outbox goroutine and helpers take turns, so queued
+	// items leave in order.
+	drainMu sync.Mutex
+	queued  atomic.Int64 // len(items), readable without mu
+	mu      sync.Mutex
+	items   []outItem
 	wake  chan struct{} // capacity 1: "the queue or a subdevice changed"
 	quit  chan struct{}
 	empty *sync.Cond // signalled when items becomes empty
@@ -25,8 +32,7 @@ type outbox struct {
 
 type outItem struct {
 	sub   *subdev
-	frame *sdi.Frame
-	done  func(error)
+	frame *outFrame
 	fn    func() // a job instead of a frame
 }
 
@@ -37,11 +43,76 @@ func (o *outbox) init(d *Device) {
 	o.empty = sync.NewCond(&o.mu)
 }
 
+// push queues an item. The outbox goroutine is woken only when no
+// goroutine spins: a spinner sends the item itself, and when the last one
+// stops it wakes the outbox goroutine if items are left (stopSpinning reads
+// queued after its decrement, push reads spinners after its increment, so
+// one of them sees the other).
 func (o *outbox) push(it outItem) {
 	o.mu.Lock()
 	o.items = append(o.items, it)
+	o.queued.Store(int64(len(o.items)))
 	o.mu.Unlock()
-	o.kick()
+	if o.d.prog.spinners.Load() == 0 {
+		o.kick()
+	}
+}
+
+// help sends what is queued on the calling goroutine, unless the outbox
+// goroutine is at it. It must not be called from a Handler callback.
+func (o *outbox) help() {
+	if o.queued.Load() == 0 || !o.drainMu.TryLock() {
+		return
+	}
+	o.pass()
+	o.drainMu.Unlock()
+}
+
+// pass tries every queued item once, in order, and keeps those that would
+// block at the front of the queue. It reports whether some did and whether
+// the queue is now empty. The caller holds drainMu.
+func (o *outbox) pass() (blocked, idle bool) {
+	o.mu.Lock()
+	items := o.items
+	o.items = nil
+	o.mu.Unlock()
+
+	// Once a link would block, later frames for it wait their turn
+	// without being tried: a full ring or socket stays full for the rest
+	// of the pass, and trying costs a Send per queued frame.
+	type link struct {
+		sub  *subdev
+		peer sdi.Rank
+	}
+	var full []link
+	var kept []outItem
+	for _, it := range items {
+		if it.fn != nil {
+			it.fn()
+			continue
+		}
+		if o.d.closed.Load() {
+			o.d.finishFrame(it.frame, ErrClosed)
+			continue
+		}
+		l := link{it.sub, it.frame.f.Peer}
+		if slices.Contains(full, l) || !o.d.trySend(it.sub, it.frame, false) {
+			if !slices.Contains(full, l) {
+				full = append(full, l)
+			}
+			kept = append(kept, it)
+		}
+	}
+
+	o.mu.Lock()
+	o.items = append(kept, o.items...)
+	o.queued.Store(int64(len(o.items)))
+	idle = len(o.items) == 0
+	if idle {
+		o.empty.Broadcast()
+	}
+	o.mu.Unlock()
+	return len(kept) > 0, idle
 }
 
 func (o *outbox) kick() {
@@ -78,35 +149,11 @@ func (o *outbox) run(wg *sync.WaitGroup) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		o.mu.Lock()
-		items := o.items
-		o.items = nil
-		o.mu.Unlock()
+		o.drainMu.Lock()
+		blocked, idle := o.pass()
+		o.drainMu.Unlock()
 
-		var blocked []outItem
-		for _, it := range items {
-			if it.fn != nil {
-				it.fn()
-				continue
-			}
-			if o.d.closed.Load() {
-				it.done(ErrClosed)
-				continue
-			}
-			if !o.d.trySend(it.sub, it.frame, it.done, false) {
-				blocked = append(blocked, it)
-			}
-		}
-
-		o.mu.Lock()
-		o.items = append(blocked, o.items...)
-		idle := len(o.items) == 0
-		if idle {
-			o.empty.Broadcast()
-		}
-		o.mu.Unlock()
-
-		if len(blocked) == 0 {
+		if !blocked {
 			pause = 20 * time.Microsecond
 			if idle {
 				select {
@@ -134,11 +181,12 @@ func (o *outbox) failRest() {
 	o.mu.Lock()
 	items := o.items
 	o.items = nil
+	o.queued.Store(0)
 	o.empty.Broadcast()
 	o.mu.Unlock()
 	for _, it := range items {
-		if it.done != nil {
-			it.done(ErrClosed)
+		if it.frame != nil {
+			o.d.finishFrame(it.frame, ErrClosed)
 		}
 	}
 }

@@ -1,6 +1,9 @@
 package multidevice
 
 import (
+	"context"
+	"fmt"
+	"sync"
 	"sync/atomic"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -21,6 +24,19 @@ type Status struct {
 	Cancelled bool
 }
 
+// Request states. A request is complete for readers only in reqDone: the
+// completer writes status and err between winning reqPending->reqCompleting
+// and storing reqDone.
+const (
+	reqPending int32 = iota
+	reqCompleting
+	reqDone
+)
+
+// closedChan is what Done returns for a request that completed before
+// anybody asked for a channel.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
 // Request is one nonblocking operation. Its methods are safe for concurrent
 // use; the fields below the line are owned as their comments say.
 type Request struct {
@@ -29,10 +45,11 @@ type Request struct {
 	send bool
 	peer int32 // destination of a send; source (or AnySource) of a receive
 
-	done      chan struct{} // closed once, by complete
-	completed atomic.Bool
-	status    Status // written once before done is closed
-	err       error
+	state  atomic.Int32 // reqPending, reqCompleting, reqDone
+	chMu   sync.Mutex
+	ch     chan struct{} // made by Done on demand, closed by complete
+	status Status        // written once before state becomes reqDone
+	err    error
 
 	// Receive side, guarded by Device.mu until matched.
 	tag     int32
@@ -51,33 +68,77 @@ type Request struct {
 	sendErr atomic.Pointer[error]
 }
 
-// Done returns a channel closed when the request completes.
-func (r *Request) Done() <-chan struct{} { return r.done }
+// Done returns a channel closed when the request completes. The channel is
+// made on the first call, so requests that nobody selects on cost none.
+func (r *Request) Done() <-chan struct{} {
+	r.chMu.Lock()
+	defer r.chMu.Unlock()
+	if r.ch == nil {
+		if r.state.Load() == reqDone {
+			return closedChan
+		}
+		r.ch = make(chan struct{})
+	}
+	return r.ch
+}
+
+func (r *Request) isDone() bool { return r.state.Load() == reqDone }
 
 // Test reports whether the request completed, and its result if so.
 func (r *Request) Test() (Status, bool, error) {
-	if !r.completed.Load() {
+	if !r.isDone() {
 		return Status{}, false, nil
 	}
-	<-r.done // completed is set before the fields are final; done closes after
 	return r.status, true, r.err
 }
 
 // Result returns the status and error of a completed request; it blocks
-// until the request completes.
+// until the request completes, without driving progress (see Wait).
 func (r *Request) Result() (Status, error) {
-	<-r.done
+	if !r.isDone() {
+		<-r.Done()
+	}
 	return r.status, r.err
+}
+
+// Wait blocks until the request completes or ctx is done, and returns its
+// result. The calling goroutine drives progress itself for a bounded time
+// (see the package doc) and then parks. On ctx's end the request stays
+// pending and Wait returns an error wrapping ctx.Err().
+func (r *Request) Wait(ctx context.Context) (Status, error) {
+	if !r.isDone() && !r.d.spin(r.pollers(), r.isDone) {
+		select {
+		case <-r.Done():
+		case <-ctx.Done():
+			return Status{}, fmt.Errorf("multidevice: wait: %w", ctx.Err())
+		}
+	}
+	return r.status, r.err
+}
+
+// pollers returns the pollable subdevices that can complete r: those that
+// carry traffic with its peer, or all for an ANY_SOURCE receive.
+func (r *Request) pollers() []sdi.Poller {
+	if r.peer == AnySource {
+		return r.d.prog.pollers
+	}
+	return r.d.prog.peerPollers[r.peer]
 }
 
 // complete finishes the request once; later calls are ignored.
 func (r *Request) complete(st Status, err error) bool {
-	if !r.completed.CompareAndSwap(false, true) {
+	if !r.state.CompareAndSwap(reqPending, reqCompleting) {
 		return false
 	}
+	d := r.d // r may be reused once reqDone is visible
 	r.status, r.err = st, err
-	close(r.done)
-	r.d.notifyAll()
+	r.chMu.Lock()
+	r.state.Store(reqDone)
+	if r.ch != nil {
+		close(r.ch)
+	}
+	r.chMu.Unlock()
+	d.notifyAll()
 	return true
 }
 
@@ -85,7 +146,8 @@ func (r *Request) complete(st Status, err error) bool {
 // completes the request when none is left.
 func (r *Request) frameDone(err error) {
 	if err != nil {
-		r.sendErr.CompareAndSwap(nil, &err)
+		e := err // only a failure pays for the pointer
+		r.sendErr.CompareAndSwap(nil, &e)
 	}
 	if r.pending.Add(-1) == 0 {
 		var e error
@@ -94,4 +156,26 @@ func (r *Request) frameDone(err error) {
 		}
 		r.complete(Status{}, e)
 	}
+}
+
+// reusable reports whether nothing but its owner can still reach r: it
+// completed, and no matching subdevice holds a copy of it.
+func (r *Request) reusable() bool {
+	return r.isDone() && r.claim == nil && r.atSub < 0
+}
+
+// reset readies a completed request for reuse by the device's pool. chMu
+// waits out a complete that has published reqDone but not yet unlocked.
+func (r *Request) reset() {
+	r.chMu.Lock()
+	r.ch = nil
+	r.chMu.Unlock()
+	r.id, r.send, r.peer = 0, false, 0
+	r.status, r.err = Status{}, nil
+	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1
+	r.rndvLen, r.truncErr = 0, nil
+	r.received.Store(0)
+	r.pending.Store(0)
+	r.sendErr.Store(nil)
+	r.state.Store(reqPending)
 }

@@ -3,6 +3,7 @@ package multidevice
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -18,6 +19,11 @@ const (
 // set it completes only after the receiver matched the message (Ssend). The
 // caller must not modify buf until the request completes.
 func (d *Device) Isend(buf []byte, dst, tag int, context uint64, sync bool) (*Request, error) {
+	return d.isend(d.newRequest(true, int32(dst)), buf, dst, tag, context, sync)
+}
+
+// isend starts r, a fresh send request for dst.
+func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, sync bool) (*Request, error) {
 	if d.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -30,7 +36,6 @@ func (d *Device) Isend(buf []byte, dst, tag int, context uint64, sync bool) (*Re
 	if err := d.peerErr(int32(dst)); err != nil {
 		return nil, err
 	}
-	r := d.newRequest(true, int32(dst))
 	if m := d.matchSub[dst]; m >= 0 {
 		return r, d.sendTagged(r, d.subs[m], buf, tag, context, sync)
 	}
@@ -49,7 +54,9 @@ func (d *Device) Isend(buf []byte, dst, tag int, context uint64, sync bool) (*Re
 			d.syncSend[r.id] = r
 			d.mu.Unlock()
 		}
-		d.sendFrame(s, int32(dst), &h, buf, r.frameDone)
+		of := d.frame(int32(dst), &h, buf)
+		of.req = r
+		d.trySend(s, of, true)
 		return r, nil
 	}
 	// Rendezvous: announce, send data on clear-to-send. A rendezvous send is
@@ -59,14 +66,21 @@ func (d *Device) Isend(buf []byte, dst, tag int, context uint64, sync bool) (*Re
 	d.mu.Lock()
 	d.rndvSend[r.id] = r
 	d.mu.Unlock()
-	d.sendFrame(s, int32(dst), &h, nil, func(err error) {
-		if err != nil {
-			d.mu.Lock()
-			delete(d.rndvSend, r.id)
-			d.mu.Unlock()
+	of := d.frame(int32(dst), &h, nil)
+	id := r.id // not r: a pooled request may be reused before a late failure
+	of.done = func(err error) {
+		if err == nil {
+			return
+		}
+		d.mu.Lock()
+		r := d.rndvSend[id]
+		delete(d.rndvSend, id)
+		d.mu.Unlock()
+		if r != nil {
 			r.complete(Status{}, err)
 		}
-	})
+	}
+	d.trySend(s, of, true)
 	return r, nil
 }
 
@@ -80,59 +94,103 @@ func (d *Device) peerErr(peer int32) error {
 	return nil
 }
 
-// sendFrame hands one frame to a subdevice; done is called exactly once when
-// the frame is locally complete or failed. Never called with d.mu held by a
-// handler goroutine of s: it may call s.Send.
-func (d *Device) sendFrame(s *subdev, peer int32, h *header, payload []byte, done func(error)) {
-	d.trySend(s, d.frame(peer, h, payload), done, true)
+// outFrame is an outbound frame with its header storage and what to do
+// when it completes. Frames are pooled: sending one costs no allocation.
+type outFrame struct {
+	f  sdi.Frame
+	hb [headerSize]byte
+	// On completion: req.frameDone if req is set, else done if set, else a
+	// failure is logged (system messages nobody waits for).
+	req    *Request
+	done   func(error)
+	pooled bool
 }
+
+var framePool = sync.Pool{New: func() any { return &outFrame{pooled: true} }}
 
 // frame builds an outbound frame with a fresh token.
-func (d *Device) frame(peer int32, h *header, payload []byte) *sdi.Frame {
-	hb := make([]byte, headerSize)
-	h.put(hb)
-	return &sdi.Frame{Peer: sdi.Rank(peer), Header: hb, Payload: payload, Token: d.nextID.Add(1)}
+func (d *Device) frame(peer int32, h *header, payload []byte) *outFrame {
+	of := framePool.Get().(*outFrame)
+	h.put(of.hb[:])
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: payload, Token: d.nextID.Add(1)}
+	return of
 }
 
-// trySend sends f now or queues it on the outbox when the subdevice would
+// finishFrame runs a frame's completion and recycles it.
+func (d *Device) finishFrame(of *outFrame, err error) {
+	req, done, peer := of.req, of.done, of.f.Peer
+	if of.pooled {
+		*of = outFrame{pooled: true}
+		framePool.Put(of)
+	}
+	switch {
+	case req != nil:
+		req.frameDone(err)
+	case done != nil:
+		done(err)
+	case err != nil:
+		d.log.Warn("system message failed", "peer", peer, "error", err)
+	}
+}
+
+// trySend sends of now, or queues it on the outbox when the subdevice would
 // block (direct=true) or when called from the engine (direct=false), in which
 // case it reports whether the frame left the queue.
-func (d *Device) trySend(s *subdev, f *sdi.Frame, done func(error), direct bool) bool {
-	d.tokMu.Lock()
-	d.tokens[f.Token] = done
-	d.tokMu.Unlock()
-	complete, err := s.sd.Send(f)
+//
+// A frame the subdevice completes at once (done=true, as shm does) touches
+// no shared state here. One it keeps is registered by token afterwards;
+// its SendDone may come first, from another goroutine, and then waits in
+// early until the registration finds it.
+func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
+	complete, err := s.sd.Send(&of.f)
 	switch {
 	case err == nil:
-		s.frames[f.Peer].Add(1)
-		s.bytes[f.Peer].Add(uint64(len(f.Payload)))
+		s.frames[of.f.Peer].Add(1)
+		s.bytes[of.f.Peer].Add(uint64(len(of.f.Payload)))
 		if complete {
-			d.finishToken(f.Token, nil)
+			d.finishFrame(of, nil)
+		} else {
+			d.register(of)
 		}
 		return true
 	case errors.Is(err, sdi.ErrWouldBlock):
-		d.tokMu.Lock()
-		delete(d.tokens, f.Token)
-		d.tokMu.Unlock()
 		if direct {
-			d.out.push(outItem{sub: s, frame: f, done: done})
+			d.out.push(outItem{sub: s, frame: of})
 		}
 		return false
 	default:
-		d.finishToken(f.Token, fmt.Errorf("multidevice: send to rank %d over %q: %w", f.Peer, s.name, err))
+		d.finishFrame(of, fmt.Errorf("multidevice: send to rank %d over %q: %w", of.f.Peer, s.name, err))
 		return true
 	}
 }
 
-// finishToken runs the completion registered for a frame token, once.
+// register files a frame the subdevice still owns under its token, or
+// completes it if its SendDone already came.
+func (d *Device) register(of *outFrame) {
+	d.tokMu.Lock()
+	if err, ok := d.early[of.f.Token]; ok {
+		delete(d.early, of.f.Token)
+		d.tokMu.Unlock()
+		d.finishFrame(of, err)
+		return
+	}
+	d.tokens[of.f.Token] = of
+	d.tokMu.Unlock()
+}
+
+// finishToken completes the frame registered under token, once; a token
+// not registered yet is remembered for register.
 func (d *Device) finishToken(token uint64, err error) {
 	d.tokMu.Lock()
-	done := d.tokens[token]
+	of := d.tokens[token]
+	if of == nil {
+		d.early[token] = err
+		d.tokMu.Unlock()
+		return
+	}
 	delete(d.tokens, token)
 	d.tokMu.Unlock()
-	if done != nil {
-		done(err)
-	}
+	d.finishFrame(of, err)
 }
 
 // sendSys queues a system message. It is used from handler callbacks, which
@@ -141,23 +199,16 @@ func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error))
 	h.kind = kindSys
 	h.src, h.dst = d.rank, peer
 	s := d.subs[d.routes[peer][d.table.Class(len(payload))]]
-	if done == nil {
-		done = func(err error) {
-			if err != nil {
-				d.log.Warn("system message failed", "peer", peer, "tag", h.tag, "error", err)
-			}
-		}
-	}
-	d.out.push(outItem{sub: s, frame: d.frame(peer, &h, payload), done: done})
+	of := d.frame(peer, &h, payload)
+	of.done = done
+	d.out.push(outItem{sub: s, frame: of})
 }
 
 // sendTagged sends through a subdevice that matches on its own.
 func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context uint64, sync bool) error {
 	r.pending.Store(1)
 	m := &sdi.TaggedMessage{Peer: sdi.Rank(r.peer), Tag: int32(tag), Context: context, Payload: buf, Sync: sync, Token: d.nextID.Add(1)}
-	d.tokMu.Lock()
-	d.tokens[m.Token] = r.frameDone
-	d.tokMu.Unlock()
+	of := &outFrame{f: sdi.Frame{Token: m.Token}, req: r}
 	for {
 		complete, err := s.matcher.SendTagged(m)
 		switch {
@@ -165,15 +216,14 @@ func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context 
 			s.frames[r.peer].Add(1)
 			s.bytes[r.peer].Add(uint64(len(buf)))
 			if complete {
-				d.finishToken(m.Token, nil)
+				d.finishFrame(of, nil)
+			} else {
+				d.register(of)
 			}
 			return nil
 		case errors.Is(err, sdi.ErrWouldBlock):
 			<-d.out.backoff()
 		default:
-			d.tokMu.Lock()
-			delete(d.tokens, m.Token)
-			d.tokMu.Unlock()
 			return fmt.Errorf("multidevice: send to rank %d over %q: %w", r.peer, s.name, err)
 		}
 	}
@@ -200,7 +250,9 @@ func (d *Device) onCTS(from int32, h *header, _ []byte) {
 	for off := uint64(0); off < n; off += chunk {
 		end := min(off+chunk, n)
 		dh := header{kind: kindSys, tag: sysData, src: d.rank, dst: from, context: h.context, length: uint64(len(r.buf)), sreq: r.id, rreq: h.rreq, offset: off}
-		d.out.push(outItem{sub: s, frame: d.frame(from, &dh, r.buf[off:end]), done: r.frameDone})
+		of := d.frame(from, &dh, r.buf[off:end])
+		of.req = r
+		d.out.push(outItem{sub: s, frame: of})
 	}
 }
 

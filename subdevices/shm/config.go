@@ -20,7 +20,11 @@ const (
 // Caps this subdevice publishes, besides those derived from the ring size.
 const (
 	maxHeader   = 256
-	maxEager    = 16 << 10
+	// maxEager: messages up to 64 KiB cost one trip through the ring
+	// rather than a rendezvous handshake (three); like MPICH's shared
+	// memory eager limit, it trades a buffered copy at an unready
+	// receiver for latency.
+	maxEager    = 64 << 10
 	exclusivity = 50
 )
 
@@ -74,6 +78,6 @@ func (c config) caps() sdi.Caps {
 		Latency:     500 * time.Nanosecond, // nominal, for routing
 		Bandwidth:   5 << 30,
 		Reach:       sdi.ReachHost,
-		Flags:       sdi.FlagReliable | sdi.FlagOrdered,
+		Flags:       sdi.FlagReliable | sdi.FlagOrdered | sdi.FlagPoll,
 	}
 }

@@ -95,21 +95,40 @@
 //
 // # Receiving and waiting
 //
-// One progress goroutine per subdevice polls the inbound rings and calls
-// Deliver with slices that point into the ring; they are valid only during
-// the call. When nothing arrives it spins for a while, then polls with
-// runtime.Gosched in between, then sleeps in futex_wait on the doorbell
-// after announcing it in the sleeping word. Senders check that word after
-// publishing a record and wake the receiver only when it sleeps, so the fast
-// path has no system call. The comment on receiver.sleep explains why no
-// wake-up is lost. A sleep parks one OS thread; it ends at the latest after
-// half a second to check whether peers are still alive.
+// Frames are delivered by whoever holds the receive lock: a goroutine in
+// [sdi.Poller.Poll] (the subdevice sets [sdi.FlagPoll]; the multidevice
+// calls Poll from a rank that waits for a message, so the frame is handled
+// on the waiting goroutine without a wake-up), or else the subdevice's own
+// progress goroutine. One lock for all inbound rings keeps Deliver calls
+// serialized and in ring order; a poller that finds it taken returns at
+// once. Deliver gets slices that point into the ring; they are valid only
+// during the call.
+//
+// The progress goroutine naps (a 1 ms timed futex wait on a private word)
+// while Poll calls keep coming, so it does not spin beside the poller. When
+// no Poll came during a nap it polls itself: it spins for a while, then
+// polls with runtime.Gosched in between, then sleeps in futex_wait on the
+// doorbell after announcing it in the sleeping word. Senders check that word
+// after publishing a record and wake the receiver only when it sleeps, so
+// the fast path has no system call. The comment on device.sleep explains why
+// no wake-up is lost. A sleep parks one OS thread; it ends at the latest
+// after half a second to check whether peers are still alive.
+//
+// Large messages: the multidevice sends them by rendezvous in frames of up to
+// MaxFrame (a quarter of the ring), which the sender copies into the ring
+// while the receiver copies earlier ones out, so the two copies overlap on
+// two cores. A single copy with process_vm_readv would need the receiver to
+// know the destination buffer, which the SDI's Deliver does not give a
+// subdevice; see LIMITATIONS below.
 //
 // # Limitations
 //
 // A segment has a ring for every rank of the job, so its virtual size is
 // ranks * ring_bytes; only touched pages use memory, and a peer maps the
 // whole segment of every rank it connects to. Peers must share the
-// host's /dev/shm. A rank whose process dies without Close is noticed by its
+// host's /dev/shm. Every byte is copied twice (into the ring and out of it);
+// a single-copy path (process_vm_readv or a mapped user buffer) needs an SDI
+// extension that lets the multidevice hand the receive buffer to the
+// subdevice. A rank whose process dies without Close is noticed by its
 // pid, within a sleep timeout; its segment file is left behind.
 package shm

@@ -13,7 +13,8 @@ import (
 // spinPolls polls, then poll yieldPolls more times with runtime.Gosched
 // between them, then sleep on the doorbell. A busy rank therefore reacts
 // within one poll; an idle one parks an OS thread in futex_wait and uses no
-// CPU.
+// CPU. Together the spin and yield phases last tens of microseconds, short
+// enough not to starve other processes on a small machine.
 const (
 	spinPolls  = 256
 	yieldPolls = 64
@@ -23,9 +24,19 @@ const (
 	// livenessEvery is how many polls a busy receiver makes between checks
 	// of its peers' liveness.
 	livenessEvery = 1 << 12
+	// napFor is how long the progress goroutine stays out of the way while
+	// a waiting goroutine drives the rings through Poll. It is also the
+	// longest a frame waits for the progress goroutine after the last
+	// poller gave up: the multidevice polls for longer than this before it
+	// parks, so that hand-over is rarely on a message's path. Shorter naps
+	// mean more wake-ups, each of which can preempt a spinning rank on a
+	// machine with few cores.
+	napFor = time.Millisecond
 )
 
-// receiver is the state the progress goroutine owns alone.
+// receiver is the receive-side state. Whoever holds device.rxMu owns it:
+// the progress goroutine or a goroutine in Poll, never both, which keeps
+// Deliver calls serialized and in ring order.
 type receiver struct {
 	sd       *device
 	heads    []uint64 // consumer cursor per inbound ring; the shared copy is only ever written
@@ -36,38 +47,108 @@ type receiver struct {
 	// gen is the attach generation active was built from.
 	active []int
 	gen    uint32
+	polls  int // polls since the last liveness check
 }
 
-// progress polls the inbound rings and delivers frames until Close.
+func newReceiver(sd *device) *receiver {
+	n := len(sd.inbound)
+	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n)}
+}
+
+// Poll implements [sdi.Poller]: it drains the inbound rings once on the
+// calling goroutine. A call that finds the progress goroutine or another
+// poller at work returns 0 at once; the frames are delivered by that one.
+func (sd *device) Poll() int {
+	if sd.state.Load() != devOpen {
+		return 0
+	}
+	sd.pollCalls.Add(1)
+	if sd.stop.Load() || !sd.rxMu.TryLock() {
+		return 0
+	}
+	defer sd.rxMu.Unlock()
+	// Close sets stop before it takes rxMu to unmap the rings: checked
+	// again under the lock, stop==false means the rings are mapped.
+	if sd.stop.Load() {
+		return 0
+	}
+	return sd.rx.poll()
+}
+
+// progress delivers frames while nobody polls, until Close.
+//
+// While a goroutine calls Poll (a rank waiting for a message) the progress
+// goroutine naps instead of spinning beside it: on a machine with few cores
+// two spinners per process starve each other and the peer. It naps without
+// announcing a sleep in the segment, so senders do not pay a futex wake
+// per frame. Once no Poll came during a nap, it takes over: spin, yield,
+// then sleep on the doorbell.
 func (sd *device) progress() {
 	defer sd.wg.Done()
-	n := len(sd.inbound)
-	rc := &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n)}
 	idle := 0
-	for polls := 1; !sd.stop.Load(); polls++ {
-		if rc.poll() > 0 {
+	seen := sd.pollCalls.Load()
+	lastCheck := time.Now()
+	for !sd.stop.Load() {
+		if pc := sd.pollCalls.Load(); pc != seen {
+			seen = pc
+			sd.nap()
+			if time.Since(lastCheck) > sleepTimeout {
+				sd.locked(func(rc *receiver) { rc.checkPeers() })
+				lastCheck = time.Now()
+			}
 			idle = 0
-		} else {
-			idle++
+			continue
 		}
-		if polls%livenessEvery == 0 {
-			rc.checkPeers()
+		n := -1 // a poller holds the rings
+		sd.locked(func(rc *receiver) {
+			n = rc.poll()
+			if rc.polls >= livenessEvery {
+				rc.checkPeers()
+			}
+		})
+		if n != 0 {
+			idle = 0
+			continue
 		}
+		idle++
 		switch {
 		case idle <= spinPolls:
 		case idle <= spinPolls+yieldPolls:
 			runtime.Gosched()
 		default:
-			rc.checkPeers()
-			rc.sleep()
+			sd.locked(func(rc *receiver) { rc.checkPeers() })
+			lastCheck = time.Now()
+			sd.sleep()
 			idle = 0
 		}
+	}
+}
+
+// locked runs fn with the receive state if no poller holds it, and reports
+// whether it did. Close may have unmapped the rings once stop is set.
+func (sd *device) locked(fn func(rc *receiver)) bool {
+	if !sd.rxMu.TryLock() {
+		return false
+	}
+	defer sd.rxMu.Unlock()
+	if sd.stop.Load() {
+		return false
+	}
+	fn(sd.rx)
+	return true
+}
+
+// nap pauses the progress goroutine for napFor, or until Close.
+func (sd *device) nap() {
+	if err := futex.Wait(&sd.napWord, 0, napFor); err != nil {
+		time.Sleep(napFor)
 	}
 }
 
 // poll drains every active inbound ring once and returns the number of
 // records consumed.
 func (rc *receiver) poll() int {
+	rc.polls++
 	rc.refresh()
 	n := 0
 	for _, r := range rc.active {
@@ -159,6 +240,7 @@ func (rc *receiver) fail(r int, err error) {
 // checkPeers reports connected peers that went away, after delivering what
 // they sent before.
 func (rc *receiver) checkPeers() {
+	rc.polls = 0
 	for r := range rc.sd.peers {
 		if rc.reported[r] {
 			continue
@@ -207,16 +289,22 @@ func (rc *receiver) reportDown(r int, err error) {
 // comes before the kernel's check in R4, futex_wait returns at once (EAGAIN);
 // otherwise the receiver is already queued when S4 runs and is woken. If R3
 // sees S1, the receiver does not sleep at all. Either way the record is read.
-func (rc *receiver) sleep() {
-	mem := rc.sd.seg.Bytes()
+//
+// R3 runs under rxMu; when a poller holds it the receiver does not sleep at
+// all (a rank that polls is awake), and a record a poller consumes after R3
+// only makes the wake-up spurious.
+func (sd *device) sleep() {
+	mem := sd.seg.Bytes()
 	bell := word32(mem, offDoorbell)
 	sleeping := word32(mem, offSleeping)
 	seq := bell.Load()
 	sleeping.Store(1)
-	if !rc.pending() && !rc.sd.stop.Load() {
-		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, rc.sd.sleepFor); err != nil {
+	pending := true
+	sd.locked(func(rc *receiver) { pending = rc.pending() })
+	if !pending && !sd.stop.Load() {
+		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, sd.sleepFor); err != nil {
 			// Should not happen; fall back to a short nap rather than a busy loop.
-			rc.sd.log.Warn("futex wait failed", "error", err)
+			sd.log.Warn("futex wait failed", "error", err)
 			time.Sleep(time.Millisecond)
 		}
 	}

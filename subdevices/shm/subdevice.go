@@ -61,6 +61,17 @@ type device struct {
 	// lost wake-up shows up as a hang instead of a delay.
 	sleepFor time.Duration
 
+	// rx is the receive state; rxMu makes the progress goroutine and
+	// goroutines in Poll take turns with it (see progress.go).
+	rx   *receiver
+	rxMu sync.Mutex
+	// pollCalls counts Poll calls; the progress goroutine naps while it
+	// moves. It sits on its own cache line: pollers write it constantly.
+	_         [64]byte
+	pollCalls atomic.Uint64
+	_         [56]byte
+	napWord   uint32 // futex word of the progress goroutine's nap; Close wakes it
+
 	stop      atomic.Bool // tells the progress goroutine to return
 	wg        sync.WaitGroup
 	closeOnce sync.Once
@@ -152,6 +163,7 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 		sd.inbound[r] = ringAt(mem, r, cfg.RingBytes)
 	}
 	sd.peers = make([]atomic.Pointer[peer], p.Size)
+	sd.rx = newReceiver(sd)
 	// Publishing the state last orders every header field before it for a
 	// peer that loads stateOpen in Connect.
 	word32(mem, offState).Store(stateOpen)
@@ -195,6 +207,9 @@ func (sd *device) Close(ctx context.Context) error {
 		word32(mem, offState).Store(stateClosed)
 		sd.stop.Store(true)
 		sd.ringDoorbell(mem)
+		if _, err := futex.Wake(&sd.napWord, 1); err != nil {
+			sd.log.Warn("futex wake failed", "error", err)
+		}
 		go func() {
 			sd.wg.Wait()
 			sd.closeErr = sd.teardown()
@@ -215,6 +230,10 @@ func (sd *device) Close(ctx context.Context) error {
 // teardown releases the peers' mappings and this rank's segment. It runs
 // after the progress goroutine has returned.
 func (sd *device) teardown() error {
+	// A goroutine still in Poll may be reading the rings; later ones see
+	// stop and leave them alone.
+	sd.rxMu.Lock()
+	defer sd.rxMu.Unlock()
 	sd.connMu.Lock()
 	defer sd.connMu.Unlock()
 	var errs []error

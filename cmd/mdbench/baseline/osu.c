@@ -1,0 +1,161 @@
+/*
+ * osu.c: the MPI side of mdbench --baseline. OSU-style point-to-point
+ * benchmarks with the same loops, iteration counts and units as mdbench's
+ * own, so the two can be compared size by size.
+ *
+ *   osu lat  SIZE...              half round trip, microseconds
+ *   osu bw   WINDOW SIZE...       unidirectional, MB/s (10^6 bytes/s)
+ *   osu bibw WINDOW SIZE...       bidirectional, MB/s
+ *   osu mr   WINDOW SIZE...       all ranks: pairs (i, i+n/2) stream; messages/s
+ *   osu idle SECONDS              rank 1 blocks in MPI_Recv; % of a core it used
+ *
+ * Rank 0 prints one line per size: "<test> <size> <value>". Iteration counts
+ * follow lat_iters and bw_iters below, which mdbench mirrors
+ * (cmd/mdbench/bench.go), scaled by the environment variable OSU_SCALE.
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/resource.h>
+
+/* OSU_SCALE (mdbench --scale) multiplies every iteration count. */
+static double scale = 1;
+static long scaled(long n) { long m = (long)(n * scale); return m < 1 ? 1 : m; }
+static long lat_iters(long size) { return scaled(size <= 8192 ? 10000 : size <= 262144 ? 1000 : 200); }
+static long bw_iters(long size) { return scaled(size <= 65536 ? 100 : 20); }
+
+static char *sbuf, *rbuf;
+static MPI_Request *reqs;
+
+static double lat(int rank, long size) {
+	long n = lat_iters(size), warm = n / 10;
+	double t0 = 0;
+	for (long i = 0; i < n + warm; i++) {
+		if (i == warm) {
+			MPI_Barrier(MPI_COMM_WORLD);
+			t0 = MPI_Wtime();
+		}
+		if (rank == 0) {
+			MPI_Send(sbuf, size, MPI_CHAR, 1, 1, MPI_COMM_WORLD);
+			MPI_Recv(rbuf, size, MPI_CHAR, 1, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		} else if (rank == 1) {
+			MPI_Recv(rbuf, size, MPI_CHAR, 0, 1, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			MPI_Send(sbuf, size, MPI_CHAR, 0, 1, MPI_COMM_WORLD);
+		}
+	}
+	return (MPI_Wtime() - t0) * 1e6 / (2.0 * n);
+}
+
+/* stream: sender -> receiver, window messages per iteration and an ack. */
+static double stream(int rank, int sender, int receiver, long size, int window, int bidir) {
+	long n = bw_iters(size), warm = n / 10 + 1;
+	double t0 = 0;
+	for (long i = 0; i < n + warm; i++) {
+		if (i == warm) {
+			MPI_Barrier(MPI_COMM_WORLD);
+			t0 = MPI_Wtime();
+		}
+		if (rank == sender || (bidir && rank == receiver)) {
+			int peer = rank == sender ? receiver : sender;
+			int k = 0;
+			if (bidir)
+				for (int w = 0; w < window; w++)
+					MPI_Irecv(rbuf + (size_t)w * size, size, MPI_CHAR, peer, 2, MPI_COMM_WORLD, &reqs[k++]);
+			for (int w = 0; w < window; w++)
+				MPI_Isend(sbuf, size, MPI_CHAR, peer, 2, MPI_COMM_WORLD, &reqs[k++]);
+			MPI_Waitall(k, reqs, MPI_STATUSES_IGNORE);
+			if (!bidir)
+				MPI_Recv(rbuf, 4, MPI_CHAR, peer, 3, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		} else if (rank == receiver) {
+			for (int w = 0; w < window; w++)
+				MPI_Irecv(rbuf + (size_t)w * size, size, MPI_CHAR, sender, 2, MPI_COMM_WORLD, &reqs[w]);
+			MPI_Waitall(window, reqs, MPI_STATUSES_IGNORE);
+			MPI_Send(sbuf, 4, MPI_CHAR, sender, 3, MPI_COMM_WORLD);
+		}
+	}
+	double t = MPI_Wtime() - t0;
+	return (double)size * window * n * (bidir ? 2 : 1) / t / 1e6;
+}
+
+int main(int argc, char **argv) {
+	MPI_Init(&argc, &argv);
+	if (getenv("OSU_SCALE"))
+		scale = atof(getenv("OSU_SCALE"));
+	int rank, nranks;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+	if (argc < 3) {
+		if (rank == 0)
+			fprintf(stderr, "usage: osu lat SIZE... | osu bw|bibw|mr WINDOW SIZE... | osu idle SECONDS\n");
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	}
+	const char *test = argv[1];
+	if (strcmp(test, "idle") == 0) {
+		int secs = atoi(argv[2]);
+		char b[8] = {0};
+		double share = 0;
+		if (rank == 0) {
+			sleep(secs);
+			MPI_Send(b, 8, MPI_CHAR, 1, 4, MPI_COMM_WORLD);
+			MPI_Recv(&share, 1, MPI_DOUBLE, 1, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			printf("idle %d %.3f\n", secs, share);
+		} else if (rank == 1) {
+			struct rusage a, z;
+			getrusage(RUSAGE_SELF, &a);
+			double t0 = MPI_Wtime();
+			MPI_Recv(b, 8, MPI_CHAR, 0, 4, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+			double wall = MPI_Wtime() - t0;
+			getrusage(RUSAGE_SELF, &z);
+			double cpu = (z.ru_utime.tv_sec - a.ru_utime.tv_sec) + (z.ru_stime.tv_sec - a.ru_stime.tv_sec) +
+				     ((z.ru_utime.tv_usec - a.ru_utime.tv_usec) + (z.ru_stime.tv_usec - a.ru_stime.tv_usec)) / 1e6;
+			share = 100 * cpu / wall;
+			MPI_Send(&share, 1, MPI_DOUBLE, 0, 5, MPI_COMM_WORLD);
+		}
+		MPI_Finalize();
+		return 0;
+	}
+	int lt = strcmp(test, "lat") == 0;
+	int window = lt ? 1 : atoi(argv[2]);
+	int first = lt ? 2 : 3;
+	long maxsize = 4;
+	for (int i = first; i < argc; i++)
+		if (atol(argv[i]) > maxsize)
+			maxsize = atol(argv[i]);
+	sbuf = malloc(maxsize);
+	rbuf = malloc((size_t)maxsize * (window > 0 ? window : 1));
+	reqs = malloc(sizeof(MPI_Request) * 2 * (window > 0 ? window : 1));
+	memset(sbuf, 'a', maxsize);
+	for (int i = first; i < argc; i++) {
+		long size = atol(argv[i]);
+		double v;
+		if (lt) {
+			v = lat(rank, size);
+		} else if (strcmp(test, "bw") == 0) {
+			v = stream(rank, 0, 1, size, window, 0);
+		} else if (strcmp(test, "bibw") == 0) {
+			v = stream(rank, 0, 1, size, window, 1);
+		} else if (strcmp(test, "mr") == 0) {
+			int pairs = nranks / 2;
+			double mine = 0, all = 0;
+			if (rank < 2 * pairs)
+				mine = stream(rank, rank % pairs, rank % pairs + pairs, size, window, 0);
+			/* mine is MB/s of this pair, seen alike by both ends: count senders only */
+			if (rank >= pairs)
+				mine = 0;
+			MPI_Reduce(&mine, &all, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+			v = all * 1e6 / size;
+		} else {
+			if (rank == 0)
+				fprintf(stderr, "osu: unknown test %s\n", test);
+			MPI_Abort(MPI_COMM_WORLD, 2);
+			return 2;
+		}
+		if (rank == 0)
+			printf("%s %ld %.4f\n", test, size, v);
+		fflush(stdout);
+	}
+	MPI_Finalize();
+	return 0;
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+// Iteration counts, mirrored in baseline/osu.c so that both sides run the
+// same loops. scale multiplies them (--scale).
+func latIters(size int, scale float64) int {
+	n := 200
+	switch {
+	case size <= 8192:
+		n = 10000
+	case size <= 262144:
+		n = 1000
+	}
+	return scaled(n, scale)
+}
+
+func bwIters(size int, scale float64) int {
+	n := 20
+	if size <= 65536 {
+		n = 100
+	}
+	return scaled(n, scale)
+}
+
+func scaled(n int, scale float64) int { return max(1, int(float64(n)*scale)) }
+
+// Message tags of the benchmark loops.
+const (
+	tagLat = 1
+	tagBW  = 2
+	tagAck = 3
+	tagBar = 4
+	tagSum = 5
+	tagIdl = 6
+)
+
+// mdRank runs the benchmarks over the multidevice, through adi as an
+// application would.
+type mdRank struct {
+	c     *adi.Comm
+	scale float64
+	sbuf  []byte
+	rbuf  []byte
+}
+
+func (m *mdRank) barrier(ctx context.Context) error {
+	c := m.c
+	if c.Rank() != 0 {
+		if err := c.Send(ctx, nil, 0, tagBar); err != nil {
+			return err
+		}
+		_, err := c.Recv(ctx, nil, 0, tagBar)
+		return err
+	}
+	for r := 1; r < c.Size(); r++ {
+		if _, err := c.Recv(ctx, nil, adi.AnySource, tagBar); err != nil {
+			return err
+		}
+	}
+	for r := 1; r < c.Size(); r++ {
+		if err := c.Send(ctx, nil, r, tagBar); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lat is the OSU latency loop between ranks 0 and 1: half a round trip, µs.
+func (m *mdRank) lat(ctx context.Context, size int) (float64, error) {
+	c := m.c
+	n := latIters(size, m.scale)
+	warm := n / 10
+	sb, rb := m.sbuf[:size], m.rbuf[:size]
+	var t0 time.Time
+	for i := range n + warm {
+		if i == warm {
+			if err := m.barrier(ctx); err != nil {
+				return 0, err
+			}
+			t0 = time.Now()
+		}
+		switch c.Rank() {
+		case 0:
+			if err := c.Send(ctx, sb, 1, tagLat); err != nil {
+				return 0, err
+			}
+			if _, err := c.Recv(ctx, rb, 1, tagLat); err != nil {
+				return 0, err
+			}
+		case 1:
+			if _, err := c.Recv(ctx, rb, 0, tagLat); err != nil {
+				return 0, err
+			}
+			if err := c.Send(ctx, sb, 0, tagLat); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return float64(time.Since(t0).Nanoseconds()) / 1e3 / float64(2*n), nil
+}
+
+// stream is the OSU bandwidth loop from sender to receiver (both ways with
+// bidir): window messages in flight per iteration, then an acknowledgement.
+// It returns MB/s (10^6 bytes per second).
+func (m *mdRank) stream(ctx context.Context, sender, receiver, size, window int, bidir bool) (float64, error) {
+	c := m.c
+	n := bwIters(size, m.scale)
+	warm := n/10 + 1
+	me := c.Rank()
+	reqs := make([]*adi.Request, 0, 2*window)
+	var t0 time.Time
+	for i := range n + warm {
+		if i == warm {
+			if err := m.barrier(ctx); err != nil {
+				return 0, err
+			}
+			t0 = time.Now()
+		}
+		reqs = reqs[:0]
+		switch {
+		case me == sender || (bidir && me == receiver):
+			peer := receiver
+			if me == receiver {
+				peer = sender
+			}
+			if bidir {
+				for w := range window {
+					r, err := c.Irecv(m.rbuf[w*size:(w+1)*size], peer, tagBW)
+					if err != nil {
+						return 0, err
+					}
+					reqs = append(reqs, r)
+				}
+			}
+			for range window {
+				r, err := c.Isend(m.sbuf[:size], peer, tagBW)
+				if err != nil {
+					return 0, err
+				}
+				reqs = append(reqs, r)
+			}
+			if _, err := adi.WaitAll(ctx, reqs...); err != nil {
+				return 0, err
+			}
+			if !bidir {
+				if _, err := c.Recv(ctx, m.rbuf[:4], peer, tagAck); err != nil {
+					return 0, err
+				}
+			}
+		case me == receiver:
+			for w := range window {
+				r, err := c.Irecv(m.rbuf[w*size:(w+1)*size], sender, tagBW)
+				if err != nil {
+					return 0, err
+				}
+				reqs = append(reqs, r)
+			}
+			if _, err := adi.WaitAll(ctx, reqs...); err != nil {
+				return 0, err
+			}
+			if err := c.Send(ctx, m.sbuf[:4], sender, tagAck); err != nil {
+				return 0, err
+			}
+		}
+	}
+	mult := 1.0
+	if bidir {
+		mult = 2
+	}
+	return mult * float64(size) * float64(window) * float64(n) / time.Since(t0).Seconds() / 1e6, nil
+}
+
+// rate runs stream in every pair (i, i+pairs) at once and returns the
+// messages per second of all pairs together, at rank 0.
+func (m *mdRank) rate(ctx context.Context, size, window int) (float64, error) {
+	c := m.c
+	pairs := c.Size() / 2
+	me := c.Rank()
+	mbs, err := m.stream(ctx, me%pairs, me%pairs+pairs, size, window, false)
+	if err != nil {
+		return 0, err
+	}
+	if me >= pairs {
+		mbs = 0 // count each pair once, at its sender
+	}
+	if me != 0 {
+		b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(mbs))
+		return 0, c.Send(ctx, b, 0, tagSum)
+	}
+	total := mbs
+	b := make([]byte, 8)
+	for r := 1; r < c.Size(); r++ {
+		if _, err := c.Recv(ctx, b, r, tagSum); err != nil {
+			return 0, err
+		}
+		total += math.Float64frombits(binary.LittleEndian.Uint64(b))
+	}
+	return total * 1e6 / float64(size), nil
+}
+
+// idle has rank 1 block in Recv for secs seconds and returns the share of
+// a core (in %) its process used meanwhile; rank 0 just sleeps and sends.
+func (m *mdRank) idle(ctx context.Context, secs float64) (float64, error) {
+	c := m.c
+	if c.Rank() == 0 {
+		time.Sleep(time.Duration(secs * float64(time.Second)))
+		return 0, c.Send(ctx, m.sbuf[:8], 1, tagIdl)
+	}
+	cpu0, t0 := cpuTime(), time.Now()
+	if _, err := c.Recv(ctx, m.rbuf[:8], 0, tagIdl); err != nil {
+		return 0, err
+	}
+	return 100 * (cpuTime() - cpu0).Seconds() / time.Since(t0).Seconds(), nil
+}
+
+// checkPairs reports a rank count the tests cannot use.
+func checkPairs(test string, size int) error {
+	if test == "mr" && (size < 2 || size%2 != 0) {
+		return fmt.Errorf("message rate needs an even number of ranks, have %d", size)
+	}
+	return nil
+}

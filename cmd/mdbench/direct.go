@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// The direct mode drives one subdevice through the SDI alone, the way the
+// thinnest possible MPI over it would: one peer, no matching, no sequence
+// numbers, no requests. A frame's one-byte header says whether it carries
+// data or an acknowledgement; the handler copies data into the receive
+// buffer (the copy any MPI makes into the user's buffer) and counts bytes;
+// a waiting rank polls the subdevice if it is a Poller and spins on the
+// counters otherwise. The difference to the multidevice figures is what
+// the multidevice costs.
+const (
+	// spinFor matches the multidevice's back-to-back polling phase.
+	spinFor = 100 * time.Microsecond
+
+	frameData byte = 0
+	frameAck  byte = 1
+)
+
+// directRank is one rank of a direct run.
+type directRank struct {
+	sd     sdi.SubDevice
+	poller sdi.Poller // nil unless the subdevice sets FlagPoll
+	caps   sdi.Caps
+	rank   int
+	peer   sdi.Rank
+	scale  float64
+	sbuf   []byte
+	h      *directHandler
+	hdr    [2][]byte // the data and acknowledgement headers
+	// inflight counts frames Send accepted with done=false and whose
+	// SendDone has not come yet.
+	inflight atomic.Int64
+	// wantBytes and wantAcks are what this rank has been sent in total
+	// once the current step is over; counting from the start, not from a
+	// reading at the start of a test, because the peer may already be
+	// sending the next test's messages.
+	wantBytes, wantAcks int64
+}
+
+// directHandler receives frames. Deliver calls are serialized (one peer).
+type directHandler struct {
+	r     *directRank
+	rbuf  []byte
+	off   int
+	bytes atomic.Int64 // data bytes received so far
+	acks  atomic.Int64
+	down  atomic.Pointer[error]
+}
+
+func (h *directHandler) Deliver(_ sdi.Rank, header, payload []byte) {
+	if len(header) == 1 && header[0] == frameAck {
+		h.acks.Add(1)
+		return
+	}
+	if h.off+len(payload) > len(h.rbuf) {
+		h.off = 0
+	}
+	h.off += copy(h.rbuf[h.off:], payload)
+	h.bytes.Add(int64(len(payload)))
+}
+
+func (h *directHandler) SendDone(_ uint64, err error) {
+	if err != nil {
+		h.down.CompareAndSwap(nil, &err)
+	}
+	h.r.inflight.Add(-1)
+}
+
+func (h *directHandler) PeerDown(_ sdi.Rank, err error) { h.down.CompareAndSwap(nil, &err) }
+
+// runDirect opens j.Sub on two ranks, connects them and runs lat, bw and bibw.
+func runDirect(ctx context.Context, j childJob, logger hclog.Logger, emit func(sample)) error {
+	boot, err := bootstrap.Open(ctx, logger.Named("bootstrap"))
+	if err != nil {
+		return err
+	}
+	defer boot.Close()
+	if boot.Size() != 2 {
+		return fmt.Errorf("direct mode runs on 2 ranks, not %d", boot.Size())
+	}
+	factory, err := sdi.Lookup(j.Sub)
+	if err != nil {
+		return err
+	}
+	maxSize := 8
+	for _, s := range j.Sizes {
+		maxSize = max(maxSize, s)
+	}
+	d := &directRank{sd: factory(logger.Named(j.Sub)), rank: boot.Rank(), peer: sdi.Rank(1 - boot.Rank()), scale: j.Scale,
+		sbuf: make([]byte, maxSize), hdr: [2][]byte{{frameData}, {frameAck}}}
+	d.h = &directHandler{r: d, rbuf: make([]byte, maxSize*max(1, j.Window))}
+	local, err := d.sd.Open(ctx, sdi.OpenParams{
+		Rank: sdi.Rank(boot.Rank()), Size: 2, Host: boot.Host(), JobID: boot.JobID(), Secret: boot.Secret(),
+		APIVersion: sdi.APIVersion, Handler: d.h, Logger: logger.Named(j.Sub),
+	})
+	if err != nil {
+		return err
+	}
+	defer d.sd.Close(context.Background())
+	d.caps = local.Caps
+	if p, ok := d.sd.(sdi.Poller); ok && local.Caps.Flags.Has(sdi.FlagPoll) {
+		d.poller = p
+	}
+	key := "sdi/" + j.Sub
+	if err := boot.Put(key, local.Addr); err != nil {
+		return err
+	}
+	if err := boot.Fence(ctx); err != nil {
+		return err
+	}
+	card, err := boot.Get(ctx, int(d.peer), key)
+	if err != nil {
+		return err
+	}
+	if local.Caps.Flags.Has(sdi.FlagJobCards) {
+		jc, ok := d.sd.(sdi.JobCards)
+		if !ok {
+			return fmt.Errorf("%s declares FlagJobCards but does not implement sdi.JobCards", j.Sub)
+		}
+		cards := make([][]byte, 2)
+		cards[d.rank], cards[d.peer] = local.Addr, card
+		if err := jc.SetJobCards(ctx, cards); err != nil {
+			return err
+		}
+	}
+	if err := d.sd.Connect(ctx, d.peer, card); err != nil {
+		return err
+	}
+	if err := boot.Fence(ctx); err != nil { // both connected
+		return err
+	}
+	for _, test := range j.Tests {
+		for _, size := range j.Sizes {
+			var v float64
+			switch test {
+			case "lat":
+				v, err = d.lat(ctx, boot, size)
+			case "bw":
+				v, err = d.stream(ctx, boot, size, j.Window, false)
+			case "bibw":
+				v, err = d.stream(ctx, boot, size, j.Window, true)
+			default:
+				err = fmt.Errorf("test %q is not available in direct mode", test)
+			}
+			if err != nil {
+				return fmt.Errorf("direct %s at %d bytes: %w", test, size, err)
+			}
+			if d.rank == 0 {
+				emit(sample{Test: test, Size: size, Value: v})
+			}
+		}
+	}
+	if err := d.await(ctx, func() bool { return d.inflight.Load() == 0 }); err != nil {
+		return err
+	}
+	return boot.Fence(ctx) // nobody closes while the peer still reads
+}
+
+// await drives progress until cond holds, with the multidevice's waiting
+// policy minus the parking: polls back to back for spinFor, then a yield of
+// the processor between polls (a machine with fewer cores than spinning
+// ranks otherwise stalls), so that the two modes differ only in what the
+// multidevice does per message.
+func (d *directRank) await(ctx context.Context, cond func() bool) error {
+	var start time.Time
+	yield := false
+	for i := 0; !cond(); i++ {
+		if d.poller != nil {
+			d.poller.Poll()
+		}
+		if yield || d.poller == nil {
+			runtime.Gosched()
+			syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0)
+		}
+		if i%16 == 0 {
+			if i == 0 {
+				start = time.Now()
+			} else {
+				yield = time.Since(start) > spinFor
+			}
+		}
+		if i%4096 == 4095 {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			if p := d.h.down.Load(); p != nil {
+				return *p
+			}
+		}
+	}
+	return nil
+}
+
+// send sends one message of size bytes (in frames of at most MaxFrame), or
+// an acknowledgement.
+func (d *directRank) send(ctx context.Context, size int, kind byte) error {
+	off := 0
+	for first := true; first || off < size; first = false {
+		n := min(size-off, d.caps.MaxFrame)
+		f := sdi.Frame{Peer: d.peer, Header: d.hdr[kind], Payload: d.sbuf[off : off+n]}
+		for try := 1; ; try++ {
+			done, err := d.sd.Send(&f)
+			if errors.Is(err, sdi.ErrWouldBlock) {
+				// Keep receiving while the peer's ring is full: it may be
+				// blocked sending to us (bibw).
+				if d.poller != nil {
+					d.poller.Poll()
+				} else {
+					runtime.Gosched()
+				}
+				if try%4096 == 0 && ctx.Err() != nil {
+					return ctx.Err()
+				}
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			if !done {
+				d.inflight.Add(1)
+			}
+			break
+		}
+		off += n
+	}
+	return nil
+}
+
+func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int) (float64, error) {
+	n := latIters(size, d.scale)
+	warm := n / 10
+	var t0 time.Time
+	for i := range n + warm {
+		if i == warm {
+			if err := boot.Fence(ctx); err != nil {
+				return 0, err
+			}
+			t0 = time.Now()
+		}
+		d.wantBytes += int64(size)
+		got := func() bool { return d.h.bytes.Load() >= d.wantBytes }
+		if d.rank == 0 {
+			if err := d.send(ctx, size, frameData); err != nil {
+				return 0, err
+			}
+		}
+		if err := d.await(ctx, got); err != nil {
+			return 0, err
+		}
+		if d.rank == 1 {
+			if err := d.send(ctx, size, frameData); err != nil {
+				return 0, err
+			}
+		}
+	}
+	return float64(time.Since(t0).Nanoseconds()) / 1e3 / float64(2*n), nil
+}
+
+func (d *directRank) stream(ctx context.Context, boot bootstrap.Bootstrap, size, window int, bidir bool) (float64, error) {
+	n := bwIters(size, d.scale)
+	warm := n/10 + 1
+	var t0 time.Time
+	sender := d.rank == 0 || bidir
+	receiver := d.rank == 1 || bidir
+	for i := range n + warm {
+		if i == warm {
+			if err := boot.Fence(ctx); err != nil {
+				return 0, err
+			}
+			t0 = time.Now()
+		}
+		if sender {
+			for range window {
+				if err := d.send(ctx, size, frameData); err != nil {
+					return 0, err
+				}
+			}
+		}
+		if receiver {
+			d.wantBytes += int64(size * window)
+		}
+		if err := d.await(ctx, func() bool { return d.h.bytes.Load() >= d.wantBytes && d.inflight.Load() == 0 }); err != nil {
+			return 0, err
+		}
+		if !bidir {
+			if d.rank == 1 {
+				if err := d.send(ctx, 4, frameAck); err != nil {
+					return 0, err
+				}
+			} else {
+				d.wantAcks++
+				if err := d.await(ctx, func() bool { return d.h.acks.Load() >= d.wantAcks }); err != nil {
+					return 0, err
+				}
+			}
+		}
+	}
+	mult := 1.0
+	if bidir {
+		mult = 2
+	}
+	return mult * float64(size) * float64(window) * float64(n) / time.Since(t0).Seconds() / 1e6, nil
+}

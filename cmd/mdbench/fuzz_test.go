@@ -1,0 +1,45 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"testing"
+)
+
+func FuzzParseSize(f *testing.F) {
+	for _, s := range []string{"8", "4K", "64KiB", "1M", "1mib", "0", "-1", "K", "999999999999M"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := parseSize(s)
+		if err == nil && (n < 1 || n > 256<<20) {
+			t.Fatalf("parseSize(%q) = %d, outside [1, 256 MiB]", s, n)
+		}
+	})
+}
+
+func FuzzParseOSU(f *testing.F) {
+	f.Add([]byte("lat 8 0.5623\nlat 65536 6.4683\n"))
+	f.Add([]byte("bw 8 47.7\nwarning: something\nmr 8 1e7\n"))
+	f.Add([]byte("lat x 1\n"))
+	f.Add([]byte("idle 1 NaN\n"))
+	f.Fuzz(func(t *testing.T, out []byte) {
+		samples, err := parseOSU(out)
+		if err != nil {
+			return
+		}
+		for _, s := range samples {
+			if s.Size < 0 || s.Value != s.Value {
+				t.Fatalf("accepted %+v", s)
+			}
+		}
+	})
+}
+
+func FuzzReadSamples(f *testing.F) {
+	f.Add([]byte(resultPrefix + `{"test":"lat","size":8,"value":1.5}` + "\n"))
+	f.Add([]byte(resultPrefix + "{\n"))
+	f.Fuzz(func(t *testing.T, out []byte) {
+		_, _ = readSamples(bytes.NewReader(out), io.Discard)
+	})
+}

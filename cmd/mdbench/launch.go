@@ -1,0 +1,122 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+)
+
+// launch starts n ranks of this program for job j, with a rendezvous
+// service of its own (as mdrun does), and returns the samples they printed.
+func launch(ctx context.Context, n int, j childJob, logger hclog.Logger) ([]sample, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find own executable: %w", err)
+	}
+	cfg, err := json.Marshal(j)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := bootstrap.NewServer(n, logger.Named("rendezvous"))
+	if err != nil {
+		return nil, err
+	}
+	serveCtx, stopServe := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(serveCtx) }()
+	defer func() {
+		stopServe()
+		<-served
+	}()
+
+	type exit struct {
+		rank int
+		err  error
+	}
+	var (
+		mu      sync.Mutex
+		samples []sample
+	)
+	exits := make(chan exit, n)
+	cmds := make([]*exec.Cmd, 0, n)
+	killAll := func() {
+		for _, c := range cmds {
+			_ = c.Process.Kill() // an exited rank just reports that
+		}
+	}
+	for r := range n {
+		cmd := exec.CommandContext(ctx, self)
+		cmd.Env = append(append(os.Environ(), srv.Env(r)...), childEnv+"="+string(cfg))
+		cmd.Stderr = os.Stderr // ranks are quiet unless MD_LOG_LEVEL says otherwise
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		out, err := cmd.StdoutPipe()
+		if err == nil {
+			err = cmd.Start()
+		}
+		if err != nil {
+			killAll()
+			for range cmds {
+				<-exits
+			}
+			return nil, fmt.Errorf("start rank %d: %w", r, err)
+		}
+		cmds = append(cmds, cmd)
+		go func() {
+			got, perr := readSamples(out, os.Stderr)
+			mu.Lock()
+			samples = append(samples, got...)
+			mu.Unlock()
+			err := cmd.Wait()
+			if err == nil {
+				err = perr
+			}
+			exits <- exit{r, err}
+		}()
+	}
+	// A rank that fails leaves the others blocked in a receive: end them.
+	var errs []string
+	for range n {
+		if e := <-exits; e.err != nil {
+			if len(errs) == 0 {
+				killAll()
+			}
+			errs = append(errs, fmt.Sprintf("rank %d: %v", e.rank, e.err))
+		}
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%s (the ranks' messages are above)", strings.Join(errs, "; "))
+	}
+	return samples, nil
+}
+
+// readSamples parses the result lines of a rank's stdout and passes other
+// lines on to other.
+func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
+	var out []sample
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, resultPrefix)
+		if !ok {
+			fmt.Fprintln(other, line)
+			continue
+		}
+		var s sample
+		if err := json.Unmarshal([]byte(rest), &s); err != nil {
+			return out, fmt.Errorf("bad result line %q: %w", line, err)
+		}
+		out = append(out, s)
+	}
+	return out, sc.Err()
+}

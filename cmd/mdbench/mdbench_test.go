@@ -1,0 +1,187 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"encoding/xml"
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMain lets the test binary act as a rank: launch starts
+// os.Executable(), which under go test is this binary.
+func TestMain(m *testing.M) {
+	if os.Getenv(childEnv) != "" {
+		os.Exit(childMain())
+	}
+	os.Exit(m.Run())
+}
+
+func TestParseSize(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int
+		bad  bool
+	}{
+		{"8", 8, false},
+		{"4K", 4096, false},
+		{"64KiB", 64 << 10, false},
+		{"1M", 1 << 20, false},
+		{"1mib", 1 << 20, false},
+		{" 512 ", 512, false},
+		{"0", 0, true},
+		{"-3", 0, true},
+		{"1G", 0, true},
+		{"300M", 0, true},
+		{"", 0, true},
+		{"K", 0, true},
+	} {
+		got, err := parseSize(tc.in)
+		if tc.bad != (err != nil) || got != tc.want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d, error %v", tc.in, got, err, tc.want, tc.bad)
+		}
+	}
+}
+
+func TestParseArgs(t *testing.T) {
+	for _, tc := range []struct {
+		args  []string
+		tests string
+		err   string
+	}{
+		{nil, "lat bw bibw", ""},
+		{[]string{"idle", "-seconds", "2"}, "idle", ""},
+		{[]string{"-sub", "tcp", "lat", "mr", "lat"}, "lat mr", ""},
+		{[]string{"-reps", "0"}, "", "-reps"},
+		{[]string{"-format", "xml"}, "", "-format"},
+		{[]string{"-sizes", "8,zz"}, "", "-sizes"},
+		{[]string{"-sub", "shm", "-plugins", "p.hcl"}, "", "-sub and -plugins"},
+		{[]string{"-plugins", "p.hcl", "-direct"}, "", "-direct needs -sub"},
+		{[]string{"latency"}, "", "unknown test"},
+	} {
+		o, err := parseArgs(tc.args, &bytes.Buffer{})
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("parseArgs(%q) error %v, want one containing %q", tc.args, err, tc.err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("parseArgs(%q): %v", tc.args, err)
+			continue
+		}
+		if got := strings.Join(o.tests, " "); got != tc.tests {
+			t.Errorf("parseArgs(%q) tests %q, want %q", tc.args, got, tc.tests)
+		}
+	}
+}
+
+func TestSummarizeAndRatios(t *testing.T) {
+	c := newCollector()
+	c.add(ours, []sample{{"lat", 8, 3}, {"lat", 8, 1}, {"lat", 8, 2}, {"bw", 8, 10}})
+	c.add("mpich", []sample{{"lat", 8, 4}, {"lat", 8, 4}, {"bw", 8, 40}, {"bw", 8, 20}})
+	var r report
+	c.summarize(&r)
+	s, ok := r.stat("lat", 8, ours)
+	if !ok || s.Median != 2 || s.Min != 1 || s.Max != 3 {
+		t.Fatalf("lat stat %+v", s)
+	}
+	if s, _ := r.stat("bw", 8, "mpich"); s.Median != 30 {
+		t.Fatalf("even count median %v, want 30", s.Median)
+	}
+	if x, ok := r.ratio("lat", 8, "mpich"); !ok || x != 0.5 {
+		t.Fatalf("lat ratio %v, want 0.5", x)
+	}
+	if x, _ := r.ratio("bw", 8, "mpich"); x != 10.0/30 {
+		t.Fatalf("bw ratio %v, want %v", x, 10.0/30)
+	}
+	var out bytes.Buffer
+	if err := r.writeTable(&out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"md/mpich", "2.000 [1.000, 3.000]", "0.50"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if err := r.writeSVG(&out); err != nil {
+		t.Fatal(err)
+	}
+	if err := xml.Unmarshal(out.Bytes(), new(struct{})); err != nil {
+		t.Fatalf("plot is not well-formed XML: %v", err)
+	}
+	if n := strings.Count(out.String(), "<polyline"); n != 4 {
+		t.Fatalf("plot has %d series lines, want 4 (2 series in 2 panels)", n)
+	}
+}
+
+// TestRunShm runs mdbench itself, briefly, over shm with and without the
+// multidevice, and checks the JSON it prints. It checks that figures
+// exist and are positive, not how fast they are.
+func TestRunShm(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	svg := t.TempDir() + "/plot.svg"
+	var out, errOut bytes.Buffer
+	args := []string{"-reps", "2", "-scale", "0.02", "-sizes", "8,20K,300K", "-window", "4", "-direct", "-format", "json", "-svg", svg, "lat", "bw", "bibw", "mr"}
+	if code := run(ctx, args, &out, &errOut); code != 0 {
+		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
+	}
+	var r report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	for _, test := range []string{"lat", "bw", "bibw", "mr"} {
+		for _, size := range []int{8, 20 << 10, 300 << 10} {
+			series := []string{ours, "direct"}
+			if test == "mr" {
+				series = series[:1]
+			}
+			for _, se := range series {
+				s, ok := r.stat(test, size, se)
+				if !ok || len(s.Values) != 2 || s.Min <= 0 {
+					t.Errorf("%s %d %s: %+v (found %v)", test, size, se, s, ok)
+				}
+			}
+		}
+	}
+	if _, ok := r.ratio("lat", 8, "direct"); !ok {
+		t.Error("no multidevice/direct ratio")
+	}
+	if b, err := os.ReadFile(svg); err != nil || !bytes.Contains(b, []byte("<svg")) {
+		t.Errorf("plot: %v", err)
+	}
+}
+
+// TestRunIdle runs `mdbench idle` and checks the figure it reports: a rank
+// process blocked in Recv for two seconds uses under 2 % of a core.
+func TestRunIdle(t *testing.T) {
+	if testing.Short() {
+		t.Skip("takes two seconds")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	if code := run(ctx, []string{"idle", "-seconds", "2", "-format", "json"}, &out, &errOut); code != 0 {
+		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
+	}
+	var r report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	s, ok := r.stat("idle", 8, ours)
+	if !ok {
+		t.Fatalf("no idle figure in %s", out.String())
+	}
+	t.Logf("rank blocked in Recv: %.3f %% of a core", s.Median)
+	if s.Median >= 2 {
+		t.Fatalf("rank blocked in Recv used %.2f %% of a core, want < 2 %%", s.Median)
+	}
+}

@@ -1,0 +1,292 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// ours is the series every ratio is taken of.
+const ours = "multidevice"
+
+// units and titles of the tests.
+var testInfo = map[string]struct {
+	unit, title string
+	lowerBetter bool
+}{
+	"lat":  {"us", "latency, half round trip", true},
+	"bw":   {"MB/s", "bandwidth, one way", false},
+	"bibw": {"MB/s", "bandwidth, both ways", false},
+	"mr":   {"msg/s", "message rate, all pairs", false},
+	"idle": {"% core", "CPU of a rank blocked in Recv", true},
+}
+
+// stat summarizes the repetitions of one figure.
+type stat struct {
+	Test   string    `json:"test"`
+	Unit   string    `json:"unit"`
+	Size   int       `json:"size"`
+	Series string    `json:"series"`
+	Median float64   `json:"median"`
+	Min    float64   `json:"min"`
+	Max    float64   `json:"max"`
+	Values []float64 `json:"values"`
+}
+
+// ratio is ours divided by another series, of the medians.
+type ratio struct {
+	Test  string  `json:"test"`
+	Size  int     `json:"size"`
+	Of    string  `json:"of"`
+	To    string  `json:"to"`
+	Ratio float64 `json:"ratio"`
+}
+
+// report is everything one mdbench run found.
+type report struct {
+	Command    string   `json:"command"`
+	Route      string   `json:"route"`
+	Reps       int      `json:"reps"`
+	CPUs       int      `json:"cpus"`
+	LoadBefore string   `json:"load_before"`
+	LoadAfter  string   `json:"load_after"`
+	Series     []string `json:"series"`
+	Stats      []stat   `json:"results"`
+	Ratios     []ratio  `json:"ratios"`
+	Notes      []string `json:"notes,omitempty"`
+}
+
+// collector gathers samples by (test, size, series).
+type collector struct {
+	tests, series []string
+	sizes         []int
+	values        map[string][]float64
+}
+
+func newCollector() *collector { return &collector{values: map[string][]float64{}} }
+
+func ckey(test string, size int, series string) string {
+	return test + "/" + strconv.Itoa(size) + "/" + series
+}
+
+func (c *collector) add(series string, samples []sample) {
+	if !slices.Contains(c.series, series) {
+		c.series = append(c.series, series)
+	}
+	for _, s := range samples {
+		if !slices.Contains(c.tests, s.Test) {
+			c.tests = append(c.tests, s.Test)
+		}
+		if !slices.Contains(c.sizes, s.Size) {
+			c.sizes = append(c.sizes, s.Size)
+			slices.Sort(c.sizes)
+		}
+		k := ckey(s.Test, s.Size, series)
+		c.values[k] = append(c.values[k], s.Value)
+	}
+}
+
+// summarize fills r's stats and ratios.
+func (c *collector) summarize(r *report) {
+	r.Series = c.series
+	for _, test := range c.tests {
+		for _, size := range c.sizes {
+			med := map[string]float64{}
+			for _, se := range c.series {
+				vs := c.values[ckey(test, size, se)]
+				if len(vs) == 0 {
+					continue
+				}
+				st := summarize(vs)
+				st.Test, st.Unit, st.Size, st.Series = test, testInfo[test].unit, size, se
+				r.Stats = append(r.Stats, st)
+				med[se] = st.Median
+			}
+			if m, ok := med[ours]; ok {
+				for _, se := range c.series {
+					if o, ok := med[se]; ok && se != ours && o != 0 {
+						r.Ratios = append(r.Ratios, ratio{Test: test, Size: size, Of: ours, To: se, Ratio: m / o})
+					}
+				}
+			}
+		}
+	}
+}
+
+// summarize returns the median, minimum and maximum of vs.
+func summarize(vs []float64) stat {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	med := s[len(s)/2]
+	if len(s)%2 == 0 {
+		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+	}
+	return stat{Median: med, Min: s[0], Max: s[len(s)-1], Values: vs}
+}
+
+func (r *report) stat(test string, size int, series string) (stat, bool) {
+	for _, s := range r.Stats {
+		if s.Test == test && s.Size == size && s.Series == series {
+			return s, true
+		}
+	}
+	return stat{}, false
+}
+
+func (r *report) ratio(test string, size int, to string) (float64, bool) {
+	for _, x := range r.Ratios {
+		if x.Test == test && x.Size == size && x.To == to {
+			return x.Ratio, true
+		}
+	}
+	return 0, false
+}
+
+// writeTable prints one table per test: medians with [min, max], then our
+// median divided by each other series'.
+func (r *report) writeTable(w io.Writer) error {
+	fmt.Fprintf(w, "mdbench: %s; %d repetitions, medians [min, max]; %d CPUs, load %s -> %s\n",
+		r.Route, r.Reps, r.CPUs, r.LoadBefore, r.LoadAfter)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", n)
+	}
+	var tests []string
+	var sizes []int
+	for _, s := range r.Stats {
+		if !slices.Contains(tests, s.Test) {
+			tests = append(tests, s.Test)
+		}
+		if !slices.Contains(sizes, s.Size) {
+			sizes = append(sizes, s.Size)
+		}
+	}
+	slices.Sort(sizes)
+	for _, test := range tests {
+		info := testInfo[test]
+		better := "higher is better"
+		if info.lowerBetter {
+			better = "lower is better"
+		}
+		fmt.Fprintf(w, "\n%s: %s (%s, %s)\n", test, info.title, info.unit, better)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		head := []string{"size"}
+		head = append(head, r.Series...)
+		var others []string
+		for _, se := range r.Series {
+			if se != ours {
+				others = append(others, se)
+				head = append(head, shortName(ours)+"/"+shortName(se))
+			}
+		}
+		fmt.Fprintln(tw, strings.Join(head, "\t"))
+		for _, size := range sizes {
+			row := []string{formatSize(size)}
+			any := false
+			for _, se := range r.Series {
+				s, ok := r.stat(test, size, se)
+				if !ok {
+					row = append(row, "-")
+					continue
+				}
+				any = true
+				row = append(row, fmt.Sprintf("%s [%s, %s]", num(s.Median), num(s.Min), num(s.Max)))
+			}
+			if !any {
+				continue
+			}
+			for _, se := range others {
+				if x, ok := r.ratio(test, size, se); ok {
+					row = append(row, fmt.Sprintf("%.2f", x))
+				} else {
+					row = append(row, "-")
+				}
+			}
+			fmt.Fprintln(tw, strings.Join(row, "\t"))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func shortName(series string) string {
+	if series == ours {
+		return "md"
+	}
+	return series
+}
+
+func (r *report) writeCSV(w io.Writer) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"test", "unit", "size", "series", "median", "min", "max", "reps", "ratio_md_to_series"})
+	for _, s := range r.Stats {
+		x := ""
+		if v, ok := r.ratio(s.Test, s.Size, s.Series); ok {
+			x = strconv.FormatFloat(v, 'f', 4, 64)
+		}
+		_ = cw.Write([]string{s.Test, s.Unit, strconv.Itoa(s.Size), s.Series,
+			strconv.FormatFloat(s.Median, 'g', 6, 64), strconv.FormatFloat(s.Min, 'g', 6, 64),
+			strconv.FormatFloat(s.Max, 'g', 6, 64), strconv.Itoa(len(s.Values)), x})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+func (r *report) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// num prints a figure with about three significant digits.
+func num(v float64) string {
+	switch {
+	case v >= 1000:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case v >= 100:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case v >= 10:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	default:
+		return strconv.FormatFloat(v, 'f', 3, 64)
+	}
+}
+
+// formatSize prints bytes as B, KiB or MiB when exact.
+func formatSize(n int) string {
+	switch {
+	case n >= 1<<20 && n%(1<<20) == 0:
+		return strconv.Itoa(n>>20) + " MiB"
+	case n >= 1<<10 && n%(1<<10) == 0:
+		return strconv.Itoa(n>>10) + " KiB"
+	}
+	return strconv.Itoa(n) + " B"
+}
+
+// parseSize reads "8", "4K", "64KiB", "1M", "1MiB".
+func parseSize(s string) (int, error) {
+	t := strings.TrimSpace(s)
+	mult := 1
+	lower := strings.ToLower(t)
+	for _, suf := range []struct {
+		s string
+		m int
+	}{{"kib", 1 << 10}, {"mib", 1 << 20}, {"k", 1 << 10}, {"m", 1 << 20}, {"b", 1}} {
+		if strings.HasSuffix(lower, suf.s) {
+			mult = suf.m
+			t = t[:len(t)-len(suf.s)]
+			break
+		}
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(t))
+	if err != nil || n < 1 || n > (256<<20)/mult {
+		return 0, fmt.Errorf("size %q: want a count of bytes from 1 to 256 MiB, like 8, 4K or 1MiB", s)
+	}
+	return n * mult, nil
+}

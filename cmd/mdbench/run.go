@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/hashicorp/go-hclog"
+
+	_ "github.com/hpc-multidevice/multidevice/adi" // links the built-in subdevices for --direct
+)
+
+const usage = `usage: mdbench [flags] [test...]
+
+Measures point-to-point speed between ranks this command starts itself on
+this host, OSU style. Tests (default: lat bw bibw):
+
+  lat    half round-trip latency, µs
+  bw     one-way bandwidth with a window of messages in flight, MB/s
+  bibw   bandwidth both ways at once, MB/s
+  mr     message rate of --pairs pairs streaming at once, messages/s
+  idle   CPU share of a rank blocked in Recv for --seconds (runs once)
+
+Every repetition launches the ranks afresh; with --direct and --baseline
+the series are interleaved within each repetition (their order alternates)
+and the report gives medians, minima and maxima, and our median divided by
+each other series' median.
+
+Flags:
+`
+
+// options are the parsed command line.
+type options struct {
+	tests     []string
+	sizes     []int
+	sub       string
+	plugins   string
+	conntable string
+	direct    bool
+	baseline  bool
+	mpis      []string
+	reps      int
+	window    int
+	pairs     int
+	scale     float64
+	seconds   float64
+	format    string
+	svg       string
+	out       string
+}
+
+var allTests = []string{"lat", "bw", "bibw", "mr", "idle"}
+
+func parseArgs(args []string, stderr io.Writer) (*options, error) {
+	o := &options{}
+	fs := flag.NewFlagSet("mdbench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprint(stderr, usage)
+		fs.PrintDefaults()
+	}
+	sizes := fs.String("sizes", "8,64,512,4K,16K,64K,256K,1M", "message sizes, comma-separated (suffixes K, M)")
+	fs.StringVar(&o.sub, "sub", "", "subdevice to measure alone: shm, tcp, ... (default shm unless -plugins or -conntable is given)")
+	fs.StringVar(&o.plugins, "plugins", "", "plugins.hcl choosing the subdevices, instead of -sub")
+	fs.StringVar(&o.conntable, "conntable", "", "connection table (file, or directory of <host>.json) choosing the routes")
+	fs.BoolVar(&o.direct, "direct", false, "also drive the subdevice through the SDI alone, without the multidevice (series \"direct\"; lat, bw, bibw)")
+	fs.BoolVar(&o.baseline, "baseline", false, "also build baseline/osu.c with each MPI of -mpi found here and run it, interleaved")
+	mpiList := fs.String("mpi", "mpich,openmpi", "MPI implementations for -baseline")
+	fs.IntVar(&o.reps, "reps", 10, "repetitions")
+	fs.IntVar(&o.window, "window", 64, "messages in flight per iteration of bw, bibw and mr")
+	fs.IntVar(&o.pairs, "pairs", 2, "pairs of ranks for mr")
+	fs.Float64Var(&o.scale, "scale", 1, "multiply every iteration count (ours and the baseline's) by this")
+	fs.Float64Var(&o.seconds, "seconds", 10, "how long idle blocks")
+	fs.StringVar(&o.format, "format", "table", "output: table, csv or json")
+	fs.StringVar(&o.svg, "svg", "", "also write a plot of latency and bandwidth against size to this SVG file")
+	fs.StringVar(&o.out, "o", "", "write the output to this file instead of stdout")
+
+	// Tests may come before, between or after the flags.
+	var flags []string
+	for _, a := range args {
+		if slices.Contains(allTests, a) {
+			if !slices.Contains(o.tests, a) {
+				o.tests = append(o.tests, a)
+			}
+			continue
+		}
+		flags = append(flags, a)
+	}
+	if err := fs.Parse(flags); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unknown test %q (tests: %s)", fs.Arg(0), strings.Join(allTests, ", "))
+	}
+	if len(o.tests) == 0 {
+		o.tests = []string{"lat", "bw", "bibw"}
+	}
+	for _, s := range strings.Split(*sizes, ",") {
+		n, err := parseSize(s)
+		if err != nil {
+			return nil, fmt.Errorf("-sizes: %w", err)
+		}
+		if !slices.Contains(o.sizes, n) {
+			o.sizes = append(o.sizes, n)
+		}
+	}
+	slices.Sort(o.sizes)
+	o.mpis = strings.Split(*mpiList, ",")
+	switch {
+	case o.sub == "" && o.plugins == "" && o.conntable == "":
+		o.sub = "shm"
+	case o.sub != "" && o.plugins != "":
+		return nil, errors.New("-sub and -plugins both choose the subdevices; give one")
+	case o.direct && o.sub == "":
+		return nil, errors.New("-direct needs -sub: the subdevice to drive")
+	}
+	switch {
+	case o.reps < 1:
+		return nil, fmt.Errorf("-reps %d: want at least 1", o.reps)
+	case o.window < 1:
+		return nil, fmt.Errorf("-window %d: want at least 1", o.window)
+	case o.pairs < 1:
+		return nil, fmt.Errorf("-pairs %d: want at least 1", o.pairs)
+	case o.scale <= 0:
+		return nil, fmt.Errorf("-scale %g: want more than 0", o.scale)
+	case o.seconds <= 0:
+		return nil, fmt.Errorf("-seconds %g: want more than 0", o.seconds)
+	case o.format != "table" && o.format != "csv" && o.format != "json":
+		return nil, fmt.Errorf("-format %q: want table, csv or json", o.format)
+	}
+	return o, nil
+}
+
+// route describes what is measured, for the report.
+func (o *options) route() string {
+	var parts []string
+	if o.sub != "" {
+		parts = append(parts, "subdevice "+o.sub)
+	}
+	if o.plugins != "" {
+		parts = append(parts, "plugins "+o.plugins)
+	}
+	if o.conntable != "" {
+		parts = append(parts, "conntable "+o.conntable)
+	}
+	return strings.Join(parts, ", ")
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, err := parseArgs(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "mdbench: %v\n", err)
+		return 2
+	}
+	rep, err := measure(ctx, o, stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "mdbench: %v\n", err)
+		return 1
+	}
+	rep.Command = "mdbench " + strings.Join(args, " ")
+	if err := o.write(rep, stdout); err != nil {
+		fmt.Fprintf(stderr, "mdbench: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func (o *options) write(rep *report, stdout io.Writer) error {
+	w := stdout
+	if o.out != "" {
+		f, err := os.Create(o.out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	var err error
+	switch o.format {
+	case "csv":
+		err = rep.writeCSV(w)
+	case "json":
+		err = rep.writeJSON(w)
+	default:
+		err = rep.writeTable(w)
+	}
+	if err != nil {
+		return err
+	}
+	if o.svg != "" {
+		f, err := os.Create(o.svg)
+		if err != nil {
+			return err
+		}
+		if err := rep.writeSVG(f); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	return nil
+}
+
+// measure runs every repetition, interleaving the series.
+func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error) {
+	logger := hclog.New(&hclog.LoggerOptions{Name: "mdbench", Level: hclog.LevelFromString(envOr("MD_LOG_LEVEL", "warn")), Output: stderr})
+	rep := &report{Route: o.route(), Reps: o.reps, CPUs: runtime.NumCPU(), LoadBefore: loadAvg()}
+	col := newCollector()
+
+	var mpis []mpi
+	if o.baseline {
+		dir, err := os.MkdirTemp("", "mdbench-baseline-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(dir)
+		var notes []string
+		mpis, notes = buildBaselines(ctx, o.mpis, dir)
+		rep.Notes = append(rep.Notes, notes...)
+		if o.plugins != "" || o.conntable != "" || (o.sub != "shm" && o.sub != "tcp") {
+			rep.Notes = append(rep.Notes, "the MPI baselines use their default intra-host transport (shared memory)")
+		}
+	}
+
+	job := childJob{Sizes: o.sizes, Window: o.window, Scale: o.scale, Sub: o.sub, Plugins: o.plugins, ConnTable: o.conntable, IdleSeconds: o.seconds}
+	var two, rate []string // tests run on two ranks, and message rate
+	for _, t := range o.tests {
+		switch t {
+		case "mr":
+			rate = append(rate, t)
+		case "idle":
+		default:
+			two = append(two, t)
+		}
+	}
+	if o.direct && slices.Contains(o.tests, "mr") {
+		rep.Notes = append(rep.Notes, "direct mode measures lat, bw and bibw only")
+	}
+
+	// steps are the launches of one repetition; their order alternates.
+	type step struct {
+		name string
+		fn   func() ([]sample, error)
+	}
+	var steps []step
+	steps = append(steps, step{ours, func() ([]sample, error) {
+		var all []sample
+		if len(two) > 0 {
+			j := job
+			j.Tests = two
+			s, err := launch(ctx, 2, j, logger)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, s...)
+		}
+		if len(rate) > 0 {
+			j := job
+			j.Tests = rate
+			s, err := launch(ctx, 2*o.pairs, j, logger)
+			if err != nil {
+				return nil, err
+			}
+			all = append(all, s...)
+		}
+		return all, nil
+	}})
+	if o.direct {
+		if d := slices.DeleteFunc(slices.Clone(two), func(t string) bool { return t == "mr" }); len(d) > 0 {
+			steps = append(steps, step{"direct", func() ([]sample, error) {
+				j := job
+				j.Tests, j.Direct = d, true
+				return launch(ctx, 2, j, logger)
+			}})
+		}
+	}
+	for _, m := range mpis {
+		steps = append(steps, step{m.name, func() ([]sample, error) {
+			var all []sample
+			for _, t := range append(slices.Clone(two), rate...) {
+				n, args := 2, []string{t}
+				if t != "lat" {
+					args = append(args, strconv.Itoa(o.window))
+				}
+				if t == "mr" {
+					n = 2 * o.pairs
+				}
+				for _, s := range o.sizes {
+					args = append(args, strconv.Itoa(s))
+				}
+				s, err := m.runBaseline(ctx, n, o.sub, o.scale, args...)
+				if err != nil {
+					return nil, err
+				}
+				all = append(all, s...)
+			}
+			return all, nil
+		}})
+	}
+	for i := range o.reps {
+		order := slices.Clone(steps)
+		if i%2 == 1 {
+			slices.Reverse(order)
+		}
+		var names []string
+		for _, st := range order {
+			names = append(names, st.name)
+		}
+		fmt.Fprintf(stderr, "mdbench: repetition %d/%d: %s\n", i+1, o.reps, strings.Join(names, ", "))
+		for _, st := range order {
+			if len(two)+len(rate) == 0 {
+				break
+			}
+			s, err := st.fn()
+			if err != nil {
+				return nil, fmt.Errorf("repetition %d, %s: %w", i+1, st.name, err)
+			}
+			col.add(st.name, s)
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+	}
+	if slices.Contains(o.tests, "idle") {
+		fmt.Fprintf(stderr, "mdbench: idle: a rank blocks in Recv for %gs\n", o.seconds)
+		j := job
+		j.Tests = []string{"idle"}
+		s, err := launch(ctx, 2, j, logger)
+		if err != nil {
+			return nil, fmt.Errorf("idle: %w", err)
+		}
+		col.add(ours, s)
+		for _, m := range mpis {
+			s, err := m.runBaseline(ctx, 2, o.sub, 1, "idle", strconv.FormatFloat(o.seconds, 'f', 0, 64))
+			if err != nil {
+				return nil, fmt.Errorf("idle: %w", err)
+			}
+			for i := range s {
+				s[i].Size = 8
+			}
+			col.add(m.name, s)
+		}
+	}
+	col.summarize(rep)
+	rep.LoadAfter = loadAvg()
+	return rep, nil
+}
+
+// loadAvg returns the 1-minute load average, or "?".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	if f := strings.Fields(string(b)); len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}

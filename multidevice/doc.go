@@ -1,0 +1,55 @@
+// Package multidevice is the device under adi: it maps a flat world of
+// ranks onto several subdevices (package sdi), chosen per peer and message
+// size from a connection table, and implements MPI matching, the eager and
+// rendezvous protocols and system messages on top of them. It owns no
+// transport code.
+//
+// # Usage
+//
+//	d, err := multidevice.Open(ctx, multidevice.Options{Bootstrap: b})
+//	r, err := d.Irecv(buf, multidevice.AnySource, multidevice.AnyTag, ctxID)
+//	err = d.Send(ctx, msg, peer, tag, ctxID, false)
+//	st, err := r.Wait(ctx)
+//	err = d.Close(ctx)
+//
+// # Progress model
+//
+// Who polls what. A subdevice that sets [sdi.FlagPoll] (shm) can be driven
+// by any goroutine through [sdi.Poller]. A goroutine that waits — in
+// [Request.Wait], [Device.Send], [Device.Recv], or adi's WaitAny and Probe
+// through [Device.Progress] — polls, in a loop, the pollable subdevices
+// that carry its peer's routes (all of them for an ANY_SOURCE receive),
+// and sends what the outbox holds (frames a subdevice refused with
+// ErrWouldBlock, clear-to-send and rendezvous data queued by handler
+// callbacks). Frames are therefore delivered, matched and answered on the
+// waiting goroutine, with no goroutine wake-up on a message's path. While
+// a goroutine polls like this, queuing a frame does not wake the outbox
+// goroutine.
+//
+// When a rank sleeps. The loop polls back to back for 100 µs, then yields
+// the processor (runtime.Gosched and sched_yield, so a peer process on the
+// same core can run) between polls up to 2 ms, then parks on
+// the request's channel. A request whose routes have no pollable
+// subdevice (tcp today) parks at once. So a rank blocked in Recv spends at
+// most 2 ms of CPU per call and then none.
+//
+// What wakes it. Each subdevice keeps its own goroutines for the time
+// nobody polls: shm's progress goroutine naps while Poll calls keep coming
+// and otherwise spins briefly, then sleeps on a futex word in the shared
+// segment that senders ring only when it sleeps; tcp reads through the
+// netpoller. Those goroutines call the same handler, which completes the
+// request and closes its channel; the outbox goroutine is woken when the
+// last polling goroutine stops with frames still queued. A subdevice that
+// delivers from both a poller and its own goroutine excludes the two
+// (shm: one lock over its receive rings), so per-peer Deliver order holds.
+//
+// # Hot path
+//
+// An eager send that the subdevice completes at once (done=true) takes a
+// pooled frame with room for the header, registers nothing, and completes
+// the request in place. Requests of the blocking Send and Recv come from a
+// pool; unexpected messages reuse buffers from a short free list; a
+// request's channel is made only if somebody selects on it; and Changed's
+// channel is replaced only if somebody holds it. Steady-state eager
+// ping-pong over shm allocates nothing (see adi's allocation test).
+package multidevice

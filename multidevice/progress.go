@@ -1,0 +1,175 @@
+package multidevice
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// How long a waiting goroutine drives progress before it parks: spinFor of
+// back-to-back polls, then polls with a yield of the processor between them
+// until spinTotal. spinTotal is longer than the shm progress goroutine's nap, so
+// that its hand-over to a parked waiter is rarely on a message's path, and
+// short enough that a rank blocked for long burns a negligible share of a
+// core (it parks after 2 ms, whatever the wait).
+const (
+	spinFor   = 100 * time.Microsecond
+	spinTotal = 2 * time.Millisecond
+	// spinCheckEvery is how many polling rounds pass between clock reads.
+	spinCheckEvery = 16
+)
+
+// progressState is the Device's part of the progress model in the package
+// doc: which subdevices a waiter polls, and how many waiters do.
+type progressState struct {
+	pollers     []sdi.Poller   // every subdevice with FlagPoll
+	peerPollers [][]sdi.Poller // [peer] those among them that carry its routes
+	// spinners counts goroutines in spin; while there is one, queued
+	// frames are sent by it and the outbox goroutine is not woken.
+	spinners atomic.Int32
+	reqs     sync.Pool // *Request, for the blocking Send and Recv
+}
+
+// initPolling finds the pollable subdevices once routes are known.
+func (d *Device) initPolling() error {
+	bySub := make(map[int]sdi.Poller)
+	for _, s := range d.subs[1:] {
+		if !s.caps.Flags.Has(sdi.FlagPoll) {
+			continue
+		}
+		p, ok := s.sd.(sdi.Poller)
+		if !ok {
+			return fmt.Errorf("multidevice: subdevice %q declares FlagPoll but does not implement sdi.Poller", s.name)
+		}
+		bySub[s.idx] = p
+		d.prog.pollers = append(d.prog.pollers, p)
+	}
+	d.prog.peerPollers = make([][]sdi.Poller, d.size)
+	for peer, classes := range d.routes {
+		seen := map[int]bool{}
+		for _, idx := range classes {
+			if p, ok := bySub[idx]; ok && !seen[idx] {
+				seen[idx] = true
+				d.prog.peerPollers[peer] = append(d.prog.peerPollers[peer], p)
+			}
+		}
+	}
+	return nil
+}
+
+// spin drives progress on the calling goroutine until done reports true
+// (it returns true) or the spin budget is spent (false). It polls the given
+// subdevices and sends what the outbox holds; with nothing to poll it
+// returns at once and the caller parks.
+func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
+	if len(pollers) == 0 {
+		return done()
+	}
+	d.prog.spinners.Add(1)
+	defer d.stopSpinning()
+	var start time.Time
+	yield := false
+	for i := 0; ; i++ {
+		for _, p := range pollers {
+			p.Poll()
+		}
+		d.out.help()
+		if done() {
+			return true
+		}
+		if yield {
+			runtime.Gosched()
+			osYield()
+		}
+		if i%spinCheckEvery == 0 {
+			if i == 0 {
+				start = time.Now()
+				continue
+			}
+			el := time.Since(start)
+			if el > spinTotal {
+				return false
+			}
+			yield = el > spinFor
+		}
+	}
+}
+
+// osYield gives the processor to another runnable thread, of this process
+// or another (sched_yield). runtime.Gosched alone only lets other
+// goroutines run; on a machine with fewer cores than spinning ranks, the
+// peer a rank waits for may be waiting for this core. The call does not
+// block, so it bypasses the Go scheduler's system-call bookkeeping.
+func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
+
+// stopSpinning ends a spin. If frames are queued, the outbox goroutine
+// takes over; push skipped waking it while this goroutine was sending.
+func (d *Device) stopSpinning() {
+	d.prog.spinners.Add(-1)
+	if d.out.queued.Load() > 0 {
+		d.out.kick()
+	}
+}
+
+// getRequest returns a fresh request from the pool.
+func (d *Device) getRequest(send bool, peer int32) *Request {
+	r, _ := d.prog.reqs.Get().(*Request)
+	if r == nil {
+		return d.newRequest(send, peer)
+	}
+	r.id, r.send, r.peer = d.nextID.Add(1), send, peer
+	return r
+}
+
+// putRequest gives r back to the pool if nothing else can reach it any more.
+func (d *Device) putRequest(r *Request) {
+	if r.reusable() {
+		r.reset()
+		d.prog.reqs.Put(r)
+	}
+}
+
+// Send sends buf to world rank dst and returns when buf may be reused (with
+// sync set: when the receiver matched it). It is Isend plus Wait without a
+// request the caller could keep, so the request is recycled.
+func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uint64, sync bool) error {
+	r, err := d.isend(d.getRequest(true, int32(dst)), buf, dst, tag, context, sync)
+	if err != nil {
+		return err
+	}
+	_, err = r.Wait(ctx)
+	d.putRequest(r)
+	return err
+}
+
+// Recv receives one message into buf, as Irecv plus Wait. When ctx ends
+// first the receive is cancelled; if it matched meanwhile it completes and
+// its result is returned.
+func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uint64) (Status, error) {
+	r, err := d.irecv(d.getRequest(false, int32(src)), buf, src, tag, context)
+	if err != nil {
+		return Status{}, err
+	}
+	st, err := r.Wait(ctx)
+	if ctx.Err() != nil && !r.isDone() {
+		d.Cancel(r)
+		if r.isDone() && !r.status.Cancelled { // it matched after all
+			st, err = r.status, r.err
+		}
+	}
+	d.putRequest(r)
+	return st, err
+}
+
+// Progress drives progress on the calling goroutine, polling every
+// pollable subdevice, until done reports true or the spin budget is spent;
+// it reports whether done became true. Callers that wait for something
+// other than one request (WaitAny, Probe) call it before parking on
+// Changed. done must not block; it is called after every polling round.
+func (d *Device) Progress(done func() bool) bool { return d.spin(d.prog.pollers, done) }

@@ -1,0 +1,120 @@
+package shm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// TestPollKeepsOrder has two goroutines poll rank 0 while the progress
+// goroutine may deliver too, with three senders wrapping small rings many
+// times. Per-sender order must hold and some frames must arrive through
+// Poll itself, on the polling goroutines.
+func TestPollKeepsOrder(t *testing.T) {
+	const n, frames = 4, 4000
+	j := openJob(t, n, jobOpts{config: []byte(`{"ring_bytes": 65536}`)})
+	if !j.local[0].Caps.Flags.Has(sdi.FlagPoll) {
+		t.Fatal("caps lack FlagPoll")
+	}
+	poller, ok := j.sds[0].(sdi.Poller)
+	if !ok {
+		t.Fatal("shm does not implement sdi.Poller")
+	}
+	var wg sync.WaitGroup
+	for a := 1; a < n; a++ {
+		wg.Go(func() {
+			for i := range uint64(frames) {
+				if err := sendRetry(j.sds[a], &sdi.Frame{Peer: 0, Header: u64(i), Payload: pattern(i, int(i*53%2000))}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	stop := make(chan struct{})
+	var polled atomic.Int64
+	var pollers sync.WaitGroup
+	for range 2 {
+		pollers.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				polled.Add(int64(poller.Poll()))
+			}
+		})
+	}
+	next := make([]uint64, n)
+	for range (n - 1) * frames {
+		m := j.hs[0].next(t)
+		i := binary.LittleEndian.Uint64(m.header)
+		if i != next[m.from] {
+			t.Fatalf("from rank %d: frame %d arrived, expected %d", m.from, i, next[m.from])
+		}
+		if !bytes.Equal(m.payload, pattern(i, int(i*53%2000))) {
+			t.Fatalf("from rank %d: frame %d payload differs", m.from, i)
+		}
+		next[m.from]++
+	}
+	close(stop)
+	pollers.Wait()
+	wg.Wait()
+	if polled.Load() == 0 {
+		t.Fatal("no frame was delivered through Poll")
+	}
+	t.Logf("%d of %d frames delivered through Poll", polled.Load(), (n-1)*frames)
+}
+
+// TestPollAfterCloseAndBeforeOpen checks that Poll is harmless on a device
+// that is not open.
+func TestPollAfterCloseAndBeforeOpen(t *testing.T) {
+	if got := New(nil).(sdi.Poller).Poll(); got != 0 {
+		t.Fatalf("Poll before Open = %d", got)
+	}
+	j := openJob(t, 2, jobOpts{})
+	mustSend(t, j.sds[1], &sdi.Frame{Peer: 0, Header: u64(1)})
+	j.hs[0].next(t)
+	if err := j.sds[0].Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if got := j.sds[0].(sdi.Poller).Poll(); got != 0 {
+		t.Fatalf("Poll after Close = %d", got)
+	}
+}
+
+// TestPollWhileProgressSleeps checks the hand-over both ways: a poller
+// takes frames from a receiver whose progress goroutine sleeps on the
+// doorbell, and once polling stops the progress goroutine delivers again
+// and eventually sleeps. Doorbell sleeps are unbounded, so a lost wake-up
+// hangs and the watchdog fails the test.
+func TestPollWhileProgressSleeps(t *testing.T) {
+	j := openJob(t, 2, jobOpts{noSleepBound: true})
+	sd := j.sds[1].(*device)
+	mem := sd.seg.Bytes()
+	waitSleeping := func() {
+		for word32(mem, offSleeping).Load() == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for round := range uint64(20) {
+		waitSleeping()
+		mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(2 * round)})
+		for sd.Poll() == 0 && len(j.hs[1].msgs) == 0 {
+		}
+		if m := j.hs[1].next(t); binary.LittleEndian.Uint64(m.header) != 2*round {
+			t.Fatalf("frame %d arrived as %x", 2*round, m.header)
+		}
+		// No more polls: the progress goroutine must take over.
+		mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(2*round + 1)})
+		if m := j.hs[1].next(t); binary.LittleEndian.Uint64(m.header) != 2*round+1 {
+			t.Fatalf("frame %d arrived as %x", 2*round+1, m.header)
+		}
+	}
+}
