@@ -59,6 +59,11 @@ type subDevice struct {
 	ep         addrsel.Endpoint       // this rank's card, for address selection
 
 	job atomic.Pointer[addrsel.Job] // from SetJobCards; nil until then
+
+	// Progress by polling (poll.go): the inbound connections Poll reads,
+	// replaced whole under mu, and the readers' stand-by while it does.
+	pollList atomic.Pointer[[]*inbound]
+	standby  *standby
 }
 
 // New returns an unopened tcp subdevice. logger is used until Open supplies
@@ -79,7 +84,7 @@ func (sd *subDevice) Info(context.Context) (sdi.Info, error) {
 // requires: whether frames to a peer may take several connections depends
 // on max_connections, not on this host's interfaces.
 func caps(cfg config) sdi.Caps {
-	flags := sdi.FlagReliable | sdi.FlagJobCards
+	flags := sdi.FlagReliable | sdi.FlagJobCards | sdi.FlagPoll
 	if cfg.ordered() {
 		flags |= sdi.FlagOrdered
 	}
@@ -158,8 +163,13 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.latest = make(map[sdi.Rank]*session)
 	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
-	sd.wg.Add(1)
+	sd.standby = newStandby()
+	sd.wg.Add(2)
 	go sd.acceptLoop()
+	go func() {
+		defer sd.wg.Done()
+		sd.standby.watch(sd.life)
+	}()
 	if log.IsDebug() {
 		desc := make([]string, len(ifaces))
 		for i, f := range ifaces {
@@ -342,10 +352,12 @@ func (sd *subDevice) peer(rank sdi.Rank, op string) (*peer, error) {
 	return p, nil
 }
 
-// Send queues f for the peer's writer and returns done=false; SendDone
-// follows from the writer goroutine once the frame is written (or failed).
-// It never blocks: a peer whose queue holds queue_bytes or more gets
-// ErrWouldBlock.
+// Send writes f to the socket at once when nothing is queued before it and
+// returns done=true if the socket took all of it. Otherwise it queues f, or
+// what is left of it, for the peer's writer and returns done=false;
+// SendDone follows from the writer goroutine once the frame is written (or
+// failed). It never blocks: a peer whose queue holds queue_bytes or more
+// gets ErrWouldBlock.
 func (sd *subDevice) Send(f *sdi.Frame) (bool, error) {
 	if sd.closed.Load() {
 		return false, fmt.Errorf("tcp: send: %w", sdi.ErrClosed)
@@ -358,7 +370,7 @@ func (sd *subDevice) Send(f *sdi.Frame) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return false, p.send(f)
+	return p.send(f)
 }
 
 // Flush waits until every frame accepted for rank before the call has had
