@@ -57,8 +57,8 @@ type lane struct {
 	conn  net.Conn
 	// sock writes without blocking from Send; nil when conn has no socket
 	// (tests), and then every frame goes through the writer.
-	sock *sock
-	wbuf [sdi.WireHeaderSize]byte // the wire header of the frame Send writes
+	sock  *sock
+	wbuf  [sdi.WireHeaderSize]byte // the wire header of the frame Send writes
 	h     sdi.Handler
 	log   hclog.Logger
 	limit int  // queue_bytes
