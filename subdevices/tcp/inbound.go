@@ -182,6 +182,7 @@ func (sd *subDevice) read(in *inbound, remote string) {
 	read := func(p []byte) (int, error) { return in.conn.Read(p) }
 	if in.sock != nil {
 		read = in.sock.read
+		in.sock.yield = &sd.standby.active
 	}
 	in.fr = newFrameReader(read, maxHeader, maxFrame)
 	if in.sock == nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 
@@ -21,6 +22,9 @@ import (
 // A sock is not safe for concurrent use; its owner's lock guards it.
 type sock struct {
 	raw syscall.RawConn
+	// yield, when set, ends waitReadable early while it reports true
+	// (pollers are at work and read the socket themselves).
+	yield *atomic.Bool
 
 	// Arguments and results of the calls, kept here so that the closures
 	// handed to Control are made once and calls allocate nothing.
@@ -67,6 +71,9 @@ func newSock(c net.Conn) *sock {
 	// peekFn reports whether a read would not block: data, end of stream
 	// or an error is there. It consumes nothing.
 	s.peekFn = func(fd uintptr) bool {
+		if s.yield != nil && s.yield.Load() {
+			return true
+		}
 		var b [1]byte
 		_, _, e := unix.Syscall6(unix.SYS_RECVFROM, fd, uintptr(unsafe.Pointer(&b[0])), 1, unix.MSG_PEEK|unix.MSG_DONTWAIT, 0, 0)
 		return e != unix.EAGAIN && e != unix.EINTR
@@ -127,8 +134,9 @@ func (s *sock) writev(bufs ...[]byte) (int, error) {
 
 // waitReadable parks the calling goroutine in Go's netpoller until a read
 // would not block, without reading anything, so that the parse state stays
-// free for pollers while it waits. It returns an error once the connection
-// is closed.
+// free for pollers while it waits. It also returns when it wakes to find
+// yield set: a poller took the data that woke it, and will take what
+// follows. It returns an error once the connection is closed.
 func (s *sock) waitReadable() error {
 	return s.raw.Read(s.peekFn)
 }
