@@ -45,6 +45,12 @@ type frameReader struct {
 	// header and payload, got of them so far, hl of them the header.
 	body          []byte // reused for every large frame; grows up to maxHeader+maxFrame
 	need, got, hl int
+
+	// short is set when a read returned less than it asked for: the
+	// socket was most likely empty after it, so next says errAgain rather
+	// than read again until the owner calls rearm. That saves a read which
+	// would fail with EAGAIN after every message, on the message's path.
+	short bool
 }
 
 func newFrameReader(read func([]byte) (int, error), maxHeader, maxFrame int) *frameReader {
@@ -112,7 +118,7 @@ func (fr *frameReader) next() (header, payload []byte, err error) {
 // nextLarge reads the rest of a frame that did not fit in the read buffer.
 func (fr *frameReader) nextLarge() (header, payload []byte, err error) {
 	for fr.got < fr.need {
-		n, err := fr.read(fr.body[fr.got:fr.need])
+		n, err := fr.readSome(fr.body[fr.got:fr.need])
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				err = fmt.Errorf("stream ended inside a %d-byte frame: %w", fr.need, io.ErrUnexpectedEOF)
@@ -134,10 +140,24 @@ func (fr *frameReader) fill() error {
 		fr.w = copy(fr.rbuf, fr.rbuf[fr.r:fr.w])
 		fr.r = 0
 	}
-	n, err := fr.read(fr.rbuf[fr.w:])
-	if err != nil {
-		return err
-	}
+	n, err := fr.readSome(fr.rbuf[fr.w:])
 	fr.w += n
-	return nil
+	return err
 }
+
+// readSome reads into p unless an earlier read came back short.
+func (fr *frameReader) readSome(p []byte) (int, error) {
+	if fr.short {
+		return 0, errAgain
+	}
+	n, err := fr.read(p)
+	if err != nil {
+		return 0, err
+	}
+	fr.short = n < len(p)
+	return n, nil
+}
+
+// rearm lets next read from the stream again after a short read; callers
+// do it when they come back to the connection (a new Poll, a wake-up).
+func (fr *frameReader) rearm() { fr.short = false }

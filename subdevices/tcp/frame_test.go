@@ -40,7 +40,8 @@ func trickle(stream []byte, chunk int) func([]byte) (int, error) {
 	}
 }
 
-// nextFrame calls next until it returns something other than errAgain.
+// nextFrame calls next until it returns something other than errAgain,
+// rearming the reader after each errAgain.
 // Between two errAgain a trickle hands over at least a byte, so more
 // errAgain than any test stream has bytes means next lost track.
 func nextFrame(t testing.TB, fr *frameReader) (header, payload []byte, err error) {
@@ -49,6 +50,7 @@ func nextFrame(t testing.TB, fr *frameReader) (header, payload []byte, err error
 		if !errors.Is(err, errAgain) {
 			return header, payload, err
 		}
+		fr.rearm() // as a poller coming back does
 		if again > 4<<20 {
 			t.Fatalf("next() said errAgain %d times in a row", again)
 		}

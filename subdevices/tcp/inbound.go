@@ -237,6 +237,7 @@ func (sd *subDevice) read(in *inbound, remote string) {
 // reader, which reports it; a blocking read function makes drain read
 // until then.
 func (sd *subDevice) drain(in *inbound, budget int) int {
+	in.fr.rearm()
 	n := 0
 	for in.err == nil && n != budget {
 		if sd.closed.Load() {
