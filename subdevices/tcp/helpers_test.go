@@ -37,7 +37,7 @@ func TestMain(m *testing.M) {
 // that are still running. A goroutine that just called wg.Done may still be
 // unwinding, so it looks a few times before reporting.
 func leakedGoroutines() string {
-	markers := []string{"tcp.(*subDevice).acceptLoop", "tcp.(*subDevice).serveInbound", "tcp.(*lane).writeLoop", "tcp.(*lane).watch", "tcp.(*standby).watch"}
+	markers := []string{"tcp.(*subDevice).acceptLoop", "tcp.(*subDevice).serveInbound", "tcp.(*lane).writeLoop", "tcp.(*lane).watch", "tcp.(*standby).watch", "tcp.(*idleWaiter).run"}
 	var found []string
 	for range 100 {
 		found = found[:0]

@@ -21,7 +21,8 @@ type inbound struct {
 	// goroutine, or a poller that got it with TryLock. It guards what
 	// follows.
 	mu    sync.Mutex
-	sock  *sock // nil when conn has no socket (tests): the reader blocks in Read
+	rx    *rxfd // the socket, once taken from conn
+	wid   int32 // rx's id with the subdevice's idleWaiter
 	fr    *frameReader
 	err   error         // why the stream ended; nothing is read after it is set
 	ended chan struct{} // closed when err is set, to wake a reader on stand-by
@@ -99,6 +100,10 @@ func (sd *subDevice) untrack(in *inbound) {
 	if in.err == nil {
 		in.err = net.ErrClosed
 	}
+	if in.rx != nil {
+		sd.idle.remove(in.rx.fd, in.wid)
+		in.rx.close()
+	}
 	in.mu.Unlock()
 	sd.mu.Lock()
 	delete(sd.inbound, in)
@@ -174,39 +179,32 @@ func (sd *subDevice) serveInbound(in *inbound) {
 const readerBudget = 256
 
 // read delivers in's frames until its stream ends or Close. While nobody
-// polls, it waits in the netpoller for data and parses it; while pollers
-// work, it stands by and leaves the connection to them.
+// polls, it waits for data (see awaitReadable) and parses it; while
+// pollers work, it stands by and leaves the connection to them.
 func (sd *subDevice) read(in *inbound, remote string) {
 	in.ended = make(chan struct{})
-	in.sock = newSock(in.conn)
-	read := func(p []byte) (int, error) { return in.conn.Read(p) }
-	if in.sock != nil {
-		read = in.sock.read
-		in.sock.yield = &sd.standby.active
-	}
-	in.fr = newFrameReader(read, maxHeader, maxFrame)
-	if in.sock == nil {
-		// Without a socket there is nothing to poll: read blocking, as
-		// the only reader.
-		in.mu.Lock()
-		sd.drain(in, -1)
-		err := in.err
-		in.mu.Unlock()
-		sd.inboundEnded(in.rank, remote, err)
+	rx, err := takeFD(in.conn)
+	if err != nil {
+		sd.log.Warn("dropping connection", "peer", in.rank, "remote_addr", remote, "error", err)
 		return
 	}
+	id, readable, err := sd.idle.add(rx.fd)
+	if err != nil {
+		rx.close()
+		sd.log.Warn("dropping connection", "peer", in.rank, "remote_addr", remote, "error", err)
+		return
+	}
+	in.mu.Lock()
+	in.rx, in.wid = rx, id
+	in.fr = newFrameReader(rx.read, maxHeader, maxFrame)
+	in.mu.Unlock()
 	if !sd.addPolled(in) {
 		return
 	}
 	defer sd.removePolled(in)
 	for {
-		if ch := sd.standby.waiting(); ch != nil {
-			select {
-			case <-ch:
-			case <-in.ended:
-			case <-sd.life.Done():
-				return
-			}
+		if !sd.standBy(in) {
+			return
 		}
 		// Drain before waiting: a poller may have left frames in the
 		// read buffer that the socket no longer signals.
@@ -222,12 +220,46 @@ func (sd *subDevice) read(in *inbound, remote string) {
 		if n == readerBudget || sd.standby.waiting() != nil {
 			continue
 		}
-		if err := in.sock.waitReadable(); err != nil {
-			if !sd.closed.Load() {
+		if err := sd.awaitReadable(in, readable); err != nil {
+			if !errors.Is(err, sdi.ErrClosed) {
 				sd.inboundEnded(in.rank, remote, err)
 			}
 			return
 		}
+	}
+}
+
+// standBy waits while pollers work, and reports false once Close started.
+func (sd *subDevice) standBy(in *inbound) bool {
+	ch := sd.standby.waiting()
+	if ch == nil {
+		return true
+	}
+	select {
+	case <-ch:
+	case <-in.ended:
+	case <-sd.life.Done():
+		return false
+	}
+	return true
+}
+
+// awaitReadable waits until in's socket has something to read or has
+// ended, or until Close (it returns ErrClosed then). A wake-up while
+// pollers work is the one per polling phase: the socket stays unarmed
+// afterwards, so further traffic wakes nobody.
+func (sd *subDevice) awaitReadable(in *inbound, readable <-chan struct{}) error {
+	in.mu.Lock()
+	err := sd.idle.arm(in.rx.fd, in.wid)
+	in.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-readable:
+		return nil
+	case <-sd.life.Done():
+		return sdi.ErrClosed
 	}
 }
 

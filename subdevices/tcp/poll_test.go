@@ -91,37 +91,32 @@ func TestPollKeepsOrder(t *testing.T) {
 	t.Logf("%d of %d frames delivered through Poll", polled.Load(), (n-1)*frames)
 }
 
-// readersInNetpoller counts goroutines of this package parked in the
-// netpoller for an inbound connection.
-func readersInNetpoller() int {
-	buf := make([]byte, 1<<20)
-	buf = buf[:runtime.Stack(buf, true)]
-	return strings.Count(string(buf), "tcp.(*sock).waitReadable")
-}
-
-// readersStandingBy counts reader goroutines parked on stand-by: in
-// subDevice.read, blocked in a select, and not in the netpoller.
-func readersStandingBy() int {
+// readersParkedIn counts reader goroutines parked (not running) in fn.
+func readersParkedIn(fn string) int {
 	buf := make([]byte, 1<<20)
 	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
 		first, _, _ := strings.Cut(g, "\n")
-		if strings.Contains(first, "[select") && strings.Contains(g, "tcp.(*subDevice).read(") && !strings.Contains(g, "waitReadable") {
+		if strings.Contains(first, "[select") && strings.Contains(g, fn) {
 			n++
 		}
 	}
 	return n
 }
 
-// awaitReaders waits until want reader goroutines are parked in the
-// netpoller.
+// readersWaiting counts readers waiting for their socket while nobody
+// polls; readersStandingBy those standing by for pollers.
+func readersWaiting() int    { return readersParkedIn("tcp.(*subDevice).awaitReadable") }
+func readersStandingBy() int { return readersParkedIn("tcp.(*subDevice).standBy") }
+
+// awaitReaders waits until want reader goroutines wait for their sockets.
 func awaitReaders(t *testing.T, want int, why string) {
 	t.Helper()
 	deadline := time.Now().Add(watchdog)
-	for readersInNetpoller() != want {
+	for readersWaiting() != want {
 		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d readers in the netpoller, want %d", why, readersInNetpoller(), want)
+			t.Fatalf("%s: %d readers waiting for their sockets, want %d", why, readersWaiting(), want)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -129,9 +124,9 @@ func awaitReaders(t *testing.T, want int, why string) {
 
 // TestPollStandsReadersBy checks the hand-over both ways: while both ranks
 // poll, a ping-pong runs on the polling goroutines and the reader
-// goroutines leave the netpoller (where every frame would wake them); once
-// polling stops, the readers go back to the netpoller and deliver without
-// anybody polling.
+// goroutines stand by rather than wait for their sockets (where every frame
+// would wake them); once polling stops, the readers wait for their sockets
+// again and deliver without anybody polling.
 func TestPollStandsReadersBy(t *testing.T) {
 	nodes := newJob(t, 2, jobOpts{})
 	a, b := nodes[0], nodes[1]
@@ -139,7 +134,7 @@ func TestPollStandsReadersBy(t *testing.T) {
 
 	// Each side polls until the other's next frame arrives, then answers,
 	// until stop; polling stops only with the ping-pong. A reader that is
-	// in the netpoller when polling starts leaves at the next frame.
+	// waiting for its socket when polling starts leaves at the next frame.
 	stop := make(chan struct{})
 	var polled [2]atomic.Int64
 	var rounds atomic.Int64
@@ -165,8 +160,8 @@ func TestPollStandsReadersBy(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { pingPong(0, a, b.rank, true) })
 	wg.Go(func() { pingPong(1, b, a.rank, false) })
-	// Both readers park on stand-by, neither in the netpoller nor
-	// spinning. Scheduling on a loaded machine can pause a poller long
+	// Both readers park on stand-by, neither waiting for their sockets
+	// nor spinning. Scheduling on a loaded machine can pause a poller long
 	// enough to end stand-by for a moment, so look for a few samples in a
 	// row.
 	deadline := time.Now().Add(watchdog)
@@ -174,8 +169,8 @@ func TestPollStandsReadersBy(t *testing.T) {
 		if time.Now().After(deadline) {
 			close(stop)
 			wg.Wait()
-			t.Fatalf("while both ranks poll: %d readers on stand-by, %d in the netpoller after %d frames; want 2 and 0",
-				readersStandingBy(), readersInNetpoller(), rounds.Load())
+			t.Fatalf("while both ranks poll: %d readers on stand-by, %d waiting for their sockets after %d frames; want 2 and 0",
+				readersStandingBy(), readersWaiting(), rounds.Load())
 		}
 		if readersStandingBy() == 2 {
 			good++

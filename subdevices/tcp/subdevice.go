@@ -64,6 +64,7 @@ type subDevice struct {
 	// replaced whole under mu, and the readers' stand-by while it does.
 	pollList atomic.Pointer[[]*inbound]
 	standby  *standby
+	idle     *idleWaiter // where readers wait while nobody polls
 }
 
 // New returns an unopened tcp subdevice. logger is used until Open supplies
@@ -132,8 +133,13 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	if len(p.Secret) == 0 {
 		log.Warn("no job secret: any process that knows the job id can connect")
 	}
+	idle, err := newIdleWaiter()
+	if err != nil {
+		return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
+	}
 	ln, err := listen(ctx, cfg.listen)
 	if err != nil {
+		idle.close()
 		return sdi.Local{}, err
 	}
 	lnAddr := ln.Addr().(*net.TCPAddr).AddrPort()
@@ -145,6 +151,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	b, err := c.encode()
 	if err != nil {
 		ln.Close()
+		idle.close()
 		return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
 	}
 
@@ -164,11 +171,16 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
 	sd.standby = newStandby()
-	sd.wg.Add(2)
+	sd.idle = idle
+	sd.wg.Add(3)
 	go sd.acceptLoop()
 	go func() {
 		defer sd.wg.Done()
 		sd.standby.watch(sd.life)
+	}()
+	go func() {
+		defer sd.wg.Done()
+		sd.idle.run()
 	}()
 	if log.IsDebug() {
 		desc := make([]string, len(ifaces))
@@ -455,6 +467,8 @@ func (sd *subDevice) shutdown() {
 	for _, c := range conns {
 		c.Close()
 	}
+	sd.idle.stop()
 	sd.wg.Wait()
+	sd.idle.close()
 	sd.log.Debug("closed")
 }
