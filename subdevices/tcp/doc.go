@@ -139,20 +139,30 @@
 // across pollers, readers and connections.
 //
 // Each inbound connection also has a reader goroutine for the time nobody
-// polls. It waits in Go's netpoller for the socket to become readable
-// without reading (a MSG_PEEK), then takes the lock and delivers what has
-// arrived. While Poll calls keep coming, the readers stand by on a channel
-// instead: a reader that wakes in the netpoller while pollers work leaves
-// it at once, so at most one wake-up per connection marks the start of a
-// polling phase, not every frame. A watcher goroutine ends stand-by when a
-// whole nap (500 µs, shorter than the multidevice's 2 ms of polling before
-// it parks) passes without a Poll call; the readers then drain what the
-// pollers left in the read buffer and go back to the netpoller, so an idle
-// rank burns no CPU and still receives.
+// polls. After the handshake the subdevice takes the socket out of Go's
+// netpoller (it keeps a duplicate of the descriptor and closes the
+// net.Conn): the netpoller keeps one epoll set for the whole process with
+// an idle thread blocked in it, and data arriving on any socket in that set
+// wakes that thread, whether or not a goroutine waits for it; on a machine
+// with few cores that wake-up took a polling rank's core on every message
+// and doubled the latency. Instead a reader waits on a channel fed by one
+// goroutine per instance blocked in the instance's own epoll set, where its
+// socket is armed one-shot for each wait; then it takes the lock and
+// delivers what has arrived. While Poll calls keep coming, the readers
+// stand by on another channel instead: a reader woken while pollers work
+// leaves its socket unarmed, so at most one wake-up per connection marks
+// the start of a polling phase, not every frame. A watcher goroutine ends
+// stand-by when a whole nap (500 µs, shorter than the multidevice's 2 ms
+// of polling before it parks) passes without a Poll call; the readers then
+// drain what the pollers left in the read buffer and wait for their
+// sockets again, so an idle rank burns no CPU and still receives.
 //
-// Socket calls off the netpoller go through [syscall.RawConn.Control],
-// which pins the descriptor against a concurrent Close for the call and
-// does not queue behind a goroutine parked on the same connection.
+// Sending stays with Go's net package (the writer goroutine waits in the
+// netpoller for a full socket, and nothing arrives on a send-only
+// connection to wake it); Send's own writes go through
+// [syscall.RawConn.Control], which pins the descriptor against a
+// concurrent Close for the call and does not queue behind a goroutine
+// parked on the same connection. The package needs Linux (epoll).
 //
 // # Capabilities
 //
