@@ -245,9 +245,10 @@ func (sd *subDevice) standBy(in *inbound) bool {
 }
 
 // awaitReadable waits until in's socket has something to read or has
-// ended, or until Close (it returns ErrClosed then). A wake-up while
-// pollers work is the one per polling phase: the socket stays unarmed
-// afterwards, so further traffic wakes nobody.
+// ended, or a poller found the stream over (a malformed frame leaves the
+// socket quiet), or until Close (it returns ErrClosed then). A wake-up
+// while pollers work is the one per polling phase: the socket stays
+// unarmed afterwards, so further traffic wakes nobody.
 func (sd *subDevice) awaitReadable(in *inbound, readable <-chan struct{}) error {
 	in.mu.Lock()
 	err := sd.idle.arm(in.rx.fd, in.wid)
@@ -257,10 +258,11 @@ func (sd *subDevice) awaitReadable(in *inbound, readable <-chan struct{}) error 
 	}
 	select {
 	case <-readable:
-		return nil
+	case <-in.ended:
 	case <-sd.life.Done():
 		return sdi.ErrClosed
 	}
+	return nil
 }
 
 // drain delivers the complete frames in reach, at most budget of them (no
