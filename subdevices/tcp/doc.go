@@ -96,12 +96,18 @@
 // # Framing and flow control
 //
 // Every frame is an [sdi.WireHeader] followed by the opaque header and the
-// payload. A writer goroutine per peer writes everything queued with one
-// writev and then reports SendDone for each frame, so Send always returns
-// done=false. The queue is bounded by queue_bytes (counting wire header,
-// header and payload of every frame accepted but not yet written), per
-// connection: Send
-// returns [sdi.ErrWouldBlock] while the queue holds queue_bytes or more, and
+// payload. When nothing is queued on the connection and nobody is writing
+// to it, Send writes the frame itself: wire header, header and payload in
+// one non-blocking writev straight from the caller's buffers. If the socket
+// takes it all, Send returns done=true and no SendDone follows. If the
+// socket fills up first, what is left (still the caller's buffers, never a
+// copy) goes to the front of the connection's queue and Send returns
+// done=false. A writer goroutine per connection writes everything queued
+// with one writev, waiting in Go's netpoller while the socket is full, and
+// then reports SendDone for each frame. The queue is bounded by
+// queue_bytes (counting wire header, header and payload of every frame
+// accepted but not yet written), per connection: Send returns
+// [sdi.ErrWouldBlock] while the queue holds queue_bytes or more, and
 // otherwise accepts a frame of any size up to MaxFrame. Memory per peer is
 // thus at most queue_bytes plus one frame, and a large frame is never
 // starved by a stream of small ones.
@@ -112,11 +118,51 @@
 // instance connected to: a peer's own connection to us ending is logged, not
 // reported, since that peer may simply have disconnected.
 //
-// A reader goroutine per accepted connection checks each wire header with
-// [sdi.DecodeWireHeader] before reading the body into one reusable buffer,
-// so a claimed length beyond the limits is never allocated. A malformed
-// frame closes that connection only, with a Warn naming the peer, its
-// address and what was wrong.
+// Inbound frames are parsed with non-blocking reads (see Progress): small
+// frames are batched through a 64 KiB read buffer and delivered from it;
+// larger ones are read straight into one reusable frame buffer, so a
+// payload is copied once, from the socket. Each wire header is checked with
+// [sdi.DecodeWireHeader] before the body is read, so a claimed length
+// beyond the limits is never allocated. A malformed frame closes that
+// connection only, with a Warn naming the peer, its address and what was
+// wrong.
+//
+// # Progress
+//
+// The subdevice sets [sdi.FlagPoll]: a rank that waits for a message calls
+// Poll ([sdi.Poller]) in a loop, and Poll reads every inbound connection
+// with non-blocking reads on the calling goroutine and delivers the frames
+// there, so no goroutine wakes up on a message's path. Each connection has
+// a lock over its parse state; Poll takes it with TryLock and skips a
+// connection somebody else is reading, and it delivers at most 64 frames
+// per connection per call. Deliver calls for one rank stay serialized
+// across pollers, readers and connections.
+//
+// Each inbound connection also has a reader goroutine for the time nobody
+// polls. After the handshake the subdevice takes the socket out of Go's
+// netpoller (it keeps a duplicate of the descriptor and closes the
+// net.Conn): the netpoller keeps one epoll set for the whole process with
+// an idle thread blocked in it, and data arriving on any socket in that set
+// wakes that thread, whether or not a goroutine waits for it; on a machine
+// with few cores that wake-up took a polling rank's core on every message
+// and doubled the latency. Instead a reader waits on a channel fed by one
+// goroutine per instance blocked in the instance's own epoll set, where its
+// socket is armed one-shot for each wait; then it takes the lock and
+// delivers what has arrived. While Poll calls keep coming, the readers
+// stand by on another channel instead: a reader woken while pollers work
+// leaves its socket unarmed, so at most one wake-up per connection marks
+// the start of a polling phase, not every frame. A watcher goroutine ends
+// stand-by when a whole nap (500 µs, shorter than the multidevice's 2 ms
+// of polling before it parks) passes without a Poll call; the readers then
+// drain what the pollers left in the read buffer and wait for their
+// sockets again, so an idle rank burns no CPU and still receives.
+//
+// Sending stays with Go's net package (the writer goroutine waits in the
+// netpoller for a full socket, and nothing arrives on a send-only
+// connection to wake it); Send's own writes go through
+// [syscall.RawConn.Control], which pins the descriptor against a
+// concurrent Close for the call and does not queue behind a goroutine
+// parked on the same connection. The package needs Linux (epoll).
 //
 // # Capabilities
 //
@@ -126,7 +172,7 @@
 //	Exclusivity 10 (below shm)
 //	Latency     25µs, Bandwidth 1.25 GB/s (nominal 10 Gbit/s Ethernet)
 //	Reach       network
-//	Flags       reliable, job cards; ordered with max_connections 1
+//	Flags       reliable, job cards, poll; ordered with max_connections 1
 //
 // # Configuration
 //

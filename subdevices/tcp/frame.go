@@ -1,7 +1,6 @@
 package tcp
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -16,37 +15,68 @@ const (
 	maxHeader = 256
 	maxEager  = 64 << 10
 	maxFrame  = 1 << 20
-	// readBufSize batches small frames into few read syscalls; frames at
-	// least this large are read straight into the frame buffer.
+	// readBufSize batches small frames into few read syscalls; frames that
+	// do not fit in it with their wire header are read straight into the
+	// frame buffer, so a large payload is copied once, from the socket.
 	readBufSize = 64 << 10
 )
 
-// frameReader parses frames from one inbound stream. It is not safe for
-// concurrent use: one reader goroutine owns it.
+// errAgain is what a frameReader's read function returns when the socket
+// has nothing to read right now (EAGAIN), and what next returns when no
+// whole frame has arrived yet.
+var errAgain = errors.New("tcp: no data yet")
+
+// frameReader parses frames from one inbound stream with non-blocking
+// reads: next returns errAgain when the frame is not complete yet and
+// carries on where it left off at the next call. It is not safe for
+// concurrent use: the inbound connection's lock guards it, held by its
+// reader goroutine or by a poller.
 type frameReader struct {
-	r         *bufio.Reader
+	// read reads what is there into p without blocking: n > 0, or errAgain,
+	// io.EOF or another error.
+	read      func(p []byte) (int, error)
 	maxHeader int
 	maxFrame  int
-	wire      [sdi.WireHeaderSize]byte
-	buf       []byte // reused for every frame; grows up to maxHeader+maxFrame
+
+	rbuf []byte // batches small frames; rbuf[r:w] is read but not parsed
+	r, w int
+
+	// A frame too large for rbuf is assembled in body: need bytes of
+	// header and payload, got of them so far, hl of them the header.
+	body          []byte // reused for every large frame; grows up to maxHeader+maxFrame
+	need, got, hl int
+
+	// short is set when a read returned less than it asked for: the
+	// socket was most likely empty after it, so next says errAgain rather
+	// than read again until the owner calls rearm. That saves a read which
+	// would fail with EAGAIN after every message, on the message's path.
+	short bool
 }
 
-func newFrameReader(r io.Reader, maxHeader, maxFrame int) *frameReader {
-	return &frameReader{r: bufio.NewReaderSize(r, readBufSize), maxHeader: maxHeader, maxFrame: maxFrame}
+func newFrameReader(read func([]byte) (int, error), maxHeader, maxFrame int) *frameReader {
+	return &frameReader{read: read, maxHeader: maxHeader, maxFrame: maxFrame, rbuf: make([]byte, readBufSize)}
 }
 
-// next reads one frame. header and payload alias the reader's buffer and are
-// valid until the next call. It returns io.EOF only for a stream that ended
-// cleanly between frames; a malformed frame gives an error wrapping
-// [sdi.ErrBadFrame], checked before any byte of the body is buffered.
+// next returns the next frame, reading what the stream has as needed.
+// header and payload alias the reader's buffers and are valid until the
+// next call. It returns errAgain when the frame is not complete and the
+// stream has nothing more right now; io.EOF only for a stream that ended
+// cleanly between frames; and an error wrapping [sdi.ErrBadFrame] for a
+// malformed frame, checked before any byte of its body is buffered beyond
+// the read buffer. After any other error the reader is unusable.
 func (fr *frameReader) next() (header, payload []byte, err error) {
-	if _, err := io.ReadFull(fr.r, fr.wire[:]); err != nil {
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, nil, fmt.Errorf("stream ended inside a wire header: %w", err)
-		}
-		return nil, nil, err
+	if fr.need > 0 {
+		return fr.nextLarge()
 	}
-	h, err := sdi.DecodeWireHeader(fr.wire[:], fr.maxHeader, fr.maxFrame)
+	for fr.w-fr.r < sdi.WireHeaderSize {
+		if err := fr.fill(); err != nil {
+			if errors.Is(err, io.EOF) && fr.w > fr.r {
+				return nil, nil, fmt.Errorf("stream ended inside a wire header: %w", io.ErrUnexpectedEOF)
+			}
+			return nil, nil, err
+		}
+	}
+	h, err := sdi.DecodeWireHeader(fr.rbuf[fr.r:fr.w], fr.maxHeader, fr.maxFrame)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -55,19 +85,79 @@ func (fr *frameReader) next() (header, payload []byte, err error) {
 	}
 	hl := int(h.HeaderLen)
 	n := hl + int(h.PayloadLen)
-	if cap(fr.buf) < n {
-		// Grow geometrically so a stream of slowly growing frames does not
-		// reallocate each time, but never past what a valid frame can need.
-		fr.buf = make([]byte, min(max(n, 2*cap(fr.buf)), fr.maxHeader+fr.maxFrame))
-	}
-	b := fr.buf[:n]
-	if _, err := io.ReadFull(fr.r, b); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
+	if sdi.WireHeaderSize+n > len(fr.rbuf) {
+		// Too large to batch: move what was read of it into the frame
+		// buffer and read the rest straight after it.
+		if cap(fr.body) < n {
+			// Grow geometrically so a stream of slowly growing frames does
+			// not reallocate each time, but never past what a valid frame
+			// can need.
+			fr.body = make([]byte, min(max(n, 2*cap(fr.body)), fr.maxHeader+fr.maxFrame))
 		}
-		return nil, nil, fmt.Errorf("stream ended inside a %d-byte frame: %w", n, err)
+		fr.r += sdi.WireHeaderSize
+		fr.need, fr.hl = n, hl
+		fr.got = copy(fr.body[:n], fr.rbuf[fr.r:fr.w])
+		fr.r += fr.got
+		return fr.nextLarge()
 	}
+	for fr.w-fr.r < sdi.WireHeaderSize+n {
+		if err := fr.fill(); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("stream ended inside a %d-byte frame: %w", n, io.ErrUnexpectedEOF)
+			}
+			return nil, nil, err
+		}
+	}
+	b := fr.rbuf[fr.r+sdi.WireHeaderSize : fr.r+sdi.WireHeaderSize+n]
+	fr.r += sdi.WireHeaderSize + n
 	// The header's capacity stops at its length, so a handler that appends
 	// to it cannot overwrite the payload.
 	return b[:hl:hl], b[hl:], nil
 }
+
+// nextLarge reads the rest of a frame that did not fit in the read buffer.
+func (fr *frameReader) nextLarge() (header, payload []byte, err error) {
+	for fr.got < fr.need {
+		n, err := fr.readSome(fr.body[fr.got:fr.need])
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = fmt.Errorf("stream ended inside a %d-byte frame: %w", fr.need, io.ErrUnexpectedEOF)
+			}
+			return nil, nil, err
+		}
+		fr.got += n
+	}
+	b := fr.body[:fr.need]
+	hl := fr.hl
+	fr.need, fr.got = 0, 0
+	return b[:hl:hl], b[hl:], nil
+}
+
+// fill reads what the stream has into the read buffer, after moving the
+// unparsed bytes to its start.
+func (fr *frameReader) fill() error {
+	if fr.r > 0 {
+		fr.w = copy(fr.rbuf, fr.rbuf[fr.r:fr.w])
+		fr.r = 0
+	}
+	n, err := fr.readSome(fr.rbuf[fr.w:])
+	fr.w += n
+	return err
+}
+
+// readSome reads into p unless an earlier read came back short.
+func (fr *frameReader) readSome(p []byte) (int, error) {
+	if fr.short {
+		return 0, errAgain
+	}
+	n, err := fr.read(p)
+	if err != nil {
+		return 0, err
+	}
+	fr.short = n < len(p)
+	return n, nil
+}
+
+// rearm lets next read from the stream again after a short read; callers
+// do it when they come back to the connection (a new Poll, a wake-up).
+func (fr *frameReader) rearm() { fr.short = false }

@@ -16,6 +16,47 @@ func encodeFrame(header, payload []byte) []byte {
 	return append(b, payload...)
 }
 
+// trickle plays a non-blocking socket that receives stream in pieces of at
+// most chunk bytes (all at once when chunk is 0), with nothing to read
+// (errAgain) before each piece, and then the end of the stream.
+func trickle(stream []byte, chunk int) func([]byte) (int, error) {
+	again := true
+	return func(p []byte) (int, error) {
+		if len(stream) == 0 {
+			return 0, io.EOF
+		}
+		if again {
+			again = false
+			return 0, errAgain
+		}
+		again = true
+		n := len(p)
+		if chunk > 0 {
+			n = min(n, chunk)
+		}
+		n = copy(p[:n], stream)
+		stream = stream[n:]
+		return n, nil
+	}
+}
+
+// nextFrame calls next until it returns something other than errAgain,
+// rearming the reader after each errAgain.
+// Between two errAgain a trickle hands over at least a byte, so more
+// errAgain than any test stream has bytes means next lost track.
+func nextFrame(t testing.TB, fr *frameReader) (header, payload []byte, err error) {
+	for again := 0; ; again++ {
+		header, payload, err = fr.next()
+		if !errors.Is(err, errAgain) {
+			return header, payload, err
+		}
+		fr.rearm() // as a poller coming back does
+		if again > 4<<20 {
+			t.Fatalf("next() said errAgain %d times in a row", again)
+		}
+	}
+}
+
 func TestFrameReader(t *testing.T) {
 	frames := [][2][]byte{
 		{nil, nil},
@@ -23,31 +64,37 @@ func TestFrameReader(t *testing.T) {
 		{nil, []byte("payload")},
 		{bytes.Repeat([]byte{1}, maxHeader), bytes.Repeat([]byte{2}, maxFrame)},
 		{[]byte("after the big one"), []byte("x")},
+		{nil, bytes.Repeat([]byte{3}, readBufSize-sdi.WireHeaderSize)}, // fills the read buffer exactly
+		{nil, bytes.Repeat([]byte{4}, readBufSize-sdi.WireHeaderSize+1)},
+		{[]byte("last"), nil},
 	}
 	var stream []byte
 	for _, f := range frames {
 		stream = append(stream, encodeFrame(f[0], f[1])...)
 	}
-	fr := newFrameReader(bytes.NewReader(stream), maxHeader, maxFrame)
-	for i, f := range frames {
-		h, p, err := fr.next()
-		if err != nil {
-			t.Fatalf("frame %d: %v", i, err)
+	for _, chunk := range []int{0, 1, 7, 4096, readBufSize + 3} {
+		fr := newFrameReader(trickle(stream, chunk), maxHeader, maxFrame)
+		for i, f := range frames {
+			h, p, err := nextFrame(t, fr)
+			if err != nil {
+				t.Fatalf("chunk %d: frame %d: %v", chunk, i, err)
+			}
+			if !bytes.Equal(h, f[0]) || !bytes.Equal(p, f[1]) {
+				t.Fatalf("chunk %d: frame %d: got %d+%d bytes, want %d+%d", chunk, i, len(h), len(p), len(f[0]), len(f[1]))
+			}
+			if cap(h) != len(h) {
+				t.Fatalf("chunk %d: frame %d: header has spare capacity %d into the payload", chunk, i, cap(h)-len(h))
+			}
 		}
-		if !bytes.Equal(h, f[0]) || !bytes.Equal(p, f[1]) {
-			t.Fatalf("frame %d: got %d+%d bytes, want %d+%d", i, len(h), len(p), len(f[0]), len(f[1]))
+		if _, _, err := nextFrame(t, fr); err != io.EOF {
+			t.Fatalf("chunk %d: after the last frame: %v, want io.EOF", chunk, err)
 		}
-		if cap(h) != len(h) {
-			t.Fatalf("frame %d: header has spare capacity %d into the payload", i, cap(h)-len(h))
-		}
-	}
-	if _, _, err := fr.next(); err != io.EOF {
-		t.Fatalf("after the last frame: %v, want io.EOF", err)
 	}
 }
 
 func TestFrameReaderErrors(t *testing.T) {
 	valid := encodeFrame([]byte("hdr"), []byte("payload"))
+	big := encodeFrame(nil, make([]byte, readBufSize))
 	tests := []struct {
 		name     string
 		in       []byte
@@ -55,43 +102,47 @@ func TestFrameReaderErrors(t *testing.T) {
 	}{
 		{"partial wire header", valid[:5], false},
 		{"partial body", valid[:len(valid)-1], false},
+		{"partial large body", big[:len(big)-1], false},
 		{"bad magic", append([]byte{0, 0}, valid[2:]...), true},
 		{"flags", func() []byte { b := bytes.Clone(valid); b[3] = 1; return b }(), true},
 		{"payload beyond MaxFrame", encodeFrame(nil, make([]byte, maxFrame+1)), true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			fr := newFrameReader(bytes.NewReader(tt.in), maxHeader, maxFrame)
-			_, _, err := fr.next()
+			fr := newFrameReader(trickle(tt.in, 0), maxHeader, maxFrame)
+			_, _, err := nextFrame(t, fr)
 			if err == nil || err == io.EOF {
 				t.Fatalf("next() = %v, want an error", err)
 			}
 			if got := errors.Is(err, sdi.ErrBadFrame); got != tt.badFrame {
 				t.Fatalf("next() = %v; wraps ErrBadFrame: %v, want %v", err, got, tt.badFrame)
 			}
-			if tt.badFrame && cap(fr.buf) != 0 {
-				t.Fatalf("allocated %d bytes for a frame it rejected", cap(fr.buf))
+			if tt.badFrame && cap(fr.body) != 0 {
+				t.Fatalf("allocated %d bytes for a frame it rejected", cap(fr.body))
 			}
 		})
 	}
 }
 
-// FuzzFrameReader feeds arbitrary streams to the frame reader: it must not
-// panic, must return frames within the limits, and must never grow its
-// buffer beyond what a valid frame needs.
+// FuzzFrameReader feeds arbitrary streams, in arbitrary pieces with pauses
+// between them, to the frame reader: it must not panic, must return frames
+// within the limits and exactly as they were on the stream, and must never
+// grow its buffer beyond what a valid frame needs.
 func FuzzFrameReader(f *testing.F) {
-	f.Add(encodeFrame([]byte("hdr"), []byte("payload")))
-	f.Add(append(encodeFrame(nil, nil), encodeFrame([]byte{1}, bytes.Repeat([]byte{9}, 300))...))
-	f.Add(encodeFrame(bytes.Repeat([]byte{1}, maxHeader), nil))
-	f.Add([]byte{0x4d, 0x44, 1, 0, 0xff, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff})
-	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		// Small limits so the fuzzer reaches "too large" easily.
+	f.Add(encodeFrame([]byte("hdr"), []byte("payload")), uint8(0))
+	f.Add(append(encodeFrame(nil, nil), encodeFrame([]byte{1}, bytes.Repeat([]byte{9}, 300))...), uint8(5))
+	f.Add(encodeFrame(bytes.Repeat([]byte{1}, maxHeader), nil), uint8(1))
+	f.Add([]byte{0x4d, 0x44, 1, 0, 0xff, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff}, uint8(3))
+	f.Add([]byte("GET / HTTP/1.1\r\n\r\n"), uint8(0))
+	f.Fuzz(func(t *testing.T, b []byte, chunk uint8) {
+		// Small limits so the fuzzer reaches "too large" easily, and a
+		// small read buffer so it reaches frames read past it.
 		const maxH, maxP = 16, 64
-		fr := newFrameReader(bytes.NewReader(b), maxH, maxP)
+		fr := newFrameReader(trickle(b, int(chunk)), maxH, maxP)
+		fr.rbuf = make([]byte, 32)
 		consumed := 0
 		for {
-			h, p, err := fr.next()
+			h, p, err := nextFrame(t, fr)
 			if err != nil {
 				if err == io.EOF && consumed != len(b) {
 					t.Fatalf("clean EOF after %d of %d bytes", consumed, len(b))
@@ -106,8 +157,8 @@ func FuzzFrameReader(f *testing.F) {
 			}
 			consumed += sdi.WireHeaderSize + len(h) + len(p)
 		}
-		if cap(fr.buf) > maxH+maxP {
-			t.Fatalf("buffer grew to %d bytes, limit %d", cap(fr.buf), maxH+maxP)
+		if cap(fr.body) > maxH+maxP {
+			t.Fatalf("buffer grew to %d bytes, limit %d", cap(fr.body), maxH+maxP)
 		}
 	})
 }

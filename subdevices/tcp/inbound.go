@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -15,6 +16,16 @@ type inbound struct {
 	rank sdi.Rank      // valid after the handshake
 	sess *session      // valid after the handshake
 	done chan struct{} // closed when its reader has returned
+
+	// mu is held by whoever reads and parses the stream: the reader
+	// goroutine, or a poller that got it with TryLock. It guards what
+	// follows.
+	mu    sync.Mutex
+	rx    *rxfd // the socket, once taken from conn
+	wid   int32 // rx's id with the subdevice's idleWaiter
+	fr    *frameReader
+	err   error         // why the stream ended; nothing is read after it is set
+	ended chan struct{} // closed when err is set, to wake a reader on stand-by
 }
 
 // session is the set of inbound lanes one Connect of a peer opened. Its
@@ -83,6 +94,17 @@ func (sd *subDevice) track(in *inbound) bool {
 }
 
 func (sd *subDevice) untrack(in *inbound) {
+	// A poller may be delivering from this connection: wait for it, and
+	// keep later ones out, before the session can count it as ended.
+	in.mu.Lock()
+	if in.err == nil {
+		in.err = net.ErrClosed
+	}
+	if in.rx != nil {
+		sd.idle.remove(in.rx.fd, in.wid)
+		in.rx.close()
+	}
+	in.mu.Unlock()
 	sd.mu.Lock()
 	delete(sd.inbound, in)
 	if s := in.sess; s != nil {
@@ -149,26 +171,135 @@ func (sd *subDevice) serveInbound(in *inbound) {
 		sd.mu.Unlock()
 	}
 
-	fr := newFrameReader(in.conn, maxHeader, maxFrame)
+	sd.read(in, remote)
+}
+
+// readerBudget bounds the frames the reader goroutine delivers before it
+// looks again whether pollers have come to take over.
+const readerBudget = 256
+
+// read delivers in's frames until its stream ends or Close. While nobody
+// polls, it waits for data (see awaitReadable) and parses it; while
+// pollers work, it stands by and leaves the connection to them.
+func (sd *subDevice) read(in *inbound, remote string) {
+	in.ended = make(chan struct{})
+	rx, err := takeFD(in.conn)
+	if err != nil {
+		sd.log.Warn("dropping connection", "peer", in.rank, "remote_addr", remote, "error", err)
+		return
+	}
+	id, readable, err := sd.idle.add(rx.fd)
+	if err != nil {
+		rx.close()
+		sd.log.Warn("dropping connection", "peer", in.rank, "remote_addr", remote, "error", err)
+		return
+	}
+	in.mu.Lock()
+	in.rx, in.wid = rx, id
+	in.fr = newFrameReader(rx.read, maxHeader, maxFrame)
+	in.mu.Unlock()
+	if !sd.addPolled(in) {
+		return
+	}
+	defer sd.removePolled(in)
 	for {
-		hdr, payload, err := fr.next()
-		if err != nil {
-			sd.inboundEnded(rank, remote, err)
+		if !sd.standBy(in) {
 			return
 		}
-		if sd.closed.Load() {
+		// Drain before waiting: a poller may have left frames in the
+		// read buffer that the socket no longer signals.
+		in.mu.Lock()
+		n := sd.drain(in, readerBudget)
+		err := in.err
+		in.mu.Unlock()
+		if err != nil {
+			// The stream ended, seen by a poller or by us.
+			sd.inboundEnded(in.rank, remote, err)
 			return
+		}
+		if n == readerBudget || sd.standby.waiting() != nil {
+			continue
+		}
+		if err := sd.awaitReadable(in, readable); err != nil {
+			if !errors.Is(err, sdi.ErrClosed) {
+				sd.inboundEnded(in.rank, remote, err)
+			}
+			return
+		}
+	}
+}
+
+// standBy waits while pollers work, and reports false once Close started.
+func (sd *subDevice) standBy(in *inbound) bool {
+	ch := sd.standby.waiting()
+	if ch == nil {
+		return true
+	}
+	select {
+	case <-ch:
+	case <-in.ended:
+	case <-sd.life.Done():
+		return false
+	}
+	return true
+}
+
+// awaitReadable waits until in's socket has something to read or has
+// ended, or a poller found the stream over (a malformed frame leaves the
+// socket quiet), or until Close (it returns ErrClosed then). A wake-up
+// while pollers work is the one per polling phase: the socket stays
+// unarmed afterwards, so further traffic wakes nobody.
+func (sd *subDevice) awaitReadable(in *inbound, readable <-chan struct{}) error {
+	in.mu.Lock()
+	err := sd.idle.arm(in.rx.fd, in.wid)
+	in.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	select {
+	case <-readable:
+	case <-in.ended:
+	case <-sd.life.Done():
+		return sdi.ErrClosed
+	}
+	return nil
+}
+
+// drain delivers the complete frames in reach, at most budget of them (no
+// limit when budget < 0), and returns how many. The caller holds in.mu.
+// When the stream ends or turns out malformed it records why and wakes the
+// reader, which reports it; a blocking read function makes drain read
+// until then.
+func (sd *subDevice) drain(in *inbound, budget int) int {
+	in.fr.rearm()
+	n := 0
+	for in.err == nil && n != budget {
+		if sd.closed.Load() {
+			// Close waits for this lock before it returns, so no
+			// Deliver follows it.
+			return n
+		}
+		hdr, payload, err := in.fr.next()
+		if errors.Is(err, errAgain) {
+			return n
+		}
+		if err != nil {
+			in.err = err
+			close(in.ended)
+			return n
 		}
 		if sd.log.IsTrace() {
-			sd.log.Trace("delivering frame", "peer", rank, "header_bytes", len(hdr), "payload_bytes", len(payload))
+			sd.log.Trace("delivering frame", "peer", in.rank, "header_bytes", len(hdr), "payload_bytes", len(payload))
 		}
-		// Several lanes from one rank read side by side; the Handler
+		// Several lanes from one rank are read side by side; the Handler
 		// wants one Deliver at a time per rank.
-		mu := &sd.deliverMu[rank]
+		mu := &sd.deliverMu[in.rank]
 		mu.Lock()
-		sd.h.Deliver(rank, hdr, payload)
+		sd.h.Deliver(in.rank, hdr, payload)
 		mu.Unlock()
+		n++
 	}
+	return n
 }
 
 func (sd *subDevice) inboundEnded(rank sdi.Rank, remote string, err error) {

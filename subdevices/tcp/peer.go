@@ -19,9 +19,33 @@ import (
 type outFrame struct {
 	header, payload []byte
 	token           uint64
+	// sent counts the bytes of the frame (wire header included) that Send
+	// already wrote before the socket filled up.
+	sent int
 }
 
 func (f outFrame) cost() int { return sdi.WireHeaderSize + len(f.header) + len(f.payload) }
+
+// wire returns the frame's wire header in b.
+func (f outFrame) wire(b []byte) []byte {
+	sdi.WireHeader{HeaderLen: uint16(len(f.header)), PayloadLen: uint32(len(f.payload))}.Put(b)
+	return b[:sdi.WireHeaderSize]
+}
+
+// appendUnsent appends the parts of f not written yet to bufs, with w as
+// its wire header.
+func (f outFrame) appendUnsent(bufs [][]byte, w []byte) [][]byte {
+	skip := f.sent
+	for _, b := range [3][]byte{w, f.header, f.payload} {
+		if skip >= len(b) {
+			skip -= len(b)
+			continue
+		}
+		bufs = append(bufs, b[skip:])
+		skip = 0
+	}
+	return bufs
+}
 
 // lane is one outbound connection to a peer: frames queued on it leave in
 // the order Send accepted them. It is safe for concurrent use. A writer
@@ -31,6 +55,10 @@ type lane struct {
 	owner *peer
 	rank  sdi.Rank
 	conn  net.Conn
+	// sock writes without blocking from Send; nil when conn has no socket
+	// (tests), and then every frame goes through the writer.
+	sock  *sock
+	wbuf  [sdi.WireHeaderSize]byte // the wire header of the frame Send writes
 	h     sdi.Handler
 	log   hclog.Logger
 	limit int  // queue_bytes
@@ -43,10 +71,15 @@ type lane struct {
 	watchDone chan struct{} // closed when the watcher returned
 	done      chan struct{} // closed when writer and watcher returned
 
-	mu       sync.Mutex
-	queue    []outFrame
-	queued   int    // bytes of accepted frames not yet written
-	accepted uint64 // frames Send accepted
+	mu    sync.Mutex
+	queue []outFrame
+	// busy is set while a goroutine writes to the socket: a Send writing
+	// inline, or the writer with a batch. Send writes inline only when
+	// nothing is busy or queued, so bytes reach the stream in accept
+	// order.
+	busy     bool
+	queued   int    // bytes of queued frames not yet written
+	accepted uint64 // frames Send accepted, or is writing inline
 	finished uint64 // frames whose SendDone has returned; they finish in accept order
 	flushers []*flusher
 	err      error // why the peer stopped; Send refuses with it
@@ -65,6 +98,7 @@ func newLane(owner *peer, conn net.Conn, link Link, limit int) *lane {
 		link:      link,
 		rank:      owner.rank,
 		conn:      conn,
+		sock:      newSock(conn),
 		h:         owner.h,
 		log:       owner.log,
 		limit:     limit,
@@ -88,15 +122,17 @@ func (p *lane) start(wg *sync.WaitGroup) {
 	}()
 }
 
-// send queues f or refuses it; it never blocks and never calls the handler.
-func (p *lane) send(f *sdi.Frame) error {
+// send writes f at once when the lane is idle, or queues it, or refuses
+// it. It returns done=true when the socket took the whole frame. It never
+// blocks and never calls the handler.
+func (p *lane) send(f *sdi.Frame) (bool, error) {
 	of := outFrame{header: f.Header, payload: f.Payload, token: f.Token}
 	cost := of.cost()
 	p.mu.Lock()
 	if p.err != nil {
 		err := p.err
 		p.mu.Unlock()
-		return err
+		return false, err
 	}
 	// Refuse only once the queue is at its bound, whatever the frame's size:
 	// requiring room for the whole frame would let a stream of small frames
@@ -104,17 +140,73 @@ func (p *lane) send(f *sdi.Frame) error {
 	// plus one frame.
 	if p.queued >= p.limit {
 		p.mu.Unlock()
-		return sdi.ErrWouldBlock
+		return false, sdi.ErrWouldBlock
+	}
+	p.accepted++
+	if p.sock != nil && !p.busy && len(p.queue) == 0 {
+		p.busy = true
+		p.mu.Unlock()
+		return p.sendInline(of)
 	}
 	p.queue = append(p.queue, of)
 	p.queued += cost
-	p.accepted++
 	p.mu.Unlock()
+	p.kick()
+	return false, nil
+}
+
+// sendInline writes of on the sending goroutine, header and payload in one
+// writev from the caller's buffers, and hands what the socket did not take
+// to the writer. The caller set busy.
+func (p *lane) sendInline(of outFrame) (bool, error) {
+	n, err := p.sock.writev(of.wire(p.wbuf[:]), of.header, of.payload)
+	if n > 0 {
+		p.written.Add(uint64(n))
+	}
+	cost := of.cost()
+	p.mu.Lock()
+	p.busy = false
+	switch {
+	case err == nil && n == cost:
+		// Frames may have queued behind this one while it was written,
+		// or halt may be waiting for us.
+		more := len(p.queue) > 0 || p.err != nil
+		p.mu.Unlock()
+		p.completed(1)
+		if more {
+			p.kick()
+		}
+		return true, nil
+	case err != nil || p.err != nil:
+		// The connection failed, or halt closed it under us: the frame
+		// is not accepted, and the writer reports the rest.
+		if p.err == nil {
+			p.mu.Unlock()
+			p.halt(fmt.Errorf("tcp: rank %d down: %w: write: %w", p.rank, sdi.ErrPeerUnreachable, err), true)
+			p.mu.Lock()
+		}
+		herr := p.err
+		p.mu.Unlock()
+		p.completed(1)
+		p.kick()
+		return false, herr
+	}
+	// The socket is full: the rest goes first, before anything queued
+	// meanwhile.
+	of.sent = n
+	p.queue = slices.Insert(p.queue, 0, of)
+	p.queued += cost - n
+	p.mu.Unlock()
+	p.kick()
+	return false, nil
+}
+
+// kick wakes the writer.
+func (p *lane) kick() {
 	select {
 	case p.wake <- struct{}{}:
-	default: // the writer has a wake-up pending and will see this frame
+	default: // the writer has a wake-up pending and will see the frame
 	}
-	return nil
 }
 
 func (p *lane) alive() bool {
@@ -167,21 +259,30 @@ func (p *lane) writeLoop() {
 		bufs  net.Buffers
 	)
 	for {
-		select {
-		case <-p.wake:
-		case <-p.halted:
-		}
 		p.mu.Lock()
-		if p.err != nil {
+		busy, halted, empty := p.busy, p.err != nil, len(p.queue) == 0
+		switch {
+		case busy && (halted || !empty):
+			// A Send is writing inline. It kicks us when it is done, as it
+			// will find frames queued behind it or the lane halted.
+			p.mu.Unlock()
+			<-p.wake
+			continue
+		case halted:
 			p.mu.Unlock()
 			p.fail(nil)
 			return
-		}
-		batch, p.queue = p.queue, batch[:0]
-		p.mu.Unlock()
-		if len(batch) == 0 {
+		case busy || empty:
+			p.mu.Unlock()
+			select {
+			case <-p.wake:
+			case <-p.halted:
+			}
 			continue
 		}
+		batch, p.queue = p.queue, batch[:0]
+		p.busy = true
+		p.mu.Unlock()
 
 		if need := len(batch) * sdi.WireHeaderSize; cap(wire) < need {
 			wire = make([]byte, need)
@@ -189,16 +290,8 @@ func (p *lane) writeLoop() {
 		bufs = bufs[:0]
 		n := 0
 		for i, f := range batch {
-			w := wire[i*sdi.WireHeaderSize : (i+1)*sdi.WireHeaderSize]
-			sdi.WireHeader{HeaderLen: uint16(len(f.header)), PayloadLen: uint32(len(f.payload))}.Put(w)
-			bufs = append(bufs, w)
-			if len(f.header) > 0 {
-				bufs = append(bufs, f.header)
-			}
-			if len(f.payload) > 0 {
-				bufs = append(bufs, f.payload)
-			}
-			n += f.cost()
+			bufs = f.appendUnsent(bufs, f.wire(wire[i*sdi.WireHeaderSize:]))
+			n += f.cost() - f.sent
 		}
 		if p.log.IsTrace() {
 			p.log.Trace("writing frames", "peer", p.rank, "frames", len(batch), "bytes", n)
@@ -210,12 +303,16 @@ func (p *lane) writeLoop() {
 		clear(bufs) // drop references to caller buffers we no longer own
 		if err != nil {
 			p.halt(fmt.Errorf("tcp: rank %d down: %w: write: %w", p.rank, sdi.ErrPeerUnreachable, err), true)
+			p.mu.Lock()
+			p.busy = false
+			p.mu.Unlock()
 			p.fail(batch)
 			return
 		}
 		p.written.Add(uint64(n))
 		p.mu.Lock()
 		p.queued -= n
+		p.busy = false
 		p.mu.Unlock()
 		for _, f := range batch {
 			p.h.SendDone(f.token, nil)

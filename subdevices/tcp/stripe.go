@@ -115,9 +115,10 @@ func (p *peer) start(wg *sync.WaitGroup) {
 	}
 }
 
-// send queues f on a lane or refuses it; it never blocks and never calls
-// the handler.
-func (p *peer) send(f *sdi.Frame) error {
+// send writes or queues f on a lane, or refuses it; it returns done=true
+// when the frame was written at once. It never blocks and never calls the
+// handler.
+func (p *peer) send(f *sdi.Frame) (bool, error) {
 	if len(p.lanes) == 1 || len(f.Payload) <= maxEager {
 		// Small frames keep to one stream: they are latency-bound, and one
 		// stream keeps them in order, which spares the receiver reordering.
@@ -143,18 +144,19 @@ func (p *peer) send(f *sdi.Frame) error {
 	})
 	var err error
 	for _, i := range order {
-		if err = p.lanes[i].send(f); err == nil {
+		var done bool
+		if done, err = p.lanes[i].send(f); err == nil {
 			p.sent[i] += cost / p.weight[i]
 			p.rebase()
 			p.mu.Unlock()
-			return nil
+			return done, nil
 		}
 		if !errors.Is(err, sdi.ErrWouldBlock) {
 			break
 		}
 	}
 	p.mu.Unlock()
-	return err
+	return false, err
 }
 
 // rebase keeps the counters small, so a long job loses no float precision;

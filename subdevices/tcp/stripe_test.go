@@ -116,7 +116,7 @@ func TestStripeWeights(t *testing.T) {
 	p.start(&wg)
 	const n = 80
 	for i := range n {
-		if err := p.send(tokenFrame(1, uint64(i), 256<<10)); err != nil {
+		if _, err := p.send(tokenFrame(1, uint64(i), 256<<10)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -59,6 +59,12 @@ type subDevice struct {
 	ep         addrsel.Endpoint       // this rank's card, for address selection
 
 	job atomic.Pointer[addrsel.Job] // from SetJobCards; nil until then
+
+	// Progress by polling (poll.go): the inbound connections Poll reads,
+	// replaced whole under mu, and the readers' stand-by while it does.
+	pollList atomic.Pointer[[]*inbound]
+	standby  *standby
+	idle     *idleWaiter // where readers wait while nobody polls
 }
 
 // New returns an unopened tcp subdevice. logger is used until Open supplies
@@ -79,7 +85,7 @@ func (sd *subDevice) Info(context.Context) (sdi.Info, error) {
 // requires: whether frames to a peer may take several connections depends
 // on max_connections, not on this host's interfaces.
 func caps(cfg config) sdi.Caps {
-	flags := sdi.FlagReliable | sdi.FlagJobCards
+	flags := sdi.FlagReliable | sdi.FlagJobCards | sdi.FlagPoll
 	if cfg.ordered() {
 		flags |= sdi.FlagOrdered
 	}
@@ -127,8 +133,13 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	if len(p.Secret) == 0 {
 		log.Warn("no job secret: any process that knows the job id can connect")
 	}
+	idle, err := newIdleWaiter()
+	if err != nil {
+		return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
+	}
 	ln, err := listen(ctx, cfg.listen)
 	if err != nil {
+		idle.close()
 		return sdi.Local{}, err
 	}
 	lnAddr := ln.Addr().(*net.TCPAddr).AddrPort()
@@ -140,6 +151,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	b, err := c.encode()
 	if err != nil {
 		ln.Close()
+		idle.close()
 		return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
 	}
 
@@ -158,8 +170,18 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.latest = make(map[sdi.Rank]*session)
 	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
-	sd.wg.Add(1)
+	sd.standby = newStandby()
+	sd.idle = idle
+	sd.wg.Add(3)
 	go sd.acceptLoop()
+	go func() {
+		defer sd.wg.Done()
+		sd.standby.watch(sd.life)
+	}()
+	go func() {
+		defer sd.wg.Done()
+		sd.idle.run()
+	}()
 	if log.IsDebug() {
 		desc := make([]string, len(ifaces))
 		for i, f := range ifaces {
@@ -342,10 +364,12 @@ func (sd *subDevice) peer(rank sdi.Rank, op string) (*peer, error) {
 	return p, nil
 }
 
-// Send queues f for the peer's writer and returns done=false; SendDone
-// follows from the writer goroutine once the frame is written (or failed).
-// It never blocks: a peer whose queue holds queue_bytes or more gets
-// ErrWouldBlock.
+// Send writes f to the socket at once when nothing is queued before it and
+// returns done=true if the socket took all of it. Otherwise it queues f, or
+// what is left of it, for the peer's writer and returns done=false;
+// SendDone follows from the writer goroutine once the frame is written (or
+// failed). It never blocks: a peer whose queue holds queue_bytes or more
+// gets ErrWouldBlock.
 func (sd *subDevice) Send(f *sdi.Frame) (bool, error) {
 	if sd.closed.Load() {
 		return false, fmt.Errorf("tcp: send: %w", sdi.ErrClosed)
@@ -358,7 +382,7 @@ func (sd *subDevice) Send(f *sdi.Frame) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return false, p.send(f)
+	return p.send(f)
 }
 
 // Flush waits until every frame accepted for rank before the call has had
@@ -443,6 +467,8 @@ func (sd *subDevice) shutdown() {
 	for _, c := range conns {
 		c.Close()
 	}
+	sd.idle.stop()
 	sd.wg.Wait()
+	sd.idle.close()
 	sd.log.Debug("closed")
 }

@@ -1,0 +1,273 @@
+package tcp
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// sock writes to a connection's socket without blocking and without Go's
+// netpoller, from whichever goroutine sends. It goes through
+// [syscall.RawConn.Control], which holds a reference to the descriptor for
+// the call, so a concurrent Close cannot hand the number to another file
+// while we use it, and which, unlike RawConn.Write, does not queue behind
+// a goroutine parked on the connection.
+//
+// A sock is not safe for concurrent use; its owner's lock guards it.
+type sock struct {
+	raw syscall.RawConn
+
+	// Arguments and results of the call, kept here so that the closure
+	// handed to Control is made once and calls allocate nothing.
+	iov   [3]unix.Iovec
+	niov  int
+	n     int
+	errno syscall.Errno
+	wrFn  func(fd uintptr)
+}
+
+// newSock returns a sock for c, or nil when c has no socket underneath (a
+// net.Pipe in tests), which callers treat as "use the blocking calls".
+func newSock(c net.Conn) *sock {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	s := &sock{raw: raw}
+	s.wrFn = func(fd uintptr) {
+		for {
+			n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(s.niov))
+			if e != unix.EINTR {
+				s.n, s.errno = int(n), e
+				return
+			}
+		}
+	}
+	return s
+}
+
+// writev writes as much of the buffers as the socket takes now, without
+// blocking, and returns how many bytes that was: 0 with a nil error when
+// the socket is full.
+func (s *sock) writev(bufs ...[]byte) (int, error) {
+	s.niov = 0
+	for _, b := range bufs {
+		if len(b) > 0 {
+			s.iov[s.niov].Base = unsafe.SliceData(b)
+			s.iov[s.niov].SetLen(len(b))
+			s.niov++
+		}
+	}
+	if s.niov == 0 {
+		return 0, nil
+	}
+	err := s.raw.Control(s.wrFn)
+	clear(s.iov[:]) // keep no reference to the caller's buffers
+	switch {
+	case err != nil:
+		return 0, err
+	case s.errno == unix.EAGAIN:
+		return 0, nil
+	case s.errno != 0:
+		return 0, fmt.Errorf("write: %w", s.errno)
+	}
+	return s.n, nil
+}
+
+// rxfd is the receive side of an inbound connection, taken out of Go's
+// netpoller: a duplicate of the socket's descriptor that this package owns,
+// after the net.Conn was closed. Go's netpoller keeps one epoll set for
+// every socket of the process and an idle thread blocked in it; any data
+// arriving on a socket in that set wakes that thread, even when no
+// goroutine waits for it, and on a small machine that wake-up costs a
+// polling rank its core for a while on every message. Outside the set,
+// data wakes nobody while ranks poll, and the descriptor is put in the
+// subdevice's own epoll set (one-shot) only while its reader waits.
+//
+// It is not safe for concurrent use: the inbound connection's lock guards
+// it, and close must hold that lock too, so a read never meets a number
+// that was closed and reused.
+type rxfd struct {
+	fd int // -1 once closed
+}
+
+// takeFD duplicates c's socket descriptor (non-blocking, close-on-exec)
+// and closes c, which takes the socket out of Go's netpoller; the socket
+// lives on through the duplicate.
+func takeFD(c net.Conn) (*rxfd, error) {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return nil, fmt.Errorf("%T has no socket descriptor", c)
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	nfd := -1
+	var derr error
+	if err := raw.Control(func(fd uintptr) { nfd, derr = unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, fmt.Errorf("duplicate the socket descriptor: %w", derr)
+	}
+	c.Close()
+	return &rxfd{fd: nfd}, nil
+}
+
+// read reads what the socket holds into p without blocking: n > 0, or
+// errAgain when nothing is there, io.EOF at the end of the stream, or the
+// error.
+func (r *rxfd) read(p []byte) (int, error) {
+	if r.fd < 0 {
+		return 0, net.ErrClosed
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	for {
+		n, _, e := unix.Syscall(unix.SYS_READ, uintptr(r.fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		switch e {
+		case 0:
+			if n == 0 {
+				return 0, io.EOF
+			}
+			return int(n), nil
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return 0, errAgain
+		}
+		return 0, fmt.Errorf("read: %w", e)
+	}
+}
+
+func (r *rxfd) close() {
+	if r.fd >= 0 {
+		unix.Close(r.fd)
+		r.fd = -1
+	}
+}
+
+// idleWaiter lets reader goroutines wait for their sockets to become
+// readable: one epoll set for the subdevice, one goroutine blocked in it,
+// which hands each event to the reader that armed it. Sockets are armed
+// one-shot, so an event fires once per wait: while pollers work, a socket
+// that fired is left unarmed and its traffic wakes nobody. It is safe for
+// concurrent use.
+type idleWaiter struct {
+	epfd, evfd int // the epoll set, and an eventfd in it that stops run
+
+	mu      sync.Mutex
+	waiters map[int32]chan struct{} // by the id in the epoll data
+	next    int32
+}
+
+func newIdleWaiter() (*idleWaiter, error) {
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll_create1: %w", err)
+	}
+	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		unix.Close(epfd)
+		return nil, fmt.Errorf("eventfd: %w", err)
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN, Fd: 0} // id 0 is the eventfd
+	if err := unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, evfd, &ev); err != nil {
+		unix.Close(epfd)
+		unix.Close(evfd)
+		return nil, fmt.Errorf("epoll_ctl: %w", err)
+	}
+	return &idleWaiter{epfd: epfd, evfd: evfd, waiters: make(map[int32]chan struct{})}, nil
+}
+
+// add registers a socket, unarmed, and returns its id and the channel its
+// reader waits on after arm.
+func (w *idleWaiter) add(fd int) (int32, <-chan struct{}, error) {
+	w.mu.Lock()
+	for w.next++; w.next <= 0 || w.waiters[w.next] != nil; w.next++ {
+		if w.next <= 0 {
+			w.next = 0 // wrapped; 0 is the eventfd's
+		}
+	}
+	id := w.next
+	ch := make(chan struct{}, 1)
+	w.waiters[id] = ch
+	w.mu.Unlock()
+	ev := unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: id}
+	if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		w.forget(id)
+		return 0, nil, fmt.Errorf("epoll_ctl add: %w", err)
+	}
+	return id, ch, nil
+}
+
+// arm asks for one wake-up on the channel when fd has something to read
+// (or has ended); if it has already, the wake-up comes at once.
+func (w *idleWaiter) arm(fd int, id int32) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: id}
+	if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_MOD, fd, &ev); err != nil {
+		return fmt.Errorf("epoll_ctl mod: %w", err)
+	}
+	return nil
+}
+
+// remove unregisters fd before it is closed.
+func (w *idleWaiter) remove(fd int, id int32) {
+	unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, fd, nil)
+	w.forget(id)
+}
+
+func (w *idleWaiter) forget(id int32) {
+	w.mu.Lock()
+	delete(w.waiters, id)
+	w.mu.Unlock()
+}
+
+// run hands events to their readers until stop. It blocks a thread in
+// epoll_wait, which is what an idle rank should do.
+func (w *idleWaiter) run() {
+	var evs [64]unix.EpollEvent
+	for {
+		n, err := unix.EpollWait(w.epfd, evs[:], -1)
+		if err != nil {
+			continue // EINTR
+		}
+		for _, ev := range evs[:n] {
+			id := ev.Fd // our id, not a descriptor
+			if id == 0 {
+				return
+			}
+			w.mu.Lock()
+			ch := w.waiters[id]
+			w.mu.Unlock()
+			if ch != nil {
+				select {
+				case ch <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}
+}
+
+// stop makes run return; close releases the descriptors after it did.
+func (w *idleWaiter) stop() {
+	var one = [8]byte{1}
+	unix.Write(w.evfd, one[:])
+}
+
+func (w *idleWaiter) close() {
+	unix.Close(w.epfd)
+	unix.Close(w.evfd)
+}
