@@ -68,11 +68,13 @@ type crashAfter struct {
 	left atomic.Int64
 }
 
-// SetJobCards passes the cards on: tcp declares FlagJobCards, and the
-// embedding alone would hide its method.
+// SetJobCards and Poll pass on to tcp, which declares FlagJobCards and
+// FlagPoll; the embedding alone would hide them.
 func (c *crashAfter) SetJobCards(ctx context.Context, cards [][]byte) error {
 	return c.SubDevice.(sdi.JobCards).SetJobCards(ctx, cards)
 }
+
+func (c *crashAfter) Poll() int { return c.SubDevice.(sdi.Poller).Poll() }
 
 func (c *crashAfter) Send(f *sdi.Frame) (bool, error) {
 	if c.left.Add(-1) < 0 {
