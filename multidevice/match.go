@@ -46,10 +46,12 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	r.tag, r.context, r.buf = int32(tag), context, buf
 
 	if src != AnySource && d.matchSub[src] >= 0 {
+		r.id = d.nextID.Add(1)
 		r.atSub = d.matchSub[src]
 		return r, d.postToSub(r, d.subs[r.atSub])
 	}
 	if src == AnySource && len(d.matchers) > 0 {
+		r.id = d.nextID.Add(1) // before r is published: its copies carry it
 		r.claim = new(sdi.Claim)
 	}
 
@@ -254,6 +256,9 @@ func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
 	r.rndvLen = min(h.length, uint64(len(r.buf)))
 	r.status, r.truncErr = st, err
 	r.status.Count = int(r.rndvLen)
+	if r.id == 0 {
+		r.id = d.nextID.Add(1) // r left every queue: nobody else reads it
+	}
 	if r.rndvLen > 0 {
 		d.rndvRecv[r.id] = r
 	}

@@ -152,7 +152,7 @@ func (d *Device) getRequest(send bool, peer int32) *Request {
 	if r == nil {
 		return d.newRequest(send, peer)
 	}
-	r.id, r.send, r.peer = d.nextID.Add(1), send, peer
+	r.send, r.peer = send, peer
 	return r
 }
 
@@ -221,5 +221,5 @@ func (d *Device) IrecvRequest(r *Request, buf []byte, src, tag int, context uint
 }
 
 func (d *Device) initRequest(r *Request, send bool, peer int32) {
-	r.d, r.id, r.send, r.peer, r.atSub = d, d.nextID.Add(1), send, peer, -1
+	r.d, r.send, r.peer, r.atSub = d, send, peer, -1
 }

@@ -43,14 +43,17 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	s := d.subs[d.routes[dst][class]]
 	h := header{
 		tag: int32(tag), src: d.rank, dst: int32(dst), context: context,
-		seq: d.sendSeq[dst].Add(1) - 1, length: uint64(len(buf)), sreq: r.id,
+		seq: d.sendSeq[dst].Add(1) - 1, length: uint64(len(buf)),
 	}
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
-		r.pending.Store(1)
-		if sync {
+		if !sync {
+			r.pending.Store(1)
+		} else {
 			h.flags |= flagSync
-			r.pending.Add(1)
+			r.pending.Store(2) // the frame and the acknowledgement
+			r.id = d.nextID.Add(1)
+			h.sreq = r.id
 			d.mu.Lock()
 			d.syncSend[r.id] = r
 			d.mu.Unlock()
@@ -64,6 +67,8 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	// synchronous by nature: the receiver has matched before data moves.
 	h.kind = kindRTS
 	r.buf = buf
+	r.id = d.nextID.Add(1)
+	h.sreq = r.id
 	d.mu.Lock()
 	d.rndvSend[r.id] = r
 	d.mu.Unlock()
