@@ -72,7 +72,9 @@ type Request struct {
 	received atomic.Uint64
 	truncErr error
 
-	// Send side: frames (and an acknowledgement) still outstanding.
+	// Send side: frames (and an acknowledgement) still outstanding, and
+	// the frame of an eager send.
+	of      outFrame
 	pending atomic.Int32
 	sendErr atomic.Pointer[error]
 }
@@ -209,6 +211,7 @@ func (r *Request) reset() {
 	r.status, r.err = Status{}, nil
 	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1
 	r.rndvLen, r.truncErr = 0, nil
+	r.of = outFrame{}
 	if r.received.Load() != 0 {
 		r.received.Store(0)
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -58,7 +59,9 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 			d.syncSend[r.id] = r
 			d.mu.Unlock()
 		}
-		of := d.frame(int32(dst), &h, buf)
+		// The request's own frame: it is done before the request completes.
+		of := &r.of
+		of.set(int32(dst), &h, buf)
 		of.req = r
 		d.post(int32(dst), class, len(buf), of, true)
 		return r, nil
@@ -101,7 +104,8 @@ func (d *Device) peerErr(peer int32) error {
 }
 
 // outFrame is an outbound frame with its header storage and what to do
-// when it completes. Frames are pooled: sending one costs no allocation.
+// when it completes. Frames are pooled, or embedded in the request they
+// belong to: sending one costs no allocation.
 type outFrame struct {
 	f  sdi.Frame
 	hb [headerSize]byte
@@ -114,13 +118,23 @@ type outFrame struct {
 
 var framePool = sync.Pool{New: func() any { return &outFrame{pooled: true} }}
 
-// frame builds an outbound frame with a fresh token.
+// frame builds a pooled outbound frame.
 func (d *Device) frame(peer int32, h *header, payload []byte) *outFrame {
 	of := framePool.Get().(*outFrame)
-	h.put(of.hb[:])
-	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: payload, Token: d.nextID.Add(1)}
+	of.set(peer, h, payload)
 	return of
 }
+
+// set fills in the frame's header and payload for peer.
+func (of *outFrame) set(peer int32, h *header, payload []byte) {
+	h.put(of.hb[:])
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: payload, Token: of.token()}
+}
+
+// token is the frame's address: unique among the frames in flight, which
+// is all a token must be (it finds the frame at SendDone), and free where
+// a counter would cost an atomic per frame.
+func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) }
 
 // finishFrame runs a frame's completion and recycles it.
 func (d *Device) finishFrame(of *outFrame, err error) {
@@ -212,8 +226,9 @@ func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error))
 // sendTagged sends through a subdevice that matches on its own.
 func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context uint64, sync bool) error {
 	r.pending.Store(1)
-	m := &sdi.TaggedMessage{Peer: sdi.Rank(r.peer), Tag: int32(tag), Context: context, Payload: buf, Sync: sync, Token: d.nextID.Add(1)}
-	of := &outFrame{f: sdi.Frame{Token: m.Token}, req: r}
+	of := &r.of
+	of.f, of.req = sdi.Frame{Token: of.token()}, r
+	m := &sdi.TaggedMessage{Peer: sdi.Rank(r.peer), Tag: int32(tag), Context: context, Payload: buf, Sync: sync, Token: of.f.Token}
 	for {
 		complete, err := s.matcher.SendTagged(m)
 		switch {
