@@ -19,7 +19,13 @@ func (h handler) Deliver(from sdi.Rank, hb, payload []byte) {
 	if d.closed.Load() {
 		return
 	}
-	hdr, err := decodeHeader(hb, d.size)
+	var hdr header
+	var err error
+	if len(hb) == shortHeaderSize {
+		hdr, err = decodeShortHeader(hb, int32(from), d.rank, d.size, len(payload))
+	} else {
+		hdr, err = decodeHeader(hb, d.size)
+	}
 	if err != nil {
 		d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
 		return

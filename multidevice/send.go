@@ -48,6 +48,14 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	}
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
+		of := &r.of // done before the request completes
+		of.req = r
+		if !sync && !d.indirect(int32(dst), class) {
+			r.pending.Store(1)
+			of.setShort(int32(dst), &h, buf)
+			d.trySend(s, of, true)
+			return r, nil
+		}
 		if !sync {
 			r.pending.Store(1)
 		} else {
@@ -59,10 +67,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 			d.syncSend[r.id] = r
 			d.mu.Unlock()
 		}
-		// The request's own frame: it is done before the request completes.
-		of := &r.of
 		of.set(int32(dst), &h, buf)
-		of.req = r
 		d.post(int32(dst), class, len(buf), of, true)
 		return r, nil
 	}
@@ -129,6 +134,13 @@ func (d *Device) frame(peer int32, h *header, payload []byte) *outFrame {
 func (of *outFrame) set(peer int32, h *header, payload []byte) {
 	h.put(of.hb[:])
 	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: payload, Token: of.token()}
+}
+
+// setShort fills in the frame of a standard-mode eager message that goes
+// straight to peer, with the short header.
+func (of *outFrame) setShort(peer int32, h *header, payload []byte) {
+	h.putShort(of.hb[:])
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:shortHeaderSize], Payload: payload, Token: of.token()}
 }
 
 // token is the frame's address: unique among the frames in flight, which
