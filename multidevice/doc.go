@@ -23,7 +23,8 @@
 // ErrWouldBlock, clear-to-send and rendezvous data queued by handler
 // callbacks). Frames are therefore delivered, matched and answered on the
 // waiting goroutine, with no goroutine wake-up on a message's path. While
-// a goroutine polls like this, queuing a frame does not wake the outbox
+// a goroutine polls like this (after its first round, which most waits on
+// a busy link do not outlast), queuing a frame does not wake the outbox
 // goroutine.
 //
 // When a rank sleeps. Counting from the last frame it delivered or sent,

@@ -148,9 +148,15 @@ func (d *Device) removePostedLocked(r *Request) bool {
 // arrive handles a matchable message from the wire, in sequence order.
 func (d *Device) arrive(h *header, payload []byte) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	src := h.src
 	exp := d.recvSeq[src]
+	if h.seq == exp && d.ooo[src] == nil { // in order, nothing waiting behind it
+		d.matchLocked(h, payload)
+		d.recvSeq[src] = exp + 1
+		d.mu.Unlock()
+		return
+	}
+	defer d.mu.Unlock()
 	switch {
 	case h.seq == exp:
 		d.matchLocked(h, payload)

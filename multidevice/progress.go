@@ -94,6 +94,17 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 	if len(pollers) == 0 {
 		return done()
 	}
+	// Most waits on a busy link end in the first round. It runs before
+	// this goroutine counts as a spinner, which saves two locked
+	// instructions per wait; a frame a handler queues meanwhile wakes the
+	// outbox goroutine, and is sent here anyway if that one is not at it.
+	for _, p := range pollers {
+		p.Poll()
+	}
+	d.out.help()
+	if done() {
+		return true
+	}
 	d.prog.spinners.Add(1)
 	defer d.stopSpinning()
 	var start time.Time
@@ -186,7 +197,7 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 		return Status{}, err
 	}
 	st, err := r.Wait(ctx)
-	if ctx.Err() != nil && !r.isDone() {
+	if !r.isDone() && ctx.Err() != nil {
 		d.Cancel(r)
 		if r.isDone() && !r.status.Cancelled { // it matched after all
 			st, err = r.status, r.err

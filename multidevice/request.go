@@ -211,7 +211,7 @@ func (r *Request) reset() {
 	r.status, r.err = Status{}, nil
 	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1
 	r.rndvLen, r.truncErr = 0, nil
-	r.of = outFrame{}
+	r.of.f.Payload = nil // the rest of the frame is overwritten by the next send
 	if r.received.Load() != 0 {
 		r.received.Store(0)
 	}
