@@ -161,7 +161,13 @@ func (d *Device) stopSpinning() {
 func (d *Device) getRequest(send bool, peer int32) *Request {
 	r, _ := d.prog.reqs.Get().(*Request)
 	if r == nil {
-		return d.newRequest(send, peer)
+		rf := new(struct {
+			r  Request
+			of outFrame
+		})
+		d.initRequest(&rf.r, send, peer)
+		rf.r.of = &rf.of
+		return &rf.r
 	}
 	r.send, r.peer = send, peer
 	return r

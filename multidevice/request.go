@@ -73,8 +73,10 @@ type Request struct {
 	truncErr error
 
 	// Send side: frames (and an acknowledgement) still outstanding, and
-	// the frame of an eager send.
-	of      outFrame
+	// the frame a pooled request keeps for its eager sends (requests the
+	// caller allocates leave it nil and take pooled frames: one more
+	// frame in every request would make every Isend allocate more).
+	of      *outFrame
 	pending atomic.Int32
 	sendErr atomic.Pointer[error]
 }
@@ -211,7 +213,9 @@ func (r *Request) reset() {
 	r.status, r.err = Status{}, nil
 	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1
 	r.rndvLen, r.truncErr = 0, nil
-	r.of.f.Payload = nil // the rest of the frame is overwritten by the next send
+	if r.of != nil {
+		r.of.f.Payload = nil // the rest of the frame is overwritten by the next send
+	}
 	if r.received.Load() != 0 {
 		r.received.Store(0)
 	}

@@ -48,7 +48,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	}
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
-		of := &r.of // done before the request completes
+		of := r.eagerFrame()
 		of.req = r
 		if !sync && !d.indirect(int32(dst), class) {
 			r.pending.Store(1)
@@ -122,6 +122,15 @@ type outFrame struct {
 }
 
 var framePool = sync.Pool{New: func() any { return &outFrame{pooled: true} }}
+
+// eagerFrame returns the frame for r's one eager frame: its own if it has
+// one (it is done before r completes), else a pooled one.
+func (r *Request) eagerFrame() *outFrame {
+	if r.of != nil {
+		return r.of
+	}
+	return framePool.Get().(*outFrame)
+}
 
 // frame builds a pooled outbound frame.
 func (d *Device) frame(peer int32, h *header, payload []byte) *outFrame {
@@ -238,7 +247,7 @@ func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error))
 // sendTagged sends through a subdevice that matches on its own.
 func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context uint64, sync bool) error {
 	r.pending.Store(1)
-	of := &r.of
+	of := r.eagerFrame()
 	of.f, of.req = sdi.Frame{Token: of.token()}, r
 	m := &sdi.TaggedMessage{Peer: sdi.Rank(r.peer), Tag: int32(tag), Context: context, Payload: buf, Sync: sync, Token: of.f.Token}
 	for {
