@@ -25,6 +25,9 @@ const (
 	spinTotal = 2 * time.Millisecond
 	// spinCheckEvery is how many polling rounds pass between clock reads.
 	spinCheckEvery = 16
+	// goschedEvery is how many yielding rounds pass between yields to
+	// this process's other goroutines (every round yields the thread).
+	goschedEvery = 16
 )
 
 // progressState is the Device's part of the progress model in the package
@@ -122,7 +125,16 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 			start, yield = time.Time{}, d.prog.crowded // restart the clock at the next check
 		}
 		if yield {
-			runtime.Gosched()
+			// runtime.Gosched puts this goroutine on the global run queue
+			// and, with a processor idle, wakes another thread to look
+			// for work: a futex wake-up and one more runnable thread on
+			// a crowded host, every round. This process's other
+			// goroutines get a processor of their own when they become
+			// runnable, so it is needed only when every processor
+			// spins: every goschedEvery-th yield is enough for that.
+			if i%goschedEvery == goschedEvery-1 {
+				runtime.Gosched()
+			}
 			osYield()
 		}
 		// The clock is read only once a wait lasts a few rounds: most
