@@ -197,6 +197,11 @@ func (d *Device) putRequest(r *Request) {
 // sync set: when the receiver matched it). It is Isend plus Wait without a
 // request the caller could keep, so the request is recycled.
 func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uint64, sync bool) error {
+	if !sync {
+		if handled, err := d.sendNow(ctx, buf, dst, tag, context); handled {
+			return err
+		}
+	}
 	r, err := d.isend(d.getRequest(true, int32(dst)), buf, dst, tag, context, sync)
 	if err != nil {
 		return err

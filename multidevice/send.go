@@ -1,6 +1,7 @@
 package multidevice
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
@@ -184,6 +185,11 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 // early until the registration finds it.
 func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 	complete, err := s.sd.Send(&of.f)
+	return d.sent(s, of, complete, err, direct)
+}
+
+// sent does what trySend does once the subdevice's Send returned.
+func (d *Device) sent(s *subdev, of *outFrame, complete bool, err error, direct bool) bool {
 	switch {
 	case err == nil:
 		s.frames[of.f.Peer].Add(1)
@@ -203,6 +209,46 @@ func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 		d.finishFrame(of, fmt.Errorf("multidevice: send to rank %d over %q: %w", of.f.Peer, s.name, err))
 		return true
 	}
+}
+
+// sendNow is the blocking Send of a standard-mode eager message that goes
+// straight to its destination. When the subdevice takes the frame at once
+// (shm copies it into its ring) no request is involved: no pool, no
+// completion, none of their atomics. When it keeps or refuses the frame, a
+// request waits for it as Isend's would. It reports false, having done
+// nothing, for any other message (and for bad arguments, which isend
+// reports).
+func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context uint64) (bool, error) {
+	if d.closed.Load() || uint(dst) >= uint(d.appSize) || uint(tag) > maxTag ||
+		d.down[dst].Load() != nil || d.matchSub[dst] >= 0 {
+		return false, nil
+	}
+	class := d.table.Class(len(buf))
+	if d.indirect(int32(dst), class) {
+		return false, nil
+	}
+	s := d.subs[d.routes[dst][class]]
+	if len(buf) > s.caps.MaxEager {
+		return false, nil
+	}
+	h := header{tag: int32(tag), context: context, seq: d.sendSeq[dst].Add(1) - 1}
+	of := framePool.Get().(*outFrame)
+	of.setShort(int32(dst), &h, buf)
+	complete, err := s.sd.Send(&of.f)
+	if err == nil && complete {
+		s.frames[dst].Add(1)
+		s.bytes[dst].Add(uint64(len(buf)))
+		*of = outFrame{pooled: true}
+		framePool.Put(of)
+		return true, nil
+	}
+	r := d.getRequest(true, int32(dst))
+	r.pending.Store(1)
+	of.req = r
+	d.sent(s, of, complete, err, true)
+	_, err = r.Wait(ctx)
+	d.putRequest(r)
+	return true, err
 }
 
 // register files a frame the subdevice still owns under its token, or
