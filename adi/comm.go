@@ -43,13 +43,19 @@ type Comm struct {
 	rank    int   // this process's rank in the communicator
 	ranks   []int // communicator rank -> world rank
 	index   map[int]int
-	derived atomic.Uint64 // communicators created from this one (Dup, Split)
+	// identity is set when rank i of c is world rank i for every rank of
+	// the world (the world and its duplicates): statuses then need no
+	// look-up in index.
+	identity bool
+	derived  atomic.Uint64 // communicators created from this one (Dup, Split)
 }
 
 func newComm(w *World, context uint64, ranks []int) *Comm {
 	c := &Comm{w: w, context: context, ranks: ranks, index: make(map[int]int, len(ranks))}
+	c.identity = len(ranks) == w.dev.Size()
 	for i, r := range ranks {
 		c.index[r] = i
+		c.identity = c.identity && r == i
 	}
 	c.rank = c.index[w.dev.Rank()]
 	return c
@@ -70,28 +76,28 @@ func (c *Comm) WorldRank(r int) (int, error) {
 }
 
 func (c *Comm) dest(r int) (int, error) {
-	w, err := c.WorldRank(r)
-	if err != nil {
-		return 0, fmt.Errorf("adi: destination: %w", err)
+	if uint(r) < uint(len(c.ranks)) {
+		return c.ranks[r], nil
 	}
-	return w, nil
+	_, err := c.WorldRank(r)
+	return 0, fmt.Errorf("adi: destination: %w", err)
 }
 
 func (c *Comm) source(r int) (int, error) {
+	if uint(r) < uint(len(c.ranks)) {
+		return c.ranks[r], nil
+	}
 	if r == AnySource {
 		return AnySource, nil
 	}
-	w, err := c.WorldRank(r)
-	if err != nil {
-		return 0, fmt.Errorf("adi: source: %w", err)
-	}
-	return w, nil
+	_, err := c.WorldRank(r)
+	return 0, fmt.Errorf("adi: source: %w", err)
 }
 
 // status converts a device status (world source) to one of c.
 func (c *Comm) status(st multidevice.Status) Status {
 	src := st.Source
-	if !st.Cancelled {
+	if !st.Cancelled && !c.identity {
 		if r, ok := c.index[st.Source]; ok {
 			src = r
 		}

@@ -268,7 +268,7 @@ func (d *Device) addSub(ctx context.Context, name string, sd sdi.SubDevice, conf
 		Secret:     d.boot.Secret(),
 		APIVersion: api,
 		Config:     config,
-		Handler:    handler{d: d, sub: s.idx},
+		Handler:    &handler{d: d, sub: s.idx},
 		Logger:     d.log.Named(name),
 	})
 	if err != nil {

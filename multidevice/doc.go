@@ -23,7 +23,8 @@
 // ErrWouldBlock, clear-to-send and rendezvous data queued by handler
 // callbacks). Frames are therefore delivered, matched and answered on the
 // waiting goroutine, with no goroutine wake-up on a message's path. While
-// a goroutine polls like this, queuing a frame does not wake the outbox
+// a goroutine polls like this (after its first round, which most waits on
+// a busy link do not outlast), queuing a frame does not wake the outbox
 // goroutine.
 //
 // When a rank sleeps. Counting from the last frame it delivered or sent,
@@ -47,13 +48,19 @@
 //
 // # Hot path
 //
-// An eager send that the subdevice completes at once (done=true) takes a
-// pooled frame with room for the header, registers nothing, and completes
-// the request in place. Requests of the blocking Send and Recv come from a
-// pool; unexpected messages reuse buffers from a short free list; a
-// request's channel is made only if somebody selects on it; and Changed's
-// channel is replaced only if somebody holds it. Steady-state eager
-// ping-pong over shm allocates nothing (see adi's allocation test).
+// A standard-mode eager message to a directly reached peer carries a
+// 24-byte header (header.go), so that with shm an 8-byte message fills
+// one cache line of the ring. A blocking Send of such a message that the
+// subdevice completes at once (done=true) uses a pooled frame and no
+// request at all; an Isend completes its request in place, and registers
+// nothing. On arrival, an in-order eager message is matched against the
+// posted receives and copied into the user's buffer under one lock
+// acquisition. Completing a request costs two atomic instructions; its
+// channel is made, and its lock taken, only if somebody selects on it.
+// Requests of the blocking Recv (and of Send when it needs one) come from
+// a pool; unexpected messages reuse buffers from a short free list; and
+// Changed's channel is replaced only if somebody holds it. Steady-state
+// eager ping-pong over shm allocates nothing (see adi's allocation test).
 //
 // # Indirect communication
 //

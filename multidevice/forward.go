@@ -234,7 +234,7 @@ func (d *Device) Path(peer, n int) (subdevice string, gateways []int, err error)
 // direct set the caller may call into subdevices (an application
 // goroutine); otherwise everything goes through the outbox.
 func (d *Device) post(peer int32, class, msgLen int, of *outFrame, direct bool) {
-	if d.fwd.indirect[peer] && d.fwd.paths[peer][class] != nil {
+	if d.indirect(peer, class) {
 		d.fwdSend(peer, class, msgLen, of, direct)
 		return
 	}
@@ -246,17 +246,22 @@ func (d *Device) post(peer int32, class, msgLen int, of *outFrame, direct bool) 
 	}
 }
 
+// indirect reports whether messages of class go to peer through gateways.
+func (d *Device) indirect(peer int32, class int) bool {
+	return d.fwd.indirect[peer] && d.fwd.paths[peer][class] != nil
+}
+
 // eagerMax is the largest message sent eagerly to peer in class; chunk the
 // data bytes per frame of a rendezvous.
 func (d *Device) eagerMax(peer int32, class int, s *subdev) int {
-	if d.fwd.indirect[peer] && d.fwd.paths[peer][class] != nil {
+	if d.indirect(peer, class) {
 		return min(s.caps.MaxEager, d.fwd.chunk[peer][class])
 	}
 	return s.caps.MaxEager
 }
 
 func (d *Device) chunk(peer int32, class int, s *subdev) int {
-	if d.fwd.indirect[peer] && d.fwd.paths[peer][class] != nil {
+	if d.indirect(peer, class) {
 		return d.fwd.chunk[peer][class]
 	}
 	return s.caps.MaxFrame

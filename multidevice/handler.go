@@ -14,9 +14,20 @@ type handler struct {
 	sub int
 }
 
-func (h handler) Deliver(from sdi.Rank, hb, payload []byte) {
+func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 	d := h.d
 	if d.closed.Load() {
+		return
+	}
+	if len(hb) == shortHeaderSize {
+		// An eager message straight from its source: addressed to this
+		// rank and as long as its payload by construction.
+		hdr, err := decodeShortHeader(hb, int32(from), d.rank, d.size, len(payload))
+		if err != nil {
+			d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
+			return
+		}
+		d.arrive(&hdr, payload)
 		return
 	}
 	hdr, err := decodeHeader(hb, d.size)
@@ -62,12 +73,12 @@ func (d *Device) dispatch(hdr *header, payload []byte) {
 	}
 }
 
-func (h handler) SendDone(token uint64, err error) {
+func (h *handler) SendDone(token uint64, err error) {
 	h.d.finishToken(token, err)
 	h.d.out.kick()
 }
 
-func (h handler) PeerDown(peer sdi.Rank, err error) {
+func (h *handler) PeerDown(peer sdi.Rank, err error) {
 	d := h.d
 	if d.closed.Load() || int(peer) < 0 || int(peer) >= d.size {
 		return

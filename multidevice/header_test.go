@@ -59,3 +59,60 @@ func FuzzDecodeHeader(f *testing.F) {
 		}
 	})
 }
+
+func TestShortHeaderRoundTrip(t *testing.T) {
+	in := header{kind: kindEager, tag: 12, context: 1 << 40, seq: 99}
+	b := make([]byte, shortHeaderSize)
+	in.putShort(b)
+	out, err := decodeShortHeader(b, 3, 1, 4, 8)
+	want := in
+	want.src, want.dst, want.length = 3, 1, 8
+	if err != nil || out != want {
+		t.Fatalf("round trip: %+v, %v; want %+v", out, err, want)
+	}
+}
+
+func TestShortHeaderRejects(t *testing.T) {
+	good := header{kind: kindEager, tag: 1, context: 2, seq: 3}
+	for _, tc := range []struct {
+		name string
+		from int32
+		mut  func(b []byte) []byte
+	}{
+		{"too short", 1, func(b []byte) []byte { return b[:10] }},
+		{"long", 1, func(b []byte) []byte { return append(b, 0) }},
+		{"version", 1, func(b []byte) []byte { b[0] = 9; return b }},
+		{"not eager", 1, func(b []byte) []byte { b[1] = byte(kindRTS); return b }},
+		{"sync flag", 1, func(b []byte) []byte { b[2] = flagSync; return b }},
+		{"reserved byte", 1, func(b []byte) []byte { b[3] = 1; return b }},
+		{"negative tag", 1, func(b []byte) []byte { b[7] = 0x80; return b }},
+		{"sender out of range", 2, func(b []byte) []byte { return b }},
+		{"negative sender", -1, func(b []byte) []byte { return b }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := make([]byte, shortHeaderSize)
+			good.putShort(b)
+			if _, err := decodeShortHeader(tc.mut(b), tc.from, 0, 2, 8); !errors.Is(err, errBadHeader) {
+				t.Fatalf("err = %v, want errBadHeader", err)
+			}
+		})
+	}
+}
+
+func FuzzDecodeShortHeader(f *testing.F) {
+	b := make([]byte, shortHeaderSize)
+	(&header{kind: kindEager, tag: 1, context: 2, seq: 3}).putShort(b)
+	f.Add(b, int32(1), 8)
+	f.Add([]byte{}, int32(0), 0)
+	f.Fuzz(func(t *testing.T, data []byte, from int32, plen int) {
+		h, err := decodeShortHeader(data, from, 0, 4, plen)
+		if err != nil {
+			return
+		}
+		out := make([]byte, shortHeaderSize)
+		h.putShort(out)
+		if h2, err := decodeShortHeader(out, from, 0, 4, plen); err != nil || h2 != h {
+			t.Fatalf("re-encoding a valid short header changed it: %+v -> %+v (%v)", h, h2, err)
+		}
+	})
+}

@@ -46,10 +46,12 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	r.tag, r.context, r.buf = int32(tag), context, buf
 
 	if src != AnySource && d.matchSub[src] >= 0 {
+		r.id = d.nextID.Add(1)
 		r.atSub = d.matchSub[src]
 		return r, d.postToSub(r, d.subs[r.atSub])
 	}
 	if src == AnySource && len(d.matchers) > 0 {
+		r.id = d.nextID.Add(1) // before r is published: its copies carry it
 		r.claim = new(sdi.Claim)
 	}
 
@@ -146,9 +148,15 @@ func (d *Device) removePostedLocked(r *Request) bool {
 // arrive handles a matchable message from the wire, in sequence order.
 func (d *Device) arrive(h *header, payload []byte) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	src := h.src
 	exp := d.recvSeq[src]
+	if h.seq == exp && d.ooo[src] == nil { // in order, nothing waiting behind it
+		d.matchLocked(h, payload)
+		d.recvSeq[src] = exp + 1
+		d.mu.Unlock()
+		return
+	}
+	defer d.mu.Unlock()
 	switch {
 	case h.seq == exp:
 		d.matchLocked(h, payload)
@@ -254,6 +262,9 @@ func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
 	r.rndvLen = min(h.length, uint64(len(r.buf)))
 	r.status, r.truncErr = st, err
 	r.status.Count = int(r.rndvLen)
+	if r.id == 0 {
+		r.id = d.nextID.Add(1) // r left every queue: nobody else reads it
+	}
 	if r.rndvLen > 0 {
 		d.rndvRecv[r.id] = r
 	}

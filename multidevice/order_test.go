@@ -1,10 +1,13 @@
 package multidevice
 
 import (
+	"context"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -92,5 +95,58 @@ func TestOrderUnderMixedRoutes(t *testing.T) {
 			}
 			wg.Wait()
 		})
+	}
+}
+
+// TestBlockingSendBacksUp: blocking eager Sends, each after an Isend
+// still in flight, to a receiver that is not receiving yet, over a
+// subdevice that keeps frames until delivery and refuses a second one in
+// flight (ErrWouldBlock); frames without payload it completes at once.
+// Every Send returns, and the messages arrive complete and in order.
+func TestBlockingSendBacksUp(t *testing.T) {
+	const count = 200
+	// Rank 0 delivers slowly, so one frame in flight fills the queue.
+	devs, _ := openSites(t, siteJob{sites: []int{0, 0}, queueLimit: 1, slowRank: 0, slow: 50 * time.Microsecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	size := func(i int) int { return []int{0, 8, 300, 512}[i%4] }
+	sent := make(chan error, 1)
+	go func() {
+		var reqs []*Request
+		for i := range count {
+			var err error
+			if i%2 == 0 { // a frame in flight that the next Send finds
+				var r *Request
+				r, err = devs[1].Isend(pattern(size(i), i), 0, i%3, 5, false)
+				reqs = append(reqs, r)
+			} else {
+				err = devs[1].Send(ctx, pattern(size(i), i), 0, i%3, 5, false)
+			}
+			if err != nil {
+				sent <- fmt.Errorf("send %d: %w", i, err)
+				return
+			}
+		}
+		for _, r := range reqs {
+			if _, err := r.Wait(ctx); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	time.Sleep(20 * time.Millisecond) // let the sender run into the queue limit
+	buf := make([]byte, 1024)
+	for i := range count {
+		st, err := devs[0].Recv(ctx, buf, 1, AnyTag, 5)
+		if err != nil {
+			t.Fatalf("receive %d: %v", i, err)
+		}
+		if st.Tag != i%3 || st.Count != size(i) || string(buf[:st.Count]) != string(pattern(size(i), i)) {
+			t.Fatalf("receive %d: status %+v, or the data differs: order or content broken", i, st)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -25,6 +25,9 @@ const (
 	spinTotal = 2 * time.Millisecond
 	// spinCheckEvery is how many polling rounds pass between clock reads.
 	spinCheckEvery = 16
+	// goschedEvery is how many yielding rounds pass between yields to
+	// this process's other goroutines (every round yields the thread).
+	goschedEvery = 16
 )
 
 // progressState is the Device's part of the progress model in the package
@@ -94,6 +97,17 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 	if len(pollers) == 0 {
 		return done()
 	}
+	// Most waits on a busy link end in the first round. It runs before
+	// this goroutine counts as a spinner, which saves two locked
+	// instructions per wait; a frame a handler queues meanwhile wakes the
+	// outbox goroutine, and is sent here anyway if that one is not at it.
+	for _, p := range pollers {
+		p.Poll()
+	}
+	d.out.help()
+	if done() {
+		return true
+	}
 	d.prog.spinners.Add(1)
 	defer d.stopSpinning()
 	var start time.Time
@@ -111,7 +125,16 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 			start, yield = time.Time{}, d.prog.crowded // restart the clock at the next check
 		}
 		if yield {
-			runtime.Gosched()
+			// runtime.Gosched puts this goroutine on the global run queue
+			// and, with a processor idle, wakes another thread to look
+			// for work: a futex wake-up and one more runnable thread on
+			// a crowded host, every round. This process's other
+			// goroutines get a processor of their own when they become
+			// runnable, so it is needed only when every processor
+			// spins: every goschedEvery-th yield is enough for that.
+			if i%goschedEvery == goschedEvery-1 {
+				runtime.Gosched()
+			}
 			osYield()
 		}
 		// The clock is read only once a wait lasts a few rounds: most
@@ -150,9 +173,15 @@ func (d *Device) stopSpinning() {
 func (d *Device) getRequest(send bool, peer int32) *Request {
 	r, _ := d.prog.reqs.Get().(*Request)
 	if r == nil {
-		return d.newRequest(send, peer)
+		rf := new(struct {
+			r  Request
+			of outFrame
+		})
+		d.initRequest(&rf.r, send, peer)
+		rf.r.of = &rf.of
+		return &rf.r
 	}
-	r.id, r.send, r.peer = d.nextID.Add(1), send, peer
+	r.send, r.peer = send, peer
 	return r
 }
 
@@ -168,6 +197,11 @@ func (d *Device) putRequest(r *Request) {
 // sync set: when the receiver matched it). It is Isend plus Wait without a
 // request the caller could keep, so the request is recycled.
 func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uint64, sync bool) error {
+	if !sync {
+		if handled, err := d.sendNow(ctx, buf, dst, tag, context); handled {
+			return err
+		}
+	}
 	r, err := d.isend(d.getRequest(true, int32(dst)), buf, dst, tag, context, sync)
 	if err != nil {
 		return err
@@ -186,7 +220,7 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 		return Status{}, err
 	}
 	st, err := r.Wait(ctx)
-	if ctx.Err() != nil && !r.isDone() {
+	if !r.isDone() && ctx.Err() != nil {
 		d.Cancel(r)
 		if r.isDone() && !r.status.Cancelled { // it matched after all
 			st, err = r.status, r.err
@@ -221,5 +255,5 @@ func (d *Device) IrecvRequest(r *Request, buf []byte, src, tag int, context uint
 }
 
 func (d *Device) initRequest(r *Request, send bool, peer int32) {
-	r.d, r.id, r.send, r.peer, r.atSub = d, d.nextID.Add(1), send, peer, -1
+	r.d, r.send, r.peer, r.atSub = d, send, peer, -1
 }

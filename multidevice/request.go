@@ -41,17 +41,24 @@ var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); retu
 // Request is one nonblocking operation. Its methods are safe for concurrent
 // use; the fields below the line are owned as their comments say.
 type Request struct {
-	d    *Device
+	d *Device
+	// id names r in protocol messages and maps: set only for what needs
+	// it (rendezvous, synchronous sends, receives with copies in matching
+	// subdevices), 0 otherwise, which saves an atomic per message.
 	id   uint64
 	send bool
 	peer int32 // destination of a send; source (or AnySource) of a receive
 
-	state  atomic.Int32 // reqPending, reqCompleting, reqDone
-	chMu   sync.Mutex
-	ch     chan struct{} // made by Done on demand, closed by complete
-	closed bool          // under chMu: complete has closed ch or will not make one
-	status Status        // written once before ch closes and state becomes reqDone
-	err    error
+	state atomic.Int32 // reqPending, reqCompleting, reqDone
+	// waiting is set by Done before it looks at state, and read by
+	// complete after it left reqPending: one of the two sees the other, so
+	// a request nobody selects on completes without taking chMu.
+	waiting atomic.Bool
+	chMu    sync.Mutex
+	ch      chan struct{} // made by Done on demand, closed by complete
+	closed  bool          // under chMu: complete has closed ch
+	status  Status        // written once before state becomes reqDone
+	err     error
 
 	// Receive side, guarded by Device.mu until matched.
 	tag     int32
@@ -65,7 +72,11 @@ type Request struct {
 	received atomic.Uint64
 	truncErr error
 
-	// Send side: frames (and an acknowledgement) still outstanding.
+	// Send side: frames (and an acknowledgement) still outstanding, and
+	// the frame a pooled request keeps for its eager sends (requests the
+	// caller allocates leave it nil and take pooled frames: one more
+	// frame in every request would make every Isend allocate more).
+	of      *outFrame
 	pending atomic.Int32
 	sendErr atomic.Pointer[error]
 }
@@ -76,6 +87,12 @@ func (r *Request) Done() <-chan struct{} {
 	r.chMu.Lock()
 	defer r.chMu.Unlock()
 	if r.closed {
+		return closedChan
+	}
+	r.waiting.Store(true)
+	if r.state.Load() != reqPending {
+		// A completer is past its look at waiting and may not close a
+		// channel made now; it stores reqDone shortly.
 		return closedChan
 	}
 	if r.ch == nil {
@@ -99,8 +116,17 @@ func (r *Request) Test() (Status, bool, error) {
 func (r *Request) Result() (Status, error) {
 	if !r.isDone() {
 		<-r.Done()
+		r.awaitDone()
 	}
 	return r.status, r.err
+}
+
+// awaitDone waits out a completer between the close of Done's channel (or
+// Done's early return) and its store of reqDone: a few instructions.
+func (r *Request) awaitDone() {
+	for !r.isDone() {
+		runtime.Gosched()
+	}
 }
 
 // Wait blocks until the request completes or ctx is done, and returns its
@@ -114,11 +140,8 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 		case <-ctx.Done():
 			return Status{}, fmt.Errorf("multidevice: wait: %w", ctx.Err())
 		}
-		// The completer closes the channel just before it stores reqDone;
-		// callers may rely on Test reporting done once Wait returned.
-		for !r.isDone() {
-			runtime.Gosched()
-		}
+		// Callers may rely on Test reporting done once Wait returned.
+		r.awaitDone()
 	}
 	return r.status, r.err
 }
@@ -139,12 +162,14 @@ func (r *Request) complete(st Status, err error) bool {
 	}
 	d := r.d
 	r.status, r.err = st, err
-	r.chMu.Lock()
-	r.closed = true
-	if r.ch != nil {
-		close(r.ch)
+	if r.waiting.Load() {
+		r.chMu.Lock()
+		r.closed = true
+		if r.ch != nil {
+			close(r.ch)
+		}
+		r.chMu.Unlock()
 	}
-	r.chMu.Unlock()
 	// The last touch of r: its owner may recycle it once it sees reqDone.
 	r.state.Store(reqDone)
 	d.notifyAll()
@@ -168,21 +193,34 @@ func (r *Request) frameDone(err error) {
 }
 
 // reusable reports whether nothing but its owner can still reach r: it
-// completed, and no matching subdevice holds a copy of it.
+// completed, no matching subdevice holds a copy of it, and no frame of it
+// is still queued or in flight (a send failed by a lost peer completes
+// before its frames are done).
 func (r *Request) reusable() bool {
-	return r.isDone() && r.claim == nil && r.atSub < 0
+	return r.isDone() && r.claim == nil && r.atSub < 0 && r.pending.Load() == 0
 }
 
 // reset readies a completed request for reuse by the device's pool. The
-// completer stored reqDone last, so nobody else touches r any more.
+// completer stored reqDone last, so nobody else touches r any more. Atomic
+// fields are stored only when they changed: each store is a locked
+// instruction, and most requests leave them as they were.
 func (r *Request) reset() {
-	r.ch, r.closed = nil, false
+	if r.waiting.Load() {
+		r.ch, r.closed = nil, false
+		r.waiting.Store(false)
+	}
 	r.id, r.send, r.peer = 0, false, 0
 	r.status, r.err = Status{}, nil
 	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1
 	r.rndvLen, r.truncErr = 0, nil
-	r.received.Store(0)
-	r.pending.Store(0)
-	r.sendErr.Store(nil)
+	if r.of != nil {
+		r.of.f.Payload = nil // the rest of the frame is overwritten by the next send
+	}
+	if r.received.Load() != 0 {
+		r.received.Store(0)
+	}
+	if r.sendErr.Load() != nil {
+		r.sendErr.Store(nil)
+	}
 	r.state.Store(reqPending)
 }

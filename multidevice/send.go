@@ -1,9 +1,11 @@
 package multidevice
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -43,20 +45,30 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	s := d.subs[d.routes[dst][class]]
 	h := header{
 		tag: int32(tag), src: d.rank, dst: int32(dst), context: context,
-		seq: d.sendSeq[dst].Add(1) - 1, length: uint64(len(buf)), sreq: r.id,
+		seq: d.sendSeq[dst].Add(1) - 1, length: uint64(len(buf)),
 	}
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
-		r.pending.Store(1)
-		if sync {
+		of := r.eagerFrame()
+		of.req = r
+		if !sync && !d.indirect(int32(dst), class) {
+			r.pending.Store(1)
+			of.setShort(int32(dst), &h, buf)
+			d.trySend(s, of, true)
+			return r, nil
+		}
+		if !sync {
+			r.pending.Store(1)
+		} else {
 			h.flags |= flagSync
-			r.pending.Add(1)
+			r.pending.Store(2) // the frame and the acknowledgement
+			r.id = d.nextID.Add(1)
+			h.sreq = r.id
 			d.mu.Lock()
 			d.syncSend[r.id] = r
 			d.mu.Unlock()
 		}
-		of := d.frame(int32(dst), &h, buf)
-		of.req = r
+		of.set(int32(dst), &h, buf)
 		d.post(int32(dst), class, len(buf), of, true)
 		return r, nil
 	}
@@ -64,6 +76,8 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	// synchronous by nature: the receiver has matched before data moves.
 	h.kind = kindRTS
 	r.buf = buf
+	r.id = d.nextID.Add(1)
+	h.sreq = r.id
 	d.mu.Lock()
 	d.rndvSend[r.id] = r
 	d.mu.Unlock()
@@ -96,7 +110,8 @@ func (d *Device) peerErr(peer int32) error {
 }
 
 // outFrame is an outbound frame with its header storage and what to do
-// when it completes. Frames are pooled: sending one costs no allocation.
+// when it completes. Frames are pooled, or embedded in the request they
+// belong to: sending one costs no allocation.
 type outFrame struct {
 	f  sdi.Frame
 	hb [headerSize]byte
@@ -109,13 +124,39 @@ type outFrame struct {
 
 var framePool = sync.Pool{New: func() any { return &outFrame{pooled: true} }}
 
-// frame builds an outbound frame with a fresh token.
+// eagerFrame returns the frame for r's one eager frame: its own if it has
+// one (it is done before r completes), else a pooled one.
+func (r *Request) eagerFrame() *outFrame {
+	if r.of != nil {
+		return r.of
+	}
+	return framePool.Get().(*outFrame)
+}
+
+// frame builds a pooled outbound frame.
 func (d *Device) frame(peer int32, h *header, payload []byte) *outFrame {
 	of := framePool.Get().(*outFrame)
-	h.put(of.hb[:])
-	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: payload, Token: d.nextID.Add(1)}
+	of.set(peer, h, payload)
 	return of
 }
+
+// set fills in the frame's header and payload for peer.
+func (of *outFrame) set(peer int32, h *header, payload []byte) {
+	h.put(of.hb[:])
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: payload, Token: of.token()}
+}
+
+// setShort fills in the frame of a standard-mode eager message that goes
+// straight to peer, with the short header.
+func (of *outFrame) setShort(peer int32, h *header, payload []byte) {
+	h.putShort(of.hb[:])
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:shortHeaderSize], Payload: payload, Token: of.token()}
+}
+
+// token is the frame's address: unique among the frames in flight, which
+// is all a token must be (it finds the frame at SendDone), and free where
+// a counter would cost an atomic per frame.
+func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) }
 
 // finishFrame runs a frame's completion and recycles it.
 func (d *Device) finishFrame(of *outFrame, err error) {
@@ -144,6 +185,11 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 // early until the registration finds it.
 func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 	complete, err := s.sd.Send(&of.f)
+	return d.sent(s, of, complete, err, direct)
+}
+
+// sent does what trySend does once the subdevice's Send returned.
+func (d *Device) sent(s *subdev, of *outFrame, complete bool, err error, direct bool) bool {
 	switch {
 	case err == nil:
 		s.frames[of.f.Peer].Add(1)
@@ -163,6 +209,46 @@ func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 		d.finishFrame(of, fmt.Errorf("multidevice: send to rank %d over %q: %w", of.f.Peer, s.name, err))
 		return true
 	}
+}
+
+// sendNow is the blocking Send of a standard-mode eager message that goes
+// straight to its destination. When the subdevice takes the frame at once
+// (shm copies it into its ring) no request is involved: no pool, no
+// completion, none of their atomics. When it keeps or refuses the frame, a
+// request waits for it as Isend's would. It reports false, having done
+// nothing, for any other message (and for bad arguments, which isend
+// reports).
+func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context uint64) (bool, error) {
+	if d.closed.Load() || uint(dst) >= uint(d.appSize) || uint(tag) > maxTag ||
+		d.down[dst].Load() != nil || d.matchSub[dst] >= 0 {
+		return false, nil
+	}
+	class := d.table.Class(len(buf))
+	if d.indirect(int32(dst), class) {
+		return false, nil
+	}
+	s := d.subs[d.routes[dst][class]]
+	if len(buf) > s.caps.MaxEager {
+		return false, nil
+	}
+	h := header{tag: int32(tag), context: context, seq: d.sendSeq[dst].Add(1) - 1}
+	of := framePool.Get().(*outFrame)
+	of.setShort(int32(dst), &h, buf)
+	complete, err := s.sd.Send(&of.f)
+	if err == nil && complete {
+		s.frames[dst].Add(1)
+		s.bytes[dst].Add(uint64(len(buf)))
+		*of = outFrame{pooled: true}
+		framePool.Put(of)
+		return true, nil
+	}
+	r := d.getRequest(true, int32(dst))
+	r.pending.Store(1)
+	of.req = r
+	d.sent(s, of, complete, err, true)
+	_, err = r.Wait(ctx)
+	d.putRequest(r)
+	return true, err
 }
 
 // register files a frame the subdevice still owns under its token, or
@@ -207,8 +293,9 @@ func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error))
 // sendTagged sends through a subdevice that matches on its own.
 func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context uint64, sync bool) error {
 	r.pending.Store(1)
-	m := &sdi.TaggedMessage{Peer: sdi.Rank(r.peer), Tag: int32(tag), Context: context, Payload: buf, Sync: sync, Token: d.nextID.Add(1)}
-	of := &outFrame{f: sdi.Frame{Token: m.Token}, req: r}
+	of := r.eagerFrame()
+	of.f, of.req = sdi.Frame{Token: of.token()}, r
+	m := &sdi.TaggedMessage{Peer: sdi.Rank(r.peer), Tag: int32(tag), Context: context, Payload: buf, Sync: sync, Token: of.f.Token}
 	for {
 		complete, err := s.matcher.SendTagged(m)
 		switch {
