@@ -220,9 +220,11 @@ func TestExternalPluginSkipped(t *testing.T) {
 		}, "handshake"},
 		{"hangs in open", func(s SubDeviceSpec) SubDeviceSpec {
 			s.Args = []string{helperArg, "hang-open"}
-			s.Timeout = 2 * time.Second
+			// The same bound covers the plugin's start (exec, TLS
+			// keys, handshake), which took over 2 s on a loaded CI host.
+			s.Timeout = 6 * time.Second
 			return s
-		}, "did not answer within 2s"},
+		}, "did not answer within 6s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fab := tc.spec(helperSpec("fab", "tcp"))
