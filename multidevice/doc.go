@@ -14,7 +14,7 @@
 //
 // # Progress model
 //
-// Who polls what. A subdevice that sets [sdi.FlagPoll] (shm) can be driven
+// Who polls what. A subdevice that sets [sdi.FlagPoll] (shm, tcp) can be driven
 // by any goroutine through [sdi.Poller]. A goroutine that waits — in
 // [Request.Wait], [Device.Send], [Device.Recv], or adi's WaitAny and Probe
 // through [Device.Progress] — polls, in a loop, the pollable subdevices
@@ -32,15 +32,16 @@
 // the processor (runtime.Gosched and sched_yield, so a peer process on the
 // same core can run) between polls up to 2 ms, then parks on
 // the request's channel. A request whose routes have no pollable
-// subdevice (tcp today) parks at once. So a rank blocked in Recv with
-// nothing arriving spends at most 2 ms of CPU per call and then none. On a host with more ranks than
-// CPUs the loop yields between polls from the start.
+// subdevice (a plugin without FlagPoll) parks at once. So a rank blocked
+// in Recv with nothing arriving spends at most 2 ms of CPU per call and
+// then none. On a host with more ranks than CPUs the loop yields between
+// polls from the start.
 //
 // What wakes it. Each subdevice keeps its own goroutines for the time
 // nobody polls: shm's progress goroutine naps while Poll calls keep coming
 // and otherwise spins briefly, then sleeps on a futex word in the shared
-// segment that senders ring only when it sleeps; tcp reads through the
-// netpoller. Those goroutines call the same handler, which completes the
+// segment that senders ring only when it sleeps; tcp's readers wait in
+// the subdevice's own epoll set and stand by while Poll calls keep coming. Those goroutines call the same handler, which completes the
 // request and closes its channel; the outbox goroutine is woken when the
 // last polling goroutine stops with frames still queued. A subdevice that
 // delivers from both a poller and its own goroutine excludes the two
