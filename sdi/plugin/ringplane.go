@@ -158,7 +158,9 @@ func (p *pluginRing) run() {
 			return
 		}
 		if !ok {
-			p.srv.pollInner()
+			// The plugin's subdevice is not polled from here: a poll
+			// now and then, followed by a sleep, leaves tcp's readers
+			// standing by for a poller that is gone (~0.5 ms per message).
 			p.out.sleep(ringSpin, ringNap)
 			continue
 		}

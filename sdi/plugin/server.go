@@ -354,17 +354,6 @@ func (s *server) put(kind uint8, peer sdi.Rank, header, payload []byte) {
 	}
 }
 
-// pollInner drives a subdevice that lets its caller poll, while the data
-// plane is idle and about to sleep.
-func (s *server) pollInner() {
-	if !s.caps.Flags.Has(sdi.FlagPoll) {
-		return
-	}
-	if p, ok := s.sd.(sdi.Poller); ok {
-		p.Poll()
-	}
-}
-
 // serverHandler is the Handler the plugin's subdevice sees. Deliver and
 // PeerDown become records towards the host; they wait while the data plane
 // is full, which pushes back on the subdevice's receive path.
