@@ -373,10 +373,7 @@ func (h *serverHandler) Deliver(from sdi.Rank, header, payload []byte) {
 func (h *serverHandler) SendDone(token uint64, err error) {
 	s := (*server)(h)
 	s.finish(token, err)
-	select {
-	case s.kick <- struct{}{}:
-	default:
-	}
+	wake(s.kick)
 }
 
 func (h *serverHandler) PeerDown(peer sdi.Rank, err error) {

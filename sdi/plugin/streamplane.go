@@ -55,14 +55,9 @@ func (p *hostStream) send(peer sdi.Rank, header, payload []byte) error {
 		return sdi.ErrWouldBlock
 	}
 	p.outstanding += n
-	l := len(p.pending)
-	p.pending = append(p.pending, make([]byte, n)...)
-	putRecord(p.pending[l:], kindFrame, peer, 0, header, payload)
+	p.pending = appendRecord(p.pending, kindFrame, peer, 0, header, payload)
 	p.mu.Unlock()
-	select {
-	case p.kick <- struct{}{}:
-	default:
-	}
+	wake(p.kick)
 	return nil
 }
 
@@ -212,10 +207,7 @@ func (p *pluginStream) addCredit(n int) {
 	p.mu.Lock()
 	p.credit += uint64(n)
 	p.mu.Unlock()
-	select {
-	case p.kick <- struct{}{}:
-	default:
-	}
+	wake(p.kick)
 }
 
 func (p *pluginStream) put(kind uint8, peer sdi.Rank, header, payload []byte) bool {
@@ -228,14 +220,9 @@ func (p *pluginStream) put(kind uint8, peer sdi.Rank, header, payload []byte) bo
 		p.mu.Unlock()
 		return false
 	}
-	l := len(p.pending)
-	p.pending = append(p.pending, make([]byte, n)...)
-	putRecord(p.pending[l:], kind, peer, 0, header, payload)
+	p.pending = appendRecord(p.pending, kind, peer, 0, header, payload)
 	p.mu.Unlock()
-	select {
-	case p.kick <- struct{}{}:
-	default:
-	}
+	wake(p.kick)
 	return true
 }
 
@@ -253,9 +240,7 @@ func (p *pluginStream) writer() {
 		for p.credit > 0 {
 			c := min(p.credit, 1<<31)
 			p.credit -= c
-			l := len(buf)
-			buf = append(buf, make([]byte, recordPrefix)...)
-			putRecord(buf[l:], kindCredit, 0, uint32(c), nil, nil)
+			buf = appendRecord(buf, kindCredit, 0, uint32(c), nil, nil)
 		}
 		p.cond.Broadcast()
 		p.mu.Unlock()
@@ -286,4 +271,13 @@ func (p *pluginStream) stop() {
 		close(p.quit)
 	}
 	p.wg.Wait()
+}
+
+// wake nudges the goroutine that waits on c, a channel of capacity one; a
+// nudge already pending is enough.
+func wake(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
 }
