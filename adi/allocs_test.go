@@ -7,8 +7,6 @@ package adi_test
 
 import (
 	"testing"
-
-	"github.com/hpc-multidevice/multidevice/adi"
 )
 
 // TestEagerSendRecvAllocatesNothing checks that, once warmed up, a blocking
@@ -17,25 +15,7 @@ import (
 func TestEagerSendRecvAllocatesNothing(t *testing.T) {
 	cs := shmJob(t, 2)
 	ctx := ctxT(t)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 64)
-		for {
-			st, err := cs[1].Recv(ctx, buf, 0, adi.AnyTag)
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			if st.Tag == 1 { // stop
-				return
-			}
-			if err := cs[1].Send(ctx, buf[:st.Count], 0, 0); err != nil {
-				t.Error(err)
-				return
-			}
-		}
-	}()
+	stop := echo(t, ctx, cs[0], cs[1])
 	msg, buf := make([]byte, 8), make([]byte, 64)
 	pingPong := func() {
 		if err := cs[0].Send(ctx, msg, 1, 0); err != nil {
@@ -49,10 +29,7 @@ func TestEagerSendRecvAllocatesNothing(t *testing.T) {
 		pingPong()
 	}
 	allocs := testing.AllocsPerRun(2000, pingPong)
-	if err := cs[0].Send(ctx, nil, 1, 1); err != nil {
-		t.Fatal(err)
-	}
-	<-done
+	stop()
 	if allocs != 0 {
 		t.Fatalf("%.0f allocations per eager round trip, want 0", allocs)
 	}

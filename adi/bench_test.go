@@ -1,6 +1,7 @@
 package adi_test
 
 import (
+	"context"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/adi"
@@ -12,20 +13,7 @@ import (
 func BenchmarkShmPingPong(b *testing.B) {
 	cs := shmJob(b, 2)
 	ctx := ctxT(b)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		buf := make([]byte, 64)
-		for {
-			st, err := cs[1].Recv(ctx, buf, 0, adi.AnyTag)
-			if err != nil || st.Tag == 1 {
-				return
-			}
-			if err := cs[1].Send(ctx, buf[:st.Count], 0, 0); err != nil {
-				return
-			}
-		}
-	}()
+	stop := echo(b, ctx, cs[0], cs[1])
 	msg, buf := make([]byte, 8), make([]byte, 64)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -37,10 +25,37 @@ func BenchmarkShmPingPong(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	if err := cs[0].Send(ctx, nil, 1, 1); err != nil {
-		b.Fatal(err)
+	stop()
+}
+
+// echo makes to send back every message it gets from from, until a message
+// with tag 1; stop sends that message and waits for the echo to end.
+func echo(tb testing.TB, ctx context.Context, from, to *adi.Comm) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		buf := make([]byte, 64)
+		for {
+			st, err := to.Recv(ctx, buf, from.Rank(), adi.AnyTag)
+			if err != nil {
+				tb.Error(err)
+				return
+			}
+			if st.Tag == 1 {
+				return
+			}
+			if err := to.Send(ctx, buf[:st.Count], from.Rank(), 0); err != nil {
+				tb.Error(err)
+				return
+			}
+		}
+	}()
+	return func() {
+		if err := from.Send(ctx, nil, to.Rank(), 1); err != nil {
+			tb.Fatal(err)
+		}
+		<-done
 	}
-	<-done
 }
 
 // BenchmarkShmSendRecvOneGoroutine sends an eager message from rank 0 to
