@@ -34,8 +34,10 @@
 // the request's channel. A request whose routes have no pollable
 // subdevice (a plugin without FlagPoll) parks at once. So a rank blocked
 // in Recv with nothing arriving spends at most 2 ms of CPU per call and
-// then none. On a host with more ranks than CPUs the loop yields between
-// polls from the start.
+// then none. Before it parks it calls [sdi.Idler.Idle] on the subdevices
+// it polled that set [sdi.FlagIdle], so that their own goroutines take over
+// at once instead of after a pause of their own. On a host with more ranks
+// than CPUs the loop yields between polls from the start.
 //
 // What wakes it. Each subdevice keeps its own goroutines for the time
 // nobody polls: shm's progress goroutine naps while Poll calls keep coming

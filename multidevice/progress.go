@@ -35,6 +35,9 @@ const (
 type progressState struct {
 	pollers     []sdi.Poller   // every subdevice with FlagPoll
 	peerPollers [][]sdi.Poller // [peer] those among them that carry its routes
+	// idlers are the pollers with FlagIdle, told when a waiter gives up
+	// polling them and parks.
+	idlers map[sdi.Poller]sdi.Idler
 	// spinners counts goroutines in spin; while there is one, queued
 	// frames are sent by it and the outbox goroutine is not woken.
 	spinners atomic.Int32
@@ -69,6 +72,16 @@ func (d *Device) initPolling() error {
 		}
 		bySub[s.idx] = p
 		d.prog.pollers = append(d.prog.pollers, p)
+		if s.caps.Flags.Has(sdi.FlagIdle) {
+			i, ok := s.sd.(sdi.Idler)
+			if !ok {
+				return fmt.Errorf("multidevice: subdevice %q declares FlagIdle but does not implement sdi.Idler", s.name)
+			}
+			if d.prog.idlers == nil {
+				d.prog.idlers = make(map[sdi.Poller]sdi.Idler)
+			}
+			d.prog.idlers[p] = i
+		}
 	}
 	d.prog.peerPollers = make([][]sdi.Poller, d.size)
 	for peer, classes := range d.routes {
@@ -146,9 +159,23 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 			}
 			el := time.Since(start)
 			if el > spinTotal {
+				d.idle(pollers)
 				return false
 			}
 			yield = yield || el > spinFor
+		}
+	}
+}
+
+// idle tells the pollers that stand by while polled that this waiter
+// parks, so that their own progress takes over at once.
+func (d *Device) idle(pollers []sdi.Poller) {
+	if d.prog.idlers == nil {
+		return
+	}
+	for _, p := range pollers {
+		if i := d.prog.idlers[p]; i != nil {
+			i.Idle()
 		}
 	}
 }

@@ -64,6 +64,10 @@ const (
 	// FlagJobCards: the subdevice implements [JobCards] and wants every
 	// rank's business card before it connects to any.
 	FlagJobCards
+	// FlagIdle: the subdevice, which also sets FlagPoll, implements [Idler]:
+	// its own progress stands by while it is polled, and a waiter that
+	// stops polling says so instead of leaving it to a timeout.
+	FlagIdle
 )
 
 // Has reports whether all bits of g are set in f.
@@ -221,6 +225,42 @@ type Poller interface {
 	// follow the usual rules: they do not block and do not call back into
 	// the SubDevice.
 	Poll() int
+}
+
+// Idler is implemented by subdevices that set [FlagIdle]. A [Poller] whose
+// own goroutines stand by while Poll calls keep coming (so that they do not
+// take the CPU from the poller) must notice when polling stops; without a
+// hint it can only guess from a pause, and a message that arrives in that
+// gap waits for the guess.
+type Idler interface {
+	// Idle tells the subdevice that the calling goroutine stops polling
+	// and is about to park: its own progress takes over at once. It does
+	// not block. The next Poll call, from any goroutine, starts the
+	// stand-by again. Other goroutines may still be polling when Idle is
+	// called; the subdevice then merely stops standing by early.
+	Idle()
+}
+
+// Placer may be implemented by a [Handler]. A subdevice that can write an
+// arriving payload straight into its final place (a single copy from
+// another process with process_vm_readv, an RDMA read) asks the handler
+// where that place is before it moves the bytes, and so saves the copy out
+// of a buffer of its own. A subdevice finds out whether its Handler
+// implements Placer with a type assertion at Open.
+type Placer interface {
+	// Place returns the slice, exactly n bytes long, that the payload of
+	// the arriving frame with this header goes into, or nil when the
+	// handler has no place for it (the subdevice then delivers from a
+	// buffer of its own as usual). header is valid only during the call.
+	// If Place returns a slice, the subdevice fills all of it and then
+	// calls Deliver(from, header, placed) with that same slice (the same
+	// first element and length), or, if it cannot fill it, reports the
+	// peer down; it does not deliver the frame another way. The handler
+	// keeps the slice valid and untouched until that Deliver. The usual
+	// Handler rules hold: Place does not block, it is called where Deliver
+	// would be, and the Deliver that follows keeps its place in the order
+	// of the peer's frames.
+	Place(from Rank, header []byte, n int) []byte
 }
 
 // JobCards is implemented by subdevices that set [FlagJobCards]: they decide
