@@ -45,7 +45,10 @@ type subdev struct {
 	caps    sdi.Caps
 	card    []byte      // this rank's business card, as published
 	matcher sdi.Matcher // non-nil when caps has FlagMatching
-	frames  []atomic.Uint64
+	// external: served by a plugin process, which polls on a thread of
+	// its own while this rank polls it (progress.go counts those threads).
+	external bool
+	frames   []atomic.Uint64
 	bytes   []atomic.Uint64
 }
 

@@ -57,7 +57,9 @@ func (d *Device) openExternal(ctx context.Context, spec SubDeviceSpec) {
 			d.subs = d.subs[:n]
 		}
 		skip(sd, err)
+		return
 	}
+	d.subs[n].external = true
 }
 
 // missingSubDevice is the error for a table that routes over a subdevice

@@ -42,13 +42,16 @@ type progressState struct {
 	// frames are sent by it and the outbox goroutine is not woken.
 	spinners atomic.Int32
 	reqs     sync.Pool // *Request, for the blocking Send and Recv
-	// crowded is set when this host runs more ranks than it has CPUs: a
-	// waiter then yields between polls from the start, since the peer it
-	// waits for may need this very core (Open MPI's yield_when_idle).
+	// crowded is set when this host runs more polling threads than it has
+	// CPUs: a waiter then yields between polls from the start, since the
+	// peer it waits for may need this very core (Open MPI's
+	// yield_when_idle). Every rank polls, and so does every rank's plugin
+	// process for a pollable external subdevice.
 	crowded bool
 }
 
-// noteHosts records how crowded this rank's host is.
+// noteHosts records how crowded this rank's host is; the subdevices are
+// open by then.
 func (d *Device) noteHosts(hosts []string) {
 	local := 0
 	for _, h := range hosts {
@@ -56,7 +59,13 @@ func (d *Device) noteHosts(hosts []string) {
 			local++
 		}
 	}
-	d.prog.crowded = local > runtime.NumCPU()
+	perRank := 1
+	for _, s := range d.subs[1:] {
+		if s.external && s.caps.Flags.Has(sdi.FlagPoll) {
+			perRank++
+		}
+	}
+	d.prog.crowded = local*perRank > runtime.NumCPU()
 }
 
 // initPolling finds the pollable subdevices once routes are known.

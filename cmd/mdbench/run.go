@@ -43,6 +43,7 @@ type options struct {
 	sub       string
 	plugins   string
 	conntable string
+	vsPlugins string
 	direct    bool
 	baseline  bool
 	bind      bool
@@ -71,6 +72,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.sub, "sub", "", "subdevice to measure alone: shm, tcp, ... (default shm unless -plugins or -conntable is given)")
 	fs.StringVar(&o.plugins, "plugins", "", "plugins.hcl choosing the subdevices, instead of -sub")
 	fs.StringVar(&o.conntable, "conntable", "", "connection table (file, or directory of <host>.json) choosing the routes")
+	fs.StringVar(&o.vsPlugins, "vs-plugins", "", "also run the job with the subdevices of this plugins.hcl (series \"plugin\"), interleaved: e.g. tcp served by cmd/sdi-tcp against the built-in -sub tcp")
 	fs.BoolVar(&o.direct, "direct", false, "also drive the subdevice through the SDI alone, without the multidevice (series \"direct\"; lat, bw, bibw)")
 	fs.BoolVar(&o.bind, "bind", true, "bind rank r to CPU r when there are no more ranks than CPUs (and tell the MPIs to bind to cores), as OSU runs usually are")
 	fs.BoolVar(&o.baseline, "baseline", false, "also build baseline/osu.c with each MPI of -mpi found here and run it, interleaved")
@@ -277,6 +279,28 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}
 		return all, nil
 	}})
+	if o.vsPlugins != "" {
+		steps = append(steps, step{"plugin", func() ([]sample, error) {
+			var all []sample
+			for _, t := range [][]string{two, rate} {
+				if len(t) == 0 {
+					continue
+				}
+				j := job
+				j.Tests, j.Sub, j.Plugins = t, "", o.vsPlugins
+				n := 2
+				if t[0] == "mr" {
+					n = 2 * o.pairs
+				}
+				s, err := launch(ctx, n, j, o.bind, logger)
+				if err != nil {
+					return nil, err
+				}
+				all = append(all, s...)
+			}
+			return all, nil
+		}})
+	}
 	if o.direct {
 		if d := slices.DeleteFunc(slices.Clone(two), func(t string) bool { return t == "mr" }); len(d) > 0 {
 			steps = append(steps, step{"direct", func() ([]sample, error) {

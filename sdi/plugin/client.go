@@ -23,10 +23,11 @@ import (
 // an sdi.SubDevice that the multidevice uses like a built-in one. It is safe
 // for concurrent use.
 //
-// It also implements sdi.Poller and sdi.JobCards, but its Caps carry
-// FlagPoll and FlagJobCards only when the plugin's subdevice has them; the
-// calls are forwarded then, and do nothing (Poll) or return
-// sdi.ErrUnsupported (SetJobCards) otherwise. A subdevice with
+// It also implements sdi.Poller, sdi.Idler and sdi.JobCards. Its Caps
+// carry FlagPoll and FlagIdle with the shared-memory data plane (a waiting
+// rank drains the ring itself, and the plugin polls its subdevice for as
+// long as the rank polls), and FlagJobCards only when the plugin's
+// subdevice has it; SetJobCards returns sdi.ErrUnsupported otherwise. A subdevice with
 // FlagMatching is refused at Open: protocol 1 does not carry matching.
 //
 // Send copies the frame into the data plane and reports it complete at
@@ -162,6 +163,14 @@ func (c *Client) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) 
 		return sdi.Local{}, fmt.Errorf("sdi/plugin: %q: attach the data plane: %w", c.cfg.Name, err)
 	}
 	st.plane = plane
+	// A waiting rank polls the ring plane itself, whatever the plugin's
+	// subdevice does: the plugin polls that one meanwhile (ringplane.go).
+	if _, ok := plane.(*hostRing); ok {
+		caps.Flags |= sdi.FlagPoll | sdi.FlagIdle
+	} else {
+		caps.Flags &^= sdi.FlagPoll | sdi.FlagIdle
+	}
+	st.caps = caps
 	c.st.Store(st)
 	return sdi.Local{Addr: resp.GetAddr(), Caps: caps}, nil
 }
@@ -354,14 +363,23 @@ func (c *Client) Send(f *sdi.Frame) (bool, error) {
 	return true, nil
 }
 
-// Poll hands arrived frames to the Handler on the calling goroutine; it
-// does something only when the plugin's subdevice has FlagPoll.
+// Poll hands arrived frames to the Handler on the calling goroutine. With
+// the shared-memory plane (FlagPoll) it also keeps the plugin polling its
+// own subdevice until Idle, or until Poll calls stop for a while.
 func (c *Client) Poll() int {
 	st := c.st.Load()
 	if st == nil || !st.caps.Flags.Has(sdi.FlagPoll) || c.closed.Load() {
 		return 0
 	}
 	return st.plane.poll()
+}
+
+// Idle tells the plane that the polling rank parks: the host's consumer
+// goroutine takes over and the plugin stops polling its subdevice.
+func (c *Client) Idle() {
+	if st := c.st.Load(); st != nil && st.caps.Flags.Has(sdi.FlagIdle) {
+		st.plane.idle()
+	}
 }
 
 // Close closes the plugin's subdevice, stops the data plane and ends the

@@ -100,7 +100,7 @@ func fromStatus(op string, err error) error {
 // knownFlags are the sdi.Flag bits this build understands. A host masks off
 // the rest, so a newer plugin's new capability is not claimed by a host
 // that cannot use it.
-const knownFlags = sdi.FlagReliable | sdi.FlagOrdered | sdi.FlagMatching | sdi.FlagPoll | sdi.FlagJobCards
+const knownFlags = sdi.FlagReliable | sdi.FlagOrdered | sdi.FlagMatching | sdi.FlagPoll | sdi.FlagJobCards | sdi.FlagIdle
 
 func capsToProto(c sdi.Caps) *sdiv1.Caps {
 	return &sdiv1.Caps{

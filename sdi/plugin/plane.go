@@ -17,6 +17,8 @@ type hostPlane interface {
 	// poll hands arrived records to the Handler on the calling goroutine
 	// and returns how many; 0 at once if another goroutine is at it.
 	poll() int
+	// idle says the polling rank parks; see sdi.Idler.
+	idle()
 	// stop ends the plane's goroutines; no Handler call follows its return.
 	stop()
 }

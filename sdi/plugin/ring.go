@@ -36,6 +36,17 @@ import (
 //	+192  roomBell  uint32  bumped by the consumer to wake a producer waiting for room
 //	+196  roomWait  uint32  1 while the producer waits for room
 //
+// The segment header also carries two words the host stores and the plugin
+// only reads, telling the plugin whether a rank is polling the plane:
+//
+//	+32   hostPolls   uint32  the host's Poll count, stored every pollsPerTick polls
+//	+36   hostParked  uint32  1 once the polling rank parked (sdi.Idler.Idle)
+//
+// While hostPolls moves and hostParked is 0, the plugin polls its subdevice
+// on its ring goroutine, as the rank would poll a built-in one; otherwise
+// it leaves the subdevice to its own goroutines and sleeps (ringplane.go).
+// A plugin that ignores the words is correct, only slower.
+//
 // Cursors grow without bound and are masked by the power-of-two capacity.
 // Records (record.go) are 16-byte aligned and never wrap: a record that does
 // not fit before the end is preceded by a pad record covering the rest.
@@ -65,6 +76,9 @@ const (
 	offDataWait = 132
 	offRoomBell = 192
 	offRoomWait = 196
+
+	offHostPolls  = 32
+	offHostParked = 36
 
 	minRingBytes = 1 << 16
 	maxRingBytes = 1 << 28
@@ -132,6 +146,18 @@ func ringAt(mem []byte, ctl int, data []byte) *ring {
 		data:     data,
 		size:     uint64(len(data)),
 		mask:     uint64(len(data)) - 1,
+	}
+}
+
+// activity is the pair of host-activity words in a segment's header.
+type activity struct {
+	polls, parked *atomic.Uint32
+}
+
+func activityAt(mem []byte) activity {
+	return activity{
+		polls:  (*atomic.Uint32)(unsafe.Pointer(&mem[offHostPolls])),
+		parked: (*atomic.Uint32)(unsafe.Pointer(&mem[offHostParked])),
 	}
 }
 
@@ -245,13 +271,17 @@ func (r *ring) release(cursor uint64) {
 	}
 }
 
-// sleep waits for the producer, for at most d, unless something is there.
-// spin bounds a busy-wait before that; the caller re-checks either way.
-func (rd *reader) sleep(spin time.Duration, d time.Duration) {
+// sleep waits for the producer, for at most d, unless something is there
+// or awake reports true. spin bounds a busy-wait before that; the caller
+// re-checks either way. awake may be nil; whoever makes it true calls
+// nudge afterwards, and the order of the checks below means that either
+// awake sees the change or the nudge ends the wait.
+func (rd *reader) sleep(spin time.Duration, d time.Duration, awake func() bool) {
 	r := rd.r
+	ready := func() bool { return !rd.empty() || (awake != nil && awake()) }
 	if spin > 0 {
 		deadline := time.Now().Add(spin)
-		for i := 0; rd.empty(); i++ {
+		for i := 0; !ready(); i++ {
 			if i%64 == 63 && time.Now().After(deadline) {
 				break
 			}
@@ -264,16 +294,25 @@ func (rd *reader) sleep(spin time.Duration, d time.Duration) {
 				runtime.Gosched()
 			}
 		}
-		if !rd.empty() {
+		if ready() {
 			return
 		}
 	}
 	bell := r.dataBell.Load()
 	r.dataWait.Store(1)
-	if rd.empty() {
+	if !ready() {
 		futex.Wait((*uint32)(unsafe.Pointer(r.dataBell)), bell, d)
 	}
 	r.dataWait.Store(0)
+}
+
+// nudge wakes the ring's consumer if it sleeps, so that it looks again at
+// something other than the ring (the host's activity words, a stand-by).
+func (r *ring) nudge() {
+	if r.dataWait.Load() != 0 {
+		r.dataBell.Add(1)
+		futex.Wake((*uint32)(unsafe.Pointer(r.dataBell)), 1)
+	}
 }
 
 // wake wakes this ring's consumer, from this process, so that it notices a

@@ -69,7 +69,7 @@ func TestRingWrapsInOrder(t *testing.T) {
 				return
 			}
 			if !ok {
-				rd.sleep(0, 10*time.Millisecond)
+				rd.sleep(0, 10*time.Millisecond, nil)
 				continue
 			}
 			want := bytes.Repeat([]byte{byte(i)}, size(i))

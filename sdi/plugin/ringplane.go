@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,7 +15,7 @@ import (
 // long, yielding the CPU as it goes, before it parks on the futex, because
 // waking a parked thread costs tens of microseconds and the next record
 // often comes sooner. Longer spins measured worse on a busy two-core
-// machine (BenchmarkPluginTCP: 25us beat 50, 80 and an adaptive spin of
+// machine (an SDI-level ping-pong: 25us beat 50, 80 and an adaptive spin of
 // twice the recent gap), since every spinner takes a CPU from the thread
 // it waits for. An idle consumer spins once and parks: no CPU when idle.
 // Parked waits are bounded so that a stop is noticed even without a wake-up.
@@ -22,6 +23,23 @@ const (
 	ringSpin  = 25 * time.Microsecond
 	ringNap   = 50 * time.Millisecond
 	drainStep = 64 // records handled per lock hold
+)
+
+// Polling across the plane. While a rank polls the Client (it waits for a
+// message), the host's consumer goroutine stands by, so that it does not
+// take a CPU from the poller, and the plugin polls its own subdevice on its
+// ring goroutine, as the rank would poll a built-in one: a message then
+// crosses both processes with no thread woken on its way. The rank says
+// when it parks (sdi.Idler); a rank that simply stops polling (it got its
+// message and went back to work) is noticed after standbyNap without a
+// Poll, by both sides.
+const (
+	standbyNap = 500 * time.Microsecond
+	// pollsPerTick is how many Poll calls pass between stores of the
+	// host's Poll count into the segment: often enough that the plugin
+	// sees it move well within standbyNap, rarely enough that the
+	// plugin's reads of that line are not answered by a cache miss each.
+	pollsPerTick = 32
 )
 
 // hostRing is the host's side of the shared-memory plane: it produces on
@@ -40,13 +58,20 @@ type hostRing struct {
 	inMu sync.Mutex // held while records are handed to the Handler
 	in   reader
 
+	act     activity      // the segment's host-activity words
+	polls   atomic.Uint64 // Poll calls so far
+	polling atomic.Bool   // a rank polls: run stands by, the plugin polls
+	idleCh  chan struct{} // ends run's stand-by: Idle or stop
+
 	stopped atomic.Bool
 	wg      sync.WaitGroup
 }
 
 func newHostRing(seg *shmem.Segment, h sdi.Handler, lim limits, fail func(error)) *hostRing {
 	out, in := rings(seg.Bytes())
-	p := &hostRing{seg: seg, h: h, fail: fail, out: out, in: reader{r: in, lim: lim}}
+	p := &hostRing{seg: seg, h: h, fail: fail, out: out, in: reader{r: in, lim: lim},
+		act: activityAt(seg.Bytes()), idleCh: make(chan struct{}, 1)}
+	p.act.parked.Store(1)
 	p.wg.Add(1)
 	go p.run()
 	return p
@@ -64,24 +89,73 @@ func (p *hostRing) send(peer sdi.Rank, header, payload []byte) error {
 	return nil
 }
 
+// run consumes the in ring while nobody polls. While a rank polls, it
+// stands by, and takes over when the rank parks or has not polled for a
+// whole standbyNap.
 func (p *hostRing) run() {
 	defer p.wg.Done()
+	nap := time.NewTimer(standbyNap)
+	defer nap.Stop()
 	for !p.stopped.Load() {
+		if p.polling.Load() {
+			seen := p.polls.Load()
+			nap.Reset(standbyNap)
+			select {
+			case <-p.idleCh:
+			case <-nap.C:
+			}
+			if p.polling.Load() && p.polls.Load() != seen {
+				continue
+			}
+			// The rank went back to its own work without parking:
+			// the plugin is told to stop polling too.
+			p.idle()
+		}
 		p.inMu.Lock()
 		n := p.drainLocked()
 		p.inMu.Unlock()
 		if n == 0 {
-			p.in.sleep(ringSpin, ringNap)
+			p.in.sleep(ringSpin, ringNap, p.polling.Load)
 		}
 	}
 }
 
 func (p *hostRing) poll() int {
+	n := p.polls.Add(1)
+	if !p.polling.Load() {
+		p.startPolling()
+	} else if n%pollsPerTick == 0 {
+		p.act.polls.Store(uint32(n))
+	}
 	if !p.inMu.TryLock() {
 		return 0
 	}
 	defer p.inMu.Unlock()
 	return p.drainLocked()
+}
+
+// startPolling moves both consumers aside for a polling rank: the plugin's
+// ring goroutine starts polling its subdevice, the host's own goroutine
+// stands by. Each is woken if it sleeps, which costs a system call at the
+// start of a polling spell, not per message.
+func (p *hostRing) startPolling() {
+	p.polling.Store(true)
+	p.act.polls.Store(uint32(p.polls.Load()))
+	p.act.parked.Store(0)
+	p.out.nudge()
+	p.in.r.nudge()
+}
+
+// idle ends a polling spell: the rank parks (sdi.Idler) or stopped polling.
+func (p *hostRing) idle() {
+	if !p.polling.Swap(false) {
+		return
+	}
+	p.act.parked.Store(1)
+	select {
+	case p.idleCh <- struct{}{}:
+	default:
+	}
 }
 
 func (p *hostRing) drainLocked() int {
@@ -111,6 +185,10 @@ func (p *hostRing) stop() {
 	p.once.Do(func() {
 		p.stopped.Store(true)
 		p.in.r.wake()
+		select {
+		case p.idleCh <- struct{}{}:
+		default:
+		}
 		p.wg.Wait()
 		// A poll in progress finishes its record and sees stopped.
 		p.inMu.Lock()
@@ -123,10 +201,13 @@ func (p *hostRing) stop() {
 }
 
 // pluginRing is the plugin's side: it consumes frames from the out ring
-// on its own goroutine and produces deliveries on the in ring.
+// on its own goroutine and produces deliveries on the in ring. While the
+// host polls, the same goroutine polls the plugin's subdevice (if it has
+// FlagPoll) between looks at the ring.
 type pluginRing struct {
 	seg *shmem.Segment
 	srv *server
+	act activity
 
 	out  reader
 	rels releaser
@@ -140,7 +221,8 @@ type pluginRing struct {
 
 func newPluginRing(seg *shmem.Segment, srv *server, lim limits) *pluginRing {
 	out, in := rings(seg.Bytes())
-	p := &pluginRing{seg: seg, srv: srv, out: reader{r: out, lim: lim}, rels: releaser{r: out}, in: in}
+	p := &pluginRing{seg: seg, srv: srv, act: activityAt(seg.Bytes()),
+		out: reader{r: out, lim: lim}, rels: releaser{r: out}, in: in}
 	p.wg.Add(1)
 	go p.run()
 	return p
@@ -148,7 +230,10 @@ func newPluginRing(seg *shmem.Segment, srv *server, lim limits) *pluginRing {
 
 func (p *pluginRing) run() {
 	defer p.wg.Done()
-	for !p.stopped.Load() {
+	poller, idler := p.srv.poller, p.srv.idler
+	var host hostWatch
+	polling := false
+	for i := 0; !p.stopped.Load(); i++ {
 		rec, cur, ok, err := p.out.next()
 		if err == nil && ok && rec.kind != kindFrame {
 			err = fmt.Errorf("record kind %d does not travel to the plugin", rec.kind)
@@ -157,16 +242,63 @@ func (p *pluginRing) run() {
 			p.srv.protocolError(fmt.Errorf("%w: out ring: %w", ErrProtocol, err))
 			return
 		}
-		if !ok {
-			// The plugin's subdevice is not polled from here: a poll
-			// now and then, followed by a sleep, leaves tcp's readers
-			// standing by for a poller that is gone (~0.5 ms per message).
-			p.out.sleep(ringSpin, ringNap)
+		if ok {
+			seq := p.rels.add(cur)
+			p.srv.dispatch(rec, func() { p.rels.done(seq) })
 			continue
 		}
-		seq := p.rels.add(cur)
-		p.srv.dispatch(rec, func() { p.rels.done(seq) })
+		if poller != nil && host.active(p.act) {
+			polling = true
+			if poller.Poll() == 0 {
+				// Yield the CPU to any thread: the rank that polls us,
+				// or the peer it waits for, may need this one.
+				if i%8 == 7 {
+					runtime.Gosched()
+				}
+				osYield()
+			}
+			continue
+		}
+		if polling {
+			polling = false
+			if idler != nil {
+				idler.Idle()
+			}
+		}
+		// A host that stopped polling without parking is marked parked
+		// by its own goroutine within about standbyNap; until then the
+		// nap is that short, so that Poll calls that resume meanwhile
+		// (they do not nudge) are noticed.
+		nap := ringNap
+		if poller != nil && p.act.parked.Load() == 0 {
+			nap = standbyNap
+		}
+		p.out.sleep(ringSpin, nap, func() bool { return poller != nil && host.resumed(p.act) })
 	}
+}
+
+// hostWatch tells from the segment's activity words whether a rank polls
+// the host's side of the plane. Owned by the plugin's ring goroutine.
+type hostWatch struct {
+	polls uint32
+	moved time.Time // when polls last changed
+}
+
+func (w *hostWatch) active(a activity) bool {
+	if a.parked.Load() != 0 {
+		return false
+	}
+	now := time.Now()
+	if n := a.polls.Load(); n != w.polls {
+		w.polls, w.moved = n, now
+		return true
+	}
+	return now.Sub(w.moved) < standbyNap
+}
+
+// resumed reports whether the host polls again since active last looked.
+func (w *hostWatch) resumed(a activity) bool {
+	return a.parked.Load() == 0 && a.polls.Load() != w.polls
 }
 
 func (p *pluginRing) put(kind uint8, peer sdi.Rank, header, payload []byte) bool {

@@ -27,9 +27,13 @@ type server struct {
 	// exits the process there. Nil in tests.
 	orphaned func()
 
-	mu       sync.Mutex
-	opened   bool
-	caps     sdi.Caps
+	mu     sync.Mutex
+	opened bool
+	caps   sdi.Caps
+	// poller and idler are the subdevice as sdi.Poller and sdi.Idler when
+	// its flags say so, set at Open; the ring goroutine polls through them.
+	poller   sdi.Poller
+	idler    sdi.Idler
 	lim      limits
 	plane    pluginPlane
 	attached chan struct{} // closed once a plane is attached, or at Close
@@ -100,6 +104,12 @@ func (s *server) Open(ctx context.Context, req *sdiv1.Open_Request) (*sdiv1.Open
 	}
 	s.opened = true
 	s.caps = local.Caps
+	if local.Caps.Flags.Has(sdi.FlagPoll) {
+		s.poller = s.sd.(sdi.Poller) // flagsImplemented checked it
+	}
+	if local.Caps.Flags.Has(sdi.FlagIdle) {
+		s.idler = s.sd.(sdi.Idler)
+	}
 	// The host fits the caps to its data plane the same way; records
 	// beyond the fitted limits are broken on both sides.
 	_, fitted := planeBytes(local.Caps)
@@ -388,6 +398,12 @@ func flagsImplemented(sd sdi.SubDevice, f sdi.Flag) error {
 	}
 	if _, ok := sd.(sdi.Poller); f.Has(sdi.FlagPoll) && !ok {
 		return fmt.Errorf("sdi/plugin: open: the subdevice declares FlagPoll but does not implement sdi.Poller: %w", sdi.ErrUnsupported)
+	}
+	if _, ok := sd.(sdi.Idler); f.Has(sdi.FlagIdle) && !ok {
+		return fmt.Errorf("sdi/plugin: open: the subdevice declares FlagIdle but does not implement sdi.Idler: %w", sdi.ErrUnsupported)
+	}
+	if f.Has(sdi.FlagIdle) && !f.Has(sdi.FlagPoll) {
+		return fmt.Errorf("sdi/plugin: open: the subdevice declares FlagIdle without FlagPoll: %w", sdi.ErrUnsupported)
 	}
 	return nil
 }

@@ -137,6 +137,7 @@ func (p *hostStream) handle(b []byte) error {
 
 // poll has nothing to do: records arrive on the receiver goroutine.
 func (p *hostStream) poll() int { return 0 }
+func (p *hostStream) idle()     {}
 
 // stop ends the goroutines; the caller has cancelled the stream's context,
 // which ends a Recv in progress.
