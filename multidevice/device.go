@@ -340,7 +340,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 		}
 		for ci, hops := range res.ByClass(peer) {
 			if len(hops) == 0 {
-				return fmt.Errorf("multidevice: %w: rank %d, class %q", ErrNoRoute, peer, res.Classes()[ci].Name)
+				return fmt.Errorf("%w: rank %d, class %q", ErrNoRoute, peer, res.Classes()[ci].Name)
 			}
 			if hops[0].Via >= 0 {
 				trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops)
@@ -357,7 +357,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 				return d.missingSubDevice(peer, hosts[peer], hop.SubDevice)
 			}
 			if s.caps.Reach == sdi.ReachHost && hosts[peer] != hosts[d.rank] {
-				return fmt.Errorf("multidevice: %w: the table routes rank %d on host %q over %q, which only reaches host %q",
+				return fmt.Errorf("%w: the table routes rank %d on host %q over %q, which only reaches host %q",
 					ErrNoRoute, peer, hosts[peer], s.name, hosts[d.rank])
 			}
 			d.routes[peer][ci] = s.idx

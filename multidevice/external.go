@@ -66,9 +66,9 @@ func (d *Device) openExternal(ctx context.Context, spec SubDeviceSpec) {
 // that is not loaded, saying why when it was a skipped plugin.
 func (d *Device) missingSubDevice(peer int, host, name string) error {
 	if why := d.skipped[name]; why != nil {
-		return fmt.Errorf("multidevice: %w: the table routes rank %d (host %q) over subdevice %q, whose plugin was skipped: %v",
+		return fmt.Errorf("%w: the table routes rank %d (host %q) over subdevice %q, whose plugin was skipped: %v",
 			ErrNoRoute, peer, host, name, why)
 	}
-	return fmt.Errorf("multidevice: %w: the table routes rank %d (host %q) over subdevice %q, which is not loaded (loaded: %s)",
+	return fmt.Errorf("%w: the table routes rank %d (host %q) over subdevice %q, which is not loaded (loaded: %s)",
 		ErrNoRoute, peer, host, name, d.subNames())
 }

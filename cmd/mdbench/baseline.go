@@ -14,6 +14,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 //go:embed baseline/osu.c
@@ -96,6 +98,11 @@ func (m mpi) command(ctx context.Context, n int, sub string, bind bool, scale fl
 	argv = append(append(argv, m.binary), args...)
 	cmd := exec.CommandContext(ctx, m.run, argv...)
 	cmd.Env = env
+	// On a timeout the whole launch goes, not just mpiexec: its proxies
+	// and ranks would otherwise spin on, disturbing every later figure.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }
 

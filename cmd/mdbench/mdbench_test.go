@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -61,6 +63,7 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-sub", "shm", "-plugins", "p.hcl"}, "", "-sub and -plugins"},
 		{[]string{"-plugins", "p.hcl", "-direct"}, "", "-direct needs -sub"},
 		{[]string{"latency"}, "", "unknown test"},
+		{[]string{"-timeout", "0s"}, "", "-timeout"},
 	} {
 		o, err := parseArgs(tc.args, &bytes.Buffer{})
 		if tc.err != "" {
@@ -183,5 +186,64 @@ func TestRunIdle(t *testing.T) {
 	t.Logf("rank blocked in Recv: %.3f %% of a core", s.Median)
 	if s.Median >= 2 {
 		t.Fatalf("rank blocked in Recv used %.2f %% of a core, want < 2 %%", s.Median)
+	}
+}
+
+// TestRunVsPlugins measures tcp built in against tcp served by its plugin
+// binary in one run and checks that both series and their ratio are there.
+func TestRunVsPlugins(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin and launches ranks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	build := exec.CommandContext(ctx, "go", "build", "-o", dir, "github.com/hpc-multidevice/multidevice/cmd/sdi-tcp")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build sdi-tcp: %v\n%s", err, out)
+	}
+	hcl := filepath.Join(dir, "plugins.hcl")
+	if err := os.WriteFile(hcl, []byte("subdevice \"tcp\" {\n  command = \"sdi-tcp\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	args := []string{"-sub", "tcp", "-vs-plugins", hcl, "-reps", "2", "-scale", "0.02", "-sizes", "8,300K", "-window", "4", "-format", "json", "lat", "bw"}
+	if code := run(ctx, args, &out, &errOut); code != 0 {
+		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
+	}
+	var r report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	for _, test := range []string{"lat", "bw"} {
+		for _, size := range []int{8, 300 << 10} {
+			for _, se := range []string{ours, "plugin"} {
+				if s, ok := r.stat(test, size, se); !ok || len(s.Values) != 2 || s.Min <= 0 {
+					t.Errorf("%s %d %s: %+v (found %v)", test, size, se, s, ok)
+				}
+			}
+		}
+	}
+	if _, ok := r.ratio("lat", 8, "plugin"); !ok {
+		t.Error("no multidevice/plugin ratio")
+	}
+}
+
+// TestRunTimeout: a launch that outlives -timeout is given up promptly,
+// with an error that says so.
+func TestRunTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	start := time.Now()
+	code := run(ctx, []string{"-reps", "1", "-timeout", "50ms", "-sizes", "1M", "bw"}, &out, &errOut)
+	if code == 0 || !strings.Contains(errOut.String(), "gave up after -timeout 50ms") {
+		t.Fatalf("exit %d, stderr %q: want a failure naming the timeout", code, errOut.String())
+	}
+	if el := time.Since(start); el > 30*time.Second {
+		t.Errorf("the run took %v to give up", el)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -53,6 +54,7 @@ type options struct {
 	pairs     int
 	scale     float64
 	seconds   float64
+	timeout   time.Duration
 	format    string
 	svg       string
 	out       string
@@ -82,6 +84,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.pairs, "pairs", 2, "pairs of ranks for mr")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every iteration count (ours and the baseline's) by this")
 	fs.Float64Var(&o.seconds, "seconds", 10, "how long idle blocks")
+	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up on a launch (ours or a baseline's) that runs longer than this")
 	fs.StringVar(&o.format, "format", "table", "output: table, csv or json")
 	fs.StringVar(&o.svg, "svg", "", "also write a plot of latency and bandwidth against size to this SVG file")
 	fs.StringVar(&o.out, "o", "", "write the output to this file instead of stdout")
@@ -134,6 +137,8 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-pairs %d: want at least 1", o.pairs)
 	case o.scale <= 0:
 		return nil, fmt.Errorf("-scale %g: want more than 0", o.scale)
+	case o.timeout <= 0:
+		return nil, fmt.Errorf("-timeout %v: want more than 0", o.timeout)
 	case o.seconds <= 0:
 		return nil, fmt.Errorf("-seconds %g: want more than 0", o.seconds)
 	case o.format != "table" && o.format != "csv" && o.format != "json":
@@ -254,10 +259,10 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	// steps are the launches of one repetition; their order alternates.
 	type step struct {
 		name string
-		fn   func() ([]sample, error)
+		fn   func(ctx context.Context) ([]sample, error)
 	}
 	var steps []step
-	steps = append(steps, step{ours, func() ([]sample, error) {
+	steps = append(steps, step{ours, func(ctx context.Context) ([]sample, error) {
 		var all []sample
 		if len(two) > 0 {
 			j := job
@@ -280,7 +285,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		return all, nil
 	}})
 	if o.vsPlugins != "" {
-		steps = append(steps, step{"plugin", func() ([]sample, error) {
+		steps = append(steps, step{"plugin", func(ctx context.Context) ([]sample, error) {
 			var all []sample
 			for _, t := range [][]string{two, rate} {
 				if len(t) == 0 {
@@ -303,7 +308,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	}
 	if o.direct {
 		if d := slices.DeleteFunc(slices.Clone(two), func(t string) bool { return t == "mr" }); len(d) > 0 {
-			steps = append(steps, step{"direct", func() ([]sample, error) {
+			steps = append(steps, step{"direct", func(ctx context.Context) ([]sample, error) {
 				j := job
 				j.Tests, j.Direct = d, true
 				return launch(ctx, 2, j, o.bind, logger)
@@ -311,7 +316,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}
 	}
 	for _, m := range mpis {
-		steps = append(steps, step{m.name, func() ([]sample, error) {
+		steps = append(steps, step{m.name, func(ctx context.Context) ([]sample, error) {
 			var all []sample
 			for _, t := range append(slices.Clone(two), rate...) {
 				n, args := 2, []string{t}
@@ -347,7 +352,12 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			if len(two)+len(rate) == 0 {
 				break
 			}
-			s, err := st.fn()
+			sctx, cancel := context.WithTimeout(ctx, o.timeout)
+			s, err := st.fn(sctx)
+			if sctx.Err() == context.DeadlineExceeded {
+				err = fmt.Errorf("gave up after -timeout %v: %w", o.timeout, err)
+			}
+			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("repetition %d, %s: %w", i+1, st.name, err)
 			}
