@@ -41,6 +41,20 @@
 // stream with credit-based flow control (streamplane.go). A consumer that
 // runs dry spins briefly, then parks on a futex in the segment.
 //
+// Polling crosses the plane. With the shared-memory plane the Client sets
+// sdi.FlagPoll and sdi.FlagIdle: a rank that waits drains the plugin's
+// ring on its own goroutine, and for as long as it does the plugin's ring
+// goroutine polls the plugin's subdevice (if that sets FlagPoll) between
+// looks at its ring, so a message crosses both processes with no thread
+// woken on its way. The host says so through two words in the segment
+// header, moved only at the start and end of a polling spell and every
+// few dozen polls; the spell ends when the rank parks (Idle) or when 500
+// µs pass without a Poll, and then both sides go back to sleeping
+// consumers and the subdevice's own goroutines (its Idle is called). The
+// price is one more spinning thread per rank while it waits; the
+// multidevice counts it when it decides whether to yield the CPU between
+// polls.
+//
 // Send copies a frame into the plane and completes it at once; the plugin
 // hands it to its subdevice straight from the ring and gives the space
 // back when that subdevice is done with it. Should the subdevice refuse a
@@ -59,6 +73,6 @@
 // # Limitations
 //
 // Protocol 1 does not carry sdi.Matcher: a plugin whose subdevice declares
-// sdi.FlagMatching is refused at Open. FlagPoll and FlagJobCards are
-// carried.
+// sdi.FlagMatching is refused at Open. FlagPoll, FlagIdle and
+// FlagJobCards are carried.
 package plugin
