@@ -54,9 +54,16 @@ type directRank struct {
 
 // directHandler receives frames. Deliver calls are serialized (one peer).
 type directHandler struct {
-	r     *directRank
-	rbuf  []byte
-	off   int
+	r    *directRank
+	rbuf []byte
+	off  int
+	// span is how much of rbuf the current test receives into, as the
+	// multidevice loops do: one message's worth for lat, a window's for
+	// bw and bibw. Walking all of rbuf instead would put every message
+	// into memory no cache holds, a cost the multidevice run does not pay.
+	// Atomic because the peer's first message of the next test may arrive
+	// on the subdevice's goroutine while this rank still sets it.
+	span  atomic.Int64
 	bytes atomic.Int64 // data bytes received so far
 	acks  atomic.Int64
 	down  atomic.Pointer[error]
@@ -67,7 +74,7 @@ func (h *directHandler) Deliver(_ sdi.Rank, header, payload []byte) {
 		h.acks.Add(1)
 		return
 	}
-	if h.off+len(payload) > len(h.rbuf) {
+	if span := int(h.span.Load()); h.off+len(payload) > span {
 		h.off = 0
 	}
 	h.off += copy(h.rbuf[h.off:], payload)
@@ -244,6 +251,7 @@ func (d *directRank) send(ctx context.Context, size int, kind byte) error {
 func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int) (float64, error) {
 	n := latIters(size, d.scale)
 	warm := n / 10
+	d.h.span.Store(int64(size))
 	var t0 time.Time
 	for i := range n + warm {
 		if i == warm {
@@ -274,6 +282,7 @@ func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int
 func (d *directRank) stream(ctx context.Context, boot bootstrap.Bootstrap, size, window int, bidir bool) (float64, error) {
 	n := bwIters(size, d.scale)
 	warm := n/10 + 1
+	d.h.span.Store(int64(size * window))
 	var t0 time.Time
 	sender := d.rank == 0 || bidir
 	receiver := d.rank == 1 || bidir
