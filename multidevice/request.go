@@ -176,6 +176,11 @@ func (r *Request) complete(st Status, err error) bool {
 	return true
 }
 
+// completeUnseen completes r before it was handed to anybody: nobody can
+// complete it concurrently or select on it, and no WaitAny waits for it,
+// so one store does what complete does.
+func (r *Request) completeUnseen() { r.state.Store(reqDone) }
+
 // frameDone accounts one finished frame (or acknowledgement) of a send and
 // completes the request when none is left.
 func (r *Request) frameDone(err error) {

@@ -50,13 +50,26 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
 		of := r.eagerFrame()
-		of.req = r
 		if !sync && !d.indirect(int32(dst), class) {
-			r.pending.Store(1)
 			of.setShort(int32(dst), &h, buf)
-			d.trySend(s, of, true)
+			complete, err := s.sd.Send(&of.f)
+			if err == nil && complete {
+				// Done at once (shm copied it): nobody has seen r yet, so
+				// it completes without the frame accounting's atomics.
+				s.frames[dst].Add(1)
+				s.bytes[dst].Add(uint64(len(buf)))
+				recycleFrame(of)
+				r.completeUnseen()
+				return r, nil
+			}
+			// A SendDone that comes before sent registers the frame
+			// waits for it (see register), so these may follow Send.
+			r.pending.Store(1)
+			of.req = r
+			d.sent(s, of, complete, err, true)
 			return r, nil
 		}
+		of.req = r
 		if !sync {
 			r.pending.Store(1)
 		} else {
@@ -161,10 +174,7 @@ func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) 
 // finishFrame runs a frame's completion and recycles it.
 func (d *Device) finishFrame(of *outFrame, err error) {
 	req, done, peer := of.req, of.done, of.f.Peer
-	if of.pooled {
-		*of = outFrame{pooled: true}
-		framePool.Put(of)
-	}
+	recycleFrame(of)
 	switch {
 	case req != nil:
 		req.frameDone(err)
@@ -172,6 +182,16 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 		done(err)
 	case err != nil:
 		d.log.Warn("system message failed", "peer", peer, "error", err)
+	}
+}
+
+// recycleFrame puts a pooled frame back, dropping what it points to (the
+// header bytes are overwritten by the next use); a request's own frame
+// only lets go of the payload.
+func recycleFrame(of *outFrame) {
+	of.f.Payload, of.req, of.done = nil, nil, nil
+	if of.pooled {
+		framePool.Put(of)
 	}
 }
 
@@ -238,8 +258,7 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 	if err == nil && complete {
 		s.frames[dst].Add(1)
 		s.bytes[dst].Add(uint64(len(buf)))
-		*of = outFrame{pooled: true}
-		framePool.Put(of)
+		recycleFrame(of)
 		return true, nil
 	}
 	r := d.getRequest(true, int32(dst))
