@@ -208,6 +208,10 @@ func (d *Device) getRequest(send bool, peer int32) *Request {
 		rf.r.of = &rf.of
 		return &rf.r
 	}
+	// Reset here rather than in putRequest: a blocking call's return (a
+	// Recv whose reply the caller sends next) is on a message's path; the
+	// start of the next call mostly is not.
+	r.reset()
 	r.send, r.peer = send, peer
 	return r
 }
@@ -215,7 +219,6 @@ func (d *Device) getRequest(send bool, peer int32) *Request {
 // putRequest gives r back to the pool if nothing else can reach it any more.
 func (d *Device) putRequest(r *Request) {
 	if r.reusable() {
-		r.reset()
 		d.prog.reqs.Put(r)
 	}
 }
