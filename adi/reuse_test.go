@@ -25,36 +25,62 @@ func TestRequestReuse(t *testing.T) {
 	}
 	zero.Cancel() // must not panic
 
+	// Each case reuses the same two requests: eager sends that complete at
+	// once, a synchronous one and a rendezvous one that do not.
+	big := make([]byte, 200<<10) // above shm's eager limit
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
 	var rq, sq adi.Request
-	buf := make([]byte, 8)
+	buf := make([]byte, len(big))
 	if err := b.IrecvInto(&rq, buf, 0, 7); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.IrecvInto(&rq, buf, 0, 8); !errors.Is(err, adi.ErrRequestBusy) {
 		t.Fatalf("IrecvInto on a pending request: %v, want ErrRequestBusy", err)
 	}
-	for i, tc := range []struct {
-		msg string
-		tag int
-	}{{"first", 7}, {"again", 9}, {"third", 9}} {
-		if err := a.IsendInto(&sq, []byte(tc.msg), 1, tc.tag); err != nil {
-			t.Fatalf("send %d: %v", i, err)
+	cases := []struct {
+		name string
+		msg  []byte
+		tag  int
+		sync bool
+	}{
+		{"first", []byte("first"), 7, false}, // the tag-7 receive the refused start left in place
+		{"again", []byte("again"), 9, false},
+		{"synchronous", []byte("sync"), 9, true},
+		{"rendezvous", big, 9, false},
+		{"eager after rendezvous", []byte("last"), 9, false},
+	}
+	for i, tc := range cases {
+		start := a.IsendInto
+		if tc.sync {
+			start = a.IssendInto
 		}
-		st, err := rq.Wait(ctx) // the refused start left the tag-7 receive in place
+		if err := start(&sq, tc.msg, 1, tc.tag); err != nil {
+			t.Fatalf("%s: send: %v", tc.name, err)
+		}
+		// Before its receive is posted, a synchronous or rendezvous send
+		// cannot have completed, reused request or not.
+		if _, done, _ := sq.Test(); done && (tc.sync || len(tc.msg) > 64<<10) {
+			t.Fatalf("%s: send done before the receiver matched it", tc.name)
+		}
+		if i > 0 {
+			if err := b.IrecvInto(&rq, buf, 0, tc.tag); err != nil {
+				t.Fatalf("%s: reusing a completed receive: %v", tc.name, err)
+			}
+		}
+		st, err := rq.Wait(ctx)
 		if err != nil {
-			t.Fatalf("receive %d: %v", i, err)
+			t.Fatalf("%s: receive: %v", tc.name, err)
 		}
-		if got := string(buf[:st.Count]); got != tc.msg || st.Tag != tc.tag || st.Source != 0 {
-			t.Fatalf("receive %d: %q tag %d from %d, want %q tag %d from 0", i, got, st.Tag, st.Source, tc.msg, tc.tag)
+		if got := buf[:st.Count]; string(got) != string(tc.msg) || st.Tag != tc.tag || st.Source != 0 {
+			t.Fatalf("%s: %d bytes tag %d from %d, want %d bytes tag %d from 0 (or other contents)", tc.name, len(got), st.Tag, st.Source, len(tc.msg), tc.tag)
 		}
 		if _, err := sq.Wait(ctx); err != nil {
-			t.Fatalf("send %d: %v", i, err)
+			t.Fatalf("%s: send: %v", tc.name, err)
 		}
-		if i == 2 {
-			break
-		}
-		if err := b.IrecvInto(&rq, buf, 0, 9); err != nil {
-			t.Fatalf("reusing a completed receive: %v", err)
+		if _, done, _ := sq.Test(); !done {
+			t.Fatalf("%s: send not done after Wait", tc.name)
 		}
 	}
 

@@ -313,7 +313,11 @@ func (d *Device) reuseRequest(r *Request, send bool, peer int32) error {
 		if !r.reusable() {
 			return ErrRequestBusy
 		}
-		r.reset()
+		if send {
+			r.rearm() // isend arms it if it does not complete at once
+		} else {
+			r.reset()
+		}
 	}
 	d.initRequest(r, send, peer)
 	return nil

@@ -217,8 +217,22 @@ func (r *Request) closeCh() {
 
 // completeUnseen completes r before it was handed to anybody: nobody can
 // complete it concurrently or select on it, and no WaitAny waits for it,
-// so one store does what complete does.
-func (r *Request) completeUnseen() { r.state.Store(reqDone) }
+// so one store does what complete does, and none for a reused request
+// that is still done from its previous operation (see rearm).
+func (r *Request) completeUnseen() {
+	if r.state.Load() != reqDone {
+		r.state.Store(reqDone)
+	}
+}
+
+// arm makes r pending before anything else can see it. A request reused
+// for a send is left done by rearm, since an eager send usually
+// completes at once and then need not change its state twice.
+func (r *Request) arm() {
+	if r.state.Load() != reqPending {
+		r.state.Store(reqPending)
+	}
+}
 
 // frameDone accounts one finished frame (or acknowledgement) of a send and
 // completes the request when none is left.
@@ -249,6 +263,14 @@ func (r *Request) reusable() bool {
 // fields are stored only when they changed: each store is a locked
 // instruction, and most requests leave them as they were.
 func (r *Request) reset() {
+	r.rearm()
+	r.state.Store(reqPending)
+}
+
+// rearm readies r, done with its previous operation, for a send: as reset,
+// but the state stays done until the send arms it (isend), which saves
+// two locked stores for every send that completes at once.
+func (r *Request) rearm() {
 	r.ch, r.closed = nil, false
 	r.id, r.send, r.peer = 0, false, 0
 	r.status, r.err = Status{}, nil
@@ -263,5 +285,4 @@ func (r *Request) reset() {
 	if r.sendErr.Load() != nil {
 		r.sendErr.Store(nil)
 	}
-	r.state.Store(reqPending)
 }

@@ -39,6 +39,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 		return nil, err
 	}
 	if m := d.matchSub[dst]; m >= 0 {
+		r.arm()
 		return r, d.sendTagged(r, d.subs[m], buf, tag, context, sync)
 	}
 	class := d.table.Class(len(buf))
@@ -64,12 +65,14 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 			}
 			// A SendDone that comes before sent registers the frame
 			// waits for it (see register), so these may follow Send.
+			r.arm()
 			r.pending.Store(1)
 			of.req = r
 			d.sent(s, of, complete, err, true)
 			return r, nil
 		}
 		of.req = r
+		r.arm()
 		if !sync {
 			r.pending.Store(1)
 		} else {
@@ -88,6 +91,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	// Rendezvous: announce, send data on clear-to-send. A rendezvous send is
 	// synchronous by nature: the receiver has matched before data moves.
 	h.kind = kindRTS
+	r.arm()
 	r.buf = buf
 	r.id = d.nextID.Add(1)
 	h.sreq = r.id
