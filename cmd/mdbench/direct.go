@@ -42,6 +42,11 @@ type directRank struct {
 	sbuf   []byte
 	h      *directHandler
 	hdr    [2][]byte // the data and acknowledgement headers
+	// frame is reused for every Send the subdevice completes at once
+	// (done=true); one it keeps in flight keeps its frame, and the next
+	// send takes a new one. A frame on send's stack would escape through
+	// the interface call and cost an allocation per message.
+	frame *sdi.Frame
 	// inflight counts frames Send accepted with done=false and whose
 	// SendDone has not come yet.
 	inflight atomic.Int64
@@ -109,7 +114,7 @@ func runDirect(ctx context.Context, j childJob, logger hclog.Logger, emit func(s
 		maxSize = max(maxSize, s)
 	}
 	d := &directRank{sd: factory(logger.Named(j.Sub)), rank: boot.Rank(), peer: sdi.Rank(1 - boot.Rank()), scale: j.Scale,
-		sbuf: make([]byte, maxSize), hdr: [2][]byte{{frameData}, {frameAck}}}
+		sbuf: make([]byte, maxSize), hdr: [2][]byte{{frameData}, {frameAck}}, frame: new(sdi.Frame)}
 	d.h = &directHandler{r: d, rbuf: make([]byte, maxSize*max(1, j.Window))}
 	local, err := d.sd.Open(ctx, sdi.OpenParams{
 		Rank: sdi.Rank(boot.Rank()), Size: 2, Host: boot.Host(), JobID: boot.JobID(), Secret: boot.Secret(),
@@ -219,9 +224,10 @@ func (d *directRank) send(ctx context.Context, size int, kind byte) error {
 	off := 0
 	for first := true; first || off < size; first = false {
 		n := min(size-off, d.caps.MaxFrame)
-		f := sdi.Frame{Peer: d.peer, Header: d.hdr[kind], Payload: d.sbuf[off : off+n]}
+		f := d.frame
+		*f = sdi.Frame{Peer: d.peer, Header: d.hdr[kind], Payload: d.sbuf[off : off+n]}
 		for try := 1; ; try++ {
-			done, err := d.sd.Send(&f)
+			done, err := d.sd.Send(f)
 			if errors.Is(err, sdi.ErrWouldBlock) {
 				// Keep receiving while the peer's ring is full: it may be
 				// blocked sending to us (bibw).
@@ -240,6 +246,7 @@ func (d *directRank) send(ctx context.Context, size int, kind byte) error {
 			}
 			if !done {
 				d.inflight.Add(1)
+				d.frame = new(sdi.Frame)
 			}
 			break
 		}
