@@ -65,7 +65,7 @@ type Request struct {
 	ch     chan struct{} // made by Done on demand, closed by complete
 	closed bool          // under chMu: complete has closed ch
 	status Status        // written once before state becomes reqDone
-	err     error
+	err    error
 
 	// Receive side, guarded by Device.mu until matched.
 	tag     int32
