@@ -52,7 +52,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 		h.kind = kindEager
 		of := r.eagerFrame()
 		if !sync && !d.indirect(int32(dst), class) {
-			of.setShort(int32(dst), &h, buf)
+			of.setShort(int32(dst), h.tag, h.context, h.seq, buf)
 			complete, err := s.sd.Send(&of.f)
 			if err == nil && complete {
 				// Done at once (shm copied it): nobody has seen r yet, so
@@ -165,9 +165,10 @@ func (of *outFrame) set(peer int32, h *header, payload []byte) {
 
 // setShort fills in the frame of a standard-mode eager message that goes
 // straight to peer, with the short header.
-func (of *outFrame) setShort(peer int32, h *header, payload []byte) {
-	h.putShort(of.hb[:])
-	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:shortHeaderSize], Payload: payload, Token: of.token()}
+func (of *outFrame) setShort(peer int32, tag int32, context, seq uint64, payload []byte) {
+	putShort(of.hb[:], tag, context, seq)
+	// Field by field, not of.f = sdi.Frame{...}: see header.decodeShort.
+	of.f.Peer, of.f.Header, of.f.Payload, of.f.Token = sdi.Rank(peer), of.hb[:shortHeaderSize], payload, of.token()
 }
 
 // token is the frame's address: unique among the frames in flight, which
@@ -255,9 +256,9 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 	if len(buf) > s.caps.MaxEager {
 		return false, nil
 	}
-	h := header{tag: int32(tag), context: context, seq: d.sendSeq[dst].Add(1) - 1}
+	seq := d.sendSeq[dst].Add(1) - 1
 	of := framePool.Get().(*outFrame)
-	of.setShort(int32(dst), &h, buf)
+	of.setShort(int32(dst), int32(tag), context, seq, buf)
 	complete, err := s.sd.Send(&of.f)
 	if err == nil && complete {
 		s.frames[dst].Add(1)
