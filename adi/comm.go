@@ -118,15 +118,39 @@ func (c *Comm) Issend(buf []byte, dest, tag int) (*Request, error) {
 }
 
 func (c *Comm) isend(buf []byte, dest, tag int, sync bool) (*Request, error) {
-	d, err := c.dest(dest)
-	if err != nil {
+	q := new(Request)
+	if err := c.isendInto(q, buf, dest, tag, sync); err != nil {
 		return nil, err
 	}
-	q := &Request{c: c}
-	if err := c.w.dev.IsendRequest(&q.r, buf, d, tag, c.context, sync); err != nil {
-		return nil, fmt.Errorf("adi: send to rank %d: %w", dest, err)
-	}
 	return q, nil
+}
+
+// IsendInto is Isend into q, a Request the caller owns: the zero value, or
+// one whose earlier operation completed, which is then reused. A program
+// that keeps its requests (an array for a window of messages) and reuses
+// them sends and receives without allocating. A request that has not
+// completed yet is refused with ErrRequestBusy and left as it was. q must
+// not be used concurrently for anything else meanwhile.
+func (c *Comm) IsendInto(q *Request, buf []byte, dest, tag int) error {
+	return c.isendInto(q, buf, dest, tag, false)
+}
+
+// IssendInto is Issend into q; see IsendInto.
+func (c *Comm) IssendInto(q *Request, buf []byte, dest, tag int) error {
+	return c.isendInto(q, buf, dest, tag, true)
+}
+
+func (c *Comm) isendInto(q *Request, buf []byte, dest, tag int, sync bool) error {
+	d, err := c.dest(dest)
+	if err != nil {
+		return err
+	}
+	if err := c.w.dev.IsendRequest(&q.r, buf, d, tag, c.context, sync); err != nil {
+		q.failedStart(err)
+		return fmt.Errorf("adi: send to rank %d: %w", dest, err)
+	}
+	q.c = c
+	return nil
 }
 
 // Send sends buf to rank dest with tag and returns when buf may be reused.
@@ -154,15 +178,25 @@ func (c *Comm) send(ctx context.Context, buf []byte, dest, tag int, sync bool) e
 // Irecv posts a receive into buf from rank source (or AnySource) with tag (or
 // AnyTag). A longer message completes the request with ErrTruncated.
 func (c *Comm) Irecv(buf []byte, source, tag int) (*Request, error) {
-	s, err := c.source(source)
-	if err != nil {
+	q := new(Request)
+	if err := c.IrecvInto(q, buf, source, tag); err != nil {
 		return nil, err
 	}
-	q := &Request{c: c}
-	if err := c.w.dev.IrecvRequest(&q.r, buf, s, tag, c.context); err != nil {
-		return nil, fmt.Errorf("adi: receive from rank %d: %w", source, err)
-	}
 	return q, nil
+}
+
+// IrecvInto is Irecv into q, a Request the caller owns; see IsendInto.
+func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
+	s, err := c.source(source)
+	if err != nil {
+		return err
+	}
+	if err := c.w.dev.IrecvRequest(&q.r, buf, s, tag, c.context); err != nil {
+		q.failedStart(err)
+		return fmt.Errorf("adi: receive from rank %d: %w", source, err)
+	}
+	q.c = c
+	return nil
 }
 
 // Recv receives one message into buf. When ctx ends first the receive is

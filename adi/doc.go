@@ -8,6 +8,21 @@
 // never overtake each other, whatever subdevice or path carries them.
 // [Comm.Dup] and [Comm.Split] make communicators with isolated contexts.
 //
+// A program that streams nonblocking messages starts them in requests it
+// keeps and reuses ([Comm.IsendInto], [Comm.IrecvInto]) instead of
+// getting a new one from every Isend and Irecv; then a steady stream of
+// eager messages allocates nothing:
+//
+//	reqs := make([]adi.Request, window)
+//	for {
+//		for i := range reqs {
+//			err = c.IrecvInto(&reqs[i], bufs[i], peer, tag)
+//		}
+//		for i := range reqs {
+//			_, err = reqs[i].Wait(ctx)
+//		}
+//	}
+//
 // # Usage
 //
 //	w, err := adi.Init(ctx)

@@ -18,4 +18,7 @@ var (
 	ErrFinalized = multidevice.ErrClosed
 	// ErrPeerDown: the transport lost a rank a request depends on.
 	ErrPeerDown = multidevice.ErrPeerDown
+	// ErrRequestBusy: IsendInto or IrecvInto got a request whose earlier
+	// operation has not completed (or still has a frame out).
+	ErrRequestBusy = multidevice.ErrRequestBusy
 )

@@ -15,11 +15,26 @@ type Request struct {
 	c *Comm
 }
 
+// errNotStarted is what the methods of a Request that holds no operation
+// return: the zero value, or one whose last start failed.
+var errNotStarted = errors.New("adi: request holds no operation (never started, or its start failed)")
+
+// failedStart records that starting an operation in q failed: unless q was
+// refused because it is still busy, it holds no operation any more.
+func (q *Request) failedStart(err error) {
+	if !errors.Is(err, ErrRequestBusy) {
+		q.c = nil
+	}
+}
+
 // Wait blocks until the request completes or ctx is done. The calling
 // goroutine polls for a short while (up to a few milliseconds) before it
 // parks, so a message that comes soon is handled without a wake-up. On
 // ctx's end the request stays pending (Cancel it, or Wait again).
 func (q *Request) Wait(ctx context.Context) (Status, error) {
+	if q.c == nil {
+		return Status{}, errNotStarted
+	}
 	st, err := q.r.Wait(ctx)
 	if _, done, _ := q.r.Test(); !done {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
@@ -29,6 +44,9 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 
 // Test reports whether the request completed, with its status if so.
 func (q *Request) Test() (Status, bool, error) {
+	if q.c == nil {
+		return Status{}, true, errNotStarted
+	}
 	st, done, err := q.r.Test()
 	if !done {
 		return Status{}, false, nil
@@ -39,7 +57,11 @@ func (q *Request) Test() (Status, bool, error) {
 // Cancel asks to cancel the request. A receive that has not matched yet
 // completes with ErrCanceled and Status.Cancelled; a matched receive or a
 // send completes normally (as MPI allows).
-func (q *Request) Cancel() { q.c.w.dev.Cancel(&q.r) }
+func (q *Request) Cancel() {
+	if q.c != nil {
+		q.c.w.dev.Cancel(&q.r)
+	}
+}
 
 // WaitAll waits for every request. It returns all statuses and the errors
 // joined, each naming the request's index.
@@ -48,12 +70,14 @@ func (q *Request) Cancel() { q.c.w.dev.Cancel(&q.r) }
 // waits for each in turn, so that frames queued for several requests keep
 // moving without a hand-over to a background goroutine between requests.
 func WaitAll(ctx context.Context, reqs ...*Request) ([]Status, error) {
-	if len(reqs) > 0 {
+	if len(reqs) > 0 && reqs[0].c != nil {
 		next := 0
 		reqs[0].c.w.dev.Progress(func() bool {
 			for next < len(reqs) {
-				if _, done, _ := reqs[next].r.Test(); !done {
-					return false
+				if q := reqs[next]; q.c != nil {
+					if _, done, _ := q.r.Test(); !done {
+						return false
+					}
 				}
 				next++
 			}
@@ -82,7 +106,7 @@ func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
 		var changed <-chan struct{}
 		var dev *multidevice.Device
 		for _, q := range reqs {
-			if q != nil {
+			if q != nil && q.c != nil {
 				dev = q.c.w.dev
 				changed = dev.Changed()
 				break

@@ -52,18 +52,27 @@
 // # Hot path
 //
 // A standard-mode eager message to a directly reached peer carries a
-// 24-byte header (header.go), so that with shm an 8-byte message fills
-// one cache line of the ring. A blocking Send of such a message that the
-// subdevice completes at once (done=true) uses a pooled frame and no
-// request at all; an Isend completes its request in place, and registers
-// nothing. On arrival, an in-order eager message is matched against the
-// posted receives and copied into the user's buffer under one lock
-// acquisition. Completing a request costs two atomic instructions; its
-// channel is made, and its lock taken, only if somebody selects on it.
-// Requests of the blocking Recv (and of Send when it needs one) come from
-// a pool; unexpected messages reuse buffers from a short free list; and
-// Changed's channel is replaced only if somebody holds it. Steady-state
-// eager ping-pong over shm allocates nothing (see adi's allocation test).
+// 24-byte header (header.go), so that with shm an 8-byte message is a
+// 48-byte record, less than a cache line (shm aligns records to 16 bytes,
+// so half of them still straddle two lines). A blocking Send of such a
+// message that the subdevice completes at once (done=true) uses a pooled
+// frame and no request at all; an Isend completes its request in place
+// with one store (none for a reused request, which stays done), and
+// registers nothing. On arrival, an in-order eager message is matched
+// against the posted receives, copied into the user's buffer and its
+// request completed under one lock acquisition; the completion is one
+// compare-and-swap, since nobody else can reach a request taken out of
+// the posted queue, and Done's channel is made, and its lock taken, only
+// if somebody selects on it. Requests of the blocking Recv (and of Send
+// when it needs one) come from a pool and are reset when taken, off a
+// ping-pong's path; unexpected messages reuse buffers from a short free
+// list; and Changed's channel is replaced only if somebody holds it.
+// Steady-state eager ping-pong over shm allocates nothing, and neither do
+// nonblocking operations started in requests the caller reuses
+// (IsendRequest, IrecvRequest; adi's IsendInto, IrecvInto): see adi's
+// allocation tests. What is left per message is mostly locked
+// instructions: the sequence number, two link counters (Stats), the
+// matching lock and the completion, besides the subdevice's own.
 //
 // # Indirect communication
 //

@@ -19,4 +19,7 @@ var (
 	ErrNoRoute = errors.New("multidevice: no route to peer")
 	// ErrPeerDown: a subdevice lost the peer a request depends on.
 	ErrPeerDown = errors.New("multidevice: peer down")
+	// ErrRequestBusy: a request handed in for reuse has not completed, or
+	// a frame of it or a copy in a matching subdevice is still out.
+	ErrRequestBusy = errors.New("multidevice: request still in use")
 )

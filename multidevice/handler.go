@@ -22,8 +22,8 @@ func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 	if len(hb) == shortHeaderSize {
 		// An eager message straight from its source: addressed to this
 		// rank and as long as its payload by construction.
-		hdr, err := decodeShortHeader(hb, int32(from), d.rank, d.size, len(payload))
-		if err != nil {
+		var hdr header
+		if err := hdr.decodeShort(hb, int32(from), d.rank, d.size, len(payload)); err != nil {
 			d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
 			return
 		}

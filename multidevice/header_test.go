@@ -63,8 +63,9 @@ func FuzzDecodeHeader(f *testing.F) {
 func TestShortHeaderRoundTrip(t *testing.T) {
 	in := header{kind: kindEager, tag: 12, context: 1 << 40, seq: 99}
 	b := make([]byte, shortHeaderSize)
-	in.putShort(b)
-	out, err := decodeShortHeader(b, 3, 1, 4, 8)
+	putShort(b, in.tag, in.context, in.seq)
+	var out header
+	err := out.decodeShort(b, 3, 1, 4, 8)
 	want := in
 	want.src, want.dst, want.length = 3, 1, 8
 	if err != nil || out != want {
@@ -91,8 +92,9 @@ func TestShortHeaderRejects(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := make([]byte, shortHeaderSize)
-			good.putShort(b)
-			if _, err := decodeShortHeader(tc.mut(b), tc.from, 0, 2, 8); !errors.Is(err, errBadHeader) {
+			putShort(b, good.tag, good.context, good.seq)
+			var h header
+			if err := h.decodeShort(tc.mut(b), tc.from, 0, 2, 8); !errors.Is(err, errBadHeader) {
 				t.Fatalf("err = %v, want errBadHeader", err)
 			}
 		})
@@ -101,17 +103,17 @@ func TestShortHeaderRejects(t *testing.T) {
 
 func FuzzDecodeShortHeader(f *testing.F) {
 	b := make([]byte, shortHeaderSize)
-	(&header{kind: kindEager, tag: 1, context: 2, seq: 3}).putShort(b)
+	putShort(b, 1, 2, 3)
 	f.Add(b, int32(1), 8)
 	f.Add([]byte{}, int32(0), 0)
 	f.Fuzz(func(t *testing.T, data []byte, from int32, plen int) {
-		h, err := decodeShortHeader(data, from, 0, 4, plen)
-		if err != nil {
+		var h, h2 header
+		if err := h.decodeShort(data, from, 0, 4, plen); err != nil {
 			return
 		}
 		out := make([]byte, shortHeaderSize)
-		h.putShort(out)
-		if h2, err := decodeShortHeader(out, from, 0, 4, plen); err != nil || h2 != h {
+		putShort(out, h.tag, h.context, h.seq)
+		if err := h2.decodeShort(out, from, 0, 4, plen); err != nil || h2 != h {
 			t.Fatalf("re-encoding a valid short header changed it: %+v -> %+v (%v)", h, h2, err)
 		}
 	})

@@ -17,7 +17,7 @@ import (
 // subdevice still thought it polled).
 type idleSub struct {
 	sdi.SubDevice
-	polls, idles atomic.Int64
+	polls, idles  atomic.Int64
 	pollSinceIdle atomic.Bool
 }
 

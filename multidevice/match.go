@@ -255,7 +255,9 @@ func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
 		if h.flags&flagSync != 0 {
 			d.sendSys(h.src, header{tag: sysAck, context: h.context, sreq: h.sreq}, nil, nil)
 		}
-		r.complete(st, err)
+		// Every caller took r out of the posted queue, or has it before
+		// it was posted, and won its claim if it has one.
+		r.completeOwned(st, err)
 		return
 	}
 	// Rendezvous: ask for as much as fits; the sender completes either way.
@@ -306,7 +308,7 @@ func (d *Device) onData(from int32, h *header, payload []byte) {
 // ErrCanceled and Status.Cancelled set. A receive that already matched, and
 // any send, completes normally (MPI allows a cancel to fail).
 func (d *Device) Cancel(r *Request) {
-	if r.send || r.state.Load() != reqPending {
+	if r.send || r.state.Load()&reqPhase != reqPending {
 		return
 	}
 	cancelled := Status{Source: AnySource, Tag: AnyTag, Cancelled: true}

@@ -217,6 +217,10 @@ func (d *Device) getRequest(send bool, peer int32) *Request {
 		rf.r.of = &rf.of
 		return &rf.r
 	}
+	// Reset here rather than in putRequest: a blocking call's return (a
+	// Recv whose reply the caller sends next) is on a message's path; the
+	// start of the next call mostly is not.
+	r.reset()
 	r.send, r.peer = send, peer
 	return r
 }
@@ -224,7 +228,6 @@ func (d *Device) getRequest(send bool, peer int32) *Request {
 // putRequest gives r back to the pool if nothing else can reach it any more.
 func (d *Device) putRequest(r *Request) {
 	if r.reusable() {
-		r.reset()
 		d.prog.reqs.Put(r)
 	}
 }
@@ -273,21 +276,60 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 // Changed. done must not block; it is called after every polling round.
 func (d *Device) Progress(done func() bool) bool { return d.spin(d.prog.pollers, done) }
 
-// IsendRequest is Isend into r, a zero Request the caller allocated, so
-// that a layer above can embed the request in its own without a second
-// allocation per operation. r must not be used for anything else.
+// IsendRequest is Isend into r, a Request the caller owns: the zero value,
+// or one whose earlier operation completed, which it then reuses. A layer
+// above embeds the request in its own, and a caller that reuses its
+// requests (a window of them) sends without allocating. A request that is
+// still in use yields ErrRequestBusy and is left as it was.
 func (d *Device) IsendRequest(r *Request, buf []byte, dst, tag int, context uint64, sync bool) error {
-	d.initRequest(r, true, int32(dst))
-	_, err := d.isend(r, buf, dst, tag, context, sync)
-	return err
+	if err := d.reuseRequest(r, true, int32(dst)); err != nil {
+		return err
+	}
+	if _, err := d.isend(r, buf, dst, tag, context, sync); err != nil {
+		r.unstart()
+		return err
+	}
+	return nil
 }
 
-// IrecvRequest is Irecv into r, a zero Request the caller allocated; see
+// IrecvRequest is Irecv into r, a Request the caller owns; see
 // IsendRequest.
 func (d *Device) IrecvRequest(r *Request, buf []byte, src, tag int, context uint64) error {
-	d.initRequest(r, false, int32(src))
-	_, err := d.irecv(r, buf, src, tag, context)
-	return err
+	if err := d.reuseRequest(r, false, int32(src)); err != nil {
+		return err
+	}
+	if _, err := d.irecv(r, buf, src, tag, context); err != nil {
+		r.unstart()
+		return err
+	}
+	return nil
+}
+
+// unstart makes r, whose operation failed to start (nothing of it was
+// queued, posted or sent), a zero request again, so that it can be reused.
+func (r *Request) unstart() {
+	if r.pending.Load() != 0 {
+		r.pending.Store(0)
+	}
+	r.reset()
+	r.d = nil
+}
+
+// reuseRequest readies r, zero or done with its previous operation, for a
+// new one.
+func (d *Device) reuseRequest(r *Request, send bool, peer int32) error {
+	if r.d != nil {
+		if !r.reusable() {
+			return ErrRequestBusy
+		}
+		if send {
+			r.rearm() // isend arms it if it does not complete at once
+		} else {
+			r.reset()
+		}
+	}
+	d.initRequest(r, send, peer)
+	return nil
 }
 
 func (d *Device) initRequest(r *Request, send bool, peer int32) {

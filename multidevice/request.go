@@ -27,11 +27,17 @@ type Status struct {
 
 // Request states. A request is complete for readers only in reqDone: the
 // completer writes status and err between winning reqPending->reqCompleting
-// and storing reqDone.
+// and storing reqDone (or, when nobody can race it, before its one
+// reqPending->reqDone; see completeOwned). reqWaiter is or'ed into
+// reqPending by Done: somebody selects on the channel, so the completer
+// must close it. One word for both saves a completion a locked
+// instruction.
 const (
 	reqPending int32 = iota
 	reqCompleting
 	reqDone
+	reqPhase  int32 = 3 // the bits of the three above
+	reqWaiter int32 = 4
 )
 
 // closedChan is what Done returns for a request that completed before
@@ -49,16 +55,17 @@ type Request struct {
 	send bool
 	peer int32 // destination of a send; source (or AnySource) of a receive
 
-	state atomic.Int32 // reqPending, reqCompleting, reqDone
-	// waiting is set by Done before it looks at state, and read by
-	// complete after it left reqPending: one of the two sees the other, so
-	// a request nobody selects on completes without taking chMu.
-	waiting atomic.Bool
-	chMu    sync.Mutex
-	ch      chan struct{} // made by Done on demand, closed by complete
-	closed  bool          // under chMu: complete has closed ch
-	status  Status        // written once before state becomes reqDone
-	err     error
+	// state is reqPending (with reqWaiter once Done was called),
+	// reqCompleting or reqDone. Done sets reqWaiter only while pending and
+	// a completer leaves pending with one atomic operation, so exactly one
+	// of them sees the other: a request nobody selects on completes
+	// without taking chMu.
+	state  atomic.Int32
+	chMu   sync.Mutex
+	ch     chan struct{} // made by Done on demand, closed by complete
+	closed bool          // under chMu: complete has closed ch
+	status Status        // written once before state becomes reqDone
+	err    error
 
 	// Receive side, guarded by Device.mu until matched.
 	tag     int32
@@ -89,11 +96,16 @@ func (r *Request) Done() <-chan struct{} {
 	if r.closed {
 		return closedChan
 	}
-	r.waiting.Store(true)
-	if r.state.Load() != reqPending {
-		// A completer is past its look at waiting and may not close a
-		// channel made now; it stores reqDone shortly.
-		return closedChan
+	for {
+		s := r.state.Load()
+		if s&reqPhase != reqPending {
+			// A completer left pending without seeing reqWaiter and will
+			// not close a channel made now; it stores reqDone shortly.
+			return closedChan
+		}
+		if s&reqWaiter != 0 || r.state.CompareAndSwap(s, s|reqWaiter) {
+			break
+		}
 	}
 	if r.ch == nil {
 		r.ch = make(chan struct{})
@@ -157,23 +169,69 @@ func (r *Request) pollers() []sdi.Poller {
 
 // complete finishes the request once; later calls are ignored.
 func (r *Request) complete(st Status, err error) bool {
-	if !r.state.CompareAndSwap(reqPending, reqCompleting) {
-		return false
+	var s int32
+	for {
+		s = r.state.Load()
+		if s&reqPhase != reqPending {
+			return false
+		}
+		if r.state.CompareAndSwap(s, reqCompleting|s&reqWaiter) {
+			break
+		}
 	}
 	d := r.d
 	r.status, r.err = st, err
-	if r.waiting.Load() {
-		r.chMu.Lock()
-		r.closed = true
-		if r.ch != nil {
-			close(r.ch)
-		}
-		r.chMu.Unlock()
+	if s&reqWaiter != 0 {
+		r.closeCh()
 	}
 	// The last touch of r: its owner may recycle it once it sees reqDone.
 	r.state.Store(reqDone)
 	d.notifyAll()
 	return true
+}
+
+// completeOwned is complete for a completer that nobody can race: it
+// took r out of the only place other completers find it (the posted
+// queue, under Device.mu) or won its claim. Then the status can be
+// written first and r completed with one atomic operation.
+func (r *Request) completeOwned(st Status, err error) {
+	d := r.d
+	r.status, r.err = st, err
+	if !r.state.CompareAndSwap(reqPending, reqDone) {
+		// Only Done changes a pending request's state: it set reqWaiter.
+		r.closeCh()
+		r.state.Store(reqDone)
+	}
+	d.notifyAll()
+}
+
+// closeCh closes the channel Done handed out.
+func (r *Request) closeCh() {
+	r.chMu.Lock()
+	r.closed = true
+	if r.ch != nil {
+		close(r.ch)
+	}
+	r.chMu.Unlock()
+}
+
+// completeUnseen completes r before it was handed to anybody: nobody can
+// complete it concurrently or select on it, and no WaitAny waits for it,
+// so one store does what complete does, and none for a reused request
+// that is still done from its previous operation (see rearm).
+func (r *Request) completeUnseen() {
+	if r.state.Load() != reqDone {
+		r.state.Store(reqDone)
+	}
+}
+
+// arm makes r pending before anything else can see it. A request reused
+// for a send is left done by rearm, since an eager send usually
+// completes at once and then need not change its state twice.
+func (r *Request) arm() {
+	if r.state.Load() != reqPending {
+		r.state.Store(reqPending)
+	}
 }
 
 // frameDone accounts one finished frame (or acknowledgement) of a send and
@@ -205,10 +263,15 @@ func (r *Request) reusable() bool {
 // fields are stored only when they changed: each store is a locked
 // instruction, and most requests leave them as they were.
 func (r *Request) reset() {
-	if r.waiting.Load() {
-		r.ch, r.closed = nil, false
-		r.waiting.Store(false)
-	}
+	r.rearm()
+	r.state.Store(reqPending)
+}
+
+// rearm readies r, done with its previous operation, for a send: as reset,
+// but the state stays done until the send arms it (isend), which saves
+// two locked stores for every send that completes at once.
+func (r *Request) rearm() {
+	r.ch, r.closed = nil, false
 	r.id, r.send, r.peer = 0, false, 0
 	r.status, r.err = Status{}, nil
 	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1
@@ -222,5 +285,4 @@ func (r *Request) reset() {
 	if r.sendErr.Load() != nil {
 		r.sendErr.Store(nil)
 	}
-	r.state.Store(reqPending)
 }

@@ -39,6 +39,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 		return nil, err
 	}
 	if m := d.matchSub[dst]; m >= 0 {
+		r.arm()
 		return r, d.sendTagged(r, d.subs[m], buf, tag, context, sync)
 	}
 	class := d.table.Class(len(buf))
@@ -50,13 +51,28 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
 		of := r.eagerFrame()
-		of.req = r
 		if !sync && !d.indirect(int32(dst), class) {
+			of.setShort(int32(dst), h.tag, h.context, h.seq, buf)
+			complete, err := s.sd.Send(&of.f)
+			if err == nil && complete {
+				// Done at once (shm copied it): nobody has seen r yet, so
+				// it completes without the frame accounting's atomics.
+				s.frames[dst].Add(1)
+				s.bytes[dst].Add(uint64(len(buf)))
+				recycleFrame(of)
+				r.completeUnseen()
+				return r, nil
+			}
+			// A SendDone that comes before sent registers the frame
+			// waits for it (see register), so these may follow Send.
+			r.arm()
 			r.pending.Store(1)
-			of.setShort(int32(dst), &h, buf)
-			d.trySend(s, of, true)
+			of.req = r
+			d.sent(s, of, complete, err, true)
 			return r, nil
 		}
+		of.req = r
+		r.arm()
 		if !sync {
 			r.pending.Store(1)
 		} else {
@@ -75,6 +91,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	// Rendezvous: announce, send data on clear-to-send. A rendezvous send is
 	// synchronous by nature: the receiver has matched before data moves.
 	h.kind = kindRTS
+	r.arm()
 	r.buf = buf
 	r.id = d.nextID.Add(1)
 	h.sreq = r.id
@@ -148,9 +165,10 @@ func (of *outFrame) set(peer int32, h *header, payload []byte) {
 
 // setShort fills in the frame of a standard-mode eager message that goes
 // straight to peer, with the short header.
-func (of *outFrame) setShort(peer int32, h *header, payload []byte) {
-	h.putShort(of.hb[:])
-	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:shortHeaderSize], Payload: payload, Token: of.token()}
+func (of *outFrame) setShort(peer int32, tag int32, context, seq uint64, payload []byte) {
+	putShort(of.hb[:], tag, context, seq)
+	// Field by field, not of.f = sdi.Frame{...}: see header.decodeShort.
+	of.f.Peer, of.f.Header, of.f.Payload, of.f.Token = sdi.Rank(peer), of.hb[:shortHeaderSize], payload, of.token()
 }
 
 // token is the frame's address: unique among the frames in flight, which
@@ -161,10 +179,7 @@ func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) 
 // finishFrame runs a frame's completion and recycles it.
 func (d *Device) finishFrame(of *outFrame, err error) {
 	req, done, peer := of.req, of.done, of.f.Peer
-	if of.pooled {
-		*of = outFrame{pooled: true}
-		framePool.Put(of)
-	}
+	recycleFrame(of)
 	switch {
 	case req != nil:
 		req.frameDone(err)
@@ -172,6 +187,16 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 		done(err)
 	case err != nil:
 		d.log.Warn("system message failed", "peer", peer, "error", err)
+	}
+}
+
+// recycleFrame puts a pooled frame back, dropping what it points to (the
+// header bytes are overwritten by the next use); a request's own frame
+// only lets go of the payload.
+func recycleFrame(of *outFrame) {
+	of.f.Payload, of.req, of.done = nil, nil, nil
+	if of.pooled {
+		framePool.Put(of)
 	}
 }
 
@@ -231,15 +256,14 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 	if len(buf) > s.caps.MaxEager {
 		return false, nil
 	}
-	h := header{tag: int32(tag), context: context, seq: d.sendSeq[dst].Add(1) - 1}
+	seq := d.sendSeq[dst].Add(1) - 1
 	of := framePool.Get().(*outFrame)
-	of.setShort(int32(dst), &h, buf)
+	of.setShort(int32(dst), int32(tag), context, seq, buf)
 	complete, err := s.sd.Send(&of.f)
 	if err == nil && complete {
 		s.frames[dst].Add(1)
 		s.bytes[dst].Add(uint64(len(buf)))
-		*of = outFrame{pooled: true}
-		framePool.Put(of)
+		recycleFrame(of)
 		return true, nil
 	}
 	r := d.getRequest(true, int32(dst))

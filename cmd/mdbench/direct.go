@@ -42,6 +42,11 @@ type directRank struct {
 	sbuf   []byte
 	h      *directHandler
 	hdr    [2][]byte // the data and acknowledgement headers
+	// frame is reused for every Send the subdevice completes at once
+	// (done=true); one it keeps in flight keeps its frame, and the next
+	// send takes a new one. A frame on send's stack would escape through
+	// the interface call and cost an allocation per message.
+	frame *sdi.Frame
 	// inflight counts frames Send accepted with done=false and whose
 	// SendDone has not come yet.
 	inflight atomic.Int64
@@ -54,9 +59,16 @@ type directRank struct {
 
 // directHandler receives frames. Deliver calls are serialized (one peer).
 type directHandler struct {
-	r     *directRank
-	rbuf  []byte
-	off   int
+	r    *directRank
+	rbuf []byte
+	off  int
+	// span is how much of rbuf the current test receives into, as the
+	// multidevice loops do: one message's worth for lat, a window's for
+	// bw and bibw. Walking all of rbuf instead would put every message
+	// into memory no cache holds, a cost the multidevice run does not pay.
+	// Atomic because the peer's first message of the next test may arrive
+	// on the subdevice's goroutine while this rank still sets it.
+	span  atomic.Int64
 	bytes atomic.Int64 // data bytes received so far
 	acks  atomic.Int64
 	down  atomic.Pointer[error]
@@ -67,7 +79,7 @@ func (h *directHandler) Deliver(_ sdi.Rank, header, payload []byte) {
 		h.acks.Add(1)
 		return
 	}
-	if h.off+len(payload) > len(h.rbuf) {
+	if span := int(h.span.Load()); h.off+len(payload) > span {
 		h.off = 0
 	}
 	h.off += copy(h.rbuf[h.off:], payload)
@@ -102,7 +114,7 @@ func runDirect(ctx context.Context, j childJob, logger hclog.Logger, emit func(s
 		maxSize = max(maxSize, s)
 	}
 	d := &directRank{sd: factory(logger.Named(j.Sub)), rank: boot.Rank(), peer: sdi.Rank(1 - boot.Rank()), scale: j.Scale,
-		sbuf: make([]byte, maxSize), hdr: [2][]byte{{frameData}, {frameAck}}}
+		sbuf: make([]byte, maxSize), hdr: [2][]byte{{frameData}, {frameAck}}, frame: new(sdi.Frame)}
 	d.h = &directHandler{r: d, rbuf: make([]byte, maxSize*max(1, j.Window))}
 	local, err := d.sd.Open(ctx, sdi.OpenParams{
 		Rank: sdi.Rank(boot.Rank()), Size: 2, Host: boot.Host(), JobID: boot.JobID(), Secret: boot.Secret(),
@@ -212,9 +224,10 @@ func (d *directRank) send(ctx context.Context, size int, kind byte) error {
 	off := 0
 	for first := true; first || off < size; first = false {
 		n := min(size-off, d.caps.MaxFrame)
-		f := sdi.Frame{Peer: d.peer, Header: d.hdr[kind], Payload: d.sbuf[off : off+n]}
+		f := d.frame
+		*f = sdi.Frame{Peer: d.peer, Header: d.hdr[kind], Payload: d.sbuf[off : off+n]}
 		for try := 1; ; try++ {
-			done, err := d.sd.Send(&f)
+			done, err := d.sd.Send(f)
 			if errors.Is(err, sdi.ErrWouldBlock) {
 				// Keep receiving while the peer's ring is full: it may be
 				// blocked sending to us (bibw).
@@ -233,6 +246,7 @@ func (d *directRank) send(ctx context.Context, size int, kind byte) error {
 			}
 			if !done {
 				d.inflight.Add(1)
+				d.frame = new(sdi.Frame)
 			}
 			break
 		}
@@ -244,6 +258,7 @@ func (d *directRank) send(ctx context.Context, size int, kind byte) error {
 func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int) (float64, error) {
 	n := latIters(size, d.scale)
 	warm := n / 10
+	d.h.span.Store(int64(size))
 	var t0 time.Time
 	for i := range n + warm {
 		if i == warm {
@@ -274,6 +289,7 @@ func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int
 func (d *directRank) stream(ctx context.Context, boot bootstrap.Bootstrap, size, window int, bidir bool) (float64, error) {
 	n := bwIters(size, d.scale)
 	warm := n/10 + 1
+	d.h.span.Store(int64(size * window))
 	var t0 time.Time
 	sender := d.rank == 0 || bidir
 	receiver := d.rank == 1 || bidir

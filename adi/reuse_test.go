@@ -1,0 +1,112 @@
+package adi_test
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+// TestRequestReuse checks the rules of IsendInto and IrecvInto: a pending
+// request is refused and keeps its operation, a completed one is reused,
+// a request that holds no operation reports so instead of panicking, and
+// a failed start leaves the request reusable.
+func TestRequestReuse(t *testing.T) {
+	cs := shmJob(t, 2)
+	ctx := ctxT(t)
+	a, b := cs[0], cs[1]
+
+	var zero adi.Request
+	if _, err := zero.Wait(ctx); err == nil {
+		t.Error("Wait on a zero Request: no error")
+	}
+	if _, done, err := zero.Test(); !done || err == nil {
+		t.Errorf("Test on a zero Request = done %v, err %v; want done with an error", done, err)
+	}
+	zero.Cancel() // must not panic
+
+	// Each case reuses the same two requests: eager sends that complete at
+	// once, a synchronous one and a rendezvous one that do not.
+	big := make([]byte, 200<<10) // above shm's eager limit
+	for i := range big {
+		big[i] = byte(i * 7)
+	}
+	var rq, sq adi.Request
+	buf := make([]byte, len(big))
+	if err := b.IrecvInto(&rq, buf, 0, 7); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.IrecvInto(&rq, buf, 0, 8); !errors.Is(err, adi.ErrRequestBusy) {
+		t.Fatalf("IrecvInto on a pending request: %v, want ErrRequestBusy", err)
+	}
+	cases := []struct {
+		name string
+		msg  []byte
+		tag  int
+		sync bool
+	}{
+		{"first", []byte("first"), 7, false}, // the tag-7 receive the refused start left in place
+		{"again", []byte("again"), 9, false},
+		{"synchronous", []byte("sync"), 9, true},
+		{"rendezvous", big, 9, false},
+		{"eager after rendezvous", []byte("last"), 9, false},
+	}
+	for i, tc := range cases {
+		start := a.IsendInto
+		if tc.sync {
+			start = a.IssendInto
+		}
+		if err := start(&sq, tc.msg, 1, tc.tag); err != nil {
+			t.Fatalf("%s: send: %v", tc.name, err)
+		}
+		// Before its receive is posted, a synchronous or rendezvous send
+		// cannot have completed, reused request or not.
+		if _, done, _ := sq.Test(); done && (tc.sync || len(tc.msg) > 64<<10) {
+			t.Fatalf("%s: send done before the receiver matched it", tc.name)
+		}
+		if i > 0 {
+			if err := b.IrecvInto(&rq, buf, 0, tc.tag); err != nil {
+				t.Fatalf("%s: reusing a completed receive: %v", tc.name, err)
+			}
+		}
+		st, err := rq.Wait(ctx)
+		if err != nil {
+			t.Fatalf("%s: receive: %v", tc.name, err)
+		}
+		if got := buf[:st.Count]; string(got) != string(tc.msg) || st.Tag != tc.tag || st.Source != 0 {
+			t.Fatalf("%s: %d bytes tag %d from %d, want %d bytes tag %d from 0 (or other contents)", tc.name, len(got), st.Tag, st.Source, len(tc.msg), tc.tag)
+		}
+		if _, err := sq.Wait(ctx); err != nil {
+			t.Fatalf("%s: send: %v", tc.name, err)
+		}
+		if _, done, _ := sq.Test(); !done {
+			t.Fatalf("%s: send not done after Wait", tc.name)
+		}
+	}
+
+	// A failed start leaves a request that holds nothing, and can be reused.
+	if err := a.IsendInto(&sq, buf, 5, 0); !errors.Is(err, adi.ErrRank) {
+		t.Fatalf("IsendInto to rank 5 of 2: %v, want ErrRank", err)
+	}
+	if err := a.IsendInto(&sq, buf, 1, -3); !errors.Is(err, adi.ErrTag) {
+		t.Fatalf("IsendInto with tag -3: %v, want ErrTag", err)
+	}
+	if _, err := sq.Wait(ctx); err == nil {
+		t.Error("Wait after a failed start: no error")
+	}
+	if err := b.IrecvInto(&rq, buf, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.IssendInto(&sq, []byte("sync"), 1, 4); err != nil {
+		t.Fatalf("reusing after a failed start: %v", err)
+	}
+	if _, err := rq.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sq.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if string(buf[:4]) != "sync" {
+		t.Fatalf("got %q, want %q", buf[:4], "sync")
+	}
+}
