@@ -30,12 +30,35 @@ const (
 
 // config is the subdevice's block from plugins.hcl, as JSON:
 //
-//	{"ring_bytes": 1048576}
+//	{"ring_bytes": 1048576, "single_copy": true, "single_copy_min": 65537}
 type config struct {
 	// RingBytes is the data capacity of each inbound ring: a power of two in
 	// [64 KiB, 1 GiB]. Every rank of a job must use the same value.
 	RingBytes uint64 `json:"ring_bytes"`
+	// SingleCopy lets this rank read large payloads straight out of a
+	// sender's memory with process_vm_readv where the kernel allows it
+	// (default true). The environment variable MD_SHM_SINGLE_COPY=0
+	// turns it off too. Ranks may differ: each decides for its own
+	// receiving side, and senders follow.
+	SingleCopy *bool `json:"single_copy"`
+	// SingleCopyMin is the smallest payload this rank sends by
+	// descriptor to a peer that reads single-copy; smaller ones go
+	// through the ring. Default defaultSingleCopyMin; at least 1.
+	SingleCopyMin int `json:"single_copy_min"`
 }
+
+// defaultSingleCopyMin: a payload above the eager limit. Eager frames go
+// through the ring, where the sender is done as soon as it copied (a
+// descriptor would hold it until the receiver read), and the receiver
+// has no place for them (sdi.Placer is for rendezvous data), so the
+// single copy would only move the second copy from the ring into a
+// buffer of the receiver's. Rendezvous data frames, whose receive buffer
+// is known, are the ones that gain.
+const defaultSingleCopyMin = maxEager + 1
+
+// envSingleCopy names the environment variable that, set to 0, off or
+// false, turns the single-copy path off whatever the config says.
+const envSingleCopy = "MD_SHM_SINGLE_COPY"
 
 // parseConfig decodes and validates raw, filling defaults. Empty input means
 // all defaults.
@@ -45,7 +68,7 @@ func parseConfig(raw []byte) (config, error) {
 		dec := json.NewDecoder(bytes.NewReader(raw))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&c); err != nil {
-			return config{}, fmt.Errorf("shm: config: %w (want {\"ring_bytes\": N})", err)
+			return config{}, fmt.Errorf("shm: config: %w (want {\"ring_bytes\": N, \"single_copy\": bool, \"single_copy_min\": N})", err)
 		}
 		if dec.More() {
 			return config{}, fmt.Errorf("shm: config: trailing data after the JSON object")
@@ -53,6 +76,16 @@ func parseConfig(raw []byte) (config, error) {
 	}
 	if c.RingBytes == 0 {
 		c.RingBytes = defaultRingBytes
+	}
+	if c.SingleCopy == nil {
+		on := true
+		c.SingleCopy = &on
+	}
+	switch {
+	case c.SingleCopyMin == 0:
+		c.SingleCopyMin = defaultSingleCopyMin
+	case c.SingleCopyMin < 0:
+		return config{}, fmt.Errorf("shm: config: single_copy_min %d must be positive", c.SingleCopyMin)
 	}
 	if c.RingBytes < minRingBytes || c.RingBytes > maxRingBytes || c.RingBytes&(c.RingBytes-1) != 0 {
 		return config{}, fmt.Errorf("shm: config: ring_bytes %d must be a power of two in [%d, %d]",

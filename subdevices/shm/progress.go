@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
@@ -48,6 +49,13 @@ type receiver struct {
 	active []int
 	gen    uint32
 	polls  int // polls since the last liveness check
+
+	// Single copy (singlecopy.go): the reader of peers' memory, a buffer
+	// for payloads the Handler does not place, and the tokens of
+	// completed descriptors being reported.
+	vm      vmReader
+	scratch []byte
+	doneBuf []uint64
 }
 
 func newReceiver(sd *device) *receiver {
@@ -150,7 +158,7 @@ func (sd *device) nap() {
 func (rc *receiver) poll() int {
 	rc.polls++
 	rc.refresh()
-	n := 0
+	n := rc.reapAll()
 	for _, r := range rc.active {
 		if !rc.dead[r] {
 			n += rc.drain(r)
@@ -195,17 +203,28 @@ func (rc *receiver) drain(r int) int {
 			rc.fail(r, err)
 			break
 		}
+		payload := rec.payload
+		if rec.isDesc {
+			if payload, err = rc.fetch(r, &rec, head); err != nil {
+				rc.fail(r, err)
+				break
+			}
+		}
 		if !rec.pad {
 			if sd.log.IsTrace() {
-				sd.log.Trace("deliver", "peer", r, "header_bytes", len(rec.header), "payload_bytes", len(rec.payload))
+				sd.log.Trace("deliver", "peer", r, "header_bytes", len(rec.header), "payload_bytes", len(payload), "single_copy", rec.isDesc)
 			}
-			sd.handler.Deliver(sdi.Rank(r), rec.header, rec.payload)
+			sd.handler.Deliver(sdi.Rank(r), rec.header, payload)
 		}
 		head = rec.next
 		rc.heads[r] = head
 		// Release: pairs with the sender's head.Load; it may reuse the
-		// bytes of this record only after Deliver returned.
+		// bytes of this record, and the payload a descriptor pointed at,
+		// only after Deliver returned.
 		rg.head.Store(head)
+		if rec.isDesc {
+			sd.wakeSender(r)
+		}
 		n++
 	}
 	return n
@@ -214,7 +233,7 @@ func (rc *receiver) drain(r int) int {
 // pending reports whether a sender attached since the last poll or an
 // active ring holds unread records.
 func (rc *receiver) pending() bool {
-	if word32(rc.sd.seg.Bytes(), offAttachGen).Load() != rc.gen {
+	if word32(rc.sd.seg.Bytes(), offAttachGen).Load() != rc.gen || rc.reapPending() {
 		return true
 	}
 	for _, r := range rc.active {
@@ -225,12 +244,18 @@ func (rc *receiver) pending() bool {
 	return false
 }
 
-// fail stops reading ring r after a corrupt record, stops sending to that
-// rank too, and reports it down.
+// fail stops reading ring r after a corrupt record or a payload that
+// could not be read from the sender's memory, stops sending to that rank
+// too, and reports it down.
 func (rc *receiver) fail(r int, err error) {
 	rc.dead[r] = true
-	err = fmt.Errorf("shm: ring from rank %d is corrupt, no longer reading it: %w", r, err)
-	rc.sd.log.Error("corrupt shared-memory ring", "peer", r, "error", err)
+	if errors.Is(err, sdi.ErrPeerUnreachable) {
+		err = fmt.Errorf("shm: rank %d: reading a payload from its memory: %w", r, err)
+		rc.sd.log.Debug("peer gone while reading its memory", "peer", r, "error", err)
+	} else {
+		err = fmt.Errorf("shm: ring from rank %d is corrupt, no longer reading it: %w", r, err)
+		rc.sd.log.Error("corrupt shared-memory ring", "peer", r, "error", err)
+	}
 	if p := rc.sd.peers[r].Load(); p != nil {
 		p.markDown(err)
 	}
@@ -250,6 +275,7 @@ func (rc *receiver) checkPeers() {
 			continue
 		}
 		if err := p.alive(); err != nil {
+			p.markDown(err) // descriptors it will never read fail
 			if !rc.dead[r] {
 				rc.drain(r)
 			}

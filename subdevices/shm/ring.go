@@ -13,7 +13,7 @@ import (
 // words are naturally aligned.
 const (
 	segMagic   = "MDSHMSG1"
-	segVersion = 1
+	segVersion = 2
 
 	hdrBytes      = 4096 // segment header, one page
 	offMagic      = 0    // [8]byte
@@ -24,6 +24,8 @@ const (
 	offPID        = 28   // int32: the owner's process id
 	offJobHash    = 32   // [16]byte: sha256(JobID)[:16]
 	offSecretHash = 48   // [16]byte: sha256(Secret)[:16]
+	offProbeAddr  = 64   // uint64: address of the owner's probe word in its own memory
+	offProbeVal   = 72   // uint64: the value of that word, for a peer's process_vm_readv probe
 	// Words the owner and its senders touch at run time, each on its own
 	// 128-byte block so that adjacent-line prefetching does not make them
 	// share a line either.
@@ -35,7 +37,9 @@ const (
 	ringCtlBytes = 256 // per-ring control block ahead of the data
 	offTail      = 0   // uint64: producer cursor, written only by the sender
 	offAttached  = 8   // uint32: non-zero once a sender attached; the receiver polls only those rings
+	offRevoked   = 16  // uint64: sender: descriptors in records before this cursor may no longer be read
 	offHead      = 128 // uint64: consumer cursor, written only by the receiver
+	offReadable  = 136 // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
 
 	// recAlign keeps every record start 16-byte aligned, so the space left
 	// before the end of the ring is always zero or at least a wire header
@@ -45,6 +49,10 @@ const (
 	// flagPad in a wire header marks a padding record: the rest of the ring
 	// up to the wrap is unused and the next record starts at offset 0.
 	flagPad uint8 = 1
+	// flagDesc in a wire header marks a descriptor record: its body is a
+	// [descriptor] of a payload the receiver reads from the sender's
+	// memory (see singlecopy.go) instead of the payload itself.
+	flagDesc uint8 = 2
 )
 
 // Segment states in offState. Zero means not yet initialised.
@@ -87,6 +95,8 @@ type ring struct {
 	tail     *atomic.Uint64
 	head     *atomic.Uint64
 	attached *atomic.Uint32
+	revoked  *atomic.Uint64
+	readable *atomic.Uint32
 	data     []byte // power-of-two length
 }
 
@@ -97,6 +107,8 @@ func ringAt(mem []byte, i int, ringBytes uint64) ring {
 		tail:     word64(mem, base+offTail),
 		head:     word64(mem, base+offHead),
 		attached: word32(mem, base+offAttached),
+		revoked:  word64(mem, base+offRevoked),
+		readable: word32(mem, base+offReadable),
 		data:     mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
 	}
 }
@@ -121,6 +133,12 @@ func spaceNeeded(capacity, tail, n uint64) uint64 {
 // has checked, with spaceNeeded, that the space is free. Nothing is visible
 // to the consumer until the caller stores the returned tail.
 func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
+	return putFlagged(data, tail, 0, hdr, payload)
+}
+
+// putFlagged is putRecord for a record with wire-header flags: the body
+// is a payload (flags 0) or a descriptor (flagDesc).
+func putFlagged(data []byte, tail uint64, flags uint8, hdr, payload []byte) uint64 {
 	capacity := uint64(len(data))
 	off := tail & (capacity - 1)
 	n := recordLen(len(hdr), len(payload))
@@ -129,7 +147,7 @@ func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
 		tail += contig
 		off = 0
 	}
-	sdi.WireHeader{HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(payload))}.Put(data[off:])
+	sdi.WireHeader{Flags: flags, HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(payload))}.Put(data[off:])
 	copy(data[off+sdi.WireHeaderSize:], hdr)
 	copy(data[off+sdi.WireHeaderSize+uint64(len(hdr)):], payload)
 	return tail + n
@@ -139,8 +157,12 @@ func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
 type record struct {
 	pad     bool   // a padding record: no frame, skip to the wrap
 	header  []byte // the frame's opaque header; aliases the ring
-	payload []byte // the frame's payload; aliases the ring
-	next    uint64 // cursor of the following record
+	payload []byte // the frame's payload; aliases the ring; nil for a descriptor
+	// isDesc marks a descriptor record: the payload is in the sender's
+	// memory, where desc says.
+	isDesc bool
+	desc   descriptor
+	next   uint64 // cursor of the following record
 }
 
 // parseRecord reads the record at cursor head of a ring whose producer has
@@ -179,7 +201,7 @@ func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (rec
 		}
 		return record{pad: true, next: head + contig}, nil
 	}
-	if wh.Flags != 0 {
+	if wh.Flags != 0 && wh.Flags != flagDesc {
 		return record{}, fmt.Errorf("%w: record at cursor %d has unknown flags %#x", sdi.ErrBadFrame, head, wh.Flags)
 	}
 	n := recordLen(int(wh.HeaderLen), int(wh.PayloadLen))
@@ -190,5 +212,15 @@ func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (rec
 	h0 := off + sdi.WireHeaderSize
 	p0 := h0 + uint64(wh.HeaderLen)
 	p1 := p0 + uint64(wh.PayloadLen)
-	return record{header: data[h0:p0:p0], payload: data[p0:p1:p1], next: head + n}, nil
+	rec := record{header: data[h0:p0:p0], next: head + n}
+	if wh.Flags == flagDesc {
+		d, err := decodeDescriptor(data[p0:p1], maxPayload)
+		if err != nil {
+			return record{}, fmt.Errorf("record at cursor %d: %w", head, err)
+		}
+		rec.isDesc, rec.desc = true, d
+		return rec, nil
+	}
+	rec.payload = data[p0:p1:p1]
+	return rec, nil
 }
