@@ -70,8 +70,28 @@ func (h *directHandler) Deliver(_ sdi.Rank, header, payload []byte) {
 	if h.off+len(payload) > len(h.rbuf) {
 		h.off = 0
 	}
-	h.off += copy(h.rbuf[h.off:], payload)
+	if len(payload) > 0 && &payload[0] == &h.rbuf[h.off] {
+		h.off += len(payload) // Place put it there
+	} else {
+		h.off += copy(h.rbuf[h.off:], payload)
+	}
 	h.bytes.Add(int64(len(payload)))
+}
+
+// Place implements sdi.Placer, as the multidevice's handler does, so that
+// a subdevice that can move a payload straight into the receive buffer
+// (shm with process_vm_readv) does so here too and the direct series stays
+// the floor under the multidevice's: data frames go where Deliver would
+// copy them.
+func (h *directHandler) Place(_ sdi.Rank, header []byte, n int) []byte {
+	if len(header) != 1 || header[0] != frameData || n <= 0 || n > len(h.rbuf) {
+		return nil
+	}
+	off := h.off
+	if off+n > len(h.rbuf) {
+		off = 0
+	}
+	return h.rbuf[off : off+n : off+n]
 }
 
 func (h *directHandler) SendDone(_ uint64, err error) {
