@@ -33,6 +33,9 @@ const (
 	// mean more wake-ups, each of which can preempt a spinning rank on a
 	// machine with few cores.
 	napFor = time.Millisecond
+	// drainBudget bounds the payload bytes one pass over a ring reads from
+	// a sender's memory (see receiver.drain).
+	drainBudget = 1 << 20
 )
 
 // receiver is the receive-side state. Whoever holds device.rxMu owns it:
@@ -107,13 +110,20 @@ func (sd *device) progress() {
 			idle = 0
 			continue
 		}
-		n := -1 // a poller holds the rings
-		sd.locked(func(rc *receiver) {
+		n := 0
+		if !sd.locked(func(rc *receiver) {
 			n = rc.poll()
 			if rc.polls >= livenessEvery {
 				rc.checkPeers()
 			}
-		})
+		}) {
+			// A poller holds the rings, perhaps for long (reading large
+			// payloads from a sender's memory): stay out of its way
+			// rather than spin on the lock beside it.
+			sd.nap()
+			idle = 0
+			continue
+		}
 		if n != 0 {
 			idle = 0
 			continue
@@ -197,7 +207,12 @@ func (rc *receiver) drain(r int) int {
 	// is checked against it, so a sender cannot change what was validated.
 	tail := rg.tail.Load()
 	n := 0
-	for head != tail && !sd.stop.Load() {
+	// Payload bytes read from the sender's memory in this pass: a pass
+	// stops after drainBudget of them, so that a poller gets back to its
+	// caller (which sends the replies the frames asked for) between large
+	// payloads instead of reading a whole window of them at once.
+	read := 0
+	for head != tail && !sd.stop.Load() && read < drainBudget {
 		rec, err := parseRecord(rg.data, head, tail, maxHeader, sd.caps.MaxFrame)
 		if err != nil {
 			rc.fail(r, err)
@@ -209,6 +224,7 @@ func (rc *receiver) drain(r int) int {
 				rc.fail(r, err)
 				break
 			}
+			read += len(payload)
 		}
 		if !rec.pad {
 			if sd.log.IsTrace() {
