@@ -1,13 +1,20 @@
 package shm
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 	"unsafe"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -298,4 +305,121 @@ func FuzzDecodeDescriptor(f *testing.F) {
 			t.Fatalf("accepted %+v", d)
 		}
 	})
+}
+
+// helperDying in helperEnv makes the test binary the sender of
+// TestSenderDiesBeforeRead.
+const helperDying = "dying-sender"
+
+// TestSenderDiesBeforeRead has a second process send a small frame and a
+// large one by descriptor, and kills it while the receiver is still busy
+// with the first: reading the second from a dead process must report the
+// sender down and deliver nothing of it.
+func TestSenderDiesBeforeRead(t *testing.T) {
+	requireSingleCopy(t)
+	jobID := fmt.Sprintf("xdie-%d", os.Getpid())
+	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), helperEnv+"="+helperDying, helperJobEnv+"="+jobID)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	toChild, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fromChild, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	t.Cleanup(func() {
+		if !waited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	h := newRecorder(t)
+	sd := New(testLogger(t))
+	ctx := context.Background()
+	l, err := sd.Open(ctx, sdi.OpenParams{Rank: 0, Size: 2, Host: "h", JobID: jobID, Secret: []byte("x"), Handler: h, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sd.Close(context.Background()) })
+	fmt.Fprintf(toChild, "%x\n", l.Addr)
+	lines := bufio.NewReader(fromChild)
+	line, err := lines.ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the child's card: %v (stderr: %s)", err, stderr.String())
+	}
+	card, err := hex.DecodeString(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sd.Connect(ctx, 1, card); err != nil {
+		t.Fatal(err)
+	}
+	h.gate.Lock() // the first frame's Deliver waits: the second stays unread
+	fmt.Fprintln(toChild, "go")
+	if line, err := lines.ReadString('\n'); err != nil || strings.TrimSpace(line) != "sent" {
+		h.gate.Unlock()
+		t.Fatalf("child: %q, %v (stderr: %s)", line, err, stderr.String())
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	waited = true
+	h.gate.Unlock()
+	if m := h.next(t); string(m.header) != "small" {
+		t.Fatalf("first frame %q, want the small one", m.header)
+	}
+	if d := h.nextDown(t); d.peer != 1 || !errors.Is(d.err, sdi.ErrPeerUnreachable) {
+		t.Fatalf("PeerDown(%d, %v), want rank 1 with ErrPeerUnreachable", d.peer, d.err)
+	} else {
+		t.Log(d.err)
+	}
+	select {
+	case m := <-h.msgs:
+		t.Fatalf("delivered %q, %d bytes, from a dead sender", m.header, len(m.payload))
+	default:
+	}
+}
+
+// runDyingSender is rank 1 of TestSenderDiesBeforeRead: it sends a small
+// frame and a large one, says so, and waits to be killed.
+func runDyingSender(t *testing.T, in io.Reader, out io.Writer, jobID string) error {
+	ctx := context.Background()
+	logger := hclog.New(&hclog.LoggerOptions{Name: "helper", Output: os.Stderr, Level: hclog.Warn})
+	sd := New(logger)
+	l, err := sd.Open(ctx, sdi.OpenParams{Rank: 1, Size: 2, Host: "h", JobID: jobID, Secret: []byte("x"), Handler: newRecorder(t), Logger: logger})
+	if err != nil {
+		return err
+	}
+	lines := bufio.NewReader(in)
+	line, err := lines.ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("reading the parent's card: %w", err)
+	}
+	card, err := hex.DecodeString(strings.TrimSpace(line))
+	if err != nil {
+		return err
+	}
+	if err := sd.Connect(ctx, 0, card); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%x\n", l.Addr)
+	if _, err := lines.ReadString('\n'); err != nil { // the parent connected
+		return err
+	}
+	if err := sendRetry(sd, &sdi.Frame{Peer: 0, Header: []byte("small"), Payload: []byte("x")}); err != nil {
+		return err
+	}
+	big := pattern(1, defaultSingleCopyMin)
+	done, err := sd.Send(&sdi.Frame{Peer: 0, Header: []byte("large"), Payload: big})
+	if err != nil || done {
+		return fmt.Errorf("large Send = %v, %v; want a descriptor in flight", done, err)
+	}
+	fmt.Fprintln(out, "sent")
+	select {} // until killed; big stays referenced by the subdevice
 }
