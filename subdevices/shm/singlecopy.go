@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"unsafe"
 
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -108,6 +110,41 @@ func singleCopyWanted(c config) (bool, string) {
 		return false, "turned off by " + envSingleCopy
 	}
 	return true, ""
+}
+
+// yamaScopePath is where Linux's Yama module says who may ptrace whom,
+// and so who may use process_vm_readv on whom.
+const yamaScopePath = "/proc/sys/kernel/yama/ptrace_scope"
+
+// ptracerAny is PR_SET_PTRACER_ANY ((unsigned long)-1 in the kernel).
+const ptracerAny = ^uintptr(0)
+
+// yamaScope parses the contents of yamaScopePath, -1 if unreadable.
+func yamaScope(b []byte) int {
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return -1
+	}
+	return n
+}
+
+// allowPeerReads lets the ranks on this host read this process's memory
+// where Yama's ptrace_scope 1 (Ubuntu's default) would allow it only to
+// ancestors: ranks are siblings under a launcher, so without this every
+// probe fails and large messages take the ring. It declares any process
+// of the same user a permitted tracer (PR_SET_PTRACER_ANY), as Open MPI
+// does for its single copy; that is what scope 0 allows everyone anyway.
+// Scopes 2 and 3 admit no such exception; the probe then fails and says so.
+func allowPeerReads(log hclog.Logger) {
+	b, err := os.ReadFile(yamaScopePath)
+	if err != nil || yamaScope(b) != 1 {
+		return // no Yama, or it does not stand in the way (0), or nothing helps (2, 3)
+	}
+	if err := unix.Prctl(unix.PR_SET_PTRACER, ptracerAny, 0, 0, 0); err != nil {
+		log.Debug("Yama ptrace_scope is 1 and PR_SET_PTRACER failed: peers cannot read this process's memory", "error", err)
+		return
+	}
+	log.Debug("Yama ptrace_scope is 1: processes of this user may read this process's memory (PR_SET_PTRACER_ANY) for the single copy")
 }
 
 // vmReader reads other processes' memory. Its iovecs are reused, so it

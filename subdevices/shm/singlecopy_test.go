@@ -423,3 +423,25 @@ func runDyingSender(t *testing.T, in io.Reader, out io.Writer, jobID string) err
 	fmt.Fprintln(out, "sent")
 	select {} // until killed; big stays referenced by the subdevice
 }
+
+// TestYamaScope parses the Yama ptrace_scope file as the kernel writes it
+// and as it must never be misread: only 1 leads to PR_SET_PTRACER.
+func TestYamaScope(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int
+	}{
+		{"0\n", 0},
+		{"1\n", 1},
+		{"2", 2},
+		{" 3 \n", 3},
+		{"", -1},
+		{"-1\n", -1},
+		{"one\n", -1},
+		{"1 2\n", -1},
+	} {
+		if got := yamaScope([]byte(tt.in)); got != tt.want {
+			t.Errorf("yamaScope(%q) = %d, want %d", tt.in, got, tt.want)
+		}
+	}
+}

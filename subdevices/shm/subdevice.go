@@ -145,6 +145,9 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	sd.placer, _ = p.Handler.(sdi.Placer)
 	sd.singleCopy, sd.singleCopyWhy = singleCopyWanted(cfg)
 	sd.srcPID = make([]atomic.Int32, p.Size)
+	if sd.singleCopy {
+		allowPeerReads(sd.log)
+	}
 
 	// The random suffix keeps names unique even when a job id is reused or
 	// several instances of one rank exist (tests); the card carries the name.
