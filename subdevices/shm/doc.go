@@ -137,7 +137,10 @@
 // value the peer published in its segment header, in the process whose
 // pid the header names. The kernel allows it for processes of the same
 // user unless Yama's ptrace_scope, a seccomp filter (some container
-// runtimes) or a pid namespace in between forbids it. On success the rank
+// runtimes) or a pid namespace in between forbids it; under ptrace_scope 1
+// (Ubuntu's default), which allows it only to ancestors, every rank
+// declares any process of its user a permitted tracer at Open
+// (PR_SET_PTRACER_ANY, as Open MPI does). On success the rank
 // sets the readable word of the peer's ring in its own segment; the debug
 // log says which path each peer's large messages take ("path" is
 // "process_vm_readv" or "ring", with the reason).
