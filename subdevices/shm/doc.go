@@ -94,6 +94,10 @@
 //
 // A descriptor record (wire-header flag 2) carries, instead of the
 // payload, 16 bytes saying where the payload lies in the sender's memory.
+// A payload longer than a sixteenth of the ring that goes through the ring
+// is split into fragments: a first one (flag 4) with the header, the whole
+// payload's length and the first part, then parts alone (flag 8), each
+// published as soon as it is written.
 //
 // # Sending
 //
@@ -165,9 +169,14 @@
 // for a dead sender) reports the sender down and delivers nothing.
 //
 // Without the single copy, large messages go by rendezvous in frames of up
-// to MaxFrame (a quarter of the ring), which the sender copies into the
-// ring while the receiver copies earlier ones out, so the two copies
-// overlap on two cores.
+// to MaxFrame (a quarter of the ring), written in fragments of a sixteenth
+// of the ring (64 KiB by default, the eager limit, so eager messages are
+// not split): the receiver copies one fragment out, into the place its
+// Handler gives for the frame or a buffer per ring, while the sender
+// copies the next in, so the two copies overlap on two cores even within
+// one frame (256 KiB latency through the ring 46-50 us against 62-88 us
+// with whole frames, measured interleaved). Fragments of one frame are
+// contiguous in the ring: anything else between them is a corrupt ring.
 //
 // # Limitations
 //

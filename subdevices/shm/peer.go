@@ -205,7 +205,10 @@ func (sd *device) Send(f *sdi.Frame) (bool, error) {
 
 // send writes f into the ring: the payload itself, or, when it is large
 // and the peer reads this rank's memory, a descriptor of it (done=false;
-// SendDone follows once the peer has read it, see singlecopy.go).
+// SendDone follows once the peer has read it, see singlecopy.go). A
+// payload that goes through the ring and is longer than a fragment is
+// written in fragments, each published as soon as it is copied, so that
+// the receiver copies one out while this rank copies the next in.
 func (p *peer) send(f *sdi.Frame) (bool, error) {
 	hdr, payload := f.Header, f.Payload
 	p.mu.Lock()
@@ -225,7 +228,14 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 		body, flags = desc[:], flagDesc
 	}
 	capacity := uint64(len(p.ring.data))
-	need := spaceNeeded(capacity, p.tail, recordLen(len(hdr), len(body)))
+	chunk := fragmentBytes(capacity)
+	split := !byDesc && len(payload) > chunk
+	var need uint64
+	if split {
+		need = fragmentsSpace(capacity, p.tail, len(hdr), len(payload), chunk)
+	} else {
+		need = spaceNeeded(capacity, p.tail, recordLen(len(hdr), len(body)))
+	}
 	if p.tail-p.head+need > capacity {
 		// Acquire: pairs with the receiver's head.Store, made after its
 		// Deliver for every record before head returned, so those bytes
@@ -241,17 +251,34 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 			return false, sdi.ErrWouldBlock
 		}
 	}
+	if split {
+		p.tail = putFragments(p.ring.data, p.tail, hdr, payload, chunk, p.publish)
+		return true, nil
+	}
 	p.tail = putFlagged(p.ring.data, p.tail, flags, hdr, body)
 	if byDesc {
 		p.inflight = append(p.inflight, inflight{token: f.Token, end: p.tail, payload: payload})
 		p.sd.inflight.Add(1)
 	}
-	// Release: pairs with the receiver's tail.Load; every byte of the
-	// record written above is visible to it once it sees the new tail.
-	p.ring.tail.Store(p.tail)
-	p.sd.ringDoorbell(p.mem)
+	p.publish(p.tail)
 	return !byDesc, nil
 }
+
+// publish makes the records before tail visible to the receiver and wakes
+// it if it sleeps. The caller holds p.mu.
+func (p *peer) publish(tail uint64) {
+	// Release: pairs with the receiver's tail.Load; every byte of the
+	// records before tail is visible to it once it sees the new tail.
+	p.ring.tail.Store(tail)
+	p.sd.ringDoorbell(p.mem)
+}
+
+// fragmentBytes is the largest part of a payload one fragment carries in a
+// ring of capacity bytes: a sixteenth of the ring (64 KiB by default, the
+// eager limit, so that eager messages are never split), small enough that
+// the receiver starts copying soon and large enough that a record costs
+// little.
+func fragmentBytes(capacity uint64) int { return int(capacity / 16) }
 
 // alive reports an error wrapping [sdi.ErrPeerUnreachable] once the peer
 // closed its segment, its process exited, or a Send found its ring corrupt.

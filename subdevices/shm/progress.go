@@ -59,11 +59,13 @@ type receiver struct {
 	vm      vmReader
 	scratch []byte
 	doneBuf []uint64
+	// parts[r] is the frame arriving in fragments on ring r.
+	parts []partial
 }
 
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
-	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n)}
+	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n)}
 }
 
 // Poll implements [sdi.Poller]: it drains the inbound rings once on the
@@ -214,23 +216,12 @@ func (rc *receiver) drain(r int) int {
 	read := 0
 	for head != tail && !sd.stop.Load() && read < drainBudget {
 		rec, err := parseRecord(rg.data, head, tail, maxHeader, sd.caps.MaxFrame)
+		if err == nil {
+			err = rc.handle(r, head, &rec, &read)
+		}
 		if err != nil {
 			rc.fail(r, err)
 			break
-		}
-		payload := rec.payload
-		if rec.isDesc {
-			if payload, err = rc.fetch(r, &rec, head); err != nil {
-				rc.fail(r, err)
-				break
-			}
-			read += len(payload)
-		}
-		if !rec.pad {
-			if sd.log.IsTrace() {
-				sd.log.Trace("deliver", "peer", r, "header_bytes", len(rec.header), "payload_bytes", len(payload), "single_copy", rec.isDesc)
-			}
-			sd.handler.Deliver(sdi.Rank(r), rec.header, payload)
 		}
 		head = rec.next
 		rc.heads[r] = head
@@ -244,6 +235,74 @@ func (rc *receiver) drain(r int) int {
 		n++
 	}
 	return n
+}
+
+// partial is a frame whose fragments are arriving on one ring.
+type partial struct {
+	active bool
+	header []byte // a copy of the frame's header
+	dst    []byte // where the payload goes: the Handler's place, or buf
+	got    int    // bytes of dst filled
+	buf    []byte // this ring's buffer for frames the Handler does not place
+}
+
+// handle delivers the frame in rec, read at cursor head of ring r, or
+// takes its part of a fragmented frame, and adds the bytes it read from
+// the sender's memory to read.
+func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
+	sd := rc.sd
+	if rec.pad {
+		return nil
+	}
+	part := &rc.parts[r]
+	if part.active != (rec.frag == flagNext) {
+		if part.active {
+			return fmt.Errorf("%w: record at cursor %d breaks into a fragmented frame (%d of %d bytes arrived)", sdi.ErrBadFrame, head, part.got, len(part.dst))
+		}
+		return fmt.Errorf("%w: fragment at cursor %d continues no frame", sdi.ErrBadFrame, head)
+	}
+	header, payload := rec.header, rec.payload
+	switch {
+	case rec.frag == flagFirst:
+		var dst []byte
+		if sd.placer != nil {
+			dst = sd.placer.Place(sdi.Rank(r), rec.header, rec.total)
+			if dst != nil && len(dst) != rec.total {
+				return fmt.Errorf("shm: handler placed a %d-byte payload in %d bytes", rec.total, len(dst))
+			}
+		}
+		if dst == nil {
+			if cap(part.buf) < rec.total {
+				part.buf = make([]byte, sd.caps.MaxFrame)
+			}
+			dst = part.buf[:rec.total:rec.total]
+		}
+		part.header = append(part.header[:0], rec.header...)
+		part.dst, part.got, part.active = dst, copy(dst, rec.payload), true
+		return nil
+	case rec.frag == flagNext:
+		if len(rec.payload) > len(part.dst)-part.got {
+			return fmt.Errorf("%w: fragment at cursor %d of %d bytes overruns its frame (%d of %d bytes arrived)",
+				sdi.ErrBadFrame, head, len(rec.payload), part.got, len(part.dst))
+		}
+		part.got += copy(part.dst[part.got:], rec.payload)
+		if part.got < len(part.dst) {
+			return nil
+		}
+		header, payload = part.header, part.dst
+		part.active, part.dst = false, nil
+	case rec.isDesc:
+		var err error
+		if payload, err = rc.fetch(r, rec, head); err != nil {
+			return err
+		}
+		*read += len(payload)
+	}
+	if sd.log.IsTrace() {
+		sd.log.Trace("deliver", "peer", r, "header_bytes", len(header), "payload_bytes", len(payload), "single_copy", rec.isDesc)
+	}
+	sd.handler.Deliver(sdi.Rank(r), header, payload)
+	return nil
 }
 
 // pending reports whether a sender attached since the last poll or an

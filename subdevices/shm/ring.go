@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 	"unsafe"
@@ -53,6 +54,14 @@ const (
 	// [descriptor] of a payload the receiver reads from the sender's
 	// memory (see singlecopy.go) instead of the payload itself.
 	flagDesc uint8 = 2
+	// flagFirst and flagNext mark the fragments of a frame the sender
+	// split into several records (see putFragments): the first carries
+	// the header and, ahead of its part of the payload, the whole
+	// payload's length (fragLenBytes); the others carry only payload.
+	flagFirst uint8 = 4
+	flagNext  uint8 = 8
+	// fragLenBytes is the length field in a first fragment.
+	fragLenBytes = 8
 )
 
 // Segment states in offState. Zero means not yet initialised.
@@ -139,18 +148,63 @@ func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
 // putFlagged is putRecord for a record with wire-header flags: the body
 // is a payload (flags 0) or a descriptor (flagDesc).
 func putFlagged(data []byte, tail uint64, flags uint8, hdr, payload []byte) uint64 {
+	return putParts(data, tail, flags, hdr, nil, payload)
+}
+
+// putParts writes a record whose body is pre followed by payload.
+func putParts(data []byte, tail uint64, flags uint8, hdr, pre, payload []byte) uint64 {
 	capacity := uint64(len(data))
 	off := tail & (capacity - 1)
-	n := recordLen(len(hdr), len(payload))
+	n := recordLen(len(hdr), len(pre)+len(payload))
 	if contig := capacity - off; n > contig {
 		sdi.WireHeader{Flags: flagPad}.Put(data[off:])
 		tail += contig
 		off = 0
 	}
-	sdi.WireHeader{Flags: flags, HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(payload))}.Put(data[off:])
-	copy(data[off+sdi.WireHeaderSize:], hdr)
-	copy(data[off+sdi.WireHeaderSize+uint64(len(hdr)):], payload)
+	sdi.WireHeader{Flags: flags, HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(pre) + len(payload))}.Put(data[off:])
+	b := off + sdi.WireHeaderSize
+	b += uint64(copy(data[b:], hdr))
+	b += uint64(copy(data[b:], pre))
+	copy(data[b:], payload)
 	return tail + n
+}
+
+// fragmentsSpace returns the ring bytes that writing a payload of plen
+// bytes with hlen header bytes as fragments of at most chunk payload bytes
+// consumes at tail, padding records included.
+func fragmentsSpace(capacity, tail uint64, hlen, plen, chunk int) uint64 {
+	t := tail
+	for off, first := 0, true; off < plen; first = false {
+		n := min(chunk, plen-off)
+		rl := recordLen(0, n)
+		if first {
+			rl = recordLen(hlen, fragLenBytes+n)
+		}
+		t += spaceNeeded(capacity, t, rl)
+		off += n
+	}
+	return t - tail
+}
+
+// putFragments writes a frame as fragments of at most chunk payload bytes
+// at tail, calling publish with the new tail after each, so that the
+// receiver copies one out while the sender copies the next in. The caller
+// has checked with fragmentsSpace that the space is free and holds the
+// ring's producer side.
+func putFragments(data []byte, tail uint64, hdr, payload []byte, chunk int, publish func(uint64)) uint64 {
+	var lenField [fragLenBytes]byte
+	binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
+	for off, first := 0, true; off < len(payload); first = false {
+		n := min(chunk, len(payload)-off)
+		if first {
+			tail = putParts(data, tail, flagFirst, hdr, lenField[:], payload[:n])
+		} else {
+			tail = putParts(data, tail, flagNext, nil, nil, payload[off:off+n])
+		}
+		off += n
+		publish(tail)
+	}
+	return tail
 }
 
 // record is one record parsed from a ring.
@@ -162,7 +216,11 @@ type record struct {
 	// memory, where desc says.
 	isDesc bool
 	desc   descriptor
-	next   uint64 // cursor of the following record
+	// frag is flagFirst or flagNext for a fragment of a frame, with payload
+	// its part; total is the whole payload's length, set in a first one.
+	frag  uint8
+	total int
+	next  uint64 // cursor of the following record
 }
 
 // parseRecord reads the record at cursor head of a ring whose producer has
@@ -201,7 +259,9 @@ func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (rec
 		}
 		return record{pad: true, next: head + contig}, nil
 	}
-	if wh.Flags != 0 && wh.Flags != flagDesc {
+	switch wh.Flags {
+	case 0, flagDesc, flagFirst, flagNext:
+	default:
 		return record{}, fmt.Errorf("%w: record at cursor %d has unknown flags %#x", sdi.ErrBadFrame, head, wh.Flags)
 	}
 	n := recordLen(int(wh.HeaderLen), int(wh.PayloadLen))
@@ -220,6 +280,25 @@ func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (rec
 		}
 		rec.isDesc, rec.desc = true, d
 		return rec, nil
+	}
+	switch wh.Flags {
+	case flagFirst:
+		if wh.PayloadLen <= fragLenBytes {
+			return record{}, fmt.Errorf("%w: first fragment at cursor %d has %d body bytes, want more than %d", sdi.ErrBadFrame, head, wh.PayloadLen, fragLenBytes)
+		}
+		total := binary.LittleEndian.Uint64(data[p0:])
+		part := uint64(wh.PayloadLen) - fragLenBytes
+		if total <= part || total > uint64(maxPayload) {
+			return record{}, fmt.Errorf("%w: first fragment at cursor %d of %d bytes announces a %d-byte payload, want more and at most %d",
+				sdi.ErrBadFrame, head, part, total, maxPayload)
+		}
+		rec.frag, rec.total = flagFirst, int(total)
+		p0 += fragLenBytes
+	case flagNext:
+		if wh.HeaderLen != 0 || wh.PayloadLen == 0 {
+			return record{}, fmt.Errorf("%w: fragment at cursor %d has %d header and %d payload bytes, want none and some", sdi.ErrBadFrame, head, wh.HeaderLen, wh.PayloadLen)
+		}
+		rec.frag = flagNext
 	}
 	rec.payload = data[p0:p1:p1]
 	return rec, nil

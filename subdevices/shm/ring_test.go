@@ -125,6 +125,10 @@ func FuzzParseRecord(f *testing.F) {
 	descriptor{addr: 4096, n: 1000}.put(body)
 	putFlagged(desc, 0, flagDesc, []byte("hdr"), body)
 	f.Add(desc, uint64(0), uint64(32))
+	frag := make([]byte, 128)
+	next := putParts(frag, 0, flagFirst, []byte("h"), binary.LittleEndian.AppendUint64(nil, 40), make([]byte, 20))
+	next = putParts(frag, next, flagNext, nil, nil, make([]byte, 20))
+	f.Add(frag, uint64(0), next)
 	f.Fuzz(func(t *testing.T, data []byte, head, tail uint64) {
 		// Rings are powers of two; shrink the input to one, keeping short
 		// inputs to exercise the size check too.
@@ -148,6 +152,16 @@ func FuzzParseRecord(f *testing.F) {
 		}
 		if rec.isDesc && (rec.payload != nil || rec.desc.n <= 0 || rec.desc.n > 1<<20) {
 			t.Fatalf("descriptor record %+v", rec)
+		}
+		switch rec.frag {
+		case flagFirst:
+			if rec.total <= len(rec.payload) || rec.total > 1<<20 {
+				t.Fatalf("first fragment of %d bytes announces %d", len(rec.payload), rec.total)
+			}
+		case flagNext:
+			if len(rec.header) != 0 || len(rec.payload) == 0 {
+				t.Fatalf("later fragment with %d header and %d payload bytes", len(rec.header), len(rec.payload))
+			}
 		}
 		if !rec.pad && !rec.isDesc && used < recordLen(len(rec.header), len(rec.payload)) {
 			t.Fatalf("record of %d+%d bytes advances only %d", len(rec.header), len(rec.payload), used)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -141,42 +142,107 @@ func (p *placer) Deliver(from sdi.Rank, header, payload []byte) {
 }
 
 // TestPlace checks that a Handler implementing sdi.Placer gets large
-// payloads read straight into the slice it returns, and that frames it
-// has no place for still arrive.
+// payloads read straight into the slice it returns, by process_vm_readv or
+// fragment by fragment from the ring, and that frames it has no place for
+// still arrive.
 func TestPlace(t *testing.T) {
-	requireSingleCopy(t)
-	ctx := context.Background()
-	id := fmt.Sprintf("place-%s-%d", t.Name(), os.Getpid())
-	hs := []*placer{{recorder: newRecorder(t)}, {recorder: newRecorder(t)}}
-	var sds []sdi.SubDevice
-	var cards [][]byte
-	for r := range 2 {
-		sd := New(testLogger(t))
-		l, err := sd.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(r), Size: 2, Host: "h", JobID: id, Handler: hs[r], Logger: testLogger(t)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { sd.Close(context.Background()) })
-		sds, cards = append(sds, sd), append(cards, l.Addr)
+	for _, tt := range []struct{ name, config string }{
+		{"process_vm_readv", ""},
+		{"ring fragments", `{"single_copy": false}`},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.config == "" {
+				requireSingleCopy(t)
+			}
+			ctx := context.Background()
+			id := fmt.Sprintf("place-%d-%s", os.Getpid(), t.Name())
+			hs := []*placer{{recorder: newRecorder(t)}, {recorder: newRecorder(t)}}
+			var sds []sdi.SubDevice
+			var cards [][]byte
+			for r := range 2 {
+				sd := New(testLogger(t))
+				l, err := sd.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(r), Size: 2, Host: "h", JobID: id, Handler: hs[r], Logger: testLogger(t), Config: []byte(tt.config)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { sd.Close(context.Background()) })
+				sds, cards = append(sds, sd), append(cards, l.Addr)
+			}
+			for a := range 2 {
+				if err := sds[a].Connect(ctx, sdi.Rank(1-a), cards[1-a]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			size := 100 << 10 // above single_copy_min and a ring fragment
+			for i, hdr := range []string{"place 1", "elsewhere", "place 2"} {
+				payload := pattern(uint64(i), size)
+				done, err := sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte(hdr), Payload: payload})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if m := hs[1].next(t); string(m.header) != hdr || !bytes.Equal(m.payload, payload) {
+					t.Fatalf("frame %q: payload differs", hdr)
+				}
+				if !done {
+					hs[0].nextDone(t)
+				}
+			}
+			if hs[1].hits != 2 || hs[1].copies != 1 {
+				t.Fatalf("%d payloads delivered in place and %d from the subdevice's buffer, want 2 and 1", hs[1].hits, hs[1].copies)
+			}
+		})
 	}
-	for a := range 2 {
-		if err := sds[a].Connect(ctx, sdi.Rank(1-a), cards[1-a]); err != nil {
-			t.Fatal(err)
-		}
+}
+
+// TestBadFragments writes fragment sequences a buggy or hostile sender
+// could: the receiver must report it down with ErrBadFrame and deliver
+// nothing of them.
+func TestBadFragments(t *testing.T) {
+	lenField := func(n uint64) []byte { return binary.LittleEndian.AppendUint64(nil, n) }
+	tests := []struct {
+		name  string
+		write func(data []byte, tail uint64) uint64
+	}{
+		{"fragment of no frame", func(d []byte, t uint64) uint64 {
+			return putParts(d, t, flagNext, nil, nil, []byte("orphan"))
+		}},
+		{"whole frame inside a fragmented one", func(d []byte, t uint64) uint64 {
+			t = putParts(d, t, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
+			return putRecord(d, t, []byte("h"), []byte("intruder"))
+		}},
+		{"fragment overruns its frame", func(d []byte, t uint64) uint64 {
+			t = putParts(d, t, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
+			return putParts(d, t, flagNext, nil, nil, make([]byte, 60))
+		}},
+		{"first fragment announces less than it carries", func(d []byte, t uint64) uint64 {
+			return putParts(d, t, flagFirst, []byte("h"), lenField(10), make([]byte, 50))
+		}},
+		{"first fragment beyond MaxFrame", func(d []byte, t uint64) uint64 {
+			return putParts(d, t, flagFirst, []byte("h"), lenField(1<<40), make([]byte, 50))
+		}},
+		{"later fragment with a header", func(d []byte, t uint64) uint64 {
+			t = putParts(d, t, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
+			return putParts(d, t, flagNext, []byte("h"), nil, make([]byte, 50))
+		}},
 	}
-	size := defaultSingleCopyMin + 4096
-	for i, hdr := range []string{"place 1", "elsewhere", "place 2"} {
-		payload := pattern(uint64(i), size)
-		if err := sendRetry(sds[0], &sdi.Frame{Peer: 1, Header: []byte(hdr), Payload: payload}); err != nil {
-			t.Fatal(err)
-		}
-		if m := hs[1].next(t); string(m.header) != hdr || !bytes.Equal(m.payload, payload) {
-			t.Fatalf("frame %q: payload differs", hdr)
-		}
-		hs[0].nextDone(t)
-	}
-	if hs[1].hits != 2 || hs[1].copies != 1 {
-		t.Fatalf("%d payloads delivered in place and %d from the subdevice's buffer, want 2 and 1", hs[1].hits, hs[1].copies)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := openJob(t, 2, jobOpts{config: []byte(`{"single_copy": false}`)})
+			rx := j.sds[1].(*device)
+			rg := rx.inbound[0]
+			rg.tail.Store(tt.write(rg.data, rg.tail.Load()))
+			rx.ringDoorbell(rx.seg.Bytes())
+			d := j.hs[1].nextDown(t)
+			if d.peer != 0 || !errors.Is(d.err, sdi.ErrBadFrame) {
+				t.Fatalf("PeerDown(%d, %v), want rank 0 with ErrBadFrame", d.peer, d.err)
+			}
+			t.Log(d.err)
+			select {
+			case m := <-j.hs[1].msgs:
+				t.Fatalf("delivered a frame of %d bytes from bad fragments", len(m.payload))
+			default:
+			}
+		})
 	}
 }
 
