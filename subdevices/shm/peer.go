@@ -87,8 +87,10 @@ func (sd *device) Connect(ctx context.Context, r sdi.Rank, addr []byte) error {
 	// first record's doorbell (see receiver.sleep).
 	p.ring.attached.Store(1)
 	word32(p.mem, offAttachGen).Add(1)
-	sd.setupSingleCopy(int(r), p.mem)
 	sd.peers[r].Store(p)
+	// After the store: the receiver rings r's doorbell through peers[r]
+	// once it read a descriptor of r's, which r sends once this allows it.
+	sd.setupSingleCopy(int(r), p.mem)
 	if old != nil {
 		if err := old.detach(fmt.Errorf("shm: rank %d: reconnected: %w", r, sdi.ErrNotConnected)); err != nil {
 			sd.log.Warn("releasing the previous connection failed", "peer", r, "error", err)
