@@ -405,6 +405,10 @@ func TestSenderDiesBeforeRead(t *testing.T) {
 			_ = cmd.Process.Kill()
 			_ = cmd.Wait()
 		}
+		// The killed child never closes its segment.
+		if _, err := RemoveJobSegments(jobID); err != nil {
+			t.Error(err)
+		}
 	})
 	h := newRecorder(t)
 	sd := New(testLogger(t))
