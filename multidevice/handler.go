@@ -44,6 +44,9 @@ func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 			"from", from, "source", hdr.src, "destination", hdr.dst)
 		return
 	}
+	if hdr.kind == kindSys && hdr.tag == sysData && d.placedData(&hdr, payload) {
+		return // Place put it into the receive buffer (place.go)
+	}
 	d.dispatch(&hdr, payload)
 }
 

@@ -1,7 +1,9 @@
 // Package shm is the shared-memory subdevice: it moves frames between ranks
 // of one host through lock-free single-producer single-consumer rings in
 // shared mappings. There are no sockets and no system calls on the data path
-// except a futex wake when the receiver sleeps.
+// except a futex wake when the receiver sleeps and, for a large payload,
+// the one process_vm_readv that copies it from the sender's memory straight
+// into its place.
 //
 // # Usage
 //
@@ -15,7 +17,10 @@
 //	done, err := sd.Send(&sdi.Frame{Peer: peer, Header: h, Payload: p})
 //
 // Configuration (the plugins.hcl block, as JSON): {"ring_bytes": N}, a power
-// of two in [64 KiB, 1 GiB], default 1 MiB, the same on every rank of a job.
+// of two in [64 KiB, 1 GiB], default 1 MiB, the same on every rank of a job;
+// "single_copy": false turns the single copy of large payloads off (as does
+// the environment variable MD_SHM_SINGLE_COPY=0), and "single_copy_min": N
+// sets the smallest payload sent that way (default 16 KiB).
 //
 // # Segments and rings
 //
@@ -35,6 +40,7 @@
 //	+-----------------------------------------------------------------+ 0
 //	| magic "MDSHMSG1" | version | nrings | ring_bytes | rank | pid   |
 //	| sha256(job)[:16] | sha256(secret)[:16]                          |
+//	| probe word address | probe word value (single copy)             |
 //	+-----------------------------------------------------------------+ 128
 //	| state      (open / closed; senders check it before each frame)  |
 //	+-----------------------------------------------------------------+ 256
@@ -44,8 +50,8 @@
 //	+-----------------------------------------------------------------+ 512
 //	| attach generation (bumped when a sender attaches to a ring)     |
 //	+-----------------------------------------------------------------+ 4096
-//	| ring 0: tail (producer cursor), attached | pad to 128           |
-//	|         head (consumer cursor)        | pad to 256              |
+//	| ring 0: tail (producer cursor), attached, revoked | pad to 128  |
+//	|         head (consumer cursor), readable | pad to 256           |
 //	|         data [ring_bytes]                                       |
 //	+-----------------------------------------------------------------+
 //	| ring 1 ... ring nrings-1 (same shape)                           |
@@ -86,10 +92,18 @@
 // through [sdi.Handler.PeerDown] with an error wrapping [sdi.ErrBadFrame])
 // but never make it read outside the ring or panic.
 //
+// A descriptor record (wire-header flag 2) carries, instead of the
+// payload, 16 bytes saying where the payload lies in the sender's memory.
+// A payload longer than a sixteenth of the ring that goes through the ring
+// is split into fragments: a first one (flag 4) with the header, the whole
+// payload's length and the first part, then parts alone (flag 8), each
+// published as soon as it is written.
+//
 // # Sending
 //
 // Send copies the frame into the ring and returns done=true, so no SendDone
-// ever follows and Flush has nothing to wait for. When the ring is full Send
+// follows and Flush has nothing to wait for, unless the payload goes by
+// descriptor (below). When the ring is full Send
 // returns [sdi.ErrWouldBlock] and the caller retries; the subdevice keeps no
 // backlog of its own (the multidevice owns the pending queue). Send to a rank
 // whose segment is closed, whose process exited or whose ring was found
@@ -116,21 +130,64 @@
 // no wake-up is lost. A sleep parks one OS thread; it ends at the latest
 // after half a second to check whether peers are still alive.
 //
-// Large messages: the multidevice sends them by rendezvous in frames of up to
-// MaxFrame (a quarter of the ring), which the sender copies into the ring
-// while the receiver copies earlier ones out, so the two copies overlap on
-// two cores. A single copy with process_vm_readv would need the receiver to
-// know the destination buffer, which the SDI's Deliver does not give a
-// subdevice; see LIMITATIONS below.
+// The progress goroutine also naps when it finds a poller holding the
+// receive lock: a poll that reads large payloads holds it for long, and a
+// goroutine spinning on the lock beside it takes a core from the reader.
+//
+// # Large messages: one copy with process_vm_readv
+//
+// At Connect a rank probes whether it may read the peer's memory with
+// process_vm_readv: it reads the probe word whose address and random
+// value the peer published in its segment header, in the process whose
+// pid the header names. The kernel allows it for processes of the same
+// user unless Yama's ptrace_scope, a seccomp filter (some container
+// runtimes) or a pid namespace in between forbids it; under ptrace_scope 1
+// (Ubuntu's default), which allows it only to ancestors, every rank
+// declares any process of its user a permitted tracer at Open
+// (PR_SET_PTRACER_ANY, as Open MPI does). On success the rank
+// sets the readable word of the peer's ring in its own segment; the debug
+// log says which path each peer's large messages take ("path" is
+// "process_vm_readv" or "ring", with the reason).
+//
+// A sender whose ring is readable sends every payload of at least
+// single_copy_min bytes as a descriptor record, keeps the payload and
+// returns done=false. The receiver asks its Handler where the payload goes
+// ([sdi.Placer], found by a type assertion at Open; the multidevice places
+// rendezvous data blocks in the user's receive buffer), reads it there
+// with process_vm_readv, partial reads looped, or into a buffer of its own
+// when the Handler has no place, and delivers. Advancing the consumer
+// cursor past the record is the acknowledgement: the sender reports
+// SendDone when it sees it (when polled, or woken by the doorbell the
+// receiver rings after a descriptor), and Flush waits for it. Reading the
+// sender's memory is safe because Go's collector does not move heap
+// objects and the payload stays referenced until SendDone (singlecopy.go
+// has the details, and how a sender that gives up on its descriptors at
+// Close or Disconnect revokes them so that a read racing with the reuse
+// of the buffer is never delivered). A descriptor is validated like any
+// record (length at most MaxFrame, no address wrap), exactly the placed
+// length is read, and a read that fails (EFAULT for a bad address, ESRCH
+// for a dead sender) reports the sender down and delivers nothing.
+//
+// Without the single copy, large messages go by rendezvous in frames of up
+// to MaxFrame (a quarter of the ring), written in fragments of a sixteenth
+// of the ring (64 KiB by default, the eager limit, so eager messages are
+// not split): the receiver copies one fragment out, into the place its
+// Handler gives for the frame or a buffer per ring, while the sender
+// copies the next in, so the two copies overlap on two cores even within
+// one frame (256 KiB latency through the ring 46-50 us against 62-88 us
+// with whole frames, measured interleaved). Fragments of one frame are
+// contiguous in the ring: anything else between them is a corrupt ring.
 //
 // # Limitations
 //
 // A segment has a ring for every rank of the job, so its virtual size is
 // ranks * ring_bytes; only touched pages use memory, and a peer maps the
 // whole segment of every rank it connects to. Peers must share the
-// host's /dev/shm. Every byte is copied twice (into the ring and out of it);
-// a single-copy path (process_vm_readv or a mapped user buffer) needs an SDI
-// extension that lets the multidevice hand the receive buffer to the
-// subdevice. A rank whose process dies without Close is noticed by its
-// pid, within a sleep timeout; its segment file is left behind.
+// host's /dev/shm. Payloads below single_copy_min, and all payloads where
+// process_vm_readv is not allowed, are copied twice (into the ring and out
+// of it). Under the single copy a sender's payload stays in use until the
+// receiver has read it, so a receiver that stops reading holds the
+// sender's buffers (the ring path would block the sender instead). A rank
+// whose process dies without Close is noticed by its pid, within a sleep
+// timeout; its segment file is left behind.
 package shm

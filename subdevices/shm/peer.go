@@ -32,6 +32,9 @@ type peer struct {
 	head uint64 // last consumer cursor read from ring.head
 	pid  int
 	gone error // set when the peer may no longer be used; Send returns it
+	// inflight are the descriptors (singlecopy.go) the peer has not passed
+	// yet, in ring order.
+	inflight []inflight
 }
 
 // Connect maps the segment named in rank r's business card. The card must come
@@ -85,6 +88,9 @@ func (sd *device) Connect(ctx context.Context, r sdi.Rank, addr []byte) error {
 	p.ring.attached.Store(1)
 	word32(p.mem, offAttachGen).Add(1)
 	sd.peers[r].Store(p)
+	// After the store: the receiver rings r's doorbell through peers[r]
+	// once it read a descriptor of r's, which r sends once this allows it.
+	sd.setupSingleCopy(int(r), p.mem)
 	if old != nil {
 		if err := old.detach(fmt.Errorf("shm: rank %d: reconnected: %w", r, sdi.ErrNotConnected)); err != nil {
 			sd.log.Warn("releasing the previous connection failed", "peer", r, "error", err)
@@ -141,9 +147,10 @@ func (sd *device) newPeer(r sdi.Rank, seg *shmem.Segment) (*peer, error) {
 	return p, nil
 }
 
-// Disconnect releases the mapping of rank r's segment. Send copies frames
-// before returning, so there is nothing left to flush. Disconnecting a rank
-// that is not connected is a no-op.
+// Disconnect waits until rank r has read the large payloads sent to it by
+// descriptor (or ctx ends; those still unread then fail), stops reading
+// r's memory, and releases the mapping of r's segment. Disconnecting a
+// rank that is not connected is a no-op.
 func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 	if err := sd.usable(); err != nil {
 		return fmt.Errorf("shm: disconnect rank %d: %w", r, err)
@@ -151,8 +158,12 @@ func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 	if r < 0 || int(r) >= len(sd.peers) {
 		return fmt.Errorf("shm: disconnect rank %d: not in a job of %d ranks: %w", r, len(sd.peers), sdi.ErrNotConnected)
 	}
+	if err := sd.Flush(ctx, r); err != nil {
+		sd.log.Debug("disconnecting with large frames unread", "peer", r, "error", err)
+	}
 	sd.connMu.Lock()
 	defer sd.connMu.Unlock()
+	sd.inbound[r].readable.Store(0)
 	p := sd.peers[r].Swap(nil)
 	if p == nil {
 		return nil
@@ -164,7 +175,11 @@ func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 }
 
 // Send copies f into the ring towards f.Peer and returns done=true: the
-// caller may reuse its buffers at once and no SendDone follows. When the
+// caller may reuse its buffers at once and no SendDone follows. A payload
+// of at least single_copy_min bytes to a peer that reads this rank's
+// memory goes by descriptor instead: Send returns done=false and keeps
+// the payload until SendDone, which follows once the peer has read it
+// (singlecopy.go). When the
 // ring lacks space it returns [sdi.ErrWouldBlock] and the caller retries
 // later; this subdevice keeps no backlog of its own (the multidevice owns
 // the pending queue). Send never blocks beyond waiting for another Send to
@@ -187,10 +202,17 @@ func (sd *device) Send(f *sdi.Frame) (bool, error) {
 	if p == nil {
 		return false, fmt.Errorf("shm: send to rank %d: %w", f.Peer, sdi.ErrNotConnected)
 	}
-	return p.send(f.Header, f.Payload)
+	return p.send(f)
 }
 
-func (p *peer) send(hdr, payload []byte) (bool, error) {
+// send writes f into the ring: the payload itself, or, when it is large
+// and the peer reads this rank's memory, a descriptor of it (done=false;
+// SendDone follows once the peer has read it, see singlecopy.go). A
+// payload that goes through the ring and is longer than a fragment is
+// written in fragments, each published as soon as it is copied, so that
+// the receiver copies one out while this rank copies the next in.
+func (p *peer) send(f *sdi.Frame) (bool, error) {
+	hdr, payload := f.Header, f.Payload
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.gone != nil {
@@ -200,8 +222,22 @@ func (p *peer) send(hdr, payload []byte) (bool, error) {
 		p.gone = fmt.Errorf("shm: send to rank %d: it closed its segment: %w", p.rank, sdi.ErrPeerUnreachable)
 		return false, p.gone
 	}
+	body, flags := payload, uint8(0)
+	var desc [descBytes]byte
+	byDesc := len(payload) >= p.sd.cfg.SingleCopyMin && p.ring.readable.Load() != 0
+	if byDesc {
+		descriptorOf(payload).put(desc[:])
+		body, flags = desc[:], flagDesc
+	}
 	capacity := uint64(len(p.ring.data))
-	need := spaceNeeded(capacity, p.tail, recordLen(len(hdr), len(payload)))
+	chunk := fragmentBytes(capacity)
+	split := !byDesc && len(payload) > chunk
+	var need uint64
+	if split {
+		need = fragmentsSpace(capacity, p.tail, len(hdr), len(payload), chunk)
+	} else {
+		need = spaceNeeded(capacity, p.tail, recordLen(len(hdr), len(body)))
+	}
 	if p.tail-p.head+need > capacity {
 		// Acquire: pairs with the receiver's head.Store, made after its
 		// Deliver for every record before head returned, so those bytes
@@ -217,13 +253,34 @@ func (p *peer) send(hdr, payload []byte) (bool, error) {
 			return false, sdi.ErrWouldBlock
 		}
 	}
-	p.tail = putRecord(p.ring.data, p.tail, hdr, payload)
-	// Release: pairs with the receiver's tail.Load; every byte of the
-	// record written above is visible to it once it sees the new tail.
-	p.ring.tail.Store(p.tail)
-	p.sd.ringDoorbell(p.mem)
-	return true, nil
+	if split {
+		p.tail = putFragments(p.ring.data, p.tail, hdr, payload, chunk, p.publish)
+		return true, nil
+	}
+	p.tail = putFlagged(p.ring.data, p.tail, flags, hdr, body)
+	if byDesc {
+		p.inflight = append(p.inflight, inflight{token: f.Token, end: p.tail, payload: payload})
+		p.sd.inflight.Add(1)
+	}
+	p.publish(p.tail)
+	return !byDesc, nil
 }
+
+// publish makes the records before tail visible to the receiver and wakes
+// it if it sleeps. The caller holds p.mu.
+func (p *peer) publish(tail uint64) {
+	// Release: pairs with the receiver's tail.Load; every byte of the
+	// records before tail is visible to it once it sees the new tail.
+	p.ring.tail.Store(tail)
+	p.sd.ringDoorbell(p.mem)
+}
+
+// fragmentBytes is the largest part of a payload one fragment carries in a
+// ring of capacity bytes: a sixteenth of the ring (64 KiB by default, the
+// eager limit, so that eager messages are never split), small enough that
+// the receiver starts copying soon and large enough that a record costs
+// little.
+func fragmentBytes(capacity uint64) int { return int(capacity / 16) }
 
 // alive reports an error wrapping [sdi.ErrPeerUnreachable] once the peer
 // closed its segment, its process exited, or a Send found its ring corrupt.
@@ -252,13 +309,16 @@ func (p *peer) alive() error {
 	return nil
 }
 
-// markDown stops further sends to the peer with err.
+// markDown stops further sends to the peer with err, and fails the
+// descriptors it has not read.
 func (p *peer) markDown(err error) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.gone == nil {
 		p.gone = err
 	}
+	failed := p.failInflightLocked()
+	p.mu.Unlock()
+	p.sd.failDescs(failed, err)
 }
 
 // segmentName returns the name of the mapped segment, "" once detached.
@@ -275,14 +335,17 @@ func (p *peer) segmentName() string {
 // notices a closing rank promptly, and unmaps the peer's segment.
 func (p *peer) detach(reason error) error {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.seg == nil {
+		p.mu.Unlock()
 		return nil
 	}
+	failed := p.failInflightLocked()
 	p.sd.ringDoorbell(p.mem)
 	p.gone = reason
 	err := p.seg.Close()
 	p.seg, p.mem = nil, nil
+	p.mu.Unlock()
+	p.sd.failDescs(failed, reason)
 	return err
 }
 

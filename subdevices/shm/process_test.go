@@ -97,12 +97,17 @@ func TestCrossProcess(t *testing.T) {
 // TestHelperProcess is rank 1 of TestCrossProcess; it does nothing in a
 // normal test run.
 func TestHelperProcess(t *testing.T) {
-	if os.Getenv(helperEnv) != "1" {
-		t.Skip("helper process for TestCrossProcess")
+	run := runHelper
+	switch os.Getenv(helperEnv) {
+	case "1":
+	case helperDying:
+		run = runDyingSender
+	default:
+		t.Skip("helper process for TestCrossProcess and TestSenderDiesBeforeRead")
 	}
 	// Exit explicitly: the test framework's own output on stdout would
 	// otherwise follow the card line, and the parent reads the exit code.
-	if err := runHelper(t, os.Stdin, os.Stdout, os.Getenv(helperJobEnv)); err != nil || t.Failed() {
+	if err := run(t, os.Stdin, os.Stdout, os.Getenv(helperJobEnv)); err != nil || t.Failed() {
 		fmt.Fprintln(os.Stderr, "helper:", err)
 		os.Exit(1)
 	}

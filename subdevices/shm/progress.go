@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
@@ -32,6 +33,9 @@ const (
 	// mean more wake-ups, each of which can preempt a spinning rank on a
 	// machine with few cores.
 	napFor = time.Millisecond
+	// drainBudget bounds the payload bytes one pass over a ring reads from
+	// a sender's memory (see receiver.drain).
+	drainBudget = 1 << 20
 )
 
 // receiver is the receive-side state. Whoever holds device.rxMu owns it:
@@ -48,11 +52,20 @@ type receiver struct {
 	active []int
 	gen    uint32
 	polls  int // polls since the last liveness check
+
+	// Single copy (singlecopy.go): the reader of peers' memory, a buffer
+	// for payloads the Handler does not place, and the tokens of
+	// completed descriptors being reported.
+	vm      vmReader
+	scratch []byte
+	doneBuf []uint64
+	// parts[r] is the frame arriving in fragments on ring r.
+	parts []partial
 }
 
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
-	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n)}
+	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n)}
 }
 
 // Poll implements [sdi.Poller]: it drains the inbound rings once on the
@@ -99,13 +112,20 @@ func (sd *device) progress() {
 			idle = 0
 			continue
 		}
-		n := -1 // a poller holds the rings
-		sd.locked(func(rc *receiver) {
+		n := 0
+		if !sd.locked(func(rc *receiver) {
 			n = rc.poll()
 			if rc.polls >= livenessEvery {
 				rc.checkPeers()
 			}
-		})
+		}) {
+			// A poller holds the rings, perhaps for long (reading large
+			// payloads from a sender's memory): stay out of its way
+			// rather than spin on the lock beside it.
+			sd.nap()
+			idle = 0
+			continue
+		}
 		if n != 0 {
 			idle = 0
 			continue
@@ -150,7 +170,7 @@ func (sd *device) nap() {
 func (rc *receiver) poll() int {
 	rc.polls++
 	rc.refresh()
-	n := 0
+	n := rc.reapAll()
 	for _, r := range rc.active {
 		if !rc.dead[r] {
 			n += rc.drain(r)
@@ -189,32 +209,106 @@ func (rc *receiver) drain(r int) int {
 	// is checked against it, so a sender cannot change what was validated.
 	tail := rg.tail.Load()
 	n := 0
-	for head != tail && !sd.stop.Load() {
+	// Payload bytes read from the sender's memory in this pass: a pass
+	// stops after drainBudget of them, so that a poller gets back to its
+	// caller (which sends the replies the frames asked for) between large
+	// payloads instead of reading a whole window of them at once.
+	read := 0
+	for head != tail && !sd.stop.Load() && read < drainBudget {
 		rec, err := parseRecord(rg.data, head, tail, maxHeader, sd.caps.MaxFrame)
+		if err == nil {
+			err = rc.handle(r, head, &rec, &read)
+		}
 		if err != nil {
 			rc.fail(r, err)
 			break
 		}
-		if !rec.pad {
-			if sd.log.IsTrace() {
-				sd.log.Trace("deliver", "peer", r, "header_bytes", len(rec.header), "payload_bytes", len(rec.payload))
-			}
-			sd.handler.Deliver(sdi.Rank(r), rec.header, rec.payload)
-		}
 		head = rec.next
 		rc.heads[r] = head
 		// Release: pairs with the sender's head.Load; it may reuse the
-		// bytes of this record only after Deliver returned.
+		// bytes of this record, and the payload a descriptor pointed at,
+		// only after Deliver returned.
 		rg.head.Store(head)
+		if rec.isDesc {
+			sd.wakeSender(r)
+		}
 		n++
 	}
 	return n
 }
 
+// partial is a frame whose fragments are arriving on one ring.
+type partial struct {
+	active bool
+	header []byte // a copy of the frame's header
+	dst    []byte // where the payload goes: the Handler's place, or buf
+	got    int    // bytes of dst filled
+	buf    []byte // this ring's buffer for frames the Handler does not place
+}
+
+// handle delivers the frame in rec, read at cursor head of ring r, or
+// takes its part of a fragmented frame, and adds the bytes it read from
+// the sender's memory to read.
+func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
+	sd := rc.sd
+	if rec.pad {
+		return nil
+	}
+	part := &rc.parts[r]
+	if part.active != (rec.frag == flagNext) {
+		if part.active {
+			return fmt.Errorf("%w: record at cursor %d breaks into a fragmented frame (%d of %d bytes arrived)", sdi.ErrBadFrame, head, part.got, len(part.dst))
+		}
+		return fmt.Errorf("%w: fragment at cursor %d continues no frame", sdi.ErrBadFrame, head)
+	}
+	header, payload := rec.header, rec.payload
+	switch {
+	case rec.frag == flagFirst:
+		var dst []byte
+		if sd.placer != nil {
+			dst = sd.placer.Place(sdi.Rank(r), rec.header, rec.total)
+			if dst != nil && len(dst) != rec.total {
+				return fmt.Errorf("shm: handler placed a %d-byte payload in %d bytes", rec.total, len(dst))
+			}
+		}
+		if dst == nil {
+			if cap(part.buf) < rec.total {
+				part.buf = make([]byte, sd.caps.MaxFrame)
+			}
+			dst = part.buf[:rec.total:rec.total]
+		}
+		part.header = append(part.header[:0], rec.header...)
+		part.dst, part.got, part.active = dst, copy(dst, rec.payload), true
+		return nil
+	case rec.frag == flagNext:
+		if len(rec.payload) > len(part.dst)-part.got {
+			return fmt.Errorf("%w: fragment at cursor %d of %d bytes overruns its frame (%d of %d bytes arrived)",
+				sdi.ErrBadFrame, head, len(rec.payload), part.got, len(part.dst))
+		}
+		part.got += copy(part.dst[part.got:], rec.payload)
+		if part.got < len(part.dst) {
+			return nil
+		}
+		header, payload = part.header, part.dst
+		part.active, part.dst = false, nil
+	case rec.isDesc:
+		var err error
+		if payload, err = rc.fetch(r, rec, head); err != nil {
+			return err
+		}
+		*read += len(payload)
+	}
+	if sd.log.IsTrace() {
+		sd.log.Trace("deliver", "peer", r, "header_bytes", len(header), "payload_bytes", len(payload), "single_copy", rec.isDesc)
+	}
+	sd.handler.Deliver(sdi.Rank(r), header, payload)
+	return nil
+}
+
 // pending reports whether a sender attached since the last poll or an
 // active ring holds unread records.
 func (rc *receiver) pending() bool {
-	if word32(rc.sd.seg.Bytes(), offAttachGen).Load() != rc.gen {
+	if word32(rc.sd.seg.Bytes(), offAttachGen).Load() != rc.gen || rc.reapPending() {
 		return true
 	}
 	for _, r := range rc.active {
@@ -225,12 +319,18 @@ func (rc *receiver) pending() bool {
 	return false
 }
 
-// fail stops reading ring r after a corrupt record, stops sending to that
-// rank too, and reports it down.
+// fail stops reading ring r after a corrupt record or a payload that
+// could not be read from the sender's memory, stops sending to that rank
+// too, and reports it down.
 func (rc *receiver) fail(r int, err error) {
 	rc.dead[r] = true
-	err = fmt.Errorf("shm: ring from rank %d is corrupt, no longer reading it: %w", r, err)
-	rc.sd.log.Error("corrupt shared-memory ring", "peer", r, "error", err)
+	if errors.Is(err, sdi.ErrPeerUnreachable) {
+		err = fmt.Errorf("shm: rank %d: reading a payload from its memory: %w", r, err)
+		rc.sd.log.Debug("peer gone while reading its memory", "peer", r, "error", err)
+	} else {
+		err = fmt.Errorf("shm: ring from rank %d is corrupt, no longer reading it: %w", r, err)
+		rc.sd.log.Error("corrupt shared-memory ring", "peer", r, "error", err)
+	}
 	if p := rc.sd.peers[r].Load(); p != nil {
 		p.markDown(err)
 	}
@@ -250,6 +350,7 @@ func (rc *receiver) checkPeers() {
 			continue
 		}
 		if err := p.alive(); err != nil {
+			p.markDown(err) // descriptors it will never read fail
 			if !rc.dead[r] {
 				rc.drain(r)
 			}

@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"encoding/binary"
 	"fmt"
 	"sync/atomic"
 	"unsafe"
@@ -13,7 +14,7 @@ import (
 // words are naturally aligned.
 const (
 	segMagic   = "MDSHMSG1"
-	segVersion = 1
+	segVersion = 2
 
 	hdrBytes      = 4096 // segment header, one page
 	offMagic      = 0    // [8]byte
@@ -24,6 +25,8 @@ const (
 	offPID        = 28   // int32: the owner's process id
 	offJobHash    = 32   // [16]byte: sha256(JobID)[:16]
 	offSecretHash = 48   // [16]byte: sha256(Secret)[:16]
+	offProbeAddr  = 64   // uint64: address of the owner's probe word in its own memory
+	offProbeVal   = 72   // uint64: the value of that word, for a peer's process_vm_readv probe
 	// Words the owner and its senders touch at run time, each on its own
 	// 128-byte block so that adjacent-line prefetching does not make them
 	// share a line either.
@@ -35,7 +38,9 @@ const (
 	ringCtlBytes = 256 // per-ring control block ahead of the data
 	offTail      = 0   // uint64: producer cursor, written only by the sender
 	offAttached  = 8   // uint32: non-zero once a sender attached; the receiver polls only those rings
+	offRevoked   = 16  // uint64: sender: descriptors in records before this cursor may no longer be read
 	offHead      = 128 // uint64: consumer cursor, written only by the receiver
+	offReadable  = 136 // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
 
 	// recAlign keeps every record start 16-byte aligned, so the space left
 	// before the end of the ring is always zero or at least a wire header
@@ -45,6 +50,18 @@ const (
 	// flagPad in a wire header marks a padding record: the rest of the ring
 	// up to the wrap is unused and the next record starts at offset 0.
 	flagPad uint8 = 1
+	// flagDesc in a wire header marks a descriptor record: its body is a
+	// [descriptor] of a payload the receiver reads from the sender's
+	// memory (see singlecopy.go) instead of the payload itself.
+	flagDesc uint8 = 2
+	// flagFirst and flagNext mark the fragments of a frame the sender
+	// split into several records (see putFragments): the first carries
+	// the header and, ahead of its part of the payload, the whole
+	// payload's length (fragLenBytes); the others carry only payload.
+	flagFirst uint8 = 4
+	flagNext  uint8 = 8
+	// fragLenBytes is the length field in a first fragment.
+	fragLenBytes = 8
 )
 
 // Segment states in offState. Zero means not yet initialised.
@@ -87,6 +104,8 @@ type ring struct {
 	tail     *atomic.Uint64
 	head     *atomic.Uint64
 	attached *atomic.Uint32
+	revoked  *atomic.Uint64
+	readable *atomic.Uint32
 	data     []byte // power-of-two length
 }
 
@@ -97,6 +116,8 @@ func ringAt(mem []byte, i int, ringBytes uint64) ring {
 		tail:     word64(mem, base+offTail),
 		head:     word64(mem, base+offHead),
 		attached: word32(mem, base+offAttached),
+		revoked:  word64(mem, base+offRevoked),
+		readable: word32(mem, base+offReadable),
 		data:     mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
 	}
 }
@@ -121,26 +142,85 @@ func spaceNeeded(capacity, tail, n uint64) uint64 {
 // has checked, with spaceNeeded, that the space is free. Nothing is visible
 // to the consumer until the caller stores the returned tail.
 func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
+	return putFlagged(data, tail, 0, hdr, payload)
+}
+
+// putFlagged is putRecord for a record with wire-header flags: the body
+// is a payload (flags 0) or a descriptor (flagDesc).
+func putFlagged(data []byte, tail uint64, flags uint8, hdr, payload []byte) uint64 {
+	return putParts(data, tail, flags, hdr, nil, payload)
+}
+
+// putParts writes a record whose body is pre followed by payload.
+func putParts(data []byte, tail uint64, flags uint8, hdr, pre, payload []byte) uint64 {
 	capacity := uint64(len(data))
 	off := tail & (capacity - 1)
-	n := recordLen(len(hdr), len(payload))
+	n := recordLen(len(hdr), len(pre)+len(payload))
 	if contig := capacity - off; n > contig {
 		sdi.WireHeader{Flags: flagPad}.Put(data[off:])
 		tail += contig
 		off = 0
 	}
-	sdi.WireHeader{HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(payload))}.Put(data[off:])
-	copy(data[off+sdi.WireHeaderSize:], hdr)
-	copy(data[off+sdi.WireHeaderSize+uint64(len(hdr)):], payload)
+	sdi.WireHeader{Flags: flags, HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(pre) + len(payload))}.Put(data[off:])
+	b := off + sdi.WireHeaderSize
+	b += uint64(copy(data[b:], hdr))
+	b += uint64(copy(data[b:], pre))
+	copy(data[b:], payload)
 	return tail + n
+}
+
+// fragmentsSpace returns the ring bytes that writing a payload of plen
+// bytes with hlen header bytes as fragments of at most chunk payload bytes
+// consumes at tail, padding records included.
+func fragmentsSpace(capacity, tail uint64, hlen, plen, chunk int) uint64 {
+	t := tail
+	for off, first := 0, true; off < plen; first = false {
+		n := min(chunk, plen-off)
+		rl := recordLen(0, n)
+		if first {
+			rl = recordLen(hlen, fragLenBytes+n)
+		}
+		t += spaceNeeded(capacity, t, rl)
+		off += n
+	}
+	return t - tail
+}
+
+// putFragments writes a frame as fragments of at most chunk payload bytes
+// at tail, calling publish with the new tail after each, so that the
+// receiver copies one out while the sender copies the next in. The caller
+// has checked with fragmentsSpace that the space is free and holds the
+// ring's producer side.
+func putFragments(data []byte, tail uint64, hdr, payload []byte, chunk int, publish func(uint64)) uint64 {
+	var lenField [fragLenBytes]byte
+	binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
+	for off, first := 0, true; off < len(payload); first = false {
+		n := min(chunk, len(payload)-off)
+		if first {
+			tail = putParts(data, tail, flagFirst, hdr, lenField[:], payload[:n])
+		} else {
+			tail = putParts(data, tail, flagNext, nil, nil, payload[off:off+n])
+		}
+		off += n
+		publish(tail)
+	}
+	return tail
 }
 
 // record is one record parsed from a ring.
 type record struct {
 	pad     bool   // a padding record: no frame, skip to the wrap
 	header  []byte // the frame's opaque header; aliases the ring
-	payload []byte // the frame's payload; aliases the ring
-	next    uint64 // cursor of the following record
+	payload []byte // the frame's payload; aliases the ring; nil for a descriptor
+	// isDesc marks a descriptor record: the payload is in the sender's
+	// memory, where desc says.
+	isDesc bool
+	desc   descriptor
+	// frag is flagFirst or flagNext for a fragment of a frame, with payload
+	// its part; total is the whole payload's length, set in a first one.
+	frag  uint8
+	total int
+	next  uint64 // cursor of the following record
 }
 
 // parseRecord reads the record at cursor head of a ring whose producer has
@@ -179,7 +259,9 @@ func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (rec
 		}
 		return record{pad: true, next: head + contig}, nil
 	}
-	if wh.Flags != 0 {
+	switch wh.Flags {
+	case 0, flagDesc, flagFirst, flagNext:
+	default:
 		return record{}, fmt.Errorf("%w: record at cursor %d has unknown flags %#x", sdi.ErrBadFrame, head, wh.Flags)
 	}
 	n := recordLen(int(wh.HeaderLen), int(wh.PayloadLen))
@@ -190,5 +272,34 @@ func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (rec
 	h0 := off + sdi.WireHeaderSize
 	p0 := h0 + uint64(wh.HeaderLen)
 	p1 := p0 + uint64(wh.PayloadLen)
-	return record{header: data[h0:p0:p0], payload: data[p0:p1:p1], next: head + n}, nil
+	rec := record{header: data[h0:p0:p0], next: head + n}
+	if wh.Flags == flagDesc {
+		d, err := decodeDescriptor(data[p0:p1], maxPayload)
+		if err != nil {
+			return record{}, fmt.Errorf("record at cursor %d: %w", head, err)
+		}
+		rec.isDesc, rec.desc = true, d
+		return rec, nil
+	}
+	switch wh.Flags {
+	case flagFirst:
+		if wh.PayloadLen <= fragLenBytes {
+			return record{}, fmt.Errorf("%w: first fragment at cursor %d has %d body bytes, want more than %d", sdi.ErrBadFrame, head, wh.PayloadLen, fragLenBytes)
+		}
+		total := binary.LittleEndian.Uint64(data[p0:])
+		part := uint64(wh.PayloadLen) - fragLenBytes
+		if total <= part || total > uint64(maxPayload) {
+			return record{}, fmt.Errorf("%w: first fragment at cursor %d of %d bytes announces a %d-byte payload, want more and at most %d",
+				sdi.ErrBadFrame, head, part, total, maxPayload)
+		}
+		rec.frag, rec.total = flagFirst, int(total)
+		p0 += fragLenBytes
+	case flagNext:
+		if wh.HeaderLen != 0 || wh.PayloadLen == 0 {
+			return record{}, fmt.Errorf("%w: fragment at cursor %d has %d header and %d payload bytes, want none and some", sdi.ErrBadFrame, head, wh.HeaderLen, wh.PayloadLen)
+		}
+		rec.frag = flagNext
+	}
+	rec.payload = data[p0:p1:p1]
+	return rec, nil
 }

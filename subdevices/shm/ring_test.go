@@ -120,6 +120,15 @@ func FuzzParseRecord(f *testing.F) {
 	f.Add(pad, uint64(48), uint64(64))
 	f.Add([]byte{0x4d, 0x44, 1, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0}, uint64(0), uint64(16))
 	f.Add([]byte{}, uint64(0), uint64(0))
+	desc := make([]byte, 64)
+	body := make([]byte, descBytes)
+	descriptor{addr: 4096, n: 1000}.put(body)
+	putFlagged(desc, 0, flagDesc, []byte("hdr"), body)
+	f.Add(desc, uint64(0), uint64(32))
+	frag := make([]byte, 128)
+	next := putParts(frag, 0, flagFirst, []byte("h"), binary.LittleEndian.AppendUint64(nil, 40), make([]byte, 20))
+	next = putParts(frag, next, flagNext, nil, nil, make([]byte, 20))
+	f.Add(frag, uint64(0), next)
 	f.Fuzz(func(t *testing.T, data []byte, head, tail uint64) {
 		// Rings are powers of two; shrink the input to one, keeping short
 		// inputs to exercise the size check too.
@@ -141,7 +150,20 @@ func FuzzParseRecord(f *testing.F) {
 		if used == 0 || used > tail-head || used%recAlign != 0 {
 			t.Fatalf("record advances the cursor by %d with %d bytes published", used, tail-head)
 		}
-		if !rec.pad && used < recordLen(len(rec.header), len(rec.payload)) {
+		if rec.isDesc && (rec.payload != nil || rec.desc.n <= 0 || rec.desc.n > 1<<20) {
+			t.Fatalf("descriptor record %+v", rec)
+		}
+		switch rec.frag {
+		case flagFirst:
+			if rec.total <= len(rec.payload) || rec.total > 1<<20 {
+				t.Fatalf("first fragment of %d bytes announces %d", len(rec.payload), rec.total)
+			}
+		case flagNext:
+			if len(rec.header) != 0 || len(rec.payload) == 0 {
+				t.Fatalf("later fragment with %d header and %d payload bytes", len(rec.header), len(rec.payload))
+			}
+		}
+		if !rec.pad && !rec.isDesc && used < recordLen(len(rec.header), len(rec.payload)) {
 			t.Fatalf("record of %d+%d bytes advances only %d", len(rec.header), len(rec.payload), used)
 		}
 	})

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -50,6 +51,15 @@ type device struct {
 	caps    sdi.Caps
 	seg     *shmem.Segment // this rank's segment: the inbound rings
 	inbound []ring         // inbound[r] carries frames from rank r
+	placer  sdi.Placer     // the Handler, if it places payloads; else nil
+
+	// Single copy (singlecopy.go): whether this rank reads peers' memory
+	// (and why not), and srcPID[r], the process of rank r once a probe
+	// succeeded. inflight counts descriptors sent and not yet reported.
+	singleCopy    bool
+	singleCopyWhy string
+	srcPID        []atomic.Int32
+	inflight      atomic.Int64
 
 	// peers[r] is the outbound connection to rank r, nil when not connected.
 	// Send reads it without locks; connMu serializes Connect, Disconnect and
@@ -132,6 +142,12 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	sd.secHash = hash16(p.Secret)
 	sd.cfg = cfg
 	sd.caps = cfg.caps()
+	sd.placer, _ = p.Handler.(sdi.Placer)
+	sd.singleCopy, sd.singleCopyWhy = singleCopyWanted(cfg)
+	sd.srcPID = make([]atomic.Int32, p.Size)
+	if sd.singleCopy {
+		allowPeerReads(sd.log)
+	}
 
 	// The random suffix keeps names unique even when a job id is reused or
 	// several instances of one rank exist (tests); the card carries the name.
@@ -158,6 +174,8 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	word32(mem, offPID).Store(uint32(os.Getpid()))
 	copy(mem[offJobHash:], sd.jobHash[:])
 	copy(mem[offSecretHash:], sd.secHash[:])
+	word64(mem, offProbeAddr).Store(uint64(uintptr(unsafe.Pointer(&probeWord))))
+	word64(mem, offProbeVal).Store(probeWord)
 	sd.inbound = make([]ring, p.Size)
 	for r := range sd.inbound {
 		sd.inbound[r] = ringAt(mem, r, cfg.RingBytes)
@@ -174,9 +192,10 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	return sdi.Local{Addr: addr, Caps: sd.caps}, nil
 }
 
-// Flush implements [sdi.SubDevice.Flush]. Send copies every frame into the
-// ring before it returns, so nothing accepted is ever pending locally and
-// Flush returns at once.
+// Flush implements [sdi.SubDevice.Flush]. Frames copied into the ring are
+// complete when Send returns; Flush waits for the descriptors of large
+// payloads until the peer has read them (or they failed), polling every
+// flushPoll, since the progress goroutine or a poller reports them.
 func (sd *device) Flush(ctx context.Context, peer sdi.Rank) error {
 	switch sd.state.Load() {
 	case devNew:
@@ -184,8 +203,26 @@ func (sd *device) Flush(ctx context.Context, peer sdi.Rank) error {
 	case devClosed:
 		return fmt.Errorf("shm: flush rank %d: %w", peer, sdi.ErrClosed)
 	}
-	return nil
+	if peer < 0 || int(peer) >= len(sd.peers) {
+		return nil
+	}
+	for {
+		p := sd.peers[peer].Load()
+		if p == nil || p.pendingDescs() == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("shm: flush rank %d: %d large frames not yet read: %w", peer, p.pendingDescs(), ctx.Err())
+		case <-sd.closed:
+			return fmt.Errorf("shm: flush rank %d: %w", peer, sdi.ErrClosed)
+		case <-time.After(flushPoll):
+		}
+	}
 }
+
+// flushPoll is how often Flush looks at the descriptors in flight.
+const flushPoll = 100 * time.Microsecond
 
 // Close stops the progress goroutine, tells peers this rank is gone, unmaps
 // every segment and unlinks this rank's own. It is idempotent; later calls

@@ -1,0 +1,155 @@
+package multidevice
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// TestPlace checks which arriving frames get a place in a receive buffer:
+// only rendezvous data blocks for a receive that waits for them, and only
+// within the part of the buffer the receive asked for.
+func TestPlace(t *testing.T) {
+	devs := loopJob(t, 3, smallCaps)
+	d := devs[1]
+	h := &handler{d: d}
+	const id = 77
+	full := &Request{d: d, id: id, buf: make([]byte, 1000), rndvLen: 1000, status: Status{Source: 0}}
+	// A receive whose buffer (300 bytes) is shorter than the message: it
+	// asked for 300 and completes with ErrTruncated.
+	trunc := &Request{d: d, id: id + 1, buf: make([]byte, 300), rndvLen: 300, status: Status{Source: 0}, truncErr: ErrTruncated}
+	d.mu.Lock()
+	d.rndvRecv[full.id], d.rndvRecv[trunc.id] = full, trunc
+	d.mu.Unlock()
+	t.Cleanup(func() {
+		d.mu.Lock()
+		delete(d.rndvRecv, full.id)
+		delete(d.rndvRecv, trunc.id)
+		d.mu.Unlock()
+	})
+	data := func(rreq, off uint64) header {
+		return header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: rreq, offset: off, length: 1000}
+	}
+	long := func(h header) []byte {
+		b := make([]byte, headerSize)
+		h.put(b)
+		return b
+	}
+	short := make([]byte, shortHeaderSize)
+	putShort(short, 3, 2, 0)
+	tests := []struct {
+		name    string
+		from    int
+		hdr     []byte
+		n       int
+		want    *Request // nil: no place
+		wantOff int
+	}{
+		{name: "data block", from: 0, hdr: long(data(id, 200)), n: 300, want: full, wantOff: 200},
+		{name: "last block", from: 0, hdr: long(data(id, 900)), n: 100, want: full, wantOff: 900},
+		{name: "truncated receive, block within what it asked for", from: 0, hdr: long(data(id+1, 0)), n: 300, want: trunc},
+		{name: "truncated receive, block past its buffer", from: 0, hdr: long(data(id+1, 200)), n: 200},
+		{name: "block past the message", from: 0, hdr: long(data(id, 900)), n: 101},
+		{name: "offset wraps", from: 0, hdr: long(data(id, 1<<64-10)), n: 20},
+		{name: "unknown request", from: 0, hdr: long(data(id+5, 0)), n: 10},
+		{name: "other source than matched", from: 2, hdr: long(header{kind: kindSys, tag: sysData, src: 2, dst: 1, rreq: id}), n: 10},
+		{name: "source differs from sender", from: 2, hdr: long(data(id, 0)), n: 10},
+		{name: "for another rank", from: 0, hdr: long(header{kind: kindSys, tag: sysData, src: 0, dst: 2, rreq: id}), n: 10},
+		{name: "eager short header", from: 0, hdr: short, n: 10},
+		{name: "eager long header", from: 0, hdr: long(header{kind: kindEager, tag: 1, src: 0, dst: 1, length: 10}), n: 10},
+		{name: "ready to send", from: 0, hdr: long(header{kind: kindRTS, tag: 1, src: 0, dst: 1, length: 5000}), n: 10},
+		{name: "forwarded block", from: 0, hdr: long(header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, rreq: id, length: 10}), n: 10},
+		{name: "clear to send", from: 0, hdr: long(header{kind: kindSys, tag: sysCTS, src: 0, dst: 1, rreq: id}), n: 10},
+		{name: "empty payload", from: 0, hdr: long(data(id, 0)), n: 0},
+		{name: "malformed header", from: 0, hdr: []byte("not a header"), n: 10},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := h.Place(sdi.Rank(tt.from), tt.hdr, tt.n)
+			if tt.want == nil {
+				if got != nil {
+					t.Fatalf("placed %d bytes, want no place", len(got))
+				}
+				return
+			}
+			if len(got) != tt.n || cap(got) != tt.n || &got[0] != &tt.want.buf[tt.wantOff] {
+				t.Fatalf("place of %d bytes (cap %d), want buffer[%d:%d]", len(got), cap(got), tt.wantOff, tt.wantOff+tt.n)
+			}
+		})
+	}
+}
+
+// TestPlacedDeliver fills placed blocks and delivers them: the receive
+// completes with the bytes, truncation still reported, and a block
+// delivered from elsewhere is copied as before.
+func TestPlacedDeliver(t *testing.T) {
+	devs := loopJob(t, 2, smallCaps)
+	d := devs[1]
+	h := &handler{d: d}
+	msg := pattern(1000, 9)
+	tests := []struct {
+		name    string
+		bufLen  int
+		placed  bool
+		wantErr error
+	}{
+		{name: "placed", bufLen: 1000, placed: true},
+		{name: "placed, truncated", bufLen: 600, placed: true, wantErr: ErrTruncated},
+		{name: "copied", bufLen: 1000},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := uint64(500 + i)
+			r := &Request{d: d, id: id, buf: make([]byte, tt.bufLen), rndvLen: uint64(tt.bufLen), status: Status{Source: 0, Count: tt.bufLen}}
+			if tt.bufLen < len(msg) {
+				r.truncErr = ErrTruncated
+			}
+			d.mu.Lock()
+			d.rndvRecv[id] = r
+			d.mu.Unlock()
+			for off := 0; off < tt.bufLen; off += 250 {
+				n := min(250, tt.bufLen-off)
+				hb := make([]byte, headerSize)
+				(&header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: id, offset: uint64(off), length: uint64(len(msg))}).put(hb)
+				payload := append([]byte(nil), msg[off:off+n]...)
+				if tt.placed {
+					dst := h.Place(0, hb, n)
+					if dst == nil {
+						t.Fatalf("block at %d got no place", off)
+					}
+					copy(dst, payload)
+					hdr, err := decodeHeader(hb, 2)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if d.placedData(&hdr, payload) {
+						t.Fatalf("block at %d in a buffer of its own taken for a placed one", off)
+					}
+					if off == 0 { // the first straight, the others through Deliver
+						if !d.placedData(&hdr, dst) {
+							t.Fatalf("placed block at %d not recognised", off)
+						}
+						continue
+					}
+					payload = dst
+				}
+				h.Deliver(0, hb, payload)
+			}
+			st, err := wait(t, r)
+			if !errors.Is(err, tt.wantErr) && !(err == nil && tt.wantErr == nil) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if st.Count != tt.bufLen || !bytes.Equal(r.buf, msg[:tt.bufLen]) {
+				t.Fatalf("count %d, content equal %v", st.Count, bytes.Equal(r.buf, msg[:tt.bufLen]))
+			}
+			d.mu.Lock()
+			_, left := d.rndvRecv[id]
+			d.mu.Unlock()
+			if left {
+				t.Fatal("completed receive still waits for data")
+			}
+		})
+	}
+}
