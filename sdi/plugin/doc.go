@@ -48,8 +48,8 @@
 // looks at its ring, so a message crosses both processes with no thread
 // woken on its way. The host says so through two words in the segment
 // header, moved only at the start and end of a polling spell and every
-// few dozen polls; the spell ends when the rank parks (Idle) or when 500
-// µs pass without a Poll, and then both sides go back to sleeping
+// few dozen polls; the spell ends when the rank parks (Idle) or when 2
+// ms pass without a Poll, and then both sides go back to sleeping
 // consumers and the subdevice's own goroutines (its Idle is called). The
 // price is one more spinning thread per rank while it waits; the
 // multidevice counts it when it decides whether to yield the CPU between

@@ -33,8 +33,12 @@ const (
 // when it parks (sdi.Idler); a rank that simply stops polling (it got its
 // message and went back to work) is noticed after standbyNap without a
 // Poll, by both sides.
+//
+// standbyNap is as long as the multidevice's polling budget (2 ms): shorter
+// naps woke the host's consumer goroutine thousands of times a second while
+// a rank polled, a timer and a thread wake-up each on a two-core machine.
 const (
-	standbyNap = 500 * time.Microsecond
+	standbyNap = 2 * time.Millisecond
 	// pollsPerTick is how many Poll calls pass between stores of the
 	// host's Poll count into the segment: often enough that the plugin
 	// sees it move well within standbyNap, rarely enough that the
@@ -251,8 +255,11 @@ func (p *pluginRing) run() {
 			polling = true
 			if poller.Poll() == 0 {
 				// Yield the CPU to any thread: the rank that polls us,
-				// or the peer it waits for, may need this one.
-				if i%8 == 7 {
+				// or the peer it waits for, may need this one. Rarely
+				// to this process's goroutines as well: runtime.Gosched
+				// wakes an idle thread to look for work (a futex call and
+				// a runnable thread more), and they get the other P anyway.
+				if i%64 == 63 {
 					runtime.Gosched()
 				}
 				osYield()
