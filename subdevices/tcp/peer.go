@@ -274,15 +274,18 @@ func (p *lane) kick() {
 
 // push writes queued frames for as long as the socket takes them, with
 // write, and reports SendDone for each frame it completes. It returns how
-// many it completed, and whether the socket filled up with frames still
-// queued. It does nothing when another goroutine holds the write turn, or
-// nothing is queued. write writes what it can of bufs without blocking (a
-// short count means the socket is full), or all of it when it may block.
-func (p *lane) push(write func(bufs [][]byte) (int, error)) (completed int, full bool) {
+// many it completed, whether the socket filled up with frames still
+// queued, and the error the lane must be halted with when a write failed;
+// the caller halts it, since closing the connection waits for a
+// RawConn.Write that push may run in. It does nothing when another
+// goroutine holds the write turn, or nothing is queued. write writes what
+// it can of bufs without blocking (a short count means the socket is
+// full), or all of it when it may block.
+func (p *lane) push(write func(bufs [][]byte) (int, error)) (completed int, full bool, err error) {
 	p.mu.Lock()
 	if p.busy || p.head == len(p.queue) || p.err != nil {
 		p.mu.Unlock()
-		return 0, false
+		return 0, false, nil
 	}
 	p.busy = true
 	for !full && p.head < len(p.queue) && p.err == nil {
@@ -330,11 +333,10 @@ func (p *lane) push(write func(bufs [][]byte) (int, error)) (completed int, full
 		if err != nil {
 			p.mu.Unlock()
 			p.complete(p.tokens)
-			p.halt(fmt.Errorf("tcp: rank %d down: %w: write: %w", p.rank, sdi.ErrPeerUnreachable, err), true)
 			p.mu.Lock()
-			p.release() // the writer fails what is left
+			p.release() // the writer fails what is left once halted
 			p.mu.Unlock()
-			return completed + len(p.tokens), false
+			return completed + len(p.tokens), false, fmt.Errorf("tcp: rank %d down: %w: write: %w", p.rank, sdi.ErrPeerUnreachable, err)
 		}
 		if len(p.tokens) > 0 {
 			p.mu.Unlock()
@@ -345,7 +347,7 @@ func (p *lane) push(write func(bufs [][]byte) (int, error)) (completed int, full
 	}
 	p.release()
 	p.mu.Unlock()
-	return completed, full
+	return completed, full, nil
 }
 
 // complete reports SendDone for the frames a push wrote and counts them
@@ -367,7 +369,10 @@ func (p *lane) pushNow() int {
 	if p.sock == nil {
 		return 0 // the writer does the blocking writes
 	}
-	n, _ := p.push(p.sock.writev)
+	n, _, err := p.push(p.sock.writev)
+	if err != nil {
+		p.halt(err, true)
+	}
 	return n
 }
 
@@ -453,19 +458,26 @@ func (p *lane) writeLoop() {
 			continue
 		}
 		if blocking != nil {
-			p.push(blocking)
+			if _, _, err := p.push(blocking); err != nil {
+				p.halt(err, true)
+			}
 			continue
 		}
 		// Write until the queue is empty, waiting in the netpoller while
 		// the socket is full, unless pollers come back to do it.
+		var werr error
 		err := p.sock.raw.Write(func(fd uintptr) bool {
 			if p.standby.active.Load() {
 				return true
 			}
-			_, full := p.push(func(bufs [][]byte) (int, error) { return p.sock.writevFD(fd, bufs) })
-			return !full
+			var full bool
+			_, full, werr = p.push(func(bufs [][]byte) (int, error) { return p.sock.writevFD(fd, bufs) })
+			return !full || werr != nil
 		})
-		if err != nil {
+		switch {
+		case werr != nil:
+			p.halt(werr, true)
+		case err != nil:
 			p.halt(fmt.Errorf("tcp: rank %d down: %w: write: %w", p.rank, sdi.ErrPeerUnreachable, err), true)
 		}
 	}

@@ -37,9 +37,12 @@ const pollBudget = 64
 // it. Stand-by ends when a poller calls Idle, or when a nap passes without a
 // Poll call. It is safe for concurrent use.
 type standby struct {
-	polls  atomic.Uint64 // Poll calls so far
-	active atomic.Bool   // pollers work: readers and writers stand by
-	hinted atomic.Bool   // a poller called Idle; the nap is hintedNap
+	// polled is set by every Poll call and cleared by the watcher once
+	// per nap; a plain load first keeps the store (and the cache line's
+	// transfer) to one per nap, not one per Poll.
+	polledFlag atomic.Bool
+	active     atomic.Bool // pollers work: readers and writers stand by
+	hinted     atomic.Bool // a poller called Idle; the nap is hintedNap
 	// nap and hintNap are pollNap and hintedNap, changed by tests only.
 	nap, hintNap time.Duration
 
@@ -54,7 +57,9 @@ func newStandby(nap, hintNap time.Duration) *standby {
 
 // polled notes a Poll call; the first after stand-by ended starts it again.
 func (s *standby) polled() {
-	s.polls.Add(1)
+	if !s.polledFlag.Load() {
+		s.polledFlag.Store(true)
+	}
 	if s.active.Load() {
 		return
 	}
@@ -116,7 +121,7 @@ func (s *standby) watch(ctx context.Context) {
 			return
 		}
 		for s.active.Load() {
-			seen := s.polls.Load()
+			s.polledFlag.Store(false)
 			nap := s.nap
 			if s.hinted.Load() {
 				nap = s.hintNap
@@ -129,8 +134,9 @@ func (s *standby) watch(ctx context.Context) {
 				return
 			}
 			// A stand-by that Idle ended, and any started after it, saw
-			// Poll calls since seen; so no call means this one is over.
-			if s.polls.Load() == seen {
+			// Poll calls since the flag was cleared; so no call means
+			// this one is over.
+			if !s.polledFlag.Load() {
 				s.mu.Lock()
 				s.end()
 				s.mu.Unlock()

@@ -27,6 +27,7 @@ type sock struct {
 	// handed to Control is made once and calls allocate nothing.
 	iov   [3 * pushFrames]unix.Iovec
 	niov  int
+	bytes int // what the iovecs hold
 	n     int
 	errno syscall.Errno
 	wrFn  func(fd uintptr)
@@ -48,9 +49,20 @@ func newSock(c net.Conn) *sock {
 	return s
 }
 
+// rawMax is the most bytes a call on a non-blocking socket moves through
+// RawSyscall. The call cannot block, so it skips the scheduler's
+// bookkeeping around system calls (entersyscall and exitsyscall, about
+// 0.1 µs each, on every poll); a larger copy may take long enough that
+// the processor should be free for others meanwhile.
+const rawMax = 64 << 10
+
 func (s *sock) call(fd uintptr) {
+	sys := unix.Syscall
+	if s.bytes <= rawMax {
+		sys = unix.RawSyscall
+	}
 	for {
-		n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(s.niov))
+		n, _, e := sys(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(s.niov))
 		if e != unix.EINTR {
 			s.n, s.errno = int(n), e
 			return
@@ -85,12 +97,13 @@ func (s *sock) writevFD(fd uintptr, bufs [][]byte) (int, error) {
 // load fills the iovecs from bufs and reports whether there is anything to
 // write.
 func (s *sock) load(bufs [][]byte) bool {
-	s.niov = 0
+	s.niov, s.bytes = 0, 0
 	for _, b := range bufs {
 		if len(b) > 0 {
 			s.iov[s.niov].Base = unsafe.SliceData(b)
 			s.iov[s.niov].SetLen(len(b))
 			s.niov++
+			s.bytes += len(b)
 		}
 	}
 	return s.niov > 0
@@ -158,8 +171,12 @@ func (r *rxfd) read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	sys := unix.Syscall
+	if len(p) <= rawMax {
+		sys = unix.RawSyscall
+	}
 	for {
-		n, _, e := unix.Syscall(unix.SYS_READ, uintptr(r.fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		n, _, e := sys(unix.SYS_READ, uintptr(r.fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 		switch e {
 		case 0:
 			if n == 0 {
