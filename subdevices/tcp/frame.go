@@ -32,8 +32,8 @@ var errAgain = errors.New("tcp: no data yet")
 // concurrent use: the inbound connection's lock guards it, held by its
 // reader goroutine or by a poller.
 type frameReader struct {
-	// read reads what is there into p without blocking: n > 0, or errAgain,
-	// io.EOF or another error.
+	// read reads what is there into p without blocking: n > 0, or
+	// errAgain (never wrapped), io.EOF or another error.
 	read      func(p []byte) (int, error)
 	maxHeader int
 	maxFrame  int
@@ -78,7 +78,9 @@ func (fr *frameReader) next() (header, payload []byte, err error) {
 	}
 	for fr.w-fr.r < sdi.WireHeaderSize {
 		if err := fr.fill(); err != nil {
-			if errors.Is(err, io.EOF) && fr.w > fr.r {
+			// errAgain is returned as it is, and on every poll that
+			// finds nothing: compare it plainly rather than unwrap it.
+			if err != errAgain && errors.Is(err, io.EOF) && fr.w > fr.r {
 				return nil, nil, fmt.Errorf("stream ended inside a wire header: %w", io.ErrUnexpectedEOF)
 			}
 			return nil, nil, err
@@ -103,7 +105,7 @@ func (fr *frameReader) next() (header, payload []byte, err error) {
 	}
 	for fr.w-fr.r < sdi.WireHeaderSize+n {
 		if err := fr.fill(); err != nil {
-			if errors.Is(err, io.EOF) {
+			if err != errAgain && errors.Is(err, io.EOF) {
 				err = fmt.Errorf("stream ended inside a %d-byte frame: %w", n, io.ErrUnexpectedEOF)
 			}
 			return nil, nil, err
@@ -161,7 +163,7 @@ func (fr *frameReader) readInto(b []byte, start int) error {
 		}
 		n, err := fr.readSome(dst)
 		if err != nil {
-			if errors.Is(err, io.EOF) {
+			if err != errAgain && errors.Is(err, io.EOF) {
 				err = fmt.Errorf("stream ended inside a %d-byte frame: %w", fr.need, io.ErrUnexpectedEOF)
 			}
 			return err
