@@ -223,12 +223,14 @@ func (sd *subDevice) install(rank sdi.Rank, conns []net.Conn, links []Link) erro
 		return nil
 	}
 	p := newPeer(rank, sd.h, sd.log)
+	p.standby, p.backlog = sd.standby, &sd.backlog
 	lanes := make([]*lane, len(conns))
 	for i, c := range conns {
 		lanes[i] = newLane(p, c, links[i], sd.cfg.queueBytes)
 	}
 	p.setLanes(lanes)
 	sd.peers[rank].Store(p)
+	sd.listLanes()
 	p.start(&sd.wg)
 	if sd.log.IsDebug() {
 		desc := make([]string, len(links))

@@ -102,9 +102,11 @@
 // takes it all, Send returns done=true and no SendDone follows. If the
 // socket fills up first, what is left (still the caller's buffers, never a
 // copy) goes to the front of the connection's queue and Send returns
-// done=false. A writer goroutine per connection writes everything queued
-// with one writev, waiting in Go's netpoller while the socket is full, and
-// then reports SendDone for each frame. The queue is bounded by
+// done=false. Queued frames are written, up to 64 frames per writev, by
+// whoever polls (see Progress) or, while nobody does, by a writer
+// goroutine per connection that waits in Go's netpoller while the socket
+// is full; whoever writes a frame reports its SendDone, one writer at a
+// time, so completions come in send order. The queue is bounded by
 // queue_bytes (counting wire header, header and payload of every frame
 // accepted but not yet written), per connection: Send returns
 // [sdi.ErrWouldBlock] while the queue holds queue_bytes or more, and
@@ -120,19 +122,24 @@
 //
 // Inbound frames are parsed with non-blocking reads (see Progress): small
 // frames are batched through a 64 KiB read buffer and delivered from it;
-// larger ones are read straight into one reusable frame buffer, so a
-// payload is copied once, from the socket. Each wire header is checked with
-// [sdi.DecodeWireHeader] before the body is read, so a claimed length
-// beyond the limits is never allocated. A malformed frame closes that
-// connection only, with a Warn naming the peer, its address and what was
-// wrong.
+// larger ones are read past it, straight into the place the handler names
+// for the payload when it implements [sdi.Placer] (the receive buffer, so
+// the payload is copied once, from the socket, and not again by the
+// handler), and into one reusable frame buffer otherwise. If a stream ends
+// inside a frame being placed, the peer is reported down. Each wire header
+// is checked with [sdi.DecodeWireHeader] before the body is read, so a
+// claimed length beyond the limits is never allocated. A malformed frame
+// closes that connection only, with a Warn naming the peer, its address and
+// what was wrong.
 //
 // # Progress
 //
 // The subdevice sets [sdi.FlagPoll]: a rank that waits for a message calls
-// Poll ([sdi.Poller]) in a loop, and Poll reads every inbound connection
-// with non-blocking reads on the calling goroutine and delivers the frames
-// there, so no goroutine wakes up on a message's path. Each connection has
+// Poll ([sdi.Poller]) in a loop, and Poll writes what is queued for its
+// peers while their sockets take it, reads every inbound connection with
+// non-blocking reads, and delivers the frames and completions, all on the
+// calling goroutine, so no goroutine wakes up on a message's path and a
+// large send progresses on the rank that waits for it. Each connection has
 // a lock over its parse state; Poll takes it with TryLock and skips a
 // connection somebody else is reading, and it delivers at most 64 frames
 // per connection per call. Deliver calls for one rank stay serialized
@@ -151,18 +158,26 @@
 // delivers what has arrived. While Poll calls keep coming, the readers
 // stand by on another channel instead: a reader woken while pollers work
 // leaves its socket unarmed, so at most one wake-up per connection marks
-// the start of a polling phase, not every frame. A watcher goroutine ends
-// stand-by when a whole nap (500 µs, shorter than the multidevice's 2 ms
-// of polling before it parks) passes without a Poll call; the readers then
-// drain what the pollers left in the read buffer and wait for their
-// sockets again, so an idle rank burns no CPU and still receives.
+// the start of a polling phase, not every frame. The writer goroutines
+// stand by too, leaving queued frames to the pollers. The subdevice sets
+// [sdi.FlagIdle]: a poller about to park calls Idle ([sdi.Idler]), which
+// ends stand-by at once. For pollers that never call Idle, a watcher
+// goroutine ends it when a whole nap passes without a Poll call: 500 µs
+// (shorter than the multidevice's 2 ms of polling before it parks) until
+// some poller called Idle, 5 ms after, when the nap is only a safety net
+// and a long one spares the watcher a wake-up every 500 µs of polling.
+// The readers then drain what the pollers left in the read buffer and wait
+// for their sockets again, and the writers write what is queued, so an
+// idle rank burns no CPU and still receives and sends.
 //
-// Sending stays with Go's net package (the writer goroutine waits in the
-// netpoller for a full socket, and nothing arrives on a send-only
-// connection to wake it); Send's own writes go through
-// [syscall.RawConn.Control], which pins the descriptor against a
-// concurrent Close for the call and does not queue behind a goroutine
-// parked on the same connection. The package needs Linux (epoll).
+// Outbound connections stay in Go's netpoller (the writer waits there for
+// a full socket, and nothing arrives on a send-only connection to wake
+// it); the writes of Send and Poll go through [syscall.RawConn.Control],
+// which pins the descriptor against a concurrent Close for the call and
+// does not queue behind the writer parked on the same connection. Reads
+// and writes of at most 64 KiB on the non-blocking sockets skip the Go
+// scheduler's system-call bookkeeping (RawSyscall), which a poll loop would
+// pay on every round. The package needs Linux (epoll).
 //
 // # Capabilities
 //
@@ -172,7 +187,7 @@
 //	Exclusivity 10 (below shm)
 //	Latency     25µs, Bandwidth 1.25 GB/s (nominal 10 Gbit/s Ethernet)
 //	Reach       network
-//	Flags       reliable, job cards, poll; ordered with max_connections 1
+//	Flags       reliable, job cards, poll, idle; ordered with max_connections 1
 //
 // # Configuration
 //

@@ -32,8 +32,8 @@ var errAgain = errors.New("tcp: no data yet")
 // concurrent use: the inbound connection's lock guards it, held by its
 // reader goroutine or by a poller.
 type frameReader struct {
-	// read reads what is there into p without blocking: n > 0, or errAgain,
-	// io.EOF or another error.
+	// read reads what is there into p without blocking: n > 0, or
+	// errAgain (never wrapped), io.EOF or another error.
 	read      func(p []byte) (int, error)
 	maxHeader int
 	maxFrame  int
@@ -41,10 +41,18 @@ type frameReader struct {
 	rbuf []byte // batches small frames; rbuf[r:w] is read but not parsed
 	r, w int
 
-	// A frame too large for rbuf is assembled in body: need bytes of
-	// header and payload, got of them so far, hl of them the header.
+	// A frame too large for rbuf is read past it: need bytes of header
+	// and payload, got of them so far, hl of them the header. The header
+	// goes to body; the payload to dst, which is the handler's place for it
+	// (placed) or the rest of body, once the header is complete.
 	body          []byte // reused for every large frame; grows up to maxHeader+maxFrame
 	need, got, hl int
+	dst           []byte
+	placed        bool
+
+	// place, when set, asks the handler where a large frame's payload goes
+	// ([sdi.Placer]); nil means "in body".
+	place func(header []byte, n int) []byte
 
 	// short is set when a read returned less than it asked for: the
 	// socket was most likely empty after it, so next says errAgain rather
@@ -70,7 +78,9 @@ func (fr *frameReader) next() (header, payload []byte, err error) {
 	}
 	for fr.w-fr.r < sdi.WireHeaderSize {
 		if err := fr.fill(); err != nil {
-			if errors.Is(err, io.EOF) && fr.w > fr.r {
+			// errAgain is returned as it is, and on every poll that
+			// finds nothing: compare it plainly rather than unwrap it.
+			if err != errAgain && errors.Is(err, io.EOF) && fr.w > fr.r {
 				return nil, nil, fmt.Errorf("stream ended inside a wire header: %w", io.ErrUnexpectedEOF)
 			}
 			return nil, nil, err
@@ -86,23 +96,16 @@ func (fr *frameReader) next() (header, payload []byte, err error) {
 	hl := int(h.HeaderLen)
 	n := hl + int(h.PayloadLen)
 	if sdi.WireHeaderSize+n > len(fr.rbuf) {
-		// Too large to batch: move what was read of it into the frame
-		// buffer and read the rest straight after it.
-		if cap(fr.body) < n {
-			// Grow geometrically so a stream of slowly growing frames does
-			// not reallocate each time, but never past what a valid frame
-			// can need.
-			fr.body = make([]byte, min(max(n, 2*cap(fr.body)), fr.maxHeader+fr.maxFrame))
-		}
+		// Too large to batch: read it past the read buffer, straight
+		// into its place.
 		fr.r += sdi.WireHeaderSize
-		fr.need, fr.hl = n, hl
-		fr.got = copy(fr.body[:n], fr.rbuf[fr.r:fr.w])
-		fr.r += fr.got
+		fr.need, fr.hl, fr.got = n, hl, 0
+		fr.dst, fr.placed = nil, false
 		return fr.nextLarge()
 	}
 	for fr.w-fr.r < sdi.WireHeaderSize+n {
 		if err := fr.fill(); err != nil {
-			if errors.Is(err, io.EOF) {
+			if err != errAgain && errors.Is(err, io.EOF) {
 				err = fmt.Errorf("stream ended inside a %d-byte frame: %w", n, io.ErrUnexpectedEOF)
 			}
 			return nil, nil, err
@@ -115,23 +118,78 @@ func (fr *frameReader) next() (header, payload []byte, err error) {
 	return b[:hl:hl], b[hl:], nil
 }
 
-// nextLarge reads the rest of a frame that did not fit in the read buffer.
+// nextLarge reads the rest of a frame that did not fit in the read buffer:
+// the header into body, then the payload into the handler's place for it,
+// or after the header in body. Bytes the read buffer holds already are
+// taken from there first.
 func (fr *frameReader) nextLarge() (header, payload []byte, err error) {
-	for fr.got < fr.need {
-		n, err := fr.readSome(fr.body[fr.got:fr.need])
+	if fr.got < fr.hl {
+		fr.grow(fr.hl)
+		if err := fr.readInto(fr.body[:fr.hl], 0); err != nil {
+			return nil, nil, err
+		}
+	}
+	if fr.dst == nil {
+		plen := fr.need - fr.hl
+		if fr.place != nil {
+			if p := fr.place(fr.body[:fr.hl:fr.hl], plen); len(p) == plen && plen > 0 {
+				fr.dst, fr.placed = p, true
+			}
+		}
+		if fr.dst == nil {
+			fr.grow(fr.need)
+			fr.dst = fr.body[fr.hl:fr.need]
+		}
+	}
+	if err := fr.readInto(fr.dst, fr.hl); err != nil {
+		return nil, nil, err
+	}
+	header, payload = fr.body[:fr.hl:fr.hl], fr.dst
+	fr.need, fr.got, fr.dst, fr.placed = 0, 0, nil, false
+	return header, payload, nil
+}
+
+// readInto fills b, the part of the frame from offset start on, reading
+// until got reaches its end.
+func (fr *frameReader) readInto(b []byte, start int) error {
+	end := start + len(b)
+	for fr.got < end {
+		dst := b[fr.got-start:]
+		if fr.r < fr.w {
+			k := copy(dst, fr.rbuf[fr.r:fr.w])
+			fr.r += k
+			fr.got += k
+			continue
+		}
+		n, err := fr.readSome(dst)
 		if err != nil {
-			if errors.Is(err, io.EOF) {
+			if err != errAgain && errors.Is(err, io.EOF) {
 				err = fmt.Errorf("stream ended inside a %d-byte frame: %w", fr.need, io.ErrUnexpectedEOF)
 			}
-			return nil, nil, err
+			return err
 		}
 		fr.got += n
 	}
-	b := fr.body[:fr.need]
-	hl := fr.hl
-	fr.need, fr.got = 0, 0
-	return b[:hl:hl], b[hl:], nil
+	return nil
 }
+
+// grow makes body hold at least n bytes, keeping the header read so far.
+func (fr *frameReader) grow(n int) {
+	if cap(fr.body) >= n {
+		fr.body = fr.body[:cap(fr.body)]
+		return
+	}
+	// Grow geometrically so a stream of slowly growing frames does not
+	// reallocate each time, but never past what a valid frame can need.
+	b := make([]byte, min(max(n, 2*cap(fr.body)), fr.maxHeader+fr.maxFrame))
+	copy(b, fr.body[:min(fr.got, fr.hl, len(fr.body))])
+	fr.body = b
+}
+
+// placing reports whether a frame is being read into the handler's place
+// for it: if the stream ends now, the handler waits for a Deliver that
+// never comes.
+func (fr *frameReader) placing() bool { return fr.placed }
 
 // fill reads what the stream has into the read buffer, after moving the
 // unparsed bytes to its start.

@@ -66,28 +66,54 @@ func TestFrameReader(t *testing.T) {
 		{[]byte("after the big one"), []byte("x")},
 		{nil, bytes.Repeat([]byte{3}, readBufSize-sdi.WireHeaderSize)}, // fills the read buffer exactly
 		{nil, bytes.Repeat([]byte{4}, readBufSize-sdi.WireHeaderSize+1)},
+		{[]byte("keep"), bytes.Repeat([]byte{5}, readBufSize)}, // the placer declines it
 		{[]byte("last"), nil},
 	}
 	var stream []byte
 	for _, f := range frames {
 		stream = append(stream, encodeFrame(f[0], f[1])...)
 	}
-	for _, chunk := range []int{0, 1, 7, 4096, readBufSize + 3} {
-		fr := newFrameReader(trickle(stream, chunk), maxHeader, maxFrame)
-		for i, f := range frames {
-			h, p, err := nextFrame(t, fr)
-			if err != nil {
-				t.Fatalf("chunk %d: frame %d: %v", chunk, i, err)
+	for _, placing := range []bool{false, true} {
+		for _, chunk := range []int{0, 1, 7, 4096, readBufSize + 3} {
+			fr := newFrameReader(trickle(stream, chunk), maxHeader, maxFrame)
+			// The placer, like sdi.Placer, is asked only for frames read
+			// past the read buffer; it gives each a slice of its own,
+			// except the frame whose header says "keep".
+			var placed []byte
+			asked := 0
+			if placing {
+				fr.place = func(header []byte, n int) []byte {
+					asked++
+					if string(header) == "keep" {
+						return nil
+					}
+					placed = make([]byte, n)
+					return placed
+				}
 			}
-			if !bytes.Equal(h, f[0]) || !bytes.Equal(p, f[1]) {
-				t.Fatalf("chunk %d: frame %d: got %d+%d bytes, want %d+%d", chunk, i, len(h), len(p), len(f[0]), len(f[1]))
+			for i, f := range frames {
+				placed, asked = nil, 0
+				h, p, err := nextFrame(t, fr)
+				if err != nil {
+					t.Fatalf("placing %v, chunk %d: frame %d: %v", placing, chunk, i, err)
+				}
+				if !bytes.Equal(h, f[0]) || !bytes.Equal(p, f[1]) {
+					t.Fatalf("placing %v, chunk %d: frame %d: got %d+%d bytes, want %d+%d", placing, chunk, i, len(h), len(p), len(f[0]), len(f[1]))
+				}
+				if cap(h) != len(h) {
+					t.Fatalf("placing %v, chunk %d: frame %d: header has spare capacity %d into the payload", placing, chunk, i, cap(h)-len(h))
+				}
+				large := sdi.WireHeaderSize+len(f[0])+len(f[1]) > readBufSize
+				if want := placing && large; (asked == 1) != want || asked > 1 {
+					t.Fatalf("placing %v, chunk %d: frame %d of %d bytes: the placer was asked %d times", placing, chunk, i, len(f[1]), asked)
+				}
+				if placed != nil && &p[0] != &placed[0] {
+					t.Fatalf("chunk %d: frame %d: payload delivered from elsewhere than its place", chunk, i)
+				}
 			}
-			if cap(h) != len(h) {
-				t.Fatalf("chunk %d: frame %d: header has spare capacity %d into the payload", chunk, i, cap(h)-len(h))
+			if _, _, err := nextFrame(t, fr); err != io.EOF {
+				t.Fatalf("placing %v, chunk %d: after the last frame: %v, want io.EOF", placing, chunk, err)
 			}
-		}
-		if _, _, err := nextFrame(t, fr); err != io.EOF {
-			t.Fatalf("chunk %d: after the last frame: %v, want io.EOF", chunk, err)
 		}
 	}
 }
@@ -140,6 +166,17 @@ func FuzzFrameReader(f *testing.F) {
 		const maxH, maxP = 16, 64
 		fr := newFrameReader(trickle(b, int(chunk)), maxH, maxP)
 		fr.rbuf = make([]byte, 32)
+		if chunk%2 == 1 {
+			// Large frames go to a place of their own, except every
+			// third one.
+			asked := 0
+			fr.place = func(_ []byte, n int) []byte {
+				if asked++; asked%3 == 0 {
+					return nil
+				}
+				return make([]byte, n)
+			}
+		}
 		consumed := 0
 		for {
 			h, p, err := nextFrame(t, fr)

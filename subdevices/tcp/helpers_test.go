@@ -226,6 +226,9 @@ type jobOpts struct {
 	// and 127.0.0.2, so ranks connect to each other twice; config must
 	// then listen on 0.0.0.0.
 	twoLoopbacks bool
+	// nap, when set, replaces both of the stand-by's naps: an hour means
+	// stand-by ends only through Idle.
+	nap time.Duration
 }
 
 // openNode opens rank r of a job named after the test.
@@ -235,6 +238,10 @@ func openNode(t testing.TB, r sdi.Rank, o jobOpts) *node {
 	n := &node{sd: New(logger), rec: newRecorder(), log: buf, rank: r}
 	if o.twoLoopbacks {
 		n.sd.(*subDevice).ifaces = newTwoLoopbacks().(*subDevice).ifaces
+	}
+	if o.nap > 0 {
+		st := n.sd.(*subDevice).standby
+		st.nap, st.hintNap = o.nap, o.nap
 	}
 	secret := o.secret
 	if secret == "" {

@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -197,6 +198,17 @@ func (sd *subDevice) read(in *inbound, remote string) {
 	in.mu.Lock()
 	in.rx, in.wid = rx, id
 	in.fr = newFrameReader(rx.read, maxHeader, maxFrame)
+	if pl, ok := sd.h.(sdi.Placer); ok {
+		// Place is called where Deliver would be, so under the same
+		// per-rank lock; the Deliver of the placed frame follows in
+		// drain, from this connection, in stream order.
+		mu, rank := &sd.deliverMu[in.rank], in.rank
+		in.fr.place = func(header []byte, n int) []byte {
+			mu.Lock()
+			defer mu.Unlock()
+			return pl.Place(rank, header, n)
+		}
+	}
 	in.mu.Unlock()
 	if !sd.addPolled(in) {
 		return
@@ -280,12 +292,17 @@ func (sd *subDevice) drain(in *inbound, budget int) int {
 			return n
 		}
 		hdr, payload, err := in.fr.next()
-		if errors.Is(err, errAgain) {
+		if err == errAgain { // never wrapped; errors.Is costs on every poll
 			return n
 		}
 		if err != nil {
 			in.err = err
 			close(in.ended)
+			if in.fr.placing() {
+				// The handler waits for a Deliver into the place it gave;
+				// Placer wants the peer reported down instead.
+				sd.placeFailed(in.rank, err)
+			}
 			return n
 		}
 		if sd.log.IsTrace() {
@@ -300,6 +317,21 @@ func (sd *subDevice) drain(in *inbound, budget int) int {
 		n++
 	}
 	return n
+}
+
+// placeFailed reports rank down because a frame whose payload was being
+// read into the handler's place cannot be completed. Through the peer's
+// lanes when we are connected to it, so it is reported once.
+func (sd *subDevice) placeFailed(rank sdi.Rank, err error) {
+	if sd.closed.Load() {
+		return
+	}
+	err = fmt.Errorf("tcp: rank %d down: %w: its stream ended inside a frame being placed: %w", rank, sdi.ErrPeerUnreachable, err)
+	if p := sd.peers[rank].Load(); p != nil {
+		p.laneDown(err)
+		return
+	}
+	sd.h.PeerDown(rank, err)
 }
 
 func (sd *subDevice) inboundEnded(rank sdi.Rank, remote string, err error) {

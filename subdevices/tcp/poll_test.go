@@ -279,3 +279,96 @@ func TestSendHandOver(t *testing.T) {
 	}
 	t.Logf("%d frames written at once, then one in part", inline)
 }
+
+// fillSocket has a send 1 MiB frames to b, which does not read, until one
+// is left queued; it returns how many it sent. Frames written at once are
+// recorded as completed.
+func fillSocket(t *testing.T, a, b *node) uint64 {
+	t.Helper()
+	for tok := uint64(0); tok < 256; tok++ {
+		done, err := a.sd.Send(tokenFrame(b.rank, tok, maxFrame))
+		if err != nil {
+			t.Fatalf("Send %d: %v", tok, err)
+		}
+		if !done {
+			return tok + 1
+		}
+		a.rec.completedInline(tok)
+	}
+	t.Fatal("256 frames of 1 MiB written at once to a peer that does not read")
+	return 0
+}
+
+// TestIdleEndsStandBy checks that Idle hands the connections back to the
+// reader and writer goroutines at once. Stand-by otherwise lasts an hour
+// here, so without Idle the frames below would wait that long: b's reader
+// stands by since b polled, and a's writer holds the frames that a queued
+// after it polled.
+func TestIdleEndsStandBy(t *testing.T) {
+	nodes := newJob(t, 2, jobOpts{config: `{"listen": "127.0.0.1:0", "max_connections": 1}`, nap: time.Hour})
+	a, b := nodes[0], nodes[1]
+	pa, pb := a.sd.(sdi.Poller), b.sd.(sdi.Poller)
+	if !a.local.Caps.Flags.Has(sdi.FlagIdle) {
+		t.Fatal("caps lack FlagIdle")
+	}
+	ia, ib := a.sd.(sdi.Idler), b.sd.(sdi.Idler)
+
+	// Once b polled, its reader leaves frames to pollers: if it waits
+	// for its socket, the first frame wakes it and it stands by.
+	pa.Poll()
+	pb.Poll()
+	// a's writer stands by too: what the socket did not take stays queued.
+	n := fillSocket(t, a, b)
+
+	ia.Idle()
+	ib.Idle()
+	b.rec.waitFor(t, "every frame, with nobody polling", func() bool { return len(b.rec.delivered[a.rank]) == int(n) })
+	ctx, cancel := context.WithTimeout(context.Background(), watchdog)
+	defer cancel()
+	if err := a.sd.Flush(ctx, b.rank); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if errs := a.rec.doneErrs(i); len(errs) != 1 || errs[0] != nil {
+			t.Errorf("token %d: completions %v, want exactly one without error", i, errs)
+		}
+	}
+}
+
+// TestPollPushes checks that a polling rank writes what its peers' sockets
+// did not take, on the polling goroutine: a's writer stands by for an hour
+// after a polled, so only Poll can finish the frames, and Poll's count
+// includes them.
+func TestPollPushes(t *testing.T) {
+	nodes := newJob(t, 2, jobOpts{config: `{"listen": "127.0.0.1:0", "max_connections": 1}`, nap: time.Hour})
+	a, b := nodes[0], nodes[1]
+	pa := a.sd.(sdi.Poller)
+	pa.Poll()
+	// b never polls, so its reader delivers; it waits while the socket
+	// fills, then reads on.
+	gate := make(chan struct{})
+	b.rec.mu.Lock()
+	b.rec.gate = gate
+	b.rec.mu.Unlock()
+	n := fillSocket(t, a, b)
+	close(gate)
+	completed := 0
+	deadline := time.Now().Add(watchdog)
+	for i := range n {
+		for len(a.rec.doneErrs(i)) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("token %d of %d not completed while a polls", i, n)
+			}
+			completed += pa.Poll()
+		}
+	}
+	if completed == 0 {
+		t.Fatal("Poll completed no frame")
+	}
+	b.rec.waitFor(t, "every frame", func() bool { return len(b.rec.delivered[a.rank]) == int(n) })
+	for i := range n {
+		if errs := a.rec.doneErrs(i); len(errs) != 1 || errs[0] != nil {
+			t.Errorf("token %d: completions %v, want exactly one without error", i, errs)
+		}
+	}
+}

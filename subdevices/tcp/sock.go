@@ -12,20 +12,22 @@ import (
 )
 
 // sock writes to a connection's socket without blocking and without Go's
-// netpoller, from whichever goroutine sends. It goes through
-// [syscall.RawConn.Control], which holds a reference to the descriptor for
-// the call, so a concurrent Close cannot hand the number to another file
-// while we use it, and which, unlike RawConn.Write, does not queue behind
-// a goroutine parked on the connection.
+// netpoller, from whichever goroutine holds the lane's write turn. writev
+// goes through [syscall.RawConn.Control], which holds a reference to the
+// descriptor for the call, so a concurrent Close cannot hand the number to
+// another file while we use it, and which, unlike RawConn.Write, does not
+// queue behind the writer goroutine waiting in the netpoller for the same
+// socket. The writer itself calls writevFD inside RawConn.Write.
 //
-// A sock is not safe for concurrent use; its owner's lock guards it.
+// A sock is not safe for concurrent use; its lane's write turn guards it.
 type sock struct {
 	raw syscall.RawConn
 
 	// Arguments and results of the call, kept here so that the closure
 	// handed to Control is made once and calls allocate nothing.
-	iov   [3]unix.Iovec
+	iov   [3 * pushFrames]unix.Iovec
 	niov  int
+	bytes int // what the iovecs hold
 	n     int
 	errno syscall.Errno
 	wrFn  func(fd uintptr)
@@ -43,38 +45,73 @@ func newSock(c net.Conn) *sock {
 		return nil
 	}
 	s := &sock{raw: raw}
-	s.wrFn = func(fd uintptr) {
-		for {
-			n, _, e := unix.Syscall(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(s.niov))
-			if e != unix.EINTR {
-				s.n, s.errno = int(n), e
-				return
-			}
-		}
-	}
+	s.wrFn = s.call
 	return s
 }
 
-// writev writes as much of the buffers as the socket takes now, without
-// blocking, and returns how many bytes that was: 0 with a nil error when
-// the socket is full.
-func (s *sock) writev(bufs ...[]byte) (int, error) {
-	s.niov = 0
+// rawMax is the most bytes a call on a non-blocking socket moves through
+// RawSyscall. The call cannot block, so it skips the scheduler's
+// bookkeeping around system calls (entersyscall and exitsyscall, about
+// 0.1 µs each, on every poll); a larger copy may take long enough that
+// the processor should be free for others meanwhile.
+const rawMax = 64 << 10
+
+func (s *sock) call(fd uintptr) {
+	sys := unix.Syscall
+	if s.bytes <= rawMax {
+		sys = unix.RawSyscall
+	}
+	for {
+		n, _, e := sys(unix.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&s.iov[0])), uintptr(s.niov))
+		if e != unix.EINTR {
+			s.n, s.errno = int(n), e
+			return
+		}
+	}
+}
+
+// writev writes as much of bufs (at most 3*pushFrames of them) as the
+// socket takes now, without blocking, and returns how many bytes that was:
+// 0 with a nil error when the socket is full.
+func (s *sock) writev(bufs [][]byte) (int, error) {
+	if !s.load(bufs) {
+		return 0, nil
+	}
+	if err := s.raw.Control(s.wrFn); err != nil {
+		clear(s.iov[:s.niov])
+		return 0, err
+	}
+	return s.result()
+}
+
+// writevFD is writev on fd, for a caller that holds the descriptor already
+// (inside RawConn.Write).
+func (s *sock) writevFD(fd uintptr, bufs [][]byte) (int, error) {
+	if !s.load(bufs) {
+		return 0, nil
+	}
+	s.call(fd)
+	return s.result()
+}
+
+// load fills the iovecs from bufs and reports whether there is anything to
+// write.
+func (s *sock) load(bufs [][]byte) bool {
+	s.niov, s.bytes = 0, 0
 	for _, b := range bufs {
 		if len(b) > 0 {
 			s.iov[s.niov].Base = unsafe.SliceData(b)
 			s.iov[s.niov].SetLen(len(b))
 			s.niov++
+			s.bytes += len(b)
 		}
 	}
-	if s.niov == 0 {
-		return 0, nil
-	}
-	err := s.raw.Control(s.wrFn)
-	clear(s.iov[:]) // keep no reference to the caller's buffers
+	return s.niov > 0
+}
+
+func (s *sock) result() (int, error) {
+	clear(s.iov[:s.niov]) // keep no reference to the caller's buffers
 	switch {
-	case err != nil:
-		return 0, err
 	case s.errno == unix.EAGAIN:
 		return 0, nil
 	case s.errno != 0:
@@ -134,8 +171,12 @@ func (r *rxfd) read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
+	sys := unix.Syscall
+	if len(p) <= rawMax {
+		sys = unix.RawSyscall
+	}
 	for {
-		n, _, e := unix.Syscall(unix.SYS_READ, uintptr(r.fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		n, _, e := sys(unix.SYS_READ, uintptr(r.fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
 		switch e {
 		case 0:
 			if n == 0 {

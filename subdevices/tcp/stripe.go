@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -73,6 +74,10 @@ type peer struct {
 	h     sdi.Handler
 	log   hclog.Logger
 	lanes []*lane
+	// standby and backlog are the subdevice's (see lane); nil in tests
+	// that make a peer without one.
+	standby *standby
+	backlog *atomic.Int32
 
 	mu     sync.Mutex
 	weight []float64 // share of each lane; sums to 1

@@ -60,9 +60,13 @@ type subDevice struct {
 
 	job atomic.Pointer[addrsel.Job] // from SetJobCards; nil until then
 
-	// Progress by polling (poll.go): the inbound connections Poll reads,
-	// replaced whole under mu, and the readers' stand-by while it does.
+	// Progress by polling (poll.go): the inbound connections Poll reads
+	// and the outbound lanes it pushes, each replaced whole under mu; the
+	// lanes with frames queued; and the readers' and writers' stand-by
+	// while pollers work (made by New).
 	pollList atomic.Pointer[[]*inbound]
+	pushList atomic.Pointer[[]*lane]
+	backlog  atomic.Int32
 	standby  *standby
 	idle     *idleWaiter // where readers wait while nobody polls
 }
@@ -73,7 +77,7 @@ func New(logger hclog.Logger) sdi.SubDevice {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &subDevice{baseLog: logger}
+	return &subDevice{baseLog: logger, standby: newStandby(pollNap, hintedNap)}
 }
 
 // Info returns the static identity; it may be called at any time.
@@ -85,7 +89,7 @@ func (sd *subDevice) Info(context.Context) (sdi.Info, error) {
 // requires: whether frames to a peer may take several connections depends
 // on max_connections, not on this host's interfaces.
 func caps(cfg config) sdi.Caps {
-	flags := sdi.FlagReliable | sdi.FlagJobCards | sdi.FlagPoll
+	flags := sdi.FlagReliable | sdi.FlagJobCards | sdi.FlagPoll | sdi.FlagIdle
 	if cfg.ordered() {
 		flags |= sdi.FlagOrdered
 	}
@@ -170,7 +174,6 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.latest = make(map[sdi.Rank]*session)
 	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
-	sd.standby = newStandby()
 	sd.idle = idle
 	sd.wg.Add(3)
 	go sd.acceptLoop()
@@ -418,7 +421,9 @@ func (sd *subDevice) Disconnect(ctx context.Context, rank sdi.Rank) error {
 	}
 	ferr := p.flush(ctx)
 	sd.mu.Lock()
-	sd.peers[rank].CompareAndSwap(p, nil)
+	if sd.peers[rank].CompareAndSwap(p, nil) {
+		sd.listLanes()
+	}
 	sd.mu.Unlock()
 	p.halt(fmt.Errorf("tcp: rank %d disconnected: %w", rank, sdi.ErrNotConnected))
 	// Halting closed the connections, so the writers and watchers end
