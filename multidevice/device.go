@@ -49,7 +49,7 @@ type subdev struct {
 	// its own while this rank polls it (progress.go counts those threads).
 	external bool
 	frames   []atomic.Uint64
-	bytes   []atomic.Uint64
+	bytes    []atomic.Uint64
 }
 
 // Device is the multidevice of one rank: it owns that rank's subdevices,

@@ -68,13 +68,14 @@ type crashAfter struct {
 	left atomic.Int64
 }
 
-// SetJobCards and Poll pass on to tcp, which declares FlagJobCards and
-// FlagPoll; the embedding alone would hide them.
+// SetJobCards, Poll and Idle pass on to tcp, which declares FlagJobCards,
+// FlagPoll and FlagIdle; the embedding alone would hide them.
 func (c *crashAfter) SetJobCards(ctx context.Context, cards [][]byte) error {
 	return c.SubDevice.(sdi.JobCards).SetJobCards(ctx, cards)
 }
 
 func (c *crashAfter) Poll() int { return c.SubDevice.(sdi.Poller).Poll() }
+func (c *crashAfter) Idle()     { c.SubDevice.(sdi.Idler).Idle() }
 
 func (c *crashAfter) Send(f *sdi.Frame) (bool, error) {
 	if c.left.Add(-1) < 0 {
