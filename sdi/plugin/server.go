@@ -293,6 +293,10 @@ func (s *server) protocolError(err error) {
 	go s.hostGone(err)
 }
 
+// dispatchPoll bounds how long dispatch polls a subdevice that refuses a
+// frame before it sleeps until a completion.
+const dispatchPoll = 2 * time.Millisecond
+
 // dispatch hands one frame record to the subdevice, retrying while it
 // would block; release is called once the subdevice is done with the
 // record's bytes. Frames are dispatched in record order by one goroutine.
@@ -305,9 +309,27 @@ func (s *server) dispatch(rec record, release func()) {
 	s.tokMu.Unlock()
 	f := &sdi.Frame{Peer: rec.peer, Header: rec.header, Payload: rec.payload, Token: tok}
 	pause := 20 * time.Microsecond
+	var polled time.Time
 	for {
 		done, err := s.sd.Send(f)
 		if errors.Is(err, sdi.ErrWouldBlock) && !s.closed.Load() {
+			// A subdevice that is polled may leave its queued writes to
+			// the poller, and the poller is this goroutine: poll it
+			// while it refuses, for a while, then hand its progress back
+			// to its own goroutines (Idle) and wait for a completion.
+			if s.poller != nil {
+				if polled.IsZero() {
+					polled = time.Now()
+				}
+				if time.Since(polled) < dispatchPoll {
+					s.poller.Poll()
+					osYield()
+					continue
+				}
+				if s.idler != nil {
+					s.idler.Idle()
+				}
+			}
 			select {
 			case <-s.kick:
 			case <-time.After(pause):
