@@ -43,7 +43,11 @@
 // nobody polls: shm's progress goroutine naps while Poll calls keep coming
 // and otherwise spins briefly, then sleeps on a futex word in the shared
 // segment that senders ring only when it sleeps; tcp's readers wait in
-// the subdevice's own epoll set and stand by while Poll calls keep coming. Those goroutines call the same handler, which completes the
+// the subdevice's own epoll set, and its writers in the netpoller, and
+// both stand by while Poll calls keep coming (pollers then read and write
+// the sockets themselves) until Idle; a plugin subdevice's ring goroutine
+// polls the plugin's subdevice for as long as the rank polls the plugin
+// (sdi/plugin). Those goroutines call the same handler, which completes the
 // request and closes its channel; the outbox goroutine is woken when the
 // last polling goroutine stops with frames still queued. A subdevice that
 // delivers from both a poller and its own goroutine excludes the two
