@@ -261,50 +261,34 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		name string
 		fn   func(ctx context.Context) ([]sample, error)
 	}
-	var steps []step
-	steps = append(steps, step{ours, func(ctx context.Context) ([]sample, error) {
-		var all []sample
-		if len(two) > 0 {
-			j := job
-			j.Tests = two
-			s, err := launch(ctx, 2, j, o.bind, logger)
-			if err != nil {
-				return nil, err
-			}
-			all = append(all, s...)
-		}
-		if len(rate) > 0 {
-			j := job
-			j.Tests = rate
-			s, err := launch(ctx, 2*o.pairs, j, o.bind, logger)
-			if err != nil {
-				return nil, err
-			}
-			all = append(all, s...)
-		}
-		return all, nil
-	}})
-	if o.vsPlugins != "" {
-		steps = append(steps, step{"plugin", func(ctx context.Context) ([]sample, error) {
+	// jobOf runs the two-rank tests, then message rate on its pairs, as
+	// one job described by base.
+	jobOf := func(base childJob) func(ctx context.Context) ([]sample, error) {
+		return func(ctx context.Context) ([]sample, error) {
 			var all []sample
-			for _, t := range [][]string{two, rate} {
-				if len(t) == 0 {
+			for _, run := range []struct {
+				tests []string
+				ranks int
+			}{{two, 2}, {rate, 2 * o.pairs}} {
+				if len(run.tests) == 0 {
 					continue
 				}
-				j := job
-				j.Tests, j.Sub, j.Plugins = t, "", o.vsPlugins
-				n := 2
-				if t[0] == "mr" {
-					n = 2 * o.pairs
-				}
-				s, err := launch(ctx, n, j, o.bind, logger)
+				j := base
+				j.Tests = run.tests
+				s, err := launch(ctx, run.ranks, j, o.bind, logger)
 				if err != nil {
 					return nil, err
 				}
 				all = append(all, s...)
 			}
 			return all, nil
-		}})
+		}
+	}
+	steps := []step{{ours, jobOf(job)}}
+	if o.vsPlugins != "" {
+		j := job
+		j.Sub, j.Plugins = "", o.vsPlugins
+		steps = append(steps, step{"plugin", jobOf(j)})
 	}
 	if o.direct {
 		if d := slices.DeleteFunc(slices.Clone(two), func(t string) bool { return t == "mr" }); len(d) > 0 {
