@@ -232,17 +232,24 @@ func TestBadFragments(t *testing.T) {
 			rg := rx.inbound[0]
 			rg.tail.Store(tt.write(rg.data, rg.tail.Load()))
 			rx.ringDoorbell(rx.seg.Bytes())
-			d := j.hs[1].nextDown(t)
-			if d.peer != 0 || !errors.Is(d.err, sdi.ErrBadFrame) {
-				t.Fatalf("PeerDown(%d, %v), want rank 0 with ErrBadFrame", d.peer, d.err)
-			}
-			t.Log(d.err)
-			select {
-			case m := <-j.hs[1].msgs:
-				t.Fatalf("delivered a frame of %d bytes from bad fragments", len(m.payload))
-			default:
-			}
+			expectRejected(t, j, "bad fragments")
 		})
+	}
+}
+
+// expectRejected checks that rank 1 reported rank 0 down with ErrBadFrame
+// for what it wrote into rank 1's ring, and delivered nothing of it.
+func expectRejected(t *testing.T, j *job, what string) {
+	t.Helper()
+	d := j.hs[1].nextDown(t)
+	if d.peer != 0 || !errors.Is(d.err, sdi.ErrBadFrame) {
+		t.Fatalf("PeerDown(%d, %v), want rank 0 with ErrBadFrame", d.peer, d.err)
+	}
+	t.Log(d.err)
+	select {
+	case m := <-j.hs[1].msgs:
+		t.Fatalf("delivered a frame of %d bytes from %s", len(m.payload), what)
+	default:
 	}
 }
 
@@ -274,16 +281,7 @@ func TestBadDescriptor(t *testing.T) {
 			}
 			rg.tail.Store(putFlagged(rg.data, tail, flagDesc, []byte("hdr"), body))
 			rx.ringDoorbell(rx.seg.Bytes())
-			d := j.hs[1].nextDown(t)
-			if d.peer != 0 || !errors.Is(d.err, sdi.ErrBadFrame) {
-				t.Fatalf("PeerDown(%d, %v), want rank 0 with ErrBadFrame", d.peer, d.err)
-			}
-			t.Log(d.err)
-			select {
-			case m := <-j.hs[1].msgs:
-				t.Fatalf("delivered a frame of %d bytes from a bad descriptor", len(m.payload))
-			default:
-			}
+			expectRejected(t, j, "a bad descriptor")
 		})
 	}
 }
