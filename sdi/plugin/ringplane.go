@@ -113,7 +113,7 @@ func (p *hostRing) run() {
 			}
 			// The rank went back to its own work without parking:
 			// the plugin is told to stop polling too.
-			p.idle()
+			p.endSpell()
 		}
 		p.inMu.Lock()
 		n := p.drainLocked()
@@ -150,16 +150,25 @@ func (p *hostRing) startPolling() {
 	p.in.r.nudge()
 }
 
-// idle ends a polling spell: the rank parks (sdi.Idler) or stopped polling.
+// idle ends a polling spell because the rank parks (sdi.Idler), and ends
+// run's stand-by.
 func (p *hostRing) idle() {
+	if p.endSpell() {
+		select {
+		case p.idleCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// endSpell ends a polling spell, if one is on, and tells the plugin; it
+// reports whether one was.
+func (p *hostRing) endSpell() bool {
 	if !p.polling.Swap(false) {
-		return
+		return false
 	}
 	p.act.parked.Store(1)
-	select {
-	case p.idleCh <- struct{}{}:
-	default:
-	}
+	return true
 }
 
 func (p *hostRing) drainLocked() int {
