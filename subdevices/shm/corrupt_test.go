@@ -12,29 +12,29 @@ import (
 // rank 1 reports rank 0 down with ErrBadFrame instead of panicking or
 // reading outside the ring, stops talking to rank 0, and still serves rank 2.
 func TestCorruptRing(t *testing.T) {
+	// Every record is stamped: the receiver reads it. The sender's cursor
+	// is not part of the protocol (the stamps are), so it has no case.
 	tests := []struct {
-		name    string
-		corrupt func(rg ring, tail uint64) (newTail uint64)
+		name  string
+		write func(data []byte, tail uint64) uint64
 	}{
-		{"garbage bytes", func(rg ring, tail uint64) uint64 {
-			copy(rg.data[tail&uint64(len(rg.data)-1):], "\xde\xad\xbe\xef garbage!!\x00\x01\x02")
-			return tail + 16
+		{"garbage bytes", func(d []byte, t uint64) uint64 {
+			off := t & uint64(len(d)-1)
+			copy(d[off+stampBytes:], "\xde\xad\xbe\xef garbage!!\x00\x01\x02")
+			stamp(d, t)
+			return t + recAlign
 		}},
-		{"payload length beyond MaxFrame", func(rg ring, tail uint64) uint64 {
-			sdi.WireHeader{PayloadLen: 1<<32 - 1}.Put(rg.data[tail&uint64(len(rg.data)-1):])
-			return tail + 16
+		{"payload length beyond MaxFrame", func(d []byte, t uint64) uint64 {
+			return rawRecord(d, t, sdi.WireHeader{PayloadLen: 1<<32 - 1}, nil)
 		}},
-		{"record longer than published", func(rg ring, tail uint64) uint64 {
-			sdi.WireHeader{PayloadLen: 4000}.Put(rg.data[tail&uint64(len(rg.data)-1):])
-			return tail + 16
+		{"header length beyond the limit", func(d []byte, t uint64) uint64 {
+			return rawRecord(d, t, sdi.WireHeader{HeaderLen: maxHeader + 1}, nil)
 		}},
-		{"tail beyond the ring", func(rg ring, tail uint64) uint64 {
-			return tail + uint64(len(rg.data)) + recAlign
+		{"padding record with lengths", func(d []byte, t uint64) uint64 {
+			return rawRecord(d, t, sdi.WireHeader{Flags: flagPad, PayloadLen: 4}, nil)
 		}},
-		{"misaligned tail", func(rg ring, tail uint64) uint64 { return tail + 5 }},
-		{"unknown flags", func(rg ring, tail uint64) uint64 {
-			sdi.WireHeader{Flags: 0x40}.Put(rg.data[tail&uint64(len(rg.data)-1):])
-			return tail + 16
+		{"unknown flags", func(d []byte, t uint64) uint64 {
+			return rawRecord(d, t, sdi.WireHeader{Flags: 0x40}, nil)
 		}},
 	}
 	for _, tt := range tests {
@@ -45,10 +45,7 @@ func TestCorruptRing(t *testing.T) {
 			if m := j.hs[1].next(t); string(m.payload) != "hello" {
 				t.Fatalf("got %q", m.payload)
 			}
-			rx := j.sds[1].(*device)
-			rg := rx.inbound[0]
-			rg.tail.Store(tt.corrupt(rg, rg.tail.Load()))
-			rx.ringDoorbell(rx.seg.Bytes())
+			scribble(t, j, 0, 1, tt.write)
 
 			d := j.hs[1].nextDown(t)
 			if d.peer != 0 || !errors.Is(d.err, sdi.ErrBadFrame) {
@@ -81,7 +78,10 @@ func TestCorruptConsumerCursor(t *testing.T) {
 	if !errors.Is(err, sdi.ErrWouldBlock) {
 		t.Fatalf("filling the ring ended with %v, want ErrWouldBlock", err)
 	}
-	rx.inbound[0].head.Store(rx.inbound[0].tail.Load() + 1<<20) // head beyond tail
+	scribble(t, j, 0, 1, func(_ []byte, tail uint64) uint64 {
+		rx.inbound[0].head.Store(tail + 1<<20) // head beyond anything sent
+		return tail
+	})
 	if _, err := j.sds[0].Send(&sdi.Frame{Peer: 1, Payload: payload}); !errors.Is(err, sdi.ErrPeerUnreachable) {
 		t.Fatalf("Send with a corrupt consumer cursor = %v, want ErrPeerUnreachable", err)
 	}

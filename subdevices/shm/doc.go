@@ -50,7 +50,8 @@
 //	+-----------------------------------------------------------------+ 512
 //	| attach generation (bumped when a sender attaches to a ring)     |
 //	+-----------------------------------------------------------------+ 4096
-//	| ring 0: tail (producer cursor), attached, revoked | pad to 128  |
+//	| ring 0: tail (producer cursor at disconnect), attached, revoked |
+//	|         pad to 128                                              |
 //	|         head (consumer cursor), readable | pad to 256           |
 //	|         data [ring_bytes]                                       |
 //	+-----------------------------------------------------------------+
@@ -61,36 +62,49 @@
 // never share a cache line (nor a prefetched pair of lines). tmpfs allocates
 // pages on first touch, so rings nobody writes cost only address space.
 //
-// Cursors are monotonic uint64 byte counts, masked with ring_bytes-1 on use;
-// tail-head is the number of unread bytes. A record is a [sdi.WireHeader],
-// the opaque header and the payload, padded to 16 bytes:
+// Cursors are monotonic uint64 byte counts, masked with ring_bytes-1 on use.
+// A record is a stamp (8 bytes), a [sdi.WireHeader], the opaque header and
+// the payload, padded to 64 bytes, so that every record starts on a cache
+// line and a small one is a single line:
 //
-//	data  0                                                  ring_bytes
-//	      |..free..|hdr|H|payload|pad|hdr|H|payload|..free..|PAD->|
-//	               ^head                           ^tail
+//	data  0                                                     ring_bytes
+//	      |..free..|S|W|H|payload|pad|S|W|H|payload|..free..|S|PAD->|
+//	               ^head                            ^producer
+//
+// The stamp is the record's cursor plus one, and the sender stores it
+// last: it is how the receiver learns that the record at its head is
+// complete, reading the line it reads the record from anyway (MPICH's
+// fastboxes and Open MPI's vader poll the data the same way), instead of a
+// producer cursor on a line of its own, which cost a second cache miss on
+// every small message. A stamp left from an earlier lap is a ring's length
+// too low and the zeroed ring holds none, so neither is taken for a record.
+// The sender keeps its cursor to itself and stores it in the ring's tail
+// word only when it lets go of the ring, for a later connection to resume.
 //
 // A record never straddles the wrap: when one does not fit before the end,
-// the sender writes a padding record (wire-header flag 1) covering the rest
-// and starts the record at offset 0. Records are 16-byte aligned, so there
-// is always room for that padding header. MaxFrame is a quarter of the ring,
-// so a record plus padding never exceeds half of it and an empty ring always
-// accepts any frame.
+// the sender writes a stamped padding record (wire-header flag 1) covering
+// the rest and starts the record at offset 0. Records are 64-byte aligned,
+// so there is always room for that padding record. MaxFrame is a quarter of
+// the ring, so a record plus padding never exceeds half of it and an empty
+// ring always accepts any frame.
 //
 // # Memory ordering
 //
 // Go's sync/atomic operations are sequentially consistent. Two edges make
 // the ring safe:
 //
-//   - the sender writes the record bytes, then stores tail; the receiver
-//     loads tail, then reads the bytes before it (tail store -> tail load);
+//   - the sender writes the record bytes, then stores its stamp; the
+//     receiver loads the stamp, then reads the bytes (stamp store -> stamp
+//     load);
 //   - the receiver returns from Deliver, then stores head; the sender loads
 //     head, then overwrites bytes before it (head store -> head load).
 //
-// The receiver loads tail once per pass and validates every record against
-// that value and the ring size with [sdi.DecodeWireHeader] before slicing, so
-// a corrupt or hostile writer can make it stop reading that ring (reported
-// through [sdi.Handler.PeerDown] with an error wrapping [sdi.ErrBadFrame])
-// but never make it read outside the ring or panic.
+// The receiver validates every record against the ring size with
+// [sdi.DecodeWireHeader] before slicing, so a corrupt or hostile writer can
+// make it stop reading that ring (reported through [sdi.Handler.PeerDown]
+// with an error wrapping [sdi.ErrBadFrame]) but never make it read outside
+// the ring or panic. A record whose lengths claim more than the sender
+// wrote yields stale bytes of that sender's own ring, nothing else.
 //
 // A descriptor record (wire-header flag 2) carries, instead of the
 // payload, 16 bytes saying where the payload lies in the sender's memory.

@@ -240,3 +240,30 @@ func waitGoroutines(want int) int {
 	}
 	return n
 }
+
+// scribble writes into the ring that carries rank from's frames to rank
+// to, as a buggy or hostile sender could: write gets the ring and the
+// sender's cursor and returns the new cursor, then the receiver's
+// doorbell rings. It holds the sender's side of the ring meanwhile, so
+// nothing honest is written between.
+func scribble(t testing.TB, j *job, from, to sdi.Rank, write func(data []byte, tail uint64) uint64) {
+	t.Helper()
+	p := j.sds[from].(*device).peers[to].Load()
+	if p == nil {
+		t.Fatalf("rank %d is not connected to rank %d", from, to)
+	}
+	p.mu.Lock()
+	p.tail = write(p.ring.data, p.tail)
+	p.wake()
+	p.mu.Unlock()
+}
+
+// rawRecord writes the wire header wh and body at cursor tail, stamped,
+// and returns the cursor after it as the header's lengths say.
+func rawRecord(data []byte, tail uint64, wh sdi.WireHeader, body []byte) uint64 {
+	off := tail & uint64(len(data)-1)
+	wh.Put(data[off+stampBytes:])
+	copy(data[off+stampBytes+sdi.WireHeaderSize:], body)
+	stamp(data, tail)
+	return tail + recAlign
+}

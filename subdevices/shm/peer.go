@@ -28,7 +28,7 @@ type peer struct {
 	seg  *shmem.Segment // nil once detached
 	mem  []byte
 	ring ring
-	tail uint64 // producer cursor; ring.tail is its published copy
+	tail uint64 // producer cursor; stored in ring.tail when the connection ends
 	head uint64 // last consumer cursor read from ring.head
 	pid  int
 	gone error // set when the peer may no longer be used; Send returns it
@@ -254,7 +254,7 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 		}
 	}
 	if split {
-		p.tail = putFragments(p.ring.data, p.tail, hdr, payload, chunk, p.publish)
+		p.tail = putFragments(p.ring.data, p.tail, hdr, payload, chunk, p.wake)
 		return true, nil
 	}
 	p.tail = putFlagged(p.ring.data, p.tail, flags, hdr, body)
@@ -262,18 +262,13 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 		p.inflight = append(p.inflight, inflight{token: f.Token, end: p.tail, payload: payload})
 		p.sd.inflight.Add(1)
 	}
-	p.publish(p.tail)
+	p.wake()
 	return !byDesc, nil
 }
 
-// publish makes the records before tail visible to the receiver and wakes
-// it if it sleeps. The caller holds p.mu.
-func (p *peer) publish(tail uint64) {
-	// Release: pairs with the receiver's tail.Load; every byte of the
-	// records before tail is visible to it once it sees the new tail.
-	p.ring.tail.Store(tail)
-	p.sd.ringDoorbell(p.mem)
-}
+// wake rings the receiver's doorbell if it sleeps, after a record was
+// stamped. The caller holds p.mu.
+func (p *peer) wake() { p.sd.ringDoorbell(p.mem) }
 
 // fragmentBytes is the largest part of a payload one fragment carries in a
 // ring of capacity bytes: a sixteenth of the ring (64 KiB by default, the
@@ -340,6 +335,8 @@ func (p *peer) detach(reason error) error {
 		return nil
 	}
 	failed := p.failInflightLocked()
+	// A later connection from this rank resumes here (newPeer).
+	p.ring.tail.Store(p.tail)
 	p.sd.ringDoorbell(p.mem)
 	p.gone = reason
 	err := p.seg.Close()

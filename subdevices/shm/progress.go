@@ -204,18 +204,19 @@ func (rc *receiver) drain(r int) int {
 	sd := rc.sd
 	rg := sd.inbound[r]
 	head := rc.heads[r]
-	// Acquire: pairs with the sender's tail.Store, so every byte before
-	// tail is visible here. tail is loaded once per call and every record
-	// is checked against it, so a sender cannot change what was validated.
-	tail := rg.tail.Load()
 	n := 0
 	// Payload bytes read from the sender's memory in this pass: a pass
 	// stops after drainBudget of them, so that a poller gets back to its
 	// caller (which sends the replies the frames asked for) between large
 	// payloads instead of reading a whole window of them at once.
 	read := 0
-	for head != tail && !sd.stop.Load() && read < drainBudget {
-		rec, err := parseRecord(rg.data, head, tail, maxHeader, sd.caps.MaxFrame)
+	// published is the acquire that pairs with the sender's stamp, so
+	// every byte of the record is visible. A sender that rewrites a
+	// record after stamping it breaks its own frames, nothing else:
+	// parseRecord checks lengths against the ring, and handle copies or
+	// delivers only within them.
+	for !sd.stop.Load() && read < drainBudget && published(rg.data, head) {
+		rec, err := parseRecord(rg.data, head, maxHeader, sd.caps.MaxFrame)
 		if err == nil {
 			err = rc.handle(r, head, &rec, &read)
 		}
@@ -312,7 +313,7 @@ func (rc *receiver) pending() bool {
 		return true
 	}
 	for _, r := range rc.active {
-		if !rc.dead[r] && rc.sd.inbound[r].tail.Load() != rc.heads[r] {
+		if !rc.dead[r] && published(rc.sd.inbound[r].data, rc.heads[r]) {
 			return true
 		}
 	}
@@ -375,11 +376,11 @@ func (rc *receiver) reportDown(r int, err error) {
 // the loads and stores below and in ringDoorbell fall into one total order.
 // The receiver does
 //
-//	R1 seq := doorbell   R2 sleeping = 1   R3 re-scan all tails (and stop)   R4 futex_wait(doorbell, seq)
+//	R1 seq := doorbell   R2 sleeping = 1   R3 re-check the stamp at every head (and stop)   R4 futex_wait(doorbell, seq)
 //
 // and a sender (or Close) does
 //
-//	S1 store tail (stop)   S2 load sleeping; if 1: S3 doorbell++, S4 futex_wake(doorbell)
+//	S1 store a record's stamp (stop)   S2 load sleeping; if 1: S3 doorbell++, S4 futex_wake(doorbell)
 //
 // (R3 scans only the active rings, but it also compares the attach
 // generation, which a new sender bumps before its first S1; so "R3 misses

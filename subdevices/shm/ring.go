@@ -14,7 +14,7 @@ import (
 // words are naturally aligned.
 const (
 	segMagic   = "MDSHMSG1"
-	segVersion = 2
+	segVersion = 3
 
 	hdrBytes      = 4096 // segment header, one page
 	offMagic      = 0    // [8]byte
@@ -36,16 +36,29 @@ const (
 	offAttachGen = 512 // uint32: bumped by every sender that attaches to a ring
 
 	ringCtlBytes = 256 // per-ring control block ahead of the data
-	offTail      = 0   // uint64: producer cursor, written only by the sender
+	offTail      = 0   // uint64: producer cursor, stored by the sender when it lets go of the ring
 	offAttached  = 8   // uint32: non-zero once a sender attached; the receiver polls only those rings
 	offRevoked   = 16  // uint64: sender: descriptors in records before this cursor may no longer be read
 	offHead      = 128 // uint64: consumer cursor, written only by the receiver
 	offReadable  = 136 // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
 
-	// recAlign keeps every record start 16-byte aligned, so the space left
-	// before the end of the ring is always zero or at least a wire header
-	// long and a padding record always fits there.
-	recAlign = 16
+	// recAlign starts every record on a cache line: a record of up to 64
+	// bytes (an 8-byte message with the multidevice's short header) is
+	// then one line for the receiving core to miss, where 16-byte
+	// alignment split every other such record over two. It also keeps
+	// the space left before the end of the ring zero or at least a
+	// padding record long.
+	recAlign = 64
+
+	// stampBytes is the stamp that opens every record: the record's
+	// cursor plus one, stored last, after the rest of the record. A
+	// receiver learns that the record at its head is there by reading
+	// that word, on the line it reads the record from anyway, instead of
+	// the sender's cursor on a line of its own: one cache miss per small
+	// message instead of two. Plus one, so that the zeroed ring holds no
+	// valid stamp; a stamp left from an earlier lap is a cursor a ring's
+	// length lower, so it never matches either.
+	stampBytes = 8
 
 	// flagPad in a wire header marks a padding record: the rest of the ring
 	// up to the wrap is unused and the next record starts at offset 0.
@@ -125,7 +138,7 @@ func ringAt(mem []byte, i int, ringBytes uint64) ring {
 // recordLen returns the ring bytes a frame with hlen header and plen payload
 // bytes occupies.
 func recordLen(hlen, plen int) uint64 {
-	n := uint64(sdi.WireHeaderSize) + uint64(hlen) + uint64(plen)
+	n := stampBytes + uint64(sdi.WireHeaderSize) + uint64(hlen) + uint64(plen)
 	return (n + recAlign - 1) &^ (recAlign - 1)
 }
 
@@ -139,8 +152,8 @@ func spaceNeeded(capacity, tail, n uint64) uint64 {
 }
 
 // putRecord writes one frame at tail and returns the new tail. The caller
-// has checked, with spaceNeeded, that the space is free. Nothing is visible
-// to the consumer until the caller stores the returned tail.
+// has checked, with spaceNeeded, that the space is free. The record becomes
+// visible to the consumer when its stamp is stored, its last step.
 func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
 	return putFlagged(data, tail, 0, hdr, payload)
 }
@@ -157,16 +170,32 @@ func putParts(data []byte, tail uint64, flags uint8, hdr, pre, payload []byte) u
 	off := tail & (capacity - 1)
 	n := recordLen(len(hdr), len(pre)+len(payload))
 	if contig := capacity - off; n > contig {
-		sdi.WireHeader{Flags: flagPad}.Put(data[off:])
+		sdi.WireHeader{Flags: flagPad}.Put(data[off+stampBytes:])
+		stamp(data, tail)
 		tail += contig
 		off = 0
 	}
-	sdi.WireHeader{Flags: flags, HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(pre) + len(payload))}.Put(data[off:])
-	b := off + sdi.WireHeaderSize
+	sdi.WireHeader{Flags: flags, HeaderLen: uint16(len(hdr)), PayloadLen: uint32(len(pre) + len(payload))}.Put(data[off+stampBytes:])
+	b := off + stampBytes + sdi.WireHeaderSize
 	b += uint64(copy(data[b:], hdr))
 	b += uint64(copy(data[b:], pre))
 	copy(data[b:], payload)
+	stamp(data, tail)
 	return tail + n
+}
+
+// stamp publishes the record written at cursor. Release: pairs with the
+// load in published; every byte of the record is visible to a receiver
+// that sees the stamp.
+func stamp(data []byte, cursor uint64) {
+	word64(data, int(cursor&uint64(len(data)-1))).Store(cursor + 1)
+}
+
+// published reports whether the record at cursor head is there to read.
+// data must be a ring of at least recAlign bytes and head a multiple of
+// recAlign, so that the stamp is an aligned word inside it.
+func published(data []byte, head uint64) bool {
+	return word64(data, int(head&uint64(len(data)-1))).Load() == head+1
 }
 
 // fragmentsSpace returns the ring bytes that writing a payload of plen
@@ -187,11 +216,11 @@ func fragmentsSpace(capacity, tail uint64, hlen, plen, chunk int) uint64 {
 }
 
 // putFragments writes a frame as fragments of at most chunk payload bytes
-// at tail, calling publish with the new tail after each, so that the
-// receiver copies one out while the sender copies the next in. The caller
-// has checked with fragmentsSpace that the space is free and holds the
-// ring's producer side.
-func putFragments(data []byte, tail uint64, hdr, payload []byte, chunk int, publish func(uint64)) uint64 {
+// at tail, each visible to the receiver once written (its stamp), and
+// calls wake after each, so that the receiver copies one out while the
+// sender copies the next in. The caller has checked with fragmentsSpace
+// that the space is free and holds the ring's producer side.
+func putFragments(data []byte, tail uint64, hdr, payload []byte, chunk int, wake func()) uint64 {
 	var lenField [fragLenBytes]byte
 	binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
 	for off, first := 0, true; off < len(payload); first = false {
@@ -202,7 +231,7 @@ func putFragments(data []byte, tail uint64, hdr, payload []byte, chunk int, publ
 			tail = putParts(data, tail, flagNext, nil, nil, payload[off:off+n])
 		}
 		off += n
-		publish(tail)
+		wake()
 	}
 	return tail
 }
@@ -223,39 +252,32 @@ type record struct {
 	next  uint64 // cursor of the following record
 }
 
-// parseRecord reads the record at cursor head of a ring whose producer has
-// published everything before tail (head != tail). The returned slices
-// alias data and have no spare capacity, so appending to them cannot
-// scribble on the ring.
+// parseRecord reads the record at cursor head of a ring, which published
+// reported there. The returned slices alias data and have no spare
+// capacity, so appending to them cannot scribble on the ring.
 //
-// data, head and tail may hold anything (they come from shared memory): every
-// length and offset is checked before slicing, and a failure wraps
-// [sdi.ErrBadFrame].
-func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (record, error) {
+// data may hold anything (it is shared memory): every length and offset is
+// checked against the ring before slicing, and a failure wraps
+// [sdi.ErrBadFrame]. The sender's cursor is not consulted: a record that
+// claims more bytes than the sender wrote yields stale bytes of the ring,
+// never bytes outside it.
+func parseRecord(data []byte, head uint64, maxHeader, maxPayload int) (record, error) {
 	capacity := uint64(len(data))
 	if capacity < recAlign || capacity&(capacity-1) != 0 {
 		return record{}, fmt.Errorf("%w: ring size %d is not a power of two >= %d", sdi.ErrBadFrame, capacity, recAlign)
 	}
-	avail := tail - head
-	switch {
-	case avail == 0 || avail > capacity:
-		return record{}, fmt.Errorf("%w: producer cursor %d is %d bytes ahead of consumer cursor %d in a %d-byte ring",
-			sdi.ErrBadFrame, tail, int64(avail), head, capacity)
-	case head%recAlign != 0 || avail%recAlign != 0:
-		return record{}, fmt.Errorf("%w: cursors %d and %d are not %d-byte aligned", sdi.ErrBadFrame, head, tail, recAlign)
+	if head%recAlign != 0 {
+		return record{}, fmt.Errorf("%w: consumer cursor %d is not %d-byte aligned", sdi.ErrBadFrame, head, recAlign)
 	}
 	off := head & (capacity - 1)
-	contig := capacity - off // >= recAlign > WireHeaderSize, a multiple of recAlign
-	wh, err := sdi.DecodeWireHeader(data[off:], maxHeader, maxPayload)
+	contig := capacity - off // >= recAlign > stampBytes+WireHeaderSize, a multiple of recAlign
+	wh, err := sdi.DecodeWireHeader(data[off+stampBytes:], maxHeader, maxPayload)
 	if err != nil {
 		return record{}, fmt.Errorf("record at cursor %d: %w", head, err)
 	}
 	if wh.Flags == flagPad {
 		if wh.HeaderLen != 0 || wh.PayloadLen != 0 {
 			return record{}, fmt.Errorf("%w: padding record at cursor %d has lengths %d and %d", sdi.ErrBadFrame, head, wh.HeaderLen, wh.PayloadLen)
-		}
-		if contig > avail {
-			return record{}, fmt.Errorf("%w: padding record at cursor %d covers %d bytes, only %d published", sdi.ErrBadFrame, head, contig, avail)
 		}
 		return record{pad: true, next: head + contig}, nil
 	}
@@ -265,11 +287,10 @@ func parseRecord(data []byte, head, tail uint64, maxHeader, maxPayload int) (rec
 		return record{}, fmt.Errorf("%w: record at cursor %d has unknown flags %#x", sdi.ErrBadFrame, head, wh.Flags)
 	}
 	n := recordLen(int(wh.HeaderLen), int(wh.PayloadLen))
-	if n > contig || n > avail {
-		return record{}, fmt.Errorf("%w: %d-byte record at cursor %d overruns the wrap (%d bytes) or the published data (%d bytes)",
-			sdi.ErrBadFrame, n, head, contig, avail)
+	if n > contig {
+		return record{}, fmt.Errorf("%w: %d-byte record at cursor %d overruns the wrap (%d bytes)", sdi.ErrBadFrame, n, head, contig)
 	}
-	h0 := off + sdi.WireHeaderSize
+	h0 := off + stampBytes + sdi.WireHeaderSize
 	p0 := h0 + uint64(wh.HeaderLen)
 	p1 := p0 + uint64(wh.PayloadLen)
 	rec := record{header: data[h0:p0:p0], next: head + n}

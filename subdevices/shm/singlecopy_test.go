@@ -228,10 +228,7 @@ func TestBadFragments(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := openJob(t, 2, jobOpts{config: []byte(`{"single_copy": false}`)})
-			rx := j.sds[1].(*device)
-			rg := rx.inbound[0]
-			rg.tail.Store(tt.write(rg.data, rg.tail.Load()))
-			rx.ringDoorbell(rx.seg.Bytes())
+			scribble(t, j, 0, 1, tt.write)
 			expectRejected(t, j, "bad fragments")
 		})
 	}
@@ -271,16 +268,14 @@ func TestBadDescriptor(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := openJob(t, 2, jobOpts{})
-			rx := j.sds[1].(*device)
-			rg := rx.inbound[0]
-			tail := rg.tail.Load()
 			body := make([]byte, descBytes)
 			tt.desc.put(body)
 			if tt.body != 0 {
 				body = body[:tt.body]
 			}
-			rg.tail.Store(putFlagged(rg.data, tail, flagDesc, []byte("hdr"), body))
-			rx.ringDoorbell(rx.seg.Bytes())
+			scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
+				return putFlagged(d, tail, flagDesc, []byte("hdr"), body)
+			})
 			expectRejected(t, j, "a bad descriptor")
 		})
 	}
@@ -339,7 +334,10 @@ func TestDescriptorRecord(t *testing.T) {
 	body := make([]byte, descBytes)
 	want.put(body)
 	next := putFlagged(data, 0, flagDesc, []byte("header"), body)
-	rec, err := parseRecord(data, 0, next, maxHeader, 1<<20)
+	if !published(data, 0) {
+		t.Fatal("the record is not stamped")
+	}
+	rec, err := parseRecord(data, 0, maxHeader, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
