@@ -24,10 +24,23 @@ type outbox struct {
 	queued  atomic.Int64 // len(items), readable without mu
 	mu      sync.Mutex
 	items   []outItem
+	// Owned by the drainMu holder: the slices pass collects kept items in
+	// and the links found full, reused from pass to pass. A sender with a
+	// window of large messages finds the ring full on most passes, and
+	// fresh slices there made the spinning sender spend a quarter of its
+	// time allocating.
+	kept    []outItem
+	full    []link
 	wake    chan struct{} // capacity 1: "the queue or a subdevice changed"
 	quit    chan struct{}
 	empty   *sync.Cond // signalled when items becomes empty
 	once    sync.Once
+}
+
+// link is one subdevice's connection to one peer.
+type link struct {
+	sub  *subdev
+	peer sdi.Rank
 }
 
 type outItem struct {
@@ -82,12 +95,7 @@ func (o *outbox) pass() (sent int, blocked, idle bool) {
 	// Once a link would block, later frames for it wait their turn
 	// without being tried: a full ring or socket stays full for the rest
 	// of the pass, and trying costs a Send per queued frame.
-	type link struct {
-		sub  *subdev
-		peer sdi.Rank
-	}
-	var full []link
-	var kept []outItem
+	full, kept := o.full[:0], o.kept[:0]
 	for _, it := range items {
 		if it.fn != nil {
 			it.fn()
@@ -107,13 +115,24 @@ func (o *outbox) pass() (sent int, blocked, idle bool) {
 	}
 
 	o.mu.Lock()
-	o.items = append(kept, o.items...)
+	// The kept items go first, then what was pushed meanwhile; the slice
+	// that is not the queue any more becomes next pass's kept, cleared
+	// so that it holds no frames for the collector.
+	spare := items
+	if len(o.items) == 0 {
+		o.items = kept
+	} else {
+		spare = o.items
+		o.items = append(kept, o.items...)
+	}
 	o.queued.Store(int64(len(o.items)))
 	idle = len(o.items) == 0
 	if idle {
 		o.empty.Broadcast()
 	}
 	o.mu.Unlock()
+	clear(spare)
+	o.kept, o.full = spare[:0], full[:0]
 	return len(items) - len(kept), len(kept) > 0, idle
 }
 

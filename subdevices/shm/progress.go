@@ -75,7 +75,9 @@ func (sd *device) Poll() int {
 	if sd.state.Load() != devOpen {
 		return 0
 	}
-	sd.pollCalls.Add(1)
+	if !sd.polled.Load() {
+		sd.polled.Store(true)
+	}
 	if sd.stop.Load() || !sd.rxMu.TryLock() {
 		return 0
 	}
@@ -99,11 +101,9 @@ func (sd *device) Poll() int {
 func (sd *device) progress() {
 	defer sd.wg.Done()
 	idle := 0
-	seen := sd.pollCalls.Load()
 	lastCheck := time.Now()
 	for !sd.stop.Load() {
-		if pc := sd.pollCalls.Load(); pc != seen {
-			seen = pc
+		if sd.polled.Swap(false) {
 			sd.nap()
 			if time.Since(lastCheck) > sleepTimeout {
 				sd.locked(func(rc *receiver) { rc.checkPeers() })

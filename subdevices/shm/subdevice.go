@@ -75,12 +75,15 @@ type device struct {
 	// goroutines in Poll take turns with it (see progress.go).
 	rx   *receiver
 	rxMu sync.Mutex
-	// pollCalls counts Poll calls; the progress goroutine naps while it
-	// moves. It sits on its own cache line: pollers write it constantly.
-	_         [64]byte
-	pollCalls atomic.Uint64
-	_         [56]byte
-	napWord   uint32 // futex word of the progress goroutine's nap; Close wakes it
+	// polled is set by Poll and cleared by the progress goroutine, which
+	// naps while it finds it set. Poll stores only when it finds the flag
+	// clear, about once per nap: a counter bumped by every poll cost a
+	// locked instruction on each turn of a waiter's loop. It sits on its
+	// own cache line.
+	_       [64]byte
+	polled  atomic.Bool
+	_       [63]byte
+	napWord uint32 // futex word of the progress goroutine's nap; Close wakes it
 
 	stop      atomic.Bool // tells the progress goroutine to return
 	wg        sync.WaitGroup
