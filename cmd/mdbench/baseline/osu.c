@@ -23,7 +23,7 @@
 /* OSU_SCALE (mdbench --scale) multiplies every iteration count. */
 static double scale = 1;
 static long scaled(long n) { long m = (long)(n * scale); return m < 1 ? 1 : m; }
-static long lat_iters(long size) { return scaled(size <= 8192 ? 10000 : size <= 262144 ? 1000 : 200); }
+static long lat_iters(long size) { return scaled(size <= 64 ? 50000 : size <= 8192 ? 10000 : size <= 262144 ? 1000 : 200); }
 static long bw_iters(long size) { return scaled(size <= 65536 ? 100 : 20); }
 
 static char *sbuf, *rbuf;
