@@ -89,6 +89,7 @@ type Device struct {
 	rndvSend   map[uint64]*Request // sends waiting for clear-to-send, by request id
 	rndvRecv   map[uint64]*Request // receives waiting for data, by request id
 	syncSend   map[uint64]*Request // synchronous eager sends waiting for the acknowledgement
+	placing    []placedEager       // eager messages matched in Place, waiting for their Deliver: place.go
 
 	genMu sync.Mutex
 	gen   chan struct{} // closed and replaced on a completion or arrival after Changed
@@ -566,6 +567,10 @@ func (d *Device) failAll(err error) {
 	d.mu.Lock()
 	var reqs []*Request
 	reqs = append(reqs, d.posted...)
+	for _, p := range d.placing {
+		reqs = append(reqs, p.r)
+	}
+	d.placing = nil
 	for _, m := range []map[uint64]*Request{d.rndvSend, d.rndvRecv, d.syncSend} {
 		for id, r := range m {
 			reqs = append(reqs, r)

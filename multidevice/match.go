@@ -148,6 +148,10 @@ func (d *Device) removePostedLocked(r *Request) bool {
 // arrive handles a matchable message from the wire, in sequence order.
 func (d *Device) arrive(h *header, payload []byte) {
 	d.mu.Lock()
+	if len(d.placing) != 0 && d.finishPlacedLocked(h, payload) {
+		d.mu.Unlock()
+		return
+	}
 	src := h.src
 	exp := d.recvSeq[src]
 	if h.seq == exp && d.ooo[src] == nil { // in order, nothing waiting behind it

@@ -29,12 +29,12 @@ type outbox struct {
 	// window of large messages finds the ring full on most passes, and
 	// fresh slices there made the spinning sender spend a quarter of its
 	// time allocating.
-	kept    []outItem
-	full    []link
-	wake    chan struct{} // capacity 1: "the queue or a subdevice changed"
-	quit    chan struct{}
-	empty   *sync.Cond // signalled when items becomes empty
-	once    sync.Once
+	kept  []outItem
+	full  []link
+	wake  chan struct{} // capacity 1: "the queue or a subdevice changed"
+	quit  chan struct{}
+	empty *sync.Cond // signalled when items becomes empty
+	once  sync.Once
 }
 
 // link is one subdevice's connection to one peer.

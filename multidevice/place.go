@@ -1,29 +1,48 @@
 package multidevice
 
-import "github.com/hpc-multidevice/multidevice/sdi"
+import (
+	"slices"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
 
 // Place implements [sdi.Placer]: a subdevice that can move a payload
 // straight into its final place (shm reads it from the sender's memory
-// with process_vm_readv) asks here first. Only a rendezvous data block
-// addressed to this rank, from the source its receive matched, for a
-// receive still waiting for data, and lying wholly inside the part of the
-// buffer the receive asked for has a place: the slice of the user's buffer
-// at the block's offset. Everything else gets nil and is delivered from
-// the subdevice's buffer as before: eager messages and ready-to-send
-// frames (not matched yet), forwarded blocks (they may be for another rank
-// and are unwrapped first), blocks for unknown requests, and blocks that
-// would run past the receive's length. A truncated receive asked the
-// sender for no more than its buffer holds (rndvLen), so a block that
-// fits is written there and the receive still completes with
-// ErrTruncated; one that does not fit is never placed.
+// with process_vm_readv) asks here first. Two kinds of frames have a
+// place in the user's buffer:
+//
+//   - a rendezvous data block addressed to this rank, from the source its
+//     receive matched, for a receive still waiting for data, and lying
+//     wholly inside the part of the buffer the receive asked for: the
+//     slice at the block's offset. A truncated receive asked the sender
+//     for no more than its buffer holds (rndvLen), so a block that fits is
+//     written there and the receive still completes with ErrTruncated; one
+//     that does not fit is never placed.
+//   - an eager message straight from its source that is the next in its
+//     sequence and matches a posted receive whose buffer holds it whole:
+//     the receive is matched here, as it would be in the Deliver that
+//     follows (placeEager).
+//
+// Everything else gets nil and is delivered from the subdevice's buffer
+// as before: ready-to-send frames, eager messages that arrive unexpected,
+// out of order, for a duplicated ANY_SOURCE receive or for a buffer too
+// short, forwarded blocks (they may be for another rank and are unwrapped
+// first), blocks for unknown requests, and blocks that would run past the
+// receive's length.
 //
 // The slice stays valid until the Deliver that follows: the request is
-// not completed before all its bytes are counted, and they are counted
-// only in that Deliver.
+// not completed before its bytes are counted, and they are counted only in
+// that Deliver.
 func (h *handler) Place(from sdi.Rank, hb []byte, n int) []byte {
 	d := h.d
 	// Cheap tests first: Place is called for every large frame.
-	if n <= 0 || len(hb) != headerSize || kind(hb[1]) != kindSys || d.closed.Load() {
+	if n <= 0 || d.closed.Load() {
+		return nil
+	}
+	if len(hb) == shortHeaderSize || len(hb) == headerSize && kind(hb[1]) == kindEager {
+		return d.placeEager(h.sub, from, hb, n)
+	}
+	if len(hb) != headerSize || kind(hb[1]) != kindSys {
 		return nil
 	}
 	hdr, err := decodeHeader(hb, d.size)
@@ -78,4 +97,93 @@ func (d *Device) placedData(h *header, payload []byte) bool {
 		r.complete(r.status, r.truncErr)
 	}
 	return true
+}
+
+// placedEager is an eager message matched by Place: its receive left the
+// posted queue and its sequence number was taken, and it completes in the
+// Deliver that follows the fill, or fails if sub reports the source down
+// instead.
+type placedEager struct {
+	r   *Request
+	sub int
+	src int32
+	seq uint64
+}
+
+// placeEager matches the eager message of header hb, n bytes from rank
+// from, if it is the next from its source and a posted receive takes it
+// whole, and returns that receive's buffer.
+func (d *Device) placeEager(sub int, from sdi.Rank, hb []byte, n int) []byte {
+	var h header
+	if len(hb) == shortHeaderSize {
+		if h.decodeShort(hb, int32(from), d.rank, d.size, n) != nil {
+			return nil
+		}
+	} else {
+		var err error
+		if h, err = decodeHeader(hb, d.size); err != nil || h.kind != kindEager ||
+			h.dst != d.rank || h.src != int32(from) || h.length != uint64(n) {
+			return nil
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if h.seq != d.recvSeq[h.src] || d.ooo[h.src] != nil {
+		return nil
+	}
+	for i, r := range d.posted {
+		if !matches(r, &h) {
+			continue
+		}
+		// The receive the message matches, as matchLocked would find it.
+		// A duplicated ANY_SOURCE receive must win its claim first and a
+		// short buffer means truncation: both take the ordinary path.
+		if r.claim != nil || len(r.buf) < n {
+			return nil
+		}
+		d.posted = removeAt(d.posted, i)
+		d.recvSeq[h.src]++
+		d.placing = append(d.placing, placedEager{r: r, sub: sub, src: h.src, seq: h.seq})
+		return r.buf[:n:n]
+	}
+	return nil
+}
+
+// finishPlacedLocked completes the receive Place matched h to, if it did,
+// and reports whether it did. The payload is the placed slice; a
+// subdevice that filled another is copied from.
+func (d *Device) finishPlacedLocked(h *header, payload []byte) bool {
+	i := slices.IndexFunc(d.placing, func(p placedEager) bool { return p.src == h.src && p.seq == h.seq })
+	if i < 0 || h.kind != kindEager {
+		return false
+	}
+	r := d.placing[i].r
+	d.placing = slices.Delete(d.placing, i, i+1)
+	n := len(payload)
+	if len(payload) > 0 && &payload[0] != &r.buf[0] {
+		n = copy(r.buf, payload)
+	}
+	if h.flags&flagSync != 0 {
+		d.sendSys(h.src, header{tag: sysAck, context: h.context, sreq: h.sreq}, nil, nil)
+	}
+	r.completeOwned(Status{Source: int(h.src), Tag: int(h.tag), Count: n}, nil)
+	return true
+}
+
+// failPlaced fails the receives of eager messages from peer that sub
+// placed and will not deliver, since it reported peer down.
+func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
+	d.mu.Lock()
+	var failed []*Request
+	d.placing = slices.DeleteFunc(d.placing, func(p placedEager) bool {
+		if p.sub == sub && p.src == int32(peer) {
+			failed = append(failed, p.r)
+			return true
+		}
+		return false
+	})
+	d.mu.Unlock()
+	for _, r := range failed {
+		r.complete(Status{}, err)
+	}
 }

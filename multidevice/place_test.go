@@ -153,3 +153,128 @@ func TestPlacedDeliver(t *testing.T) {
 		})
 	}
 }
+
+// TestPlaceEager checks that an eager message that is next in its
+// sequence and matches a posted receive holding it whole is placed in
+// that receive's buffer and completes it in the Deliver that follows, and
+// that every other eager message takes the ordinary path.
+func TestPlaceEager(t *testing.T) {
+	const tag = 3
+	msg := pattern(200, 4)
+	short := func(seq uint64) []byte {
+		b := make([]byte, shortHeaderSize)
+		putShort(b, tag, 0, seq)
+		return b
+	}
+	syncLong := func(seq uint64) []byte {
+		b := make([]byte, headerSize)
+		(&header{kind: kindEager, flags: flagSync, tag: tag, src: 0, dst: 1, seq: seq, length: uint64(len(msg)), sreq: 9}).put(b)
+		return b
+	}
+	tests := []struct {
+		name    string
+		bufLen  int // 0: no receive posted
+		hdr     []byte
+		placed  bool // Place gives the receive's buffer
+		fill    bool // the subdevice fills a buffer of its own instead
+		wantErr error
+	}{
+		{name: "posted receive", bufLen: 300, hdr: short(0), placed: true},
+		{name: "exactly as long", bufLen: len(msg), hdr: short(0), placed: true},
+		{name: "synchronous send", bufLen: 300, hdr: syncLong(0), placed: true},
+		{name: "delivered from another buffer", bufLen: 300, hdr: short(0), placed: true, fill: true},
+		{name: "buffer too short", bufLen: 100, hdr: short(0), wantErr: ErrTruncated},
+		{name: "no receive posted", hdr: short(0)},
+		{name: "out of sequence", bufLen: 300, hdr: short(1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := loopJob(t, 2, smallCaps)[1]
+			h := &handler{d: d, sub: 1}
+			var r *Request
+			if tt.bufLen > 0 {
+				var err error
+				if r, err = d.Irecv(make([]byte, tt.bufLen), 0, tag, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dst := h.Place(0, tt.hdr, len(msg))
+			if tt.placed != (dst != nil) {
+				t.Fatalf("placed = %v, want %v", dst != nil, tt.placed)
+			}
+			payload := append([]byte(nil), msg...)
+			if dst != nil {
+				if len(dst) != len(msg) || cap(dst) != len(msg) || &dst[0] != &r.buf[0] {
+					t.Fatalf("place of %d bytes (cap %d), not the start of the receive buffer", len(dst), cap(dst))
+				}
+				if !tt.fill {
+					copy(dst, msg)
+					payload = dst
+				}
+			}
+			if r != nil && r.isDone() {
+				t.Fatal("receive completed before its Deliver")
+			}
+			h.Deliver(0, tt.hdr, payload)
+			if r == nil {
+				// Unexpected or early: a receive posted now finds it
+				// (an out-of-sequence one waits for its predecessor).
+				return
+			}
+			if tt.name == "out of sequence" {
+				if r.isDone() {
+					t.Fatal("a message out of sequence matched")
+				}
+				return
+			}
+			st, err := wait(t, r)
+			if !errors.Is(err, tt.wantErr) && !(err == nil && tt.wantErr == nil) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			n := min(tt.bufLen, len(msg))
+			if st.Source != 0 || st.Tag != tag || st.Count != n || !bytes.Equal(r.buf[:n], msg[:n]) {
+				t.Fatalf("status %+v, content equal %v", st, bytes.Equal(r.buf[:n], msg[:n]))
+			}
+			d.mu.Lock()
+			left, next := len(d.placing), d.recvSeq[0]
+			d.mu.Unlock()
+			if left != 0 || next != 1 {
+				t.Fatalf("%d placed messages left, next sequence number %d, want none and 1", left, next)
+			}
+		})
+	}
+}
+
+// TestPlacedEagerPeerDown reports the source down after Place gave an
+// eager message a place: the subdevice that placed it will not deliver
+// it, so the receive fails; another subdevice losing the peer leaves the
+// fill to the one that placed it.
+func TestPlacedEagerPeerDown(t *testing.T) {
+	for _, sameSub := range []bool{true, false} {
+		d := loopJob(t, 2, smallCaps)[1]
+		h := &handler{d: d, sub: 1}
+		r, err := d.Irecv(make([]byte, 300), 0, 3, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hb := make([]byte, shortHeaderSize)
+		putShort(hb, 3, 0, 0)
+		dst := h.Place(0, hb, 200)
+		if dst == nil {
+			t.Fatal("no place")
+		}
+		if sameSub {
+			h.PeerDown(0, errors.New("read failed"))
+			if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("receive ended with %v, want ErrPeerDown", err)
+			}
+			continue
+		}
+		d.failPlaced(0, 0, ErrPeerDown) // the self path, which placed nothing
+		copy(dst, pattern(200, 1))
+		h.Deliver(0, hb, dst)
+		if _, err := wait(t, r); err != nil {
+			t.Fatalf("receive placed on another subdevice ended with %v", err)
+		}
+	}
+}
