@@ -48,8 +48,7 @@ type subdev struct {
 	// external: served by a plugin process, which polls on a thread of
 	// its own while this rank polls it (progress.go counts those threads).
 	external bool
-	frames   []atomic.Uint64
-	bytes    []atomic.Uint64
+	sent     []traffic // [peer]
 }
 
 // Device is the multidevice of one rank: it owns that rank's subdevices,
@@ -262,7 +261,7 @@ func speaks(versions []string, want string) bool {
 // subdevice may already deliver frames: the receive state exists.
 func (d *Device) addSub(ctx context.Context, name string, sd sdi.SubDevice, config []byte, api string) error {
 	s := &subdev{name: name, idx: len(d.subs), sd: sd,
-		frames: make([]atomic.Uint64, d.size), bytes: make([]atomic.Uint64, d.size)}
+		sent: make([]traffic, d.size)}
 	d.subs = append(d.subs, s)
 	local, err := sd.Open(ctx, sdi.OpenParams{
 		Rank:       sdi.Rank(d.rank),
@@ -469,8 +468,8 @@ func (d *Device) Stats() []LinkStats {
 	var out []LinkStats
 	for peer := range d.size {
 		for _, s := range d.subs {
-			if f := s.frames[peer].Load(); f > 0 {
-				out = append(out, LinkStats{Peer: peer, SubDevice: s.name, Frames: f, Bytes: s.bytes[peer].Load()})
+			if f, b := s.sent[peer].load(); f > 0 {
+				out = append(out, LinkStats{Peer: peer, SubDevice: s.name, Frames: f, Bytes: b})
 			}
 		}
 	}
@@ -526,7 +525,7 @@ func (d *Device) Close(ctx context.Context) error {
 			continue
 		}
 		for _, s := range d.subs[1:] {
-			if s.frames[peer].Load() == 0 {
+			if !s.sent[peer].used() {
 				continue
 			}
 			if err := s.sd.Flush(ctx, sdi.Rank(peer)); err != nil && !errors.Is(err, sdi.ErrClosed) {

@@ -57,8 +57,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 			if err == nil && complete {
 				// Done at once (shm copied it): nobody has seen r yet, so
 				// it completes without the frame accounting's atomics.
-				s.frames[dst].Add(1)
-				s.bytes[dst].Add(uint64(len(buf)))
+				s.sent[dst].add(len(buf))
 				recycleFrame(of)
 				r.completeUnseen()
 				return r, nil
@@ -217,8 +216,7 @@ func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 func (d *Device) sent(s *subdev, of *outFrame, complete bool, err error, direct bool) bool {
 	switch {
 	case err == nil:
-		s.frames[of.f.Peer].Add(1)
-		s.bytes[of.f.Peer].Add(uint64(len(of.f.Payload)))
+		s.sent[of.f.Peer].add(len(of.f.Payload))
 		if complete {
 			d.finishFrame(of, nil)
 		} else {
@@ -261,8 +259,7 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 	of.setShort(int32(dst), int32(tag), context, seq, buf)
 	complete, err := s.sd.Send(&of.f)
 	if err == nil && complete {
-		s.frames[dst].Add(1)
-		s.bytes[dst].Add(uint64(len(buf)))
+		s.sent[dst].add(len(buf))
 		recycleFrame(of)
 		return true, nil
 	}
@@ -324,8 +321,7 @@ func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context 
 		complete, err := s.matcher.SendTagged(m)
 		switch {
 		case err == nil:
-			s.frames[r.peer].Add(1)
-			s.bytes[r.peer].Add(uint64(len(buf)))
+			s.sent[r.peer].add(len(buf))
 			if complete {
 				d.finishFrame(of, nil)
 			} else {
