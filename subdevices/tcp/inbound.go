@@ -27,6 +27,8 @@ type inbound struct {
 	fr    *frameReader
 	err   error         // why the stream ended; nothing is read after it is set
 	ended chan struct{} // closed when err is set, to wake a reader on stand-by
+	// unacked counts the frames delivered since rx.delayAcks last ran.
+	unacked int
 }
 
 // session is the set of inbound lanes one Connect of a peer opened. Its
@@ -315,6 +317,10 @@ func (sd *subDevice) drain(in *inbound, budget int) int {
 		sd.h.Deliver(in.rank, hdr, payload)
 		mu.Unlock()
 		n++
+		if in.unacked++; in.unacked == ackEvery {
+			in.unacked = 0
+			in.rx.delayAcks()
+		}
 	}
 	return n
 }
