@@ -3,6 +3,7 @@ package tcp
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"golang.org/x/sys/unix"
@@ -44,14 +45,7 @@ func setQuickAck(t *testing.T, in *inbound) {
 func TestInboundDelaysAcks(t *testing.T) {
 	nodes := newJob(t, 2, jobOpts{})
 	a, b := nodes[0], nodes[1]
-	sd := b.sd.(*subDevice)
-	var in *inbound
-	b.rec.waitFor(t, "rank 1 reading rank 0's connection", func() bool {
-		if list := sd.pollList.Load(); list != nil && len(*list) > 0 {
-			in = (*list)[0]
-		}
-		return in != nil
-	})
+	in := inboundOf(t, b)
 	sent, got := 0, -1
 	for range 3 {
 		setQuickAck(t, in)
@@ -65,4 +59,85 @@ func TestInboundDelaysAcks(t *testing.T) {
 		}
 	}
 	t.Errorf("TCP_QUICKACK is %d after %d frames, want 0 (acknowledgements delayed)", got, ackEvery)
+}
+
+// unread returns the bytes in's socket holds that were not consumed
+// (SIOCINQ): peeked bytes count until consume discards them.
+func unread(t *testing.T, in *inbound) int {
+	t.Helper()
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	n, err := unix.IoctlGetInt(in.rx.fd, unix.SIOCINQ)
+	if err != nil {
+		t.Fatalf("ioctl SIOCINQ: %v", err)
+	}
+	return n
+}
+
+// inboundOf waits until n reads a connection and returns it.
+func inboundOf(t *testing.T, n *node) *inbound {
+	t.Helper()
+	sd := n.sd.(*subDevice)
+	deadline := time.Now().Add(watchdog)
+	for {
+		if list := sd.pollList.Load(); list != nil && len(*list) > 0 {
+			return (*list)[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("watchdog: rank %d reads no connection", n.rank)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestSmallFramesConsumedLater checks that a small frame is taken from the
+// socket without emptying it, so the kernel sends no ACK from inside the
+// read that delivers it, and that the bytes are discarded afterwards: by
+// the next Poll when ranks poll, and before the reader goroutine waits for
+// its socket when nobody does (else the socket would stay readable and
+// the reader spin).
+func TestSmallFramesConsumedLater(t *testing.T) {
+	frame := &sdi.Frame{Peer: 1, Header: []byte("hdr"), Payload: []byte("8 bytes!")}
+	size := sdi.WireHeaderSize + len(frame.Header) + len(frame.Payload)
+	tests := []struct {
+		name string
+		poll bool
+	}{
+		{"polled", true},
+		{"reader goroutine", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// Stand-by ends only through Idle, so no reader takes over
+			// between two polls.
+			nodes := newJob(t, 2, jobOpts{config: `{"listen": "127.0.0.1:0", "max_connections": 1}`, nap: time.Hour})
+			a, b := nodes[0], nodes[1]
+			in := inboundOf(t, b)
+			if !in.rx.peekOff {
+				t.Skip("the kernel lacks SO_PEEK_OFF for TCP (Linux 6.10 on): frames are read, not peeked")
+			}
+			pb := b.sd.(sdi.Poller)
+			if tt.poll {
+				pb.Poll()
+			} else {
+				awaitReaders(t, 2, "before sending") // one per rank
+			}
+			send(t, a, frame)
+			for tt.poll && b.rec.count(a.rank) == 0 {
+				pb.Poll()
+			}
+			b.rec.waitFor(t, "the frame", func() bool { return len(b.rec.delivered[a.rank]) == 1 })
+			if tt.poll {
+				if got := unread(t, in); got != size {
+					t.Errorf("after the Poll that delivered the frame, the socket holds %d bytes, want the frame's %d", got, size)
+				}
+				pb.Poll()
+			} else {
+				awaitReaders(t, 2, "after the frame")
+			}
+			if got := unread(t, in); got != 0 {
+				t.Errorf("the socket still holds %d bytes, want 0", got)
+			}
+		})
+	}
 }
