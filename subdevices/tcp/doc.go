@@ -125,12 +125,28 @@
 // larger ones are read past it, straight into the place the handler names
 // for the payload when it implements [sdi.Placer] (the receive buffer, so
 // the payload is copied once, from the socket, and not again by the
-// handler), and into one reusable frame buffer otherwise. If a stream ends
+// handler), and into one reusable frame buffer otherwise; after a large
+// frame, the read for the next wire header asks only for the headers, so
+// no part of a following large payload is copied twice. If a stream ends
 // inside a frame being placed, the peer is reported down. Each wire header
 // is checked with [sdi.DecodeWireHeader] before the body is read, so a
 // claimed length beyond the limits is never allocated. A malformed frame
 // closes that connection only, with a Warn naming the peer, its address and
 // what was wrong.
+//
+// Acknowledgements: a connection we only read from looks one-way to the
+// kernel, which then sends a bare ACK from inside every read that empties
+// the socket after a small segment; on loopback that is a whole transmit
+// and its processing, on the message's path. So the read buffer is filled
+// with peeks (MSG_PEEK with SO_PEEK_OFF, Linux 6.10 on; plain reads on
+// older kernels) that leave the bytes in the socket, and the next drain
+// of the connection, or its reader before it waits, discards them without
+// a copy (MSG_TRUNC): the ACK goes out once the handler has the frames.
+// Peeked bytes count against the receive buffer, so more than 16 KiB of
+// them are discarded before the next peek. The inbound socket is also
+// kept in the kernel's ping-pong mode (TCP_QUICKACK off, renewed every 64
+// frames because the kernel leaves that mode after an idle gap), which
+// halves the ACKs that remain.
 //
 // # Progress
 //

@@ -199,3 +199,59 @@ func FuzzFrameReader(f *testing.F) {
 		}
 	})
 }
+
+// TestFrameReaderLargeAfterLarge checks that a large frame following a
+// large one is not read into the read buffer beyond its headers: what
+// lands there is copied a second time, into the frame's place.
+func TestFrameReaderLargeAfterLarge(t *testing.T) {
+	big := bytes.Repeat([]byte{7}, 4*readBufSize)
+	tests := []struct {
+		name   string
+		frames [][2][]byte
+		// most bytes the last frame may take through the read buffer
+		limit int
+	}{
+		{"large after large", [][2][]byte{{[]byte("a"), big}, {[]byte("b"), big}}, sdi.WireHeaderSize + maxHeader},
+		{"small after large", [][2][]byte{{[]byte("a"), big}, {[]byte("b"), []byte("8 bytes!")}}, sdi.WireHeaderSize + maxHeader},
+		{"small after small", [][2][]byte{{[]byte("a"), nil}, {[]byte("b"), big}}, readBufSize},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stream []byte
+			for _, f := range tt.frames {
+				stream = append(stream, encodeFrame(f[0], f[1])...)
+			}
+			var fr *frameReader
+			src := trickle(stream, 0)
+			buffered := 0 // bytes read into the read buffer
+			fr = newFrameReader(func(p []byte) (int, error) {
+				n, err := src(p)
+				if intoReadBuffer(fr, p) {
+					buffered += n
+				}
+				return n, err
+			}, maxHeader, maxFrame)
+			for i, f := range tt.frames {
+				if i == len(tt.frames)-1 {
+					buffered = fr.w - fr.r // already there counts too
+				}
+				h, p, err := nextFrame(t, fr)
+				if err != nil {
+					t.Fatalf("frame %d: %v", i, err)
+				}
+				if !bytes.Equal(h, f[0]) || !bytes.Equal(p, f[1]) {
+					t.Fatalf("frame %d: got %d+%d bytes, not what was sent", i, len(h), len(p))
+				}
+			}
+			if buffered > tt.limit {
+				t.Errorf("the last frame took %d bytes through the read buffer, want at most %d", buffered, tt.limit)
+			}
+		})
+	}
+}
+
+// intoReadBuffer reports whether p is a part of fr's read buffer: they
+// end at the same array element.
+func intoReadBuffer(fr *frameReader, p []byte) bool {
+	return cap(p) > 0 && &p[:cap(p)][cap(p)-1] == &fr.rbuf[:cap(fr.rbuf)][cap(fr.rbuf)-1]
+}

@@ -27,6 +27,8 @@ type inbound struct {
 	fr    *frameReader
 	err   error         // why the stream ended; nothing is read after it is set
 	ended chan struct{} // closed when err is set, to wake a reader on stand-by
+	// unacked counts the frames delivered since rx.delayAcks last ran.
+	unacked int
 }
 
 // session is the set of inbound lanes one Connect of a peer opened. Its
@@ -198,6 +200,7 @@ func (sd *subDevice) read(in *inbound, remote string) {
 	in.mu.Lock()
 	in.rx, in.wid = rx, id
 	in.fr = newFrameReader(rx.read, maxHeader, maxFrame)
+	in.fr.peek = rx.peek
 	if pl, ok := sd.h.(sdi.Placer); ok {
 		// Place is called where Deliver would be, so under the same
 		// per-rank lock; the Deliver of the placed frame follows in
@@ -263,7 +266,11 @@ func (sd *subDevice) standBy(in *inbound) bool {
 // unarmed afterwards, so further traffic wakes nobody.
 func (sd *subDevice) awaitReadable(in *inbound, readable <-chan struct{}) error {
 	in.mu.Lock()
-	err := sd.idle.arm(in.rx.fd, in.wid)
+	// Peeked bytes left in the socket would make it readable at once.
+	err := in.rx.consume()
+	if err == nil {
+		err = sd.idle.arm(in.rx.fd, in.wid)
+	}
 	in.mu.Unlock()
 	if err != nil {
 		return err
@@ -285,6 +292,14 @@ func (sd *subDevice) awaitReadable(in *inbound, readable <-chan struct{}) error 
 func (sd *subDevice) drain(in *inbound, budget int) int {
 	in.fr.rearm()
 	n := 0
+	// What the last drain peeked is discarded now, after the handler
+	// had those frames: see rxfd.peek.
+	if in.err == nil {
+		if err := in.rx.consume(); err != nil {
+			sd.streamEnded(in, err)
+			return 0
+		}
+	}
 	for in.err == nil && n != budget {
 		if sd.closed.Load() {
 			// Close waits for this lock before it returns, so no
@@ -296,13 +311,7 @@ func (sd *subDevice) drain(in *inbound, budget int) int {
 			return n
 		}
 		if err != nil {
-			in.err = err
-			close(in.ended)
-			if in.fr.placing() {
-				// The handler waits for a Deliver into the place it gave;
-				// Placer wants the peer reported down instead.
-				sd.placeFailed(in.rank, err)
-			}
+			sd.streamEnded(in, err)
 			return n
 		}
 		if sd.log.IsTrace() {
@@ -315,8 +324,24 @@ func (sd *subDevice) drain(in *inbound, budget int) int {
 		sd.h.Deliver(in.rank, hdr, payload)
 		mu.Unlock()
 		n++
+		if in.unacked++; in.unacked == ackEvery {
+			in.unacked = 0
+			in.rx.delayAcks()
+		}
 	}
 	return n
+}
+
+// streamEnded records why in's stream ended and wakes its reader, which
+// reports it. The caller holds in.mu.
+func (sd *subDevice) streamEnded(in *inbound, err error) {
+	in.err = err
+	close(in.ended)
+	if in.fr.placing() {
+		// The handler waits for a Deliver into the place it gave;
+		// Placer wants the peer reported down instead.
+		sd.placeFailed(in.rank, err)
+	}
 }
 
 // placeFailed reports rank down because a frame whose payload was being

@@ -135,6 +135,11 @@ func (s *sock) result() (int, error) {
 // that was closed and reused.
 type rxfd struct {
 	fd int // -1 once closed
+	// peekOff is set when the socket has SO_PEEK_OFF (Linux 6.10 on), so
+	// peek can read ahead without consuming; peeked counts the bytes
+	// peek read that the socket still holds.
+	peekOff bool
+	peeked  int
 }
 
 // takeFD duplicates c's socket descriptor (non-blocking, close-on-exec)
@@ -158,25 +163,89 @@ func takeFD(c net.Conn) (*rxfd, error) {
 		return nil, fmt.Errorf("duplicate the socket descriptor: %w", derr)
 	}
 	c.Close()
-	return &rxfd{fd: nfd}, nil
+	r := &rxfd{fd: nfd}
+	r.peekOff = unix.SetsockoptInt(nfd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0) == nil
+	return r, nil
 }
 
-// read reads what the socket holds into p without blocking: n > 0, or
-// errAgain when nothing is there, io.EOF at the end of the stream, or the
-// error.
+// Small frames are read in two steps: peek copies them out of the socket
+// and leaves them there, and consume, at the start of the next poll,
+// discards them without a copy. The kernel acknowledges data when a read
+// empties the socket (on a connection it takes for one-way traffic, such
+// as ours, at once after every second small segment, or every one), and
+// on loopback that ACK is a whole transmit plus the peer's processing of
+// it, inside our read and before the message reaches the handler. A peek
+// leaves the socket holding data, so no ACK goes out until consume, by
+// when the handler has answered. A C ping-pong over two one-way loopback
+// sockets here: 8.1 µs half round trip with plain reads, 4.6 µs with peek
+// and a deferred consume (4.9 µs over one two-way socket).
+
+// peekBacklog is how many peeked bytes the socket may hold before peek
+// consumes them first: they count against the receive buffer, so a
+// stream of frames must not fill it with data we have already read.
+const peekBacklog = 16 << 10
+
+// peek reads like read but leaves the bytes in the socket for consume to
+// discard; without SO_PEEK_OFF it is read.
+func (r *rxfd) peek(p []byte) (int, error) {
+	if !r.peekOff {
+		return r.read(p)
+	}
+	if r.peeked >= peekBacklog {
+		if err := r.consume(); err != nil {
+			return 0, err
+		}
+	}
+	n, err := r.recv(p, unix.MSG_PEEK)
+	r.peeked += n
+	return n, err
+}
+
+// consume discards the bytes peek read from the socket, without copying
+// them, which lets the kernel acknowledge them.
+func (r *rxfd) consume() error {
+	for r.peeked > 0 {
+		if r.fd < 0 {
+			return net.ErrClosed
+		}
+		n, _, e := unix.RawSyscall6(unix.SYS_RECVFROM, uintptr(r.fd), 0, uintptr(r.peeked), unix.MSG_TRUNC|unix.MSG_DONTWAIT, 0, 0)
+		switch {
+		case e == unix.EINTR:
+		case e != 0:
+			return fmt.Errorf("discard peeked bytes: %w", e)
+		case n == 0:
+			return fmt.Errorf("discard peeked bytes: %w", io.ErrUnexpectedEOF)
+		default:
+			r.peeked -= int(n)
+		}
+	}
+	return nil
+}
+
+// read reads what the socket holds into p without blocking, after
+// discarding what peek left there: n > 0, or errAgain when nothing is
+// there, io.EOF at the end of the stream, or the error.
 func (r *rxfd) read(p []byte) (int, error) {
+	if err := r.consume(); err != nil {
+		return 0, err
+	}
+	return r.recv(p, 0)
+}
+
+// recv is read with recv(2) flags.
+func (r *rxfd) recv(p []byte, flags int) (int, error) {
 	if r.fd < 0 {
 		return 0, net.ErrClosed
 	}
 	if len(p) == 0 {
 		return 0, nil
 	}
-	sys := unix.Syscall
+	sys := unix.Syscall6
 	if len(p) <= rawMax {
-		sys = unix.RawSyscall
+		sys = unix.RawSyscall6
 	}
 	for {
-		n, _, e := sys(unix.SYS_READ, uintptr(r.fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)))
+		n, _, e := sys(unix.SYS_RECVFROM, uintptr(r.fd), uintptr(unsafe.Pointer(unsafe.SliceData(p))), uintptr(len(p)), uintptr(flags|unix.MSG_DONTWAIT), 0, 0)
 		switch e {
 		case 0:
 			if n == 0 {
@@ -189,6 +258,30 @@ func (r *rxfd) read(p []byte) (int, error) {
 			return 0, errAgain
 		}
 		return 0, fmt.Errorf("read: %w", e)
+	}
+}
+
+// ackEvery is how many frames an inbound connection delivers between two
+// calls of delayAcks: often enough that a lapse back to quick
+// acknowledgements costs little, rarely enough that the system call is a
+// negligible share of a frame's cost.
+const ackEvery = 64
+
+// delayAcks asks the kernel to stop acknowledging every small segment at
+// once (TCP_QUICKACK off, the "ping-pong" mode an interactive connection
+// gets). We only ever read from an inbound connection, so the kernel takes
+// it for one-way traffic and, on every read that empties the socket after
+// a small segment, sends a bare ACK from inside the read: on loopback that
+// is a whole transmit, and the peer's processing of it, before our read
+// returns with the message; about 1.5 µs of an 8-byte half round trip.
+// In ping-pong mode the kernel acknowledges every second small segment,
+// and every full segment as before, so the sender's window still opens.
+// The mode is not sticky: the kernel leaves it when a delayed ACK's timer
+// fires (an idle gap after an odd number of segments), hence the repeats
+// every ackEvery frames. Failure only costs speed, so it is not reported.
+func (r *rxfd) delayAcks() {
+	if r.fd >= 0 {
+		unix.SetsockoptInt(r.fd, unix.IPPROTO_TCP, unix.TCP_QUICKACK, 0)
 	}
 }
 
