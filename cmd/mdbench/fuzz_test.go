@@ -43,3 +43,15 @@ func FuzzReadSamples(f *testing.F) {
 		_, _ = readSamples(bytes.NewReader(out), io.Discard)
 	})
 }
+
+// FuzzParseCPUTimes feeds arbitrary /proc/stat contents: no panic, and
+// the steal ticks never exceed the total.
+func FuzzParseCPUTimes(f *testing.F) {
+	f.Add("cpu  10 1 5 100 2 0 3 40 0 0\n")
+	f.Add("cpu 1 2 3\n")
+	f.Fuzz(func(t *testing.T, stat string) {
+		if c, ok := parseCPUTimes(stat); ok && c.steal > c.total {
+			t.Fatalf("steal %d > total %d", c.steal, c.total)
+		}
+	})
+}

@@ -247,3 +247,30 @@ func TestRunTimeout(t *testing.T) {
 		t.Errorf("the run took %v to give up", el)
 	}
 }
+
+func TestParseCPUTimes(t *testing.T) {
+	tests := []struct {
+		name  string
+		stat  string
+		want  cpuTimes
+		valid bool
+	}{
+		{"steal column", "cpu  10 1 5 100 2 0 3 40 0 0\ncpu0 5 0 2 50 1 0 1 20 0 0\n", cpuTimes{total: 161, steal: 40}, true},
+		{"no steal column", "cpu  10 1 5 100 2 0 3\n", cpuTimes{}, false},
+		{"not the cpu line", "intr 1 2 3 4 5 6 7 8 9\n", cpuTimes{}, false},
+		{"not a number", "cpu  10 1 5 x 2 0 3 40\n", cpuTimes{}, false},
+		{"empty", "", cpuTimes{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := parseCPUTimes(tt.stat)
+			if ok != tt.valid || (ok && got != tt.want) {
+				t.Fatalf("parseCPUTimes = %+v, %v; want %+v, %v", got, ok, tt.want, tt.valid)
+			}
+		})
+	}
+	before, after := cpuTimes{total: 1000, steal: 100}, cpuTimes{total: 1400, steal: 300}
+	if s := after.stealShare(before); s != 50 {
+		t.Fatalf("stealShare = %v, want 50", s)
+	}
+}

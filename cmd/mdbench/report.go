@@ -49,16 +49,21 @@ type ratio struct {
 
 // report is everything one mdbench run found.
 type report struct {
-	Command    string   `json:"command"`
-	Route      string   `json:"route"`
-	Reps       int      `json:"reps"`
-	CPUs       int      `json:"cpus"`
-	LoadBefore string   `json:"load_before"`
-	LoadAfter  string   `json:"load_after"`
-	Series     []string `json:"series"`
-	Stats      []stat   `json:"results"`
-	Ratios     []ratio  `json:"ratios"`
-	Notes      []string `json:"notes,omitempty"`
+	Command    string `json:"command"`
+	Route      string `json:"route"`
+	Reps       int    `json:"reps"`
+	CPUs       int    `json:"cpus"`
+	LoadBefore string `json:"load_before"`
+	// Steal is the share of the CPUs' time the hypervisor gave to other
+	// guests while this run went on (the steal column of /proc/stat), in
+	// percent, or -1 where that is not known. A run with much steal
+	// measured the host more than the library.
+	Steal     float64  `json:"steal_percent"`
+	LoadAfter string   `json:"load_after"`
+	Series    []string `json:"series"`
+	Stats     []stat   `json:"results"`
+	Ratios    []ratio  `json:"ratios"`
+	Notes     []string `json:"notes,omitempty"`
 }
 
 // collector gathers samples by (test, size, series).
@@ -150,8 +155,12 @@ func (r *report) ratio(test string, size int, to string) (float64, bool) {
 // writeTable prints one table per test: medians with [min, max], then our
 // median divided by each other series'.
 func (r *report) writeTable(w io.Writer) error {
-	fmt.Fprintf(w, "mdbench: %s; %d repetitions, medians [min, max]; %d CPUs, load %s -> %s\n",
-		r.Route, r.Reps, r.CPUs, r.LoadBefore, r.LoadAfter)
+	steal := "steal unknown"
+	if r.Steal >= 0 {
+		steal = fmt.Sprintf("%.0f%% of CPU time stolen by the hypervisor", r.Steal)
+	}
+	fmt.Fprintf(w, "mdbench: %s; %d repetitions, medians [min, max]; %d CPUs, load %s -> %s, %s\n",
+		r.Route, r.Reps, r.CPUs, r.LoadBefore, r.LoadAfter, steal)
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}

@@ -224,6 +224,7 @@ func (o *options) write(rep *report, stdout io.Writer) error {
 func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error) {
 	logger := hclog.New(&hclog.LoggerOptions{Name: "mdbench", Level: hclog.LevelFromString(envOr("MD_LOG_LEVEL", "warn")), Output: stderr})
 	rep := &report{Route: o.route(), Reps: o.reps, CPUs: runtime.NumCPU(), LoadBefore: loadAvg()}
+	cpu0, ok0 := readCPUTimes()
 	col := newCollector()
 
 	var mpis []mpi
@@ -373,7 +374,54 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	}
 	col.summarize(rep)
 	rep.LoadAfter = loadAvg()
+	rep.Steal = -1
+	if cpu1, ok1 := readCPUTimes(); ok0 && ok1 {
+		rep.Steal = cpu1.stealShare(cpu0)
+	}
 	return rep, nil
+}
+
+// cpuTimes are the all-CPU totals of /proc/stat's first line, in ticks.
+type cpuTimes struct{ total, steal uint64 }
+
+// readCPUTimes reads them; ok is false where /proc/stat is missing or has
+// no steal column (kernels before 2.6.11).
+func readCPUTimes() (t cpuTimes, ok bool) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return t, false
+	}
+	return parseCPUTimes(string(b))
+}
+
+// parseCPUTimes reads the "cpu" line: user nice system idle iowait irq
+// softirq steal ...; guest time is already inside user and nice.
+func parseCPUTimes(stat string) (t cpuTimes, ok bool) {
+	line, _, _ := strings.Cut(stat, "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return t, false
+	}
+	for i, s := range f[1:min(len(f), 9)] {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil || t.total+v < t.total {
+			return cpuTimes{}, false
+		}
+		t.total += v
+		if i == 7 {
+			t.steal = v
+		}
+	}
+	return t, true
+}
+
+// stealShare is the percentage of the time between before and t that
+// was stolen.
+func (t cpuTimes) stealShare(before cpuTimes) float64 {
+	if t.total <= before.total {
+		return 0
+	}
+	return 100 * float64(t.steal-before.steal) / float64(t.total-before.total)
 }
 
 // loadAvg returns the 1-minute load average, or "?".
