@@ -83,10 +83,13 @@ func helperRank(role string) error {
 	switch role {
 	case "relay-die":
 		// Dies like a crashed process once it carries traffic, at a
-		// moment it holds blocks that have not reached the destination.
+		// moment it holds blocks that have not reached the destination:
+		// at least a data block's worth (16 KiB), since the acknowledgement
+		// and credit frames the destination sends back are held too, and a
+		// death holding only those left the source nothing to send again.
 		go func() {
 			for {
-				if st := d.ForwardStats(); st.Forwarded >= 100 && st.Held > 0 {
+				if st := d.ForwardStats(); st.Forwarded >= 100 && st.Held >= 16<<10 {
 					os.Exit(3)
 				}
 				time.Sleep(20 * time.Microsecond)
