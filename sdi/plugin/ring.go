@@ -41,8 +41,6 @@ import (
 //
 //	+32   hostPolls   uint32  the host's Poll count, stored every pollsPerTick polls
 //	+36   hostParked  uint32  1 once the polling rank parked (sdi.Idler.Idle)
-//	+40   placeSlots  uint32  slots of the place area (place.go); 0: there is none
-//	+48   slotBytes   uint64  bytes per slot of the place area
 //
 // While hostPolls moves and hostParked is 0, the plugin polls its subdevice
 // on its ring goroutine, as the rank would poll a built-in one; otherwise
@@ -81,8 +79,6 @@ const (
 
 	offHostPolls  = 32
 	offHostParked = 36
-	offPlaceSlots = 40
-	offSlotBytes  = 48
 
 	minRingBytes = 1 << 16
 	maxRingBytes = 1 << 28
@@ -181,57 +177,33 @@ func (r *ring) maxRecord() int { return int(r.size / 2) }
 // tryWrite appends one record without blocking. It reports false when the
 // ring has no room. Producer side only.
 func (r *ring) tryWrite(kind uint8, peer sdi.Rank, aux uint32, header, payload []byte) bool {
-	b, head, ok := r.reserve(recordLen(len(header), len(payload)))
-	if ok {
-		putRecord(b, kind, peer, aux, header, payload)
-		r.publish(head)
-	}
-	return ok
-}
-
-// tryWritePlaced appends a kindPlaced record, like tryWrite.
-func (r *ring) tryWritePlaced(peer sdi.Rank, slot uint32, header []byte, n int) bool {
-	b, head, ok := r.reserve(recordLen(len(header), 0))
-	if ok {
-		putPlacedRecord(b, peer, slot, header, n)
-		r.publish(head)
-	}
-	return ok
-}
-
-// reserve finds room for a record of n bytes, padding to the end of the
-// ring first if it does not fit there. It returns where the record goes and
-// the head that publishes it, or false when the ring has no room.
-func (r *ring) reserve(n int) ([]byte, uint64, bool) {
+	n := uint64(recordLen(len(header), len(payload)))
 	head := r.head.Load()
 	off := head & r.mask
-	need := uint64(n)
-	if rest := r.size - off; uint64(n) > rest {
-		need = rest + uint64(n) // pad to the end, then the record at the start
+	need := n
+	if rest := r.size - off; n > rest {
+		need = rest + n // pad to the end, then the record at the start
 	}
 	if head+need-r.wtail > r.size {
 		r.wtail = r.tail.Load()
 		if head+need-r.wtail > r.size {
-			return nil, 0, false
+			return false
 		}
 	}
-	if need != uint64(n) {
+	if need != n {
 		rest := r.size - off
 		putRecord(r.data[off:], kindPad, 0, 0, nil, nil)
 		binary.LittleEndian.PutUint32(r.data[off+4:], uint32(rest-recordPrefix))
 		head += rest
 		off = 0
 	}
-	return r.data[off : off+uint64(n)], head + uint64(n), true
-}
-
-// publish makes what reserve returned visible to the consumer.
-func (r *ring) publish(head uint64) {
-	r.head.Store(head)
+	putRecord(r.data[off:], kind, peer, aux, header, payload)
+	r.head.Store(head + n)
 	if r.dataWait.Load() != 0 {
 		r.dataBell.Add(1)
 		futex.Wake((*uint32)(unsafe.Pointer(r.dataBell)), 1)
 	}
+	return true
 }
 
 // waitRoom blocks until a record of n bytes may fit, or for at most d.
@@ -250,51 +222,45 @@ func (r *ring) waitRoom(n int, d time.Duration) {
 // has released, so a record's bytes can stay in place until the plugin's
 // subdevice is done with them; release order is the read order.
 type reader struct {
-	r   *ring
-	lim limits
-	// read is the cursor of the next record to read. Only the consumer
-	// moves it, but a goroutine about to sleep checks it (empty) while
-	// another consumes (the host's poller), hence atomic.
-	read atomic.Uint64
+	r    *ring
+	lim  limits
+	read uint64 // cursor of the next record to read
 }
 
 // next returns the next record, if one is there, and the cursor just past
 // it, which release takes. Consumer side only.
 func (rd *reader) next() (record, uint64, bool, error) {
 	r := rd.r
-	read := rd.read.Load()
 	for {
 		head := r.head.Load()
-		if read == head {
-			rd.read.Store(read)
+		if rd.read == head {
 			return record{}, 0, false, nil
 		}
-		if head-read > r.size || head < read {
-			return record{}, 0, false, fmt.Errorf("%w: ring head %d is not within %d bytes after %d", sdi.ErrBadFrame, head, r.size, read)
+		if head-rd.read > r.size || head < rd.read {
+			return record{}, 0, false, fmt.Errorf("%w: ring head %d is not within %d bytes after %d", sdi.ErrBadFrame, head, r.size, rd.read)
 		}
-		off := read & r.mask
-		avail := min(head-read, r.size-off)
+		off := rd.read & r.mask
+		avail := min(head-rd.read, r.size-off)
 		b := r.data[off : off+avail]
 		if len(b) >= recordPrefix && b[0] == kindPad {
 			skip := uint64(binary.LittleEndian.Uint32(b[4:])) + recordPrefix
 			if skip != r.size-off || skip > avail {
-				return record{}, 0, false, fmt.Errorf("%w: pad record at %d covers %d bytes, the ring has %d left", sdi.ErrBadFrame, read, skip, r.size-off)
+				return record{}, 0, false, fmt.Errorf("%w: pad record at %d covers %d bytes, the ring has %d left", sdi.ErrBadFrame, rd.read, skip, r.size-off)
 			}
-			read += skip
+			rd.read += skip
 			continue
 		}
 		rec, n, err := decodeRecord(b, rd.lim)
 		if err != nil {
-			return record{}, 0, false, fmt.Errorf("ring at %d: %w", read, err)
+			return record{}, 0, false, fmt.Errorf("ring at %d: %w", rd.read, err)
 		}
-		read += uint64(n)
-		rd.read.Store(read)
-		return rec, read, true, nil
+		rd.read += uint64(n)
+		return rec, rd.read, true, nil
 	}
 }
 
 // empty reports whether nothing is left to read.
-func (rd *reader) empty() bool { return rd.r.head.Load() == rd.read.Load() }
+func (rd *reader) empty() bool { return rd.r.head.Load() == rd.read }
 
 // release hands the bytes before cursor back to the producer.
 func (r *ring) release(cursor uint64) {
