@@ -222,45 +222,51 @@ func (r *ring) waitRoom(n int, d time.Duration) {
 // has released, so a record's bytes can stay in place until the plugin's
 // subdevice is done with them; release order is the read order.
 type reader struct {
-	r    *ring
-	lim  limits
-	read uint64 // cursor of the next record to read
+	r   *ring
+	lim limits
+	// read is the cursor of the next record to read. Only the consumer
+	// moves it, but a goroutine about to sleep checks it (empty) while
+	// another consumes (the host's poller), hence atomic.
+	read atomic.Uint64
 }
 
 // next returns the next record, if one is there, and the cursor just past
 // it, which release takes. Consumer side only.
 func (rd *reader) next() (record, uint64, bool, error) {
 	r := rd.r
+	read := rd.read.Load()
 	for {
 		head := r.head.Load()
-		if rd.read == head {
+		if read == head {
+			rd.read.Store(read)
 			return record{}, 0, false, nil
 		}
-		if head-rd.read > r.size || head < rd.read {
-			return record{}, 0, false, fmt.Errorf("%w: ring head %d is not within %d bytes after %d", sdi.ErrBadFrame, head, r.size, rd.read)
+		if head-read > r.size || head < read {
+			return record{}, 0, false, fmt.Errorf("%w: ring head %d is not within %d bytes after %d", sdi.ErrBadFrame, head, r.size, read)
 		}
-		off := rd.read & r.mask
-		avail := min(head-rd.read, r.size-off)
+		off := read & r.mask
+		avail := min(head-read, r.size-off)
 		b := r.data[off : off+avail]
 		if len(b) >= recordPrefix && b[0] == kindPad {
 			skip := uint64(binary.LittleEndian.Uint32(b[4:])) + recordPrefix
 			if skip != r.size-off || skip > avail {
-				return record{}, 0, false, fmt.Errorf("%w: pad record at %d covers %d bytes, the ring has %d left", sdi.ErrBadFrame, rd.read, skip, r.size-off)
+				return record{}, 0, false, fmt.Errorf("%w: pad record at %d covers %d bytes, the ring has %d left", sdi.ErrBadFrame, read, skip, r.size-off)
 			}
-			rd.read += skip
+			read += skip
 			continue
 		}
 		rec, n, err := decodeRecord(b, rd.lim)
 		if err != nil {
-			return record{}, 0, false, fmt.Errorf("ring at %d: %w", rd.read, err)
+			return record{}, 0, false, fmt.Errorf("ring at %d: %w", read, err)
 		}
-		rd.read += uint64(n)
-		return rec, rd.read, true, nil
+		read += uint64(n)
+		rd.read.Store(read)
+		return rec, read, true, nil
 	}
 }
 
 // empty reports whether nothing is left to read.
-func (rd *reader) empty() bool { return rd.r.head.Load() == rd.read }
+func (rd *reader) empty() bool { return rd.r.head.Load() == rd.read.Load() }
 
 // release hands the bytes before cursor back to the producer.
 func (r *ring) release(cursor uint64) {
