@@ -43,14 +43,25 @@ func rankMain(role string) int {
 		}
 		fmt.Printf("rank %d of %d: order ok\n", c.Rank(), c.Size())
 	case "exit3", "panic":
-		if c.Rank() == 2 && role == "exit3" {
-			os.Exit(3)
-		}
-		if c.Rank() == 1 && role == "panic" {
-			panic("rank 1 gives up")
-		}
-		if c.Rank() == 0 {
+		// The failing rank dies only once rank 0 printed the job id the
+		// test needs, and says so: mdrun ends the job at once.
+		failing := map[string]int{"exit3": 2, "panic": 1}[role]
+		switch c.Rank() {
+		case 0:
 			fmt.Printf("jobid=%s\n", os.Getenv(bootstrap.EnvJobID))
+			if err := c.Send(ctx, []byte{1}, failing, 7); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+		case failing:
+			if _, err := c.Recv(ctx, make([]byte, 1), 0, 7); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			if role == "exit3" {
+				os.Exit(3)
+			}
+			panic("rank 1 gives up")
 		}
 		// The others wait for a message that never comes; mdrun must end them.
 		_, err := c.Recv(ctx, make([]byte, 1), adi.AnySource, adi.AnyTag)
