@@ -525,7 +525,7 @@ func (d *Device) Close(ctx context.Context) error {
 			continue
 		}
 		for _, s := range d.subs[1:] {
-			if !s.sent[peer].used() {
+			if f, _ := s.sent[peer].load(); f == 0 {
 				continue
 			}
 			if err := s.sd.Flush(ctx, sdi.Rank(peer)); err != nil && !errors.Is(err, sdi.ErrClosed) {

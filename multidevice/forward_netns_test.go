@@ -84,12 +84,12 @@ func helperRank(role string) error {
 	case "relay-die":
 		// Dies like a crashed process once it carries traffic, at a
 		// moment it holds blocks that have not reached the destination:
-		// at least a data block's worth (16 KiB), since the acknowledgement
+		// at least a quarter of a data block, since the acknowledgement
 		// and credit frames the destination sends back are held too, and a
 		// death holding only those left the source nothing to send again.
 		go func() {
 			for {
-				if st := d.ForwardStats(); st.Forwarded >= 100 && st.Held >= 16<<10 {
+				if st := d.ForwardStats(); st.Forwarded >= 100 && st.Held >= defaultBlockSize/4 {
 					os.Exit(3)
 				}
 				time.Sleep(20 * time.Microsecond)

@@ -57,13 +57,3 @@ func (t *traffic) load() (frames, bytes uint64) {
 	v := t.w.Load()
 	return t.frames + v>>trafficByteBits, t.bytes + v&trafficByteMask
 }
-
-// used reports whether any frame was counted.
-func (t *traffic) used() bool {
-	if t.w.Load() != 0 {
-		return true
-	}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.frames != 0 || t.w.Load() != 0
-}
