@@ -89,6 +89,7 @@ type Device struct {
 	rndvRecv   map[uint64]*Request // receives waiting for data, by request id
 	syncSend   map[uint64]*Request // synchronous eager sends waiting for the acknowledgement
 	placing    []placedEager       // eager messages matched in Place, waiting for their Deliver: place.go
+	filling    []placedBlock       // rendezvous blocks given a place, being filled: place.go
 
 	genMu sync.Mutex
 	gen   chan struct{} // closed and replaced on a completion or arrival after Changed
@@ -569,7 +570,7 @@ func (d *Device) failAll(err error) {
 	for _, p := range d.placing {
 		reqs = append(reqs, p.r)
 	}
-	d.placing = nil
+	d.placing, d.filling = nil, nil // the subdevices are closed: nothing fills them any more
 	for _, m := range []map[uint64]*Request{d.rndvSend, d.rndvRecv, d.syncSend} {
 		for id, r := range m {
 			reqs = append(reqs, r)

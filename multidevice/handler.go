@@ -44,7 +44,7 @@ func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 			"from", from, "source", hdr.src, "destination", hdr.dst)
 		return
 	}
-	if hdr.kind == kindSys && hdr.tag == sysData && d.placedData(&hdr, payload) {
+	if hdr.kind == kindSys && hdr.tag == sysData && d.placedData(h.sub, &hdr, payload) {
 		return // Place put it into the receive buffer (place.go)
 	}
 	d.dispatch(&hdr, payload)
@@ -126,10 +126,9 @@ func (d *Device) failPeer(peer int, why, cause error) {
 			}
 		}
 	}
-	for id, r := range d.rndvRecv {
-		if r.status.Source == peer {
+	for _, r := range d.rndvRecv {
+		if r.status.Source == peer && d.failRndvLocked(r, cause) {
 			failed = append(failed, r)
-			delete(d.rndvRecv, id)
 		}
 	}
 	for i := 0; i < len(d.posted); {

@@ -284,28 +284,26 @@ func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
 func (d *Device) onData(from int32, h *header, payload []byte) {
 	d.mu.Lock()
 	r := d.rndvRecv[h.rreq]
-	d.mu.Unlock()
 	if r == nil || r.status.Source != int(from) {
+		d.mu.Unlock()
 		d.log.Warn("dropping data block for no pending receive", "from", from, "request", h.rreq)
 		return
 	}
 	want := r.rndvLen
 	end := h.offset + uint64(len(payload))
 	if end > want || end < h.offset {
+		d.mu.Unlock()
 		d.log.Warn("dropping data block outside the receive buffer", "from", from, "offset", h.offset, "len", len(payload), "expected", want)
 		return
 	}
-	// Blocks cover disjoint ranges, so they copy without the matching lock.
-	// Blocks that came through different gateways arrive concurrently: once
-	// this one is counted, another may complete r and its owner reuse it,
-	// so nothing of r is read after the addition.
+	// Blocks cover disjoint ranges, so they copy without the matching
+	// lock; blocks that came through different gateways copy concurrently.
+	// Counted busy meanwhile, r does not complete, not even on failure,
+	// until this copy is over.
+	r.rndvBusy++
+	d.mu.Unlock()
 	copy(r.buf[h.offset:], payload)
-	if r.received.Add(uint64(len(payload))) == want {
-		d.mu.Lock()
-		delete(d.rndvRecv, r.id)
-		d.mu.Unlock()
-		r.complete(r.status, r.truncErr)
-	}
+	d.blockDone(r, uint64(len(payload)))
 }
 
 // Cancel cancels a receive that has not matched yet: it completes with

@@ -30,9 +30,11 @@ import (
 // first), blocks for unknown requests, and blocks that would run past the
 // receive's length.
 //
-// The slice stays valid until the Deliver that follows: the request is
-// not completed before its bytes are counted, and they are counted only in
-// that Deliver.
+// The slice stays valid until the Deliver that follows (or the placing
+// subdevice's PeerDown): the request is not completed before its bytes
+// are counted, they are counted only in that Deliver, and a receive that
+// fails meanwhile (its source lost on another subdevice) completes only
+// once no placed block of it is still being filled.
 func (h *handler) Place(from sdi.Rank, hb []byte, n int) []byte {
 	d := h.d
 	// Cheap tests first: Place is called for every large frame.
@@ -49,54 +51,91 @@ func (h *handler) Place(from sdi.Rank, hb []byte, n int) []byte {
 	if err != nil || hdr.tag != sysData || hdr.dst != d.rank || hdr.src != int32(from) {
 		return nil
 	}
-	r := d.rndvWaiting(&hdr)
-	if r == nil {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.rndvRecv[hdr.rreq]
+	if r == nil || r.status.Source != int(hdr.src) {
 		return nil
 	}
 	end := hdr.offset + uint64(n)
 	if end < hdr.offset || end > r.rndvLen {
 		return nil
 	}
+	r.rndvBusy++
+	d.filling = append(d.filling, placedBlock{r: r, sub: h.sub, off: hdr.offset})
 	return r.buf[hdr.offset:end:end]
 }
 
-// rndvWaiting returns the rendezvous receive a data block is for, if it
-// still waits for data from the block's source.
-func (d *Device) rndvWaiting(h *header) *Request {
-	d.mu.Lock()
-	r := d.rndvRecv[h.rreq]
-	d.mu.Unlock()
-	if r == nil || r.status.Source != int(h.src) {
-		return nil
-	}
-	return r
+// placedBlock is a rendezvous data block that Place gave a slice of its
+// receive's buffer: sub is filling it, and delivers it or reports the
+// source down. Until then the receive counts it as busy (Request.rndvBusy)
+// and does not complete, even if it fails meanwhile: the subdevice may
+// still be writing into the buffer, which its owner could already reuse.
+type placedBlock struct {
+	r   *Request
+	sub int
+	off uint64
 }
 
-// placedData completes the accounting for a data block whose payload
-// Place put into the receive buffer, and reports whether it was one: the
-// payload is the slice of the buffer at the block's offset, so there is
-// nothing to copy. Anything else is left to onData.
-func (d *Device) placedData(h *header, payload []byte) bool {
-	if len(payload) == 0 {
-		return false
-	}
-	r := d.rndvWaiting(h)
-	if r == nil {
-		return false
-	}
-	end := h.offset + uint64(len(payload))
-	if end < h.offset || end > r.rndvLen || &payload[0] != &r.buf[h.offset] {
-		return false
-	}
-	// As in onData: once this block is counted another may complete r,
-	// so nothing of r is read after the addition unless this one did.
-	if r.received.Add(uint64(len(payload))) == r.rndvLen {
-		d.mu.Lock()
-		delete(d.rndvRecv, r.id)
+// placedData completes the accounting for a data block that sub filled
+// in place, and reports whether it was one. A subdevice that delivers it
+// from another buffer after all is copied from. Anything else is left to
+// onData.
+func (d *Device) placedData(sub int, h *header, payload []byte) bool {
+	d.mu.Lock()
+	i := slices.IndexFunc(d.filling, func(p placedBlock) bool {
+		return p.sub == sub && p.off == h.offset && p.r.id == h.rreq && p.r.status.Source == int(h.src)
+	})
+	if i < 0 {
 		d.mu.Unlock()
-		r.complete(r.status, r.truncErr)
+		return false
 	}
+	r := d.filling[i].r
+	d.filling = slices.Delete(d.filling, i, i+1)
+	d.mu.Unlock()
+	place := r.buf[h.offset:r.rndvLen]
+	n := len(payload)
+	if n > 0 && &payload[0] != &place[0] {
+		n = copy(place, payload)
+	}
+	d.blockDone(r, uint64(min(n, len(place))))
 	return true
+}
+
+// blockDone counts n bytes that a data block wrote into r's buffer and
+// ends the block's busy count: r completes once it holds every byte it
+// asked for, or, if it failed while blocks were being written, once the
+// last of them is done.
+func (d *Device) blockDone(r *Request, n uint64) {
+	d.mu.Lock()
+	r.rndvBusy--
+	var done bool
+	var st Status
+	err := r.rndvFail
+	if err != nil {
+		done = r.rndvBusy == 0
+	} else {
+		r.received += n
+		if done = r.received == r.rndvLen; done {
+			delete(d.rndvRecv, r.id)
+			st, err = r.status, r.truncErr
+		}
+	}
+	d.mu.Unlock()
+	if done {
+		r.complete(st, err)
+	}
+}
+
+// failRndvLocked fails r, a rendezvous receive waiting for data, with err,
+// and reports whether it can complete now; with blocks still being
+// written into its buffer it completes when the last is done (blockDone).
+func (d *Device) failRndvLocked(r *Request, err error) bool {
+	delete(d.rndvRecv, r.id)
+	if r.rndvFail == nil {
+		r.rndvFail = err
+	}
+	return r.rndvBusy == 0
 }
 
 // placedEager is an eager message matched by Place: its receive left the
@@ -170,8 +209,9 @@ func (d *Device) finishPlacedLocked(h *header, payload []byte) bool {
 	return true
 }
 
-// failPlaced fails the receives of eager messages from peer that sub
-// placed and will not deliver, since it reported peer down.
+// failPlaced fails the receives of messages from peer that sub placed
+// and will not deliver, since it reported peer down: eager messages, and
+// rendezvous receives that a placed block will now never complete.
 func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
 	d.mu.Lock()
 	var failed []*Request
@@ -182,8 +222,22 @@ func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
 		}
 		return false
 	})
+	d.filling = slices.DeleteFunc(d.filling, func(p placedBlock) bool {
+		if p.sub != sub || p.r.status.Source != int(peer) {
+			return false
+		}
+		p.r.rndvBusy--
+		if d.failRndvLocked(p.r, err) {
+			failed = append(failed, p.r)
+		}
+		return true
+	})
 	d.mu.Unlock()
 	for _, r := range failed {
-		r.complete(Status{}, err)
+		if r.rndvFail != nil { // it left every queue: nobody else writes it
+			r.complete(Status{}, r.rndvFail)
+		} else {
+			r.complete(Status{}, err)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package multidevice
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -27,6 +28,7 @@ func TestPlace(t *testing.T) {
 		d.mu.Lock()
 		delete(d.rndvRecv, full.id)
 		delete(d.rndvRecv, trunc.id)
+		d.filling = nil // the places handed out are never filled
 		d.mu.Unlock()
 	})
 	data := func(rreq, off uint64) header {
@@ -82,21 +84,24 @@ func TestPlace(t *testing.T) {
 }
 
 // TestPlacedDeliver fills placed blocks and delivers them: the receive
-// completes with the bytes, truncation still reported, and a block
-// delivered from elsewhere is copied as before.
+// completes with the bytes, truncation still reported; a placed block
+// delivered from another buffer after all, and a block never placed, are
+// copied.
 func TestPlacedDeliver(t *testing.T) {
 	devs := loopJob(t, 2, smallCaps)
 	d := devs[1]
 	h := &handler{d: d}
 	msg := pattern(1000, 9)
 	tests := []struct {
-		name    string
-		bufLen  int
-		placed  bool
-		wantErr error
+		name      string
+		bufLen    int
+		placed    bool
+		elsewhere bool // placed, but delivered from a buffer of the subdevice's own
+		wantErr   error
 	}{
 		{name: "placed", bufLen: 1000, placed: true},
 		{name: "placed, truncated", bufLen: 600, placed: true, wantErr: ErrTruncated},
+		{name: "placed, delivered from elsewhere", bufLen: 1000, placed: true, elsewhere: true},
 		{name: "copied", bufLen: 1000},
 	}
 	for i, tt := range tests {
@@ -119,21 +124,10 @@ func TestPlacedDeliver(t *testing.T) {
 					if dst == nil {
 						t.Fatalf("block at %d got no place", off)
 					}
-					copy(dst, payload)
-					hdr, err := decodeHeader(hb, 2)
-					if err != nil {
-						t.Fatal(err)
+					if !tt.elsewhere {
+						copy(dst, payload)
+						payload = dst
 					}
-					if d.placedData(&hdr, payload) {
-						t.Fatalf("block at %d in a buffer of its own taken for a placed one", off)
-					}
-					if off == 0 { // the first straight, the others through Deliver
-						if !d.placedData(&hdr, dst) {
-							t.Fatalf("placed block at %d not recognised", off)
-						}
-						continue
-					}
-					payload = dst
 				}
 				h.Deliver(0, hb, payload)
 			}
@@ -146,9 +140,67 @@ func TestPlacedDeliver(t *testing.T) {
 			}
 			d.mu.Lock()
 			_, left := d.rndvRecv[id]
+			filling := len(d.filling)
 			d.mu.Unlock()
-			if left {
-				t.Fatal("completed receive still waits for data")
+			if left || filling != 0 {
+				t.Fatalf("completed receive still waits for data (%v) or has blocks filling (%d)", left, filling)
+			}
+		})
+	}
+}
+
+// TestPlacedBlockOutlivesFailure checks that a rendezvous receive whose
+// source is lost while a subdevice fills a block placed in its buffer
+// completes with the failure only once that block is delivered: until
+// then the subdevice may write into the buffer, which the receive's
+// owner reuses once it completes. If the subdevice that placed the block
+// reports the source down instead, the receive fails at once.
+func TestPlacedBlockOutlivesFailure(t *testing.T) {
+	tests := []struct {
+		name       string
+		placingSub bool // the subdevice that placed the block reports the loss
+	}{
+		{name: "another subdevice loses the source"},
+		{name: "the placing subdevice loses the source", placingSub: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := loopJob(t, 2, smallCaps)[1]
+			h := &handler{d: d, sub: 1}
+			const id = 900
+			r := &Request{d: d, id: id, buf: make([]byte, 500), rndvLen: 500, status: Status{Source: 0, Count: 500}}
+			d.mu.Lock()
+			d.rndvRecv[id] = r
+			d.mu.Unlock()
+			hb := make([]byte, headerSize)
+			(&header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: id, length: 500}).put(hb)
+			dst := h.Place(0, hb, 250)
+			if dst == nil {
+				t.Fatal("block got no place")
+			}
+			lost := errors.New("link lost")
+			if tt.placingSub {
+				h.PeerDown(0, lost)
+				if !r.isDone() {
+					t.Fatal("receive still waits for a block its subdevice will not deliver")
+				}
+			} else {
+				d.failPeer(0, lost, fmt.Errorf("%w: %v", ErrPeerDown, lost))
+				if r.isDone() {
+					t.Fatal("receive completed while a subdevice still fills its buffer")
+				}
+				copy(dst, pattern(250, 3))
+				h.Deliver(0, hb, dst)
+			}
+			if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("receive ended with %v, want ErrPeerDown", err)
+			}
+			d.mu.Lock()
+			_, left := d.rndvRecv[id]
+			filling := len(d.filling)
+			d.mu.Unlock()
+			if left || filling != 0 {
+				t.Fatalf("failed receive still waits for data (%v) or has blocks filling (%d)", left, filling)
 			}
 		})
 	}

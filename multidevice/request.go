@@ -76,8 +76,12 @@ type Request struct {
 
 	// Rendezvous receive: set at match, then updated by data frames.
 	rndvLen  uint64
-	received atomic.Uint64
 	truncErr error
+	// Under Device.mu: bytes written, blocks being written into buf
+	// (placed or copying), and the failure that completes r once none is.
+	received uint64
+	rndvBusy int32
+	rndvFail error
 
 	// Send side: frames (and an acknowledgement) still outstanding, and
 	// the frame a pooled request keeps for its eager sends (requests the
@@ -275,12 +279,9 @@ func (r *Request) rearm() {
 	r.id, r.send, r.peer = 0, false, 0
 	r.status, r.err = Status{}, nil
 	r.tag, r.context, r.buf, r.claim, r.atSub = 0, 0, nil, nil, -1
-	r.rndvLen, r.truncErr = 0, nil
+	r.rndvLen, r.truncErr, r.received, r.rndvBusy, r.rndvFail = 0, nil, 0, 0, nil
 	if r.of != nil {
 		r.of.f.Payload = nil // the rest of the frame is overwritten by the next send
-	}
-	if r.received.Load() != 0 {
-		r.received.Store(0)
 	}
 	if r.sendErr.Load() != nil {
 		r.sendErr.Store(nil)
