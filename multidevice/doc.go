@@ -57,8 +57,8 @@
 //
 // A standard-mode eager message to a directly reached peer carries a
 // 24-byte header (header.go), so that with shm an 8-byte message is a
-// 48-byte record, less than a cache line (shm aligns records to 16 bytes,
-// so half of them still straddle two lines). A blocking Send of such a
+// 48-byte record, less than a cache line (shm aligns records to 64 bytes,
+// so the receiver reads one line per such message). A blocking Send of such a
 // message that the subdevice completes at once (done=true) uses a pooled
 // frame and no request at all; an Isend completes its request in place
 // with one store (none for a reused request, which stays done), and
