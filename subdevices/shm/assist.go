@@ -153,8 +153,8 @@ func (rc *receiver) awaitSender(r, pid int, done *atomic.Uint64, want int) (bool
 		if pid != 0 && errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
 			return false, fmt.Errorf("process %d of rank %d exited while copying a payload: %w", pid, r, sdi.ErrPeerUnreachable)
 		}
-		if time.Since(start) > assistPatience {
-			return false, fmt.Errorf("%w: rank %d took part of a payload and did not copy it within %v", sdi.ErrBadFrame, r, assistPatience)
+		if time.Since(start) > rc.sd.assistPatience {
+			return false, fmt.Errorf("%w: rank %d took part of a payload and did not copy it within %v", sdi.ErrBadFrame, r, rc.sd.assistPatience)
 		}
 	}
 }

@@ -53,6 +53,8 @@
 //	| ring 0: tail (producer cursor at disconnect), attached, revoked |
 //	|         pad to 128                                              |
 //	|         head (consumer cursor), readable | pad to 256           |
+//	|         assist request: cursor, address, length | pad to 384    |
+//	|         assist claim, assist done | pad to 512                  |
 //	|         data [ring_bytes]                                       |
 //	+-----------------------------------------------------------------+
 //	| ring 1 ... ring nrings-1 (same shape)                           |
@@ -169,7 +171,15 @@
 // ([sdi.Placer], found by a type assertion at Open; the multidevice places
 // rendezvous data blocks in the user's receive buffer), reads it there
 // with process_vm_readv, partial reads looped, or into a buffer of its own
-// when the Handler has no place, and delivers. Advancing the consumer
+// when the Handler has no place, and delivers. The sender helps: a
+// payload of two chunks (64 KiB) or more is split, the receiver publishes
+// where it goes in the ring's assist words, and both take chunks from one
+// counter, the receiver reading its chunks, the sender (which waits for
+// that payload's SendDone anyway, polling) writing its own into the
+// receiver's buffer with process_vm_writev, so that two cores copy
+// (assist.go; 1 MiB streaming 4087 against 3115 MB/s without, measured
+// interleaved). A sender that is asleep or busy elsewhere takes no chunk
+// and the receiver reads them all. Advancing the consumer
 // cursor past the record is the acknowledgement: the sender reports
 // SendDone when it sees it (when polled, or woken by the doorbell the
 // receiver rings after a descriptor), and Flush waits for it. Reading the
