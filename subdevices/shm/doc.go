@@ -212,7 +212,12 @@
 // process_vm_readv is not allowed, are copied twice (into the ring and out
 // of it). Under the single copy a sender's payload stays in use until the
 // receiver has read it, so a receiver that stops reading holds the
-// sender's buffers (the ring path would block the sender instead). A rank
+// sender's buffers (the ring path would block the sender instead). A
+// sender that helps writes into the receiver's memory at the address the
+// receiver published; this rank never reads or writes outside its posted
+// buffer on a peer's word, but a peer allowed process_vm_writev into it
+// (same user, the permission the single copy needs anyway) could write
+// anywhere in it regardless of this protocol. A rank
 // whose process dies without Close is noticed by its pid, within a sleep
 // timeout; its segment file is left behind.
 package shm
