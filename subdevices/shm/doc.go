@@ -53,6 +53,8 @@
 //	| ring 0: tail (producer cursor at disconnect), attached, revoked |
 //	|         pad to 128                                              |
 //	|         head (consumer cursor), readable | pad to 256           |
+//	|         assist request: cursor, address, length | pad to 384    |
+//	|         assist claim, assist done | pad to 512                  |
 //	|         data [ring_bytes]                                       |
 //	+-----------------------------------------------------------------+
 //	| ring 1 ... ring nrings-1 (same shape)                           |
@@ -169,7 +171,16 @@
 // ([sdi.Placer], found by a type assertion at Open; the multidevice places
 // rendezvous data blocks in the user's receive buffer), reads it there
 // with process_vm_readv, partial reads looped, or into a buffer of its own
-// when the Handler has no place, and delivers. Advancing the consumer
+// when the Handler has no place, and delivers. The sender helps: a
+// payload of two chunks (64 KiB) or more is split, the receiver publishes
+// where it goes in the ring's assist words, and both take chunks from one
+// counter, the receiver reading its chunks, the sender (which waits for
+// that payload's SendDone anyway, polling) writing its own into the
+// receiver's buffer with process_vm_writev, so that two cores copy
+// (assist.go; 1 MiB streaming with 64 in flight, 2 cores: 5480 against
+// 3852 MB/s without, medians of 10 interleaved runs). A sender that is
+// asleep or busy elsewhere (receiving itself, in a bidirectional stream)
+// takes few chunks or none, and the receiver reads the rest. Advancing the consumer
 // cursor past the record is the acknowledgement: the sender reports
 // SendDone when it sees it (when polled, or woken by the doorbell the
 // receiver rings after a descriptor), and Flush waits for it. Reading the
@@ -201,7 +212,12 @@
 // process_vm_readv is not allowed, are copied twice (into the ring and out
 // of it). Under the single copy a sender's payload stays in use until the
 // receiver has read it, so a receiver that stops reading holds the
-// sender's buffers (the ring path would block the sender instead). A rank
+// sender's buffers (the ring path would block the sender instead). A
+// sender that helps writes into the receiver's memory at the address the
+// receiver published; this rank never reads or writes outside its posted
+// buffer on a peer's word, but a peer allowed process_vm_writev into it
+// (same user, the permission the single copy needs anyway) could write
+// anywhere in it regardless of this protocol. A rank
 // whose process dies without Close is noticed by its pid, within a sleep
 // timeout; its segment file is left behind.
 package shm

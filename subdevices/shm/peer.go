@@ -8,6 +8,7 @@ import (
 	"os"
 
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -35,6 +36,9 @@ type peer struct {
 	// inflight are the descriptors (singlecopy.go) the peer has not passed
 	// yet, in ring order.
 	inflight []inflight
+	// canWrite is set once this rank may write into the peer's memory,
+	// to copy part of its own payloads there (assist.go).
+	canWrite atomic.Bool
 }
 
 // Connect maps the segment named in rank r's business card. The card must come
@@ -259,7 +263,8 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 	}
 	p.tail = putFlagged(p.ring.data, p.tail, flags, hdr, body)
 	if byDesc {
-		p.inflight = append(p.inflight, inflight{token: f.Token, end: p.tail, payload: payload})
+		at := p.tail - recordLen(len(hdr), len(body))
+		p.inflight = append(p.inflight, inflight{token: f.Token, at: at, end: p.tail, payload: payload})
 		p.sd.inflight.Add(1)
 	}
 	p.wake()

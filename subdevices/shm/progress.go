@@ -61,11 +61,16 @@ type receiver struct {
 	doneBuf []uint64
 	// parts[r] is the frame arriving in fragments on ring r.
 	parts []partial
+	// Sender-assisted copies (assist.go): the last epoch opened per ring,
+	// and the senders that failed to help and are no longer asked.
+	epoch    []uint32
+	noAssist []bool
 }
 
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
-	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n)}
+	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n),
+		epoch: make([]uint32, n), noAssist: make([]bool, n)}
 }
 
 // Poll implements [sdi.Poller]: it drains the inbound rings once on the

@@ -14,7 +14,7 @@ import (
 // words are naturally aligned.
 const (
 	segMagic   = "MDSHMSG1"
-	segVersion = 3
+	segVersion = 4
 
 	hdrBytes      = 4096 // segment header, one page
 	offMagic      = 0    // [8]byte
@@ -35,12 +35,18 @@ const (
 	offDoorbell  = 384 // uint32: futex word senders bump to wake the owner
 	offAttachGen = 512 // uint32: bumped by every sender that attaches to a ring
 
-	ringCtlBytes = 256 // per-ring control block ahead of the data
+	ringCtlBytes = 512 // per-ring control block ahead of the data
 	offTail      = 0   // uint64: producer cursor, stored by the sender when it lets go of the ring
 	offAttached  = 8   // uint32: non-zero once a sender attached; the receiver polls only those rings
 	offRevoked   = 16  // uint64: sender: descriptors in records before this cursor may no longer be read
 	offHead      = 128 // uint64: consumer cursor, written only by the receiver
 	offReadable  = 136 // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
+	// Sender-assisted copy of a descriptor's payload (assist.go).
+	offAssistAt    = 256 // uint64: receiver: cursor of the descriptor record it asks help with
+	offAssistDst   = 264 // uint64: receiver: where the payload goes in its memory
+	offAssistLen   = 272 // uint64: receiver: the payload's length
+	offAssistClaim = 384 // uint64: both: epoch<<32 | next chunk to copy
+	offAssistDone  = 392 // uint64: sender: chunks it copied, plus failedChunk per failure
 
 	// recAlign starts every record on a cache line: a record of up to 64
 	// bytes (an 8-byte message with the multidevice's short header) is
@@ -119,6 +125,7 @@ type ring struct {
 	attached *atomic.Uint32
 	revoked  *atomic.Uint64
 	readable *atomic.Uint32
+	assist   assistWords
 	data     []byte // power-of-two length
 }
 
@@ -131,7 +138,14 @@ func ringAt(mem []byte, i int, ringBytes uint64) ring {
 		attached: word32(mem, base+offAttached),
 		revoked:  word64(mem, base+offRevoked),
 		readable: word32(mem, base+offReadable),
-		data:     mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
+		assist: assistWords{
+			at:    word64(mem, base+offAssistAt),
+			dst:   word64(mem, base+offAssistDst),
+			n:     word64(mem, base+offAssistLen),
+			claim: word64(mem, base+offAssistClaim),
+			done:  word64(mem, base+offAssistDone),
+		},
+		data: mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
 	}
 }
 

@@ -219,12 +219,18 @@ func (sd *device) setupSingleCopy(r int, mem []byte) {
 	// writes descriptors, and the receiver reading one finds the pid.
 	sd.srcPID[r].Store(int32(pid))
 	in.readable.Store(1)
+	// The same permission lets this rank write into r's memory, to help
+	// r read this rank's payloads (assist.go).
+	if p := sd.peers[r].Load(); p != nil {
+		p.canWrite.Store(true)
+	}
 	sd.log.Debug("large messages from peer are copied once", "peer", r, "path", "process_vm_readv", "min_bytes", sd.cfg.SingleCopyMin)
 }
 
 // inflight is a descriptor the receiver has not passed yet.
 type inflight struct {
 	token   uint64
+	at      uint64 // ring cursor of the record
 	end     uint64 // ring cursor after the record
 	payload []byte // kept referenced until SendDone (see the comment at the top)
 }
@@ -325,6 +331,7 @@ func (rc *receiver) reapAll() int {
 	for i := range sd.peers {
 		if p := sd.peers[i].Load(); p != nil {
 			var k int
+			p.assist()
 			rc.doneBuf, k = p.reap(rc.doneBuf)
 			n += k
 		}
@@ -369,7 +376,7 @@ func (rc *receiver) fetch(r int, rec *record, head uint64) ([]byte, error) {
 		}
 		dst = rc.scratch[:n:n]
 	}
-	if err := rc.vm.read(pid, dst, rec.desc.addr); err != nil {
+	if err := rc.readAssisted(r, pid, dst, rec.desc.addr, head); err != nil {
 		return nil, err
 	}
 	// After the read: a sender that gave up on this record before the read

@@ -70,6 +70,9 @@ type device struct {
 	// sleepFor bounds a doorbell sleep; tests set it to 0 (no bound) so a
 	// lost wake-up shows up as a hang instead of a delay.
 	sleepFor time.Duration
+	// assistPatience bounds a receiver's wait for the chunks a sender took
+	// (assist.go); tests shorten it.
+	assistPatience time.Duration
 
 	// rx is the receive state; rxMu makes the progress goroutine and
 	// goroutines in Poll take turns with it (see progress.go).
@@ -98,7 +101,7 @@ func New(logger hclog.Logger) sdi.SubDevice {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &device{logger: logger, sleepFor: sleepTimeout, closed: make(chan struct{})}
+	return &device{logger: logger, sleepFor: sleepTimeout, assistPatience: assistPatience, closed: make(chan struct{})}
 }
 
 // Info implements [sdi.SubDevice.Info].

@@ -1,0 +1,243 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Sender-assisted single copy.
+//
+// A receiver reading a large payload with process_vm_readv copies at the
+// kernel's copy speed on one core, while the sender, waiting for the
+// SendDone of that very payload, polls on the other. So the receiver asks
+// for help: before it reads a descriptor's payload of at least two
+// chunks it publishes, in the assist words of the sender's ring, the
+// record's cursor and where the payload goes in its own memory, and both
+// sides take chunks from one counter. The receiver reads its chunks with
+// process_vm_readv, the sender writes its chunks with process_vm_writev
+// into the receiver's buffer, and the two copies run on two cores.
+//
+// The counter (claim word) holds an epoch in its upper half and the next
+// chunk in its lower half. The receiver opens an epoch after storing the
+// request, takes chunks with Add, and once a chunk at or past the end
+// comes back every chunk has been taken exactly once; it closes the epoch
+// (chunk index assistClosed) before it writes the next request, and waits
+// until the done word counts the chunks the sender took. A sender takes a
+// chunk with a compare-and-swap from the claim word it loaded before the
+// request, so a sender holding an old view fails its swap: a request it
+// read after the word it swaps on belongs to a later epoch only if that
+// epoch's close came first, and the closed word never matches.
+//
+// What a peer can do wrong. The sender checks the cursor against its own
+// descriptors in flight and the length against that payload before it
+// takes a chunk, and reads only from that payload; the destination is the
+// receiver's, written through the kernel, which refuses addresses not
+// mapped there. A receiver that names anything else gets no help. A
+// sender that fails a write adds assistFailed; the receiver then reads the
+// whole payload itself. A sender that never finishes a chunk it took (a
+// garbled claim word, a process stopped mid-copy) makes the receiver wait
+// up to assistPatience, checking that the process lives, and then report
+// it down without delivering.
+//
+// Revocation (singlecopy.go) still holds: the receiver waits for the
+// sender's chunks before it loads the revoked word, so a chunk copied from
+// a payload already handed back to its owner is never delivered.
+// Payloads stay referenced by the sender's inflight list until SendDone,
+// which needs the receiver's head to pass the record, which it does only
+// after the wait.
+
+// assistWords are a ring's assist words in the receiver's segment.
+type assistWords struct {
+	at    *atomic.Uint64 // cursor of the descriptor record
+	dst   *atomic.Uint64 // destination address in the receiver
+	n     *atomic.Uint64 // payload length
+	claim *atomic.Uint64 // epoch<<32 | next chunk
+	done  *atomic.Uint64 // chunks the sender copied + assistFailed per failed one
+}
+
+const (
+	// assistChunk is the unit the two sides take turns on: large enough
+	// that a system call costs little against its copy (~15 µs), small
+	// enough that a 256 KiB block is split four ways.
+	assistChunk = 64 << 10
+	// assistClosed in the claim word's lower half closes its epoch.
+	assistClosed = 1<<32 - 1
+	// assistFailed is added to the done word for a chunk the sender
+	// could not write.
+	assistFailed = 1 << 32
+	// assistPatience bounds the wait for a sender's chunk.
+	assistPatience = 2 * time.Second
+)
+
+// chunks returns the number of assistChunk pieces of an n-byte payload.
+func chunks(n int) int { return (n + assistChunk - 1) / assistChunk }
+
+// readAssisted fills dst from addr in process pid (sender rank r, record
+// at cursor head), with the sender's help if it gives it.
+func (rc *receiver) readAssisted(r int, pid int, dst []byte, addr, head uint64) error {
+	n := len(dst)
+	nc := chunks(n)
+	if nc < 2 || rc.noAssist[r] {
+		return rc.vm.read(pid, dst, addr)
+	}
+	aw := rc.sd.inbound[r].assist
+	rc.epoch[r]++
+	e := uint64(rc.epoch[r]) << 32
+	aw.done.Store(0)
+	aw.at.Store(head)
+	aw.dst.Store(uint64(uintptr(unsafe.Pointer(unsafe.SliceData(dst)))))
+	aw.n.Store(uint64(n))
+	aw.claim.Store(e) // opens the epoch: the request above is complete
+	took := 0         // chunks this side took, copied or not
+	var err error
+	for {
+		k := int(uint32(aw.claim.Add(1))) - 1
+		if k >= nc || k < 0 {
+			break
+		}
+		took++
+		off := k * assistChunk
+		end := min(off+assistChunk, n)
+		if err = rc.vm.read(pid, dst[off:end], addr+uint64(off)); err != nil {
+			break
+		}
+	}
+	// Closing with a swap tells exactly how many chunks were taken: no
+	// swap of the sender's succeeds after it.
+	taken := min(int(uint32(aw.claim.Swap(e|assistClosed))), nc)
+	failed, werr := rc.awaitSender(r, pid, aw.done, taken-took)
+	switch {
+	case werr != nil:
+		return werr
+	case err != nil:
+		return err
+	case failed:
+		// The sender could not write (it may lack permission to write
+		// here): read it all, and stop asking this sender.
+		rc.noAssist[r] = true
+		rc.sd.log.Debug("peer failed to write its part of a payload; reading its payloads alone", "peer", r)
+		return rc.vm.read(pid, dst, addr)
+	}
+	return nil
+}
+
+// awaitSender waits until the done word counts want chunks copied or
+// failed, and reports whether one failed. It gives up when the sender's
+// process exits or after assistPatience.
+func (rc *receiver) awaitSender(r, pid int, done *atomic.Uint64, want int) (bool, error) {
+	var start time.Time
+	for i := 0; ; i++ {
+		d := done.Load()
+		if int(uint32(d))+int(d>>32) >= want {
+			return d>>32 != 0, nil
+		}
+		if i < 1024 {
+			continue
+		}
+		runtime.Gosched()
+		if i%1024 != 0 {
+			continue
+		}
+		if start.IsZero() {
+			start = time.Now()
+			continue
+		}
+		if pid != 0 && errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
+			return false, fmt.Errorf("process %d of rank %d exited while copying a payload: %w", pid, r, sdi.ErrPeerUnreachable)
+		}
+		if time.Since(start) > rc.sd.assistPatience {
+			return false, fmt.Errorf("%w: rank %d took part of a payload and did not copy it within %v", sdi.ErrBadFrame, r, rc.sd.assistPatience)
+		}
+	}
+}
+
+// assist copies chunks of the payload the receiver behind p asks help
+// with, if it is one of this rank's descriptors in flight. It runs on the
+// receiver's owner of this rank (while this rank polls), one chunk per
+// hold of p.mu so that a Send to the same peer waits for one chunk at
+// most, and returns the chunks it copied.
+func (p *peer) assist() int {
+	copied := 0
+	for p.assistOne() {
+		copied++
+	}
+	return copied
+}
+
+// assistOne takes and copies one chunk, and reports whether it did.
+func (p *peer) assistOne() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seg == nil || p.gone != nil || len(p.inflight) == 0 || !p.canWrite.Load() {
+		return false
+	}
+	aw := p.ring.assist
+	for {
+		w := aw.claim.Load()
+		k := uint64(uint32(w))
+		if k == assistClosed {
+			return false
+		}
+		at, dst, n := aw.at.Load(), aw.dst.Load(), aw.n.Load()
+		payload := p.inflightAt(at)
+		if payload == nil || uint64(len(payload)) != n || k >= uint64(chunks(len(payload))) || dst == 0 || dst+n < dst {
+			return false
+		}
+		if !aw.claim.CompareAndSwap(w, w+1) {
+			continue // the receiver took one, or a new epoch began
+		}
+		off := int(k) * assistChunk
+		end := min(off+assistChunk, len(payload))
+		if err := p.writeChunk(payload[off:end], dst+uint64(off)); err != nil {
+			p.canWrite.Store(false)
+			p.sd.log.Debug("writing part of a payload into the peer's memory failed; it reads them alone", "peer", p.rank, "error", err)
+			aw.done.Add(assistFailed)
+			return false
+		}
+		aw.done.Add(1)
+		return true
+	}
+}
+
+// inflightAt returns the payload of the descriptor in flight whose record
+// is at cursor at, nil if there is none. The caller holds p.mu.
+func (p *peer) inflightAt(at uint64) []byte {
+	for i := range p.inflight {
+		if p.inflight[i].at == at {
+			return p.inflight[i].payload
+		}
+	}
+	return nil
+}
+
+// writeChunk writes src to addr in the peer's process, partial writes
+// looped.
+func (p *peer) writeChunk(src []byte, addr uint64) error {
+	var local [1]unix.Iovec
+	var remote [1]unix.RemoteIovec
+	for len(src) > 0 {
+		local[0] = unix.Iovec{Base: &src[0]}
+		local[0].SetLen(len(src))
+		remote[0] = unix.RemoteIovec{Base: uintptr(addr), Len: len(src)}
+		n, err := unix.ProcessVMWritev(p.pid, local[:], remote[:], 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return fmt.Errorf("process_vm_writev of %d bytes at %#x to process %d: %w", len(src), addr, p.pid, err)
+		case n <= 0 || n > len(src):
+			return fmt.Errorf("process_vm_writev of %d bytes at %#x to process %d wrote %d", len(src), addr, p.pid, n)
+		}
+		src = src[n:]
+		addr += uint64(n)
+	}
+	return nil
+}
