@@ -9,6 +9,18 @@
 // descriptors between processes; an fd channel would allow memfd_create with
 // seals instead.
 //
+// # Stale segments
+//
+// A process that is killed or aborts never unlinks the segments it
+// created, and under a process manager other than mdrun nobody removes
+// them for it: their memory would stay in /dev/shm until reboot. So the
+// creator holds a shared flock(2) on its segment for as long as it lives
+// (the kernel drops it when the process dies, however it dies), and
+// [RemoveStale] unlinks the segments whose lock nobody holds. A segment
+// gets its name only once it is locked (it is made under a hidden
+// temporary name and linked), so a sweep never mistakes one that is being
+// created for a stale one.
+//
 // # Usage
 //
 //	seg, err := shmem.Create("mdshm.job.r0.abcd", 1<<20)
@@ -23,6 +35,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -38,9 +51,11 @@ const MaxNameLen = 200
 //
 // Bytes may be used concurrently; Close must not race with uses of Bytes.
 type Segment struct {
-	name  string
-	mem   []byte
-	owner bool
+	name string
+	mem  []byte
+	// lock is the creator's open descriptor, holding the flock that
+	// tells RemoveStale the segment is alive; nil for an opener.
+	lock *os.File
 }
 
 // ValidName reports whether name is usable as a segment name: non-empty, at
@@ -65,8 +80,8 @@ func ValidName(name string) error {
 }
 
 // Create makes a new zero-filled segment of size bytes and maps it. It fails
-// if a segment with that name exists. The caller owns the segment: Close
-// unlinks it.
+// if a segment with that name exists. The caller owns the segment: it
+// holds the segment's lock until Close, which unlinks it.
 func Create(name string, size int) (*Segment, error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
@@ -75,19 +90,100 @@ func Create(name string, size int) (*Segment, error) {
 		return nil, fmt.Errorf("shmem: create %s: size %d must be > 0", name, size)
 	}
 	path := filepath.Join(Dir, name)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	// Made, locked and sized under a hidden name that no sweep matches,
+	// then linked to its name, which fails if that exists (as O_EXCL).
+	f, err := os.CreateTemp(Dir, "."+name+"-")
 	if err != nil {
-		return nil, fmt.Errorf("shmem: create: %w", err)
+		return nil, fmt.Errorf("shmem: create %s: %w", path, err)
 	}
-	defer f.Close() // the mapping outlives the descriptor
+	tmp := f.Name()
+	defer os.Remove(tmp)
+	fail := func(what string, err error) (*Segment, error) {
+		f.Close()
+		return nil, fmt.Errorf("shmem: %s %s: %w", what, path, err)
+	}
+	if err := lockFile(f, unix.LOCK_SH); err != nil {
+		return fail("lock", err)
+	}
 	if err := f.Truncate(int64(size)); err != nil {
-		return nil, errors.Join(fmt.Errorf("shmem: size %s: %w", path, err), os.Remove(path))
+		return fail("size", err)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, errors.Join(fmt.Errorf("shmem: map %s: %w", path, err), os.Remove(path))
+		return fail("map", err)
 	}
-	return &Segment{name: name, mem: mem, owner: true}, nil
+	if err := os.Link(tmp, path); err != nil {
+		unix.Munmap(mem)
+		return fail("create", err)
+	}
+	return &Segment{name: name, mem: mem, lock: f}, nil
+}
+
+// lockFile takes flock(2) how on f, retrying when a signal interrupts it.
+func lockFile(f *os.File, how int) error {
+	for {
+		err := unix.Flock(int(f.Fd()), how)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
+}
+
+// RemoveStale unlinks the segments in Dir whose names start with prefix
+// and whose creator is gone: nobody holds their lock. It skips what is
+// not a regular file of this user and what it cannot open, and returns
+// how many it removed. Segments made by a build without the lock look
+// stale to it.
+func RemoveStale(prefix string) (int, error) {
+	if err := ValidName(prefix); err != nil {
+		return 0, err
+	}
+	names, err := filepath.Glob(filepath.Join(Dir, prefix+"*"))
+	if err != nil {
+		return 0, fmt.Errorf("shmem: remove stale segments %s*: %w", prefix, err)
+	}
+	removed := 0
+	var errs []error
+	for _, path := range names {
+		if !strings.HasPrefix(filepath.Base(path), prefix) {
+			continue
+		}
+		gone, err := removeIfStale(path)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		if gone {
+			removed++
+		}
+	}
+	return removed, errors.Join(errs...)
+}
+
+// removeIfStale unlinks path if it is a segment of this user whose lock
+// nobody holds, and reports whether it did.
+func removeIfStale(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false, nil // gone meanwhile, a symlink, or not ours to read
+	}
+	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || int(st.Uid) != os.Getuid() {
+		return false, nil
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		return false, nil // its creator lives (or a sweep beside this one has it)
+	}
+	// Still the file this descriptor locked: a name is never reused, but
+	// a sweep beside this one may have removed it already.
+	var now unix.Stat_t
+	if err := unix.Lstat(path, &now); err != nil || now.Ino != st.Ino || now.Dev != st.Dev {
+		return false, nil
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return false, fmt.Errorf("shmem: remove stale segment: %w", err)
+	}
+	return true, nil
 }
 
 // Open maps an existing segment, whole. Close unmaps it and leaves the file.
@@ -141,8 +237,11 @@ func (s *Segment) Close() error {
 		errs = append(errs, fmt.Errorf("shmem: unmap %s: %w", s.name, err))
 	}
 	s.mem = nil
-	if s.owner {
-		errs = append(errs, s.Unlink())
+	if s.lock != nil {
+		// Unlinked before the lock goes, so that no sweep sees the name
+		// unlocked while this process lives.
+		errs = append(errs, s.Unlink(), s.lock.Close())
+		s.lock = nil
 	}
 	return errors.Join(errs...)
 }

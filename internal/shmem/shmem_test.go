@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 )
@@ -69,5 +70,107 @@ func TestCreateOpenShareAndUnlink(t *testing.T) {
 func TestOpenMissing(t *testing.T) {
 	if _, err := Open("shmem-test-does-not-exist"); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("Open missing = %v, want ErrNotExist", err)
+	}
+}
+
+// crashEnv makes the test binary a process that creates the segment it
+// names and exits without closing it, as a killed rank would.
+const crashEnv = "SHMEM_TEST_CREATE_AND_DIE"
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(crashEnv); name != "" {
+		if _, err := Create(name, 4096); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestRemoveStale checks that a sweep removes the segments whose creator
+// is gone, and only those: not a live one, not another prefix, not
+// through a symlink.
+func TestRemoveStale(t *testing.T) {
+	prefix := fmt.Sprintf("shmem-stale-test-%d.", os.Getpid())
+	path := func(n string) string { return filepath.Join(Dir, prefix+n) }
+	t.Cleanup(func() {
+		names, _ := filepath.Glob(filepath.Join(Dir, prefix+"*"))
+		for _, n := range names {
+			os.Remove(n)
+		}
+		os.Remove(filepath.Join(Dir, "other-"+prefix+"x"))
+	})
+
+	live, err := Create(prefix+"live", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashEnv+"="+prefix+"crashed")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("creating process: %v: %s", err, out)
+	}
+	if err := os.WriteFile(path("old-build"), make([]byte, 4096), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "target")
+	if err := os.WriteFile(target, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, path("link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(Dir, "other-"+prefix+"x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	n, err := RemoveStale(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path string
+		kept bool
+	}{
+		{path("live"), true},
+		{path("crashed"), false},
+		{path("old-build"), false},
+		{path("link"), true},
+		{target, true},
+		{filepath.Join(Dir, "other-"+prefix+"x"), true},
+	}
+	for _, tt := range tests {
+		_, err := os.Lstat(tt.path)
+		if kept := err == nil; kept != tt.kept {
+			t.Errorf("%s: kept = %v, want %v", tt.path, kept, tt.kept)
+		}
+	}
+	if n != 2 {
+		t.Errorf("RemoveStale removed %d, want 2", n)
+	}
+	if _, err := Open(prefix + "live"); err != nil {
+		t.Errorf("live segment no longer opens: %v", err)
+	}
+	if _, err := RemoveStale("../x"); err == nil {
+		t.Error("RemoveStale accepted a prefix with a slash")
+	}
+}
+
+// TestCreateLeavesNoTemporary checks that Create, successful or not,
+// leaves only the segment's own name in Dir.
+func TestCreateLeavesNoTemporary(t *testing.T) {
+	name := fmt.Sprintf("shmem-tmp-test-%d", os.Getpid())
+	s, err := Create(name, 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := Create(name, 4096); err == nil {
+		t.Fatal("second Create of the same name succeeded")
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(Dir, "."+name+"*")); len(tmps) != 0 {
+		t.Fatalf("temporary files left: %v", tmps)
 	}
 }

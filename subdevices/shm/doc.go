@@ -25,10 +25,12 @@
 // # Segments and rings
 //
 // Every rank creates one segment, a file /dev/shm/mdshm.<job>.r<rank>.<nonce>
-// (mode 0600, unlinked at Close; a rank that dies first leaves it, and the
-// launcher removes it with [RemoveJobSegments] once the job's ranks on the
-// host have exited: mdrun does, Hydra and Slurm do not), holding one inbound ring per rank of the
-// job: ring s carries frames from rank s to the owner. A sender maps the
+// (mode 0600, unlinked at Close), holding one inbound ring per rank of the
+// job. A rank that dies first leaves its segment: mdrun removes the job's
+// with [RemoveJobSegments] once its ranks on the host have exited, and
+// since Hydra and Slurm do not, every rank's Open also removes the
+// segments, of any job, whose creator is gone (its lock, internal/shmem,
+// is not held). Ring s carries frames from rank s to the owner. A sender maps the
 // receiver's segment at Connect and writes into its own ring there; the
 // receiver polls all its rings. A ring is written by exactly one sender
 // (goroutines of that sender take turns under a mutex) and read by exactly

@@ -155,6 +155,14 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 		allowPeerReads(sd.log)
 	}
 
+	// Segments whose creator died without Close, of any job: under a
+	// process manager other than mdrun nobody else removes them.
+	if n, err := shmem.RemoveStale("mdshm."); err != nil {
+		sd.log.Warn("removing stale shared-memory segments", "error", err)
+	} else if n > 0 {
+		sd.log.Debug("removed stale shared-memory segments", "count", n)
+	}
+
 	// The random suffix keeps names unique even when a job id is reused or
 	// several instances of one rank exist (tests); the card carries the name.
 	var nonce [8]byte
