@@ -187,6 +187,12 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 	var seg *shmem.Segment
 	att := &sdiv1.Transfer_Attach{Window: uint64(bytes)}
 	if !c.cfg.Stream {
+		// Those of hosts that died without Close (killed ranks).
+		if n, err := shmem.RemoveStale(segmentPrefix); err != nil {
+			c.log.Warn("removing stale data-plane segments", "error", err)
+		} else if n > 0 {
+			c.log.Debug("removed stale data-plane segments", "count", n)
+		}
 		name := segmentName()
 		if seg, err = shmem.Create(name, segmentSize(bytes, bytes)); err != nil {
 			c.log.Warn("no shared memory for the data plane, using the stream", "error", err)
@@ -262,8 +268,11 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 func segmentName() string {
 	var b [8]byte
 	rand.Read(b[:])
-	return fmt.Sprintf("mdsdi.%d.%s", os.Getpid(), hex.EncodeToString(b[:]))
+	return fmt.Sprintf("%s%d.%s", segmentPrefix, os.Getpid(), hex.EncodeToString(b[:]))
 }
+
+// segmentPrefix starts the name of every data-plane segment.
+const segmentPrefix = "mdsdi."
 
 // SetJobCards forwards every rank's card to a plugin with FlagJobCards.
 func (c *Client) SetJobCards(ctx context.Context, cards [][]byte) error {
