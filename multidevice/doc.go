@@ -22,7 +22,10 @@
 // and sends what the outbox holds (frames a subdevice refused with
 // ErrWouldBlock, clear-to-send and rendezvous data queued by handler
 // callbacks). Frames are therefore delivered, matched and answered on the
-// waiting goroutine, with no goroutine wake-up on a message's path. While
+// waiting goroutine, with no goroutine wake-up on a message's path. A
+// subdevice may do more of the transfer there: shm's sender, polled while
+// it waits for a large payload's SendDone, copies part of that payload
+// into the receiver's buffer while the receiver copies the rest. While
 // a goroutine polls like this (after its first round, which most waits on
 // a busy link do not outlast), queuing a frame does not wake the outbox
 // goroutine.
