@@ -78,7 +78,7 @@ func (d *Device) dispatch(hdr *header, payload []byte) {
 
 func (h *handler) SendDone(token uint64, err error) {
 	h.d.finishToken(token, err)
-	h.d.out.kick()
+	h.d.out.freed()
 }
 
 func (h *handler) PeerDown(peer sdi.Rank, err error) {

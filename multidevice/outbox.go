@@ -29,12 +29,15 @@ type outbox struct {
 	// window of large messages finds the ring full on most passes, and
 	// fresh slices there made the spinning sender spend a quarter of its
 	// time allocating.
-	kept  []outItem
-	full  []link
-	wake  chan struct{} // capacity 1: "the queue or a subdevice changed"
-	quit  chan struct{}
-	empty *sync.Cond // signalled when items becomes empty
-	once  sync.Once
+	kept []outItem
+	full []link
+	wake chan struct{} // capacity 1: "the queue or a subdevice changed"
+	// backoffs counts goroutines in backoff, which a freed subdevice
+	// (SendDone) wakes as it wakes the outbox goroutine for queued items.
+	backoffs atomic.Int32
+	quit     chan struct{}
+	empty    *sync.Cond // signalled when items becomes empty
+	once     sync.Once
 }
 
 // link is one subdevice's connection to one peer.
@@ -149,7 +152,9 @@ func (o *outbox) stop() { o.once.Do(func() { close(o.quit) }) }
 // whichever comes first.
 func (o *outbox) backoff() <-chan struct{} {
 	c := make(chan struct{})
+	o.backoffs.Add(1)
 	go func() {
+		defer o.backoffs.Add(-1)
 		t := time.NewTimer(50 * time.Microsecond)
 		defer t.Stop()
 		select {
@@ -160,6 +165,19 @@ func (o *outbox) backoff() <-chan struct{} {
 		close(c)
 	}()
 	return c
+}
+
+// freed is called when a subdevice finished a frame and may take more:
+// whoever waits for that, if anybody, is woken. Nobody waiting is the
+// rule (a frame is queued only when a link was full), and a kick then
+// would wake the outbox goroutine for nothing: a thread woken, and on a
+// host with as many spinning ranks as cores, one taken from them, at
+// every completion of a frame the subdevice kept (shm's single-copy
+// payloads, tcp's large frames).
+func (o *outbox) freed() {
+	if o.queued.Load() > 0 || o.backoffs.Load() > 0 {
+		o.kick()
+	}
 }
 
 // run drains the queue until stop. Items that would block stay queued, in
