@@ -49,14 +49,6 @@ func recordLen(hdr, payload int) int {
 	return (n + recordAlign - 1) &^ (recordAlign - 1)
 }
 
-// appendRecord appends a record to b, as the stream plane batches them.
-func appendRecord(b []byte, kind uint8, peer sdi.Rank, aux uint32, header, payload []byte) []byte {
-	l := len(b)
-	b = append(b, make([]byte, recordLen(len(header), len(payload)))...)
-	putRecord(b[l:], kind, peer, aux, header, payload)
-	return b
-}
-
 // putRecord writes r into b, which must hold recordLen bytes.
 func putRecord(b []byte, kind uint8, peer sdi.Rank, aux uint32, header, payload []byte) int {
 	n := recordLen(len(header), len(payload))
