@@ -184,7 +184,7 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 	if err != nil {
 		return nil, fromStatus("transfer", err)
 	}
-	var seg *shmem.Segment
+	var seg, aseg *shmem.Segment
 	att := &sdiv1.Transfer_Attach{Window: uint64(bytes)}
 	if !c.cfg.Stream {
 		// Those of hosts that died without Close (killed ranks).
@@ -199,11 +199,15 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 		} else {
 			initSegment(seg.Bytes(), bytes, bytes)
 			att.Segment, att.OutBytes, att.InBytes = name, uint64(bytes), uint64(bytes)
+			aseg = c.createPlaceArea(seg, lim)
 		}
 	}
 	closeSeg := func() {
 		if seg != nil {
 			seg.Close()
+		}
+		if aseg != nil {
+			aseg.Close()
 		}
 	}
 	type reply struct {
@@ -242,9 +246,12 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 		// in /dev/shm whatever happens next.
 		seg.Unlink()
 	}
+	if aseg != nil {
+		aseg.Unlink()
+	}
 	if r.a.GetRing() {
 		c.log.Debug("data plane attached", "plane", "shared memory", "ring_bytes", bytes)
-		p := newHostRing(seg, st.h, lim, c.takeOut)
+		p := newHostRing(seg, aseg, st.h, lim, c.takeOut)
 		c.wg.Add(1)
 		go func() { // the ring carries everything; the stream only reports the plugin's end
 			defer c.wg.Done()
@@ -262,6 +269,24 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 	}
 	c.log.Debug("data plane attached", "plane", "stream", "window", bytes)
 	return newHostStream(stream, st.h, lim, bytes, c.takeOut), nil
+}
+
+// createPlaceArea creates the place area (place.go) next to the ring
+// segment and announces it there, or returns nil when frames are too small
+// for it or it cannot be made; the plugin then never places.
+func (c *Client) createPlaceArea(seg *shmem.Segment, lim limits) *shmem.Segment {
+	slotBytes := placeSlotBytes(lim.maxPayload)
+	if slotBytes == 0 {
+		return nil
+	}
+	aseg, err := shmem.Create(placeName(seg.Name()), placeAreaSize(placeSlots, slotBytes))
+	if err != nil {
+		c.log.Warn("no place area for large payloads; they take a copy more", "error", err)
+		return nil
+	}
+	initPlaceArea(aseg.Bytes(), placeSlots, slotBytes)
+	announcePlace(seg.Bytes(), placeSlots, slotBytes)
+	return aseg
 }
 
 // segmentName is unique per process and attachment.

@@ -68,20 +68,28 @@ func TestConformance(t *testing.T) {
 		config string
 		stream bool
 		race   bool // also run under the race detector
+		// raceSkip names checks left out under the race detector.
+		raceSkip map[string]string
 	}{
-		{"tcp", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, false, true},
-		// Not under the race detector: there, on a loaded machine,
-		// Concurrent/Sends over the stream plane stalls about one run in
-		// three (senders refused with ErrWouldBlock for 30 s while a few
-		// frames never arrive), already at 91e0422 and not diagnosed yet;
-		// without it, and over the ring plane with it, the suite passes.
-		{"tcp-stream", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, true, false},
-		{"shm", "cmd/sdi-shm", ``, false, false},
-		{"uds-example", "examples/subdevice-plugin", `{"dir": "%s", "queue_bytes": 1048576}`, false, false},
+		{"tcp", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, false, true, nil},
+		{"tcp-stream", "cmd/sdi-tcp", `{"listen": "127.0.0.1:0", "queue_bytes": 262144, "connect_timeout": "5s"}`, true, true, map[string]string{
+			// Nothing stalls there: with the watchdog raised tenfold every
+			// run passes. But its ~250 MB cross the host's gRPC stream
+			// several times, and instrumented copies make it CPU-bound at
+			// 12-25 s on two idle vCPUs, over the 30 s watchdog on a
+			// loaded machine. Without the race detector it runs here.
+			"Concurrent/Sends": "too slow for the watchdog under the race detector over the stream plane; runs without it",
+		}},
+		{"shm", "cmd/sdi-shm", ``, false, false, nil},
+		{"uds-example", "examples/subdevice-plugin", `{"dir": "%s", "queue_bytes": 1048576}`, false, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if raceEnabled && !tc.race {
-				t.Skip("the race detector checks the host side with tcp over the ring plane; this configuration runs without it")
+				t.Skip("the race detector checks the host side with tcp over both data planes; this configuration runs without it")
+			}
+			var skip map[string]string
+			if raceEnabled {
+				skip = tc.raceSkip
 			}
 			bin := buildPlugin(t, tc.pkg)
 			if strings.Contains(tc.config, "%s") {
@@ -91,6 +99,7 @@ func TestConformance(t *testing.T) {
 				New:    sditest.Plugin(plugin.Config{Name: tc.name, Path: bin, Stream: tc.stream}),
 				Peers:  3,
 				Config: []byte(tc.config),
+				Skip:   skip,
 			})
 		})
 	}

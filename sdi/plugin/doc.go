@@ -39,7 +39,11 @@
 // shared-memory segment that the host creates when it attaches (ring.go),
 // or, where the plugin cannot map it, batched on one long-lived gRPC
 // stream with credit-based flow control (streamplane.go). A consumer that
-// runs dry spins briefly, then parks on a futex in the segment.
+// runs dry spins briefly, then parks on a futex in the segment. Large
+// payloads skip the copy into the ring on the plugin's side: the plugin's
+// Handler implements sdi.Placer with slots in a second shared segment
+// (place.go), so a subdevice that places (tcp reads large frames straight
+// from the socket) writes them where the host delivers them from.
 //
 // Polling crosses the plane. With the shared-memory plane the Client sets
 // sdi.FlagPoll and sdi.FlagIdle: a rank that waits drains the plugin's

@@ -58,9 +58,9 @@ func TestPluginPollsWhileHostPolls(t *testing.T) {
 	sub := &spellSub{}
 	srv := newServer(sub, hclog.NewNullLogger(), nil)
 	srv.poller, srv.idler = sub, sub
-	pr := newPluginRing(plugSeg, srv, lim)
+	pr := newPluginRing(plugSeg, nil, srv, lim)
 	defer pr.stop()
-	hr := newHostRing(hostSeg, quietHandler{}, lim, func(err error) { t.Errorf("data plane failed: %v", err) })
+	hr := newHostRing(hostSeg, nil, quietHandler{}, lim, func(err error) { t.Errorf("data plane failed: %v", err) })
 	defer hr.stop()
 
 	nap := func() { time.Sleep(time.Millisecond) }

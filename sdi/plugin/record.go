@@ -16,7 +16,10 @@ import (
 //	+------+------+------+-------+-------+-------+-----------------------+
 //
 // Integers are little-endian. A record occupies recordLen(hdrlen, paylen)
-// bytes: the 16-byte prefix, the header, the payload, padded to 16.
+// bytes: the 16-byte prefix, the header, the payload, padded to 16. A placed
+// delivery (kindPlaced) carries no payload bytes: paylen is the length of
+// the payload waiting in the place area's slot aux (place.go), and the
+// record occupies recordLen(hdrlen, 0).
 const (
 	recordPrefix = 16
 	recordAlign  = 16
@@ -30,7 +33,8 @@ const (
 	kindDeliver  uint8 = 2 // a frame from peer
 	kindPeerDown uint8 = 3 // peer is lost; the payload is the reason, as text
 	kindCredit   uint8 = 4 // stream only: aux more bytes of frame records are released
-	kindLast           = kindCredit
+	kindPlaced   uint8 = 5 // ring only: a frame from peer whose payload is in place-area slot aux
+	kindLast           = kindPlaced
 )
 
 // record is one decoded record. header and payload alias the buffer it was
@@ -41,20 +45,13 @@ type record struct {
 	aux     uint32
 	header  []byte
 	payload []byte
+	placed  int // kindPlaced: the payload's length in slot aux; payload is nil
 }
 
 // recordLen is the space a record with these lengths occupies.
 func recordLen(hdr, payload int) int {
 	n := recordPrefix + hdr + payload
 	return (n + recordAlign - 1) &^ (recordAlign - 1)
-}
-
-// appendRecord appends a record to b, as the stream plane batches them.
-func appendRecord(b []byte, kind uint8, peer sdi.Rank, aux uint32, header, payload []byte) []byte {
-	l := len(b)
-	b = append(b, make([]byte, recordLen(len(header), len(payload)))...)
-	putRecord(b[l:], kind, peer, aux, header, payload)
-	return b
 }
 
 // putRecord writes r into b, which must hold recordLen bytes.
@@ -70,6 +67,14 @@ func putRecord(b []byte, kind uint8, peer sdi.Rank, aux uint32, header, payload 
 	copy(b[recordPrefix:], header)
 	copy(b[recordPrefix+len(header):], payload)
 	return n
+}
+
+// putPlacedRecord writes a kindPlaced record into b, which must hold
+// recordLen(len(header), 0) bytes: the payload of n bytes is in slot.
+func putPlacedRecord(b []byte, peer sdi.Rank, slot uint32, header []byte, n int) int {
+	used := putRecord(b, kindPlaced, peer, slot, header, nil)
+	binary.LittleEndian.PutUint32(b[4:], uint32(n))
+	return used
 }
 
 // limits bound what a record may claim; anything beyond is malformed.
@@ -103,11 +108,18 @@ func decodeRecord(b []byte, lim limits) (record, int, error) {
 	case kind != kindCredit && (r.peer < 0 || int(r.peer) >= lim.size):
 		return record{}, 0, fmt.Errorf("%w: record peer %d not in [0,%d)", sdi.ErrBadFrame, r.peer, lim.size)
 	}
-	n := recordLen(hl, int(pl))
+	body := int(pl)
+	if kind == kindPlaced {
+		body = 0
+		r.placed = int(pl)
+	}
+	n := recordLen(hl, body)
 	if n > len(b) {
 		return record{}, 0, fmt.Errorf("%w: record of %d bytes, %d left", sdi.ErrBadFrame, n, len(b))
 	}
 	r.header = b[recordPrefix : recordPrefix+hl : recordPrefix+hl]
-	r.payload = b[recordPrefix+hl : recordPrefix+hl+int(pl) : recordPrefix+hl+int(pl)]
+	if kind != kindPlaced {
+		r.payload = b[recordPrefix+hl : recordPrefix+hl+body : recordPrefix+hl+body]
+	}
 	return r, n, nil
 }

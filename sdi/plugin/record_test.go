@@ -91,3 +91,21 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+// A placed record carries the payload's length but not its bytes, and
+// that length obeys the payload limit like any other.
+func TestPlacedRecord(t *testing.T) {
+	b := make([]byte, recordLen(3, 0)+32)
+	if n := putPlacedRecord(b, 2, 7, []byte("hdr"), 1000); n != recordLen(3, 0) {
+		t.Fatalf("putPlacedRecord wrote %d bytes", n)
+	}
+	r, used, err := decodeRecord(b, testLimits)
+	if err != nil || used != recordLen(3, 0) || r.kind != kindPlaced || r.peer != 2 || r.aux != 7 ||
+		r.placed != 1000 || r.payload != nil || string(r.header) != "hdr" {
+		t.Fatalf("decoded %+v (%d bytes), %v", r, used, err)
+	}
+	putPlacedRecord(b, 2, 7, []byte("hdr"), 1001)
+	if _, _, err := decodeRecord(b, testLimits); !errors.Is(err, sdi.ErrBadFrame) {
+		t.Fatalf("a placed length beyond the limit: err = %v", err)
+	}
+}

@@ -41,6 +41,8 @@ import (
 //
 //	+32   hostPolls   uint32  the host's Poll count, stored every pollsPerTick polls
 //	+36   hostParked  uint32  1 once the polling rank parked (sdi.Idler.Idle)
+//	+40   placeSlots  uint32  slots of the place area (place.go); 0: there is none
+//	+48   slotBytes   uint64  bytes per slot of the place area
 //
 // While hostPolls moves and hostParked is 0, the plugin polls its subdevice
 // on its ring goroutine, as the rank would poll a built-in one; otherwise
@@ -79,6 +81,8 @@ const (
 
 	offHostPolls  = 32
 	offHostParked = 36
+	offPlaceSlots = 40
+	offSlotBytes  = 48
 
 	minRingBytes = 1 << 16
 	maxRingBytes = 1 << 28
@@ -177,33 +181,57 @@ func (r *ring) maxRecord() int { return int(r.size / 2) }
 // tryWrite appends one record without blocking. It reports false when the
 // ring has no room. Producer side only.
 func (r *ring) tryWrite(kind uint8, peer sdi.Rank, aux uint32, header, payload []byte) bool {
-	n := uint64(recordLen(len(header), len(payload)))
+	b, head, ok := r.reserve(recordLen(len(header), len(payload)))
+	if ok {
+		putRecord(b, kind, peer, aux, header, payload)
+		r.publish(head)
+	}
+	return ok
+}
+
+// tryWritePlaced appends a kindPlaced record, like tryWrite.
+func (r *ring) tryWritePlaced(peer sdi.Rank, slot uint32, header []byte, n int) bool {
+	b, head, ok := r.reserve(recordLen(len(header), 0))
+	if ok {
+		putPlacedRecord(b, peer, slot, header, n)
+		r.publish(head)
+	}
+	return ok
+}
+
+// reserve finds room for a record of n bytes, padding to the end of the
+// ring first if it does not fit there. It returns where the record goes and
+// the head that publishes it, or false when the ring has no room.
+func (r *ring) reserve(n int) ([]byte, uint64, bool) {
 	head := r.head.Load()
 	off := head & r.mask
-	need := n
-	if rest := r.size - off; n > rest {
-		need = rest + n // pad to the end, then the record at the start
+	need := uint64(n)
+	if rest := r.size - off; uint64(n) > rest {
+		need = rest + uint64(n) // pad to the end, then the record at the start
 	}
 	if head+need-r.wtail > r.size {
 		r.wtail = r.tail.Load()
 		if head+need-r.wtail > r.size {
-			return false
+			return nil, 0, false
 		}
 	}
-	if need != n {
+	if need != uint64(n) {
 		rest := r.size - off
 		putRecord(r.data[off:], kindPad, 0, 0, nil, nil)
 		binary.LittleEndian.PutUint32(r.data[off+4:], uint32(rest-recordPrefix))
 		head += rest
 		off = 0
 	}
-	putRecord(r.data[off:], kind, peer, aux, header, payload)
-	r.head.Store(head + n)
+	return r.data[off : off+uint64(n)], head + uint64(n), true
+}
+
+// publish makes what reserve returned visible to the consumer.
+func (r *ring) publish(head uint64) {
+	r.head.Store(head)
 	if r.dataWait.Load() != 0 {
 		r.dataBell.Add(1)
 		futex.Wake((*uint32)(unsafe.Pointer(r.dataBell)), 1)
 	}
-	return true
 }
 
 // waitRoom blocks until a record of n bytes may fit, or for at most d.

@@ -50,6 +50,8 @@ const (
 // the out ring and consumes the in ring on its own goroutine or in poll.
 type hostRing struct {
 	seg  *shmem.Segment
+	area *placeArea     // nil without a place area
+	aseg *shmem.Segment // the area's segment; nil without one
 	h    sdi.Handler
 	fail func(error) // a protocol violation: take the plugin out
 
@@ -71,10 +73,14 @@ type hostRing struct {
 	wg      sync.WaitGroup
 }
 
-func newHostRing(seg *shmem.Segment, h sdi.Handler, lim limits, fail func(error)) *hostRing {
+// newHostRing starts the host's side of seg; aseg is its place area, or nil.
+func newHostRing(seg, aseg *shmem.Segment, h sdi.Handler, lim limits, fail func(error)) *hostRing {
 	out, in := rings(seg.Bytes())
-	p := &hostRing{seg: seg, h: h, fail: fail, out: out, in: reader{r: in, lim: lim},
+	p := &hostRing{seg: seg, aseg: aseg, h: h, fail: fail, out: out, in: reader{r: in, lim: lim},
 		act: activityAt(seg.Bytes()), idleCh: make(chan struct{}, 1)}
+	if aseg != nil {
+		p.area = placeAreaAt(aseg.Bytes())
+	}
 	p.act.parked.Store(1)
 	p.wg.Add(1)
 	go p.run()
@@ -175,8 +181,8 @@ func (p *hostRing) drainLocked() int {
 	n := 0
 	for n < drainStep && !p.stopped.Load() {
 		rec, cur, ok, err := p.in.next()
-		if err == nil && ok && !deliver(p.h, rec) {
-			err = fmt.Errorf("record kind %d does not travel to the host", rec.kind)
+		if err == nil && ok {
+			err = p.deliver(rec)
 		}
 		if err != nil {
 			p.stopped.Store(true)
@@ -190,6 +196,27 @@ func (p *hostRing) drainLocked() int {
 		n++
 	}
 	return n
+}
+
+// deliver hands one record from the in ring to the Handler: a placed one
+// from its slot, which is then free again.
+func (p *hostRing) deliver(rec record) error {
+	if rec.kind != kindPlaced {
+		if !deliver(p.h, rec) {
+			return fmt.Errorf("record kind %d does not travel to the host", rec.kind)
+		}
+		return nil
+	}
+	if p.area == nil {
+		return fmt.Errorf("%w: a placed record, but there is no place area", sdi.ErrBadFrame)
+	}
+	payload, err := p.area.take(rec)
+	if err != nil {
+		return err
+	}
+	p.h.Deliver(rec.peer, rec.header, payload)
+	p.area.free(int(rec.aux))
+	return nil
 }
 
 // stop ends the consumer, waits for a poll and a send in progress, and
@@ -209,6 +236,9 @@ func (p *hostRing) stop() {
 		p.outMu.Lock()
 		p.unmapped = true
 		p.seg.Close()
+		if p.aseg != nil {
+			p.aseg.Close()
+		}
 		p.outMu.Unlock()
 	})
 }
@@ -218,9 +248,10 @@ func (p *hostRing) stop() {
 // host polls, the same goroutine polls the plugin's subdevice (if it has
 // FlagPoll) between looks at the ring.
 type pluginRing struct {
-	seg *shmem.Segment
-	srv *server
-	act activity
+	seg  *shmem.Segment
+	aseg *shmem.Segment // the place area's segment; nil without one
+	srv  *server
+	act  activity
 
 	out  reader
 	rels releaser
@@ -232,9 +263,11 @@ type pluginRing struct {
 	wg      sync.WaitGroup
 }
 
-func newPluginRing(seg *shmem.Segment, srv *server, lim limits) *pluginRing {
+// newPluginRing starts the plugin's side of seg; aseg is its checked place
+// area, or nil.
+func newPluginRing(seg, aseg *shmem.Segment, srv *server, lim limits) *pluginRing {
 	out, in := rings(seg.Bytes())
-	p := &pluginRing{seg: seg, srv: srv, act: activityAt(seg.Bytes()),
+	p := &pluginRing{seg: seg, aseg: aseg, srv: srv, act: activityAt(seg.Bytes()),
 		out: reader{r: out, lim: lim}, rels: releaser{r: out}, in: in}
 	p.wg.Add(1)
 	go p.run()
@@ -318,7 +351,22 @@ func (w *hostWatch) resumed(a activity) bool {
 }
 
 func (p *pluginRing) put(kind uint8, peer sdi.Rank, header, payload []byte) bool {
-	n := recordLen(len(header), len(payload))
+	return p.write(kind, peer, recordLen(len(header), len(payload)), func() bool {
+		return p.in.tryWrite(kind, peer, 0, header, payload)
+	})
+}
+
+// putPlaced writes a kindPlaced record for the n bytes in slot, waiting
+// like put.
+func (p *pluginRing) putPlaced(peer sdi.Rank, slot int, header []byte, n int) bool {
+	return p.write(kindPlaced, peer, recordLen(len(header), 0), func() bool {
+		return p.in.tryWritePlaced(peer, uint32(slot), header, n)
+	})
+}
+
+// write calls try, which writes a record of n bytes into the in ring,
+// until it has room.
+func (p *pluginRing) write(kind uint8, peer sdi.Rank, n int, try func() bool) bool {
 	if n > p.in.maxRecord() {
 		p.srv.log.Error("dropping a record larger than the ring allows", "kind", kind, "peer", peer, "bytes", n, "limit", p.in.maxRecord())
 		return false
@@ -330,7 +378,7 @@ func (p *pluginRing) put(kind uint8, peer sdi.Rank, header, payload []byte) bool
 		if p.stopped.Load() {
 			return false
 		}
-		if p.in.tryWrite(kind, peer, 0, header, payload) {
+		if try() {
 			return true
 		}
 		p.in.waitRoom(n, ringNap)
@@ -347,6 +395,9 @@ func (p *pluginRing) stop() {
 	p.inMu.Lock()
 	p.inMu.Unlock() //nolint:staticcheck // waits for a put in progress
 	p.seg.Close()
+	if p.aseg != nil {
+		p.aseg.Close()
+	}
 }
 
 // releaser hands ring space back in read order while the subdevice

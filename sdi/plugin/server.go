@@ -32,10 +32,13 @@ type server struct {
 	caps   sdi.Caps
 	// poller and idler are the subdevice as sdi.Poller and sdi.Idler when
 	// its flags say so, set at Open; the ring goroutine polls through them.
-	poller   sdi.Poller
-	idler    sdi.Idler
-	lim      limits
-	plane    pluginPlane
+	poller sdi.Poller
+	idler  sdi.Idler
+	lim    limits
+	plane  pluginPlane
+	// placer is set once a ring plane with a place area is attached;
+	// Place and Deliver use it (place.go).
+	placer   atomic.Pointer[placer]
 	attached chan struct{} // closed once a plane is attached, or at Close
 	closing  chan struct{} // closed when Close starts
 
@@ -227,6 +230,9 @@ func (s *server) Transfer(st sdiv1.SubDevice_TransferServer) error {
 	var stream *pluginStream
 	if ring != nil {
 		s.plane = ring
+		if ring.aseg != nil {
+			s.placer.Store(newPlacer(placeAreaAt(ring.aseg.Bytes()), ring, s.lim.maxPayload))
+		}
 	} else {
 		stream = newPluginStream(st, s, s.lim, max(window, 1<<16))
 		s.plane = stream
@@ -265,7 +271,30 @@ func (s *server) attachRing(att *sdiv1.Transfer_Attach) (*pluginRing, error) {
 		seg.Close()
 		return nil, fmt.Errorf("segment %s: %w", att.GetSegment(), err)
 	}
-	return newPluginRing(seg, s, s.lim), nil
+	return newPluginRing(seg, s.openPlaceArea(seg), s, s.lim), nil
+}
+
+// openPlaceArea maps the place area the host announced in seg's header, if
+// any. Without one the plugin works as well, only with a copy more per
+// large payload, so a failure is a warning.
+func (s *server) openPlaceArea(seg *shmem.Segment) *shmem.Segment {
+	slots, slotBytes := announcedPlace(seg.Bytes())
+	if slots == 0 {
+		return nil
+	}
+	name := placeName(seg.Name())
+	aseg, err := shmem.Open(name)
+	if err == nil {
+		err = checkPlaceArea(aseg.Bytes(), slots, slotBytes, s.lim.maxPayload)
+		if err != nil {
+			aseg.Close()
+		}
+	}
+	if err != nil {
+		s.log.Warn("place area not usable; large payloads take a copy more", "segment", name, "error", err)
+		return nil
+	}
+	return aseg
 }
 
 // hostGone handles the end of the Transfer stream. After Close that is
@@ -399,7 +428,27 @@ func (h *serverHandler) Deliver(from sdi.Rank, header, payload []byte) {
 			"header", len(header), "payload", len(payload))
 		return
 	}
+	if pl := s.placer.Load(); pl != nil {
+		if slot, ok := pl.claim(from, payload); ok {
+			if !s.closed.Load() {
+				pl.ring.putPlaced(from, slot, header, len(payload))
+			}
+			return
+		}
+	}
 	s.put(kindDeliver, from, header, payload)
+}
+
+// Place implements sdi.Placer: a large payload goes into a slot of the
+// place area, where the host reads it, instead of a buffer of the
+// subdevice's own that Deliver would copy into the ring.
+func (h *serverHandler) Place(from sdi.Rank, header []byte, n int) []byte {
+	s := (*server)(h)
+	pl := s.placer.Load()
+	if pl == nil || len(header) > s.lim.maxHeader || int(from) < 0 || int(from) >= s.lim.size || s.closed.Load() {
+		return nil
+	}
+	return pl.place(from, n)
 }
 
 func (h *serverHandler) SendDone(token uint64, err error) {

@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -28,7 +29,7 @@ type hostStream struct {
 	fail   func(error)
 
 	mu          sync.Mutex
-	pending     []byte
+	pending     batch
 	outstanding int
 
 	hmu     sync.Mutex // held while records are handed to the Handler
@@ -55,7 +56,7 @@ func (p *hostStream) send(peer sdi.Rank, header, payload []byte) error {
 		return sdi.ErrWouldBlock
 	}
 	p.outstanding += n
-	p.pending = appendRecord(p.pending, kindFrame, peer, 0, header, payload)
+	p.pending.add(kindFrame, peer, 0, header, payload)
 	p.mu.Unlock()
 	wake(p.kick)
 	return nil
@@ -70,19 +71,17 @@ func (p *hostStream) sender() {
 			return
 		}
 		p.mu.Lock()
-		buf := p.pending
-		p.pending = nil
+		chunks := p.pending.take()
 		p.mu.Unlock()
-		if len(buf) == 0 {
-			continue
-		}
-		// The chunk is not reused: gRPC may still read it after Send.
-		err := p.st.Send(&sdiv1.Transfer_Outbound{Msg: &sdiv1.Transfer_Outbound_Chunk{Chunk: &sdiv1.Transfer_Chunk{Records: buf}}})
-		if err != nil {
-			if !p.stopped.Load() {
-				p.fail(fmt.Errorf("%w: transfer stream: %v", ErrPluginExited, err))
+		for _, c := range chunks {
+			// The chunk is not reused: gRPC may still read it after Send.
+			err := p.st.Send(&sdiv1.Transfer_Outbound{Msg: &sdiv1.Transfer_Outbound_Chunk{Chunk: &sdiv1.Transfer_Chunk{Records: c}}})
+			if err != nil {
+				if !p.stopped.Load() {
+					p.fail(fmt.Errorf("%w: transfer stream: %v", ErrPluginExited, err))
+				}
+				return
 			}
-			return
 		}
 	}
 }
@@ -160,7 +159,7 @@ type pluginStream struct {
 
 	mu      sync.Mutex
 	cond    *sync.Cond // signalled when pending shrinks or the plane stops
-	pending []byte
+	pending batch
 	credit  uint64
 	stopped bool
 
@@ -214,14 +213,14 @@ func (p *pluginStream) addCredit(n int) {
 func (p *pluginStream) put(kind uint8, peer sdi.Rank, header, payload []byte) bool {
 	n := recordLen(len(header), len(payload))
 	p.mu.Lock()
-	for len(p.pending) > 0 && len(p.pending)+n > p.window && !p.stopped {
+	for p.pending.bytes > 0 && p.pending.bytes+n > p.window && !p.stopped {
 		p.cond.Wait()
 	}
 	if p.stopped {
 		p.mu.Unlock()
 		return false
 	}
-	p.pending = appendRecord(p.pending, kind, peer, 0, header, payload)
+	p.pending.add(kind, peer, 0, header, payload)
 	p.mu.Unlock()
 	wake(p.kick)
 	return true
@@ -236,21 +235,19 @@ func (p *pluginStream) writer() {
 			return
 		}
 		p.mu.Lock()
-		buf := p.pending
-		p.pending = nil
 		for p.credit > 0 {
 			c := min(p.credit, 1<<31)
 			p.credit -= c
-			buf = appendRecord(buf, kindCredit, 0, uint32(c), nil, nil)
+			p.pending.add(kindCredit, 0, uint32(c), nil, nil)
 		}
+		chunks := p.pending.take()
 		p.cond.Broadcast()
 		p.mu.Unlock()
-		if len(buf) == 0 {
-			continue
-		}
-		if err := p.st.Send(&sdiv1.Transfer_Inbound{Msg: &sdiv1.Transfer_Inbound_Chunk{Chunk: &sdiv1.Transfer_Chunk{Records: buf}}}); err != nil {
-			p.stopLocked()
-			return
+		for _, c := range chunks {
+			if err := p.st.Send(&sdiv1.Transfer_Inbound{Msg: &sdiv1.Transfer_Inbound_Chunk{Chunk: &sdiv1.Transfer_Chunk{Records: c}}}); err != nil {
+				p.stopLocked()
+				return
+			}
 		}
 	}
 }
@@ -272,6 +269,50 @@ func (p *pluginStream) stop() {
 		close(p.quit)
 	}
 	p.wg.Wait()
+}
+
+// chunkBytes bounds a chunk of several records. gRPC marshals and reads
+// a message into pooled buffers of up to 1 MiB and allocates larger ones
+// afresh, and a batch that grew to the whole window would be copied each
+// time it doubled: bounded chunks keep every byte at one copy into the
+// batch. A record larger than this travels alone.
+const chunkBytes = 512 << 10
+
+// batch collects records for the stream plane in chunks of at most
+// chunkBytes. It is not safe for concurrent use.
+type batch struct {
+	chunks [][]byte
+	bytes  int // in chunks
+	// last is how much the previous take held, up to chunkBytes: under
+	// load chunks fill, and a new one is made that large at once.
+	last int
+}
+
+// add appends one record.
+func (b *batch) add(kind uint8, peer sdi.Rank, aux uint32, header, payload []byte) {
+	n := recordLen(len(header), len(payload))
+	k := len(b.chunks) - 1
+	if k < 0 || len(b.chunks[k])+n > chunkBytes && len(b.chunks[k]) > 0 {
+		b.chunks = append(b.chunks, make([]byte, 0, max(n, min(chunkBytes, b.last))))
+		k++
+	}
+	c := b.chunks[k]
+	if len(c)+n > cap(c) {
+		c = slices.Grow(c, max(n, len(c))) // doubles, up to chunkBytes
+	}
+	l := len(c)
+	c = c[:l+n]
+	putRecord(c[l:], kind, peer, aux, header, payload)
+	b.chunks[k] = c
+	b.bytes += n
+}
+
+// take returns the chunks collected so far and empties the batch.
+func (b *batch) take() [][]byte {
+	c := b.chunks
+	b.last = min(b.bytes, chunkBytes)
+	b.chunks, b.bytes = nil, 0
+	return c
 }
 
 // wake nudges the goroutine that waits on c, a channel of capacity one; a
