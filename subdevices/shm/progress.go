@@ -171,19 +171,21 @@ func (sd *device) nap() {
 }
 
 // poll drains every active inbound ring once and returns the number of
-// records consumed, or, if it completed sends of this rank's, returns
-// their number without draining: the caller may be a blocking Send
-// waiting for exactly that, and once it returns its rank posts the
-// receive that the peer's next message (often visible in the same poll,
-// in a ping-pong) is for. Drained first, that message would find no
-// receive and be delivered unexpected, copied twice more.
+// records consumed. If it completed the last sends of this rank's still
+// in flight, it returns their number without draining: the caller may be
+// a blocking Send waiting for exactly that, and once it returns its rank
+// posts the receive that the peer's next message (often visible in the
+// same poll, in a ping-pong) is for. Drained first, that message would
+// find no receive and be delivered unexpected, copied twice more. With
+// sends still in flight (a stream) draining goes on as usual: a poll
+// that skipped it for every completion would starve the other direction.
 func (rc *receiver) poll() int {
 	rc.polls++
 	rc.refresh()
-	if n := rc.reapAll(); n > 0 {
+	n := rc.reapAll()
+	if n > 0 && rc.sd.inflight.Load() == 0 {
 		return n
 	}
-	n := 0
 	for _, r := range rc.active {
 		if !rc.dead[r] {
 			n += rc.drain(r)
