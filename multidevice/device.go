@@ -80,8 +80,8 @@ type Device struct {
 
 	// mu guards the matching state below.
 	mu         sync.Mutex
-	posted     []*Request
-	unexpected []*inMsg
+	posted     fifo[Request]
+	unexpected fifo[inMsg]
 	freeMsgs   []*inMsg            // recycled unexpected messages: match.go
 	recvSeq    []uint64            // [source] next expected sequence number
 	ooo        []map[uint64]*inMsg // [source] arrived early
@@ -566,7 +566,7 @@ func (d *Device) shutdown(ctx context.Context) error {
 func (d *Device) failAll(err error) {
 	d.mu.Lock()
 	var reqs []*Request
-	reqs = append(reqs, d.posted...)
+	reqs = append(reqs, d.posted.take()...)
 	for _, p := range d.placing {
 		reqs = append(reqs, p.r)
 	}
@@ -577,7 +577,6 @@ func (d *Device) failAll(err error) {
 			delete(m, id)
 		}
 	}
-	d.posted = nil
 	d.mu.Unlock()
 	for _, r := range reqs {
 		r.complete(Status{}, err)

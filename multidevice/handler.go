@@ -131,10 +131,10 @@ func (d *Device) failPeer(peer int, why, cause error) {
 			failed = append(failed, r)
 		}
 	}
-	for i := 0; i < len(d.posted); {
-		if r := d.posted[i]; r.peer == int32(peer) {
+	for i := 0; i < len(d.posted.items()); {
+		if r := d.posted.items()[i]; r.peer == int32(peer) {
 			failed = append(failed, r)
-			d.posted = append(d.posted[:i], d.posted[i+1:]...)
+			d.posted.remove(i)
 			continue
 		}
 		i++

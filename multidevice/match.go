@@ -56,20 +56,20 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	}
 
 	d.mu.Lock()
-	for i, m := range d.unexpected {
+	for i, m := range d.unexpected.items() {
 		if !matches(r, &m.h) {
 			continue
 		}
 		if r.claim != nil {
 			r.claim.TryClaim(claimOwn) // no copy exists yet: always wins
 		}
-		d.unexpected = removeAt(d.unexpected, i)
+		d.unexpected.remove(i)
 		d.deliverLocked(r, &m.h, m.data)
 		d.freeMsgLocked(m)
 		d.mu.Unlock()
 		return r, nil
 	}
-	d.posted = append(d.posted, r)
+	d.posted.push(r)
 	d.mu.Unlock()
 
 	if r.claim != nil {
@@ -121,25 +121,9 @@ func (d *Device) dropCopies(r *Request, winner int) {
 	}
 }
 
-// removeAt removes q[i], keeping order. Matching mostly takes the oldest
-// entry, which is removed by reslicing instead of moving every pointer
-// after it (a memmove of pointers pays a GC write barrier per element).
-// An emptied queue goes back to the start of its array, so that a queue
-// that keeps draining never reallocates.
-func removeAt[T any](q []*T, i int) []*T {
-	if i == 0 {
-		q[0] = nil
-		if len(q) == 1 {
-			return q[:0]
-		}
-		return q[1:]
-	}
-	return slices.Delete(q, i, i+1)
-}
-
 func (d *Device) removePostedLocked(r *Request) bool {
-	if i := slices.Index(d.posted, r); i >= 0 {
-		d.posted = removeAt(d.posted, i)
+	if i := slices.Index(d.posted.items(), r); i >= 0 {
+		d.posted.remove(i)
 		return true
 	}
 	return false
@@ -227,20 +211,20 @@ func (d *Device) freeMsgLocked(m *inMsg) {
 // matchLocked matches one in-order arrival against the posted receives or
 // queues it as unexpected.
 func (d *Device) matchLocked(h *header, payload []byte) {
-	for i := 0; i < len(d.posted); {
-		r := d.posted[i]
+	for i := 0; i < len(d.posted.items()); {
+		r := d.posted.items()[i]
 		if !matches(r, h) {
 			i++
 			continue
 		}
-		d.posted = removeAt(d.posted, i)
+		d.posted.remove(i)
 		if r.claim != nil && !r.claim.TryClaim(claimOwn) {
 			continue // a matching subdevice or Cancel won this receive
 		}
 		d.deliverLocked(r, h, payload)
 		return
 	}
-	d.unexpected = append(d.unexpected, d.newMsgLocked(h, payload))
+	d.unexpected.push(d.newMsgLocked(h, payload))
 	d.notifyAll()
 }
 
@@ -355,7 +339,7 @@ func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
 	if src == AnySource || d.matchSub[src] < 0 {
 		probe := Request{peer: int32(src), tag: int32(tag), context: context}
 		d.mu.Lock()
-		for _, m := range d.unexpected {
+		for _, m := range d.unexpected.items() {
 			if matches(&probe, &m.h) {
 				st := Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}
 				d.mu.Unlock()

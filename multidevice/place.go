@@ -170,7 +170,7 @@ func (d *Device) placeEager(sub int, from sdi.Rank, hb []byte, n int) []byte {
 	if h.seq != d.recvSeq[h.src] || d.ooo[h.src] != nil {
 		return nil
 	}
-	for i, r := range d.posted {
+	for i, r := range d.posted.items() {
 		if !matches(r, &h) {
 			continue
 		}
@@ -180,7 +180,7 @@ func (d *Device) placeEager(sub int, from sdi.Rank, hb []byte, n int) []byte {
 		if r.claim != nil || len(r.buf) < n {
 			return nil
 		}
-		d.posted = removeAt(d.posted, i)
+		d.posted.remove(i)
 		d.recvSeq[h.src]++
 		d.placing = append(d.placing, placedEager{r: r, sub: sub, src: h.src, seq: h.seq})
 		return r.buf[:n:n]
