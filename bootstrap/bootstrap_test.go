@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -58,7 +59,7 @@ func startServer(t *testing.T, n int, ln net.Listener) *Server {
 
 func openRank(t *testing.T, srv *Server, rank int) Bootstrap {
 	t.Helper()
-	bs, err := open(context.Background(), testLogger(t).Named(fmt.Sprint("rank", rank)), envOf(srv.Env(rank)))
+	bs, err := open(context.Background(), testLogger(t).Named(fmt.Sprint("rank", rank)), envOf(srv.Env(rank)), nil)
 	if err != nil {
 		t.Fatalf("open rank %d: %v", rank, err)
 	}
@@ -362,7 +363,7 @@ func TestBadConnectionsDropped(t *testing.T) {
 	// The job goes on: the real ranks still connect, and a rank cannot be
 	// claimed twice.
 	a, b := openRank(t, srv, 0), openRank(t, srv, 1)
-	if _, err := open(context.Background(), nil, envOf(srv.Env(1))); err == nil || !strings.Contains(err.Error(), "rank 1 connected before") {
+	if _, err := open(context.Background(), nil, envOf(srv.Env(1)), nil); err == nil || !strings.Contains(err.Error(), "rank 1 connected before") {
 		t.Errorf("second hello for rank 1: %v", err)
 	}
 	var wg sync.WaitGroup
@@ -387,28 +388,39 @@ func TestOpenEnvErrors(t *testing.T) {
 			return good(k)
 		}
 	}
+	// A remote rank's environment, without the self-termination that
+	// would end this test process with the refused connection.
+	remote := envOf(slices.DeleteFunc(srv.RemoteEnv(1, "h2"), func(kv string) bool {
+		return strings.HasPrefix(kv, EnvExitWithService+"=")
+	}))
 	tests := []struct {
-		name string
-		env  lookupFunc
-		want []string // substrings of the error
+		name  string
+		env   lookupFunc
+		want  []string  // substrings of the error
+		stdin io.Reader // for MDRUN_SECRET=-
 	}{
-		{"rank not a number", with(EnvRank, "one"), []string{EnvRank, `"one"`}},
-		{"rank too big", with(EnvRank, "2"), []string{EnvRank, "[0, MDRUN_SIZE=2)"}},
-		{"size zero", with(EnvSize, "0"), []string{EnvSize}},
-		{"size unset", with(EnvSize, "<unset>"), []string{EnvSize, "not set"}},
-		{"addr unset", with(EnvAddr, "<unset>"), []string{EnvAddr, "not set"}},
-		{"addr malformed", with(EnvAddr, "carrier-pigeon"), []string{EnvAddr, "carrier-pigeon"}},
-		{"addr unreachable", with(EnvAddr, "unix:/nonexistent/mdrun.sock"), []string{EnvAddr, "/nonexistent/mdrun.sock"}},
-		{"secret not hex", with(EnvSecret, "xyz"), []string{EnvSecret, "hexadecimal"}},
-		{"secret wrong", with(EnvSecret, "abcd"), []string{EnvAddr, "wrong job secret"}},
-		{"job id wrong", with(EnvJobID, "other"), []string{EnvJobID, `"other"`}},
-		{"size wrong", with(EnvSize, "3"), []string{EnvSize, "2 ranks"}},
-		{"host unset", with(EnvHost, ""), []string{EnvHost}},
-		{"jobid unset", with(EnvJobID, "<unset>"), []string{EnvJobID}},
+		{"rank not a number", with(EnvRank, "one"), []string{EnvRank, `"one"`}, nil},
+		{"rank too big", with(EnvRank, "2"), []string{EnvRank, "[0, MDRUN_SIZE=2)"}, nil},
+		{"size zero", with(EnvSize, "0"), []string{EnvSize}, nil},
+		{"size unset", with(EnvSize, "<unset>"), []string{EnvSize, "not set"}, nil},
+		{"addr unset", with(EnvAddr, "<unset>"), []string{EnvAddr, "not set"}, nil},
+		{"addr malformed", with(EnvAddr, "carrier-pigeon"), []string{EnvAddr, "carrier-pigeon"}, nil},
+		{"addr unreachable", with(EnvAddr, "unix:/nonexistent/mdrun.sock"), []string{EnvAddr, "/nonexistent/mdrun.sock"}, nil},
+		{"secret not hex", with(EnvSecret, "xyz"), []string{EnvSecret, "hexadecimal"}, nil},
+		{"secret wrong", with(EnvSecret, "abcd"), []string{EnvAddr, "wrong job secret"}, nil},
+		{"job id wrong", with(EnvJobID, "other"), []string{EnvJobID, `"other"`}, nil},
+		{"size wrong", with(EnvSize, "3"), []string{EnvSize, "2 ranks"}, nil},
+		{"host unset", with(EnvHost, ""), []string{EnvHost}, nil},
+		{"jobid unset", with(EnvJobID, "<unset>"), []string{EnvJobID}, nil},
+		{"secret from no stdin", remote, []string{EnvSecret + "=-", "standard input", "no standard input"}, nil},
+		{"secret from empty stdin", remote, []string{EnvSecret + "=-", "empty"}, strings.NewReader("")},
+		{"secret from a blank line", remote, []string{EnvSecret + "=-", "first line is empty"}, strings.NewReader("\nabcd\n")},
+		{"secret from a long line", remote, []string{EnvSecret + "=-", "longer than"}, strings.NewReader(strings.Repeat("ab", 600))},
+		{"wrong secret from stdin", remote, []string{EnvAddr, "wrong job secret"}, strings.NewReader("abcd\n")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			bs, err := open(context.Background(), testLogger(t), tt.env)
+			bs, err := open(context.Background(), testLogger(t), tt.env, tt.stdin)
 			if err == nil {
 				bs.Close()
 				t.Fatal("open succeeded")
@@ -427,7 +439,7 @@ func TestOpenEnvErrors(t *testing.T) {
 func TestSingleton(t *testing.T) {
 	none := func(string) (string, bool) { return "", false }
 	ctx := context.Background()
-	bs, err := open(ctx, testLogger(t), none)
+	bs, err := open(ctx, testLogger(t), none, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -435,7 +447,7 @@ func TestSingleton(t *testing.T) {
 	if bs.Rank() != 0 || bs.Size() != 1 || bs.Host() != host || bs.JobID() == "" || len(bs.Secret()) != 32 {
 		t.Errorf("identity rank=%d size=%d host=%q job=%q secret=%d bytes", bs.Rank(), bs.Size(), bs.Host(), bs.JobID(), len(bs.Secret()))
 	}
-	other, err := open(ctx, nil, none)
+	other, err := open(ctx, nil, none, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -540,4 +552,34 @@ func FuzzReadMessage(f *testing.F) {
 			t.Fatalf("round trip changed %q to %q", encoded, second.Bytes())
 		}
 	})
+}
+
+// A rank that mdrun starts on another host gets the secret on standard
+// input, never in its environment or on the remote-exec command line, and
+// joins the job with it; nothing after the secret's line is read.
+func TestRemoteSecretOnStdin(t *testing.T) {
+	srv := startServer(t, 2, nil)
+	secret := strings.TrimSpace(string(srv.SecretLine()))
+	env := slices.DeleteFunc(srv.RemoteEnv(1, "h2"), func(kv string) bool {
+		return strings.HasPrefix(kv, EnvExitWithService+"=") // see TestOpenEnvErrors
+	})
+	for _, kv := range env {
+		if strings.Contains(kv, secret) {
+			t.Fatalf("RemoteEnv carries the secret: %q", kv)
+		}
+	}
+	in := io.MultiReader(bytes.NewReader(srv.SecretLine()), strings.NewReader("the application's input\n"))
+	bs, err := open(context.Background(), testLogger(t), envOf(env), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	a := openRank(t, srv, 0)
+	if bs.Rank() != 1 || a.Rank() != 0 {
+		t.Errorf("ranks %d and %d", bs.Rank(), a.Rank())
+	}
+	rest, _ := io.ReadAll(in)
+	if string(rest) != "the application's input\n" {
+		t.Errorf("stdin after the secret: %q", rest)
+	}
 }

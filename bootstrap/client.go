@@ -73,7 +73,7 @@ func (e *remoteError) Is(target error) bool {
 }
 
 func openMdrun(ctx context.Context, logger hclog.Logger, st *openState) (Bootstrap, error) {
-	e, err := parseMdrunEnv(st.env)
+	e, err := parseMdrunEnv(st.env, st.stdin)
 	if err != nil {
 		return nil, err
 	}

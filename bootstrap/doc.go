@@ -65,7 +65,9 @@
 //	MDRUN_RANK    this process's rank, 0 <= rank < size
 //	MDRUN_SIZE    the number of ranks in the job
 //	MDRUN_JOBID   the job's identifier, unique per job
-//	MDRUN_SECRET  the job's secret, hexadecimal; the service refuses ranks without it
+//	MDRUN_SECRET  the job's secret, hexadecimal; the service refuses ranks without it.
+//	              "-" reads it from the first line of standard input: mdrun passes
+//	              it so to ranks on other hosts, off the remote-exec command line
 //	MDRUN_HOST    the launcher's name for this rank's host
 //	MDRUN_EXIT_WITH_SERVICE
 //	              1 for ranks mdrun starts on other hosts: the rank sends itself

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 	"strings"
@@ -19,7 +20,12 @@ const (
 	EnvSize   = "MDRUN_SIZE"
 	EnvJobID  = "MDRUN_JOBID"
 	EnvSecret = "MDRUN_SECRET"
-	EnvHost   = "MDRUN_HOST"
+	// SecretFromStdin as the value of EnvSecret says that the secret is
+	// the first line of standard input. mdrun passes it so to ranks on
+	// other hosts: a remote-exec command line (ssh's) can be read by every
+	// user of both hosts with ps, standard input cannot.
+	SecretFromStdin = "-"
+	EnvHost         = "MDRUN_HOST"
 	// EnvExitWithService=1 makes a rank send itself SIGTERM when its
 	// connection to the mdrun service ends before Close or Abort: mdrun
 	// closes the service to end ranks it started on other hosts.
@@ -44,7 +50,8 @@ type backend struct {
 // openState is what the backends of one Open share.
 type openState struct {
 	env    lookupFunc
-	pmi    *pmiConn // the PMI manager's connection, once opened
+	stdin  io.Reader // where MDRUN_SECRET=- reads the secret
+	pmi    *pmiConn  // the PMI manager's connection, once opened
 	pmiErr error
 }
 
@@ -66,14 +73,14 @@ func backends() []backend {
 // variable, an unreachable service, a refused secret), Open fails with an
 // error naming the variable or address; it never falls back to a singleton.
 func Open(ctx context.Context, logger hclog.Logger) (Bootstrap, error) {
-	return open(ctx, logger, os.LookupEnv)
+	return open(ctx, logger, os.LookupEnv, os.Stdin)
 }
 
-func open(ctx context.Context, logger hclog.Logger, env lookupFunc) (Bootstrap, error) {
+func open(ctx context.Context, logger hclog.Logger, env lookupFunc, stdin io.Reader) (Bootstrap, error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	st := &openState{env: env}
+	st := &openState{env: env, stdin: stdin}
 	var refusals []string
 	for _, b := range backends() {
 		if !b.detect(env) {
@@ -130,7 +137,7 @@ func detectMdrun(env lookupFunc) bool {
 
 // parseMdrunEnv reads and checks every MDRUN_* variable. Errors name the
 // variable, because the user has to find which one is wrong.
-func parseMdrunEnv(env lookupFunc) (mdrunEnv, error) {
+func parseMdrunEnv(env lookupFunc, stdin io.Reader) (mdrunEnv, error) {
 	var e mdrunEnv
 	str := func(k string) (string, error) {
 		v, ok := env(k)
@@ -173,6 +180,11 @@ func parseMdrunEnv(env lookupFunc) (mdrunEnv, error) {
 	if err != nil {
 		return e, err
 	}
+	if s == SecretFromStdin {
+		if s, err = readSecret(stdin); err != nil {
+			return e, fmt.Errorf("bootstrap: %s=%s: reading the secret from standard input: %w", EnvSecret, SecretFromStdin, err)
+		}
+	}
 	if e.secret, err = hex.DecodeString(s); err != nil {
 		return e, fmt.Errorf("bootstrap: %s is not hexadecimal: %w", EnvSecret, err)
 	}
@@ -199,4 +211,45 @@ func formatEnv(e mdrunEnv) []string {
 		EnvSecret + "=" + hex.EncodeToString(e.secret),
 		EnvHost + "=" + e.host,
 	}
+}
+
+// maxSecretLine bounds the line readSecret accepts: a secret is 32 bytes,
+// 64 hexadecimal digits.
+const maxSecretLine = 1024
+
+// readSecret reads the secret's line from r, one byte at a time, so that
+// nothing after the line is taken from the application's standard input.
+func readSecret(r io.Reader) (string, error) {
+	if r == nil {
+		return "", errors.New("no standard input")
+	}
+	var line []byte
+	var b [1]byte
+	for len(line) <= maxSecretLine {
+		n, err := r.Read(b[:])
+		if n == 1 {
+			if b[0] == '\n' {
+				break
+			}
+			line = append(line, b[0])
+			continue
+		}
+		if errors.Is(err, io.EOF) {
+			if len(line) == 0 {
+				return "", errors.New("it is empty")
+			}
+			break
+		}
+		if err != nil {
+			return "", err
+		}
+	}
+	if len(line) > maxSecretLine {
+		return "", fmt.Errorf("the first line is longer than %d bytes", maxSecretLine)
+	}
+	s := strings.TrimSuffix(string(line), "\r")
+	if s == "" {
+		return "", errors.New("the first line is empty")
+	}
+	return s, nil
 }

@@ -27,7 +27,7 @@ func openPMIRanks(t *testing.T, f *fakePMI, extra ...string) []Bootstrap {
 	var wg sync.WaitGroup
 	for r := range f.size {
 		wg.Go(func() {
-			ranks[r], errs[r] = open(ctx, testLogger(t).Named(fmt.Sprint("rank", r)), envOf(envs[r]))
+			ranks[r], errs[r] = open(ctx, testLogger(t).Named(fmt.Sprint("rank", r)), envOf(envs[r]), nil)
 		})
 	}
 	wg.Wait()
@@ -298,7 +298,7 @@ func TestPMIOpenErrors(t *testing.T) {
 			f := newFakePMI(t, 1, tt.opts)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			bs, err := open(ctx, testLogger(t), envOf(tt.env(f)))
+			bs, err := open(ctx, testLogger(t), envOf(tt.env(f)), nil)
 			if err == nil {
 				bs.Close()
 				t.Fatalf("open succeeded, want %q", tt.want)
@@ -318,7 +318,7 @@ func TestPMIOpenCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	// Rank 1 never comes, so the fence of the open never completes.
-	_, err := open(ctx, testLogger(t), envOf(env))
+	_, err := open(ctx, testLogger(t), envOf(env), nil)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("open = %v, want deadline exceeded", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -162,9 +163,23 @@ func (s *Server) HostEnv(rank int, host string) []string {
 // starts: the rank also ends itself if its connection to the service
 // breaks before it finished (see EnvExitWithService), because a signal to
 // the local ssh does not reach it.
+//
+// The secret is not in it: MDRUN_SECRET is [SecretFromStdin], and the
+// rank's standard input must start with [Server.SecretLine], since the
+// remote-exec command line is visible to every user of both hosts.
 func (s *Server) RemoteEnv(rank int, host string) []string {
-	return append(s.HostEnv(rank, host), EnvExitWithService+"=1")
+	env := s.HostEnv(rank, host)
+	for i, kv := range env {
+		if strings.HasPrefix(kv, EnvSecret+"=") {
+			env[i] = EnvSecret + "=" + SecretFromStdin
+		}
+	}
+	return append(env, EnvExitWithService+"=1")
 }
+
+// SecretLine is what a rank started with [Server.RemoteEnv] reads from its
+// standard input: the job's secret and a newline.
+func (s *Server) SecretLine() []byte { return []byte(hex.EncodeToString(s.secret) + "\n") }
 
 // Aborts delivers one [AbortError] per rank that called Abort. It is closed
 // when Serve returns. Nobody has to receive from it: it has room for every

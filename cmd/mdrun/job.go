@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -244,6 +245,9 @@ func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
 		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], env, prog, args)
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Env = os.Environ()
+		// The secret goes through the launcher's standard input: its
+		// command line is visible to every user of both hosts.
+		cmd.Stdin = bytes.NewReader(srv.SecretLine())
 	} else {
 		cmd = exec.Command(prog, args...)
 		cmd.Env = append(os.Environ(), env...)

@@ -36,8 +36,10 @@
 // The rendezvous service then listens on TCP at -listen, by default on this
 // machine's address on the route to the first remote host, any port. It
 // admits only ranks that present the job secret; the secret travels on the
-// launcher's command line, where other users of a remote host can read it
-// with ps while the rank starts. MDRUN_HOST is the name given in the list,
+// launcher's standard input (MDRUN_SECRET=- on its command line), so other
+// users of either host cannot read it with ps. A launcher script must
+// therefore pass its standard input on to the rank, as ssh and
+// `ip netns exec` do. MDRUN_HOST is the name given in the list,
 // so ranks on one host use shared memory and those on different hosts TCP.
 //
 // Output, exit statuses and signals work as on one host; a failing remote

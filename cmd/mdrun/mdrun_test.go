@@ -80,7 +80,7 @@ func rankMain(args []string) int {
 		fmt.Print("no newline at the end")
 		return 0
 	case "env":
-		fmt.Printf("MD_PLUGINS=%s\nMD_CONNTABLE=%s\n", os.Getenv("MD_PLUGINS"), os.Getenv("MD_CONNTABLE"))
+		fmt.Printf("MD_PLUGINS=%s\nMD_CONNTABLE=%s\nMDRUN_SECRET=%s\n", os.Getenv("MD_PLUGINS"), os.Getenv("MD_CONNTABLE"), os.Getenv("MDRUN_SECRET"))
 		return 0
 	}
 	ctx := context.Background()
@@ -307,6 +307,8 @@ func TestJobs(t *testing.T) {
 			stdout: []*regexp.Regexp{
 				regexp.MustCompile(`(?m)^\[0\] MD_PLUGINS=` + regexp.QuoteMeta(plugins) + `$`),
 				regexp.MustCompile(`(?m)^\[0\] MD_CONNTABLE=` + regexp.QuoteMeta(dir) + `$`),
+				// A local rank gets it in its environment, which only its user reads.
+				regexp.MustCompile(`(?m)^\[0\] MDRUN_SECRET=[0-9a-f]{64}$`),
 			},
 		},
 		{
@@ -333,6 +335,8 @@ func TestJobs(t *testing.T) {
 			stdout: []*regexp.Regexp{
 				regexp.MustCompile(`(?m)^\[0\] MD_PLUGINS=` + regexp.QuoteMeta(plugins) + `$`),
 				regexp.MustCompile(`(?m)^\[0\] MD_CONNTABLE=` + regexp.QuoteMeta(dir) + `$`),
+				// The secret comes on standard input, not on ssh's command line.
+				regexp.MustCompile(`(?m)^\[0\] MDRUN_SECRET=-$`),
 			},
 		},
 		{
