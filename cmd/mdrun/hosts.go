@@ -144,10 +144,21 @@ func shellQuote(s string) string {
 }
 
 // remoteCommand is the argv that starts prog on host through the
-// launcher: launcher host env K=V... prog args..., each word quoted for
-// the remote shell.
-func remoteCommand(launcher []string, host string, env []string, prog string, args []string) []string {
-	argv := append(append([]string{}, launcher...), host, "env")
+// launcher: launcher host cd DIR; env K=V... prog args..., each word
+// quoted for the remote shell. The rank starts in wdir, as mpiexec's
+// ranks do: with must set (-wdir given), a host without it fails the rank;
+// otherwise (mdrun's own directory) such a host starts it where the
+// launcher does.
+func remoteCommand(launcher []string, host, wdir string, must bool, env []string, prog string, args []string) []string {
+	argv := append(append([]string{}, launcher...), host, "cd", "--", shellQuote(wdir))
+	if must {
+		argv = append(argv, "&&")
+	} else {
+		argv = append(argv, "2>/dev/null;")
+	}
+	// No exec: the remote shell stays the rank's parent and reaps it at
+	// once, whatever happens to the launcher above it.
+	argv = append(argv, "env")
 	for _, kv := range env {
 		argv = append(argv, shellQuote(kv))
 	}

@@ -93,22 +93,50 @@ func TestPlaceRanks(t *testing.T) {
 func TestRemoteCommand(t *testing.T) {
 	args := []string{"plain", "two words", "it's", `"quoted"`, "$HOME", "a;b", "*", "", "tab\there", "new\nline"}
 	env := []string{"MDRUN_ADDR=tcp:10.0.0.1:4000", "MD_X=with space"}
-	argv := remoteCommand([]string{"ssh", "-o", "BatchMode=yes"}, "h1", env, "/bin/sh", append([]string{"-c", `for a; do printf '<%s>' "$a"; done; printf '%s' "$MD_X"`, "sh"}, args...))
-	if strings.Join(argv[:5], " ") != "ssh -o BatchMode=yes h1 env" {
-		t.Fatalf("argv starts %q", argv[:5])
-	}
-	// What ssh does with the words after the host.
-	out, err := exec.Command("sh", "-c", strings.Join(argv[4:], " ")).Output()
-	if err != nil {
+	script := `for a; do printf '<%s>' "$a"; done; printf '%s|%s' "$MD_X" "$PWD"`
+	dir := filepath.Join(t.TempDir(), "it's a dir")
+	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	want := ""
 	for _, a := range args {
 		want += "<" + a + ">"
 	}
-	want += "with space"
-	if string(out) != want {
-		t.Errorf("the remote shell saw %q, want %q", out, want)
+	tests := []struct {
+		name string
+		wdir string
+		must bool
+		out  string // what the rank prints after its arguments; "" fails
+	}{
+		{"in the directory", dir, false, "with space|" + dir},
+		{"in the given directory", dir, true, "with space|" + dir},
+		{"directory missing here", dir + "/none", false, "with space|" + "/"},
+		{"given directory missing here", dir + "/none", true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			argv := remoteCommand([]string{"ssh", "-o", "BatchMode=yes"}, "h1", tt.wdir, tt.must, env, "/bin/sh", append([]string{"-c", script, "sh"}, args...))
+			if strings.Join(argv[:4], " ") != "ssh -o BatchMode=yes h1" {
+				t.Fatalf("argv starts %q", argv[:4])
+			}
+			// What ssh does with the words after the host, starting where
+			// ssh starts a command (the home directory; / here).
+			cmd := exec.Command("sh", "-c", strings.Join(argv[4:], " "))
+			cmd.Dir = "/"
+			out, err := cmd.Output()
+			if tt.out == "" {
+				if err == nil {
+					t.Errorf("ran in a missing -wdir: %q", out)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(out) != want+tt.out {
+				t.Errorf("the remote shell saw %q, want %q", out, want+tt.out)
+			}
+		})
 	}
 }
 

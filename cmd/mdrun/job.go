@@ -242,7 +242,7 @@ func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
 	}
 	var cmd *exec.Cmd
 	if remote {
-		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], env, prog, args)
+		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], j.cfg.wdir, j.cfg.wdirSet, env, prog, args)
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Env = os.Environ()
 		// The secret goes through the launcher's standard input: its
@@ -251,6 +251,7 @@ func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
 	} else {
 		cmd = exec.Command(prog, args...)
 		cmd.Env = append(os.Environ(), env...)
+		cmd.Dir = j.cfg.wdir
 	}
 	prefix := ""
 	if j.cfg.prefix {

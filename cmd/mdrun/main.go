@@ -23,15 +23,18 @@
 // does. Ranks on "localhost" or on this machine's host name start here;
 // the others start through the -launcher command (default ssh), called as
 //
-//	launcher host env MDRUN_ADDR=... MD_...=... prog args...
+//	launcher host cd -- DIR 2>/dev/null; env MDRUN_ADDR=... MD_...=... prog args...
 //
-// with every word after the host quoted for a POSIX shell, since ssh hands
-// them to the remote shell as one command line. A launcher script that is
-// not ssh does the same: `exec ip netns exec NS sh -c "$*"` (mpiexec's
-// -launcher-exec takes the same kind of script). The program must have the
-// same path on every host; remote ranks start in the launcher's directory
-// (ssh: the home directory) and see only the MDRUN_* variables, the MD_*
-// variables of mdrun's environment and those named with -x.
+// with every word after the host shell text, quoted for a POSIX shell,
+// since ssh hands them to the remote shell as one command line. A launcher
+// script that is not ssh does the same: `exec ip netns exec NS sh -c "$*"`
+// (mpiexec's -launcher-exec takes the same kind of script). The program
+// must have the same path on every host. Ranks start in DIR, mdrun's own
+// directory, as mpiexec's do; a host without it starts them where the
+// launcher does (ssh: the home directory). -wdir DIR names the directory
+// instead, and a host without that one fails the rank ("cd -- DIR &&").
+// Remote ranks see only the MDRUN_* variables, the MD_* variables of
+// mdrun's environment and those named with -x.
 //
 // The rendezvous service then listens on TCP at -listen, by default on this
 // machine's address on the route to the first remote host, any port. It

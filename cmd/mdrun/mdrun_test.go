@@ -80,7 +80,8 @@ func rankMain(args []string) int {
 		fmt.Print("no newline at the end")
 		return 0
 	case "env":
-		fmt.Printf("MD_PLUGINS=%s\nMD_CONNTABLE=%s\nMDRUN_SECRET=%s\n", os.Getenv("MD_PLUGINS"), os.Getenv("MD_CONNTABLE"), os.Getenv("MDRUN_SECRET"))
+		wd, _ := os.Getwd()
+		fmt.Printf("MD_PLUGINS=%s\nMD_CONNTABLE=%s\nMDRUN_SECRET=%s\nPWD=%s\n", os.Getenv("MD_PLUGINS"), os.Getenv("MD_CONNTABLE"), os.Getenv("MDRUN_SECRET"), wd)
 		return 0
 	}
 	ctx := context.Background()
@@ -331,12 +332,13 @@ func TestJobs(t *testing.T) {
 			pidsPrint: 3,
 		},
 		{
-			name: "remote environment", flags: append(remoteFlags("far"), "-plugins", plugins, "-conntable", dir), n: 1, behaviour: "env", status: 0,
+			name: "remote environment", flags: append(remoteFlags("far"), "-plugins", plugins, "-conntable", dir, "-wdir", dir), n: 1, behaviour: "env", status: 0,
 			stdout: []*regexp.Regexp{
 				regexp.MustCompile(`(?m)^\[0\] MD_PLUGINS=` + regexp.QuoteMeta(plugins) + `$`),
 				regexp.MustCompile(`(?m)^\[0\] MD_CONNTABLE=` + regexp.QuoteMeta(dir) + `$`),
 				// The secret comes on standard input, not on ssh's command line.
 				regexp.MustCompile(`(?m)^\[0\] MDRUN_SECRET=-$`),
+				regexp.MustCompile(`(?m)^\[0\] PWD=` + regexp.QuoteMeta(dir) + `$`),
 			},
 		},
 		{

@@ -41,6 +41,10 @@ type config struct {
 	// relays are the hosts of dedicated relays, ranks n.. of the job.
 	relays   []string
 	relayCmd []string // the relay program (absolute) and its arguments
+	// wdir is where ranks start (-wdir, or mdrun's own directory);
+	// wdirSet says -wdir named it, so a host without it is an error.
+	wdir    string
+	wdirSet bool
 }
 
 // stringList is a flag that may be given several times.
@@ -103,6 +107,7 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	fs.StringVar(&cfg.listen, "listen", "", "host:port where remote ranks reach the rendezvous service (default: this machine's address towards the first remote host, any port)")
 	relays := fs.String("relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count]`): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
 	relayCmd := fs.String("relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
+	fs.StringVar(&cfg.wdir, "wdir", "", "directory ranks start in, on every host (default: mdrun's own; a remote host without that one starts them where the launcher does)")
 	var exports stringList
 	fs.Var(&exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass)")
 	fs.Usage = func() {
@@ -136,6 +141,17 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	}
 	if err != nil {
 		return cfg, &usageError{err.Error()}
+	}
+	cfg.wdirSet = cfg.wdir != ""
+	if !cfg.wdirSet {
+		if cfg.wdir, err = os.Getwd(); err != nil {
+			return cfg, fmt.Errorf("the current directory: %w", err)
+		}
+	} else if !filepath.IsAbs(cfg.wdir) {
+		// Relative to this directory here; on remote hosts, the same path.
+		if cfg.wdir, err = filepath.Abs(cfg.wdir); err != nil {
+			return cfg, &usageError{fmt.Sprintf("-wdir: %v", err)}
+		}
 	}
 	if cfg.launcher = strings.Fields(*launcher); len(cfg.launcher) == 0 {
 		return cfg, &usageError{"-launcher is empty"}
