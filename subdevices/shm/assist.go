@@ -80,11 +80,13 @@ const (
 // chunks returns the number of assistChunk pieces of an n-byte payload.
 func chunks(n int) int { return (n + assistChunk - 1) / assistChunk }
 
-// readAssisted fills dst from addr in process pid (sender rank r, record
-// at cursor head), with the sender's help if it gives it.
-func (rc *receiver) readAssisted(r int, pid int, dst []byte, addr, head uint64) error {
+// readAssisted fills dst from addr in process pr (sender rank r, record
+// at cursor head), with the sender's help if it gives it. The caller
+// checked that pr runs.
+func (rc *receiver) readAssisted(r int, pr *peerProc, dst []byte, addr, head uint64) error {
 	n := len(dst)
 	nc := chunks(n)
+	pid := pr.pid
 	if nc < 2 || rc.noAssist[r] {
 		return rc.vm.read(pid, dst, addr)
 	}
@@ -113,7 +115,7 @@ func (rc *receiver) readAssisted(r int, pid int, dst []byte, addr, head uint64) 
 	// Closing with a swap tells exactly how many chunks were taken: no
 	// swap of the sender's succeeds after it.
 	taken := min(int(uint32(aw.claim.Swap(e|assistClosed))), nc)
-	failed, werr := rc.awaitSender(r, pid, aw.done, taken-took)
+	failed, werr := rc.awaitSender(r, pr, aw.done, taken-took)
 	switch {
 	case werr != nil:
 		return werr
@@ -131,8 +133,8 @@ func (rc *receiver) readAssisted(r int, pid int, dst []byte, addr, head uint64) 
 
 // awaitSender waits until the done word counts want chunks copied or
 // failed, and reports whether one failed. It gives up when the sender's
-// process exits or after assistPatience.
-func (rc *receiver) awaitSender(r, pid int, done *atomic.Uint64, want int) (bool, error) {
+// process pr exits or after assistPatience.
+func (rc *receiver) awaitSender(r int, pr *peerProc, done *atomic.Uint64, want int) (bool, error) {
 	var start time.Time
 	for i := 0; ; i++ {
 		d := done.Load()
@@ -150,8 +152,8 @@ func (rc *receiver) awaitSender(r, pid int, done *atomic.Uint64, want int) (bool
 			start = time.Now()
 			continue
 		}
-		if pid != 0 && errors.Is(unix.Kill(pid, 0), unix.ESRCH) {
-			return false, fmt.Errorf("process %d of rank %d exited while copying a payload: %w", pid, r, sdi.ErrPeerUnreachable)
+		if err := pr.check(); err != nil {
+			return false, fmt.Errorf("rank %d stopped while copying a payload: %w", r, err)
 		}
 		if time.Since(start) > rc.sd.assistPatience {
 			return false, fmt.Errorf("%w: rank %d took part of a payload and did not copy it within %v", sdi.ErrBadFrame, r, rc.sd.assistPatience)
@@ -166,14 +168,19 @@ func (rc *receiver) awaitSender(r, pid int, done *atomic.Uint64, want int) (bool
 // most, and returns the chunks it copied.
 func (p *peer) assist() int {
 	copied := 0
-	for p.assistOne() {
+	checked := false
+	for p.assistOne(&checked) {
 		copied++
 	}
 	return copied
 }
 
-// assistOne takes and copies one chunk, and reports whether it did.
-func (p *peer) assistOne() bool {
+// assistOne takes and copies one chunk, and reports whether it did. Before
+// the first write of an assist call it checks that the peer's process
+// runs (*checked records it): once per payload or so, since a chunk of
+// one takes tens of microseconds and pid reuse needs the whole pid range
+// to cycle first.
+func (p *peer) assistOne(checked *bool) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.seg == nil || p.gone != nil || len(p.inflight) == 0 || !p.canWrite.Load() {
@@ -190,6 +197,15 @@ func (p *peer) assistOne() bool {
 		payload := p.inflightAt(at)
 		if payload == nil || uint64(len(payload)) != n || k >= uint64(chunks(len(payload))) || dst == 0 || dst+n < dst {
 			return false
+		}
+		if !*checked {
+			// Writing into a process that exited could write into
+			// a stranger that has its pid by now (pidfd.go).
+			if err := p.proc.guard(); err != nil {
+				p.gone = fmt.Errorf("shm: rank %d: %w", p.rank, err)
+				return false
+			}
+			*checked = true
 		}
 		if !aw.claim.CompareAndSwap(w, w+1) {
 			continue // the receiver took one, or a new epoch began
@@ -227,14 +243,14 @@ func (p *peer) writeChunk(src []byte, addr uint64) error {
 		local[0] = unix.Iovec{Base: &src[0]}
 		local[0].SetLen(len(src))
 		remote[0] = unix.RemoteIovec{Base: uintptr(addr), Len: len(src)}
-		n, err := unix.ProcessVMWritev(p.pid, local[:], remote[:], 0)
+		n, err := unix.ProcessVMWritev(p.proc.pid, local[:], remote[:], 0)
 		switch {
 		case errors.Is(err, unix.EINTR):
 			continue
 		case err != nil:
-			return fmt.Errorf("process_vm_writev of %d bytes at %#x to process %d: %w", len(src), addr, p.pid, err)
+			return fmt.Errorf("process_vm_writev of %d bytes at %#x to process %d: %w", len(src), addr, p.proc.pid, err)
 		case n <= 0 || n > len(src):
-			return fmt.Errorf("process_vm_writev of %d bytes at %#x to process %d wrote %d", len(src), addr, p.pid, n)
+			return fmt.Errorf("process_vm_writev of %d bytes at %#x to process %d wrote %d", len(src), addr, p.proc.pid, n)
 		}
 		src = src[n:]
 		addr += uint64(n)

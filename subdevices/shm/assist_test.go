@@ -3,7 +3,6 @@ package shm
 import (
 	"bytes"
 	"errors"
-	"os"
 	"testing"
 	"time"
 	"unsafe"
@@ -109,7 +108,8 @@ func TestAssistOne(t *testing.T) {
 				aw.claim.Store(tt.claim(5 << 32))
 			}
 			before := aw.claim.Load()
-			did := g.tx.assistOne()
+			checked := false
+			did := g.tx.assistOne(&checked)
 			k := int(uint32(before))
 			switch {
 			case did != tt.copies:
@@ -224,7 +224,7 @@ func (g *assistRig) run(helper func(g *assistRig, dst []byte) bool, dst []byte) 
 	defer g.rx.rxMu.Unlock()
 	in := make(chan bool)
 	go func() { in <- helper(g, dst) }()
-	err := g.rx.rx.readAssisted(0, os.Getpid(), dst, descriptorOf(g.payload).addr, fakeAt)
+	err := g.rx.rx.readAssisted(0, g.rx.srcProc[0].Load(), dst, descriptorOf(g.payload).addr, fakeAt)
 	// What dst holds when the read returns is what would be delivered:
 	// a chunk the helper writes later must not be missing from it.
 	got := bytes.Clone(dst)

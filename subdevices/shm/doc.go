@@ -193,7 +193,14 @@
 // of the buffer is never delivered). A descriptor is validated like any
 // record (length at most MaxFrame, no address wrap), exactly the placed
 // length is read, and a read that fails (EFAULT for a bad address, ESRCH
-// for a dead sender) reports the sender down and delivers nothing.
+// for a dead sender) reports the sender down and delivers nothing. A dead
+// peer's pid may pass to an unrelated process before the death is
+// noticed, so Connect holds the peer's process by a pidfd opened before
+// the probe, and every copy of a payload either way is preceded by a poll
+// of it: once it reports the exit, the peer is down and nothing is copied
+// (pidfd.go). Where pidfd_open is unavailable
+// (Linux before 5.3, EPERM under seccomp) the pid is used as it was, and
+// the debug log says so once ("path" is "kill").
 //
 // Without the single copy, large messages go by rendezvous in frames of up
 // to MaxFrame (a quarter of the ring), written in fragments of a sixteenth
@@ -220,6 +227,6 @@
 // buffer on a peer's word, but a peer allowed process_vm_writev into it
 // (same user, the permission the single copy needs anyway) could write
 // anywhere in it regardless of this protocol. A rank
-// whose process dies without Close is noticed by its pid, within a sleep
-// timeout; its segment file is left behind.
+// whose process dies without Close is noticed by its pidfd (its pid where
+// there is none), within a sleep timeout; its segment file is left behind.
 package shm

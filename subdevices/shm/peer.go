@@ -5,12 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-
 	"sync"
 	"sync/atomic"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/hpc-multidevice/multidevice/internal/shmem"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -29,10 +25,10 @@ type peer struct {
 	seg  *shmem.Segment // nil once detached
 	mem  []byte
 	ring ring
-	tail uint64 // producer cursor; stored in ring.tail when the connection ends
-	head uint64 // last consumer cursor read from ring.head
-	pid  int
-	gone error // set when the peer may no longer be used; Send returns it
+	tail uint64    // producer cursor; stored in ring.tail when the connection ends
+	head uint64    // last consumer cursor read from ring.head
+	proc *peerProc // the peer's process (pidfd.go); detach releases it
+	gone error     // set when the peer may no longer be used; Send returns it
 	// inflight are the descriptors (singlecopy.go) the peer has not passed
 	// yet, in ring order.
 	inflight []inflight
@@ -94,7 +90,7 @@ func (sd *device) Connect(ctx context.Context, r sdi.Rank, addr []byte) error {
 	sd.peers[r].Store(p)
 	// After the store: the receiver rings r's doorbell through peers[r]
 	// once it read a descriptor of r's, which r sends once this allows it.
-	sd.setupSingleCopy(int(r), p.mem)
+	sd.setupSingleCopy(p)
 	if old != nil {
 		if err := old.detach(fmt.Errorf("shm: rank %d: reconnected: %w", r, sdi.ErrNotConnected)); err != nil {
 			sd.log.Warn("releasing the previous connection failed", "peer", r, "error", err)
@@ -141,13 +137,25 @@ func (sd *device) newPeer(r sdi.Rank, seg *shmem.Segment) (*peer, error) {
 		return nil, fmt.Errorf("%d bytes, want %d for %d rings of %d bytes", len(mem), want, nrings, ringBytes)
 	}
 	p := &peer{rank: r, sd: sd, seg: seg, mem: mem, ring: ringAt(mem, int(sd.rank), ringBytes)}
-	p.pid = int(int32(word32(mem, offPID).Load()))
 	// Resume where an earlier connection from this rank stopped.
 	p.tail = p.ring.tail.Load()
 	p.head = p.ring.head.Load()
 	if p.tail-p.head > ringBytes || p.tail%recAlign != 0 || p.head%recAlign != 0 {
 		return nil, fmt.Errorf("%w: ring cursors %d and %d are inconsistent", sdi.ErrBadFrame, p.tail, p.head)
 	}
+	// Opened before setupSingleCopy's probe, which is what ties the
+	// pidfd to the segment's owner (pidfd.go).
+	proc, unavail, err := openPeerProc(int(int32(word32(mem, offPID).Load())), sd.pidfdOpen)
+	if err != nil {
+		return nil, err
+	}
+	if unavail != nil {
+		sd.pidfdOnce.Do(func() {
+			sd.log.Debug("peers' processes are watched by pid, which cannot tell a pid reused by another process",
+				"path", "kill", "reason", "pidfd_open unavailable", "error", unavail)
+		})
+	}
+	p.proc = proc
 	return p, nil
 }
 
@@ -301,9 +309,10 @@ func (p *peer) alive() error {
 		p.gone = fmt.Errorf("shm: rank %d closed its segment: %w", p.rank, sdi.ErrPeerUnreachable)
 		return p.gone
 	}
-	// Ranks in this process share the pid; their Close marks the state.
-	if p.pid > 0 && p.pid != os.Getpid() && errors.Is(unix.Kill(p.pid, 0), unix.ESRCH) {
-		p.gone = fmt.Errorf("shm: rank %d: process %d exited: %w", p.rank, p.pid, sdi.ErrPeerUnreachable)
+	// Ranks in this process share its pid and never look exited; their
+	// Close marks the state above.
+	if err := p.proc.check(); err != nil {
+		p.gone = fmt.Errorf("shm: rank %d: %w", p.rank, err)
 		return p.gone
 	}
 	return nil
@@ -344,7 +353,7 @@ func (p *peer) detach(reason error) error {
 	p.ring.tail.Store(p.tail)
 	p.sd.ringDoorbell(p.mem)
 	p.gone = reason
-	err := p.seg.Close()
+	err := errors.Join(p.seg.Close(), p.proc.release())
 	p.seg, p.mem = nil, nil
 	p.mu.Unlock()
 	p.sd.failDescs(failed, reason)

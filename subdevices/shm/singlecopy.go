@@ -197,33 +197,40 @@ func probe(pid int, addr, want uint64) error {
 	return nil
 }
 
-// setupSingleCopy decides, at Connect to rank r whose segment is mapped at
-// mem, whether this rank reads r's large payloads from r's memory, and
-// tells r through the readable word of r's ring in this rank's segment.
-func (sd *device) setupSingleCopy(r int, mem []byte) {
+// setupSingleCopy decides, at Connect to p's rank, whether this rank
+// reads that rank's large payloads from its memory, and tells it through
+// the readable word of its ring in this rank's segment.
+func (sd *device) setupSingleCopy(p *peer) {
+	r := int(p.rank)
 	in := sd.inbound[r]
 	if !sd.singleCopy {
 		in.readable.Store(0)
 		sd.log.Debug("large messages from peer go through the ring", "peer", r, "path", "ring", "reason", sd.singleCopyWhy)
 		return
 	}
-	pid := int(int32(word32(mem, offPID).Load()))
-	err := probe(pid, word64(mem, offProbeAddr).Load(), word64(mem, offProbeVal).Load())
+	// The probe goes to the pid p.proc was opened for, and the check after
+	// it makes sure that process is the one that answered (pidfd.go).
+	err := probe(p.proc.pid, word64(p.mem, offProbeAddr).Load(), word64(p.mem, offProbeVal).Load())
+	if err == nil {
+		err = p.proc.guard()
+	}
 	if err != nil {
 		in.readable.Store(0)
 		sd.log.Debug("large messages from peer go through the ring", "peer", r, "path", "ring",
 			"reason", "process_vm_readv probe failed", "error", err)
 		return
 	}
-	// The pid is stored before the flag: a sender that sees the flag
-	// writes descriptors, and the receiver reading one finds the pid.
-	sd.srcPID[r].Store(int32(pid))
+	// The process is stored before the flag: a sender that sees the flag
+	// writes descriptors, and the receiver reading one finds the process.
+	if old := sd.srcProc[r].Swap(p.proc.acquire()); old != nil {
+		if err := old.release(); err != nil {
+			sd.log.Warn("releasing the previous process of peer", "peer", r, "error", err)
+		}
+	}
 	in.readable.Store(1)
 	// The same permission lets this rank write into r's memory, to help
 	// r read this rank's payloads (assist.go).
-	if p := sd.peers[r].Load(); p != nil {
-		p.canWrite.Store(true)
-	}
+	p.canWrite.Store(true)
 	sd.log.Debug("large messages from peer are copied once", "peer", r, "path", "process_vm_readv", "min_bytes", sd.cfg.SingleCopyMin)
 }
 
@@ -358,9 +365,14 @@ func (rc *receiver) reapPending() bool {
 // returns it. head is the record's cursor.
 func (rc *receiver) fetch(r int, rec *record, head uint64) ([]byte, error) {
 	sd := rc.sd
-	pid := int(sd.srcPID[r].Load())
-	if pid == 0 {
+	pr := sd.srcProc[r].Load()
+	if pr == nil {
 		return nil, fmt.Errorf("%w: descriptor record at cursor %d, but this rank never agreed to read rank %d's memory", sdi.ErrBadFrame, head, r)
+	}
+	// Not one byte is read from a process that exited: its pid may name
+	// another by now (pidfd.go).
+	if err := pr.guard(); err != nil {
+		return nil, err
 	}
 	n := rec.desc.n
 	var dst []byte
@@ -376,7 +388,7 @@ func (rc *receiver) fetch(r int, rec *record, head uint64) ([]byte, error) {
 		}
 		dst = rc.scratch[:n:n]
 	}
-	if err := rc.readAssisted(r, pid, dst, rec.desc.addr, head); err != nil {
+	if err := rc.readAssisted(r, pr, dst, rec.desc.addr, head); err != nil {
 		return nil, err
 	}
 	// After the read: a sender that gave up on this record before the read

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/hpc-multidevice/multidevice/internal/futex"
 	"github.com/hpc-multidevice/multidevice/internal/shmem"
@@ -54,12 +55,19 @@ type device struct {
 	placer  sdi.Placer     // the Handler, if it places payloads; else nil
 
 	// Single copy (singlecopy.go): whether this rank reads peers' memory
-	// (and why not), and srcPID[r], the process of rank r once a probe
-	// succeeded. inflight counts descriptors sent and not yet reported.
+	// (and why not), and srcProc[r], the process of rank r once a probe
+	// succeeded (pidfd.go). It outlives Disconnect, since r may have
+	// published descriptors before it saw that this rank stopped reading;
+	// a reconnect or Close releases it. inflight counts descriptors sent
+	// and not yet reported.
 	singleCopy    bool
 	singleCopyWhy string
-	srcPID        []atomic.Int32
+	srcProc       []atomic.Pointer[peerProc]
 	inflight      atomic.Int64
+	// pidfdOpen opens peers' pidfds (pidfd.go); tests make it fail.
+	// pidfdOnce logs once that it is unavailable.
+	pidfdOpen pidfdOpener
+	pidfdOnce sync.Once
 
 	// peers[r] is the outbound connection to rank r, nil when not connected.
 	// Send reads it without locks; connMu serializes Connect, Disconnect and
@@ -101,7 +109,7 @@ func New(logger hclog.Logger) sdi.SubDevice {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &device{logger: logger, sleepFor: sleepTimeout, assistPatience: assistPatience, closed: make(chan struct{})}
+	return &device{logger: logger, sleepFor: sleepTimeout, assistPatience: assistPatience, pidfdOpen: unix.PidfdOpen, closed: make(chan struct{})}
 }
 
 // Info implements [sdi.SubDevice.Info].
@@ -150,7 +158,7 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	sd.caps = cfg.caps()
 	sd.placer, _ = p.Handler.(sdi.Placer)
 	sd.singleCopy, sd.singleCopyWhy = singleCopyWanted(cfg)
-	sd.srcPID = make([]atomic.Int32, p.Size)
+	sd.srcProc = make([]atomic.Pointer[peerProc], p.Size)
 	if sd.singleCopy {
 		allowPeerReads(sd.log)
 	}
@@ -291,6 +299,9 @@ func (sd *device) teardown() error {
 	for r := range sd.peers {
 		if p := sd.peers[r].Swap(nil); p != nil {
 			errs = append(errs, p.detach(fmt.Errorf("shm: rank %d: %w", p.rank, sdi.ErrClosed)))
+		}
+		if pr := sd.srcProc[r].Swap(nil); pr != nil {
+			errs = append(errs, pr.release())
 		}
 	}
 	if err := sd.seg.Close(); err != nil {

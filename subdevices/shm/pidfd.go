@@ -1,0 +1,134 @@
+package shm
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// Pid reuse.
+//
+// A peer's pid comes from its segment header. If the peer's process dies
+// and the pid goes to an unrelated process of the same user before the
+// death is noticed, process_vm_writev would corrupt that stranger and
+// process_vm_readv would deliver its bytes as a message. kill(pid, 0)
+// cannot tell, a pidfd can: it names the process, not the number. Connect
+// opens it before the probe, so once the probe succeeded and the pidfd
+// still shows the process running, it names the process that answered the
+// probe: a process that has not exited keeps its pid. Every payload copy
+// is preceded by that check. It is not repeated after the copy (at about
+// 0.5 us a poll, a sixth of a single_copy_min read): for the pid to name
+// another process within the microseconds between check and copy, the
+// kernel would have to hand out the whole pid range in between.
+//
+// Without pidfd_open (Linux before 5.3 says ENOSYS, a seccomp filter
+// EPERM) it is as before pidfds: liveness is checked with kill(pid, 0),
+// and copies are not guarded beyond the ESRCH of the copy itself.
+
+// peerProc is a peer's process, named by a pidfd where the kernel gives
+// one and by its pid otherwise. It is safe for concurrent use: the outbound
+// connection and the receiver share it, each holding a reference, and
+// the pidfd is closed when the last one is released.
+type peerProc struct {
+	pid int
+	// mu is read-held while fd is in use and write-held to release, so
+	// that the number is never closed (and perhaps reused) under a check.
+	mu   sync.RWMutex
+	fd   int // the pidfd; -1 without one
+	refs int // holders; 0 once released
+}
+
+// pidfdOpener is unix.PidfdOpen, or what a test puts in its place to see
+// the kernel refuse.
+type pidfdOpener func(pid, flags int) (int, error)
+
+// openPeerProc names process pid, opening its pidfd with open. It returns
+// an error wrapping [sdi.ErrPeerUnreachable] when there is no such
+// process; otherwise unavail says why the result holds no pidfd, nil if
+// it holds one.
+func openPeerProc(pid int, open pidfdOpener) (pr *peerProc, unavail, err error) {
+	pr = &peerProc{pid: pid, fd: -1, refs: 1}
+	if pid <= 0 {
+		return pr, nil, nil // a garbled header; the probe fails and says so
+	}
+	fd, err := open(pid, 0) // a pidfd is always close-on-exec
+	switch {
+	case err == nil:
+		pr.fd = fd
+		return pr, nil, nil
+	case errors.Is(err, unix.ESRCH):
+		return nil, nil, fmt.Errorf("process %d exited: %w", pid, sdi.ErrPeerUnreachable)
+	}
+	return pr, fmt.Errorf("pidfd_open of process %d: %w", pid, err), nil
+}
+
+// acquire adds a holder and returns pr.
+func (pr *peerProc) acquire() *peerProc {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	pr.refs++
+	return pr
+}
+
+// release drops a holder, and closes the pidfd with the last one.
+func (pr *peerProc) release() error {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.refs == 0 {
+		return nil
+	}
+	pr.refs--
+	if pr.refs > 0 || pr.fd < 0 {
+		return nil
+	}
+	fd := pr.fd
+	pr.fd = -1
+	if err := unix.Close(fd); err != nil {
+		return fmt.Errorf("close pidfd of process %d: %w", pr.pid, err)
+	}
+	return nil
+}
+
+// check returns nil while the process runs, and an error wrapping
+// [sdi.ErrPeerUnreachable] once it exited (a zombie too: its memory is
+// gone) or pr was released. Without a pidfd it can tell only that no
+// process has the pid.
+func (pr *peerProc) check() error { return pr.verify(true) }
+
+// guard is check before and after a copy of a payload. Without a pidfd it
+// does not ask: kill(pid, 0) would tell no more than the copy's own ESRCH.
+func (pr *peerProc) guard() error { return pr.verify(false) }
+
+func (pr *peerProc) verify(byPid bool) error {
+	pr.mu.RLock()
+	defer pr.mu.RUnlock()
+	switch {
+	case pr.refs == 0:
+		return fmt.Errorf("connection to process %d released: %w", pr.pid, sdi.ErrPeerUnreachable)
+	case pr.fd < 0:
+		if byPid && pr.pid > 0 && errors.Is(unix.Kill(pr.pid, 0), unix.ESRCH) {
+			return fmt.Errorf("process %d exited: %w", pr.pid, sdi.ErrPeerUnreachable)
+		}
+		return nil
+	}
+	// A pidfd polls readable once its process exited.
+	fds := [1]unix.PollFd{{Fd: int32(pr.fd), Events: unix.POLLIN}}
+	for {
+		n, err := unix.Poll(fds[:], 0)
+		switch {
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			// Not knowing whether the process lives is reason enough
+			// not to copy to or from it.
+			return fmt.Errorf("poll pidfd of process %d: %w: %w", pr.pid, sdi.ErrPeerUnreachable, err)
+		case n > 0:
+			return fmt.Errorf("process %d exited: %w", pr.pid, sdi.ErrPeerUnreachable)
+		}
+		return nil
+	}
+}
