@@ -387,3 +387,34 @@ func BenchmarkPidfdGuard(b *testing.B) {
 		}
 	})
 }
+
+// TestGuardTrustsARecentPoll: the copy guard polls the pidfd only when no
+// poll found the process running within guardFresh, which no pid reuse
+// can beat; check always polls.
+func TestGuardTrustsARecentPoll(t *testing.T) {
+	pr := reusedPid(t) // exited: every poll fails
+	pr.seen.Store(procClock())
+	if err := pr.guard(); err != nil {
+		t.Errorf("guard right after a poll found the process = %v, want nil", err)
+	}
+	if err := pr.check(); !errors.Is(err, sdi.ErrPeerUnreachable) {
+		t.Errorf("check = %v, want ErrPeerUnreachable: it always polls", err)
+	}
+	pr.seen.Store(procClock() - int64(2*guardFresh))
+	if err := pr.guard(); !errors.Is(err, sdi.ErrPeerUnreachable) {
+		t.Errorf("guard after guardFresh = %v, want ErrPeerUnreachable", err)
+	}
+
+	self, unavail, err := openPeerProc(os.Getpid(), unix.PidfdOpen)
+	if err != nil || unavail != nil {
+		t.Skipf("pidfd_open: %v %v", err, unavail)
+	}
+	defer self.release()
+	before := procClock()
+	if err := self.guard(); err != nil {
+		t.Fatal(err)
+	}
+	if self.seen.Load() < before {
+		t.Errorf("a poll that found the process running did not record when")
+	}
+}
