@@ -196,9 +196,10 @@
 // for a dead sender) reports the sender down and delivers nothing. A dead
 // peer's pid may pass to an unrelated process before the death is
 // noticed, so Connect holds the peer's process by a pidfd opened before
-// the probe, and every copy of a payload either way is preceded by a poll
-// of it: once it reports the exit, the peer is down and nothing is copied
-// (pidfd.go). Where pidfd_open is unavailable
+// the probe, and a copy of a payload either way is preceded by a poll of
+// it unless one found the process running within the last millisecond,
+// too soon for any pid to be reused: once it reports the exit, the peer
+// is down and nothing is copied (pidfd.go). Where pidfd_open is unavailable
 // (Linux before 5.3, EPERM under seccomp) the pid is used as it was, and
 // the debug log says so once ("path" is "kill").
 //
