@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 		serveHelper(os.Args[2])
 		os.Exit(0)
 	}
+	if len(os.Args) > 1 && os.Args[1] == handoffArg {
+		os.Exit(handoffChild(os.Args[2:]))
+	}
 	code := m.Run()
 	if binaries.dir != "" {
 		os.RemoveAll(binaries.dir)
