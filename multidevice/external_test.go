@@ -18,6 +18,7 @@ import (
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
 	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
 	"github.com/hpc-multidevice/multidevice/subdevices/tcp"
@@ -91,24 +92,6 @@ func helperSpec(name, behaviour string) SubDeviceSpec {
 	exe, _ := os.Executable()
 	return SubDeviceSpec{Name: name, Enabled: true, Command: exe, Path: exe, Args: []string{helperArg, behaviour},
 		SharedMemory: true, Config: []byte(loopbackTCP), Where: "test.hcl:1,1", Timeout: 5 * time.Second}
-}
-
-// syncBuffer is a log sink that tests read while the job writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // openPluginJob opens n ranks in this process with the given plugins and
@@ -233,7 +216,7 @@ func TestExternalPluginSkipped(t *testing.T) {
 				{Name: "tcp", Enabled: true, Config: []byte(loopbackTCP)},
 				fab,
 			}}
-			var logs syncBuffer
+			var logs testlog.Buffer
 			log := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn})
 			devs, errs := openPluginJob(t, 2, plugins, nil, log)
 			for r, err := range errs {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
 )
@@ -92,31 +93,12 @@ func TestHangMidJob(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink read while the client writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.b = append(s.b, p...)
-	return len(p), nil
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return string(s.b)
-}
-
 // TestCloseIsGraceful: Close lets the plugin exit on its own, with both
 // data planes; only a plugin that was taken out is killed.
 func TestCloseIsGraceful(t *testing.T) {
 	exe, _ := os.Executable()
 	for _, stream := range []bool{false, true} {
-		var logs syncBuffer
+		var logs testlog.Buffer
 		log := hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Debug})
 		c, err := plugin.Start(context.Background(), plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, "v1"}, Stream: stream, Logger: log})
 		if err != nil {

@@ -9,12 +9,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
@@ -197,24 +197,6 @@ func TestNoWriteToExitedPeer(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a log destination safe for the progress goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestPidfdUnavailable has pidfd_open fail as an old kernel (ENOSYS) or a
 // seccomp filter (EPERM) makes it: ranks still connect and exchange large
 // payloads, watching peers by pid, and each says so once in its debug log.
@@ -224,7 +206,7 @@ func TestPidfdUnavailable(t *testing.T) {
 			ctx := context.Background()
 			id := fmt.Sprintf("nopidfd-%d-%s", os.Getpid(), t.Name())
 			hs := []*recorder{newRecorder(t), newRecorder(t)}
-			logs := []*lockedBuffer{{}, {}}
+			logs := []*testlog.Buffer{{}, {}}
 			var sds []*device
 			var cards [][]byte
 			for r := range 2 {

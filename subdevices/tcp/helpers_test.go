@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
@@ -59,29 +60,10 @@ func leakedGoroutines() string {
 	return strings.Join(found, "\n\n")
 }
 
-// logBuffer collects hclog output for assertions; it is safe for
-// concurrent use.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // testLogger logs at Debug into a buffer the test can search, and shows it
 // with t.Log when the test fails or MP_TEST_LOG_LEVEL is set.
-func testLogger(t testing.TB, name string) (hclog.Logger, *logBuffer) {
-	buf := &logBuffer{}
+func testLogger(t testing.TB, name string) (hclog.Logger, *testlog.Buffer) {
+	buf := &testlog.Buffer{}
 	level := hclog.Debug
 	if l := os.Getenv("MP_TEST_LOG_LEVEL"); l != "" {
 		level = hclog.LevelFromString(l)
@@ -213,7 +195,7 @@ type node struct {
 	sd    sdi.SubDevice
 	rec   *recorder
 	local sdi.Local
-	log   *logBuffer
+	log   *testlog.Buffer
 	rank  sdi.Rank
 }
 
