@@ -69,3 +69,50 @@ func TestReusedRequestsAllocateNothing(t *testing.T) {
 		t.Fatalf("%.1f allocations per Isend+Irecv+Wait round trip with reused requests, want 0", allocs)
 	}
 }
+
+// TestWaitAllIntoAllocatesNothing checks that a window of reused requests
+// waited for with WaitAllInto, statuses kept or ignored, allocates nothing
+// once warmed up; WaitAll allocates the statuses it returns.
+func TestWaitAllIntoAllocatesNothing(t *testing.T) {
+	const window = 8
+	cs := shmJob(t, 2)
+	ctx := ctxT(t)
+	msg, buf := make([]byte, 8), make([]byte, 8*window)
+	var reqs [2 * window]adi.Request
+	ptrs := make([]*adi.Request, 2*window)
+	for i := range ptrs {
+		ptrs[i] = &reqs[i]
+	}
+	sts := make([]adi.Status, 2*window)
+	for _, keep := range []bool{true, false} {
+		into := sts
+		if !keep {
+			into = nil
+		}
+		round := func() {
+			for w := range window {
+				if err := cs[1].IrecvInto(&reqs[w], buf[8*w:8*w+8], 0, w); err != nil {
+					t.Fatal(err)
+				}
+				if err := cs[0].IsendInto(&reqs[window+w], msg, 1, w); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := adi.WaitAllInto(ctx, into, ptrs...); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for range 200 { // fill the pools
+			round()
+		}
+		if allocs := testing.AllocsPerRun(500, round); allocs != 0 {
+			t.Errorf("statuses kept %v: %.1f allocations per window, want 0", keep, allocs)
+		}
+		if keep && (sts[window-1].Tag != window-1 || sts[window-1].Count != 8 || sts[window-1].Source != 0) {
+			t.Errorf("status of the last receive: %+v", sts[window-1])
+		}
+	}
+	if err := adi.WaitAllInto(ctx, make([]adi.Status, 1), ptrs...); err == nil {
+		t.Error("WaitAllInto with too few statuses succeeded")
+	}
+}

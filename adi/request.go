@@ -70,6 +70,18 @@ func (q *Request) Cancel() {
 // waits for each in turn, so that frames queued for several requests keep
 // moving without a hand-over to a background goroutine between requests.
 func WaitAll(ctx context.Context, reqs ...*Request) ([]Status, error) {
+	sts := make([]Status, len(reqs))
+	return sts, WaitAllInto(ctx, sts, reqs...)
+}
+
+// WaitAllInto is WaitAll with the statuses written into sts, which holds
+// one per request, or not kept at all when sts is nil (MPI's
+// MPI_STATUSES_IGNORE). A loop that streams messages through a window of
+// reused requests (IsendInto, IrecvInto) then waits without allocating.
+func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
+	if sts != nil && len(sts) != len(reqs) {
+		return fmt.Errorf("adi: wait all: %d statuses for %d requests", len(sts), len(reqs))
+	}
 	if len(reqs) > 0 && reqs[0].c != nil {
 		next := 0
 		reqs[0].c.w.dev.Progress(func() bool {
@@ -84,19 +96,20 @@ func WaitAll(ctx context.Context, reqs ...*Request) ([]Status, error) {
 			return true
 		})
 	}
-	sts := make([]Status, len(reqs))
 	var errs []error
 	for i, q := range reqs {
 		st, err := q.Wait(ctx)
-		sts[i] = st
+		if sts != nil {
+			sts[i] = st
+		}
 		if err != nil {
 			if ctx.Err() != nil {
-				return sts, err
+				return err
 			}
 			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
 		}
 	}
-	return sts, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // WaitAny waits until one of the requests completes and returns its index.

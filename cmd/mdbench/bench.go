@@ -154,7 +154,7 @@ func (m *mdRank) stream(ctx context.Context, sender, receiver, size, window int,
 					return 0, err
 				}
 			}
-			if err := waitAll(ctx, reqs); err != nil {
+			if err := adi.WaitAllInto(ctx, nil, reqs...); err != nil {
 				return 0, err
 			}
 			if !bidir {
@@ -168,7 +168,7 @@ func (m *mdRank) stream(ctx context.Context, sender, receiver, size, window int,
 					return 0, err
 				}
 			}
-			if err := waitAll(ctx, reqs); err != nil {
+			if err := adi.WaitAllInto(ctx, nil, reqs...); err != nil {
 				return 0, err
 			}
 			if err := c.Send(ctx, m.sbuf[:4], sender, tagAck); err != nil {
@@ -181,18 +181,6 @@ func (m *mdRank) stream(ctx context.Context, sender, receiver, size, window int,
 		mult = 2
 	}
 	return mult * float64(size) * float64(window) * float64(n) / time.Since(t0).Seconds() / 1e6, nil
-}
-
-// waitAll waits for every request in turn, as MPI_Waitall with
-// MPI_STATUSES_IGNORE: adi.WaitAll would allocate the statuses it returns.
-// Each Wait drives progress for all of them.
-func waitAll(ctx context.Context, reqs []*adi.Request) error {
-	for _, q := range reqs {
-		if _, err := q.Wait(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // rate runs stream in every pair (i, i+pairs) at once and returns the
