@@ -405,6 +405,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad slots", []string{"-hosts", "a,b:0", "-n", "1", helper}, `-hosts: host "b:0": slots "0" is not a number from 1 to 65536`},
 		{"bad host", []string{"-hosts", "a,,b", "-n", "1", helper}, `-hosts: host "" is not a host name`},
 		{"empty launcher", []string{"-hosts", "a", "-launcher", " ", "-n", "1", helper}, "-launcher is empty"},
+		{"wdir missing", []string{"-wdir", "/nonexistent/wdir", "-n", "1", helper}, "-wdir /nonexistent/wdir: no such file or directory"},
+		{"wdir a file", []string{"-wdir", "/etc/hostname", "-n", "1", helper}, "-wdir /etc/hostname: not a directory"},
 		{"bad export", []string{"-x", "A=1", "-n", "1", helper}, `-x "A=1": want a variable name`},
 		{"hostfile missing", []string{"-hostfile", "/nonexistent/hosts", "-n", "1", helper}, "-hostfile: open /nonexistent/hosts"},
 		{"relay program missing", []string{"-relay", "localhost", "-relay-cmd", "no-such-mdrelay", "-n", "1", helper}, `-relay-cmd: relay program "no-such-mdrelay" not found`},

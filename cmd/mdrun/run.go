@@ -147,10 +147,22 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		if cfg.wdir, err = os.Getwd(); err != nil {
 			return cfg, fmt.Errorf("the current directory: %w", err)
 		}
-	} else if !filepath.IsAbs(cfg.wdir) {
+	} else {
 		// Relative to this directory here; on remote hosts, the same path.
 		if cfg.wdir, err = filepath.Abs(cfg.wdir); err != nil {
 			return cfg, &usageError{fmt.Sprintf("-wdir: %v", err)}
+		}
+		// Every rank starts here without -hosts: say so now, not as a
+		// failed start of rank 0.
+		if fi, err := os.Stat(cfg.wdir); cfg.hosts == nil && (err != nil || !fi.IsDir()) {
+			var pe *os.PathError
+			switch {
+			case err == nil:
+				err = errors.New("not a directory")
+			case errors.As(err, &pe):
+				err = pe.Err // the path is in the message already
+			}
+			return cfg, &usageError{fmt.Sprintf("-wdir %s: %v", cfg.wdir, err)}
 		}
 	}
 	if cfg.launcher = strings.Fields(*launcher); len(cfg.launcher) == 0 {
