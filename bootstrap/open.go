@@ -122,6 +122,9 @@ type mdrunEnv struct {
 	jobID  string
 	secret []byte
 	host   string
+	// secretOnStdin: MDRUN_SECRET is SecretFromStdin, the secret came on
+	// standard input.
+	secretOnStdin bool
 	// exitWithService: end the process when the service goes away.
 	exitWithService bool
 }
@@ -180,7 +183,7 @@ func parseMdrunEnv(env lookupFunc, stdin io.Reader) (mdrunEnv, error) {
 	if err != nil {
 		return e, err
 	}
-	if s == SecretFromStdin {
+	if e.secretOnStdin = s == SecretFromStdin; e.secretOnStdin {
 		if s, err = readSecret(stdin); err != nil {
 			return e, fmt.Errorf("bootstrap: %s=%s: reading the secret from standard input: %w", EnvSecret, SecretFromStdin, err)
 		}
@@ -203,14 +206,22 @@ func parseMdrunEnv(env lookupFunc, stdin io.Reader) (mdrunEnv, error) {
 // formatEnv is the inverse of parseMdrunEnv, as "KEY=value" strings for
 // os/exec.
 func formatEnv(e mdrunEnv) []string {
-	return []string{
+	secret := hex.EncodeToString(e.secret)
+	if e.secretOnStdin {
+		secret = SecretFromStdin
+	}
+	env := []string{
 		EnvAddr + "=" + e.addr,
 		EnvRank + "=" + strconv.Itoa(e.rank),
 		EnvSize + "=" + strconv.Itoa(e.size),
 		EnvJobID + "=" + e.jobID,
-		EnvSecret + "=" + hex.EncodeToString(e.secret),
+		EnvSecret + "=" + secret,
 		EnvHost + "=" + e.host,
 	}
+	if e.exitWithService {
+		env = append(env, EnvExitWithService+"=1")
+	}
+	return env
 }
 
 // maxSecretLine bounds the line readSecret accepts: a secret is 32 bytes,

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -168,13 +167,8 @@ func (s *Server) HostEnv(rank int, host string) []string {
 // rank's standard input must start with [Server.SecretLine], since the
 // remote-exec command line is visible to every user of both hosts.
 func (s *Server) RemoteEnv(rank int, host string) []string {
-	env := s.HostEnv(rank, host)
-	for i, kv := range env {
-		if strings.HasPrefix(kv, EnvSecret+"=") {
-			env[i] = EnvSecret + "=" + SecretFromStdin
-		}
-	}
-	return append(env, EnvExitWithService+"=1")
+	return formatEnv(mdrunEnv{addr: s.addr, rank: rank, size: s.size, jobID: s.jobID, host: host,
+		secretOnStdin: true, exitWithService: true})
 }
 
 // SecretLine is what a rank started with [Server.RemoteEnv] reads from its
