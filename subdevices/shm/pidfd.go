@@ -106,22 +106,24 @@ func (pr *peerProc) release() error {
 // process has the pid.
 func (pr *peerProc) check() error { return pr.verify(true) }
 
-// guard is check before a copy of a payload, except that it trusts a
-// poll that found the process running less than guardFresh ago. Without a pidfd it
-// does not ask: kill(pid, 0) would tell no more than the copy's own ESRCH.
+// guard is check before a copy of a payload, except that it trusts a poll
+// that found the process running less than guardFresh ago. Without a
+// pidfd it does not ask: kill(pid, 0) would tell no more than the copy's
+// own ESRCH.
 func (pr *peerProc) guard() error { return pr.verify(false) }
 
-func (pr *peerProc) verify(byPid bool) error {
+// verify is check when strict, guard otherwise.
+func (pr *peerProc) verify(strict bool) error {
 	pr.mu.RLock()
 	defer pr.mu.RUnlock()
-	if !byPid && pr.refs > 0 && pr.fd >= 0 && procClock()-pr.seen.Load() < int64(guardFresh) {
+	if !strict && pr.refs > 0 && pr.fd >= 0 && procClock()-pr.seen.Load() < int64(guardFresh) {
 		return nil
 	}
 	switch {
 	case pr.refs == 0:
 		return fmt.Errorf("connection to process %d released: %w", pr.pid, sdi.ErrPeerUnreachable)
 	case pr.fd < 0:
-		if byPid && pr.pid > 0 && errors.Is(unix.Kill(pr.pid, 0), unix.ESRCH) {
+		if strict && pr.pid > 0 && errors.Is(unix.Kill(pr.pid, 0), unix.ESRCH) {
 			return fmt.Errorf("process %d exited: %w", pr.pid, sdi.ErrPeerUnreachable)
 		}
 		return nil
