@@ -78,11 +78,7 @@ func TestWaitAllIntoAllocatesNothing(t *testing.T) {
 	cs := shmJob(t, 2)
 	ctx := ctxT(t)
 	msg, buf := make([]byte, 8), make([]byte, 8*window)
-	var reqs [2 * window]adi.Request
-	ptrs := make([]*adi.Request, 2*window)
-	for i := range ptrs {
-		ptrs[i] = &reqs[i]
-	}
+	reqs := reusedRequests(2 * window) // receives, then sends
 	sts := make([]adi.Status, 2*window)
 	for _, keep := range []bool{true, false} {
 		into := sts
@@ -91,14 +87,14 @@ func TestWaitAllIntoAllocatesNothing(t *testing.T) {
 		}
 		round := func() {
 			for w := range window {
-				if err := cs[1].IrecvInto(&reqs[w], buf[8*w:8*w+8], 0, w); err != nil {
+				if err := cs[1].IrecvInto(reqs[w], buf[8*w:8*w+8], 0, w); err != nil {
 					t.Fatal(err)
 				}
-				if err := cs[0].IsendInto(&reqs[window+w], msg, 1, w); err != nil {
+				if err := cs[0].IsendInto(reqs[window+w], msg, 1, w); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if err := adi.WaitAllInto(ctx, into, ptrs...); err != nil {
+			if err := adi.WaitAllInto(ctx, into, reqs...); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -112,7 +108,7 @@ func TestWaitAllIntoAllocatesNothing(t *testing.T) {
 			t.Errorf("status of the last receive: %+v", sts[window-1])
 		}
 	}
-	if err := adi.WaitAllInto(ctx, make([]adi.Status, 1), ptrs...); err == nil {
+	if err := adi.WaitAllInto(ctx, make([]adi.Status, 1), reqs...); err == nil {
 		t.Error("WaitAllInto with too few statuses succeeded")
 	}
 }

@@ -88,34 +88,41 @@ func BenchmarkShmWindowOneGoroutine(b *testing.B) {
 	cs := shmJob(b, 2)
 	ctx := ctxT(b)
 	msg, buf := make([]byte, 8), make([]byte, 8*window)
-	var reqs [2 * window]adi.Request
-	ptrs := make([]*adi.Request, 2*window)
-	for i := range ptrs {
-		ptrs[i] = &reqs[i]
-	}
+	reqs := reusedRequests(2 * window) // receives, then sends
 	b.ReportAllocs()
 	n := 0
 	for b.Loop() {
 		w := n % window
 		if w == 0 && n > 0 {
-			if _, err := adi.WaitAll(ctx, ptrs...); err != nil {
+			if err := adi.WaitAllInto(ctx, nil, reqs...); err != nil {
 				b.Fatal(err)
 			}
 		}
-		if err := cs[1].IrecvInto(&reqs[w], buf[8*w:8*w+8], 0, 0); err != nil {
+		if err := cs[1].IrecvInto(reqs[w], buf[8*w:8*w+8], 0, 0); err != nil {
 			b.Fatal(err)
 		}
-		if err := cs[0].IsendInto(&reqs[window+w], msg, 1, 0); err != nil {
+		if err := cs[0].IsendInto(reqs[window+w], msg, 1, 0); err != nil {
 			b.Fatal(err)
 		}
 		n++
 	}
 	b.StopTimer()
 	for i := range min(n, window) { // the last window
-		for _, q := range []*adi.Request{&reqs[i], &reqs[window+i]} {
+		for _, q := range []*adi.Request{reqs[i], reqs[window+i]} {
 			if _, err := q.Wait(ctx); err != nil {
 				b.Fatal(err)
 			}
 		}
 	}
+}
+
+// reusedRequests returns n requests that a streaming loop starts again and
+// again (IsendInto, IrecvInto) and waits for with WaitAllInto.
+func reusedRequests(n int) []*adi.Request {
+	reqs := make([]adi.Request, n)
+	ptrs := make([]*adi.Request, n)
+	for i := range ptrs {
+		ptrs[i] = &reqs[i]
+	}
+	return ptrs
 }
