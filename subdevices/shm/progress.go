@@ -217,8 +217,9 @@ func (rc *receiver) refresh() {
 // drain delivers the records published in ring r when it was looked at.
 func (rc *receiver) drain(r int) int {
 	sd := rc.sd
-	rg := sd.inbound[r]
+	rg := &sd.inbound[r]
 	head := rc.heads[r]
+	var rec record
 	n := 0
 	// Payload bytes read from the sender's memory in this pass: a pass
 	// stops after drainBudget of them, so that a poller gets back to its
@@ -231,7 +232,7 @@ func (rc *receiver) drain(r int) int {
 	// parseRecord checks lengths against the ring, and handle copies or
 	// delivers only within them.
 	for !sd.stop.Load() && read < drainBudget && published(rg.data, head) {
-		rec, err := parseRecord(rg.data, head, maxHeader, sd.caps.MaxFrame)
+		err := parseRecord(&rec, rg.data, head, maxHeader, sd.caps.MaxFrame)
 		if err == nil {
 			err = rc.handle(r, head, &rec, &read)
 		}
@@ -314,7 +315,7 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 		}
 		*read += len(payload)
 	}
-	if sd.log.IsTrace() {
+	if sd.trace {
 		sd.log.Trace("deliver", "peer", r, "header_bytes", len(header), "payload_bytes", len(payload), "single_copy", rec.isDesc)
 	}
 	sd.handler.Deliver(sdi.Rank(r), header, payload)

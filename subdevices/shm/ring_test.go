@@ -41,7 +41,8 @@ func TestRingModel(t *testing.T) {
 		if head == tail {
 			t.Fatalf("stamp found at the producer's cursor %d", tail)
 		}
-		rec, err := parseRecord(data, head, 8, maxPayload)
+		var rec record
+		err := parseRecord(&rec, data, head, 8, maxPayload)
 		if err != nil {
 			t.Fatalf("parse at %d (tail %d): %v", head, tail, err)
 		}
@@ -96,7 +97,7 @@ func TestParseRecordRejects(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := parseRecord(tt.data, tt.head, maxHeader, capacity)
+			err := parseRecord(new(record), tt.data, tt.head, maxHeader, capacity)
 			if !errors.Is(err, sdi.ErrBadFrame) {
 				t.Fatalf("parseRecord = %v, want ErrBadFrame", err)
 			}
@@ -135,7 +136,8 @@ func FuzzParseRecord(f *testing.F) {
 			}
 			data = data[:p]
 		}
-		rec, err := parseRecord(data, head, maxHeader, 1<<20)
+		var rec record
+		err := parseRecord(&rec, data, head, maxHeader, 1<<20)
 		if err != nil {
 			if !errors.Is(err, sdi.ErrBadFrame) {
 				t.Fatalf("error does not wrap ErrBadFrame: %v", err)

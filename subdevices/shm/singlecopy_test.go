@@ -337,7 +337,8 @@ func TestDescriptorRecord(t *testing.T) {
 	if !published(data, 0) {
 		t.Fatal("the record is not stamped")
 	}
-	rec, err := parseRecord(data, 0, maxHeader, 1<<20)
+	var rec record
+	err := parseRecord(&rec, data, 0, maxHeader, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}

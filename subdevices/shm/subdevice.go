@@ -41,7 +41,10 @@ type device struct {
 	state atomic.Int32 // devNew, devOpen, devClosed
 
 	// Set by Open, read-only afterwards.
-	log     hclog.Logger
+	log hclog.Logger
+	// trace is the logger's level at Open: asking the logger on every
+	// delivered frame cost several percent of a small message.
+	trace   bool
 	handler sdi.Handler
 	rank    sdi.Rank
 	host    string
@@ -148,6 +151,7 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 		log = sd.logger
 	}
 	sd.log = log.With("rank", p.Rank)
+	sd.trace = sd.log.IsTrace()
 	sd.handler = p.Handler
 	sd.rank = p.Rank
 	sd.host = p.Host
