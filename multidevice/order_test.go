@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
@@ -144,6 +145,95 @@ func TestBlockingSendBacksUp(t *testing.T) {
 		}
 		if st.Tag != i%3 || st.Count != size(i) || string(buf[:st.Count]) != string(pattern(size(i), i)) {
 			t.Fatalf("receive %d: status %+v, or the data differs: order or content broken", i, st)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// seqWatch wraps a subdevice and checks that the matchable frames it
+// accepts for each peer carry consecutive sequence numbers: no frame
+// overtakes one that waits in the outbox.
+type seqWatch struct {
+	sdi.SubDevice
+	t    testing.TB
+	mu   sync.Mutex
+	next map[sdi.Rank]uint64
+}
+
+func (w *seqWatch) Send(f *sdi.Frame) (bool, error) {
+	done, err := w.SubDevice.Send(f)
+	if err != nil {
+		return done, err
+	}
+	var seq uint64
+	switch {
+	case len(f.Header) == shortHeaderSize:
+		seq = binary.LittleEndian.Uint64(f.Header[16:])
+	case len(f.Header) == headerSize && (kind(f.Header[1]) == kindEager || kind(f.Header[1]) == kindRTS):
+		seq = binary.LittleEndian.Uint64(f.Header[24:])
+	default:
+		return done, err // unsequenced system message
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if want := w.next[f.Peer]; seq != want {
+		w.t.Errorf("frame with sequence number %d accepted for rank %d, want %d: it overtook a queued one", seq, f.Peer, want)
+	}
+	w.next[f.Peer] = seq + 1
+	return done, err
+}
+
+// TestQueuedFramesAreNotOvertaken: a burst of nonblocking and blocking
+// sends to a peer whose link takes one frame at a time. Those the link
+// refuses wait in the outbox; the sends after them must queue behind
+// them rather than slip into the link when it frees up, or the receiver
+// holds them out of order, copied, until the gap closes.
+func TestQueuedFramesAreNotOvertaken(t *testing.T) {
+	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", QueueLimit: 1})
+	watch := func(l hclog.Logger) sdi.SubDevice {
+		return &seqWatch{SubDevice: fab.New(l), t: t, next: map[sdi.Rank]uint64{}}
+	}
+	devs := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": watch}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const count = 400
+	size := func(i int) int { return []int{8, 100, 3000, 9000}[i%4] } // eager and rendezvous
+	sent := make(chan error, 1)
+	go func() {
+		var reqs []*Request
+		for i := range count {
+			if i%5 == 4 {
+				if err := devs[1].Send(ctx, pattern(size(i), i), 0, 1, 3, false); err != nil {
+					sent <- err
+					return
+				}
+				continue
+			}
+			r, err := devs[1].Isend(pattern(size(i), i), 0, 1, 3, false)
+			if err != nil {
+				sent <- err
+				return
+			}
+			reqs = append(reqs, r)
+		}
+		for _, r := range reqs {
+			if _, err := r.Wait(ctx); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- nil
+	}()
+	buf := make([]byte, 9000)
+	for i := range count {
+		st, err := devs[0].Recv(ctx, buf, 1, 1, 3)
+		if err != nil {
+			t.Fatalf("receive %d: %v", i, err)
+		}
+		if st.Count != size(i) || string(buf[:st.Count]) != string(pattern(size(i), i)) {
+			t.Fatalf("receive %d: %d bytes, or the data differs", i, st.Count)
 		}
 	}
 	if err := <-sent; err != nil {

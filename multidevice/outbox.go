@@ -22,6 +22,12 @@ type outbox struct {
 	// items leave in order.
 	drainMu sync.Mutex
 	queued  atomic.Int64 // len(items), readable without mu
+	// backlog[peer] counts the frames to peer in items. A send that
+	// finds any goes behind them instead of trying its subdevice first:
+	// a frame that got into a ring or socket the moment a queued one
+	// would still block arrives ahead of it, and the receiver then holds
+	// it, copied, until the gap is filled.
+	backlog []atomic.Int32
 	mu      sync.Mutex
 	items   []outItem
 	// Owned by the drainMu holder: the slices pass collects kept items in
@@ -54,6 +60,7 @@ type outItem struct {
 
 func (o *outbox) init(d *Device) {
 	o.d = d
+	o.backlog = make([]atomic.Int32, d.size)
 	o.wake = make(chan struct{}, 1)
 	o.quit = make(chan struct{})
 	o.empty = sync.NewCond(&o.mu)
@@ -65,6 +72,9 @@ func (o *outbox) init(d *Device) {
 // queued after its decrement, push reads spinners after its increment, so
 // one of them sees the other).
 func (o *outbox) push(it outItem) {
+	if it.frame != nil {
+		o.backlog[it.frame.f.Peer].Add(1)
+	}
 	o.mu.Lock()
 	o.items = append(o.items, it)
 	o.queued.Store(int64(len(o.items)))
@@ -104,17 +114,20 @@ func (o *outbox) pass() (sent int, blocked, idle bool) {
 			it.fn()
 			continue
 		}
+		l := link{it.sub, it.frame.f.Peer}
 		if o.d.closed.Load() {
+			o.backlog[l.peer].Add(-1)
 			o.d.finishFrame(it.frame, ErrClosed)
 			continue
 		}
-		l := link{it.sub, it.frame.f.Peer}
 		if slices.Contains(full, l) || !o.d.trySend(it.sub, it.frame, false) {
 			if !slices.Contains(full, l) {
 				full = append(full, l)
 			}
 			kept = append(kept, it)
+			continue
 		}
+		o.backlog[l.peer].Add(-1)
 	}
 
 	o.mu.Lock()
@@ -138,6 +151,10 @@ func (o *outbox) pass() (sent int, blocked, idle bool) {
 	o.kept, o.full = spare[:0], full[:0]
 	return len(items) - len(kept), len(kept) > 0, idle
 }
+
+// behind reports whether frames to peer wait in the queue, so that one
+// more must queue behind them to keep its place.
+func (o *outbox) behind(peer int32) bool { return o.backlog[peer].Load() != 0 }
 
 func (o *outbox) kick() {
 	select {
@@ -225,6 +242,7 @@ func (o *outbox) failRest() {
 	o.mu.Unlock()
 	for _, it := range items {
 		if it.frame != nil {
+			o.backlog[it.frame.f.Peer].Add(-1)
 			o.d.finishFrame(it.frame, ErrClosed)
 		}
 	}

@@ -51,7 +51,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
 		of := r.eagerFrame()
-		if !sync && !d.indirect(int32(dst), class) {
+		if !sync && !d.indirect(int32(dst), class) && !d.out.behind(int32(dst)) {
 			of.setShort(int32(dst), h.tag, h.context, h.seq, buf)
 			complete, err := s.sd.Send(&of.f)
 			if err == nil && complete {
@@ -251,7 +251,7 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 		return false, nil
 	}
 	s := d.subs[d.routes[dst][class]]
-	if len(buf) > s.caps.MaxEager {
+	if len(buf) > s.caps.MaxEager || d.out.behind(int32(dst)) {
 		return false, nil
 	}
 	seq := d.sendSeq[dst].Add(1) - 1
