@@ -37,9 +37,10 @@ type config struct {
 	RingBytes uint64 `json:"ring_bytes"`
 	// SingleCopy lets this rank read large payloads straight out of a
 	// sender's memory with process_vm_readv where the kernel allows it
-	// (default true). The environment variable MD_SHM_SINGLE_COPY=0
-	// turns it off too. Ranks may differ: each decides for its own
-	// receiving side, and senders follow.
+	// (default false, see defaultSingleCopy). The environment variable
+	// MD_SHM_SINGLE_COPY (1/on/true or 0/off/false) overrides it. Ranks
+	// may differ: each decides for its own receiving side, and senders
+	// follow.
 	SingleCopy *bool `json:"single_copy"`
 	// SingleCopyMin is the smallest payload this rank sends by
 	// descriptor to a peer that reads single-copy; smaller ones go
@@ -47,20 +48,28 @@ type config struct {
 	SingleCopyMin int `json:"single_copy_min"`
 }
 
-// defaultSingleCopyMin was chosen by measurement (mdbench, 2 CPUs, single
-// copy against the ring with a threshold of 16 KiB, 32 KiB and above the
-// eager limit, interleaved): from 16 KiB up a descriptor wins on latency
-// (16 KiB 4.4-4.9 against 5.7-6.0 us, 64 KiB 11-15 against 16 us) and on
-// bidirectional bandwidth (64 KiB 9.4-11.9 against 6.6-7.5 GB/s) even for
-// eager messages, which land in a buffer of the receiver's and are copied
-// again from there: the receiver reads the sender's clean buffer instead
-// of ring lines the sender's core just dirtied, and the sender never waits
-// for ring space. Below it the system call costs more than the copy it
-// saves.
+// defaultSingleCopy is off, by measurement: mdbench on a 2-CPU VM,
+// MD_SHM_SINGLE_COPY=0 against the single copy, eight interleaved runs,
+// medians. The ring, which copies twice but pipelines the copies on two
+// cores fragment by fragment, won at every size from 16 KiB to 4 MiB:
+// latency 0.45x at 16 KiB, 0.69x at 64 KiB, 0.61x at 1 MiB; bandwidth
+// 2.5-3.6x up to 64 KiB and 1.46x at 1 MiB; bidirectional bandwidth
+// 1.3-3.1x. A process_vm_readv of 16 KiB costs ~3.5 us there, against
+// ~1 us for a copy in cache. When this default was chosen, the other way,
+// frames went through the ring whole, without the pipelining. Machines
+// where the system call is cheap (bare metal, large payloads out of
+// cache) may still gain: single_copy = true turns it on.
+const defaultSingleCopy = false
+
+// defaultSingleCopyMin is the smallest payload sent by descriptor where
+// the single copy is on. 16 KiB was where it beat the ring, before the
+// ring pipelined its copies; below it the system call costs more than
+// the copy it saves on any machine measured.
 const defaultSingleCopyMin = 16 << 10
 
-// envSingleCopy names the environment variable that, set to 0, off or
-// false, turns the single-copy path off whatever the config says.
+// envSingleCopy names the environment variable that, set to 1, on, true
+// or yes (0, off, false or no), turns the single-copy path on (off)
+// whatever the config says.
 const envSingleCopy = "MD_SHM_SINGLE_COPY"
 
 // parseConfig decodes and validates raw, filling defaults. Empty input means
@@ -81,7 +90,7 @@ func parseConfig(raw []byte) (config, error) {
 		c.RingBytes = defaultRingBytes
 	}
 	if c.SingleCopy == nil {
-		on := true
+		on := defaultSingleCopy
 		c.SingleCopy = &on
 	}
 	switch {

@@ -29,9 +29,21 @@ const (
 
 // TestCrossProcess exchanges frames with a second process through the rings:
 // rank 1 (the re-executed test binary) echoes every frame back until told to
-// stop, then closes, which rank 0 must see as PeerDown.
+// stop, then closes, which rank 0 must see as PeerDown. It runs with large
+// frames through the ring and again read from the other process's memory.
 func TestCrossProcess(t *testing.T) {
-	jobID := fmt.Sprintf("xproc-%d", os.Getpid())
+	t.Run("ring", func(t *testing.T) {
+		t.Setenv(envSingleCopy, "off")
+		crossProcess(t)
+	})
+	t.Run("process_vm_readv", func(t *testing.T) {
+		requireSingleCopy(t) // through the environment: the child inherits it
+		crossProcess(t)
+	})
+}
+
+func crossProcess(t *testing.T) {
+	jobID := fmt.Sprintf("xproc-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-"))
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 	cmd.Env = append(os.Environ(), helperEnv+"=1", helperJobEnv+"="+jobID)
 	var stderr bytes.Buffer

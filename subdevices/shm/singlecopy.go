@@ -102,12 +102,14 @@ func descriptorOf(payload []byte) descriptor {
 // singleCopyWanted reports whether this rank's configuration and
 // environment allow it to read peers' memory.
 func singleCopyWanted(c config) (bool, string) {
-	if !*c.SingleCopy {
-		return false, "turned off by single_copy in the config"
-	}
 	switch strings.ToLower(strings.TrimSpace(os.Getenv(envSingleCopy))) {
 	case "0", "off", "false", "no":
 		return false, "turned off by " + envSingleCopy
+	case "1", "on", "true", "yes":
+		return true, ""
+	}
+	if !*c.SingleCopy {
+		return false, "off in the config (single_copy)"
 	}
 	return true, ""
 }

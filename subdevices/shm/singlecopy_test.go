@@ -20,14 +20,17 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
-// requireSingleCopy skips when this machine does not let a process read
-// its own memory with process_vm_readv (a seccomp filter), since then only
-// the ring path exists; the ring tests cover it.
+// requireSingleCopy turns the single copy on for the test, through the
+// environment so that ranks in other processes have it too (it is off by
+// default). It skips when this machine does not let a process read its own
+// memory with process_vm_readv (a seccomp filter), since then only the ring
+// path exists; the ring tests cover it.
 func requireSingleCopy(t *testing.T) {
 	t.Helper()
 	if err := probe(os.Getpid(), uint64(uintptr(unsafe.Pointer(&probeWord))), probeWord); err != nil {
 		t.Skipf("process_vm_readv is not allowed here, only the ring path can be tested: %v", err)
 	}
+	t.Setenv(envSingleCopy, "on")
 }
 
 // TestPaths sends payloads around the single-copy threshold with the
@@ -42,10 +45,12 @@ func TestPaths(t *testing.T) {
 		env        string
 		singleCopy bool
 	}{
-		{name: "process_vm_readv", singleCopy: true},
+		{name: "ring by default"},
+		{name: "process_vm_readv by config", config: `{"single_copy": true}`, singleCopy: true},
+		{name: "process_vm_readv by environment", env: "on", singleCopy: true},
 		{name: "ring by config", config: `{"single_copy": false}`},
-		{name: "ring by environment", env: "off"},
-		{name: "threshold from config", config: `{"single_copy_min": 1000}`, singleCopy: true},
+		{name: "ring by environment", config: `{"single_copy": true}`, env: "off"},
+		{name: "threshold from config", config: `{"single_copy": true, "single_copy_min": 1000}`, singleCopy: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
