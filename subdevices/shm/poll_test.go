@@ -118,3 +118,30 @@ func TestPollWhileProgressSleeps(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainPassIsBounded fills a ring with twice drainBudget of payload
+// and drains it: one pass delivers drainBudget's worth and stops, so that
+// whoever holds the rings lets go of them even while a sender keeps
+// refilling the ring; the next pass delivers the rest, in order.
+func TestDrainPassIsBounded(t *testing.T) {
+	j := openJob(t, 2, jobOpts{config: []byte(`{"ring_bytes": 16777216}`)})
+	rx := j.sds[1].(*device)
+	const size = 64 << 10
+	const frames = 2 * drainBudget / size
+	rx.rxMu.Lock() // neither the progress goroutine nor a poller drains meanwhile
+	for i := range uint64(frames) {
+		mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Header: u64(i), Payload: pattern(i, size)})
+	}
+	first := rx.rx.drain(0)
+	rest := rx.rx.drain(0)
+	rx.rxMu.Unlock()
+	if first != drainBudget/size || first+rest != frames {
+		t.Fatalf("passes delivered %d and %d frames of %d bytes, want %d and %d", first, rest, size, drainBudget/size, frames-drainBudget/size)
+	}
+	for i := range uint64(frames) {
+		m := j.hs[1].next(t)
+		if binary.LittleEndian.Uint64(m.header) != i || !bytes.Equal(m.payload, pattern(i, size)) {
+			t.Fatalf("frame %d: got header %x and %d bytes, want frame %d intact", i, m.header, len(m.payload), i)
+		}
+	}
+}
