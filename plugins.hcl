@@ -15,7 +15,11 @@
 # plugin_dir = "./plugins"
 
 subdevice "shm" {
-  # config { ring_bytes = 1048576 }
+  # config {
+  #   ring_bytes      = 1048576  # data bytes per inbound ring: a power of two, the same on every rank
+  #   single_copy     = false    # true: read large payloads from the sender's memory with process_vm_readv
+  #   single_copy_min = 16384    # the smallest payload read that way
+  # }
 }
 
 subdevice "tcp" {
