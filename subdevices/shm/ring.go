@@ -269,8 +269,8 @@ type record struct {
 // parseRecord reads the record at cursor head of a ring, which published
 // reported there, into rec (filled in place: the record is a dozen words,
 // and returning it by value cost a tenth of a small message's receive).
-// Its slices alias data and have no spare
-// capacity, so appending to them cannot scribble on the ring.
+// Its slices alias data and have no spare capacity, so appending to them
+// cannot scribble on the ring.
 //
 // data may hold anything (it is shared memory): every length and offset is
 // checked against the ring before slicing, and a failure wraps
