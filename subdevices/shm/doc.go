@@ -139,7 +139,8 @@
 // once. Deliver gets slices that point into the ring; they are valid only
 // during the call.
 //
-// The progress goroutine naps (a 1 ms timed futex wait on a private word)
+// The progress goroutine naps (1 ms, parked in the Go scheduler, so that
+// the processor goes back to the poller at once even with GOMAXPROCS 1)
 // while Poll calls keep coming, so it does not spin beside the poller. When
 // no Poll came during a nap it polls itself: it spins for a while, then
 // polls with runtime.Gosched in between, then sleeps in futex_wait on the

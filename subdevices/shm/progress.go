@@ -107,9 +107,11 @@ func (sd *device) progress() {
 	defer sd.wg.Done()
 	idle := 0
 	lastCheck := time.Now()
+	napTimer := time.NewTimer(napFor)
+	defer napTimer.Stop()
 	for !sd.stop.Load() {
 		if sd.polled.Swap(false) {
-			sd.nap()
+			sd.nap(napTimer)
 			if time.Since(lastCheck) > sleepTimeout {
 				sd.locked(func(rc *receiver) { rc.checkPeers() })
 				lastCheck = time.Now()
@@ -127,7 +129,7 @@ func (sd *device) progress() {
 			// A poller holds the rings, perhaps for long (reading large
 			// payloads from a sender's memory): stay out of its way
 			// rather than spin on the lock beside it.
-			sd.nap()
+			sd.nap(napTimer)
 			idle = 0
 			continue
 		}
@@ -173,10 +175,18 @@ func (sd *device) locked(fn func(rc *receiver)) bool {
 	return true
 }
 
-// nap pauses the progress goroutine for napFor, or until Close.
-func (sd *device) nap() {
-	if err := futex.Wait(&sd.napWord, 0, napFor); err != nil {
-		time.Sleep(napFor)
+// nap pauses the progress goroutine for napFor, or until Close. It waits
+// in the Go scheduler, not in a system call: a goroutine blocked in a
+// system call keeps its processor until the runtime's monitor takes it
+// back, after 20 us to 10 ms, and with GOMAXPROCS 1 (a rank its launcher
+// bound to one core) the waiting goroutine, which the nap is meant to
+// leave the processor to, could not poll meanwhile. A futex nap made 8 B
+// latency 2.2x that of GOMAXPROCS 2 in interleaved runs.
+func (sd *device) nap(t *time.Timer) {
+	t.Reset(napFor)
+	select {
+	case <-t.C:
+	case <-sd.stopping:
 	}
 }
 

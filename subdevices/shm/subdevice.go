@@ -94,10 +94,12 @@ type device struct {
 	// clear, about once per nap: a counter bumped by every poll cost a
 	// locked instruction on each turn of a waiter's loop. It sits on its
 	// own cache line.
-	_       [64]byte
-	polled  atomic.Bool
-	_       [63]byte
-	napWord uint32 // futex word of the progress goroutine's nap; Close wakes it
+	_      [64]byte
+	polled atomic.Bool
+	_      [63]byte
+	// stopping is closed by Close, which ends the progress goroutine's
+	// nap at once.
+	stopping chan struct{}
 
 	stop      atomic.Bool // tells the progress goroutine to return
 	wg        sync.WaitGroup
@@ -112,7 +114,7 @@ func New(logger hclog.Logger) sdi.SubDevice {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &device{logger: logger, sleepFor: sleepTimeout, assistPatience: assistPatience, pidfdOpen: unix.PidfdOpen, closed: make(chan struct{})}
+	return &device{logger: logger, sleepFor: sleepTimeout, assistPatience: assistPatience, pidfdOpen: unix.PidfdOpen, stopping: make(chan struct{}), closed: make(chan struct{})}
 }
 
 // Info implements [sdi.SubDevice.Info].
@@ -270,9 +272,7 @@ func (sd *device) Close(ctx context.Context) error {
 		word32(mem, offState).Store(stateClosed)
 		sd.stop.Store(true)
 		sd.ringDoorbell(mem)
-		if _, err := futex.Wake(&sd.napWord, 1); err != nil {
-			sd.log.Warn("futex wake failed", "error", err)
-		}
+		close(sd.stopping)
 		go func() {
 			sd.wg.Wait()
 			sd.closeErr = sd.teardown()
