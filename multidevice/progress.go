@@ -6,9 +6,9 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
@@ -157,7 +157,7 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 			if i%goschedEvery == goschedEvery-1 {
 				runtime.Gosched()
 			}
-			osYield()
+			sched.Yield()
 		}
 		// The clock is read only once a wait lasts a few rounds: most
 		// waits on a busy link end before that.
@@ -188,13 +188,6 @@ func (d *Device) idle(pollers []sdi.Poller) {
 		}
 	}
 }
-
-// osYield gives the processor to another runnable thread, of this process
-// or another (sched_yield). runtime.Gosched alone only lets other
-// goroutines run; on a machine with fewer cores than spinning ranks, the
-// peer a rank waits for may be waiting for this core. The call does not
-// block, so it bypasses the Go scheduler's system-call bookkeeping.
-func osYield() { syscall.RawSyscall(syscall.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // stopSpinning ends a spin. If frames are queued, the outbox goroutine
 // takes over; push skipped waking it while this goroutine was sending.

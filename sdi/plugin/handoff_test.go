@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/hpc-multidevice/multidevice/internal/futex"
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
 // BenchmarkHandoff measures what a message pays for each process boundary
@@ -174,7 +175,7 @@ func waitTurn(turn *atomic.Uint32, want uint32, mode handoffMode) {
 		}
 		switch mode {
 		case handoffYield:
-			unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			sched.Yield()
 		case handoffFutex:
 			_ = futex.Wait((*uint32)(unsafe.Pointer(turn)), v, time.Second)
 		}

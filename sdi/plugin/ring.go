@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/hpc-multidevice/multidevice/internal/futex"
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
@@ -323,7 +324,7 @@ func (rd *reader) sleep(spin time.Duration, d time.Duration, awake func() bool) 
 			// goroutines: on a busy machine the spinner must not keep the
 			// thread it waits for off the CPU.
 			if i%8 == 7 {
-				osYield()
+				sched.Yield()
 			} else {
 				runtime.Gosched()
 			}

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 	"github.com/hpc-multidevice/multidevice/internal/shmem"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -304,7 +305,7 @@ func (p *pluginRing) run() {
 				if i%64 == 63 {
 					runtime.Gosched()
 				}
-				osYield()
+				sched.Yield()
 			}
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 	"github.com/hpc-multidevice/multidevice/internal/shmem"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/proto/sdiv1"
@@ -352,7 +353,7 @@ func (s *server) dispatch(rec record, release func()) {
 				}
 				if time.Since(polled) < dispatchPoll {
 					s.poller.Poll()
-					osYield()
+					sched.Yield()
 					continue
 				}
 				if s.idler != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/internal/futex"
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
@@ -144,7 +145,7 @@ func (sd *device) progress() {
 			// Yielding the thread after every pass that delivered lets
 			// the waiter run; it costs a system call when nothing else
 			// is runnable.
-			osYield()
+			sched.Yield()
 			continue
 		}
 		idle++

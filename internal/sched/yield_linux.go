@@ -1,0 +1,11 @@
+// Package sched holds what the polling loops need of the OS scheduler.
+package sched
+
+import "golang.org/x/sys/unix"
+
+// Yield gives this thread's CPU to another runnable thread, of this
+// process or another (sched_yield). runtime.Gosched only lets other
+// goroutines run: on a machine with fewer cores than spinning threads,
+// the peer a poller waits for may be waiting for this very core. The call
+// does not block, so it skips the Go scheduler's system-call bookkeeping.
+func Yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }

@@ -1,7 +1,0 @@
-//go:build !linux
-
-package plugin
-
-import "runtime"
-
-func osYield() { runtime.Gosched() }
