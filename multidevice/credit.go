@@ -141,7 +141,7 @@ func (d *Device) blockFrame(peer int32, b *block, via int32) *outFrame {
 // finishBatch sends and completes what a line operation decided.
 func (d *Device) finishBatch(bt *fwdBatch, direct bool) {
 	for _, s := range bt.sends {
-		if direct && !d.out.behind(int32(s.of.f.Peer)) {
+		if direct {
 			d.trySend(s.sub, s.of, true)
 		} else {
 			d.out.push(outItem{sub: s.sub, frame: s.of})

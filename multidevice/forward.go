@@ -239,7 +239,7 @@ func (d *Device) post(peer int32, class, msgLen int, of *outFrame, direct bool) 
 		return
 	}
 	s := d.subs[d.routes[peer][class]]
-	if direct && !d.out.behind(peer) {
+	if direct {
 		d.trySend(s, of, true)
 	} else {
 		d.out.push(outItem{sub: s, frame: of})

@@ -200,14 +200,19 @@ func recycleFrame(of *outFrame) {
 }
 
 // trySend sends of now, or queues it on the outbox when the subdevice would
-// block (direct=true) or when called from the engine (direct=false), in which
-// case it reports whether the frame left the queue.
+// block or frames to the same peer wait there already (direct=true), or
+// when called from the engine (direct=false), in which case it reports
+// whether the frame left the queue.
 //
 // A frame the subdevice completes at once (done=true, as shm does) touches
 // no shared state here. One it keeps is registered by token afterwards;
 // its SendDone may come first, from another goroutine, and then waits in
 // early until the registration finds it.
 func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
+	if direct && d.out.behind(int32(of.f.Peer)) {
+		d.out.push(outItem{sub: s, frame: of})
+		return false
+	}
 	complete, err := s.sd.Send(&of.f)
 	return d.sent(s, of, complete, err, direct)
 }
