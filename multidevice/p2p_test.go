@@ -146,16 +146,21 @@ func TestProbe(t *testing.T) {
 	}
 	must(t)(devs[0].Isend(pattern(1234, 0), 1, 77, 2, false))
 	var st Status
-	for deadline := time.Now().Add(5 * time.Second); ; {
+	// Changed is taken before Iprobe looks: an arrival between the two
+	// closes it, where one before Changed would be missed.
+	timeout := time.After(5 * time.Second)
+	for {
+		changed := devs[1].Changed()
 		var ok bool
 		st, ok, _ = devs[1].Iprobe(0, AnyTag, 2)
 		if ok {
 			break
 		}
-		if time.Now().After(deadline) {
+		select {
+		case <-changed:
+		case <-timeout:
 			t.Fatal("message never became visible to Iprobe")
 		}
-		<-devs[1].Changed()
 	}
 	if st.Source != 0 || st.Tag != 77 || st.Count != 1234 {
 		t.Fatalf("probe status %+v", st)
