@@ -260,12 +260,21 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 		return false, nil
 	}
 	seq := d.sendSeq[dst].Add(1) - 1
-	of := framePool.Get().(*outFrame)
+	var of *outFrame
+	if d.spareFrame.Load() != nil {
+		of = d.spareFrame.Swap(nil)
+	}
+	if of == nil {
+		of = framePool.Get().(*outFrame)
+	}
 	of.setShort(int32(dst), int32(tag), context, seq, buf)
 	complete, err := s.sd.Send(&of.f)
 	if err == nil && complete {
 		s.sent[dst].add(len(buf))
-		recycleFrame(of)
+		of.f.Payload = nil
+		if !d.spareFrame.CompareAndSwap(nil, of) {
+			recycleFrame(of)
+		}
 		return true, nil
 	}
 	r := d.getRequest(true, int32(dst))
