@@ -1,6 +1,7 @@
 package shm
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
@@ -40,9 +41,12 @@ func TestCorruptRing(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			j := openJob(t, 3, jobOpts{config: []byte(`{"ring_bytes": 65536}`)})
-			// Some honest traffic first, so the cursors are not at zero.
-			mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Payload: []byte("hello")})
-			if m := j.hs[1].next(t); string(m.payload) != "hello" {
+			// Some honest traffic first, so the cursors are not at zero:
+			// too large for a fast slot, so that it goes through the ring
+			// and the records below follow no fast frame (fast.go).
+			hello := pattern(1, 100)
+			mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Payload: hello})
+			if m := j.hs[1].next(t); !bytes.Equal(m.payload, hello) {
 				t.Fatalf("got %q", m.payload)
 			}
 			scribble(t, j, 0, 1, tt.write)

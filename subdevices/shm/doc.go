@@ -53,11 +53,13 @@
 //	+-----------------------------------------------------------------+ 512
 //	| attach generation (bumped when a sender attaches to a ring)     |
 //	+-----------------------------------------------------------------+ 4096
-//	| ring 0: tail (producer cursor at disconnect), attached, revoked |
-//	|         pad to 128                                              |
+//	| ring 0: tail (producer cursor at disconnect), attached, revoked,|
+//	|         fast frames sent (at disconnect) | pad to 128           |
 //	|         head (consumer cursor), readable | pad to 256           |
 //	|         assist request: cursor, address, length | pad to 384    |
 //	|         assist claim, assist done | pad to 512                  |
+//	|         fast slot 0 (64 bytes) | pad to 640                     |
+//	|         fast slot 1 (64 bytes) | pad to 768                     |
 //	|         data [ring_bytes]                                       |
 //	+-----------------------------------------------------------------+
 //	| ring 1 ... ring nrings-1 (same shape)                           |
@@ -85,6 +87,16 @@
 // too low and the zeroed ring holds none, so neither is taken for a record.
 // The sender keeps its cursor to itself and stores it in the ring's tail
 // word only when it lets go of the ring, for a later connection to resume.
+//
+// Two fast slots beside each ring carry small frames (a record of at most
+// one line) while the conversation is a back and forth: the ring walks
+// through ring_bytes/64 lines before it reuses one, each landing on a line
+// neither core has cached, where the slots stay in both cores' caches. A
+// frame goes into a slot when the ring holds nothing the receiver has not
+// taken and the slot's previous frame was taken; each ring record carries
+// in its wire-header flags (bits 4-5) how many fast frames were sent
+// before it, modulo 4, and the receiver takes those first. fast.go has the
+// protocol and why it keeps each pair's order.
 //
 // A record never straddles the wrap: when one does not fit before the end,
 // the sender writes a stamped padding record (wire-header flag 1) covering

@@ -25,10 +25,15 @@ type peer struct {
 	seg  *shmem.Segment // nil once detached
 	mem  []byte
 	ring ring
-	tail uint64    // producer cursor; stored in ring.tail when the connection ends
-	head uint64    // last consumer cursor read from ring.head
-	proc *peerProc // the peer's process (pidfd.go); detach releases it
-	gone error     // set when the peer may no longer be used; Send returns it
+	tail uint64 // producer cursor; stored in ring.tail when the connection ends
+	head uint64 // last consumer cursor read from ring.head
+	// fastSent counts the frames sent through the fast slots (fast.go);
+	// stored in ring.fastSent when the connection ends. ringSends counts
+	// those sent through the ring, for fastRecheck.
+	fastSent  uint64
+	ringSends uint32
+	proc      *peerProc // the peer's process (pidfd.go); detach releases it
+	gone      error     // set when the peer may no longer be used; Send returns it
 	// inflight are the descriptors (singlecopy.go) the peer has not passed
 	// yet, in ring order.
 	inflight []inflight
@@ -140,6 +145,7 @@ func (sd *device) newPeer(r sdi.Rank, seg *shmem.Segment) (*peer, error) {
 	// Resume where an earlier connection from this rank stopped.
 	p.tail = p.ring.tail.Load()
 	p.head = p.ring.head.Load()
+	p.fastSent = p.ring.fastSent.Load()
 	if p.tail-p.head > ringBytes || p.tail%recAlign != 0 || p.head%recAlign != 0 {
 		return nil, fmt.Errorf("%w: ring cursors %d and %d are inconsistent", sdi.ErrBadFrame, p.tail, p.head)
 	}
@@ -244,6 +250,12 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 	capacity := uint64(len(p.ring.data))
 	chunk := fragmentBytes(capacity)
 	split := !byDesc && len(payload) > chunk
+	if !byDesc && !split && recordLen(len(hdr), len(payload)) <= fastSlotSize && p.sendFast(hdr, payload) {
+		p.wake()
+		return true, nil
+	}
+	p.ringSends++
+	fast := fastBits(p.fastSent)
 	var need uint64
 	if split {
 		need = fragmentsSpace(capacity, p.tail, len(hdr), len(payload), chunk)
@@ -266,10 +278,10 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 		}
 	}
 	if split {
-		p.tail = putFragments(p.ring.data, p.tail, hdr, payload, chunk, p.wake)
+		p.tail = putFragments(p.ring.data, p.tail, fast, hdr, payload, chunk, p.wake)
 		return true, nil
 	}
-	p.tail = putFlagged(p.ring.data, p.tail, flags, hdr, body)
+	p.tail = putFlagged(p.ring.data, p.tail, flags|fast, hdr, body)
 	if byDesc {
 		at := p.tail - recordLen(len(hdr), len(body))
 		p.inflight = append(p.inflight, inflight{token: f.Token, at: at, end: p.tail, payload: payload})
@@ -351,6 +363,7 @@ func (p *peer) detach(reason error) error {
 	failed := p.failInflightLocked()
 	// A later connection from this rank resumes here (newPeer).
 	p.ring.tail.Store(p.tail)
+	p.ring.fastSent.Store(p.fastSent)
 	p.sd.ringDoorbell(p.mem)
 	p.gone = reason
 	err := errors.Join(p.seg.Close(), p.proc.release())

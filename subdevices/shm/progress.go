@@ -62,6 +62,10 @@ type receiver struct {
 	doneBuf []uint64
 	// parts[r] is the frame arriving in fragments on ring r.
 	parts []partial
+	// fastNext[r] counts the fast frames taken from ring r's sender
+	// (fast.go); fastRec is takeFast's parsed record.
+	fastNext []uint64
+	fastRec  record
 	// Sender-assisted copies (assist.go): the last epoch opened per ring,
 	// and the senders that failed to help and are no longer asked.
 	epoch    []uint32
@@ -71,7 +75,7 @@ type receiver struct {
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
 	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n),
-		epoch: make([]uint32, n), noAssist: make([]bool, n)}
+		epoch: make([]uint32, n), noAssist: make([]bool, n), fastNext: make([]uint64, n)}
 }
 
 // Poll implements [sdi.Poller]: it drains the inbound rings once on the
@@ -260,8 +264,28 @@ func (rc *receiver) drain(r int) int {
 	// record after stamping it breaks its own frames, nothing else:
 	// parseRecord checks lengths against the ring, and handle copies or
 	// delivers only within them.
-	for !sd.stop.Load() && read < drainBudget && published(rg.data, head) {
-		err := parseRecord(&rec, rg.data, head, maxHeader, sd.caps.MaxFrame)
+	for !sd.stop.Load() && read < drainBudget {
+		// The fast slots first: a frame there was sent after every
+		// record the ring holds was taken (fast.go).
+		took, err := rc.takeFast(r)
+		if err != nil {
+			rc.fail(r, err)
+			break
+		}
+		if took {
+			n++
+			continue
+		}
+		if !published(rg.data, head) {
+			break
+		}
+		err = parseRecord(&rec, rg.data, head, maxHeader, sd.caps.MaxFrame)
+		if err == nil && rc.fastDue(r, &rec) {
+			if rc.fastThere(r) {
+				continue // it goes first, at the top of the loop
+			}
+			err = fmt.Errorf("%w: record at cursor %d follows fast frames that are not there", sdi.ErrBadFrame, head)
+		}
 		if err == nil {
 			err = rc.handle(r, head, &rec, &read)
 		}
@@ -359,7 +383,7 @@ func (rc *receiver) pending() bool {
 		return true
 	}
 	for _, r := range rc.active {
-		if !rc.dead[r] && published(rc.sd.inbound[r].data, rc.heads[r]) {
+		if !rc.dead[r] && (rc.fastThere(r) || published(rc.sd.inbound[r].data, rc.heads[r])) {
 			return true
 		}
 	}

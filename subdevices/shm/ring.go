@@ -14,7 +14,7 @@ import (
 // words are naturally aligned.
 const (
 	segMagic   = "MDSHMSG1"
-	segVersion = 4
+	segVersion = 5
 
 	hdrBytes      = 4096 // segment header, one page
 	offMagic      = 0    // [8]byte
@@ -35,10 +35,11 @@ const (
 	offDoorbell  = 384 // uint32: futex word senders bump to wake the owner
 	offAttachGen = 512 // uint32: bumped by every sender that attaches to a ring
 
-	ringCtlBytes = 512 // per-ring control block ahead of the data
+	ringCtlBytes = 768 // per-ring control block ahead of the data
 	offTail      = 0   // uint64: producer cursor, stored by the sender when it lets go of the ring
 	offAttached  = 8   // uint32: non-zero once a sender attached; the receiver polls only those rings
 	offRevoked   = 16  // uint64: sender: descriptors in records before this cursor may no longer be read
+	offFastSent  = 24  // uint64: fast frames sent, stored by the sender when it lets go of the ring
 	offHead      = 128 // uint64: consumer cursor, written only by the receiver
 	offReadable  = 136 // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
 	// Sender-assisted copy of a descriptor's payload (assist.go).
@@ -47,6 +48,12 @@ const (
 	offAssistLen   = 272 // uint64: receiver: the payload's length
 	offAssistClaim = 384 // uint64: both: epoch<<32 | next chunk to copy
 	offAssistDone  = 392 // uint64: sender: chunks it copied, plus failedChunk per failure
+	// The two fast slots (fast.go), each a one-record ring of recAlign
+	// bytes on a 128-byte block of its own.
+	offFast      = 512
+	fastStride   = 128
+	fastSlots    = 2
+	fastSlotSize = recAlign
 
 	// recAlign starts every record on a cache line: a record of up to 64
 	// bytes (an 8-byte message with the multidevice's short header) is
@@ -81,6 +88,11 @@ const (
 	flagNext  uint8 = 8
 	// fragLenBytes is the length field in a first fragment.
 	fragLenBytes = 8
+	// fastShift and fastMask place, in the wire-header flags of every
+	// record but padding, how many fast frames the sender had sent
+	// before the record, modulo 4 (fast.go).
+	fastShift       = 4
+	fastMask  uint8 = 3 << fastShift
 )
 
 // Segment states in offState. Zero means not yet initialised.
@@ -127,6 +139,8 @@ type ring struct {
 	readable *atomic.Uint32
 	assist   assistWords
 	data     []byte // power-of-two length
+	fastSent *atomic.Uint64
+	fast     [fastSlots][]byte // each fastSlotSize bytes
 }
 
 // ringAt returns ring i of a segment mapped at mem.
@@ -145,7 +159,12 @@ func ringAt(mem []byte, i int, ringBytes uint64) ring {
 			claim: word64(mem, base+offAssistClaim),
 			done:  word64(mem, base+offAssistDone),
 		},
-		data: mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
+		data:     mem[base+ringCtlBytes : base+ringCtlBytes+int(ringBytes) : base+ringCtlBytes+int(ringBytes)],
+		fastSent: word64(mem, base+offFastSent),
+		fast: [fastSlots][]byte{
+			mem[base+offFast : base+offFast+fastSlotSize : base+offFast+fastSlotSize],
+			mem[base+offFast+fastStride : base+offFast+fastStride+fastSlotSize : base+offFast+fastStride+fastSlotSize],
+		},
 	}
 }
 
@@ -230,19 +249,20 @@ func fragmentsSpace(capacity, tail uint64, hlen, plen, chunk int) uint64 {
 }
 
 // putFragments writes a frame as fragments of at most chunk payload bytes
-// at tail, each visible to the receiver once written (its stamp), and
-// calls wake after each, so that the receiver copies one out while the
-// sender copies the next in. The caller has checked with fragmentsSpace
-// that the space is free and holds the ring's producer side.
-func putFragments(data []byte, tail uint64, hdr, payload []byte, chunk int, wake func()) uint64 {
+// at tail, fast (fastBits) in the flags of each, each visible to the
+// receiver once written (its stamp), and calls wake after each, so that
+// the receiver copies one out while the sender copies the next in. The
+// caller has checked with fragmentsSpace that the space is free and holds
+// the ring's producer side.
+func putFragments(data []byte, tail uint64, fast uint8, hdr, payload []byte, chunk int, wake func()) uint64 {
 	var lenField [fragLenBytes]byte
 	binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
 	for off, first := 0, true; off < len(payload); first = false {
 		n := min(chunk, len(payload)-off)
 		if first {
-			tail = putParts(data, tail, flagFirst, hdr, lenField[:], payload[:n])
+			tail = putParts(data, tail, flagFirst|fast, hdr, lenField[:], payload[:n])
 		} else {
-			tail = putParts(data, tail, flagNext, nil, nil, payload[off:off+n])
+			tail = putParts(data, tail, flagNext|fast, nil, nil, payload[off:off+n])
 		}
 		off += n
 		wake()
@@ -264,6 +284,9 @@ type record struct {
 	frag  uint8
 	total int
 	next  uint64 // cursor of the following record
+	// fastBefore is how many fast frames the sender had sent before
+	// this record, modulo 4 (fast.go); 0 in padding.
+	fastBefore uint8
 }
 
 // parseRecord reads the record at cursor head of a ring, which published
@@ -298,7 +321,8 @@ func parseRecord(rec *record, data []byte, head uint64, maxHeader, maxPayload in
 		*rec = record{pad: true, next: head + contig}
 		return nil
 	}
-	switch wh.Flags {
+	kind := wh.Flags &^ fastMask
+	switch kind {
 	case 0, flagDesc, flagFirst, flagNext:
 	default:
 		return fmt.Errorf("%w: record at cursor %d has unknown flags %#x", sdi.ErrBadFrame, head, wh.Flags)
@@ -310,8 +334,8 @@ func parseRecord(rec *record, data []byte, head uint64, maxHeader, maxPayload in
 	h0 := off + stampBytes + sdi.WireHeaderSize
 	p0 := h0 + uint64(wh.HeaderLen)
 	p1 := p0 + uint64(wh.PayloadLen)
-	*rec = record{header: data[h0:p0:p0], next: head + n}
-	if wh.Flags == flagDesc {
+	*rec = record{header: data[h0:p0:p0], next: head + n, fastBefore: wh.Flags & fastMask >> fastShift}
+	if kind == flagDesc {
 		d, err := decodeDescriptor(data[p0:p1], maxPayload)
 		if err != nil {
 			return fmt.Errorf("record at cursor %d: %w", head, err)
@@ -319,7 +343,7 @@ func parseRecord(rec *record, data []byte, head uint64, maxHeader, maxPayload in
 		rec.isDesc, rec.desc = true, d
 		return nil
 	}
-	switch wh.Flags {
+	switch kind {
 	case flagFirst:
 		if wh.PayloadLen <= fragLenBytes {
 			return fmt.Errorf("%w: first fragment at cursor %d has %d body bytes, want more than %d", sdi.ErrBadFrame, head, wh.PayloadLen, fragLenBytes)

@@ -1,0 +1,146 @@
+package shm
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// peerOf returns rank from's connection to rank to.
+func peerOf(t *testing.T, j *job, from, to sdi.Rank) *peer {
+	t.Helper()
+	p := j.sds[from].(*device).peers[to].Load()
+	if p == nil {
+		t.Fatalf("rank %d is not connected to rank %d", from, to)
+	}
+	return p
+}
+
+// counts returns how many frames p sent through the fast slots and how
+// many ring bytes it wrote.
+func counts(p *peer) (fast, ring uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.fastSent, p.tail
+}
+
+// small is a frame the size of the multidevice's eager message of 8
+// bytes: a 24-byte header and the payload, one fast slot's record.
+func small(peer sdi.Rank, i uint64) *sdi.Frame {
+	return &sdi.Frame{Peer: peer, Header: append(u64(i), make([]byte, 16)...), Payload: u64(i)}
+}
+
+func expectFrame(t *testing.T, h *recorder, from sdi.Rank, i uint64, payload []byte) {
+	t.Helper()
+	m := h.next(t)
+	if m.from != from || len(m.header) < 8 || binary.LittleEndian.Uint64(m.header) != i || !bytes.Equal(m.payload, payload) {
+		t.Fatalf("got frame from %d with header %x and %d payload bytes, want frame %d from %d with %d", m.from, m.header, len(m.payload), i, from, len(payload))
+	}
+}
+
+// TestFastSlotsCarryAConversation: small frames sent back and forth go
+// through the fast slots, never the ring.
+func TestFastSlotsCarryAConversation(t *testing.T) {
+	j := openJob(t, 2, jobOpts{})
+	const rounds = 200
+	for i := range uint64(rounds) {
+		mustSend(t, j.sds[0], small(1, i))
+		expectFrame(t, j.hs[1], 0, i, u64(i))
+		mustSend(t, j.sds[1], small(0, i))
+		expectFrame(t, j.hs[0], 1, i, u64(i))
+	}
+	for _, d := range [][2]sdi.Rank{{0, 1}, {1, 0}} {
+		fast, ring := counts(peerOf(t, j, d[0], d[1]))
+		if fast != rounds || ring != 0 {
+			t.Errorf("%d -> %d: %d frames through the fast slots and %d ring bytes, want %d and 0", d[0], d[1], fast, ring, rounds)
+		}
+	}
+}
+
+// TestFastSlotsKeepOrderBehindARing: while the receiver holds the first
+// fast frame, later frames go through the ring, large and small; they are
+// delivered after the fast ones, in order, and once the conversation is a
+// back and forth again the fast slots carry it.
+func TestFastSlotsKeepOrderBehindARing(t *testing.T) {
+	j := openJob(t, 2, jobOpts{})
+	payload := func(i uint64) []byte {
+		if i%5 == 4 {
+			return pattern(i, 3000) // too large for a slot
+		}
+		return u64(i)
+	}
+	frame := func(i uint64) *sdi.Frame {
+		return &sdi.Frame{Peer: 1, Header: append(u64(i), make([]byte, 16)...), Payload: payload(i)}
+	}
+	j.hs[1].gate.Lock() // the receiver blocks in its first Deliver
+	const burst = 40
+	for i := range uint64(burst) {
+		mustSend(t, j.sds[0], frame(i))
+	}
+	fast, ring := counts(peerOf(t, j, 0, 1))
+	j.hs[1].gate.Unlock()
+	if fast != 2 || ring == 0 {
+		t.Fatalf("a burst behind a held receiver: %d fast frames and %d ring bytes, want 2 and some", fast, ring)
+	}
+	for i := range uint64(burst) {
+		expectFrame(t, j.hs[1], 0, i, payload(i))
+	}
+	// A conversation of small frames again: within fastRecheck sends the
+	// sender sees the ring empty and goes back to the slots.
+	for i := uint64(burst); i < burst+3*fastRecheck; i++ {
+		mustSend(t, j.sds[0], small(1, i))
+		expectFrame(t, j.hs[1], 0, i, u64(i))
+	}
+	if again, _ := counts(peerOf(t, j, 0, 1)); again <= fast+fastRecheck {
+		t.Fatalf("after the burst only %d more frames went through the fast slots", again-fast)
+	}
+}
+
+// TestCorruptFastSlot writes into the fast slots and the ring what a buggy
+// or hostile sender could: rank 1 reports rank 0 down with ErrBadFrame and
+// delivers nothing of it.
+func TestCorruptFastSlot(t *testing.T) {
+	tests := []struct {
+		name  string
+		write func(p *peer)
+	}{
+		{"a descriptor in a slot", func(p *peer) {
+			k := p.fastSent
+			putFlagged(p.ring.fast[k%fastSlots], k*fastSlotSize, flagDesc, []byte("h"), make([]byte, descBytes))
+		}},
+		{"garbage in a slot", func(p *peer) {
+			k := p.fastSent
+			slot := p.ring.fast[k%fastSlots]
+			copy(slot[stampBytes:], "\xde\xad\xbe\xef garbage")
+			stamp(slot, k*fastSlotSize)
+		}},
+		{"a fast count in a slot", func(p *peer) {
+			k := p.fastSent
+			putFlagged(p.ring.fast[k%fastSlots], k*fastSlotSize, fastBits(1), []byte("h"), []byte("x"))
+		}},
+		{"a ring record after fast frames never sent", func(p *peer) {
+			p.tail = putFlagged(p.ring.data, p.tail, fastBits(p.fastSent+1), []byte("h"), []byte("x"))
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j := openJob(t, 2, jobOpts{})
+			for i := range uint64(3) { // some fast frames first
+				mustSend(t, j.sds[0], small(1, i))
+				expectFrame(t, j.hs[1], 0, i, u64(i))
+			}
+			p := peerOf(t, j, 0, 1)
+			p.mu.Lock()
+			tt.write(p)
+			p.wake()
+			p.mu.Unlock()
+			expectRejected(t, j, tt.name)
+			if _, err := j.sds[1].Send(&sdi.Frame{Peer: 0}); !errors.Is(err, sdi.ErrBadFrame) {
+				t.Errorf("Send to the corrupt peer = %v, want ErrBadFrame", err)
+			}
+		})
+	}
+}
