@@ -38,6 +38,20 @@ func bwIters(size int, scale float64) int {
 
 func scaled(n int, scale float64) int { return max(1, int(float64(n)*scale)) }
 
+// warmBytes is how much a test sends before it starts the clock, at
+// least: twice a default shm ring (1 MiB), so that the timed part finds
+// the ring's lines where a long run finds them, having been written
+// before, and not in their first lap, which cost a latency test at 512 B
+// a quarter more when the sizes before it had not walked the ring.
+const warmBytes = 2 << 20
+
+// warmIters is how many untimed iterations come before n timed ones that
+// each send perIter bytes: a tenth of n, or as many as carry warmBytes, up
+// to n. baseline/osu.c computes the same.
+func warmIters(n, perIter int) int {
+	return max(n/10+1, min(n, warmBytes/max(perIter, 1)))
+}
+
 // Message tags of the benchmark loops.
 const (
 	tagLat = 1
@@ -83,7 +97,7 @@ func (m *mdRank) barrier(ctx context.Context) error {
 func (m *mdRank) lat(ctx context.Context, size int) (float64, error) {
 	c := m.c
 	n := latIters(size, m.scale)
-	warm := n / 10
+	warm := warmIters(n, size)
 	sb, rb := m.sbuf[:size], m.rbuf[:size]
 	var t0 time.Time
 	for i := range n + warm {
@@ -119,7 +133,7 @@ func (m *mdRank) lat(ctx context.Context, size int) (float64, error) {
 func (m *mdRank) stream(ctx context.Context, sender, receiver, size, window int, bidir bool) (float64, error) {
 	c := m.c
 	n := bwIters(size, m.scale)
-	warm := n/10 + 1
+	warm := warmIters(n, size*window)
 	me := c.Rank()
 	// Requests are reused from one iteration to the next, as an
 	// application streaming messages would, so that the loop measures

@@ -296,7 +296,7 @@ func (d *directRank) send(ctx context.Context, size int, kind byte) error {
 
 func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int) (float64, error) {
 	n := latIters(size, d.scale)
-	warm := n / 10
+	warm := warmIters(n, size)
 	d.h.span.Store(int64(size))
 	var t0 time.Time
 	for i := range n + warm {
@@ -327,7 +327,7 @@ func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int
 
 func (d *directRank) stream(ctx context.Context, boot bootstrap.Bootstrap, size, window int, bidir bool) (float64, error) {
 	n := bwIters(size, d.scale)
-	warm := n/10 + 1
+	warm := warmIters(n, size*window)
 	d.h.span.Store(int64(size * window))
 	var t0 time.Time
 	sender := d.rank == 0 || bidir

@@ -25,12 +25,19 @@ static double scale = 1;
 static long scaled(long n) { long m = (long)(n * scale); return m < 1 ? 1 : m; }
 static long lat_iters(long size) { return scaled(size <= 64 ? 50000 : size <= 8192 ? 10000 : size <= 262144 ? 1000 : 200); }
 static long bw_iters(long size) { return scaled(size <= 65536 ? 100 : 20); }
+/* Untimed iterations before n timed ones of per_iter bytes each: as
+ * mdbench's warmIters, a tenth of n or as many as carry 2 MiB, up to n. */
+static long warm_iters(long n, long per_iter) {
+	long w = (2L << 20) / (per_iter > 0 ? per_iter : 1);
+	if (w > n) w = n;
+	return w > n / 10 + 1 ? w : n / 10 + 1;
+}
 
 static char *sbuf, *rbuf;
 static MPI_Request *reqs;
 
 static double lat(int rank, long size) {
-	long n = lat_iters(size), warm = n / 10;
+	long n = lat_iters(size), warm = warm_iters(n, size);
 	double t0 = 0;
 	for (long i = 0; i < n + warm; i++) {
 		if (i == warm) {
@@ -50,7 +57,7 @@ static double lat(int rank, long size) {
 
 /* stream: sender -> receiver, window messages per iteration and an ack. */
 static double stream(int rank, int sender, int receiver, long size, int window, int bidir) {
-	long n = bw_iters(size), warm = n / 10 + 1;
+	long n = bw_iters(size), warm = warm_iters(n, size * window);
 	double t0 = 0;
 	for (long i = 0; i < n + warm; i++) {
 		if (i == warm) {
