@@ -74,20 +74,17 @@ func (p *peer) sendFast(hdr, payload []byte) bool {
 	return true
 }
 
-// takeFast delivers the next fast frame from ring r's sender if it is
-// there, and reports whether it was. The caller holds rxMu.
-func (rc *receiver) takeFast(r int) (bool, error) {
+// takeFast delivers the next fast frame from ring r's sender, which
+// fastThere reported in its slot. The caller holds rxMu.
+func (rc *receiver) takeFast(r int) error {
 	k := rc.fastNext[r]
 	slot := rc.sd.inbound[r].fast[k%fastSlots]
-	if !published(slot, k*fastSlotSize) {
-		return false, nil
-	}
 	rec := &rc.fastRec
 	if err := parseRecord(rec, slot, k*fastSlotSize, maxHeader, rc.sd.caps.MaxFrame); err != nil {
-		return false, fmt.Errorf("fast frame %d: %w", k, err)
+		return fmt.Errorf("fast frame %d: %w", k, err)
 	}
 	if rec.pad || rec.isDesc || rec.frag != 0 || rec.fastBefore != 0 {
-		return false, fmt.Errorf("%w: fast frame %d is not a whole frame", sdi.ErrBadFrame, k)
+		return fmt.Errorf("%w: fast frame %d is not a whole frame", sdi.ErrBadFrame, k)
 	}
 	if rc.sd.trace {
 		rc.sd.log.Trace("deliver", "peer", r, "header_bytes", len(rec.header), "payload_bytes", len(rec.payload), "fast", true)
@@ -96,7 +93,7 @@ func (rc *receiver) takeFast(r int) (bool, error) {
 	// Release: the sender reuses the slot only after Deliver returned.
 	word64(slot, 0).Store(fastTaken(k))
 	rc.fastNext[r] = k + 1
-	return true, nil
+	return nil
 }
 
 // fastDue reports whether ring r's sender wrote a fast frame before the

@@ -267,19 +267,18 @@ func (rc *receiver) drain(r int) int {
 	for !sd.stop.Load() && read < drainBudget {
 		// The fast slots first: a frame there was sent after every
 		// record the ring holds was taken (fast.go).
-		took, err := rc.takeFast(r)
-		if err != nil {
-			rc.fail(r, err)
-			break
-		}
-		if took {
+		if rc.fastThere(r) {
+			if err := rc.takeFast(r); err != nil {
+				rc.fail(r, err)
+				break
+			}
 			n++
 			continue
 		}
 		if !published(rg.data, head) {
 			break
 		}
-		err = parseRecord(&rec, rg.data, head, maxHeader, sd.caps.MaxFrame)
+		err := parseRecord(&rec, rg.data, head, maxHeader, sd.caps.MaxFrame)
 		if err == nil && rc.fastDue(r, &rec) {
 			if rc.fastThere(r) {
 				continue // it goes first, at the top of the loop
