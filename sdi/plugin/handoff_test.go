@@ -73,16 +73,11 @@ func benchHandoff(b *testing.B, mode handoffMode, childCPU int) {
 	}
 	defer unmap()
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var old unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &old); err != nil {
+	unpin, err := sched.PinThread(0)
+	if err != nil {
 		b.Fatal(err)
 	}
-	defer unix.SchedSetaffinity(0, &old)
-	if err := bindThread(0); err != nil {
-		b.Fatal(err)
-	}
+	defer unpin()
 
 	n := b.N
 	cmd := exec.Command(os.Args[0], handoffArg, f.Name(), strconv.Itoa(int(mode)), strconv.Itoa(childCPU), strconv.Itoa(n))
@@ -126,8 +121,7 @@ func handoffChild(args []string) int {
 		return 1
 	}
 	defer unmap()
-	runtime.LockOSThread()
-	if err := bindThread(cpu); err != nil {
+	if _, err := sched.PinThread(cpu); err != nil { // until the process exits
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -149,15 +143,6 @@ func mapTurn(f *os.File) (*atomic.Uint32, func(), error) {
 		return nil, nil, fmt.Errorf("mmap %s: %w", f.Name(), err)
 	}
 	return (*atomic.Uint32)(unsafe.Pointer(&mem[0])), func() { _ = unix.Munmap(mem) }, nil
-}
-
-func bindThread(cpu int) error {
-	var set unix.CPUSet
-	set.Set(cpu)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		return fmt.Errorf("bind to CPU %d: %w", cpu, err)
-	}
-	return nil
 }
 
 func passTurn(turn *atomic.Uint32, v uint32, mode handoffMode) {

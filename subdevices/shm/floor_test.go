@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
 // floorEnv makes the test binary the second process of BenchmarkRingFloor:
@@ -51,16 +53,11 @@ func benchRingFloor(b *testing.B, slots int) {
 	}
 	defer unmap()
 
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var old unix.CPUSet
-	if err := unix.SchedGetaffinity(0, &old); err != nil {
+	unpin, err := sched.PinThread(0)
+	if err != nil {
 		b.Fatal(err)
 	}
-	defer unix.SchedSetaffinity(0, &old)
-	if err := bindFloor(0); err != nil {
-		b.Fatal(err)
-	}
+	defer unpin()
 
 	// The first warm rounds fault the rings' pages in and let both
 	// processes settle on their CPUs; they are not timed.
@@ -125,8 +122,7 @@ func runFloorChild(arg string) int {
 		return 1
 	}
 	defer unmap()
-	runtime.LockOSThread()
-	if err := bindFloor(1); err != nil {
+	if _, err := sched.PinThread(1); err != nil { // until the process exits
 		fmt.Fprintln(os.Stderr, "floor child:", err)
 		return 1
 	}
@@ -200,13 +196,4 @@ func floorWait(i int) bool {
 		return true
 	}
 	return time.Since(floorStart) < floorPatience
-}
-
-func bindFloor(cpu int) error {
-	var set unix.CPUSet
-	set.Set(cpu)
-	if err := unix.SchedSetaffinity(0, &set); err != nil {
-		return fmt.Errorf("bind to CPU %d: %w", cpu, err)
-	}
-	return nil
 }
