@@ -58,8 +58,8 @@
 //	|         head (consumer cursor), readable | pad to 256           |
 //	|         assist request: cursor, address, length | pad to 384    |
 //	|         assist claim, assist done | pad to 512                  |
-//	|         fast slot 0 (64 bytes) | pad to 640                     |
-//	|         fast slot 1 (64 bytes) | pad to 768                     |
+//	|         fast slot 0 (1024 bytes)                                |
+//	|         fast slot 1 (1024 bytes)                                |
 //	|         data [ring_bytes]                                       |
 //	+-----------------------------------------------------------------+
 //	| ring 1 ... ring nrings-1 (same shape)                           |
@@ -89,7 +89,7 @@
 // word only when it lets go of the ring, for a later connection to resume.
 //
 // Two fast slots beside each ring carry small frames (a record of at most
-// one line) while the conversation is a back and forth: the ring walks
+// 1 KiB) while the conversation is a back and forth: the ring walks
 // through ring_bytes/64 lines before it reuses one, each landing on a line
 // neither core has cached, where the slots stay in both cores' caches. A
 // frame goes into a slot when the ring holds nothing the receiver has not

@@ -2,6 +2,7 @@ package shm
 
 import (
 	"bytes"
+	"fmt"
 	"encoding/binary"
 	"errors"
 	"testing"
@@ -41,22 +42,33 @@ func expectFrame(t *testing.T, h *recorder, from sdi.Rank, i uint64, payload []b
 	}
 }
 
-// TestFastSlotsCarryAConversation: small frames sent back and forth go
-// through the fast slots, never the ring.
+// TestFastSlotsCarryAConversation: frames sent back and forth go through
+// the fast slots, never the ring, up to the largest record a slot holds;
+// one byte more goes through the ring.
 func TestFastSlotsCarryAConversation(t *testing.T) {
-	j := openJob(t, 2, jobOpts{})
-	const rounds = 200
-	for i := range uint64(rounds) {
-		mustSend(t, j.sds[0], small(1, i))
-		expectFrame(t, j.hs[1], 0, i, u64(i))
-		mustSend(t, j.sds[1], small(0, i))
-		expectFrame(t, j.hs[0], 1, i, u64(i))
-	}
-	for _, d := range [][2]sdi.Rank{{0, 1}, {1, 0}} {
-		fast, ring := counts(peerOf(t, j, d[0], d[1]))
-		if fast != rounds || ring != 0 {
-			t.Errorf("%d -> %d: %d frames through the fast slots and %d ring bytes, want %d and 0", d[0], d[1], fast, ring, rounds)
-		}
+	const hdr = 24 // the multidevice's short header
+	largest := fastSlotSize - stampBytes - sdi.WireHeaderSize - hdr
+	for _, tt := range []struct {
+		payload int
+		fast    bool
+	}{{0, true}, {8, true}, {largest, true}, {largest + 1, false}} {
+		t.Run(fmt.Sprintf("%dB", tt.payload), func(t *testing.T) {
+			j := openJob(t, 2, jobOpts{})
+			const rounds = 100
+			for i := range uint64(rounds) {
+				for _, d := range [][2]sdi.Rank{{0, 1}, {1, 0}} {
+					mustSend(t, j.sds[d[0]], &sdi.Frame{Peer: d[1], Header: append(u64(i), make([]byte, hdr-8)...), Payload: pattern(i, tt.payload)})
+					expectFrame(t, j.hs[d[1]], d[0], i, pattern(i, tt.payload))
+				}
+			}
+			for _, d := range [][2]sdi.Rank{{0, 1}, {1, 0}} {
+				fast, ring := counts(peerOf(t, j, d[0], d[1]))
+				if tt.fast && (fast != rounds || ring != 0) || !tt.fast && (fast != 0 || ring == 0) {
+					t.Errorf("%d -> %d: %d frames through the fast slots and %d ring bytes, want them all through the %s",
+						d[0], d[1], fast, ring, map[bool]string{true: "slots", false: "ring"}[tt.fast])
+				}
+			}
+		})
 	}
 }
 

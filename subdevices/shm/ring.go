@@ -35,25 +35,26 @@ const (
 	offDoorbell  = 384 // uint32: futex word senders bump to wake the owner
 	offAttachGen = 512 // uint32: bumped by every sender that attaches to a ring
 
-	ringCtlBytes = 768 // per-ring control block ahead of the data
-	offTail      = 0   // uint64: producer cursor, stored by the sender when it lets go of the ring
-	offAttached  = 8   // uint32: non-zero once a sender attached; the receiver polls only those rings
-	offRevoked   = 16  // uint64: sender: descriptors in records before this cursor may no longer be read
-	offFastSent  = 24  // uint64: fast frames sent, stored by the sender when it lets go of the ring
-	offHead      = 128 // uint64: consumer cursor, written only by the receiver
-	offReadable  = 136 // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
+	ringCtlBytes = 2560 // per-ring control block ahead of the data
+	offTail      = 0    // uint64: producer cursor, stored by the sender when it lets go of the ring
+	offAttached  = 8    // uint32: non-zero once a sender attached; the receiver polls only those rings
+	offRevoked   = 16   // uint64: sender: descriptors in records before this cursor may no longer be read
+	offFastSent  = 24   // uint64: fast frames sent, stored by the sender when it lets go of the ring
+	offHead      = 128  // uint64: consumer cursor, written only by the receiver
+	offReadable  = 136  // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
 	// Sender-assisted copy of a descriptor's payload (assist.go).
 	offAssistAt    = 256 // uint64: receiver: cursor of the descriptor record it asks help with
 	offAssistDst   = 264 // uint64: receiver: where the payload goes in its memory
 	offAssistLen   = 272 // uint64: receiver: the payload's length
 	offAssistClaim = 384 // uint64: both: epoch<<32 | next chunk to copy
 	offAssistDone  = 392 // uint64: sender: chunks it copied, plus failedChunk per failure
-	// The two fast slots (fast.go), each a one-record ring of recAlign
-	// bytes on a 128-byte block of its own.
+	// The two fast slots (fast.go), each a one-record ring of
+	// fastSlotSize bytes, a power of two: a frame of up to 980 bytes with
+	// the multidevice's short header.
 	offFast      = 512
-	fastStride   = 128
+	fastStride   = 1024
 	fastSlots    = 2
-	fastSlotSize = recAlign
+	fastSlotSize = 1024
 
 	// recAlign starts every record on a cache line: a record of up to 64
 	// bytes (an 8-byte message with the multidevice's short header) is
@@ -94,6 +95,9 @@ const (
 	fastShift       = 4
 	fastMask  uint8 = 3 << fastShift
 )
+
+// A slot is a ring (putParts, parseRecord), so its size is a power of two.
+var _ [0]struct{} = [fastSlotSize & (fastSlotSize - 1)]struct{}{}
 
 // Segment states in offState. Zero means not yet initialised.
 const (
