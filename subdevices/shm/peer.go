@@ -35,8 +35,10 @@ type peer struct {
 	proc      *peerProc // the peer's process (pidfd.go); detach releases it
 	gone      error     // set when the peer may no longer be used; Send returns it
 	// inflight are the descriptors (singlecopy.go) the peer has not passed
-	// yet, in ring order.
-	inflight []inflight
+	// yet, in ring order; reporting counts those taken out of it whose
+	// SendDone has not returned yet, which Flush waits for as well.
+	inflight  []inflight
+	reporting int
 	// canWrite is set once this rank may write into the peer's memory,
 	// to copy part of its own payloads there (assist.go).
 	canWrite atomic.Bool
@@ -339,7 +341,7 @@ func (p *peer) markDown(err error) {
 	}
 	failed := p.failInflightLocked()
 	p.mu.Unlock()
-	p.sd.failDescs(failed, err)
+	p.failDescs(failed, err)
 }
 
 // segmentName returns the name of the mapped segment, "" once detached.
@@ -369,7 +371,7 @@ func (p *peer) detach(reason error) error {
 	err := errors.Join(p.seg.Close(), p.proc.release())
 	p.seg, p.mem = nil, nil
 	p.mu.Unlock()
-	p.sd.failDescs(failed, reason)
+	p.failDescs(failed, reason)
 	return err
 }
 

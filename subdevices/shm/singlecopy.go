@@ -259,6 +259,7 @@ func (p *peer) completedLocked(head uint64, done []uint64) []uint64 {
 			p.inflight = p.inflight[:0:0]
 		}
 		p.sd.inflight.Add(-int64(k))
+		p.reporting += k
 	}
 	return done
 }
@@ -286,6 +287,7 @@ func (p *peer) reap(buf []uint64) ([]uint64, int) {
 	for _, t := range done {
 		p.sd.handler.SendDone(t, nil)
 	}
+	p.reported(len(done))
 	return done, len(done)
 }
 
@@ -299,7 +301,7 @@ func (p *peer) reapable() bool {
 
 // failInflightLocked revokes the descriptors published to p and returns
 // them for failing; the caller holds p.mu and reports them with
-// failDescs after unlocking.
+// p.failDescs after unlocking.
 func (p *peer) failInflightLocked() []inflight {
 	if len(p.inflight) == 0 {
 		return nil
@@ -312,21 +314,35 @@ func (p *peer) failInflightLocked() []inflight {
 	failed := p.inflight
 	p.inflight = nil
 	p.sd.inflight.Add(-int64(len(failed)))
+	p.reporting += len(failed)
 	return failed
 }
 
-// failDescs reports failed descriptors with err.
-func (sd *device) failDescs(failed []inflight, err error) {
+// failDescs reports descriptors failInflightLocked took with err.
+func (p *peer) failDescs(failed []inflight, err error) {
 	for _, f := range failed {
-		sd.handler.SendDone(f.token, err)
+		p.sd.handler.SendDone(f.token, err)
 	}
+	p.reported(len(failed))
 }
 
-// pendingDescs returns how many descriptors towards p are in flight.
+// reported notes that n descriptors taken out of inflight had their
+// SendDone.
+func (p *peer) reported(n int) {
+	if n == 0 {
+		return
+	}
+	p.mu.Lock()
+	p.reporting -= n
+	p.mu.Unlock()
+}
+
+// pendingDescs returns how many descriptors towards p are in flight or
+// still being reported: Flush returns only after their SendDone.
 func (p *peer) pendingDescs() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.inflight)
+	return len(p.inflight) + p.reporting
 }
 
 // reapAll reports completed descriptors towards every peer. It runs on the
