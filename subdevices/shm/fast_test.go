@@ -2,9 +2,9 @@ package shm
 
 import (
 	"bytes"
-	"fmt"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
