@@ -68,13 +68,9 @@ type Device struct {
 	matchSub []int   // [peer] -> matching subdevice carrying all traffic to peer, or -1
 	matchers []int   // indexes of subdevices with FlagMatching
 
-	nextID  atomic.Uint64
-	sendSeq []atomic.Uint64 // [peer] next sequence number to stamp
-	// spareFrame is a frame sendNow borrows before it falls back to
-	// framePool: the blocking Send is on a ping-pong's path, where a
-	// sync.Pool round trip costs ~11 ns here and a swap and a
-	// compare-and-swap ~5.
-	spareFrame atomic.Pointer[outFrame]
+	nextID     atomic.Uint64
+	sendSeq    []atomic.Uint64 // [peer] next sequence number to stamp
+	spareFrame spare[outFrame] // tried by sendNow before framePool
 	// down holds, per peer, why a subdevice lost it. Atomic so that every
 	// send can check it without taking the matching lock.
 	down []atomic.Pointer[error]

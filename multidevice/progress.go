@@ -41,11 +41,8 @@ type progressState struct {
 	// spinners counts goroutines in spin; while there is one, queued
 	// frames are sent by it and the outbox goroutine is not woken.
 	spinners atomic.Int32
-	reqs     sync.Pool // *Request, for the blocking Send and Recv
-	// spareReq is a request tried before reqs, for the same reason as
-	// Device.spareFrame: a blocking Recv hands its request back on a
-	// ping-pong's path.
-	spareReq atomic.Pointer[Request]
+	reqs     sync.Pool      // *Request, for the blocking Send and Recv
+	spareReq spare[Request] // tried before reqs
 	// crowded is set when this host runs more polling threads than it has
 	// CPUs: a waiter then yields between polls from the start, since the
 	// peer it waits for may need this very core (Open MPI's
@@ -204,10 +201,7 @@ func (d *Device) stopSpinning() {
 
 // getRequest returns a fresh request from the pool.
 func (d *Device) getRequest(send bool, peer int32) *Request {
-	var r *Request
-	if d.prog.spareReq.Load() != nil {
-		r = d.prog.spareReq.Swap(nil)
-	}
+	r := d.prog.spareReq.take()
 	if r == nil {
 		r, _ = d.prog.reqs.Get().(*Request)
 	}
@@ -230,7 +224,7 @@ func (d *Device) getRequest(send bool, peer int32) *Request {
 
 // putRequest gives r back to the pool if nothing else can reach it any more.
 func (d *Device) putRequest(r *Request) {
-	if r.reusable() && !d.prog.spareReq.CompareAndSwap(nil, r) {
+	if r.reusable() && !d.prog.spareReq.give(r) {
 		d.prog.reqs.Put(r)
 	}
 }

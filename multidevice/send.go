@@ -260,10 +260,7 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 		return false, nil
 	}
 	seq := d.sendSeq[dst].Add(1) - 1
-	var of *outFrame
-	if d.spareFrame.Load() != nil {
-		of = d.spareFrame.Swap(nil)
-	}
+	of := d.spareFrame.take()
 	if of == nil {
 		of = framePool.Get().(*outFrame)
 	}
@@ -272,7 +269,7 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 	if err == nil && complete {
 		s.sent[dst].add(len(buf))
 		of.f.Payload = nil
-		if !d.spareFrame.CompareAndSwap(nil, of) {
+		if !d.spareFrame.give(of) {
 			recycleFrame(of)
 		}
 		return true, nil
