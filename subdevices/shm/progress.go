@@ -63,9 +63,8 @@ type receiver struct {
 	// parts[r] is the frame arriving in fragments on ring r.
 	parts []partial
 	// fastNext[r] counts the fast frames taken from ring r's sender
-	// (fast.go); fastRec is takeFast's parsed record.
+	// (fast.go).
 	fastNext []uint64
-	fastRec  record
 	// Sender-assisted copies (assist.go): the last epoch opened per ring,
 	// and the senders that failed to help and are no longer asked.
 	epoch    []uint32
@@ -268,7 +267,7 @@ func (rc *receiver) drain(r int) int {
 		// The fast slots first: a frame there was sent after every
 		// record the ring holds was taken (fast.go).
 		if rc.fastThere(r) {
-			if err := rc.takeFast(r); err != nil {
+			if err := rc.takeFast(r, &rec); err != nil {
 				rc.fail(r, err)
 				break
 			}
