@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -84,28 +85,38 @@ func TestParseArgs(t *testing.T) {
 
 func TestSummarizeAndRatios(t *testing.T) {
 	c := newCollector()
-	c.add(ours, []sample{{"lat", 8, 3}, {"lat", 8, 1}, {"lat", 8, 2}, {"bw", 8, 10}})
-	c.add("mpich", []sample{{"lat", 8, 4}, {"lat", 8, 4}, {"bw", 8, 40}, {"bw", 8, 20}})
+	// Repetition 1 caught mpich in a slow phase of the machine: the
+	// ratio of the medians would be 1/8, the paired ratios say 1/2.
+	c.add(ours, 0, []sample{{"lat", 8, 1}, {"bw", 8, 10}})
+	c.add("mpich", 0, []sample{{"lat", 8, 2}, {"bw", 8, 40}})
+	c.add(ours, 1, []sample{{"lat", 8, 1}})
+	c.add("mpich", 1, []sample{{"lat", 8, 8}, {"bw", 8, 20}})
+	c.add("mpich", 2, []sample{{"lat", 8, 8}})
+	c.add(ours, 2, []sample{{"lat", 8, 4}})
+	c.add(ours, 3, []sample{{"lat", 8, 3}}) // mpich has none to pair with
 	var r report
 	c.summarize(&r)
 	s, ok := r.stat("lat", 8, ours)
-	if !ok || s.Median != 2 || s.Min != 1 || s.Max != 3 {
+	if !ok || s.Median != 2 || s.Min != 1 || s.Max != 4 {
 		t.Fatalf("lat stat %+v", s)
 	}
 	if s, _ := r.stat("bw", 8, "mpich"); s.Median != 30 {
 		t.Fatalf("even count median %v, want 30", s.Median)
 	}
 	if x, ok := r.ratio("lat", 8, "mpich"); !ok || x != 0.5 {
-		t.Fatalf("lat ratio %v, want 0.5", x)
+		t.Fatalf("lat ratio %v, want the paired 0.5", x)
 	}
-	if x, _ := r.ratio("bw", 8, "mpich"); x != 10.0/30 {
-		t.Fatalf("bw ratio %v, want %v", x, 10.0/30)
+	if x, _ := r.ratio("bw", 8, "mpich"); x != 0.25 {
+		t.Fatalf("bw ratio %v, want 0.25 (repetition 0 alone pairs)", x)
+	}
+	if vs := c.paired("lat", 8, ours, "mpich"); !slices.Equal(vs, []float64{0.5, 0.125, 0.5}) {
+		t.Fatalf("paired lat ratios %v, want [0.5 0.125 0.5] in repetition order", vs)
 	}
 	var out bytes.Buffer
 	if err := r.writeTable(&out); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"md/mpich", "2.000 [1.000, 3.000]", "0.50"} {
+	for _, want := range []string{"md/mpich", "2.000 [1.000, 4.000]", "0.50"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}

@@ -38,13 +38,19 @@ type stat struct {
 	Values []float64 `json:"values"`
 }
 
-// ratio is ours divided by another series, of the medians.
+// ratio compares ours with another series: Ratio is the median, over the
+// repetitions both ran in, of our figure divided by theirs in the same
+// repetition (Values, in repetition order). Pairing launches that ran
+// seconds apart cancels what drifts over minutes: this machine has phases
+// in which every series runs 2-3 times slower, and a ratio of the two
+// medians moved with how many of each series' launches fell into one.
 type ratio struct {
-	Test  string  `json:"test"`
-	Size  int     `json:"size"`
-	Of    string  `json:"of"`
-	To    string  `json:"to"`
-	Ratio float64 `json:"ratio"`
+	Test   string    `json:"test"`
+	Size   int       `json:"size"`
+	Of     string    `json:"of"`
+	To     string    `json:"to"`
+	Ratio  float64   `json:"ratio"`
+	Values []float64 `json:"values"`
 }
 
 // report is everything one mdbench run found.
@@ -66,20 +72,25 @@ type report struct {
 	Notes     []string `json:"notes,omitempty"`
 }
 
-// collector gathers samples by (test, size, series).
+// collector gathers samples by (test, size, series), and the repetition
+// each came from.
 type collector struct {
 	tests, series []string
 	sizes         []int
 	values        map[string][]float64
+	reps          map[string][]int
 }
 
-func newCollector() *collector { return &collector{values: map[string][]float64{}} }
+func newCollector() *collector {
+	return &collector{values: map[string][]float64{}, reps: map[string][]int{}}
+}
 
 func ckey(test string, size int, series string) string {
 	return test + "/" + strconv.Itoa(size) + "/" + series
 }
 
-func (c *collector) add(series string, samples []sample) {
+// add records the samples one launch of series gave in repetition rep.
+func (c *collector) add(series string, rep int, samples []sample) {
 	if !slices.Contains(c.series, series) {
 		c.series = append(c.series, series)
 	}
@@ -93,7 +104,37 @@ func (c *collector) add(series string, samples []sample) {
 		}
 		k := ckey(s.Test, s.Size, series)
 		c.values[k] = append(c.values[k], s.Value)
+		c.reps[k] = append(c.reps[k], rep)
 	}
+}
+
+// paired returns, for every repetition in which both series have figures
+// for (test, size), the median of series a's figures in it divided by the
+// median of b's, in repetition order.
+func (c *collector) paired(test string, size int, a, b string) []float64 {
+	byRep := func(series string) map[int][]float64 {
+		k := ckey(test, size, series)
+		m := map[int][]float64{}
+		for i, v := range c.values[k] {
+			m[c.reps[k][i]] = append(m[c.reps[k][i]], v)
+		}
+		return m
+	}
+	as, bs := byRep(a), byRep(b)
+	var reps []int
+	for rep := range as {
+		if _, ok := bs[rep]; ok {
+			reps = append(reps, rep)
+		}
+	}
+	slices.Sort(reps)
+	var out []float64
+	for _, rep := range reps {
+		if d := median(bs[rep]); d != 0 {
+			out = append(out, median(as[rep])/d)
+		}
+	}
+	return out
 }
 
 // summarize fills r's stats and ratios.
@@ -101,7 +142,7 @@ func (c *collector) summarize(r *report) {
 	r.Series = c.series
 	for _, test := range c.tests {
 		for _, size := range c.sizes {
-			med := map[string]float64{}
+			has := map[string]bool{}
 			for _, se := range c.series {
 				vs := c.values[ckey(test, size, se)]
 				if len(vs) == 0 {
@@ -110,13 +151,17 @@ func (c *collector) summarize(r *report) {
 				st := summarize(vs)
 				st.Test, st.Unit, st.Size, st.Series = test, testInfo[test].unit, size, se
 				r.Stats = append(r.Stats, st)
-				med[se] = st.Median
+				has[se] = true
 			}
-			if m, ok := med[ours]; ok {
-				for _, se := range c.series {
-					if o, ok := med[se]; ok && se != ours && o != 0 {
-						r.Ratios = append(r.Ratios, ratio{Test: test, Size: size, Of: ours, To: se, Ratio: m / o})
-					}
+			if !has[ours] {
+				continue
+			}
+			for _, se := range c.series {
+				if se == ours || !has[se] {
+					continue
+				}
+				if vs := c.paired(test, size, ours, se); len(vs) > 0 {
+					r.Ratios = append(r.Ratios, ratio{Test: test, Size: size, Of: ours, To: se, Ratio: median(vs), Values: vs})
 				}
 			}
 		}
@@ -125,13 +170,17 @@ func (c *collector) summarize(r *report) {
 
 // summarize returns the median, minimum and maximum of vs.
 func summarize(vs []float64) stat {
+	return stat{Median: median(vs), Min: slices.Min(vs), Max: slices.Max(vs), Values: vs}
+}
+
+// median returns the median of vs, which is not empty.
+func median(vs []float64) float64 {
 	s := slices.Clone(vs)
 	slices.Sort(s)
-	med := s[len(s)/2]
 	if len(s)%2 == 0 {
-		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
+		return (s[len(s)/2-1] + s[len(s)/2]) / 2
 	}
-	return stat{Median: med, Min: s[0], Max: s[len(s)-1], Values: vs}
+	return s[len(s)/2]
 }
 
 func (r *report) stat(test string, size int, series string) (stat, bool) {
@@ -152,14 +201,14 @@ func (r *report) ratio(test string, size int, to string) (float64, bool) {
 	return 0, false
 }
 
-// writeTable prints one table per test: medians with [min, max], then our
-// median divided by each other series'.
+// writeTable prints one table per test: medians with [min, max], then the
+// paired ratios of ours to each other series (see ratio).
 func (r *report) writeTable(w io.Writer) error {
 	steal := "steal unknown"
 	if r.Steal >= 0 {
 		steal = fmt.Sprintf("%.0f%% of CPU time stolen by the hypervisor", r.Steal)
 	}
-	fmt.Fprintf(w, "mdbench: %s; %d repetitions, medians [min, max]; %d CPUs, load %s -> %s, %s\n",
+	fmt.Fprintf(w, "mdbench: %s; %d repetitions, medians [min, max], md/x the median of ratios within a repetition; %d CPUs, load %s -> %s, %s\n",
 		r.Route, r.Reps, r.CPUs, r.LoadBefore, r.LoadAfter, steal)
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)

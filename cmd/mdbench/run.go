@@ -31,8 +31,10 @@ this host, OSU style. Tests (default: lat bw bibw):
 
 Every repetition launches the ranks afresh; with --direct and --baseline
 the series are interleaved within each repetition (their order alternates)
-and the report gives medians, minima and maxima, and our median divided by
-each other series' median.
+and the report gives medians, minima and maxima. md/x, our figure divided
+by series x's, is taken within each repetition and its median reported:
+launches seconds apart see the same machine, while over minutes a noisy
+host can slow every series down and back.
 
 Flags:
 `
@@ -346,7 +348,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			if err != nil {
 				return nil, fmt.Errorf("repetition %d, %s: %w", i+1, st.name, err)
 			}
-			col.add(st.name, s)
+			col.add(st.name, i, s)
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -360,7 +362,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		if err != nil {
 			return nil, fmt.Errorf("idle: %w", err)
 		}
-		col.add(ours, s)
+		col.add(ours, 0, s)
 		for _, m := range mpis {
 			s, err := m.runBaseline(ctx, 2, o.sub, o.bind, 1, "idle", strconv.FormatFloat(o.seconds, 'f', 0, 64))
 			if err != nil {
@@ -369,7 +371,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			for i := range s {
 				s[i].Size = 8
 			}
-			col.add(m.name, s)
+			col.add(m.name, 0, s)
 		}
 	}
 	col.summarize(rep)
