@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"regexp"
@@ -26,13 +27,19 @@ var hostName = regexp.MustCompile(`^[A-Za-z0-9_.:%-]+$`)
 // parseHostEntry reads "name" or "name:slots".
 // An IPv6 address with slots is written "[addr]:slots".
 func parseHostEntry(s string) (hostSpec, error) {
+	h, _, err := parseHostSlots(s)
+	return h, err
+}
+
+// parseHostSlots is parseHostEntry, and reports whether s gave the slots.
+func parseHostSlots(s string) (hostSpec, bool, error) {
 	h := hostSpec{name: s, slots: 1}
 	slots := ""
 	switch {
 	case strings.HasPrefix(s, "["):
 		name, rest, ok := strings.Cut(s[1:], "]")
 		if !ok || (rest != "" && !strings.HasPrefix(rest, ":")) {
-			return h, fmt.Errorf("host %q: want [address] or [address]:slots", s)
+			return h, false, fmt.Errorf("host %q: want [address] or [address]:slots", s)
 		}
 		h.name, slots = name, strings.TrimPrefix(rest, ":")
 		if rest == ":" {
@@ -44,14 +51,16 @@ func parseHostEntry(s string) (hostSpec, error) {
 	if slots != "" {
 		n, err := strconv.Atoi(slots)
 		if err != nil || n < 1 || n > maxSlots {
-			return h, fmt.Errorf("host %q: slots %q is not a number from 1 to %d", s, slots, maxSlots)
+			return h, false, fmt.Errorf("host %q: slots %q is not a number from 1 to %d", s, slots, maxSlots)
 		}
 		h.slots = n
 	}
-	if h.name == "" || !hostName.MatchString(h.name) {
-		return h, fmt.Errorf("host %q is not a host name", s)
+	// A leading '-' is no host name (RFC 1123), and the launcher would
+	// take it for an option: "ssh -Efile" writes its log to file.
+	if h.name == "" || h.name[0] == '-' || !hostName.MatchString(h.name) {
+		return h, false, fmt.Errorf("host %q is not a host name", s)
 	}
-	return h, nil
+	return h, slots != "", nil
 }
 
 // parseHosts reads -hosts: "h1,h2:2,...".
@@ -75,21 +84,30 @@ func parseHostfile(path string) ([]hostSpec, error) {
 		return nil, fmt.Errorf("-hostfile: %w", err)
 	}
 	defer f.Close()
+	return readHostfile(f, path)
+}
+
+// readHostfile parses a hostfile's text from r; errors name the file as
+// path, and the line.
+func readHostfile(r io.Reader, path string) ([]hostSpec, error) {
 	var hosts []hostSpec
-	sc := bufio.NewScanner(f)
-	for line := 1; sc.Scan(); line++ {
+	sc := bufio.NewScanner(r)
+	line := 1
+	for ; sc.Scan(); line++ {
 		text, _, _ := strings.Cut(sc.Text(), "#")
 		fields := strings.Fields(text)
 		if len(fields) == 0 {
 			continue
 		}
-		h, err := parseHostEntry(fields[0])
+		h, given, err := parseHostSlots(fields[0])
 		if err == nil && len(fields) > 1 {
 			v, ok := strings.CutPrefix(fields[1], "slots=")
 			n, aerr := strconv.Atoi(v)
 			switch {
 			case len(fields) > 2 || !ok:
 				err = fmt.Errorf("want \"host\", \"host:slots\" or \"host slots=N\", got %q", strings.TrimSpace(text))
+			case given:
+				err = fmt.Errorf("%q gives the slots twice", strings.TrimSpace(text))
 			case aerr != nil || n < 1 || n > maxSlots:
 				err = fmt.Errorf("slots=%q is not a number from 1 to %d", v, maxSlots)
 			default:
@@ -102,7 +120,7 @@ func parseHostfile(path string) ([]hostSpec, error) {
 		hosts = append(hosts, h)
 	}
 	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("-hostfile: %w", err)
+		return nil, fmt.Errorf("%s:%d: %w", path, line, err)
 	}
 	if len(hosts) == 0 {
 		return nil, fmt.Errorf("%s: no hosts", path)

@@ -24,6 +24,8 @@ func TestParseHosts(t *testing.T) {
 		{"[fd00::1]:", "", `slots "?"`},
 		{"a b", "", `host "a b" is not a host name`},
 		{"a;rm", "", "is not a host name"},
+		{"-Elog", "", `host "-Elog" is not a host name`},
+		{"[-v]:2", "", `host "[-v]:2" is not a host name`},
 	}
 	for _, tt := range tests {
 		got, err := parseHosts(tt.in)
@@ -51,6 +53,11 @@ func TestParseHostfile(t *testing.T) {
 		{"n1 slots=1 x\n", "", ":1: want"},
 		{"# nothing\n", "", "no hosts"},
 		{"bad!host\n", "", `:1: host "bad!host" is not a host name`},
+		{"n1\n-v\n", "", `:2: host "-v" is not a host name`},
+		{"n1:2 slots=3\n", "", `:1: "n1:2 slots=3" gives the slots twice`},
+		{"[fd00::2]:2 slots=3\n", "", "gives the slots twice"},
+		{"[fd00::2] slots=3\nfd00::3 slots=2\n", "[{fd00::2 3} {fd00::3 2}]", ""},
+		{"n1\n" + strings.Repeat("x", 70000) + "\n", "", ":2: bufio.Scanner: token too long"},
 	}
 	for i, tt := range tests {
 		path := filepath.Join(t.TempDir(), fmt.Sprintf("hosts%d", i))
@@ -160,4 +167,71 @@ func TestListenAddr(t *testing.T) {
 			t.Errorf("listenAddr(%q, %q) = %q, %v; want %q", tt.flag, tt.remote, got, err, tt.want)
 		}
 	}
+}
+
+// checkHosts checks what a successful parse returned: names a launcher can
+// take, slot counts in range.
+func checkHosts(t *testing.T, hosts []hostSpec) {
+	t.Helper()
+	for _, h := range hosts {
+		if h.name == "" || h.name[0] == '-' || !hostName.MatchString(h.name) || h.slots < 1 || h.slots > maxSlots {
+			t.Fatalf("parsed host %+v", h)
+		}
+	}
+}
+
+// entry writes h as -hosts and hostfile entries read it.
+func entry(h hostSpec) string {
+	if strings.Contains(h.name, ":") {
+		return fmt.Sprintf("[%s]:%d", h.name, h.slots)
+	}
+	return fmt.Sprintf("%s:%d", h.name, h.slots)
+}
+
+func FuzzParseHosts(f *testing.F) {
+	for _, s := range []string{"a", "a,b:2, c:3", "10.0.0.1:4,fd00::1,[fd00::2]:2", "[fd00::1", "a:70000", "-x", "[a:b]:3"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		hosts, err := parseHosts(s)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "-hosts: ") {
+				t.Fatalf("error %q does not name -hosts", err)
+			}
+			return
+		}
+		checkHosts(t, hosts)
+		var es []string
+		for _, h := range hosts {
+			es = append(es, entry(h))
+		}
+		again, err := parseHosts(strings.Join(es, ","))
+		if err != nil || fmt.Sprint(again) != fmt.Sprint(hosts) {
+			t.Fatalf("%q parsed as %v, which written out reads back as %v, %v", s, hosts, again, err)
+		}
+	})
+}
+
+func FuzzReadHostfile(f *testing.F) {
+	for _, s := range []string{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "n1 slots=0\n", "n1:2 slots=3", "[fd00::2] slots=3\r\n", "\n\n#\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		hosts, err := readHostfile(strings.NewReader(text), "hf")
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "hf:") {
+				t.Fatalf("error %q does not name the file", err)
+			}
+			return
+		}
+		checkHosts(t, hosts)
+		var lines []string
+		for _, h := range hosts {
+			lines = append(lines, entry(h))
+		}
+		again, err := readHostfile(strings.NewReader(strings.Join(lines, "\n")), "hf")
+		if err != nil || fmt.Sprint(again) != fmt.Sprint(hosts) {
+			t.Fatalf("%q parsed as %v, which written out reads back as %v, %v", text, hosts, again, err)
+		}
+	})
 }
