@@ -44,15 +44,17 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	}
 	class := d.table.Class(len(buf))
 	s := d.subs[d.routes[dst][class]]
-	h := header{
-		tag: int32(tag), src: d.rank, dst: int32(dst), context: context,
-		seq: d.sendSeq[dst].Add(1) - 1, length: uint64(len(buf)),
-	}
+	seq := d.sendSeq[dst].Add(1) - 1
+	// Field by field, not h := header{...}: the literal was built on the
+	// stack and copied in 16-byte moves that waited for the narrower
+	// stores before them (a store-forwarding stall; see decodeShort).
+	var h header
+	h.tag, h.src, h.dst, h.context, h.seq, h.length = int32(tag), d.rank, int32(dst), context, seq, uint64(len(buf))
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		h.kind = kindEager
 		of := r.eagerFrame()
 		if !sync && !d.indirect(int32(dst), class) && !d.out.behind(int32(dst)) {
-			of.setShort(int32(dst), h.tag, h.context, h.seq, buf)
+			of.setShort(int32(dst), int32(tag), context, seq, buf)
 			complete, err := s.sd.Send(&of.f)
 			if err == nil && complete {
 				// Done at once (shm copied it): nobody has seen r yet, so
