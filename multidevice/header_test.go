@@ -109,6 +109,9 @@ func FuzzDecodeShortHeader(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte, from int32, plen int) {
 		var h, h2 header
 		if err := h.decodeShort(data, from, 0, 4, plen); err != nil {
+			if !errors.Is(err, errBadHeader) {
+				t.Fatalf("error %v does not wrap errBadHeader", err)
+			}
 			return
 		}
 		out := make([]byte, shortHeaderSize)
