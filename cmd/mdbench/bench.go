@@ -28,13 +28,32 @@ func latIters(size int, scale float64) int {
 	return scaled(n, scale)
 }
 
-func bwIters(size int, scale float64) int {
+// bwIters is how many windows of window messages of size bytes bw, bibw
+// and mr time: OSU's 100 (20 above 64 KiB), or more, so that a test
+// carries at least minStreamMsgs messages or minStreamBytes bytes,
+// whichever comes first. OSU's 100 windows of 64 small messages took
+// 0.5-4 ms here, as short as the disturbances of a rank's own runtime
+// (timers, the shm progress goroutine's 1 ms naps, the scheduler's
+// ticks): the bare subdevice's 8-byte bw swung from 5 to 127 MB/s
+// between repeats within one launch, and from 106 to 132 MB/s with 20
+// times as many windows. size and window are at least 1. baseline/osu.c computes the
+// same.
+func bwIters(size, window int, scale float64) int {
 	n := 20
 	if size <= 65536 {
 		n = 100
 	}
+	n = max(n, min(ceilDiv(minStreamMsgs, window), ceilDiv(minStreamBytes, size*window)))
 	return scaled(n, scale)
 }
+
+// The floor under what a streaming test carries (see bwIters).
+const (
+	minStreamMsgs  = 1 << 17
+	minStreamBytes = 256 << 20
+)
+
+func ceilDiv(a, b int) int { return (a + b - 1) / b }
 
 func scaled(n int, scale float64) int { return max(1, int(float64(n)*scale)) }
 
@@ -132,7 +151,7 @@ func (m *mdRank) lat(ctx context.Context, size int) (float64, error) {
 // It returns MB/s (10^6 bytes per second).
 func (m *mdRank) stream(ctx context.Context, sender, receiver, size, window int, bidir bool) (float64, error) {
 	c := m.c
-	n := bwIters(size, m.scale)
+	n := bwIters(size, window, m.scale)
 	warm := warmIters(n, size*window)
 	me := c.Rank()
 	// Requests are reused from one iteration to the next, as an

@@ -326,7 +326,7 @@ func (d *directRank) lat(ctx context.Context, boot bootstrap.Bootstrap, size int
 }
 
 func (d *directRank) stream(ctx context.Context, boot bootstrap.Bootstrap, size, window int, bidir bool) (float64, error) {
-	n := bwIters(size, d.scale)
+	n := bwIters(size, window, d.scale)
 	warm := warmIters(n, size*window)
 	d.h.span.Store(int64(size * window))
 	var t0 time.Time

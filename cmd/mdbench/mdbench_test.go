@@ -285,3 +285,28 @@ func TestParseCPUTimes(t *testing.T) {
 		t.Fatalf("stealShare = %v, want 50", s)
 	}
 }
+
+// TestBwIters pins the streaming tests' iteration counts, which
+// baseline/osu.c's bw_iters must give too.
+func TestBwIters(t *testing.T) {
+	tests := []struct {
+		size, window int
+		scale        float64
+		want         int
+	}{
+		{8, 64, 1, 2048},      // 2^17 messages
+		{512, 64, 1, 2048},    // still the messages
+		{4096, 64, 1, 1024},   // 256 MiB first
+		{16384, 64, 1, 256},   // 256 MiB
+		{65536, 64, 1, 100},   // OSU's count is more
+		{1 << 20, 64, 1, 20},  // OSU's count above 64 KiB
+		{8, 4, 0.02, 655},     // mdbench's own tests: scaled
+		{8, 1, 1, 1 << 17},    // a window of one
+		{1 << 20, 1, 0.01, 2}, // scaled, 256 windows of 1 MiB
+	}
+	for _, tt := range tests {
+		if got := bwIters(tt.size, tt.window, tt.scale); got != tt.want {
+			t.Errorf("bwIters(%d, %d, %g) = %d, want %d", tt.size, tt.window, tt.scale, got, tt.want)
+		}
+	}
+}

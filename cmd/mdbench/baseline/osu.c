@@ -24,7 +24,15 @@
 static double scale = 1;
 static long scaled(long n) { long m = (long)(n * scale); return m < 1 ? 1 : m; }
 static long lat_iters(long size) { return scaled(size <= 64 ? 50000 : size <= 8192 ? 10000 : size <= 262144 ? 1000 : 200); }
-static long bw_iters(long size) { return scaled(size <= 65536 ? 100 : 20); }
+/* As mdbench's bwIters: OSU's 100 windows (20 above 64 KiB), or as many
+ * as carry 2^17 messages or 256 MiB, whichever is fewer. */
+static long ceil_div(long a, long b) { return (a + b - 1) / b; }
+static long bw_iters(long size, long window) {
+	long n = size <= 65536 ? 100 : 20;
+	long by_msgs = ceil_div(1L << 17, window), by_bytes = ceil_div(256L << 20, size * window);
+	long floor = by_msgs < by_bytes ? by_msgs : by_bytes;
+	return scaled(n > floor ? n : floor);
+}
 /* Untimed iterations before n timed ones of per_iter bytes each: as
  * mdbench's warmIters, a tenth of n or as many as carry 2 MiB, up to n. */
 static long warm_iters(long n, long per_iter) {
@@ -57,7 +65,7 @@ static double lat(int rank, long size) {
 
 /* stream: sender -> receiver, window messages per iteration and an ack. */
 static double stream(int rank, int sender, int receiver, long size, int window, int bidir) {
-	long n = bw_iters(size), warm = warm_iters(n, size * window);
+	long n = bw_iters(size, window), warm = warm_iters(n, size * window);
 	double t0 = 0;
 	for (long i = 0; i < n + warm; i++) {
 		if (i == warm) {
@@ -125,6 +133,11 @@ int main(int argc, char **argv) {
 	}
 	int lt = strcmp(test, "lat") == 0;
 	int window = lt ? 1 : atoi(argv[2]);
+	if (window < 1) {
+		if (rank == 0)
+			fprintf(stderr, "osu: window %s: want at least 1\n", argv[2]);
+		MPI_Abort(MPI_COMM_WORLD, 2);
+	}
 	int first = lt ? 2 : 3;
 	long maxsize = 4;
 	for (int i = first; i < argc; i++)
