@@ -36,8 +36,8 @@ func latIters(size int, scale float64) int {
 // (timers, the shm progress goroutine's 1 ms naps, the scheduler's
 // ticks): the bare subdevice's 8-byte bw swung from 5 to 127 MB/s
 // between repeats within one launch, and from 106 to 132 MB/s with 20
-// times as many windows. size and window are at least 1. baseline/osu.c computes the
-// same.
+// times as many windows. size and window are at least 1.
+// baseline/osu.c computes the same.
 func bwIters(size, window int, scale float64) int {
 	n := 20
 	if size <= 65536 {
