@@ -45,13 +45,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	class := d.table.Class(len(buf))
 	s := d.subs[d.routes[dst][class]]
 	seq := d.sendSeq[dst].Add(1) - 1
-	// Field by field, not h := header{...}: the literal was built on the
-	// stack and copied in 16-byte moves that waited for the narrower
-	// stores before them (a store-forwarding stall; see decodeShort).
-	var h header
-	h.tag, h.src, h.dst, h.context, h.seq, h.length = int32(tag), d.rank, int32(dst), context, seq, uint64(len(buf))
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
-		h.kind = kindEager
 		of := r.eagerFrame()
 		if !sync && !d.indirect(int32(dst), class) && !d.out.behind(int32(dst)) {
 			of.setShort(int32(dst), int32(tag), context, seq, buf)
@@ -72,6 +66,8 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 			d.sent(s, of, complete, err, true)
 			return r, nil
 		}
+		var h header
+		d.envelope(&h, kindEager, dst, tag, context, seq, len(buf))
 		of.req = r
 		r.arm()
 		if !sync {
@@ -91,7 +87,8 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	}
 	// Rendezvous: announce, send data on clear-to-send. A rendezvous send is
 	// synchronous by nature: the receiver has matched before data moves.
-	h.kind = kindRTS
+	var h header
+	d.envelope(&h, kindRTS, dst, tag, context, seq, len(buf))
 	r.arm()
 	r.buf = buf
 	r.id = d.nextID.Add(1)
@@ -115,6 +112,14 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	}
 	d.post(int32(dst), class, len(buf), of, true)
 	return r, nil
+}
+
+// envelope fills h, zero, for a message of kind k and n bytes from this
+// rank to dst. Field by field, not h = header{...}: the literal was built
+// on the stack and copied in 16-byte moves that waited for the narrower
+// stores before them (a store-forwarding stall; see decodeShort).
+func (d *Device) envelope(h *header, k kind, dst, tag int, context, seq uint64, n int) {
+	h.kind, h.tag, h.src, h.dst, h.context, h.seq, h.length = k, int32(tag), d.rank, int32(dst), context, seq, uint64(n)
 }
 
 // maxTag is the largest application tag (MPI_TAG_UB).
