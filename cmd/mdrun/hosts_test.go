@@ -169,14 +169,29 @@ func TestListenAddr(t *testing.T) {
 	}
 }
 
-// checkHosts checks what a successful parse returned: names a launcher can
-// take, slot counts in range.
-func checkHosts(t *testing.T, hosts []hostSpec) {
+// checkParse checks one parse of in by parse, whose errors must start
+// with prefix: a successful one must name hosts a launcher can take, with
+// slot counts in range, and read back the same when written out as
+// entries joined by sep.
+func checkParse(t *testing.T, in string, parse func(string) ([]hostSpec, error), prefix, sep string) {
 	t.Helper()
+	hosts, err := parse(in)
+	if err != nil {
+		if !strings.HasPrefix(err.Error(), prefix) {
+			t.Fatalf("error %q does not start with %q", err, prefix)
+		}
+		return
+	}
+	var es []string
 	for _, h := range hosts {
 		if h.name == "" || h.name[0] == '-' || !hostName.MatchString(h.name) || h.slots < 1 || h.slots > maxSlots {
-			t.Fatalf("parsed host %+v", h)
+			t.Fatalf("%q: parsed host %+v", in, h)
 		}
+		es = append(es, entry(h))
+	}
+	again, err := parse(strings.Join(es, sep))
+	if err != nil || fmt.Sprint(again) != fmt.Sprint(hosts) {
+		t.Fatalf("%q parsed as %v, which written out reads back as %v, %v", in, hosts, again, err)
 	}
 }
 
@@ -192,46 +207,13 @@ func FuzzParseHosts(f *testing.F) {
 	for _, s := range []string{"a", "a,b:2, c:3", "10.0.0.1:4,fd00::1,[fd00::2]:2", "[fd00::1", "a:70000", "-x", "[a:b]:3"} {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, s string) {
-		hosts, err := parseHosts(s)
-		if err != nil {
-			if !strings.HasPrefix(err.Error(), "-hosts: ") {
-				t.Fatalf("error %q does not name -hosts", err)
-			}
-			return
-		}
-		checkHosts(t, hosts)
-		var es []string
-		for _, h := range hosts {
-			es = append(es, entry(h))
-		}
-		again, err := parseHosts(strings.Join(es, ","))
-		if err != nil || fmt.Sprint(again) != fmt.Sprint(hosts) {
-			t.Fatalf("%q parsed as %v, which written out reads back as %v, %v", s, hosts, again, err)
-		}
-	})
+	f.Fuzz(func(t *testing.T, s string) { checkParse(t, s, parseHosts, "-hosts: ", ",") })
 }
 
 func FuzzReadHostfile(f *testing.F) {
 	for _, s := range []string{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "n1 slots=0\n", "n1:2 slots=3", "[fd00::2] slots=3\r\n", "\n\n#\n"} {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, text string) {
-		hosts, err := readHostfile(strings.NewReader(text), "hf")
-		if err != nil {
-			if !strings.HasPrefix(err.Error(), "hf:") {
-				t.Fatalf("error %q does not name the file", err)
-			}
-			return
-		}
-		checkHosts(t, hosts)
-		var lines []string
-		for _, h := range hosts {
-			lines = append(lines, entry(h))
-		}
-		again, err := readHostfile(strings.NewReader(strings.Join(lines, "\n")), "hf")
-		if err != nil || fmt.Sprint(again) != fmt.Sprint(hosts) {
-			t.Fatalf("%q parsed as %v, which written out reads back as %v, %v", text, hosts, again, err)
-		}
-	})
+	read := func(text string) ([]hostSpec, error) { return readHostfile(strings.NewReader(text), "hf") }
+	f.Fuzz(func(t *testing.T, text string) { checkParse(t, text, read, "hf:", "\n") })
 }
