@@ -35,31 +35,20 @@ type config struct {
 	// RingBytes is the data capacity of each inbound ring: a power of two in
 	// [64 KiB, 1 GiB]. Every rank of a job must use the same value.
 	RingBytes uint64 `json:"ring_bytes"`
-	// SingleCopy lets this rank read large payloads straight out of a
-	// sender's memory with process_vm_readv where the kernel allows it
-	// (default false, see defaultSingleCopy). The environment variable
-	// MD_SHM_SINGLE_COPY (1/on/true or 0/off/false) overrides it. Ranks
-	// may differ: each decides for its own receiving side, and senders
-	// follow.
+	// SingleCopy says whether this rank reads large payloads straight
+	// out of a sender's memory with process_vm_readv where the kernel
+	// allows it: true always (from SingleCopyMin bytes), false never, and
+	// unset (the default) for each payload longer than a ring fragment,
+	// whichever of that and the ring carried such payloads faster lately
+	// (choose.go). The environment variable MD_SHM_SINGLE_COPY (1/on/true,
+	// 0/off/false or auto) overrides it. Ranks may differ: each decides
+	// for its own receiving side, and senders follow.
 	SingleCopy *bool `json:"single_copy"`
 	// SingleCopyMin is the smallest payload this rank sends by
 	// descriptor to a peer that reads single-copy; smaller ones go
 	// through the ring. Default 16 KiB (see defaultSingleCopyMin); at least 1.
 	SingleCopyMin int `json:"single_copy_min"`
 }
-
-// defaultSingleCopy is off, by measurement: mdbench on a 2-CPU VM,
-// MD_SHM_SINGLE_COPY=0 against the single copy, eight interleaved runs,
-// medians. The ring, which copies twice but pipelines the copies on two
-// cores fragment by fragment, won at every size from 16 KiB to 4 MiB:
-// latency 0.45x at 16 KiB, 0.69x at 64 KiB, 0.61x at 1 MiB; bandwidth
-// 2.5-3.6x up to 64 KiB and 1.46x at 1 MiB; bidirectional bandwidth
-// 1.3-3.1x. A process_vm_readv of 16 KiB costs ~3.5 us there, against
-// ~1 us for a copy in cache. When this default was chosen, the other way,
-// frames went through the ring whole, without the pipelining. Machines
-// where the system call is cheap (bare metal, large payloads out of
-// cache) may still gain: single_copy = true turns it on.
-const defaultSingleCopy = false
 
 // defaultSingleCopyMin is the smallest payload sent by descriptor where
 // the single copy is on. 16 KiB was where it beat the ring, before the
@@ -69,7 +58,8 @@ const defaultSingleCopyMin = 16 << 10
 
 // envSingleCopy names the environment variable that, set to 1, on, true
 // or yes (0, off, false or no), turns the single-copy path on (off)
-// whatever the config says.
+// whatever the config says; auto leaves the choice to the receiver
+// (choose.go), as an unset single_copy does.
 const envSingleCopy = "MD_SHM_SINGLE_COPY"
 
 // parseConfig decodes and validates raw, filling defaults. Empty input means
@@ -88,10 +78,6 @@ func parseConfig(raw []byte) (config, error) {
 	}
 	if c.RingBytes == 0 {
 		c.RingBytes = defaultRingBytes
-	}
-	if c.SingleCopy == nil {
-		on := defaultSingleCopy
-		c.SingleCopy = &on
 	}
 	switch {
 	case c.SingleCopyMin == 0:

@@ -30,7 +30,7 @@ func TestParseConfig(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || c.RingBytes != tt.ring || c.SingleCopy == nil || c.SingleCopyMin <= 0 {
+		if err != nil || c.RingBytes != tt.ring || c.SingleCopyMin <= 0 {
 			t.Errorf("parseConfig(%q) = %+v, %v; want ring_bytes %d and every default filled", tt.in, c, err, tt.ring)
 		}
 	}
@@ -51,7 +51,7 @@ func FuzzParseConfig(f *testing.F) {
 			return
 		}
 		if c.RingBytes < minRingBytes || c.RingBytes > maxRingBytes || c.RingBytes&(c.RingBytes-1) != 0 ||
-			c.SingleCopy == nil || c.SingleCopyMin < 1 || maxFrame(c.RingBytes) < 1 {
+			c.SingleCopyMin < 1 || maxFrame(c.RingBytes) < 1 {
 			t.Fatalf("parseConfig(%q) accepted %+v", raw, c)
 		}
 	})

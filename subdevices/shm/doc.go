@@ -18,10 +18,10 @@
 //
 // Configuration (the plugins.hcl block, as JSON): {"ring_bytes": N}, a power
 // of two in [64 KiB, 1 GiB], default 1 MiB, the same on every rank of a job;
-// "single_copy": true turns the single copy of large payloads on (off by
-// default; the environment variable MD_SHM_SINGLE_COPY=1 or =0 overrides
-// the config either way), and "single_copy_min": N sets the smallest
-// payload sent that way (default 16 KiB).
+// "single_copy": true sends every payload of at least "single_copy_min"
+// bytes (default 16 KiB) by the single copy, false none, and unset lets the
+// receiver choose per payload longer than a ring fragment; the environment
+// variable MD_SHM_SINGLE_COPY=1, =0 or =auto overrides the config.
 //
 // # Segments and rings
 //
@@ -55,7 +55,7 @@
 //	+-----------------------------------------------------------------+ 4096
 //	| ring 0: tail (producer cursor at disconnect), attached, revoked,|
 //	|         fast frames sent (at disconnect) | pad to 128           |
-//	|         head (consumer cursor), readable | pad to 256           |
+//	|         head (consumer cursor), copy mode | pad to 256          |
 //	|         assist request: cursor, address, length | pad to 384    |
 //	|         assist claim, assist done | pad to 512                  |
 //	|         fast slot 0 (1024 bytes)                                |
@@ -168,27 +168,34 @@
 //
 // # Large messages: one copy with process_vm_readv, where turned on
 //
-// The single copy is off by default: on the machines it was measured on
-// (2-CPU VMs) a process_vm_readv of 16 KiB costs ~3.5 us, and the ring,
-// whose two copies overlap on two cores fragment by fragment (see below),
-// beat it at every size from 16 KiB to 4 MiB in latency, bandwidth and
-// bidirectional bandwidth (config.go has the figures). Where the system
-// call is cheap it saves a copy and the cache lines the ring passes
-// through. With "single_copy": true, at Connect a rank probes whether it may read the peer's memory with
-// process_vm_readv: it reads the probe word whose address and random
-// value the peer published in its segment header, in the process whose
-// pid the header names. The kernel allows it for processes of the same
-// user unless Yama's ptrace_scope, a seccomp filter (some container
-// runtimes) or a pid namespace in between forbids it; under ptrace_scope 1
-// (Ubuntu's default), which allows it only to ancestors, every rank
-// declares any process of its user a permitted tracer at Open
-// (PR_SET_PTRACER_ANY, as Open MPI does). On success the rank
-// sets the readable word of the peer's ring in its own segment; the debug
-// log says which path each peer's large messages take ("path" is
-// "process_vm_readv" or "ring", with the reason).
+// Where the kernel allows it, the single copy is chosen per payload
+// longer than a ring fragment: the receiver times those payloads on both
+// paths and tells the sender which is faster now (choose.go). On the
+// machines it was measured on (2-CPU VMs) the ring, whose two copies
+// overlap on two cores fragment by fragment (see below), beat the single
+// copy at every size from 16 KiB to 4 MiB while the two CPUs shared a
+// cache, and lost 4x at 1 MiB in the stretches where lines crossing
+// between them were slow; a process_vm_readv of 16 KiB costs ~3.5 us
+// there, so payloads up to a fragment always take the ring.
+// "single_copy": true sends every payload of at least single_copy_min
+// bytes by descriptor, false none.
 //
-// A sender whose ring is readable sends every payload of at least
-// single_copy_min bytes as a descriptor record, keeps the payload and
+// Unless single_copy is false, at Connect a rank probes whether it may
+// read the peer's memory with process_vm_readv: it reads the probe word
+// whose address and random value the peer published in its segment
+// header, in the process whose pid the header names. The kernel allows
+// it for processes of the same user unless Yama's ptrace_scope, a seccomp
+// filter (some container runtimes) or a pid namespace in between forbids
+// it; under ptrace_scope 1 (Ubuntu's default), which allows it only to
+// ancestors, every rank declares any process of its user a permitted
+// tracer at Open (PR_SET_PTRACER_ANY, as Open MPI does). On success the
+// rank sets the copy-mode word of the peer's ring in its own segment; the
+// debug log says which path each peer's large messages take ("path" is
+// "process_vm_readv", "chosen" or "ring", with the reason) and, when
+// chosen, every change of path with the rates behind it.
+//
+// A sender whose ring's mode says so sends a payload as a descriptor
+// record, keeps the payload and
 // returns done=false. The receiver asks its Handler where the payload goes
 // ([sdi.Placer], found by a type assertion at Open; the multidevice places
 // rendezvous data blocks in the user's receive buffer), reads it there
@@ -239,8 +246,9 @@
 // ranks * ring_bytes; only touched pages use memory, and a peer maps the
 // whole segment of every rank it connects to. Peers must share the
 // host's /dev/shm. Payloads are copied twice (into the ring and out of it)
-// unless the single copy is on, the payload is at least single_copy_min
-// and process_vm_readv is allowed. Under the single copy a sender's payload stays in use until the
+// unless they take the single copy, which needs process_vm_readv allowed
+// and a payload longer than a fragment (or of single_copy_min bytes with
+// single_copy = true). Under the single copy a sender's payload stays in use until the
 // receiver has read it, so a receiver that stops reading holds the
 // sender's buffers (the ring path would block the sender instead). A
 // sender that helps writes into the receiver's memory at the address the

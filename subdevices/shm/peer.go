@@ -42,6 +42,9 @@ type peer struct {
 	// canWrite is set once this rank may write into the peer's memory,
 	// to copy part of its own payloads there (assist.go).
 	canWrite atomic.Bool
+	// choose picks the path of large payloads where the peer leaves it
+	// open (choose.go).
+	choose chooser
 }
 
 // Connect maps the segment named in rank r's business card. The card must come
@@ -183,7 +186,7 @@ func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 	}
 	sd.connMu.Lock()
 	defer sd.connMu.Unlock()
-	sd.inbound[r].readable.Store(0)
+	sd.inbound[r].copyMode.Store(copyRing)
 	p := sd.peers[r].Swap(nil)
 	if p == nil {
 		return nil
@@ -242,15 +245,15 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 		p.gone = fmt.Errorf("shm: send to rank %d: it closed its segment: %w", p.rank, sdi.ErrPeerUnreachable)
 		return false, p.gone
 	}
+	capacity := uint64(len(p.ring.data))
+	chunk := fragmentBytes(capacity)
 	body, flags := payload, uint8(0)
 	var desc [descBytes]byte
-	byDesc := len(payload) >= p.sd.cfg.SingleCopyMin && p.ring.readable.Load() != 0
+	byDesc := p.byDescriptor(len(payload), chunk)
 	if byDesc {
 		descriptorOf(payload).put(desc[:])
 		body, flags = desc[:], flagDesc
 	}
-	capacity := uint64(len(p.ring.data))
-	chunk := fragmentBytes(capacity)
 	split := !byDesc && len(payload) > chunk
 	if !byDesc && !split && recordLen(len(hdr), len(payload)) <= fastSlotSize && p.sendFast(hdr, payload) {
 		p.wake()
@@ -280,7 +283,7 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 		}
 	}
 	if split {
-		p.tail = putFragments(p.ring.data, p.tail, fast, hdr, payload, chunk, p.wake)
+		p.putTimed(fast, hdr, payload, chunk)
 		return true, nil
 	}
 	p.tail = putFlagged(p.ring.data, p.tail, flags|fast, hdr, body)

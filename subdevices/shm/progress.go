@@ -69,12 +69,15 @@ type receiver struct {
 	// and the senders that failed to help and are no longer asked.
 	epoch    []uint32
 	noAssist []bool
+	// out[r] and desc[r] time this rank's copies out of ring r and its
+	// reads of r's payloads (choose.go).
+	out, desc []rateWindow
 }
 
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
 	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n),
-		epoch: make([]uint32, n), noAssist: make([]bool, n), fastNext: make([]uint64, n)}
+		epoch: make([]uint32, n), noAssist: make([]bool, n), fastNext: make([]uint64, n), out: make([]rateWindow, n), desc: make([]rateWindow, n)}
 }
 
 // Poll implements [sdi.Poller]: it drains the inbound rings once on the
@@ -308,10 +311,24 @@ func (rc *receiver) drain(r int) int {
 // partial is a frame whose fragments are arriving on one ring.
 type partial struct {
 	active bool
-	header []byte // a copy of the frame's header
-	dst    []byte // where the payload goes: the Handler's place, or buf
-	got    int    // bytes of dst filled
-	buf    []byte // this ring's buffer for frames the Handler does not place
+	header []byte        // a copy of the frame's header
+	dst    []byte        // where the payload goes: the Handler's place, or buf
+	got    int           // bytes of dst filled
+	buf    []byte        // this ring's buffer for frames the Handler does not place
+	spent  time.Duration // copying fragments out so far, if the rank chooses paths (choose.go)
+}
+
+// copyOut copies a fragment's payload out of the ring into part's place and
+// returns the bytes copied, timing the copy where the rank chooses
+// between the ring and the single copy (choose.go).
+func (rc *receiver) copyOut(part *partial, payload []byte) int {
+	if rc.sd.copyWant != copyAuto {
+		return copy(part.dst[part.got:], payload)
+	}
+	start := monoNow()
+	n := copy(part.dst[part.got:], payload)
+	part.spent += monoNow() - start
+	return n
 }
 
 // handle delivers the frame in rec, read at cursor head of ring r, or
@@ -347,25 +364,36 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 			dst = part.buf[:rec.total:rec.total]
 		}
 		part.header = append(part.header[:0], rec.header...)
-		part.dst, part.got, part.active = dst, copy(dst, rec.payload), true
+		part.active, part.dst, part.got, part.spent = true, dst, 0, 0
+		part.got = rc.copyOut(part, rec.payload)
 		return nil
 	case rec.frag == flagNext:
 		if len(rec.payload) > len(part.dst)-part.got {
 			return fmt.Errorf("%w: fragment at cursor %d of %d bytes overruns its frame (%d of %d bytes arrived)",
 				sdi.ErrBadFrame, head, len(rec.payload), part.got, len(part.dst))
 		}
-		part.got += copy(part.dst[part.got:], rec.payload)
+		part.got += rc.copyOut(part, rec.payload)
 		if part.got < len(part.dst) {
 			return nil
 		}
 		header, payload = part.header, part.dst
 		part.active, part.dst = false, nil
+		if sd.copyWant == copyAuto {
+			rc.sample(r, pathRing, len(payload), part.spent)
+		}
 	case rec.isDesc:
+		var start time.Duration
+		if sd.copyWant == copyAuto {
+			start = monoNow()
+		}
 		var err error
 		if payload, err = rc.fetch(r, rec, head); err != nil {
 			return err
 		}
 		*read += len(payload)
+		if sd.copyWant == copyAuto && len(payload) > fragmentBytes(uint64(len(sd.inbound[r].data))) {
+			rc.sample(r, pathDesc, len(payload), monoNow()-start)
+		}
 	}
 	if sd.trace {
 		sd.log.Trace("deliver", "peer", r, "header_bytes", len(header), "payload_bytes", len(payload), "single_copy", rec.isDesc)

@@ -14,7 +14,7 @@ import (
 // words are naturally aligned.
 const (
 	segMagic   = "MDSHMSG1"
-	segVersion = 5
+	segVersion = 6
 
 	hdrBytes      = 4096 // segment header, one page
 	offMagic      = 0    // [8]byte
@@ -41,7 +41,9 @@ const (
 	offRevoked   = 16   // uint64: sender: descriptors in records before this cursor may no longer be read
 	offFastSent  = 24   // uint64: fast frames sent, stored by the sender when it lets go of the ring
 	offHead      = 128  // uint64: consumer cursor, written only by the receiver
-	offReadable  = 136  // uint32: receiver: 1 while it reads the sender's memory with process_vm_readv
+	offCopyMode  = 136  // uint32: receiver: which payloads the sender sends by descriptor (choose.go)
+	offOutRate   = 140  // uint32: receiver: MB/s of its copies out of this ring lately (choose.go)
+	offDescRate  = 144  // uint32: receiver: MB/s of its reads of this sender's payloads lately
 	// Sender-assisted copy of a descriptor's payload (assist.go).
 	offAssistAt    = 256 // uint64: receiver: cursor of the descriptor record it asks help with
 	offAssistDst   = 264 // uint64: receiver: where the payload goes in its memory
@@ -140,7 +142,9 @@ type ring struct {
 	head     *atomic.Uint64
 	attached *atomic.Uint32
 	revoked  *atomic.Uint64
-	readable *atomic.Uint32
+	copyMode *atomic.Uint32
+	outRate  *atomic.Uint32
+	descRate *atomic.Uint32
 	assist   assistWords
 	data     []byte // power-of-two length
 	fastSent *atomic.Uint64
@@ -155,7 +159,9 @@ func ringAt(mem []byte, i int, ringBytes uint64) ring {
 		head:     word64(mem, base+offHead),
 		attached: word32(mem, base+offAttached),
 		revoked:  word64(mem, base+offRevoked),
-		readable: word32(mem, base+offReadable),
+		copyMode: word32(mem, base+offCopyMode),
+		outRate:  word32(mem, base+offOutRate),
+		descRate: word32(mem, base+offDescRate),
 		assist: assistWords{
 			at:    word64(mem, base+offAssistAt),
 			dst:   word64(mem, base+offAssistDst),

@@ -99,19 +99,26 @@ func descriptorOf(payload []byte) descriptor {
 	return descriptor{addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(payload)))), n: len(payload)}
 }
 
-// singleCopyWanted reports whether this rank's configuration and
-// environment allow it to read peers' memory.
-func singleCopyWanted(c config) (bool, string) {
+// singleCopyWanted returns, from this rank's configuration and
+// environment, the mode its rings take where a probe lets it read the
+// sender's memory (copyDesc, or copyAuto to let senders choose), or copyRing
+// with the reason.
+func singleCopyWanted(c config) (uint32, string) {
 	switch strings.ToLower(strings.TrimSpace(os.Getenv(envSingleCopy))) {
 	case "0", "off", "false", "no":
-		return false, "turned off by " + envSingleCopy
+		return copyRing, "turned off by " + envSingleCopy
 	case "1", "on", "true", "yes":
-		return true, ""
+		return copyDesc, ""
+	case "auto":
+		return copyAuto, ""
 	}
-	if !*c.SingleCopy {
-		return false, "off in the config (single_copy)"
+	switch {
+	case c.SingleCopy == nil:
+		return copyAuto, ""
+	case *c.SingleCopy:
+		return copyDesc, ""
 	}
-	return true, ""
+	return copyRing, "off in the config (single_copy)"
 }
 
 // yamaScopePath is where Linux's Yama module says who may ptrace whom,
@@ -205,8 +212,8 @@ func probe(pid int, addr, want uint64) error {
 func (sd *device) setupSingleCopy(p *peer) {
 	r := int(p.rank)
 	in := sd.inbound[r]
-	if !sd.singleCopy {
-		in.readable.Store(0)
+	if sd.copyWant == copyRing {
+		in.copyMode.Store(copyRing)
 		sd.log.Debug("large messages from peer go through the ring", "peer", r, "path", "ring", "reason", sd.singleCopyWhy)
 		return
 	}
@@ -217,7 +224,7 @@ func (sd *device) setupSingleCopy(p *peer) {
 		err = p.proc.guard()
 	}
 	if err != nil {
-		in.readable.Store(0)
+		in.copyMode.Store(copyRing)
 		sd.log.Debug("large messages from peer go through the ring", "peer", r, "path", "ring",
 			"reason", "process_vm_readv probe failed", "error", err)
 		return
@@ -229,11 +236,16 @@ func (sd *device) setupSingleCopy(p *peer) {
 			sd.log.Warn("releasing the previous process of peer", "peer", r, "error", err)
 		}
 	}
-	in.readable.Store(1)
 	// The same permission lets this rank write into r's memory, to help
 	// r read this rank's payloads (assist.go).
 	p.canWrite.Store(true)
-	sd.log.Debug("large messages from peer are copied once", "peer", r, "path", "process_vm_readv", "min_bytes", sd.cfg.SingleCopyMin)
+	if sd.copyWant == copyDesc {
+		in.copyMode.Store(copyDesc)
+		sd.log.Debug("large messages from peer are copied once", "peer", r, "path", "process_vm_readv", "min_bytes", sd.cfg.SingleCopyMin)
+		return
+	}
+	in.copyMode.Store(copyAuto)
+	sd.log.Debug("large messages from peer take the faster of the ring and process_vm_readv", "peer", r, "path", "chosen")
 }
 
 // inflight is a descriptor the receiver has not passed yet.

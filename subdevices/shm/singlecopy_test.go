@@ -20,52 +20,81 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
-// requireSingleCopy turns the single copy on for the test, through the
-// environment so that ranks in other processes have it too (it is off by
-// default). It skips when this machine does not let a process read its own
-// memory with process_vm_readv (a seccomp filter), since then only the ring
-// path exists; the ring tests cover it.
+// requireSingleCopy forces the single copy on for the test, through the
+// environment so that ranks in other processes have it too (by default
+// only payloads longer than a fragment may take it). It skips where
+// canReadSelf does.
 func requireSingleCopy(t *testing.T) {
+	t.Helper()
+	canReadSelf(t)
+	t.Setenv(envSingleCopy, "on")
+}
+
+// canReadSelf skips the test when this machine does not let a process
+// read its own memory with process_vm_readv (a seccomp filter), since then
+// only the ring path exists; the ring tests cover it.
+func canReadSelf(t *testing.T) {
 	t.Helper()
 	if err := probe(os.Getpid(), uint64(uintptr(unsafe.Pointer(&probeWord))), probeWord); err != nil {
 		t.Skipf("process_vm_readv is not allowed here, only the ring path can be tested: %v", err)
 	}
-	t.Setenv(envSingleCopy, "on")
 }
 
-// TestPaths sends payloads around the single-copy threshold with the
-// single copy on and turned off by config and by environment, and checks
-// which path each took (done=false and a SendDone for a descriptor) and
-// that the bytes arrive intact either way. A fallback that ignored the
-// knob would send descriptors; a broken ring path would corrupt data.
+// TestPaths sends payloads around the single-copy threshold and the
+// fragment size with the single copy forced on, off by config and by
+// environment, and left to the receiver's chooser, and checks which path
+// each took (done=false and a SendDone for a descriptor) and that the
+// bytes arrive intact either way. A fallback that ignored the knob would
+// send descriptors; a broken ring path would corrupt data. The chooser
+// puts the single copy on trial for a window of payloads longer than a
+// fragment first, then takes the ring, whose rates it knows nothing of.
 func TestPaths(t *testing.T) {
+	// Sizes sent, in order: 1, threshold-1, threshold, a fragment, a
+	// fragment+1, then window of the largest frame: the last is the
+	// chooser's first through the ring (what it does next depends on the
+	// rates it measures).
+	const sizes = 5 + window
+	all := [sizes]bool{2: true, 3: true}
+	for i := 4; i < sizes; i++ {
+		all[i] = true
+	}
+	var chosen [sizes]bool
+	for i := 4; i < 4+window; i++ {
+		chosen[i] = true
+	}
 	tests := []struct {
-		name       string
-		config     string
-		env        string
-		singleCopy bool
+		name   string
+		config string
+		env    string
+		mode   uint32 // the ring's mode after Connect
+		desc   [sizes]bool
 	}{
-		{name: "ring by default"},
-		{name: "process_vm_readv by config", config: `{"single_copy": true}`, singleCopy: true},
-		{name: "process_vm_readv by environment", env: "on", singleCopy: true},
-		{name: "ring by config", config: `{"single_copy": false}`},
-		{name: "ring by environment", config: `{"single_copy": true}`, env: "off"},
-		{name: "threshold from config", config: `{"single_copy": true, "single_copy_min": 1000}`, singleCopy: true},
+		{name: "chosen by default", mode: copyAuto, desc: chosen},
+		{name: "chosen by environment", config: `{"single_copy": false}`, env: "auto", mode: copyAuto, desc: chosen},
+		{name: "process_vm_readv by config", config: `{"single_copy": true}`, mode: copyDesc, desc: all},
+		{name: "process_vm_readv by environment", env: "on", mode: copyDesc, desc: all},
+		{name: "ring by config", config: `{"single_copy": false}`, mode: copyRing},
+		{name: "ring by environment", config: `{"single_copy": true}`, env: "off", mode: copyRing},
+		{name: "threshold from config", config: `{"single_copy": true, "single_copy_min": 1000}`, mode: copyDesc, desc: all},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if tt.singleCopy {
-				requireSingleCopy(t)
+			if tt.mode != copyRing {
+				canReadSelf(t)
 			}
 			t.Setenv(envSingleCopy, tt.env)
 			j := openJob(t, 2, jobOpts{config: []byte(tt.config)})
 			rx := j.sds[1].(*device)
-			threshold := rx.cfg.SingleCopyMin
-			if got := rx.inbound[0].readable.Load() == 1; got != tt.singleCopy {
-				t.Fatalf("rank 1 reads rank 0's memory: %v, want %v", got, tt.singleCopy)
+			if got := rx.inbound[0].copyMode.Load(); got != tt.mode {
+				t.Fatalf("rank 1's ring from rank 0 is in mode %d, want %d", got, tt.mode)
 			}
-			caps := j.local[0].Caps
-			for i, size := range []int{1, threshold - 1, threshold, caps.MaxEager + 1, caps.MaxFrame} {
+			threshold := rx.cfg.SingleCopyMin
+			chunk := fragmentBytes(uint64(len(rx.inbound[0].data)))
+			sizes := []int{1, threshold - 1, threshold, chunk, chunk + 1}
+			for len(sizes) < len(tt.desc) {
+				sizes = append(sizes, j.local[0].Caps.MaxFrame)
+			}
+			for i, size := range sizes {
 				payload := pattern(uint64(i), size)
 				hdr := []byte(fmt.Sprintf("frame %d", i))
 				tok := uint64(100 + i)
@@ -73,8 +102,8 @@ func TestPaths(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Send %d bytes: %v", size, err)
 				}
-				if wantDesc := tt.singleCopy && size >= threshold; done == wantDesc {
-					t.Fatalf("Send %d bytes: done=%v, want a descriptor: %v", size, done, wantDesc)
+				if done == tt.desc[i] {
+					t.Fatalf("Send %d of %d bytes: done=%v, want a descriptor: %v", i, size, done, tt.desc[i])
 				}
 				m := j.hs[1].next(t)
 				if !bytes.Equal(m.header, hdr) || !bytes.Equal(m.payload, payload) {
@@ -88,6 +117,14 @@ func TestPaths(t *testing.T) {
 			}
 			if err := j.sds[0].Flush(context.Background(), 1); err != nil {
 				t.Fatalf("Flush: %v", err)
+			}
+			if tt.mode == copyAuto {
+				// The receiver timed its read and its copies out of the
+				// ring, and published both for the sender.
+				in := &rx.inbound[0]
+				if in.descRate.Load() == 0 || in.outRate.Load() == 0 {
+					t.Fatalf("published rates: reads %d MB/s, copies out %d MB/s; want both", in.descRate.Load(), in.outRate.Load())
+				}
 			}
 		})
 	}
@@ -105,7 +142,7 @@ func TestProbeFails(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if j.sds[1].(*device).inbound[0].readable.Load() != 0 {
+	if j.sds[1].(*device).inbound[0].copyMode.Load() != 0 {
 		t.Fatal("rank 1 agreed to read rank 0's memory despite a wrong probe word")
 	}
 	payload := pattern(7, j.local[0].Caps.MaxFrame)

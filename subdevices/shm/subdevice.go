@@ -63,7 +63,7 @@ type device struct {
 	// published descriptors before it saw that this rank stopped reading;
 	// a reconnect or Close releases it. inflight counts descriptors sent
 	// and not yet reported.
-	singleCopy    bool
+	copyWant      uint32 // copyRing, copyDesc or copyAuto (choose.go)
 	singleCopyWhy string
 	srcProc       []atomic.Pointer[peerProc]
 	inflight      atomic.Int64
@@ -163,9 +163,9 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	sd.cfg = cfg
 	sd.caps = cfg.caps()
 	sd.placer, _ = p.Handler.(sdi.Placer)
-	sd.singleCopy, sd.singleCopyWhy = singleCopyWanted(cfg)
+	sd.copyWant, sd.singleCopyWhy = singleCopyWanted(cfg)
 	sd.srcProc = make([]atomic.Pointer[peerProc], p.Size)
-	if sd.singleCopy {
+	if sd.copyWant != copyRing {
 		allowPeerReads(sd.log)
 	}
 
