@@ -38,9 +38,8 @@ type config struct {
 	// SingleCopy says whether this rank reads large payloads straight
 	// out of a sender's memory with process_vm_readv where the kernel
 	// allows it: true always (from SingleCopyMin bytes), false never, and
-	// unset (the default) for each payload longer than a ring fragment,
-	// whichever of that and the ring carried such payloads faster lately
-	// (choose.go). The environment variable MD_SHM_SINGLE_COPY (1/on/true,
+	// unset (the default) for each payload longer than a ring fragment
+	// while the ring's copies show lines crossing slowly (choose.go). The environment variable MD_SHM_SINGLE_COPY (1/on/true,
 	// 0/off/false or auto) overrides it. Ranks may differ: each decides
 	// for its own receiving side, and senders follow.
 	SingleCopy *bool `json:"single_copy"`
