@@ -316,6 +316,7 @@ type partial struct {
 	got    int           // bytes of dst filled
 	buf    []byte        // this ring's buffer for frames the Handler does not place
 	spent  time.Duration // copying fragments out so far, if the rank chooses paths (choose.go)
+	lapped bool          // the frame started past the ring's first lap
 }
 
 // copyOut copies a fragment's payload out of the ring into part's place and
@@ -365,6 +366,9 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 		}
 		part.header = append(part.header[:0], rec.header...)
 		part.active, part.dst, part.got, part.spent = true, dst, 0, 0
+		// The ring's first lap maps pages for the first time; timing it
+		// would time page faults, not the path (choose.go).
+		part.lapped = head >= uint64(len(sd.inbound[r].data))
 		part.got = rc.copyOut(part, rec.payload)
 		return nil
 	case rec.frag == flagNext:
@@ -378,7 +382,7 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 		}
 		header, payload = part.header, part.dst
 		part.active, part.dst = false, nil
-		if sd.copyWant == copyAuto {
+		if sd.copyWant == copyAuto && part.lapped {
 			rc.sample(r, pathRing, len(payload), part.spent)
 		}
 	case rec.isDesc:
