@@ -38,6 +38,9 @@ type childJob struct {
 	ConnTable   string   `json:"conntable,omitempty"` // connection table path
 	Direct      bool     `json:"direct,omitempty"`    // drive Sub through sdi alone
 	IdleSeconds float64  `json:"idle_seconds,omitempty"`
+	// Env is added to the ranks' environment (-vs-env); the ranks get it
+	// as environment, not in this description.
+	Env []string `json:"-"`
 }
 
 // sample is one measured figure, as a rank reports it.

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"io"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -52,6 +54,28 @@ func FuzzParseCPUTimes(f *testing.F) {
 	f.Fuzz(func(t *testing.T, stat string) {
 		if c, ok := parseCPUTimes(stat); ok && c.steal > c.total {
 			t.Fatalf("steal %d > total %d", c.steal, c.total)
+		}
+	})
+}
+
+// FuzzParseEnvSeries: a -vs-env value is refused or gives a named series
+// of VAR=VALUE entries, each with a non-empty name.
+func FuzzParseEnvSeries(f *testing.F) {
+	for _, s := range []string{"ring:MD_SHM_SINGLE_COPY=0", "a:B=1,C=", ":A=1", "x:", "x:A", "md:A=1", "x:A=1,,B=2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		e, err := parseEnvSeries(v)
+		if err != nil {
+			return
+		}
+		if e.name == "" || slices.Contains(reservedSeries, e.name) || len(e.env) == 0 {
+			t.Fatalf("parseEnvSeries(%q) accepted %+v", v, e)
+		}
+		for _, kv := range e.env {
+			if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
+				t.Fatalf("parseEnvSeries(%q) accepted entry %q", v, kv)
+			}
 		}
 	})
 }

@@ -62,7 +62,8 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 	}
 	for r := range n {
 		cmd := exec.CommandContext(ctx, self)
-		cmd.Env = append(append(os.Environ(), srv.Env(r)...), childEnv+"="+string(cfg))
+		// j.Env after ours: exec keeps the last of duplicate keys.
+		cmd.Env = append(append(append(os.Environ(), j.Env...), srv.Env(r)...), childEnv+"="+string(cfg))
 		if bind && n <= runtime.NumCPU() {
 			cmd.Env = append(cmd.Env, cpuEnv+"="+strconv.Itoa(r))
 		}

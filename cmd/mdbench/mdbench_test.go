@@ -65,6 +65,13 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-plugins", "p.hcl", "-direct"}, "", "-direct needs -sub"},
 		{[]string{"latency"}, "", "unknown test"},
 		{[]string{"-timeout", "0s"}, "", "-timeout"},
+		{[]string{"-vs-env", "ring:MD_SHM_SINGLE_COPY=0", "-vs-env", "copy:MD_SHM_SINGLE_COPY=1,GOGC=off", "lat"}, "lat", ""},
+		{[]string{"-vs-env", "ring:A=1", "-vs-env", "ring:A=2"}, "", `series "ring" given twice`},
+		{[]string{"-vs-env", "mpich:A=1"}, "", "mdbench's own"},
+		{[]string{"-vs-env", "A=1"}, "", "want NAME:VAR=VALUE"},
+		{[]string{"-vs-env", "x y:A=1"}, "", "series name"},
+		{[]string{"-vs-env", "x:A"}, "", `"A" is not VAR=VALUE`},
+		{[]string{"-vs-env", "x:=1"}, "", `"=1" is not VAR=VALUE`},
 	} {
 		o, err := parseArgs(tc.args, &bytes.Buffer{})
 		if tc.err != "" {
@@ -237,6 +244,43 @@ func TestRunVsPlugins(t *testing.T) {
 	}
 	if _, ok := r.ratio("lat", 8, "plugin"); !ok {
 		t.Error("no multidevice/plugin ratio")
+	}
+}
+
+// TestRunVsEnv runs our job plainly and as a -vs-env series whose
+// environment makes every rank write a CPU profile: both series and their
+// ratio must be there, and only that series' ranks may have written
+// profiles, two per repetition.
+func TestRunVsEnv(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	var out, errOut bytes.Buffer
+	args := []string{"-vs-env", "prof:" + profileEnv + "=" + dir, "-reps", "2", "-scale", "0.02", "-sizes", "8", "-window", "4", "-format", "json", "lat"}
+	if code := run(ctx, args, &out, &errOut); code != 0 {
+		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
+	}
+	var r report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	for _, se := range []string{ours, "prof"} {
+		if s, ok := r.stat("lat", 8, se); !ok || len(s.Values) != 2 {
+			t.Errorf("lat 8 %s: %+v (found %v)", se, s, ok)
+		}
+	}
+	if _, ok := r.ratio("lat", 8, "prof"); !ok {
+		t.Error("no md/prof ratio")
+	}
+	profiles, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(profiles) != 4 {
+		t.Errorf("%d files in the profile directory, want 4 (2 ranks, 2 repetitions of the env series only)", len(profiles))
 	}
 }
 

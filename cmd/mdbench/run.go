@@ -29,8 +29,8 @@ this host, OSU style. Tests (default: lat bw bibw):
   mr     message rate of --pairs pairs streaming at once, messages/s
   idle   CPU share of a rank blocked in Recv for --seconds (runs once)
 
-Every repetition launches the ranks afresh; with --direct and --baseline
-the series are interleaved within each repetition (their order alternates)
+Every repetition launches the ranks afresh; with --direct, --baseline,
+--vs-plugins or --vs-env the series are interleaved within each repetition (their order alternates)
 and the report gives medians, minima and maxima. md/x, our figure divided
 by series x's, is taken within each repetition and its median reported:
 launches seconds apart see the same machine, while over minutes a noisy
@@ -47,6 +47,7 @@ type options struct {
 	plugins   string
 	conntable string
 	vsPlugins string
+	vsEnv     []envSeries
 	direct    bool
 	baseline  bool
 	bind      bool
@@ -77,6 +78,19 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.plugins, "plugins", "", "plugins.hcl choosing the subdevices, instead of -sub")
 	fs.StringVar(&o.conntable, "conntable", "", "connection table (file, or directory of <host>.json) choosing the routes")
 	fs.StringVar(&o.vsPlugins, "vs-plugins", "", "also run the job with the subdevices of this plugins.hcl (series \"plugin\"), interleaved: e.g. tcp served by cmd/sdi-tcp against the built-in -sub tcp")
+	fs.Func("vs-env", "also run our job with extra environment for its ranks, as series NAME, interleaved: NAME:VAR=VALUE[,VAR=VALUE...] (repeatable; e.g. ring:MD_SHM_SINGLE_COPY=0)", func(v string) error {
+		e, err := parseEnvSeries(v)
+		if err != nil {
+			return err
+		}
+		for _, old := range o.vsEnv {
+			if old.name == e.name {
+				return fmt.Errorf("series %q given twice", e.name)
+			}
+		}
+		o.vsEnv = append(o.vsEnv, e)
+		return nil
+	})
 	fs.BoolVar(&o.direct, "direct", false, "also drive the subdevice through the SDI alone, without the multidevice (series \"direct\"; lat, bw, bibw)")
 	fs.BoolVar(&o.bind, "bind", true, "bind rank r to CPU r when there are no more ranks than CPUs (and tell the MPIs to bind to cores), as OSU runs usually are")
 	fs.BoolVar(&o.baseline, "baseline", false, "also build baseline/osu.c with each MPI of -mpi found here and run it, interleaved")
@@ -293,6 +307,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		j.Sub, j.Plugins = "", o.vsPlugins
 		steps = append(steps, step{"plugin", jobOf(j)})
 	}
+	for _, e := range o.vsEnv {
+		j := job
+		j.Env = e.env
+		steps = append(steps, step{e.name, jobOf(j)})
+	}
 	if o.direct {
 		if d := slices.DeleteFunc(slices.Clone(two), func(t string) bool { return t == "mr" }); len(d) > 0 {
 			steps = append(steps, step{"direct", func(ctx context.Context) ([]sample, error) {
@@ -436,4 +455,38 @@ func loadAvg() string {
 		return f[0]
 	}
 	return "?"
+}
+
+// envSeries is a -vs-env series: our job with extra environment.
+type envSeries struct {
+	name string
+	env  []string // VAR=VALUE
+}
+
+// reservedSeries are the series names mdbench gives itself.
+var reservedSeries = []string{ours, "md", "direct", "plugin", "mpich", "openmpi"}
+
+// parseEnvSeries parses NAME:VAR=VALUE[,VAR=VALUE...].
+func parseEnvSeries(v string) (envSeries, error) {
+	name, list, ok := strings.Cut(v, ":")
+	if !ok || list == "" {
+		return envSeries{}, fmt.Errorf("%q: want NAME:VAR=VALUE[,VAR=VALUE...]", v)
+	}
+	if name == "" || strings.IndexFunc(name, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
+	}) >= 0 {
+		return envSeries{}, fmt.Errorf("%q: series name %q: want letters, digits, '-', '_' or '.'", v, name)
+	}
+	if slices.Contains(reservedSeries, name) {
+		return envSeries{}, fmt.Errorf("%q: series name %q is mdbench's own", v, name)
+	}
+	e := envSeries{name: name}
+	for _, kv := range strings.Split(list, ",") {
+		k, _, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \t\x00") || strings.Contains(kv, "\x00") {
+			return envSeries{}, fmt.Errorf("%q: %q is not VAR=VALUE", v, kv)
+		}
+		e.env = append(e.env, kv)
+	}
+	return e, nil
 }

@@ -71,15 +71,13 @@ const exploreEvery = 20 * time.Millisecond
 // caches; what only the writes pay is taking back the ownership of every
 // line the other side has just read, the cost the single copy does not
 // have (its source is only read, its destination is the receiver's). On
-// the machine above, medians of four payloads: out/in 0.9-2.4 streaming
-// in the fast state, 4.6-9 in the slow one. Ping-pong in the fast state
-// often reads 4-7 too, and then takes the single copy where the ring was
-// faster (1 MiB: 40-56 against 39 µs; the slow state's ring took 441).
-// Comparing the rates of the two paths instead failed: a path on trial
-// runs in other conditions than the path in use (a single copy tried
-// while the sender streams through the ring gets none of its help, a
-// ring tried after a while of single copies finds its lines gone from
-// the receiver's cache), and the measured rates crossed between the
+// the machine above, medians of four payloads: out/in 0.9-2.4 in the
+// fast state, 4.6-9 in the slow one, once the ring's first lap is left
+// out (putTimed). Comparing the rates of the two paths instead failed: a
+// path on trial runs in other conditions than the path in use (a single
+// copy tried while the sender streams through the ring gets none of its
+// help, a ring tried after a while of single copies finds its lines gone
+// from the receiver's cache), and the measured rates crossed between the
 // states.
 const slowWrites = 3.5
 
