@@ -18,8 +18,8 @@ subdevice "shm" {
   # config {
   #   ring_bytes      = 1048576  # data bytes per inbound ring: a power of two, the same on every rank
   #   single_copy     = true     # read payloads from the sender's memory with process_vm_readv; false: never;
-  #                              # unset: the receiver picks that or the ring per payload over 64 KiB, by speed
-  #   single_copy_min = 16384    # with single_copy = true, the smallest payload read that way
+  #                              # unset: senders pick that or the ring per payload, by how the ring's copies run
+  #   single_copy_min = 16384    # the smallest payload read that way
   # }
 }
 

@@ -19,7 +19,8 @@ import (
 // copy once and do not fall.
 //
 // So where the receiver leaves the choice open (copyAuto, the default)
-// the sender picks, for each payload longer than a ring fragment, the
+// the sender picks, for each payload of at least single_copy_min bytes
+// (16 KiB by default) or longer than a ring fragment, the
 // ring unless its copies show the slow state (slowWrites). Each side times the
 // copies it makes and nothing else, since what happens between them
 // (polls that come late, other work) is not the path's cost:
@@ -51,14 +52,15 @@ import (
 const (
 	copyRing uint32 = iota // every payload through the ring
 	copyDesc               // payloads of at least the sender's single_copy_min by descriptor
-	// copyAuto: payloads longer than a fragment by the path the sender
-	// finds faster; shorter ones through the ring. A process_vm_readv of
-	// 16 KiB costs ~3.5 µs here, against ~1 µs for a copy in cache, and
-	// with the single copy forced on and off (mdbench, eight interleaved
-	// runs, medians, CPUs sharing a cache) the ring won at every size
-	// from 16 KiB to 4 MiB: latency 0.45x at 16 KiB and 0.69x at 64 KiB,
-	// bandwidth 2.5-3.6x up to 64 KiB. A payload of one fragment or less
-	// is one copy in and one out, not timed apart.
+	// copyAuto: payloads of at least single_copy_min bytes, or longer
+	// than a fragment, by the path the sender chooses; smaller ones
+	// through the ring. While the two CPUs share a cache the ring wins
+	// at every size: a process_vm_readv of 16 KiB costs ~3.5 µs here,
+	// against ~1 µs for a copy in cache, and with the single copy forced
+	// on and off (mdbench, eight interleaved runs, medians) the ring won
+	// from 16 KiB to 4 MiB, latency 0.45x at 16 KiB and 0.69x at 64 KiB,
+	// bandwidth 2.5-3.6x up to 64 KiB. In the slow state it collapsed at
+	// those sizes too (64 KiB: 2.3 against MPICH's 9.3 GB/s).
 	copyAuto
 )
 
@@ -73,7 +75,7 @@ const exploreEvery = 20 * time.Millisecond
 // have (its source is only read, its destination is the receiver's). On
 // the machine above, medians of four payloads: out/in 0.9-2.4 in the
 // fast state, 4.6-9 in the slow one, once the ring's first lap is left
-// out (putTimed). Comparing the rates of the two paths instead failed: a
+// out (peer.send). Comparing the rates of the two paths instead failed: a
 // path on trial runs in other conditions than the path in use (a single
 // copy tried while the sender streams through the ring gets none of its
 // help, a ring tried after a while of single copies finds its lines gone
@@ -139,6 +141,36 @@ type chooser struct {
 	trial int              // the path on trial
 	left  int              // payloads the trial still takes
 	best  int              // the path found faster at the last choice
+	count int              // whole frames sent through the ring, for sampled
+	calls int              // choices for frames of a fragment or less, for settled
+}
+
+// decideEvery is how often frames of one fragment or less get a fresh
+// decision; the others follow the last one.
+const decideEvery = 8
+
+// settled reports whether this frame of a fragment or less may follow the
+// last decision: both paths have been taken, and it is not the
+// decideEvery-th.
+func (c *chooser) settled() bool {
+	c.calls++
+	return c.ever[pathRing] && c.ever[pathDesc] && c.calls%decideEvery != 0
+}
+
+// sampleEvery is how many of the frames of one fragment or less that
+// take the ring each side times: two clock reads per side cost ~160 ns,
+// a quarter of a 16 KiB message's time when streaming in the fast state.
+const sampleEvery = 8
+
+// sampled reports whether to time the copy of a frame into the ring:
+// every fragmented one, every one on trial, and one in sampleEvery of
+// the rest.
+func (c *chooser) sampled(split bool) bool {
+	if split || c.left > 0 {
+		return true
+	}
+	c.count++
+	return c.count%sampleEvery == 0
 }
 
 // Paths a chooser picks from.
@@ -180,7 +212,7 @@ func (c *chooser) byDesc(now time.Duration, outRate, descRate uint32) bool {
 // byDescriptor reports whether p sends a payload of n bytes by descriptor,
 // fragments being chunk bytes long. The caller holds p.mu.
 func (p *peer) byDescriptor(n, chunk int) bool {
-	if n < p.sd.cfg.SingleCopyMin && n <= chunk {
+	if !p.chosenFor(n, chunk) {
 		// Small payloads, most of them, never load the mode word: it
 		// shares a line with the consumer cursor the receiver stores
 		// after every record.
@@ -190,8 +222,11 @@ func (p *peer) byDescriptor(n, chunk int) bool {
 	case copyDesc:
 		return n >= p.sd.cfg.SingleCopyMin
 	case copyAuto:
-		if n <= chunk {
-			return false
+		if c := &p.choose; n <= chunk && c.left == 0 && c.settled() {
+			// The last decision stands: a fresh one costs a clock read
+			// and two loads of the receiver's line, ~100 ns, a sixth of
+			// a 16 KiB message's time when streaming.
+			return c.best == pathDesc
 		}
 		out, desc, was := p.ring.outRate.Load(), p.ring.descRate.Load(), p.choose.best
 		d := p.choose.byDesc(monoNow(), out, desc)
@@ -204,25 +239,13 @@ func (p *peer) byDescriptor(n, chunk int) bool {
 	return false
 }
 
+// chosenFor reports whether a payload of n bytes, fragments being chunk
+// bytes, may take the single copy: at least single_copy_min bytes, or
+// more than a fragment.
+func (p *peer) chosenFor(n, chunk int) bool { return n >= p.sd.cfg.SingleCopyMin || n > chunk }
+
 // pathNames names the paths for the debug log.
 var pathNames = [2]string{pathRing: "ring", pathDesc: "process_vm_readv"}
-
-// putTimed writes a fragmented frame into p's ring like putFragments,
-// timing the copy where p chooses paths. The caller holds p.mu.
-func (p *peer) putTimed(fast uint8, hdr, payload []byte, chunk int) {
-	if p.ring.copyMode.Load() != copyAuto {
-		p.tail = putFragments(p.ring.data, p.tail, fast, hdr, payload, chunk, p.wake)
-		return
-	}
-	start, lapped := monoNow(), p.tail >= uint64(len(p.ring.data))
-	p.tail = putFragments(p.ring.data, p.tail, fast, hdr, payload, chunk, p.wake)
-	if lapped {
-		// The first lap maps the ring's pages (tmpfs allocates them at
-		// first touch) and ran at ~1.3 GB/s against ~8 after it: it
-		// would put the single copy ahead for exploreEvery.
-		p.choose.in.add(len(payload), monoNow()-start)
-	}
-}
 
 // sample records, on the receiving side of ring r, a payload of n bytes
 // copied out of the ring (path pathRing) or read from the sender (pathDesc)
@@ -234,4 +257,11 @@ func (rc *receiver) sample(r, path, n int, d time.Duration) {
 	} else {
 		publishRate(in.descRate, rc.desc[r].add(n, d))
 	}
+}
+
+// sampled reports whether to time this whole frame of ring r: one in
+// sampleEvery (see chooser.sampled).
+func (rc *receiver) sampled(r int) bool {
+	rc.wholes[r]++
+	return rc.wholes[r]%sampleEvery == 0
 }

@@ -35,17 +35,20 @@ type config struct {
 	// RingBytes is the data capacity of each inbound ring: a power of two in
 	// [64 KiB, 1 GiB]. Every rank of a job must use the same value.
 	RingBytes uint64 `json:"ring_bytes"`
-	// SingleCopy says whether this rank reads large payloads straight
-	// out of a sender's memory with process_vm_readv where the kernel
-	// allows it: true always (from SingleCopyMin bytes), false never, and
-	// unset (the default) for each payload longer than a ring fragment
-	// while the ring's copies show lines crossing slowly (choose.go). The environment variable MD_SHM_SINGLE_COPY (1/on/true,
-	// 0/off/false or auto) overrides it. Ranks may differ: each decides
-	// for its own receiving side, and senders follow.
+	// SingleCopy says whether this rank reads payloads of at least
+	// SingleCopyMin bytes straight out of a sender's memory with
+	// process_vm_readv where the kernel allows it: true always, false
+	// never, and unset (the default) while the ring's copies show lines
+	// crossing slowly (choose.go). The environment variable
+	// MD_SHM_SINGLE_COPY (1/on/true, 0/off/false or auto) overrides it.
+	// Ranks may differ: each decides for its own receiving side, and
+	// senders follow.
 	SingleCopy *bool `json:"single_copy"`
 	// SingleCopyMin is the smallest payload this rank sends by
-	// descriptor to a peer that reads single-copy; smaller ones go
-	// through the ring. Default 16 KiB (see defaultSingleCopyMin); at least 1.
+	// descriptor to a peer that reads single-copy (with SingleCopy unset,
+	// payloads longer than a ring fragment may be sent so too); smaller
+	// ones go through the ring. Default 16 KiB (see
+	// defaultSingleCopyMin); at least 1.
 	SingleCopyMin int `json:"single_copy_min"`
 }
 

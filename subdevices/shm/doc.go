@@ -19,9 +19,9 @@
 // Configuration (the plugins.hcl block, as JSON): {"ring_bytes": N}, a power
 // of two in [64 KiB, 1 GiB], default 1 MiB, the same on every rank of a job;
 // "single_copy": true sends every payload of at least "single_copy_min"
-// bytes (default 16 KiB) by the single copy, false none, and unset lets the
-// receiver choose per payload longer than a ring fragment; the environment
-// variable MD_SHM_SINGLE_COPY=1, =0 or =auto overrides the config.
+// bytes (default 16 KiB) by the single copy, false none, and unset lets
+// the sender choose for each of them; the environment variable
+// MD_SHM_SINGLE_COPY=1, =0 or =auto overrides the config.
 //
 // # Segments and rings
 //
@@ -168,15 +168,14 @@
 //
 // # Large messages: one copy with process_vm_readv, where turned on
 //
-// Where the kernel allows it, the single copy is chosen per payload
-// longer than a ring fragment: the receiver times those payloads on both
-// paths and tells the sender which is faster now (choose.go). On the
-// machines it was measured on (2-CPU VMs) the ring, whose two copies
-// overlap on two cores fragment by fragment (see below), beat the single
-// copy at every size from 16 KiB to 4 MiB while the two CPUs shared a
-// cache, and lost 4x at 1 MiB in the stretches where lines crossing
-// between them were slow; a process_vm_readv of 16 KiB costs ~3.5 us
-// there, so payloads up to a fragment always take the ring.
+// Where the kernel allows it, the single copy is chosen per payload of
+// at least single_copy_min bytes: the sender takes it while its copies
+// into the ring run several times slower than the receiver's copies out
+// (choose.go). On the machines it was measured on (2-CPU VMs) the ring,
+// whose two copies overlap on two cores fragment by fragment (see
+// below), beat the single copy at every size from 16 KiB to 4 MiB while
+// the two CPUs shared a cache, and lost 4x at 1 MiB in the stretches
+// where lines crossing between them were slow.
 // "single_copy": true sends every payload of at least single_copy_min
 // bytes by descriptor, false none.
 //
@@ -247,8 +246,7 @@
 // whole segment of every rank it connects to. Peers must share the
 // host's /dev/shm. Payloads are copied twice (into the ring and out of it)
 // unless they take the single copy, which needs process_vm_readv allowed
-// and a payload longer than a fragment (or of single_copy_min bytes with
-// single_copy = true). Under the single copy a sender's payload stays in use until the
+// and a payload of at least single_copy_min bytes. Under the single copy a sender's payload stays in use until the
 // receiver has read it, so a receiver that stops reading holds the
 // sender's buffers (the ring path would block the sender instead). A
 // sender that helps writes into the receiver's memory at the address the

@@ -70,14 +70,16 @@ type receiver struct {
 	epoch    []uint32
 	noAssist []bool
 	// out[r] and desc[r] time this rank's copies out of ring r and its
-	// reads of r's payloads (choose.go).
+	// reads of r's payloads (choose.go); wholes[r] counts the whole
+	// frames of ring r that could have been timed.
 	out, desc []rateWindow
+	wholes    []int
 }
 
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
 	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n),
-		epoch: make([]uint32, n), noAssist: make([]bool, n), fastNext: make([]uint64, n), out: make([]rateWindow, n), desc: make([]rateWindow, n)}
+		epoch: make([]uint32, n), noAssist: make([]bool, n), fastNext: make([]uint64, n), out: make([]rateWindow, n), desc: make([]rateWindow, n), wholes: make([]int, n)}
 }
 
 // Poll implements [sdi.Poller]: it drains the inbound rings once on the
@@ -395,12 +397,22 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 			return err
 		}
 		*read += len(payload)
-		if sd.copyWant == copyAuto && len(payload) > fragmentBytes(uint64(len(sd.inbound[r].data))) {
+		if sd.copyWant == copyAuto {
 			rc.sample(r, pathDesc, len(payload), monoNow()-start)
 		}
 	}
 	if sd.trace {
 		sd.log.Trace("deliver", "peer", r, "header_bytes", len(header), "payload_bytes", len(payload), "single_copy", rec.isDesc)
+	}
+	if rec.frag == 0 && !rec.isDesc && len(payload) >= sd.cfg.SingleCopyMin && sd.copyWant == copyAuto &&
+		head >= uint64(len(sd.inbound[r].data)) && rc.sampled(r) {
+		// A whole frame's payload is copied out of the ring by the
+		// Handler, in Deliver (choose.go; not on the first lap, see
+		// partial.lapped; one in sampleEvery).
+		start := monoNow()
+		sd.handler.Deliver(sdi.Rank(r), header, payload)
+		rc.sample(r, pathRing, len(payload), monoNow()-start)
+		return nil
 	}
 	sd.handler.Deliver(sdi.Rank(r), header, payload)
 	return nil

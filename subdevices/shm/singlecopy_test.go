@@ -46,20 +46,20 @@ func canReadSelf(t *testing.T) {
 // each took (done=false and a SendDone for a descriptor) and that the
 // bytes arrive intact either way. A fallback that ignored the knob would
 // send descriptors; a broken ring path would corrupt data. The chooser
-// puts the single copy on trial for a window of payloads longer than a
-// fragment first, then takes the ring, whose rates it knows nothing of.
+// puts the single copy on trial for a window of payloads of the threshold
+// or more first, then takes the ring, whose rates it knows nothing of.
 func TestPaths(t *testing.T) {
 	// Sizes sent, in order: 1, threshold-1, threshold, a fragment, a
-	// fragment+1, then window of the largest frame: the last is the
-	// chooser's first through the ring (what it does next depends on the
-	// rates it measures).
-	const sizes = 5 + window
+	// fragment+1, then the largest frame: with the chooser the last is
+	// its first through the ring (what it does next depends on the rates
+	// it measures).
+	const sizes = 2 + window + 1
 	all := [sizes]bool{2: true, 3: true}
 	for i := 4; i < sizes; i++ {
 		all[i] = true
 	}
-	var chosen [sizes]bool
-	for i := 4; i < 4+window; i++ {
+	var chosen [sizes]bool // the single copy on trial from threshold up, then the ring
+	for i := 2; i < 2+window; i++ {
 		chosen[i] = true
 	}
 	tests := []struct {
