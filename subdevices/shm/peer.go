@@ -201,7 +201,8 @@ func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 // Send copies f into the ring towards f.Peer and returns done=true: the
 // caller may reuse its buffers at once and no SendDone follows. A payload
 // of at least single_copy_min bytes to a peer that reads this rank's
-// memory goes by descriptor instead: Send returns done=false and keeps
+// memory may go by descriptor instead (always with single_copy = true,
+// when chosen otherwise, see choose.go): Send returns done=false and keeps
 // the payload until SendDone, which follows once the peer has read it
 // (singlecopy.go). When the
 // ring lacks space it returns [sdi.ErrWouldBlock] and the caller retries
