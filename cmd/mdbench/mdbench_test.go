@@ -140,6 +140,21 @@ func TestSummarizeAndRatios(t *testing.T) {
 	}
 }
 
+// runJSON runs mdbench with args (which ask for JSON) and returns its
+// report, failing the test if it exits non-zero or prints anything else.
+func runJSON(ctx context.Context, t *testing.T, args []string) report {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	if code := run(ctx, args, &out, &errOut); code != 0 {
+		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
+	}
+	var r report
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
+	}
+	return r
+}
+
 // TestRunShm runs mdbench itself, briefly, over shm with and without the
 // multidevice, and checks the JSON it prints. It checks that figures
 // exist and are positive, not how fast they are.
@@ -150,15 +165,8 @@ func TestRunShm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	svg := t.TempDir() + "/plot.svg"
-	var out, errOut bytes.Buffer
 	args := []string{"-reps", "2", "-scale", "0.02", "-sizes", "8,20K,300K", "-window", "4", "-direct", "-format", "json", "-svg", svg, "lat", "bw", "bibw", "mr"}
-	if code := run(ctx, args, &out, &errOut); code != 0 {
-		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
-	}
-	var r report
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
-	}
+	r := runJSON(ctx, t, args)
 	for _, test := range []string{"lat", "bw", "bibw", "mr"} {
 		for _, size := range []int{8, 20 << 10, 300 << 10} {
 			series := []string{ours, "direct"}
@@ -189,17 +197,10 @@ func TestRunIdle(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out, errOut bytes.Buffer
-	if code := run(ctx, []string{"idle", "-seconds", "2", "-format", "json"}, &out, &errOut); code != 0 {
-		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
-	}
-	var r report
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
-	}
+	r := runJSON(ctx, t, []string{"idle", "-seconds", "2", "-format", "json"})
 	s, ok := r.stat("idle", 8, ours)
 	if !ok {
-		t.Fatalf("no idle figure in %s", out.String())
+		t.Fatalf("no idle figure in %+v", r.Stats)
 	}
 	t.Logf("rank blocked in Recv: %.3f %% of a core", s.Median)
 	if s.Median >= 2 {
@@ -224,15 +225,8 @@ func TestRunVsPlugins(t *testing.T) {
 	if err := os.WriteFile(hcl, []byte("subdevice \"tcp\" {\n  command = \"sdi-tcp\"\n}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var out, errOut bytes.Buffer
 	args := []string{"-sub", "tcp", "-vs-plugins", hcl, "-reps", "2", "-scale", "0.02", "-sizes", "8,300K", "-window", "4", "-format", "json", "lat", "bw"}
-	if code := run(ctx, args, &out, &errOut); code != 0 {
-		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
-	}
-	var r report
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
-	}
+	r := runJSON(ctx, t, args)
 	for _, test := range []string{"lat", "bw"} {
 		for _, size := range []int{8, 300 << 10} {
 			for _, se := range []string{ours, "plugin"} {
@@ -258,15 +252,8 @@ func TestRunVsEnv(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	dir := t.TempDir()
-	var out, errOut bytes.Buffer
 	args := []string{"-vs-env", "prof:" + profileEnv + "=" + dir, "-reps", "2", "-scale", "0.02", "-sizes", "8", "-window", "4", "-format", "json", "lat"}
-	if code := run(ctx, args, &out, &errOut); code != 0 {
-		t.Fatalf("mdbench exited %d: %s", code, errOut.String())
-	}
-	var r report
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, out.String())
-	}
+	r := runJSON(ctx, t, args)
 	for _, se := range []string{ours, "prof"} {
 		if s, ok := r.stat("lat", 8, se); !ok || len(s.Values) != 2 {
 			t.Errorf("lat 8 %s: %+v (found %v)", se, s, ok)
