@@ -141,36 +141,30 @@ type chooser struct {
 	trial int              // the path on trial
 	left  int              // payloads the trial still takes
 	best  int              // the path found faster at the last choice
-	count int              // whole frames sent through the ring, for sampled
 	calls int              // choices for frames of a fragment or less, for settled
 }
 
-// decideEvery is how often frames of one fragment or less get a fresh
-// decision; the others follow the last one.
-const decideEvery = 8
+// sampleEvery is how often a frame of one fragment or less gets a fresh
+// decision and has its copy timed, on each side; the others follow the
+// last decision untimed. Two clock reads per side cost ~160 ns and a
+// fresh decision ~100 ns more, up to a quarter of a 16 KiB message's
+// time when streaming in the fast state.
+const sampleEvery = 8
 
 // settled reports whether this frame of a fragment or less may follow the
 // last decision: both paths have been taken, and it is not the
-// decideEvery-th.
+// sampleEvery-th.
 func (c *chooser) settled() bool {
 	c.calls++
-	return c.ever[pathRing] && c.ever[pathDesc] && c.calls%decideEvery != 0
+	return c.ever[pathRing] && c.ever[pathDesc] && c.calls%sampleEvery != 0
 }
 
-// sampleEvery is how many of the frames of one fragment or less that
-// take the ring each side times: two clock reads per side cost ~160 ns,
-// a quarter of a 16 KiB message's time when streaming in the fast state.
-const sampleEvery = 8
-
 // sampled reports whether to time the copy of a frame into the ring:
-// every fragmented one, every one on trial, and one in sampleEvery of
-// the rest.
+// every fragmented one, those of a trial (but its last, whose choice
+// ended it), and the one of a fragment or less that got a fresh decision
+// (settled).
 func (c *chooser) sampled(split bool) bool {
-	if split || c.left > 0 {
-		return true
-	}
-	c.count++
-	return c.count%sampleEvery == 0
+	return split || c.left > 0 || c.calls%sampleEvery == 0
 }
 
 // Paths a chooser picks from.
@@ -210,23 +204,25 @@ func (c *chooser) byDesc(now time.Duration, outRate, descRate uint32) bool {
 }
 
 // byDescriptor reports whether p sends a payload of n bytes by descriptor,
-// fragments being chunk bytes long. The caller holds p.mu.
-func (p *peer) byDescriptor(n, chunk int) bool {
-	if !p.chosenFor(n, chunk) {
+// fragments being chunk bytes long, and whether p's chooser picked the
+// path (so that a copy into the ring is its to time). The caller holds
+// p.mu.
+func (p *peer) byDescriptor(n, chunk int) (desc, chosen bool) {
+	if n < p.sd.cfg.SingleCopyMin && n <= chunk {
 		// Small payloads, most of them, never load the mode word: it
 		// shares a line with the consumer cursor the receiver stores
 		// after every record.
-		return false
+		return false, false
 	}
 	switch p.ring.copyMode.Load() {
 	case copyDesc:
-		return n >= p.sd.cfg.SingleCopyMin
+		return n >= p.sd.cfg.SingleCopyMin, false
 	case copyAuto:
 		if c := &p.choose; n <= chunk && c.left == 0 && c.settled() {
 			// The last decision stands: a fresh one costs a clock read
 			// and two loads of the receiver's line, ~100 ns, a sixth of
 			// a 16 KiB message's time when streaming.
-			return c.best == pathDesc
+			return c.best == pathDesc, true
 		}
 		out, desc, was := p.ring.outRate.Load(), p.ring.descRate.Load(), p.choose.best
 		d := p.choose.byDesc(monoNow(), out, desc)
@@ -234,15 +230,10 @@ func (p *peer) byDescriptor(n, chunk int) bool {
 			p.sd.log.Debug("large payloads to peer change path", "peer", int(p.rank), "path", pathNames[p.choose.best],
 				"ring_in_mbps", int(p.choose.in.rate()*1000), "ring_out_mbps", out, "single_copy_mbps", desc)
 		}
-		return d
+		return d, true
 	}
-	return false
+	return false, false
 }
-
-// chosenFor reports whether a payload of n bytes, fragments being chunk
-// bytes, may take the single copy: at least single_copy_min bytes, or
-// more than a fragment.
-func (p *peer) chosenFor(n, chunk int) bool { return n >= p.sd.cfg.SingleCopyMin || n > chunk }
 
 // pathNames names the paths for the debug log.
 var pathNames = [2]string{pathRing: "ring", pathDesc: "process_vm_readv"}

@@ -251,7 +251,7 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 	chunk := fragmentBytes(capacity)
 	body, flags := payload, uint8(0)
 	var desc [descBytes]byte
-	byDesc := p.byDescriptor(len(payload), chunk)
+	byDesc, chosen := p.byDescriptor(len(payload), chunk)
 	if byDesc {
 		descriptorOf(payload).put(desc[:])
 		body, flags = desc[:], flagDesc
@@ -289,8 +289,7 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 	// whose copies map its pages (tmpfs allocates them at first touch):
 	// ~1.3 GB/s against ~8 after, which would put the single copy ahead
 	// for exploreEvery.
-	timed := !byDesc && p.chosenFor(len(payload), chunk) && p.tail >= capacity && p.ring.copyMode.Load() == copyAuto &&
-		p.choose.sampled(split)
+	timed := chosen && !byDesc && p.tail >= capacity && p.choose.sampled(split)
 	var start time.Duration
 	if timed {
 		start = monoNow()
