@@ -41,6 +41,9 @@ type childJob struct {
 	// Env is added to the ranks' environment (-vs-env); the ranks get it
 	// as environment, not in this description.
 	Env []string `json:"-"`
+	// Exe, if set, is the mdbench binary that runs the ranks (-vs-build)
+	// instead of this one.
+	Exe string `json:"-"`
 }
 
 // sample is one measured figure, as a rank reports it.

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -76,6 +78,26 @@ func FuzzParseEnvSeries(f *testing.F) {
 			if k, _, ok := strings.Cut(kv, "="); !ok || k == "" || strings.ContainsRune(kv, 0) {
 				t.Fatalf("parseEnvSeries(%q) accepted entry %q", v, kv)
 			}
+		}
+	})
+}
+
+// FuzzParseBuildSeries: a -vs-build value is refused or names a series
+// run by an executable file, given by its absolute path.
+func FuzzParseBuildSeries(f *testing.F) {
+	for _, s := range []string{"old:/bin/sh", "old:/etc/passwd", "old:/", ":/bin/sh", "x:", "md:/bin/sh", "a b:/bin/sh", "x:rel/path"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, v string) {
+		e, err := parseBuildSeries(v)
+		if err != nil {
+			return
+		}
+		if e.name == "" || slices.Contains(reservedSeries, e.name) || !filepath.IsAbs(e.exe) || len(e.env) != 0 {
+			t.Fatalf("parseBuildSeries(%q) accepted %+v", v, e)
+		}
+		if fi, err := os.Stat(e.exe); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			t.Fatalf("parseBuildSeries(%q) accepted %q, which is not an executable file", v, e.exe)
 		}
 	})
 }

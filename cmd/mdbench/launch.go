@@ -25,9 +25,13 @@ import (
 // freshly started processes otherwise often share a CPU until the kernel
 // balances them, which wrecks a ping-pong of spinning ranks.
 func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logger) ([]sample, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("find own executable: %w", err)
+	self := j.Exe
+	if self == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable: %w", err)
+		}
+		self = exe
 	}
 	cfg, err := json.Marshal(j)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/xml"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -50,6 +51,15 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestParseArgs(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain")
+	if err := os.WriteFile(plain, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		args  []string
 		tests string
@@ -72,6 +82,15 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-vs-env", "x y:A=1"}, "", "series name"},
 		{[]string{"-vs-env", "x:A"}, "", `"A" is not VAR=VALUE`},
 		{[]string{"-vs-env", "x:=1"}, "", `"=1" is not VAR=VALUE`},
+		{[]string{"-vs-build", "old:" + exe, "-vs-env", "ring:A=1", "lat"}, "lat", ""},
+		{[]string{"-vs-build", "ring:" + exe, "-vs-env", "ring:A=1"}, "", `series "ring" given twice`},
+		{[]string{"-vs-build", "direct:" + exe}, "", "mdbench's own"},
+		{[]string{"-vs-build", exe}, "", "want NAME:PATH"},
+		{[]string{"-vs-build", "a/b:" + exe}, "", "series name"},
+		{[]string{"-vs-build", "old:"}, "", "want NAME:PATH"},
+		{[]string{"-vs-build", "old:" + filepath.Join(dir, "missing")}, "", "no such file"},
+		{[]string{"-vs-build", "old:" + dir}, "", "not an executable file"},
+		{[]string{"-vs-build", "old:" + plain}, "", "not an executable file"},
 	} {
 		o, err := parseArgs(tc.args, &bytes.Buffer{})
 		if tc.err != "" {
@@ -268,6 +287,49 @@ func TestRunVsEnv(t *testing.T) {
 	}
 	if len(profiles) != 4 {
 		t.Errorf("%d files in the profile directory, want 4 (2 ranks, 2 repetitions of the env series only)", len(profiles))
+	}
+}
+
+// TestRunVsBuild runs our job plainly and as a -vs-build series whose
+// binary is a script that leaves a mark and runs this test binary as the
+// rank: both series and their ratio must be there, and only that series'
+// ranks may have gone through the script, two per repetition.
+func TestRunVsBuild(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	marks := filepath.Join(dir, "marks")
+	if err := os.Mkdir(marks, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "other-build")
+	body := fmt.Sprintf("#!/bin/sh\n: > '%s/rank.'$$\nexec '%s' \"$@\"\n", marks, self)
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-vs-build", "other:" + script, "-reps", "2", "-scale", "0.02", "-sizes", "8", "-format", "json", "lat"}
+	r := runJSON(ctx, t, args)
+	for _, se := range []string{ours, "other"} {
+		if s, ok := r.stat("lat", 8, se); !ok || len(s.Values) != 2 {
+			t.Errorf("lat 8 %s: %+v (found %v)", se, s, ok)
+		}
+	}
+	if _, ok := r.ratio("lat", 8, "other"); !ok {
+		t.Error("no md/other ratio")
+	}
+	ran, err := os.ReadDir(marks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ran) != 4 {
+		t.Errorf("the other build ran %d ranks, want 4 (2 ranks, 2 repetitions of its series only)", len(ran))
 	}
 }
 

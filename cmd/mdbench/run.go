@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -30,8 +31,9 @@ this host, OSU style. Tests (default: lat bw bibw):
   idle   CPU share of a rank blocked in Recv for --seconds (runs once)
 
 Every repetition launches the ranks afresh; with --direct, --baseline,
---vs-plugins or --vs-env the series are interleaved within each repetition (their order alternates)
-and the report gives medians, minima and maxima. md/x, our figure divided
+--vs-plugins, --vs-env or --vs-build the series are interleaved within each
+repetition (their order alternates) and the report gives medians, minima
+and maxima. md/x, our figure divided
 by series x's, is taken within each repetition and its median reported:
 launches seconds apart see the same machine, while over minutes a noisy
 host can slow every series down and back.
@@ -47,7 +49,7 @@ type options struct {
 	plugins   string
 	conntable string
 	vsPlugins string
-	vsEnv     []envSeries
+	variants  []variant // -vs-env and -vs-build, in the order given
 	direct    bool
 	baseline  bool
 	bind      bool
@@ -78,19 +80,23 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.plugins, "plugins", "", "plugins.hcl choosing the subdevices, instead of -sub")
 	fs.StringVar(&o.conntable, "conntable", "", "connection table (file, or directory of <host>.json) choosing the routes")
 	fs.StringVar(&o.vsPlugins, "vs-plugins", "", "also run the job with the subdevices of this plugins.hcl (series \"plugin\"), interleaved: e.g. tcp served by cmd/sdi-tcp against the built-in -sub tcp")
-	fs.Func("vs-env", "also run our job with extra environment for its ranks, as series NAME, interleaved: NAME:VAR=VALUE[,VAR=VALUE...] (repeatable; e.g. ring:MD_SHM_SINGLE_COPY=0)", func(v string) error {
-		e, err := parseEnvSeries(v)
-		if err != nil {
-			return err
-		}
-		for _, old := range o.vsEnv {
-			if old.name == e.name {
-				return fmt.Errorf("series %q given twice", e.name)
+	addVariant := func(parse func(string) (variant, error)) func(string) error {
+		return func(v string) error {
+			e, err := parse(v)
+			if err != nil {
+				return err
 			}
+			for _, old := range o.variants {
+				if old.name == e.name {
+					return fmt.Errorf("series %q given twice", e.name)
+				}
+			}
+			o.variants = append(o.variants, e)
+			return nil
 		}
-		o.vsEnv = append(o.vsEnv, e)
-		return nil
-	})
+	}
+	fs.Func("vs-env", "also run our job with extra environment for its ranks, as series NAME, interleaved: NAME:VAR=VALUE[,VAR=VALUE...] (repeatable; e.g. ring:MD_SHM_SINGLE_COPY=0)", addVariant(parseEnvSeries))
+	fs.Func("vs-build", "also run our job with the ranks of another mdbench binary, as series NAME, interleaved: NAME:PATH (repeatable; e.g. main:/tmp/main/mdbench, built from the commit to compare with)", addVariant(parseBuildSeries))
 	fs.BoolVar(&o.direct, "direct", false, "also drive the subdevice through the SDI alone, without the multidevice (series \"direct\"; lat, bw, bibw)")
 	fs.BoolVar(&o.bind, "bind", true, "bind rank r to CPU r when there are no more ranks than CPUs (and tell the MPIs to bind to cores), as OSU runs usually are")
 	fs.BoolVar(&o.baseline, "baseline", false, "also build baseline/osu.c with each MPI of -mpi found here and run it, interleaved")
@@ -307,9 +313,9 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		j.Sub, j.Plugins = "", o.vsPlugins
 		steps = append(steps, step{"plugin", jobOf(j)})
 	}
-	for _, e := range o.vsEnv {
+	for _, e := range o.variants {
 		j := job
-		j.Env = e.env
+		j.Env, j.Exe = e.env, e.exe
 		steps = append(steps, step{e.name, jobOf(j)})
 	}
 	if o.direct {
@@ -457,36 +463,72 @@ func loadAvg() string {
 	return "?"
 }
 
-// envSeries is a -vs-env series: our job with extra environment.
-type envSeries struct {
+// variant is a -vs-env or -vs-build series: our job with extra
+// environment, or run by another build of mdbench.
+type variant struct {
 	name string
 	env  []string // VAR=VALUE
+	exe  string   // absolute path of the other build; "" for this one
 }
 
 // reservedSeries are the series names mdbench gives itself.
 var reservedSeries = []string{ours, "md", "direct", "plugin", "mpich", "openmpi"}
 
-// parseEnvSeries parses NAME:VAR=VALUE[,VAR=VALUE...].
-func parseEnvSeries(v string) (envSeries, error) {
-	name, list, ok := strings.Cut(v, ":")
-	if !ok || list == "" {
-		return envSeries{}, fmt.Errorf("%q: want NAME:VAR=VALUE[,VAR=VALUE...]", v)
-	}
+// checkSeriesName refuses a series name that is empty, mdbench's own, or
+// would not read as one word in the report; v is the flag's value.
+func checkSeriesName(v, name string) error {
 	if name == "" || strings.IndexFunc(name, func(r rune) bool {
 		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.')
 	}) >= 0 {
-		return envSeries{}, fmt.Errorf("%q: series name %q: want letters, digits, '-', '_' or '.'", v, name)
+		return fmt.Errorf("%q: series name %q: want letters, digits, '-', '_' or '.'", v, name)
 	}
 	if slices.Contains(reservedSeries, name) {
-		return envSeries{}, fmt.Errorf("%q: series name %q is mdbench's own", v, name)
+		return fmt.Errorf("%q: series name %q is mdbench's own", v, name)
 	}
-	e := envSeries{name: name}
+	return nil
+}
+
+// parseEnvSeries parses NAME:VAR=VALUE[,VAR=VALUE...].
+func parseEnvSeries(v string) (variant, error) {
+	name, list, ok := strings.Cut(v, ":")
+	if !ok || list == "" {
+		return variant{}, fmt.Errorf("%q: want NAME:VAR=VALUE[,VAR=VALUE...]", v)
+	}
+	if err := checkSeriesName(v, name); err != nil {
+		return variant{}, err
+	}
+	e := variant{name: name}
 	for _, kv := range strings.Split(list, ",") {
 		k, _, ok := strings.Cut(kv, "=")
 		if !ok || k == "" || strings.ContainsAny(k, " \t\x00") || strings.Contains(kv, "\x00") {
-			return envSeries{}, fmt.Errorf("%q: %q is not VAR=VALUE", v, kv)
+			return variant{}, fmt.Errorf("%q: %q is not VAR=VALUE", v, kv)
 		}
 		e.env = append(e.env, kv)
 	}
 	return e, nil
+}
+
+// parseBuildSeries parses NAME:PATH, PATH an executable file: an mdbench
+// built from other source, whose ranks speak this one's child protocol
+// (the job description in MDBENCH_CHILD, results on stdout).
+func parseBuildSeries(v string) (variant, error) {
+	name, path, ok := strings.Cut(v, ":")
+	if !ok || path == "" {
+		return variant{}, fmt.Errorf("%q: want NAME:PATH", v)
+	}
+	if err := checkSeriesName(v, name); err != nil {
+		return variant{}, err
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return variant{}, fmt.Errorf("%q: %w", v, err)
+	}
+	fi, err := os.Stat(abs)
+	if err != nil {
+		return variant{}, fmt.Errorf("%q: %w", v, err)
+	}
+	if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return variant{}, fmt.Errorf("%q: %s is not an executable file", v, abs)
+	}
+	return variant{name: name, exe: abs}, nil
 }
