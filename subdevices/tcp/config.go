@@ -36,6 +36,9 @@ type config struct {
 	// maxConns caps the connections to one peer; 0 means one per matched
 	// interface pair.
 	maxConns int
+	// congestion is congestion_control: congestionAuto (also ""),
+	// congestionSystem or an algorithm (congestion.go).
+	congestion string
 }
 
 // ordered reports whether frames to a peer always travel on one connection,
@@ -51,6 +54,7 @@ type rawConfig struct {
 	Include        []string `json:"include"`
 	Exclude        []string `json:"exclude"`
 	MaxConnections *int64   `json:"max_connections"`
+	Congestion     *string  `json:"congestion_control"`
 }
 
 // parseConfig decodes the subdevice's config block. An empty block means all
@@ -64,7 +68,7 @@ func parseConfig(b []byte) (config, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&raw); err != nil {
-		return config{}, fmt.Errorf("tcp: config: %w (known keys: listen, connect_timeout, queue_bytes, include, exclude, max_connections)", err)
+		return config{}, fmt.Errorf("tcp: config: %w (known keys: listen, connect_timeout, queue_bytes, include, exclude, max_connections, congestion_control)", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return config{}, errors.New("tcp: config: trailing data after the JSON object")
@@ -105,6 +109,15 @@ func parseConfig(b []byte) (config, error) {
 			return config{}, fmt.Errorf("tcp: config: max_connections %d must be in [0, %d] (0: one per matched interface pair)", m, maxConnections)
 		}
 		c.maxConns = int(m)
+	}
+	if raw.Congestion != nil {
+		v := *raw.Congestion
+		if v != congestionAuto && v != congestionSystem {
+			if err := checkCongestionName(v); err != nil {
+				return config{}, err
+			}
+		}
+		c.congestion = v
 	}
 	return c, nil
 }

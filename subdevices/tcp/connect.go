@@ -85,7 +85,8 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 		}
 		la, _ := netip.ParseAddrPort(conns[i].LocalAddr().String())
 		ra, _ := netip.ParseAddrPort(conns[i].RemoteAddr().String())
-		links = append(links, Link{LocalIface: pr.LocalName, PeerIface: pr.PeerName, LocalAddr: la, PeerAddr: ra, Weight: int(pr.Weight), Speed: pr.Speed})
+		links = append(links, Link{LocalIface: pr.LocalName, PeerIface: pr.PeerName, LocalAddr: la, PeerAddr: ra,
+			Weight: int(pr.Weight), Speed: pr.Speed, Congestion: congestionOf(conns[i])})
 		ok = append(ok, conns[i])
 	}
 	if sd.closed.Load() {
@@ -159,7 +160,10 @@ func (sd *subDevice) choose(rank sdi.Rank, c card) ([]addrsel.Pair, bool, error)
 func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, pair addrsel.Pair, port uint16, id laneID) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(parent, sd.cfg.connectTimeout)
 	defer cancel()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: pair.LocalAddr.AsSlice(), Zone: pair.LocalAddr.Zone()}}
+	d := net.Dialer{
+		LocalAddr: &net.TCPAddr{IP: pair.LocalAddr.AsSlice(), Zone: pair.LocalAddr.Zone()},
+		Control:   sd.cfg.dialControl(pair.PeerAddr),
+	}
 	conn, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(pair.PeerAddr, port).String())
 	if err != nil {
 		return nil, trimDialErr(err)
@@ -235,7 +239,7 @@ func (sd *subDevice) install(rank sdi.Rank, conns []net.Conn, links []Link) erro
 	if sd.log.IsDebug() {
 		desc := make([]string, len(links))
 		for i, l := range links {
-			desc[i] = fmt.Sprintf("%s %v -> %s %v", l.LocalIface, l.LocalAddr, l.PeerIface, l.PeerAddr)
+			desc[i] = fmt.Sprintf("%s %v -> %s %v (%s)", l.LocalIface, l.LocalAddr, l.PeerIface, l.PeerAddr, l.Congestion)
 		}
 		sd.log.Debug("connected", "peer", rank, "links", desc)
 	}

@@ -44,6 +44,14 @@ func TestParseConfig(t *testing.T) {
 		{name: "empty name", in: `{"include": [""]}`, wantErr: `include[0] is empty`},
 		{name: "include not a list", in: `{"include": "eth0"}`, wantErr: "include"},
 		{name: "max connections negative", in: `{"max_connections": -1}`, wantErr: "max_connections -1 must be in [0, 64]"},
+		{name: "congestion auto", in: `{"congestion_control": "auto"}`,
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, congestion: "auto"}},
+		{name: "congestion named", in: `{"congestion_control": "reno"}`,
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, congestion: "reno"}},
+		{name: "congestion empty", in: `{"congestion_control": ""}`, wantErr: `congestion_control "": want "auto", "system" or`},
+		{name: "congestion not a name", in: `{"congestion_control": "Cubic!"}`, wantErr: `congestion_control "Cubic!"`},
+		{name: "congestion too long", in: `{"congestion_control": "abcdefghijklmnop"}`, wantErr: `congestion_control "abcdefghijklmnop"`},
+		{name: "congestion a number", in: `{"congestion_control": 1}`, wantErr: "congestion_control"},
 		{name: "not an object", in: `[1]`, wantErr: "tcp: config"},
 		{name: "trailing data", in: `{} {}`, wantErr: "trailing data"},
 	}
@@ -76,6 +84,8 @@ func TestOpenErrors(t *testing.T) {
 		{"wrong api", sdi.OpenParams{Size: 1, Handler: h, APIVersion: "v9.0"}, "v9.0"},
 		{"bad config", sdi.OpenParams{Size: 1, Handler: h, Config: []byte(`{"queue_bytes": -1}`)}, "queue_bytes -1"},
 		{"unbindable listen", sdi.OpenParams{Size: 1, Handler: h, Config: []byte(`{"listen": "192.0.2.250:0"}`)}, "listen on"},
+		{"unknown congestion control", sdi.OpenParams{Size: 1, Handler: h, Config: []byte(`{"congestion_control": "nosuchcc"}`)},
+			`congestion_control "nosuchcc": not available in this kernel (available: `},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

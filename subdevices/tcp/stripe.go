@@ -22,6 +22,7 @@ type Link struct {
 	Weight                int            // the pair's weight (package addrsel); 0 for a fallback pair
 	Speed                 uint32         // Mbit/s both ends report, 0 when either does not
 	Bytes                 uint64         // bytes written so far, wire headers included
+	Congestion            string         // the TCP congestion control it sends with (congestion_control)
 }
 
 // Links returns the connections sd (a tcp subdevice) holds to peer, in the

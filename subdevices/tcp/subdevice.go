@@ -130,6 +130,11 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	if err != nil {
 		return sdi.Local{}, err
 	}
+	if names, strict := cfg.congestionFor(netip.Addr{}); strict {
+		if err := checkCongestion(names[0]); err != nil {
+			return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
+		}
+	}
 	log := p.Logger
 	if log == nil {
 		log = sd.baseLog
