@@ -29,5 +29,7 @@ subdevice "tcp" {
   #   include = ["eth*", "10.1.0.0/16"]  # interfaces (names, patterns) or CIDRs to publish; default all that are up
   #   exclude = ["docker0", "virbr*"]    # never publish these
   #   max_connections = 0                # per peer; 0: one per matched interface pair, 1: one ordered connection
+  #   congestion_control = "auto"        # cubic (else reno) over loopback, the system's default elsewhere;
+  #                                      # "system": the default everywhere; or a name ("cubic", "bbr", ...)
   # }
 }
