@@ -260,76 +260,58 @@ func TestRunVsPlugins(t *testing.T) {
 	}
 }
 
-// TestRunVsEnv runs our job plainly and as a -vs-env series whose
-// environment makes every rank write a CPU profile: both series and their
-// ratio must be there, and only that series' ranks may have written
-// profiles, two per repetition.
-func TestRunVsEnv(t *testing.T) {
+// TestRunVariants runs our job plainly and as one -vs-env or -vs-build
+// series whose ranks each leave a file in a directory: every rank of the
+// env series writes a CPU profile there, and the build series' binary is
+// a script that leaves a mark there and runs this test binary as the rank.
+// Both series and their ratio must be there, and only that series' ranks
+// may have left files, two per repetition.
+func TestRunVariants(t *testing.T) {
 	if testing.Short() {
 		t.Skip("launches ranks")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	dir := t.TempDir()
-	args := []string{"-vs-env", "prof:" + profileEnv + "=" + dir, "-reps", "2", "-scale", "0.02", "-sizes", "8", "-window", "4", "-format", "json", "lat"}
-	r := runJSON(ctx, t, args)
-	for _, se := range []string{ours, "prof"} {
-		if s, ok := r.stat("lat", 8, se); !ok || len(s.Values) != 2 {
-			t.Errorf("lat 8 %s: %+v (found %v)", se, s, ok)
-		}
-	}
-	if _, ok := r.ratio("lat", 8, "prof"); !ok {
-		t.Error("no md/prof ratio")
-	}
-	profiles, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(profiles) != 4 {
-		t.Errorf("%d files in the profile directory, want 4 (2 ranks, 2 repetitions of the env series only)", len(profiles))
-	}
-}
-
-// TestRunVsBuild runs our job plainly and as a -vs-build series whose
-// binary is a script that leaves a mark and runs this test binary as the
-// rank: both series and their ratio must be there, and only that series'
-// ranks may have gone through the script, two per repetition.
-func TestRunVsBuild(t *testing.T) {
-	if testing.Short() {
-		t.Skip("launches ranks")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	marks := filepath.Join(dir, "marks")
-	if err := os.Mkdir(marks, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	script := filepath.Join(dir, "other-build")
-	body := fmt.Sprintf("#!/bin/sh\n: > '%s/rank.'$$\nexec '%s' \"$@\"\n", marks, self)
-	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"-vs-build", "other:" + script, "-reps", "2", "-scale", "0.02", "-sizes", "8", "-format", "json", "lat"}
-	r := runJSON(ctx, t, args)
-	for _, se := range []string{ours, "other"} {
-		if s, ok := r.stat("lat", 8, se); !ok || len(s.Values) != 2 {
-			t.Errorf("lat 8 %s: %+v (found %v)", se, s, ok)
-		}
-	}
-	if _, ok := r.ratio("lat", 8, "other"); !ok {
-		t.Error("no md/other ratio")
-	}
-	ran, err := os.ReadDir(marks)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ran) != 4 {
-		t.Errorf("the other build ran %d ranks, want 4 (2 ranks, 2 repetitions of its series only)", len(ran))
+	for _, tt := range []struct {
+		name string
+		flag func(t *testing.T, dir string) []string // the series x, whose ranks write into dir
+	}{
+		{"env", func(t *testing.T, dir string) []string {
+			return []string{"-vs-env", "x:" + profileEnv + "=" + dir}
+		}},
+		{"build", func(t *testing.T, dir string) []string {
+			script := filepath.Join(t.TempDir(), "other-build")
+			body := fmt.Sprintf("#!/bin/sh\n: > '%s/rank.'$$\nexec '%s' \"$@\"\n", dir, self)
+			if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			return []string{"-vs-build", "x:" + script}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			dir := t.TempDir()
+			args := append(tt.flag(t, dir), "-reps", "2", "-scale", "0.02", "-sizes", "8", "-format", "json", "lat")
+			r := runJSON(ctx, t, args)
+			for _, se := range []string{ours, "x"} {
+				if s, ok := r.stat("lat", 8, se); !ok || len(s.Values) != 2 {
+					t.Errorf("lat 8 %s: %+v (found %v)", se, s, ok)
+				}
+			}
+			if _, ok := r.ratio("lat", 8, "x"); !ok {
+				t.Error("no md/x ratio")
+			}
+			files, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(files) != 4 {
+				t.Errorf("the series' ranks left %d files, want 4 (2 ranks, 2 repetitions of that series only)", len(files))
+			}
+		})
 	}
 }
 
