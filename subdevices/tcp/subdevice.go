@@ -130,6 +130,8 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	if err != nil {
 		return sdi.Local{}, err
 	}
+	// An algorithm named outright applies to every peer (the address does
+	// not matter) and must work: better refused here than at each Connect.
 	if names, strict := cfg.congestionFor(netip.Addr{}); strict {
 		if err := checkCongestion(names[0]); err != nil {
 			return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
