@@ -275,6 +275,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"listen": "127.0.0.1:0", "connect_timeout": "250ms", "queue_bytes": 1024}`))
 	f.Add([]byte(`{"include": ["eth*", "10.1.0.0/16"], "exclude": ["docker0", "fd00::/8"], "max_connections": 2}`))
 	f.Add([]byte(`{"include": ["["]}`))
+	f.Add([]byte(`{"congestion_control": "cubic"}`))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := parseConfig(b)
 		if err != nil {
@@ -285,6 +286,9 @@ func FuzzParseConfig(f *testing.F) {
 		}
 		c.filter.keep("eth0", netip.MustParseAddr("10.1.2.3"))
 		c.filter.keep("lo", netip.MustParseAddr("::1"))
+		if names, strict := c.congestionFor(netip.MustParseAddr("::1")); strict && checkCongestionName(names[0]) != nil {
+			t.Fatalf("accepted congestion_control %q", names[0])
+		}
 	})
 }
 
