@@ -226,8 +226,17 @@ var faults = []fault{
 		}},
 	{"calls the Handler after Close", "Close/FailsPendingOrCompletes", "after Close returned",
 		func(x *faulty, _ <-chan struct{}) {
+			// The late call waits for the suite to see Close return,
+			// rather than for a timer: under -race on a loaded machine a
+			// 1 ms timer fired after the suite had stopped watching.
 			x.closeF = func(x *faulty, err error) error {
-				time.AfterFunc(time.Millisecond, func() { x.h.PeerDown(1, errors.New("late")) })
+				r := x.h.(*recorder)
+				go func() {
+					for !r.isClosed() {
+						runtime.Gosched()
+					}
+					x.h.PeerDown(1, errors.New("late"))
+				}()
 				return err
 			}
 		}},
