@@ -78,12 +78,12 @@ func congestionError(name string, err error) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
 		avail, _ := os.ReadFile("/proc/sys/net/ipv4/tcp_available_congestion_control")
-		return fmt.Errorf("tcp: congestion_control %q: not available in this kernel (available: %s)", name, strings.TrimSpace(string(avail)))
+		return fmt.Errorf("tcp: config: congestion_control %q: not available in this kernel (available: %s)", name, strings.TrimSpace(string(avail)))
 	case errors.Is(err, unix.EPERM):
 		allowed, _ := os.ReadFile("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
-		return fmt.Errorf("tcp: congestion_control %q: not allowed for this process (allowed: %s; others need CAP_NET_ADMIN)", name, strings.TrimSpace(string(allowed)))
+		return fmt.Errorf("tcp: config: congestion_control %q: not allowed for this process (allowed: %s; others need CAP_NET_ADMIN)", name, strings.TrimSpace(string(allowed)))
 	}
-	return fmt.Errorf("tcp: congestion_control %q: %w", name, err)
+	return fmt.Errorf("tcp: config: congestion_control %q: %w", name, err)
 }
 
 // checkCongestion reports whether this process may use algorithm name, on
@@ -95,7 +95,7 @@ func checkCongestion(name string) error {
 		fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
 	}
 	if err != nil {
-		return fmt.Errorf("tcp: congestion_control %q: a socket to try it on: %w", name, err)
+		return fmt.Errorf("tcp: config: congestion_control %q: a socket to try it on: %w", name, err)
 	}
 	defer unix.Close(fd)
 	return setCongestion(fd, []string{name}, true)

@@ -134,7 +134,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	// not matter) and must work: better refused here than at each Connect.
 	if names, strict := cfg.congestionFor(netip.Addr{}); strict {
 		if err := checkCongestion(names[0]); err != nil {
-			return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
+			return sdi.Local{}, err
 		}
 	}
 	log := p.Logger
