@@ -155,8 +155,10 @@
 // otherwise. Loopback has no bottleneck to estimate and no queue to keep
 // short, so BBR, the default on many hosts, only costs there: its pacing
 // spreads a large frame's segments over timers, and 1 MiB streams between
-// two ranks of one host ran 25-35 % slower with it. Other networks keep
-// the system's default, which their administrators chose.
+// two ranks of one host ran at 0.73-0.88 times the speed they reach with
+// cubic (medians of paired ratios, three runs of 10-16 interleaved
+// repetitions). Other networks keep the system's default, which their
+// administrators chose.
 //
 // # Progress
 //
