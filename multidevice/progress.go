@@ -321,6 +321,9 @@ func (d *Device) reuseRequest(r *Request, send bool, peer int32) error {
 		}
 		if send {
 			r.rearm() // isend arms it if it does not complete at once
+			if r.of == nil {
+				r.of = ownFrame()
+			}
 		} else {
 			r.reset()
 		}

@@ -84,9 +84,12 @@ type Request struct {
 	rndvFail error
 
 	// Send side: frames (and an acknowledgement) still outstanding, and
-	// the frame a pooled request keeps for its eager sends (requests the
-	// caller allocates leave it nil and take pooled frames: one more
-	// frame in every request would make every Isend allocate more).
+	// the frame the request keeps for its eager sends. Pooled requests
+	// come with one; a request the caller allocates takes pooled frames
+	// until it is reused for a send, and keeps one from then on: one
+	// frame in every such request would make an Isend into a fresh
+	// request allocate more, and a pool round trip costs a streaming
+	// loop that reuses its requests ~120 instructions a message.
 	of      *outFrame
 	pending atomic.Int32
 	sendErr atomic.Pointer[error]

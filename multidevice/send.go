@@ -147,6 +147,14 @@ type outFrame struct {
 
 var framePool = sync.Pool{New: func() any { return &outFrame{pooled: true} }}
 
+// ownFrame returns a frame for a request to keep: one taken from the pool
+// for good, so that it is never put back while the request holds it.
+func ownFrame() *outFrame {
+	of := framePool.Get().(*outFrame)
+	of.pooled = false
+	return of
+}
+
 // eagerFrame returns the frame for r's one eager frame: its own if it has
 // one (it is done before r completes), else a pooled one.
 func (r *Request) eagerFrame() *outFrame {
