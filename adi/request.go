@@ -98,7 +98,16 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 	}
 	var errs []error
 	for i, q := range reqs {
-		st, err := q.Wait(ctx)
+		// Progress above leaves most requests done: read those directly,
+		// and translate a status only when the caller keeps it.
+		var st Status
+		mst, done, err := q.r.Test()
+		switch {
+		case q.c == nil || !done:
+			st, err = q.Wait(ctx)
+		case sts != nil:
+			st = q.c.status(mst)
+		}
 		if sts != nil {
 			sts[i] = st
 		}
