@@ -18,6 +18,7 @@ const fakeAt = 1 << 40
 // cursor fakeAt, as Send would, without a record in the ring.
 type assistRig struct {
 	tx      *peer // rank 0's connection to rank 1
+	back    *peer // rank 1's connection to rank 0
 	rx      *device
 	payload []byte
 }
@@ -26,7 +27,7 @@ func newAssistRig(t *testing.T, n int) *assistRig {
 	t.Helper()
 	requireSingleCopy(t)
 	j := openJob(t, 2, jobOpts{config: []byte(`{"ring_bytes": 16777216}`)})
-	g := &assistRig{tx: j.sds[0].(*device).peers[1].Load(), rx: j.sds[1].(*device), payload: pattern(7, n)}
+	g := &assistRig{tx: j.sds[0].(*device).peers[1].Load(), back: j.sds[1].(*device).peers[0].Load(), rx: j.sds[1].(*device), payload: pattern(7, n)}
 	if !g.tx.canWrite.Load() {
 		t.Fatal("rank 0 may read rank 1's memory but was not allowed to write into it")
 	}
@@ -229,6 +230,46 @@ func (g *assistRig) run(helper func(g *assistRig, dst []byte) bool, dst []byte) 
 	// a chunk the helper writes later must not be missing from it.
 	got := bytes.Clone(dst)
 	return <-in, got, err
+}
+
+// TestAssistOnlyOneWay checks when a receiver asks for help: with a
+// payload of its own in flight towards the sender (a two-way exchange) it
+// reads alone and opens no epoch; otherwise it opens one.
+func TestAssistOnlyOneWay(t *testing.T) {
+	const n = 4 * assistChunk
+	for _, tt := range []struct {
+		name      string
+		sending   bool // rank 1 has a descriptor in flight towards rank 0
+		wantEpoch bool
+	}{
+		{name: "one way: asks for help", wantEpoch: true},
+		{name: "both ways: reads alone", sending: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newAssistRig(t, n)
+			if tt.sending {
+				g.back.mu.Lock()
+				g.back.inflight = append(g.back.inflight, inflight{token: 98, at: fakeAt, payload: pattern(8, n)})
+				g.back.mu.Unlock()
+				t.Cleanup(func() {
+					g.back.mu.Lock()
+					g.back.inflight = nil
+					g.back.mu.Unlock()
+				})
+			}
+			dst := make([]byte, n)
+			_, got, err := g.run(func(*assistRig, []byte) bool { return false }, dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, g.payload) {
+				t.Fatal("payload differs")
+			}
+			if epoch := g.tx.ring.assist.claim.Load() >> 32; (epoch != 0) != tt.wantEpoch {
+				t.Fatalf("epoch %d after the read; want one opened: %v", epoch, tt.wantEpoch)
+			}
+		})
+	}
 }
 
 // TestAssistedFrames sends frames large enough to be copied by both sides
