@@ -20,9 +20,9 @@ import (
 // SendDone of that very payload, polls on the other. So the receiver asks
 // for help (unless it is sending large payloads to that sender itself,
 // which then has its own reading to do): before it reads a descriptor's
-// payload of at least two chunks it publishes, in the assist words of the sender's ring, the
-// record's cursor and where the payload goes in its own memory, and both
-// sides take chunks from one counter. The receiver reads its chunks with
+// payload of at least two chunks it publishes, in the assist words of the
+// sender's ring, the record's cursor and where the payload goes in its
+// own memory, and both sides take chunks from one counter. The receiver reads its chunks with
 // process_vm_readv, the sender writes its chunks with process_vm_writev
 // into the receiver's buffer, and the two copies run on two cores.
 //

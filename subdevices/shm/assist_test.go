@@ -31,15 +31,21 @@ func newAssistRig(t *testing.T, n int) *assistRig {
 	if !g.tx.canWrite.Load() {
 		t.Fatal("rank 0 may read rank 1's memory but was not allowed to write into it")
 	}
-	g.tx.mu.Lock()
-	g.tx.inflight = append(g.tx.inflight, inflight{token: 99, at: fakeAt, payload: g.payload})
-	g.tx.mu.Unlock()
-	t.Cleanup(func() {
-		g.tx.mu.Lock()
-		g.tx.inflight = nil
-		g.tx.mu.Unlock()
-	})
+	inFlight(t, g.tx, g.payload)
 	return g
+}
+
+// inFlight registers payload as a descriptor of p's in flight at cursor
+// fakeAt, as Send would, until the test ends.
+func inFlight(t *testing.T, p *peer, payload []byte) {
+	p.mu.Lock()
+	p.inflight = append(p.inflight, inflight{token: 99, at: fakeAt, payload: payload})
+	p.mu.Unlock()
+	t.Cleanup(func() {
+		p.mu.Lock()
+		p.inflight = nil
+		p.mu.Unlock()
+	})
 }
 
 // request publishes a request as a receiver would, for epoch e.
@@ -248,14 +254,7 @@ func TestAssistOnlyOneWay(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			g := newAssistRig(t, n)
 			if tt.sending {
-				g.back.mu.Lock()
-				g.back.inflight = append(g.back.inflight, inflight{token: 98, at: fakeAt, payload: pattern(8, n)})
-				g.back.mu.Unlock()
-				t.Cleanup(func() {
-					g.back.mu.Lock()
-					g.back.inflight = nil
-					g.back.mu.Unlock()
-				})
+				inFlight(t, g.back, pattern(8, n))
 			}
 			dst := make([]byte, n)
 			_, got, err := g.run(func(*assistRig, []byte) bool { return false }, dst)
