@@ -136,7 +136,7 @@ func (rc *receiver) readAssisted(r int, pr *peerProc, dst []byte, addr, head uin
 // towards rank r by descriptor: then r is reading them (a two-way
 // exchange), has no idle core to lend, and its help would cost both sides
 // chunked system calls and waits. Reading alone then, bibw at 1 MiB rose
-// by 4-10 % in four interleaved runs of 10-16 launches (12.7 -> 14.3 GB/s
+// by 4-16 % in four interleaved runs of 8-16 launches (12.7 -> 14.3 GB/s
 // in one), while one-way bw, where the sender is idle, keeps its help.
 func (rc *receiver) sendingTo(r int) bool {
 	p := rc.sd.peers[r].Load()
