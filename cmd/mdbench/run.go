@@ -488,13 +488,23 @@ func checkSeriesName(v, name string) error {
 	return nil
 }
 
-// parseEnvSeries parses NAME:VAR=VALUE[,VAR=VALUE...].
-func parseEnvSeries(v string) (variant, error) {
-	name, list, ok := strings.Cut(v, ":")
-	if !ok || list == "" {
-		return variant{}, fmt.Errorf("%q: want NAME:VAR=VALUE[,VAR=VALUE...]", v)
+// cutSeries splits a series flag's value v, of the given form, at its
+// first colon into a valid series name and a non-empty rest.
+func cutSeries(v, form string) (name, rest string, err error) {
+	name, rest, ok := strings.Cut(v, ":")
+	if !ok || rest == "" {
+		return "", "", fmt.Errorf("%q: want %s", v, form)
 	}
 	if err := checkSeriesName(v, name); err != nil {
+		return "", "", err
+	}
+	return name, rest, nil
+}
+
+// parseEnvSeries parses NAME:VAR=VALUE[,VAR=VALUE...].
+func parseEnvSeries(v string) (variant, error) {
+	name, list, err := cutSeries(v, "NAME:VAR=VALUE[,VAR=VALUE...]")
+	if err != nil {
 		return variant{}, err
 	}
 	e := variant{name: name}
@@ -512,11 +522,8 @@ func parseEnvSeries(v string) (variant, error) {
 // built from other source, whose ranks speak this one's child protocol
 // (the job description in MDBENCH_CHILD, results on stdout).
 func parseBuildSeries(v string) (variant, error) {
-	name, path, ok := strings.Cut(v, ":")
-	if !ok || path == "" {
-		return variant{}, fmt.Errorf("%q: want NAME:PATH", v)
-	}
-	if err := checkSeriesName(v, name); err != nil {
+	name, path, err := cutSeries(v, "NAME:PATH")
+	if err != nil {
 		return variant{}, err
 	}
 	abs, err := filepath.Abs(path)
