@@ -229,6 +229,9 @@ func (d *Device) open(ctx context.Context, o Options) error {
 	if err := d.boot.Put("host", []byte(d.boot.Host())); err != nil {
 		return fmt.Errorf("multidevice: publish host: %w", err)
 	}
+	if err := d.publishCPUs(); err != nil { // progress.go
+		return err
+	}
 	if err := d.publishRole(); err != nil {
 		return err
 	}
@@ -246,7 +249,9 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		}
 		hosts[r] = string(h)
 	}
-	d.noteHosts(hosts) // progress.go
+	if err := d.noteHosts(ctx, hosts); err != nil { // progress.go
+		return err
+	}
 	return d.route(ctx, o.Table, hosts)
 }
 

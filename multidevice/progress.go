@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,14 +52,43 @@ type progressState struct {
 	crowded bool
 }
 
-// noteHosts records how crowded this rank's host is; the subdevices are
-// open by then.
-func (d *Device) noteHosts(hosts []string) {
-	local := 0
-	for _, h := range hosts {
-		if h == hosts[d.rank] {
-			local++
+// publishCPUs tells the other ranks which CPUs this one may run on, so
+// that noteHosts can tell whether the ranks of a host share CPUs. A rank
+// that cannot read them publishes nothing, which reads as "unknown".
+func (d *Device) publishCPUs() error {
+	var b []byte
+	if cpus, err := sched.Affinity(); err == nil {
+		b = cpus.Encode()
+	} else {
+		d.log.Debug("CPUs unknown", "error", err)
+	}
+	if err := d.boot.Put("cpus", b); err != nil {
+		return fmt.Errorf("multidevice: publish CPUs: %w", err)
+	}
+	return nil
+}
+
+// noteHosts records whether this rank's host is crowded, from the CPUs its
+// ranks may run on; the subdevices are open by then.
+func (d *Device) noteHosts(ctx context.Context, hosts []string) error {
+	var local []sched.CPUSet
+	mine := -1
+	for r, h := range hosts {
+		if h != hosts[d.rank] {
+			continue
 		}
+		b, err := d.boot.Get(ctx, r, "cpus")
+		if err != nil {
+			return fmt.Errorf("multidevice: CPUs of rank %d: %w", r, err)
+		}
+		cpus, err := sched.DecodeCPUSet(b)
+		if err != nil {
+			d.log.Warn("CPUs of a rank unreadable; taken as unknown", "rank", r, "error", err)
+		}
+		if int32(r) == d.rank {
+			mine = len(local)
+		}
+		local = append(local, cpus)
 	}
 	perRank := 1
 	for _, s := range d.subs[1:] {
@@ -66,7 +96,37 @@ func (d *Device) noteHosts(hosts []string) {
 			perRank++
 		}
 	}
-	d.prog.crowded = local*perRank > runtime.NumCPU()
+	var pollers, ncpu int
+	d.prog.crowded, pollers, ncpu = crowded(local, mine, perRank, runtime.NumCPU())
+	d.log.Debug("polling threads and the CPUs they share", "threads", pollers, "cpus", ncpu, "crowded", d.prog.crowded, "mine", local[mine])
+	return nil
+}
+
+// crowded reports whether more polling threads may run on this rank's CPUs
+// than there are: a waiter must then yield between polls, since the peer
+// it waits for may need this very core. local holds the CPUs of each rank
+// on this host, this one at index mine; each runs perRank polling threads
+// (itself and its external pollable subdevices, which inherit its CPUs).
+// The threads counted are those of the ranks whose CPUs overlap this
+// one's, on the CPUs of all of them: ranks an MPI launcher or Slurm bound
+// to a core each are not crowded, however few CPUs each sees; unbound
+// ranks all overlap and count against every CPU they may use. When a
+// rank's CPUs are unknown, every rank of the host counts against
+// hostCPUs.
+func crowded(local []sched.CPUSet, mine, perRank, hostCPUs int) (yes bool, threads, cpus int) {
+	if slices.ContainsFunc(local, func(s sched.CPUSet) bool { return s == nil }) {
+		threads = len(local) * perRank
+		return threads > hostCPUs, threads, hostCPUs
+	}
+	var union sched.CPUSet
+	for _, s := range local {
+		if s.Overlaps(local[mine]) {
+			threads += perRank
+			union = union.Union(s)
+		}
+	}
+	cpus = union.Count()
+	return threads > cpus, threads, cpus
 }
 
 // initPolling finds the pollable subdevices once routes are known.

@@ -1,0 +1,80 @@
+package multidevice
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/internal/sched"
+)
+
+func cpuSet(cpus ...int) sched.CPUSet {
+	var s sched.CPUSet
+	for _, c := range cpus {
+		for len(s) <= c/64 {
+			s = append(s, 0)
+		}
+		s[c/64] |= 1 << (c % 64)
+	}
+	return s
+}
+
+// A host is crowded for a rank when more polling threads may run on its
+// CPUs than there are, whatever each rank's own view of the machine.
+func TestCrowded(t *testing.T) {
+	both := cpuSet(0, 1)
+	tests := []struct {
+		name     string
+		local    []sched.CPUSet
+		mine     int
+		perRank  int
+		hostCPUs int
+		want     bool
+		threads  int
+		cpus     int
+	}{
+		{"two unbound ranks, two CPUs", []sched.CPUSet{both, both}, 0, 1, 2, false, 2, 2},
+		{"four unbound ranks, two CPUs", []sched.CPUSet{both, both, both, both}, 1, 1, 2, true, 4, 2},
+		// Each sees one CPU (and so does runtime.NumCPU): not crowded.
+		{"bound to a core each", []sched.CPUSet{cpuSet(0), cpuSet(1)}, 0, 1, 1, false, 1, 1},
+		{"bound to one core together", []sched.CPUSet{cpuSet(0), cpuSet(0)}, 1, 1, 1, true, 2, 1},
+		{"alone on its core", []sched.CPUSet{cpuSet(0), cpuSet(0), cpuSet(1)}, 2, 1, 1, false, 1, 1},
+		{"sharing a core beside one alone", []sched.CPUSet{cpuSet(0), cpuSet(0), cpuSet(1)}, 0, 1, 1, true, 2, 1},
+		{"bound, with a polling plugin each", []sched.CPUSet{cpuSet(0), cpuSet(1)}, 0, 2, 1, true, 2, 1},
+		{"overlapping bindings", []sched.CPUSet{cpuSet(0, 1), cpuSet(1, 2), cpuSet(3)}, 0, 1, 1, false, 2, 3},
+		{"CPUs beyond 64", []sched.CPUSet{cpuSet(70), cpuSet(70)}, 0, 1, 1, true, 2, 1},
+		{"one unknown, roomy host", []sched.CPUSet{cpuSet(0), nil}, 0, 1, 4, false, 2, 4},
+		{"one unknown, small host", []sched.CPUSet{cpuSet(0), nil}, 0, 1, 1, true, 2, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, threads, cpus := crowded(tt.local, tt.mine, tt.perRank, tt.hostCPUs)
+			if got != tt.want || threads != tt.threads || cpus != tt.cpus {
+				t.Errorf("crowded = %v, %d threads on %d CPUs; want %v, %d on %d", got, threads, cpus, tt.want, tt.threads, tt.cpus)
+			}
+		})
+	}
+}
+
+// Ranks publish their CPUs and read those of the ranks on their host as
+// they open: ranks sharing this process see its CPUs each.
+func TestCrowdedFromJob(t *testing.T) {
+	cpus, err := sched.Affinity()
+	if err != nil {
+		t.Skipf("no CPU affinity here: %v", err)
+	}
+	for _, n := range []int{1, 2, 3} {
+		devs := loopJob(t, n, smallCaps)
+		want := n > cpus.Count()
+		for _, d := range devs {
+			b, err := d.boot.Get(context.Background(), n-1, "cpus")
+			if got, derr := sched.DecodeCPUSet(b); err != nil || derr != nil || got.String() != cpus.String() {
+				t.Errorf("rank %d reads rank %d's CPUs as %v (%v, %v), want %v", d.rank, n-1, got, err, derr, cpus)
+			}
+			if d.prog.crowded != want {
+				t.Errorf("%d ranks on %v (%d CPUs, runtime.NumCPU %d): crowded = %v, want %v", n, cpus, cpus.Count(), runtime.NumCPU(), d.prog.crowded, want)
+			}
+		}
+		closeJob(t, devs)
+	}
+}
