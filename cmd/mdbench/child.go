@@ -66,10 +66,6 @@ func childMain() int {
 		b, _ := json.Marshal(s) // a struct of plain fields always marshals
 		fmt.Printf("%s%s\n", resultPrefix, b)
 	}
-	if err := bindFromEnv(); err != nil {
-		fmt.Fprintf(os.Stderr, "mdbench rank: %v\n", err)
-		return 1
-	}
 	if dir := os.Getenv(profileEnv); dir != "" {
 		stop, err := startProfile(dir)
 		if err != nil {

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,13 +16,19 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
 // launch starts n ranks of this program for job j, with a rendezvous
 // service of its own (as mdrun does), and returns the samples they printed.
 // With bind set and no more ranks than CPUs, rank r is bound to CPU r:
 // freshly started processes otherwise often share a CPU until the kernel
-// balances them, which wrecks a ping-pong of spinning ranks.
+// balances them, which wrecks a ping-pong of spinning ranks. It is bound
+// before it runs, as mpiexec and Slurm bind: the Go runtime then sizes
+// GOMAXPROCS to that one CPU from the start. A rank that bound itself
+// would run its first second or so with a processor per CPU of the
+// machine, until the runtime noticed, and would not see what a bound
+// rank of a user's job sees.
 func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logger) ([]sample, error) {
 	self := j.Exe
 	if self == "" {
@@ -68,14 +73,15 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 		cmd := exec.CommandContext(ctx, self)
 		// j.Env after ours: exec keeps the last of duplicate keys.
 		cmd.Env = append(append(append(os.Environ(), j.Env...), srv.Env(r)...), childEnv+"="+string(cfg))
-		if bind && n <= runtime.NumCPU() {
-			cmd.Env = append(cmd.Env, cpuEnv+"="+strconv.Itoa(r))
-		}
 		cmd.Stderr = os.Stderr // ranks are quiet unless MD_LOG_LEVEL says otherwise
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()
 		if err == nil {
-			err = cmd.Start()
+			if bind && n <= runtime.NumCPU() {
+				err = startOn(cmd, r)
+			} else {
+				err = cmd.Start()
+			}
 		}
 		if err != nil {
 			killAll()
@@ -132,4 +138,15 @@ func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
 		out = append(out, s)
 	}
 	return out, sc.Err()
+}
+
+// startOn starts cmd bound to cpu: a child inherits the CPUs of the thread
+// that forks it.
+func startOn(cmd *exec.Cmd, cpu int) error {
+	restore, err := sched.PinThread(cpu)
+	if err != nil {
+		return err
+	}
+	defer restore()
+	return cmd.Start()
 }
