@@ -134,7 +134,9 @@ type jobOpts struct {
 	// noSleepBound makes doorbell sleeps unbounded, so a lost wake-up hangs
 	// the test instead of costing half a second.
 	noSleepBound bool
-	host         func(r int) string
+	// sleepFor, if set, bounds doorbell sleeps instead of sleepTimeout.
+	sleepFor time.Duration
+	host     func(r int) string
 }
 
 // openJob opens n instances with a fresh job id and connects every pair
@@ -148,6 +150,9 @@ func openJob(t testing.TB, n int, o jobOpts) *job {
 		sd := New(testLogger(t))
 		if o.noSleepBound {
 			sd.(*device).sleepFor = 0
+		}
+		if o.sleepFor != 0 {
+			sd.(*device).sleepFor = o.sleepFor
 		}
 		host := "host-a"
 		if o.host != nil {

@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"encoding/binary"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -143,5 +144,45 @@ func TestDrainPassIsBounded(t *testing.T) {
 		if binary.LittleEndian.Uint64(m.header) != i || !bytes.Equal(m.payload, pattern(i, size)) {
 			t.Fatalf("frame %d: got header %x and %d bytes, want frame %d intact", i, m.header, len(m.payload), i)
 		}
+	}
+}
+
+// TestNoSleepBesideRunnable runs a goroutine that computes without a
+// break beside an idle instance, on one processor, as on a rank bound to
+// one CPU. The progress goroutine must not sleep on the doorbell while
+// that goroutine waits for the processor: a goroutine blocked in a system
+// call keeps its processor for up to 10 ms or more. It naps instead, and
+// sleeps again once nothing else wants to run.
+func TestNoSleepBesideRunnable(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	j := openJob(t, 1, jobOpts{sleepFor: 20 * time.Millisecond})
+	sd := j.sds[0].(*device)
+	for sd.sleeps.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	sleeps, naps := sd.sleeps.Load(), sd.naps.Load()
+	// Long enough for the progress goroutine to wake from its sleep and
+	// go through its polling and yielding rounds to the point where it
+	// would sleep again, twice: each of its 64 yields lets this
+	// goroutine run until the runtime preempts it, ~10 ms.
+	done := make(chan uint64)
+	go func() {
+		x := uint64(1)
+		for t0 := time.Now(); time.Since(t0) < 1500*time.Millisecond; {
+			for range 1000 {
+				x = x*6364136223846793005 + 1442695040888963407
+			}
+		}
+		done <- x
+	}()
+	<-done
+	if got := sd.sleeps.Load() - sleeps; got != 0 {
+		t.Errorf("the progress goroutine went to sleep on the doorbell %d time(s) beside a runnable goroutine", got)
+	}
+	if sd.naps.Load() == naps {
+		t.Errorf("the progress goroutine never came to the point of sleeping while the goroutine computed; the test proves nothing")
+	}
+	for sd.sleeps.Load() == sleeps {
+		time.Sleep(time.Millisecond) // idle again: it must sleep (the test timeout catches it if not)
 	}
 }

@@ -164,7 +164,20 @@ func (sd *device) progress() {
 		default:
 			sd.locked(func(rc *receiver) { rc.checkPeers() })
 			lastCheck = time.Now()
-			sd.sleep()
+			if sched.Runnable() {
+				// Another goroutine waits for a processor: the
+				// application computing between messages, on a rank
+				// bound to one CPU. Sleeping in futex_wait would keep
+				// the processor from it until the runtime's monitor
+				// took it back, 20 us to 10 ms later; a bound rank
+				// computing beside an idle subdevice stood still for
+				// ~20 ms twice every 4 s. The nap gives the processor
+				// back and the next round looks again.
+				sd.nap(napTimer)
+				sd.naps.Add(1)
+			} else {
+				sd.sleep()
+			}
 			idle = 0
 		}
 	}
@@ -516,6 +529,7 @@ func (sd *device) sleep() {
 	pending := true
 	sd.locked(func(rc *receiver) { pending = rc.pending() })
 	if !pending && !sd.stop.Load() {
+		sd.sleeps.Add(1)
 		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, sd.sleepFor); err != nil {
 			// Should not happen; fall back to a short nap rather than a busy loop.
 			sd.log.Warn("futex wait failed", "error", err)

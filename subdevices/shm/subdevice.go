@@ -84,6 +84,10 @@ type device struct {
 	// assistPatience bounds a receiver's wait for the chunks a sender took
 	// (assist.go); tests shorten it.
 	assistPatience time.Duration
+	// sleeps counts the progress goroutine's doorbell sleeps, and naps
+	// those it napped instead because another goroutine was runnable
+	// (progress.go). Tests read them.
+	sleeps, naps atomic.Int64
 
 	// rx is the receive state; rxMu makes the progress goroutine and
 	// goroutines in Poll take turns with it (see progress.go).
