@@ -239,12 +239,27 @@ func (r *ring) publish(head uint64) {
 // Producer side only.
 func (r *ring) waitRoom(n int, d time.Duration) {
 	need := uint64(n) * 2 // a pad may precede it
+	if sched.Runnable() {
+		napBeside(d)
+		return
+	}
 	bell := r.roomBell.Load()
 	r.roomWait.Store(1)
 	if r.head.Load()+need-r.tail.Load() > r.size {
 		futex.Wait((*uint32)(unsafe.Pointer(r.roomBell)), bell, d)
 	}
 	r.roomWait.Store(0)
+}
+
+// napBeside stands in for a futex wait of at most d (d <= 0: no limit)
+// while another goroutine is ready to run (sched.Runnable): it parks in
+// the Go scheduler, which hands the processor over at once, for a
+// millisecond at most. Callers re-check their ring either way.
+func napBeside(d time.Duration) {
+	if d <= 0 || d > time.Millisecond {
+		d = time.Millisecond
+	}
+	time.Sleep(d)
 }
 
 // reader is the consumer side of a ring. It reads records ahead of what it
@@ -332,6 +347,10 @@ func (rd *reader) sleep(spin time.Duration, d time.Duration, awake func() bool) 
 		if ready() {
 			return
 		}
+	}
+	if sched.Runnable() {
+		napBeside(d)
+		return
 	}
 	bell := r.dataBell.Load()
 	r.dataWait.Store(1)

@@ -5,7 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -231,4 +233,44 @@ func FuzzRingReader(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A reader or writer about to wait for the other side does not block in a
+// system call while another goroutine waits for the processor (as the
+// application does, computing on a rank bound to one CPU): it naps in the
+// Go scheduler and returns, so that the other goroutine runs at once. A
+// futex wait would have kept the processor until the runtime's monitor
+// took it back.
+func TestRingWaitsYieldToRunnable(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	mem := testSegment(t, minRingBytes, minRingBytes)
+	out, in := rings(mem)
+	rd := reader{r: out, lim: limits{maxHeader: 64, maxPayload: 64, size: 1}}
+	for !in.tryWrite(kindFrame, 0, 0, nil, make([]byte, in.maxRecord()/2)) {
+	}
+	for _, tc := range []struct {
+		name string
+		wait func()
+	}{
+		{"reader on an empty ring", func() { rd.sleep(0, 0, nil) }},
+		{"writer on a full ring", func() { in.waitRoom(in.maxRecord(), 0) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ran atomic.Bool
+			returned := make(chan struct{})
+			go func() {
+				go func() { ran.Store(true) }()
+				tc.wait() // without limit, and nobody ends it: only a nap returns
+				close(returned)
+			}()
+			select {
+			case <-returned:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the wait blocked beside a runnable goroutine")
+			}
+			if !ran.Load() {
+				t.Error("the runnable goroutine did not run during the wait")
+			}
+		})
+	}
 }
