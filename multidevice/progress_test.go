@@ -8,21 +8,10 @@ import (
 	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
-func cpuSet(cpus ...int) sched.CPUSet {
-	var s sched.CPUSet
-	for _, c := range cpus {
-		for len(s) <= c/64 {
-			s = append(s, 0)
-		}
-		s[c/64] |= 1 << (c % 64)
-	}
-	return s
-}
-
 // A host is crowded for a rank when more polling threads may run on its
 // CPUs than there are, whatever each rank's own view of the machine.
 func TestCrowded(t *testing.T) {
-	both := cpuSet(0, 1)
+	both := sched.CPUs(0, 1)
 	tests := []struct {
 		name     string
 		local    []sched.CPUSet
@@ -36,15 +25,15 @@ func TestCrowded(t *testing.T) {
 		{"two unbound ranks, two CPUs", []sched.CPUSet{both, both}, 0, 1, 2, false, 2, 2},
 		{"four unbound ranks, two CPUs", []sched.CPUSet{both, both, both, both}, 1, 1, 2, true, 4, 2},
 		// Each sees one CPU (and so does runtime.NumCPU): not crowded.
-		{"bound to a core each", []sched.CPUSet{cpuSet(0), cpuSet(1)}, 0, 1, 1, false, 1, 1},
-		{"bound to one core together", []sched.CPUSet{cpuSet(0), cpuSet(0)}, 1, 1, 1, true, 2, 1},
-		{"alone on its core", []sched.CPUSet{cpuSet(0), cpuSet(0), cpuSet(1)}, 2, 1, 1, false, 1, 1},
-		{"sharing a core beside one alone", []sched.CPUSet{cpuSet(0), cpuSet(0), cpuSet(1)}, 0, 1, 1, true, 2, 1},
-		{"bound, with a polling plugin each", []sched.CPUSet{cpuSet(0), cpuSet(1)}, 0, 2, 1, true, 2, 1},
-		{"overlapping bindings", []sched.CPUSet{cpuSet(0, 1), cpuSet(1, 2), cpuSet(3)}, 0, 1, 1, false, 2, 3},
-		{"CPUs beyond 64", []sched.CPUSet{cpuSet(70), cpuSet(70)}, 0, 1, 1, true, 2, 1},
-		{"one unknown, roomy host", []sched.CPUSet{cpuSet(0), nil}, 0, 1, 4, false, 2, 4},
-		{"one unknown, small host", []sched.CPUSet{cpuSet(0), nil}, 0, 1, 1, true, 2, 1},
+		{"bound to a core each", []sched.CPUSet{sched.CPUs(0), sched.CPUs(1)}, 0, 1, 1, false, 1, 1},
+		{"bound to one core together", []sched.CPUSet{sched.CPUs(0), sched.CPUs(0)}, 1, 1, 1, true, 2, 1},
+		{"alone on its core", []sched.CPUSet{sched.CPUs(0), sched.CPUs(0), sched.CPUs(1)}, 2, 1, 1, false, 1, 1},
+		{"sharing a core beside one alone", []sched.CPUSet{sched.CPUs(0), sched.CPUs(0), sched.CPUs(1)}, 0, 1, 1, true, 2, 1},
+		{"bound, with a polling plugin each", []sched.CPUSet{sched.CPUs(0), sched.CPUs(1)}, 0, 2, 1, true, 2, 1},
+		{"overlapping bindings", []sched.CPUSet{sched.CPUs(0, 1), sched.CPUs(1, 2), sched.CPUs(3)}, 0, 1, 1, false, 2, 3},
+		{"CPUs beyond 64", []sched.CPUSet{sched.CPUs(70), sched.CPUs(70)}, 0, 1, 1, true, 2, 1},
+		{"one unknown, roomy host", []sched.CPUSet{sched.CPUs(0), nil}, 0, 1, 4, false, 2, 4},
+		{"one unknown, small host", []sched.CPUSet{sched.CPUs(0), nil}, 0, 1, 1, true, 2, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -16,11 +16,10 @@ func Affinity() (CPUSet, error) {
 		return nil, fmt.Errorf("sched: read this thread's CPUs: %w", err)
 	}
 	// Bit by bit: unix.CPUSet's words are 32 bits wide on 32-bit systems.
-	n := int(unsafe.Sizeof(set)) * 8
-	s := make(CPUSet, (n+63)/64)
-	for i := range n {
+	var s CPUSet
+	for i := range int(unsafe.Sizeof(set)) * 8 {
 		if set.IsSet(i) {
-			s[i/64] |= 1 << (i % 64)
+			s.Add(i)
 		}
 	}
 	return s, nil

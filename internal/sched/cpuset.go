@@ -15,6 +15,23 @@ type CPUSet []uint64
 // maxCPUWords bounds a decoded set: 8192 CPUs, Linux's own limit.
 const maxCPUWords = 8192 / 64
 
+// CPUs returns the set of the given CPU numbers.
+func CPUs(cpus ...int) CPUSet {
+	var s CPUSet
+	for _, c := range cpus {
+		s.Add(c)
+	}
+	return s
+}
+
+// Add puts cpu (>= 0) into s, growing it as needed.
+func (s *CPUSet) Add(cpu int) {
+	for len(*s) <= cpu/64 {
+		*s = append(*s, 0)
+	}
+	(*s)[cpu/64] |= 1 << (cpu % 64)
+}
+
 // Count is the number of CPUs in s.
 func (s CPUSet) Count() int {
 	n := 0

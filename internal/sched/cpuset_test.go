@@ -7,17 +7,6 @@ import (
 	"testing"
 )
 
-func cpus(ns ...int) CPUSet {
-	var s CPUSet
-	for _, n := range ns {
-		for len(s) <= n/64 {
-			s = append(s, 0)
-		}
-		s[n/64] |= 1 << (n % 64)
-	}
-	return s
-}
-
 func TestCPUSet(t *testing.T) {
 	tests := []struct {
 		s     CPUSet
@@ -26,11 +15,11 @@ func TestCPUSet(t *testing.T) {
 	}{
 		{nil, "unknown", 0},
 		{CPUSet{0}, "none", 0},
-		{cpus(0), "0", 1},
-		{cpus(0, 1, 2, 3, 8), "0-3,8", 5},
-		{cpus(1, 3, 5), "1,3,5", 3},
-		{cpus(62, 63, 64, 65, 200), "62-65,200", 5},
-		{cpus(127), "127", 1},
+		{CPUs(0), "0", 1},
+		{CPUs(0, 1, 2, 3, 8), "0-3,8", 5},
+		{CPUs(1, 3, 5), "1,3,5", 3},
+		{CPUs(62, 63, 64, 65, 200), "62-65,200", 5},
+		{CPUs(127), "127", 1},
 	}
 	for _, tt := range tests {
 		if got := tt.s.String(); got != tt.str {
@@ -55,11 +44,11 @@ func TestCPUSetOverlapUnion(t *testing.T) {
 		overlap bool
 		union   string
 	}{
-		{cpus(0), cpus(1), false, "0-1"},
-		{cpus(0, 1), cpus(1), true, "0-1"},
-		{cpus(1), cpus(0, 1, 70), true, "0-1,70"},
-		{cpus(70), cpus(3), false, "3,70"},
-		{nil, cpus(3), false, "3"},
+		{CPUs(0), CPUs(1), false, "0-1"},
+		{CPUs(0, 1), CPUs(1), true, "0-1"},
+		{CPUs(1), CPUs(0, 1, 70), true, "0-1,70"},
+		{CPUs(70), CPUs(3), false, "3,70"},
+		{nil, CPUs(3), false, "3"},
 	}
 	for _, tt := range tests {
 		if got := tt.a.Overlaps(tt.b); got != tt.overlap {
@@ -89,7 +78,7 @@ func TestDecodeCPUSetErrors(t *testing.T) {
 
 func FuzzDecodeCPUSet(f *testing.F) {
 	f.Add([]byte{})
-	f.Add(cpus(0, 5, 64).Encode())
+	f.Add(CPUs(0, 5, 64).Encode())
 	f.Add([]byte{1, 2, 3})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		s, err := DecodeCPUSet(b)
