@@ -3,6 +3,7 @@ package shm
 import (
 	"bytes"
 	"errors"
+	"runtime"
 	"testing"
 	"time"
 	"unsafe"
@@ -203,6 +204,11 @@ func TestReadAssisted(t *testing.T) {
 			// then the case did not happen, and it goes again.
 			for attempt := 0; ; attempt++ {
 				if attempt == 20 {
+					if runtime.GOMAXPROCS(0) == 1 {
+						// The helper runs only when the receiver lets go of
+						// the one processor, after its reading is done.
+						t.Skip("the helper never got a chunk in 20 attempts, on one processor")
+					}
 					t.Fatal("the helper never got a chunk in 20 attempts")
 				}
 				dst := make([]byte, n)
