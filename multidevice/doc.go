@@ -39,13 +39,20 @@
 // in Recv with nothing arriving spends at most 2 ms of CPU per call and
 // then none. Before it parks it calls [sdi.Idler.Idle] on the subdevices
 // it polled that set [sdi.FlagIdle], so that their own goroutines take over
-// at once instead of after a pause of their own. On a host with more ranks
-// than CPUs the loop yields between polls from the start.
+// at once instead of after a pause of their own. Where more polling
+// threads may run on a rank's CPUs than there are (unbound ranks
+// outnumbering the cores, several ranks bound to one, a polling plugin
+// process beside each rank), the loop yields between polls from the
+// start. Ranks publish the CPUs they may run on as they open, so a rank
+// that mpiexec, Slurm or taskset bound to a core of its own, and whose
+// runtime.NumCPU is therefore 1, does not count as crowded.
 //
 // What wakes it. Each subdevice keeps its own goroutines for the time
 // nobody polls: shm's progress goroutine naps while Poll calls keep coming
 // and otherwise spins briefly, then sleeps on a futex word in the shared
-// segment that senders ring only when it sleeps; tcp's readers wait in
+// segment that senders ring only when it sleeps (and not while another
+// goroutine of the rank is ready to run, whose processor it would hold);
+// tcp's readers wait on a goroutine that waits, in the netpoller, for
 // the subdevice's own epoll set, and its writers in the netpoller, and
 // both stand by while Poll calls keep coming (pollers then read and write
 // the sockets themselves) until Idle; a plugin subdevice's ring goroutine
