@@ -181,8 +181,12 @@
 // wakes that thread, whether or not a goroutine waits for it; on a machine
 // with few cores that wake-up took a polling rank's core on every message
 // and doubled the latency. Instead a reader waits on a channel fed by one
-// goroutine per instance blocked in the instance's own epoll set, where its
-// socket is armed one-shot for each wait; then it takes the lock and
+// goroutine per instance that waits for the instance's own epoll set, where
+// its socket is armed one-shot for each wait; that goroutine waits for the
+// set in the netpoller (the set itself is pollable, and becomes readable
+// only when an armed socket fires), never in a blocking epoll_wait, which
+// would hold the processor of a rank bound to one CPU for up to 10 ms
+// each time it went back to wait. Then the reader takes the lock and
 // delivers what has arrived. While Poll calls keep coming, the readers
 // stand by on another channel instead: a reader woken while pollers work
 // leaves its socket unarmed, so at most one wake-up per connection marks
