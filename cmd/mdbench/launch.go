@@ -21,7 +21,8 @@ import (
 
 // launch starts n ranks of this program for job j, with a rendezvous
 // service of its own (as mdrun does), and returns the samples they printed.
-// With bind set and no more ranks than CPUs, rank r is bound to CPU r:
+// With bind set and no more ranks than CPUs, rank r is bound to the r-th
+// CPU mdbench may use (CPU r, unless mdbench itself was bound to some):
 // freshly started processes otherwise often share a CPU until the kernel
 // balances them, which wrecks a ping-pong of spinning ranks. It is bound
 // before it runs, as mpiexec and Slurm bind: the Go runtime then sizes
@@ -69,6 +70,13 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 			_ = c.Process.Kill() // an exited rank just reports that
 		}
 	}
+	var allowed sched.CPUSet // the CPUs ranks are bound to, in order
+	if bind && n <= runtime.NumCPU() {
+		var err error
+		if allowed, err = sched.Affinity(); err != nil {
+			return nil, err
+		}
+	}
 	for r := range n {
 		cmd := exec.CommandContext(ctx, self)
 		// j.Env after ours: exec keeps the last of duplicate keys.
@@ -78,7 +86,7 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 		out, err := cmd.StdoutPipe()
 		if err == nil {
 			if bind && n <= runtime.NumCPU() {
-				err = startOn(cmd, r)
+				err = startOn(cmd, r, allowed)
 			} else {
 				err = cmd.Start()
 			}
@@ -140,9 +148,13 @@ func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
 	return out, sc.Err()
 }
 
-// startOn starts cmd bound to cpu: a child inherits the CPUs of the thread
-// that forks it.
-func startOn(cmd *exec.Cmd, cpu int) error {
+// startOn starts cmd bound to the i-th of the CPUs mdbench may use
+// (allowed): a child inherits the CPUs of the thread that forks it.
+func startOn(cmd *exec.Cmd, i int, allowed sched.CPUSet) error {
+	cpu, ok := allowed.Nth(i)
+	if !ok {
+		return fmt.Errorf("bind rank %d: mdbench may use CPUs %v only", i, allowed)
+	}
 	restore, err := sched.PinThread(cpu)
 	if err != nil {
 		return err

@@ -32,6 +32,20 @@ func (s *CPUSet) Add(cpu int) {
 	(*s)[cpu/64] |= 1 << (cpu % 64)
 }
 
+// Nth returns the i-th CPU of s in ascending order, counting from 0, and
+// whether s has that many.
+func (s CPUSet) Nth(i int) (int, bool) {
+	for cpu := range len(s) * 64 {
+		if s.has(cpu) {
+			if i == 0 {
+				return cpu, true
+			}
+			i--
+		}
+	}
+	return 0, false
+}
+
 // Count is the number of CPUs in s.
 func (s CPUSet) Count() int {
 	n := 0

@@ -38,6 +38,21 @@ func TestCPUSet(t *testing.T) {
 	}
 }
 
+func TestCPUSetNth(t *testing.T) {
+	s := CPUs(2, 3, 70)
+	for i, want := range []int{2, 3, 70} {
+		if got, ok := s.Nth(i); !ok || got != want {
+			t.Errorf("Nth(%d) = %d, %v; want %d", i, got, ok, want)
+		}
+	}
+	if _, ok := s.Nth(3); ok {
+		t.Error("Nth(3) of three CPUs found one")
+	}
+	if _, ok := CPUSet(nil).Nth(0); ok {
+		t.Error("the unknown set has a CPU")
+	}
+}
+
 func TestCPUSetOverlapUnion(t *testing.T) {
 	tests := []struct {
 		a, b    CPUSet
