@@ -70,7 +70,7 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 			_ = c.Process.Kill() // an exited rank just reports that
 		}
 	}
-	var allowed sched.CPUSet // the CPUs ranks are bound to, in order
+	var allowed sched.CPUSet // the CPUs ranks are bound to, in order; nil: unbound
 	if bind && n <= runtime.NumCPU() {
 		var err error
 		if allowed, err = sched.Affinity(); err != nil {
@@ -85,7 +85,7 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()
 		if err == nil {
-			if bind && n <= runtime.NumCPU() {
+			if allowed != nil {
 				err = startOn(cmd, r, allowed)
 			} else {
 				err = cmd.Start()
