@@ -149,16 +149,11 @@ func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
 }
 
 // startOn starts cmd bound to the i-th of the CPUs mdbench may use
-// (allowed): a child inherits the CPUs of the thread that forks it.
+// (allowed).
 func startOn(cmd *exec.Cmd, i int, allowed sched.CPUSet) error {
 	cpu, ok := allowed.Nth(i)
 	if !ok {
 		return fmt.Errorf("bind rank %d: mdbench may use CPUs %v only", i, allowed)
 	}
-	restore, err := sched.PinThread(cpu)
-	if err != nil {
-		return err
-	}
-	defer restore()
-	return cmd.Start()
+	return sched.StartOn(cmd, cpu)
 }
