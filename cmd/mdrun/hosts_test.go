@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
 func TestParseHosts(t *testing.T) {
@@ -100,7 +102,13 @@ func TestPlaceRanks(t *testing.T) {
 func TestRemoteCommand(t *testing.T) {
 	args := []string{"plain", "two words", "it's", `"quoted"`, "$HOME", "a;b", "*", "", "tab\there", "new\nline"}
 	env := []string{"MDRUN_ADDR=tcp:10.0.0.1:4000", "MD_X=with space"}
-	script := `for a; do printf '<%s>' "$a"; done; printf '%s|%s' "$MD_X" "$PWD"`
+	script := `for a; do printf '<%s>' "$a"; done; printf '%s|%s|%s' "$MD_X" "$PWD" "$(grep Cpus_allowed_list /proc/self/status | cut -f2)"`
+	// Unbound, the rank runs on the CPUs this test may use.
+	self, err := sched.Affinity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mine := "|" + self.String()
 	dir := filepath.Join(t.TempDir(), "it's a dir")
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -113,16 +121,21 @@ func TestRemoteCommand(t *testing.T) {
 		name string
 		wdir string
 		must bool
+		cpu  int
 		out  string // what the rank prints after its arguments; "" fails
 	}{
-		{"in the directory", dir, false, "with space|" + dir},
-		{"in the given directory", dir, true, "with space|" + dir},
-		{"directory missing here", dir + "/none", false, "with space|" + "/"},
-		{"given directory missing here", dir + "/none", true, ""},
+		{"in the directory", dir, false, -1, "with space|" + dir + mine},
+		{"in the given directory", dir, true, -1, "with space|" + dir + mine},
+		{"directory missing here", dir + "/none", false, -1, "with space|" + "/" + mine},
+		{"given directory missing here", dir + "/none", true, -1, ""},
+		{"bound to a CPU", dir, false, 0, "with space|" + dir + "|0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			argv := remoteCommand([]string{"ssh", "-o", "BatchMode=yes"}, "h1", tt.wdir, tt.must, env, "/bin/sh", append([]string{"-c", script, "sh"}, args...))
+			if _, err := exec.LookPath("taskset"); err != nil && tt.cpu >= 0 {
+				t.Skip("taskset not installed (util-linux)")
+			}
+			argv := remoteCommand([]string{"ssh", "-o", "BatchMode=yes"}, "h1", tt.wdir, tt.must, tt.cpu, env, "/bin/sh", append([]string{"-c", script, "sh"}, args...))
 			if strings.Join(argv[:4], " ") != "ssh -o BatchMode=yes h1" {
 				t.Fatalf("argv starts %q", argv[:4])
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 	"github.com/hpc-multidevice/multidevice/subdevices/shm"
 )
 
@@ -83,9 +84,14 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	j.logger.Debug("rendezvous service listening", "addr", srv.Addr(), "job", srv.JobID())
 
 	j.srv = srv
+	cpus, err := j.placeCPUs()
+	if err != nil {
+		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
+		return exitFailed
+	}
 	exits := make(chan exitEvent, j.size())
 	for r := range j.size() {
-		rk, err := j.start(r, srv)
+		rk, err := j.start(r, srv, cpus[r])
 		if err != nil {
 			j.fail(exitFailed, fmt.Sprintf("mdrun: starting rank %d: %v; terminating the job", r, err))
 			break
@@ -232,8 +238,60 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 	return env
 }
 
-// start starts one rank, here or through the launcher.
-func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
+// placeCPUs returns, per rank, the CPU -bind core binds it to, or -1 (no
+// binding). The ranks of a host take its CPUs in rank order: here the
+// CPUs mdrun may use, on another host CPU 0, 1 and so on.
+func (j *job) placeCPUs() ([]int, error) {
+	cpus := make([]int, j.size())
+	for r := range cpus {
+		cpus[r] = -1
+	}
+	if !j.cfg.bind {
+		return cpus, nil
+	}
+	allowed, err := sched.Affinity()
+	if err != nil {
+		return nil, fmt.Errorf("-bind core: %w", err)
+	}
+	seen := map[string]int{} // ranks placed so far per host
+	for r := range cpus {
+		host := ""
+		if j.hostOf != nil && !isLocal(j.hostOf[r], j.self) {
+			host = j.hostOf[r]
+		}
+		k := seen[host]
+		seen[host]++
+		if host != "" {
+			cpus[r] = k
+			continue
+		}
+		cpu, ok := allowed.Nth(k)
+		if !ok {
+			return nil, fmt.Errorf("-bind core: rank %d would be the %s rank on this host, and mdrun may use %d CPUs (%v)", r, ordinal(k+1), allowed.Count(), allowed)
+		}
+		cpus[r] = cpu
+	}
+	return cpus, nil
+}
+
+// ordinal spells n as "1st", "2nd", "3rd", "4th"...
+func ordinal(n int) string {
+	suffix := "th"
+	switch {
+	case n%100 >= 11 && n%100 <= 13:
+	case n%10 == 1:
+		suffix = "st"
+	case n%10 == 2:
+		suffix = "nd"
+	case n%10 == 3:
+		suffix = "rd"
+	}
+	return strconv.Itoa(n) + suffix
+}
+
+// start starts one rank, here or through the launcher, bound to cpu unless
+// it is -1.
+func (j *job) start(r int, srv *bootstrap.Server, cpu int) (*rank, error) {
 	remote := j.hostOf != nil && !isLocal(j.hostOf[r], j.self)
 	env := j.rankEnv(r, srv, remote)
 	prog, args := j.cfg.prog, j.cfg.args
@@ -242,7 +300,7 @@ func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
 	}
 	var cmd *exec.Cmd
 	if remote {
-		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], j.cfg.wdir, j.cfg.wdirSet, env, prog, args)
+		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], j.cfg.wdir, j.cfg.wdirSet, cpu, env, prog, args)
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Env = os.Environ()
 		// The secret goes through the launcher's standard input: its
@@ -277,7 +335,11 @@ func (j *job) start(r int, srv *bootstrap.Server) (*rank, error) {
 	if remote {
 		rk.host = j.hostOf[r]
 	}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if cpu >= 0 && !remote {
+		start = func() error { return sched.StartOn(cmd, cpu) }
+	}
+	if err := start(); err != nil {
 		if remote {
 			return nil, fmt.Errorf("launcher %q for host %s: %w", j.cfg.launcher[0], rk.host, err)
 		}

@@ -52,6 +52,17 @@
 // ranks that have not finished end themselves when it closes
 // (MDRUN_EXIT_WITH_SERVICE=1).
 //
+// # Binding
+//
+// -bind core binds each rank to a CPU of its own before it starts, as
+// mpiexec -bind-to core and srun --cpu-bind=cores do: the ranks of a host
+// take its CPUs in rank order, on this machine from the CPUs mdrun itself
+// may use (more ranks here than those is an error), on another host CPU
+// 0, 1 and so on, through taskset (util-linux) in the launcher's command
+// line. A rank's Go runtime then has one processor from the start, and the
+// library, seeing each rank alone on its core, polls without yielding it.
+// Without -bind (or -bind none) ranks are not bound, as under Hydra.
+//
 // # Relays
 //
 // -relay h1,h2 (or h1:2 for two on one host) adds dedicated relays, as

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
 // helperName is the name the test binary runs under when it plays a rank;
@@ -78,6 +81,14 @@ func rankMain(args []string) int {
 	case "plain": // does not use the library at all
 		fmt.Println("hello from a plain program")
 		fmt.Print("no newline at the end")
+		return 0
+	case "cpus":
+		cpus, err := sched.Affinity()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Printf("cpus %v gomaxprocs %d\n", cpus, runtime.GOMAXPROCS(0))
 		return 0
 	case "env":
 		wd, _ := os.Getwd()
@@ -226,6 +237,11 @@ func TestJobs(t *testing.T) {
 	if err := os.WriteFile(plugins, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
+	allowed, err := sched.Affinity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cpu := func(i int) string { c, _ := allowed.Nth(i); return strconv.Itoa(c) }
 	tests := []struct {
 		name      string
 		flags     []string
@@ -235,7 +251,9 @@ func TestJobs(t *testing.T) {
 		stdout    []*regexp.Regexp // each must match
 		stderr    []*regexp.Regexp
 		notStdout *regexp.Regexp
-		pidsPrint int // ranks that print their pid and must be gone afterwards
+		pidsPrint int    // ranks that print their pid and must be gone afterwards
+		minCPUs   int    // CPUs this test may use that the case needs
+		needs     string // a program the case needs in PATH
 	}{
 		{
 			name: "exchange", n: 4, behaviour: "exchange", status: 0,
@@ -342,6 +360,32 @@ func TestJobs(t *testing.T) {
 			},
 		},
 		{
+			name: "unbound", n: 1, behaviour: "cpus", status: 0,
+			stdout: []*regexp.Regexp{regexp.MustCompile(`(?m)^\[0\] cpus ` + regexp.QuoteMeta(allowed.String()) + ` gomaxprocs ` + strconv.Itoa(allowed.Count()) + `$`)},
+		},
+		{
+			// Bound before it starts: one processor from the first
+			// instruction on.
+			name: "bound", flags: []string{"-bind", "core"}, n: 2, behaviour: "cpus", status: 0, minCPUs: 2,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] cpus ` + cpu(0) + ` gomaxprocs 1$`),
+				regexp.MustCompile(`(?m)^\[1\] cpus ` + cpu(1) + ` gomaxprocs 1$`),
+			},
+		},
+		{
+			// Each host's ranks count from its first CPU; "far" binds
+			// through taskset.
+			name: "bound remote", flags: append(remoteFlags("localhost:1,far:1"), "-bind", "core"), n: 2, behaviour: "cpus", status: 0, needs: "taskset",
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] cpus ` + cpu(0) + ` gomaxprocs 1$`),
+				regexp.MustCompile(`(?m)^\[1\] cpus 0 gomaxprocs 1$`),
+			},
+		},
+		{
+			name: "too many to bind", flags: []string{"-bind", "core"}, n: allowed.Count() + 1, behaviour: "plain", status: exitFailed,
+			stderr: []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: -bind core: rank ` + strconv.Itoa(allowed.Count()) + ` would be the \d+(st|nd|rd|th) rank on this host, and mdrun may use ` + strconv.Itoa(allowed.Count()) + ` CPUs \(` + regexp.QuoteMeta(allowed.String()) + `\)$`)},
+		},
+		{
 			name: "verbose", flags: []string{"-v"}, n: 1, behaviour: "exchange", status: 0,
 			stderr:    []*regexp.Regexp{regexp.MustCompile(`mdrun: rank started: rank=0`)},
 			pidsPrint: 1,
@@ -350,6 +394,12 @@ func TestJobs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
+			if allowed.Count() < tt.minCPUs {
+				t.Skipf("needs %d CPUs, this test may use %v", tt.minCPUs, allowed)
+			}
+			if _, err := exec.LookPath(tt.needs); tt.needs != "" && err != nil {
+				t.Skipf("needs %s in PATH", tt.needs)
+			}
 			args := append(append([]string{}, tt.flags...), "-n", strconv.Itoa(tt.n), helper, tt.behaviour)
 			status, stdout, stderr := runMdrun(t, args, nil, nil)
 			if status != tt.status {
@@ -401,6 +451,7 @@ func TestUsageErrors(t *testing.T) {
 		{"plugins missing", []string{"-plugins", "/nonexistent/plugins.hcl", "-n", "1", helper}, "-plugins: stat /nonexistent/plugins.hcl"},
 		{"conntable missing", []string{"-conntable", "/nonexistent/ct", "-n", "1", helper}, "-conntable: stat /nonexistent/ct"},
 		{"negative timeout", []string{"-timeout", "-1s", "-n", "1", helper}, "-timeout -1s is negative"},
+		{"bind to what", []string{"-bind", "socket", "-n", "1", helper}, `-bind "socket": want none or core`},
 		{"hosts and hostfile", []string{"-hosts", "a", "-hostfile", "/dev/null", "-n", "1", helper}, "give -hosts or -hostfile, not both"},
 		{"bad slots", []string{"-hosts", "a,b:0", "-n", "1", helper}, `-hosts: host "b:0": slots "0" is not a number from 1 to 65536`},
 		{"bad host", []string{"-hosts", "a,,b", "-n", "1", helper}, `-hosts: host "" is not a host name`},

@@ -45,6 +45,8 @@ type config struct {
 	// wdirSet says -wdir named it, so a host without it is an error.
 	wdir    string
 	wdirSet bool
+	// bind binds each rank to a core of its own (-bind core).
+	bind bool
 }
 
 // stringList is a flag that may be given several times.
@@ -108,6 +110,7 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	relays := fs.String("relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count]`): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
 	relayCmd := fs.String("relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
 	fs.StringVar(&cfg.wdir, "wdir", "", "directory ranks start in, on every host (default: mdrun's own; a remote host without that one starts them where the launcher does)")
+	bind := fs.String("bind", "none", "`none`, or core: bind each rank to a CPU of its own before it starts, in order on each host (here: the CPUs mdrun may use; elsewhere: CPU 0, 1, ... through taskset), as mpiexec -bind-to core does")
 	var exports stringList
 	fs.Var(&exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass)")
 	fs.Usage = func() {
@@ -122,6 +125,13 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	}
 	if cfg.n < 1 {
 		return cfg, &usageError{fmt.Sprintf("-n %d: need at least 1 rank", cfg.n)}
+	}
+	switch *bind {
+	case "none":
+	case "core":
+		cfg.bind = true
+	default:
+		return cfg, &usageError{fmt.Sprintf("-bind %q: want none or core", *bind)}
 	}
 	if cfg.timeout < 0 {
 		return cfg, &usageError{fmt.Sprintf("-timeout %v is negative", cfg.timeout)}
