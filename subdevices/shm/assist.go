@@ -22,9 +22,10 @@ import (
 // which then has its own reading to do): before it reads a descriptor's
 // payload of at least two chunks it publishes, in the assist words of the
 // sender's ring, the record's cursor and where the payload goes in its
-// own memory, and both sides take chunks from one counter. The receiver reads its chunks with
-// process_vm_readv, the sender writes its chunks with process_vm_writev
-// into the receiver's buffer, and the two copies run on two cores.
+// own memory, and both sides take chunks from one counter. The receiver
+// reads its chunks with process_vm_readv, the sender writes its chunks
+// with process_vm_writev into the receiver's buffer, and the two copies
+// run on two cores.
 //
 // The counter (claim word) holds an epoch in its upper half and the next
 // chunk in its lower half. The receiver opens an epoch after storing the
