@@ -46,6 +46,22 @@ func (s CPUSet) Nth(i int) (int, bool) {
 	return 0, false
 }
 
+// List returns the CPUs of s in ascending order.
+func (s CPUSet) List() []int {
+	var l []int
+	for i, w := range s {
+		for w != 0 {
+			b := bits.TrailingZeros64(w)
+			l = append(l, i*64+b)
+			w &^= 1 << b
+		}
+	}
+	return l
+}
+
+// Has reports whether cpu is in s.
+func (s CPUSet) Has(cpu int) bool { return cpu >= 0 && cpu/64 < len(s) && s.has(cpu) }
+
 // Count is the number of CPUs in s.
 func (s CPUSet) Count() int {
 	n := 0
@@ -75,6 +91,24 @@ func (s CPUSet) Union(o CPUSet) CPUSet {
 		u[i] |= w
 	}
 	return u
+}
+
+// Intersect returns the CPUs in both s and o.
+func (s CPUSet) Intersect(o CPUSet) CPUSet {
+	x := make(CPUSet, min(len(s), len(o)))
+	for i := range x {
+		x[i] = s[i] & o[i]
+	}
+	return x
+}
+
+// Without returns the CPUs in s but not in o.
+func (s CPUSet) Without(o CPUSet) CPUSet {
+	x := append(CPUSet(nil), s...)
+	for i := range min(len(x), len(o)) {
+		x[i] &^= o[i]
+	}
+	return x
 }
 
 // String gives s in the kernel's list form ("0-3,8"), as taskset -c and

@@ -40,6 +40,14 @@ func TestCPUSet(t *testing.T) {
 
 func TestCPUSetNth(t *testing.T) {
 	s := CPUs(2, 3, 70)
+	if got := s.List(); !slices.Equal(got, []int{2, 3, 70}) {
+		t.Errorf("List() = %v", got)
+	}
+	for cpu, want := range map[int]bool{-1: false, 2: true, 4: false, 70: true, 128: false} {
+		if s.Has(cpu) != want {
+			t.Errorf("Has(%d) = %v", cpu, !want)
+		}
+	}
 	for i, want := range []int{2, 3, 70} {
 		if got, ok := s.Nth(i); !ok || got != want {
 			t.Errorf("Nth(%d) = %d, %v; want %d", i, got, ok, want)
@@ -55,17 +63,24 @@ func TestCPUSetNth(t *testing.T) {
 
 func TestCPUSetOverlapUnion(t *testing.T) {
 	tests := []struct {
-		a, b    CPUSet
-		overlap bool
-		union   string
+		a, b               CPUSet
+		overlap            bool
+		union, both, aOnly string
 	}{
-		{CPUs(0), CPUs(1), false, "0-1"},
-		{CPUs(0, 1), CPUs(1), true, "0-1"},
-		{CPUs(1), CPUs(0, 1, 70), true, "0-1,70"},
-		{CPUs(70), CPUs(3), false, "3,70"},
-		{nil, CPUs(3), false, "3"},
+		{CPUs(0), CPUs(1), false, "0-1", "none", "0"},
+		{CPUs(0, 1), CPUs(1), true, "0-1", "1", "0"},
+		{CPUs(1), CPUs(0, 1, 70), true, "0-1,70", "1", "none"},
+		{CPUs(1, 70), CPUs(1), true, "1,70", "1", "70"},
+		{CPUs(70), CPUs(3), false, "3,70", "none", "70"},
+		{nil, CPUs(3), false, "3", "none", "unknown"},
 	}
 	for _, tt := range tests {
+		if got := tt.a.Intersect(tt.b).String(); got != tt.both {
+			t.Errorf("%v.Intersect(%v) = %s, want %s", tt.a, tt.b, got, tt.both)
+		}
+		if got := tt.a.Without(tt.b).String(); got != tt.aOnly {
+			t.Errorf("%v.Without(%v) = %s, want %s", tt.a, tt.b, got, tt.aOnly)
+		}
 		if got := tt.a.Overlaps(tt.b); got != tt.overlap {
 			t.Errorf("%v.Overlaps(%v) = %v", tt.a, tt.b, got)
 		}

@@ -7,8 +7,8 @@ import (
 	"os/exec"
 )
 
-// StartOn starts cmd bound to cpu where the system allows it; here it
-// does not.
-func StartOn(cmd *exec.Cmd, cpu int) error {
+// StartOn starts cmd bound to the CPUs of set where the system allows
+// it; here it does not.
+func StartOn(cmd *exec.Cmd, set CPUSet) error {
 	return errors.New("sched: binding a process to a CPU needs Linux")
 }

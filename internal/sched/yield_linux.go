@@ -1,7 +1,7 @@
 // Package sched holds what the polling loops and the launchers need of the
 // OS and Go schedulers: yielding a CPU, binding threads and new processes
-// to CPUs, the CPU sets ranks publish, and whether goroutines wait for a
-// processor.
+// to CPUs, which CPUs share a core, the CPU sets ranks publish, and
+// whether goroutines wait for a processor.
 package sched
 
 import "golang.org/x/sys/unix"
