@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -72,13 +71,13 @@ func buildBaselines(ctx context.Context, want []string, dir string) ([]mpi, []st
 // transport matching sub: MPICH's and Open MPI's shared memory by default,
 // their TCP paths over loopback for sub "tcp".
 //
-// With bind set and no more ranks than CPUs, ranks are bound to cores, as
-// mdbench binds its own; otherwise binding is off for both.
+// With bind set and no more ranks than cores, ranks are bound to cores, as
+// mdbench binds its own (rankCores); otherwise binding is off for both.
 func (m mpi) command(ctx context.Context, n int, sub string, bind bool, scale float64, args ...string) *exec.Cmd {
 	var argv []string
 	env := append(os.Environ(), "OSU_SCALE="+strconv.FormatFloat(scale, 'g', -1, 64))
 	binding := "none"
-	if bind && n <= runtime.NumCPU() {
+	if cores, err := rankCores(n, bind); err == nil && cores != nil {
 		binding = "core"
 	}
 	switch m.name {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,12 +20,12 @@ import (
 
 // launch starts n ranks of this program for job j, with a rendezvous
 // service of its own (as mdrun does), and returns the samples they printed.
-// With bind set and no more ranks than CPUs, rank r is bound to the r-th
-// CPU mdbench may use (CPU r, unless mdbench itself was bound to some):
+// With bind set and no more ranks than cores, rank r is bound to the r-th
+// core mdbench may use (see rankCores):
 // freshly started processes otherwise often share a CPU until the kernel
 // balances them, which wrecks a ping-pong of spinning ranks. It is bound
 // before it runs, as mpiexec and Slurm bind: the Go runtime then sizes
-// GOMAXPROCS to that one CPU from the start. A rank that bound itself
+// GOMAXPROCS to that core from the start. A rank that bound itself
 // would run its first second or so with a processor per CPU of the
 // machine, until the runtime noticed, and would not see what a bound
 // rank of a user's job sees.
@@ -70,12 +69,9 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 			_ = c.Process.Kill() // an exited rank just reports that
 		}
 	}
-	var allowed sched.CPUSet // the CPUs ranks are bound to, in order; nil: unbound
-	if bind && n <= runtime.NumCPU() {
-		var err error
-		if allowed, err = sched.Affinity(); err != nil {
-			return nil, err
-		}
+	cores, err := rankCores(n, bind)
+	if err != nil {
+		return nil, err
 	}
 	for r := range n {
 		cmd := exec.CommandContext(ctx, self)
@@ -85,8 +81,8 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()
 		if err == nil {
-			if allowed != nil {
-				err = startOn(cmd, r, allowed)
+			if cores != nil {
+				err = sched.StartOn(cmd, cores[r])
 			} else {
 				err = cmd.Start()
 			}
@@ -148,12 +144,21 @@ func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
 	return out, sc.Err()
 }
 
-// startOn starts cmd bound to the i-th of the CPUs mdbench may use
-// (allowed).
-func startOn(cmd *exec.Cmd, i int, allowed sched.CPUSet) error {
-	cpu, ok := allowed.Nth(i)
-	if !ok {
-		return fmt.Errorf("bind rank %d: mdbench may use CPUs %v only", i, allowed)
+// rankCores returns the cores ranks 0 to n-1 are bound to, as mpiexec
+// -bind-to core binds: for rank r the r-th of the cores mdbench may use,
+// in the order of their lowest CPU (sched.Cores). It returns nil when
+// bind is off or there are fewer cores than ranks, and then nobody binds,
+// the MPIs neither.
+func rankCores(n int, bind bool) ([]sched.CPUSet, error) {
+	if !bind {
+		return nil, nil
 	}
-	return sched.StartOn(cmd, cpu)
+	allowed, err := sched.Affinity()
+	if err != nil {
+		return nil, err
+	}
+	if cores := sched.Cores(allowed); n <= len(cores) {
+		return cores[:n], nil
+	}
+	return nil, nil
 }

@@ -98,7 +98,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.Func("vs-env", "also run our job with extra environment for its ranks, as series NAME, interleaved: NAME:VAR=VALUE[,VAR=VALUE...] (repeatable; e.g. ring:MD_SHM_SINGLE_COPY=0)", addVariant(parseEnvSeries))
 	fs.Func("vs-build", "also run our job with the ranks of another mdbench binary, as series NAME, interleaved: NAME:PATH (repeatable; e.g. main:/tmp/main/mdbench, built from the commit to compare with)", addVariant(parseBuildSeries))
 	fs.BoolVar(&o.direct, "direct", false, "also drive the subdevice through the SDI alone, without the multidevice (series \"direct\"; lat, bw, bibw)")
-	fs.BoolVar(&o.bind, "bind", true, "bind rank r to CPU r when there are no more ranks than CPUs (and tell the MPIs to bind to cores), as OSU runs usually are")
+	fs.BoolVar(&o.bind, "bind", true, "bind rank r to the r-th core when there are no more ranks than cores (and tell the MPIs to bind to cores), as OSU runs usually are")
 	fs.BoolVar(&o.baseline, "baseline", false, "also build baseline/osu.c with each MPI of -mpi found here and run it, interleaved")
 	mpiList := fs.String("mpi", "mpich,openmpi", "MPI implementations for -baseline")
 	fs.IntVar(&o.reps, "reps", 10, "repetitions")

@@ -166,9 +166,9 @@ func shellQuote(s string) string {
 // quoted for the remote shell. The rank starts in wdir, as mpiexec's
 // ranks do: with must set (-wdir given), a host without it fails the rank;
 // otherwise (mdrun's own directory) such a host starts it where the
-// launcher does. A cpu other than -1 binds the rank to that CPU of the
-// host with taskset, before it starts.
-func remoteCommand(launcher []string, host, wdir string, must bool, cpu int, env []string, prog string, args []string) []string {
+// launcher does. The shell words bind (see remoteBind) come before the
+// rank's command, to bind it before it starts.
+func remoteCommand(launcher []string, host, wdir string, must bool, bind []string, env []string, prog string, args []string) []string {
 	argv := append(append([]string{}, launcher...), host, "cd", "--", shellQuote(wdir))
 	if must {
 		argv = append(argv, "&&")
@@ -177,9 +177,7 @@ func remoteCommand(launcher []string, host, wdir string, must bool, cpu int, env
 	}
 	// No exec: the remote shell stays the rank's parent and reaps it at
 	// once, whatever happens to the launcher above it.
-	if cpu >= 0 {
-		argv = append(argv, "taskset", "-c", strconv.Itoa(cpu))
-	}
+	argv = append(argv, bind...)
 	argv = append(argv, "env")
 	for _, kv := range env {
 		argv = append(argv, shellQuote(kv))

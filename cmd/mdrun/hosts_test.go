@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -117,25 +118,41 @@ func TestRemoteCommand(t *testing.T) {
 	for _, a := range args {
 		want += "<" + a + ">"
 	}
+	// The first core of this machine, as the remote shell finds it: all
+	// of it, whatever this test may use.
+	b, err := os.ReadFile("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")
+	if err != nil {
+		t.Skipf("no CPU topology here: %v", err)
+	}
+	core0, err := sched.ParseCPUList(string(b))
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
-		name string
-		wdir string
-		must bool
-		cpu  int
-		out  string // what the rank prints after its arguments; "" fails
+		name   string
+		wdir   string
+		must   bool
+		bind   []string
+		out    string // what the rank prints after its arguments; "" fails
+		stderr string // what the failing shell says
 	}{
-		{"in the directory", dir, false, -1, "with space|" + dir + mine},
-		{"in the given directory", dir, true, -1, "with space|" + dir + mine},
-		{"directory missing here", dir + "/none", false, -1, "with space|" + "/" + mine},
-		{"given directory missing here", dir + "/none", true, -1, ""},
-		{"bound to a CPU", dir, false, 0, "with space|" + dir + "|0"},
+		{"in the directory", dir, false, nil, "with space|" + dir + mine, ""},
+		{"in the given directory", dir, true, nil, "with space|" + dir + mine, ""},
+		{"directory missing here", dir + "/none", false, nil, "with space|" + "/" + mine, ""},
+		{"given directory missing here", dir + "/none", true, nil, "", ""},
+		{"bound to a CPU", dir, false, remoteBind(bindHWThread, 0), "with space|" + dir + "|0", ""},
+		{"bound to a core", dir, false, remoteBind(bindCore, 0), "with space|" + dir + "|" + core0.String(), ""},
+		{"bound to a core not there", dir, false, remoteBind(bindCore, 8191), "", "mdrun: -bind core: this host has no 8192nd core\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := exec.LookPath("taskset"); err != nil && tt.cpu >= 0 {
+			if _, err := exec.LookPath("taskset"); err != nil && tt.bind != nil {
 				t.Skip("taskset not installed (util-linux)")
 			}
-			argv := remoteCommand([]string{"ssh", "-o", "BatchMode=yes"}, "h1", tt.wdir, tt.must, tt.cpu, env, "/bin/sh", append([]string{"-c", script, "sh"}, args...))
+			if tt.bind != nil && !self.Has(0) {
+				t.Skipf("this test may not use CPU 0 (only %v)", self)
+			}
+			argv := remoteCommand([]string{"ssh", "-o", "BatchMode=yes"}, "h1", tt.wdir, tt.must, tt.bind, env, "/bin/sh", append([]string{"-c", script, "sh"}, args...))
 			if strings.Join(argv[:4], " ") != "ssh -o BatchMode=yes h1" {
 				t.Fatalf("argv starts %q", argv[:4])
 			}
@@ -143,10 +160,15 @@ func TestRemoteCommand(t *testing.T) {
 			// ssh starts a command (the home directory; / here).
 			cmd := exec.Command("sh", "-c", strings.Join(argv[4:], " "))
 			cmd.Dir = "/"
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
 			out, err := cmd.Output()
 			if tt.out == "" {
 				if err == nil {
-					t.Errorf("ran in a missing -wdir: %q", out)
+					t.Errorf("ran where it should not: %q", out)
+				}
+				if !strings.Contains(stderr.String(), tt.stderr) {
+					t.Errorf("the remote shell said %q, want %q", stderr.String(), tt.stderr)
 				}
 				return
 			}
@@ -229,4 +251,60 @@ func FuzzReadHostfile(f *testing.F) {
 	}
 	read := func(text string) ([]hostSpec, error) { return readHostfile(strings.NewReader(text), "hf") }
 	f.Fuzz(func(t *testing.T, text string) { checkParse(t, text, read, "hf:", "\n") })
+}
+
+// pickCore finds a host's k-th core from its sysfs whether the threads
+// of a core are numbered side by side or far apart.
+func TestPickCore(t *testing.T) {
+	hosts := map[string][]string{ // per CPU, its core's threads
+		"side by side": {"0-1", "0-1", "2-3", "2-3"},
+		"far apart":    {"0,2", "1,3", "0,2", "1,3"},
+		"no threads":   {"0", "1", "2", "3"},
+	}
+	for cpu := range 24 { // as text, "10-11" would sort before "2-3"
+		hosts["24 CPUs"] = append(hosts["24 CPUs"], fmt.Sprintf("%d-%d", cpu&^1, cpu|1))
+	}
+	tests := []struct {
+		host string
+		k    int
+		want string // "" fails
+	}{
+		{"side by side", 0, "0-1"},
+		{"side by side", 1, "2-3"},
+		{"side by side", 2, ""},
+		{"far apart", 0, "0,2"},
+		{"far apart", 1, "1,3"},
+		{"no threads", 3, "3"},
+		{"24 CPUs", 1, "2-3"},
+		{"24 CPUs", 11, "22-23"},
+		{"24 CPUs", 12, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.host+" "+strconv.Itoa(tt.k), func(t *testing.T) {
+			dir := t.TempDir()
+			for cpu, list := range hosts[tt.host] {
+				topo := filepath.Join(dir, "cpu"+strconv.Itoa(cpu), "topology")
+				if err := os.MkdirAll(topo, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(topo, "thread_siblings_list"), []byte(list+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cmd := exec.Command("sh", "-c", pickCore(dir, tt.k)+` echo "$c"`)
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if tt.want == "" {
+				want := "mdrun: -bind core: this host has no " + ordinal(tt.k+1) + " core\n"
+				if err == nil || stderr.String() != want {
+					t.Errorf("got %q, %v, stderr %q; want a failure saying %q", out, err, stderr.String(), want)
+				}
+				return
+			}
+			if err != nil || string(out) != tt.want+"\n" {
+				t.Errorf("got %q, %v (stderr %q); want %s", out, err, stderr.String(), tt.want)
+			}
+		})
+	}
 }

@@ -84,14 +84,14 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	j.logger.Debug("rendezvous service listening", "addr", srv.Addr(), "job", srv.JobID())
 
 	j.srv = srv
-	cpus, err := j.placeCPUs()
+	binds, err := j.placeBindings()
 	if err != nil {
 		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
 		return exitFailed
 	}
 	exits := make(chan exitEvent, j.size())
 	for r := range j.size() {
-		rk, err := j.start(r, srv, cpus[r])
+		rk, err := j.start(r, srv, binds[r])
 		if err != nil {
 			j.fail(exitFailed, fmt.Sprintf("mdrun: starting rank %d: %v; terminating the job", r, err))
 			break
@@ -238,42 +238,6 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 	return env
 }
 
-// placeCPUs returns, per rank, the CPU -bind core binds it to, or -1 (no
-// binding). The ranks of a host take its CPUs in rank order: here the
-// CPUs mdrun may use, on another host CPU 0, 1 and so on.
-func (j *job) placeCPUs() ([]int, error) {
-	cpus := make([]int, j.size())
-	for r := range cpus {
-		cpus[r] = -1
-	}
-	if !j.cfg.bind {
-		return cpus, nil
-	}
-	allowed, err := sched.Affinity()
-	if err != nil {
-		return nil, fmt.Errorf("-bind core: %w", err)
-	}
-	seen := map[string]int{} // ranks placed so far per host
-	for r := range cpus {
-		host := ""
-		if j.hostOf != nil && !isLocal(j.hostOf[r], j.self) {
-			host = j.hostOf[r]
-		}
-		k := seen[host]
-		seen[host]++
-		if host != "" {
-			cpus[r] = k
-			continue
-		}
-		cpu, ok := allowed.Nth(k)
-		if !ok {
-			return nil, fmt.Errorf("-bind core: rank %d would be the %s rank on this host, and mdrun may use %d CPUs (%v)", r, ordinal(k+1), allowed.Count(), allowed)
-		}
-		cpus[r] = cpu
-	}
-	return cpus, nil
-}
-
 // ordinal spells n as "1st", "2nd", "3rd", "4th"...
 func ordinal(n int) string {
 	suffix := "th"
@@ -289,9 +253,8 @@ func ordinal(n int) string {
 	return strconv.Itoa(n) + suffix
 }
 
-// start starts one rank, here or through the launcher, bound to cpu unless
-// it is -1.
-func (j *job) start(r int, srv *bootstrap.Server, cpu int) (*rank, error) {
+// start starts one rank, here or through the launcher, bound as b says.
+func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 	remote := j.hostOf != nil && !isLocal(j.hostOf[r], j.self)
 	env := j.rankEnv(r, srv, remote)
 	prog, args := j.cfg.prog, j.cfg.args
@@ -300,7 +263,7 @@ func (j *job) start(r int, srv *bootstrap.Server, cpu int) (*rank, error) {
 	}
 	var cmd *exec.Cmd
 	if remote {
-		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], j.cfg.wdir, j.cfg.wdirSet, cpu, env, prog, args)
+		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], j.cfg.wdir, j.cfg.wdirSet, b.remote, env, prog, args)
 		cmd = exec.Command(argv[0], argv[1:]...)
 		cmd.Env = os.Environ()
 		// The secret goes through the launcher's standard input: its
@@ -336,8 +299,8 @@ func (j *job) start(r int, srv *bootstrap.Server, cpu int) (*rank, error) {
 		rk.host = j.hostOf[r]
 	}
 	start := cmd.Start
-	if cpu >= 0 && !remote {
-		start = func() error { return sched.StartOn(cmd, cpu) }
+	if b.cpus != nil && !remote {
+		start = func() error { return sched.StartOn(cmd, b.cpus) }
 	}
 	if err := start(); err != nil {
 		if remote {

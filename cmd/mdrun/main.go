@@ -54,13 +54,17 @@
 //
 // # Binding
 //
-// -bind core binds each rank to a CPU of its own before it starts, as
+// -bind core binds each rank to a core of its own before it starts, as
 // mpiexec -bind-to core and srun --cpu-bind=cores do: the ranks of a host
-// take its CPUs in rank order, on this machine from the CPUs mdrun itself
-// may use (more ranks here than those is an error), on another host CPU
-// 0, 1 and so on, through taskset (util-linux) in the launcher's command
-// line. A rank's Go runtime then has one processor from the start, and the
-// library, seeing each rank alone on its core, polls without yielding it.
+// take its cores in rank order, each with all its hardware threads, on
+// this machine from the CPUs mdrun itself may use (more ranks here than
+// those cores is an error), on another host from CPU 0, through taskset
+// (util-linux) in the launcher's command line. Which CPUs share a core
+// comes from /sys/devices/system/cpu, here and on the other host. -bind
+// hwthread binds each rank to one CPU, the k-th rank of a host to its
+// k-th CPU. A rank's Go runtime then has a processor per CPU of its core
+// from the start, and the library, seeing each rank alone on its core,
+// polls without yielding it.
 // Without -bind (or -bind none) ranks are not bound, as under Hydra.
 //
 // # Relays

@@ -242,6 +242,22 @@ func TestJobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	cpu := func(i int) string { c, _ := allowed.Nth(i); return strconv.Itoa(c) }
+	cores := sched.Cores(allowed)
+	// coreCPUs is what a rank bound to the i-th core prints.
+	coreCPUs := func(i int) string {
+		if i >= len(cores) {
+			return "(no such core)"
+		}
+		return regexp.QuoteMeta(cores[i].String()) + " gomaxprocs " + strconv.Itoa(cores[i].Count())
+	}
+	// A remote host's first core, all of it: what "far" (this machine)
+	// binds its first rank to.
+	core0 := sched.CPUs(0)
+	if b, err := os.ReadFile("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list"); err == nil {
+		if core0, err = sched.ParseCPUList(string(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	tests := []struct {
 		name      string
 		flags     []string
@@ -253,6 +269,7 @@ func TestJobs(t *testing.T) {
 		notStdout *regexp.Regexp
 		pidsPrint int    // ranks that print their pid and must be gone afterwards
 		minCPUs   int    // CPUs this test may use that the case needs
+		minCores  int    // cores of those that the case needs
 		needs     string // a program the case needs in PATH
 	}{
 		{
@@ -366,24 +383,35 @@ func TestJobs(t *testing.T) {
 		{
 			// Bound before it starts: one processor from the first
 			// instruction on.
-			name: "bound", flags: []string{"-bind", "core"}, n: 2, behaviour: "cpus", status: 0, minCPUs: 2,
+			name: "bound", flags: []string{"-bind", "core"}, n: 2, behaviour: "cpus", status: 0, minCores: 2,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] cpus ` + coreCPUs(0) + `$`),
+				regexp.MustCompile(`(?m)^\[1\] cpus ` + coreCPUs(1) + `$`),
+			},
+		},
+		{
+			name: "bound to hardware threads", flags: []string{"-bind", "hwthread"}, n: 2, behaviour: "cpus", status: 0, minCPUs: 2,
 			stdout: []*regexp.Regexp{
 				regexp.MustCompile(`(?m)^\[0\] cpus ` + cpu(0) + ` gomaxprocs 1$`),
 				regexp.MustCompile(`(?m)^\[1\] cpus ` + cpu(1) + ` gomaxprocs 1$`),
 			},
 		},
 		{
-			// Each host's ranks count from its first CPU; "far" binds
-			// through taskset.
+			// Each host's ranks count from its first core; "far" binds
+			// through taskset, to the host's first core, all of it.
 			name: "bound remote", flags: append(remoteFlags("localhost:1,far:1"), "-bind", "core"), n: 2, behaviour: "cpus", status: 0, needs: "taskset",
 			stdout: []*regexp.Regexp{
-				regexp.MustCompile(`(?m)^\[0\] cpus ` + cpu(0) + ` gomaxprocs 1$`),
-				regexp.MustCompile(`(?m)^\[1\] cpus 0 gomaxprocs 1$`),
+				regexp.MustCompile(`(?m)^\[0\] cpus ` + coreCPUs(0) + `$`),
+				regexp.MustCompile(`(?m)^\[1\] cpus ` + regexp.QuoteMeta(core0.String()) + ` gomaxprocs ` + strconv.Itoa(core0.Count()) + `$`),
 			},
 		},
 		{
-			name: "too many to bind", flags: []string{"-bind", "core"}, n: allowed.Count() + 1, behaviour: "plain", status: exitFailed,
-			stderr: []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: -bind core: rank ` + strconv.Itoa(allowed.Count()) + ` would be the \d+(st|nd|rd|th) rank on this host, and mdrun may use ` + strconv.Itoa(allowed.Count()) + ` CPUs \(` + regexp.QuoteMeta(allowed.String()) + `\)$`)},
+			name: "too many to bind", flags: []string{"-bind", "core"}, n: len(cores) + 1, behaviour: "plain", status: exitFailed,
+			stderr: []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: -bind core: rank ` + strconv.Itoa(len(cores)) + ` would be the \d+(st|nd|rd|th) rank on this host, and mdrun may use ` + strconv.Itoa(len(cores)) + ` cores \(CPUs ` + regexp.QuoteMeta(allowed.String()) + `\)$`)},
+		},
+		{
+			name: "too many to bind to hardware threads", flags: []string{"-bind", "hwthread"}, n: allowed.Count() + 1, behaviour: "plain", status: exitFailed,
+			stderr: []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: -bind hwthread: rank ` + strconv.Itoa(allowed.Count()) + ` would be the \d+(st|nd|rd|th) rank on this host, and mdrun may use ` + strconv.Itoa(allowed.Count()) + ` CPUs \(` + regexp.QuoteMeta(allowed.String()) + `\)$`)},
 		},
 		{
 			name: "verbose", flags: []string{"-v"}, n: 1, behaviour: "exchange", status: 0,
@@ -394,8 +422,8 @@ func TestJobs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			if allowed.Count() < tt.minCPUs {
-				t.Skipf("needs %d CPUs, this test may use %v", tt.minCPUs, allowed)
+			if allowed.Count() < tt.minCPUs || len(cores) < tt.minCores {
+				t.Skipf("needs %d CPUs and %d cores, this test may use %v (%d cores)", tt.minCPUs, tt.minCores, allowed, len(cores))
 			}
 			if _, err := exec.LookPath(tt.needs); tt.needs != "" && err != nil {
 				t.Skipf("needs %s in PATH", tt.needs)
@@ -451,7 +479,7 @@ func TestUsageErrors(t *testing.T) {
 		{"plugins missing", []string{"-plugins", "/nonexistent/plugins.hcl", "-n", "1", helper}, "-plugins: stat /nonexistent/plugins.hcl"},
 		{"conntable missing", []string{"-conntable", "/nonexistent/ct", "-n", "1", helper}, "-conntable: stat /nonexistent/ct"},
 		{"negative timeout", []string{"-timeout", "-1s", "-n", "1", helper}, "-timeout -1s is negative"},
-		{"bind to what", []string{"-bind", "socket", "-n", "1", helper}, `-bind "socket": want none or core`},
+		{"bind to what", []string{"-bind", "socket", "-n", "1", helper}, `-bind "socket": want none, core or hwthread`},
 		{"hosts and hostfile", []string{"-hosts", "a", "-hostfile", "/dev/null", "-n", "1", helper}, "give -hosts or -hostfile, not both"},
 		{"bad slots", []string{"-hosts", "a,b:0", "-n", "1", helper}, `-hosts: host "b:0": slots "0" is not a number from 1 to 65536`},
 		{"bad host", []string{"-hosts", "a,,b", "-n", "1", helper}, `-hosts: host "" is not a host name`},

@@ -45,8 +45,8 @@ type config struct {
 	// wdirSet says -wdir named it, so a host without it is an error.
 	wdir    string
 	wdirSet bool
-	// bind binds each rank to a core of its own (-bind core).
-	bind bool
+	// bind is what each rank is bound to before it starts (-bind).
+	bind bindMode
 }
 
 // stringList is a flag that may be given several times.
@@ -110,7 +110,7 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	relays := fs.String("relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count]`): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
 	relayCmd := fs.String("relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
 	fs.StringVar(&cfg.wdir, "wdir", "", "directory ranks start in, on every host (default: mdrun's own; a remote host without that one starts them where the launcher does)")
-	bind := fs.String("bind", "none", "`none`, or core: bind each rank to a CPU of its own before it starts, in order on each host (here: the CPUs mdrun may use; elsewhere: CPU 0, 1, ... through taskset), as mpiexec -bind-to core does")
+	bind := fs.String("bind", "none", "`none`, core or hwthread: bind each rank before it starts to a core of its own (all its hardware threads) or to one hardware thread, in order on each host (here: of the CPUs mdrun may use; elsewhere: from CPU 0, through taskset), as mpiexec -bind-to does")
 	var exports stringList
 	fs.Var(&exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass)")
 	fs.Usage = func() {
@@ -126,13 +126,11 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	if cfg.n < 1 {
 		return cfg, &usageError{fmt.Sprintf("-n %d: need at least 1 rank", cfg.n)}
 	}
-	switch *bind {
-	case "none":
-	case "core":
-		cfg.bind = true
-	default:
-		return cfg, &usageError{fmt.Sprintf("-bind %q: want none or core", *bind)}
+	mode, err := parseBind(*bind)
+	if err != nil {
+		return cfg, &usageError{err.Error()}
 	}
+	cfg.bind = mode
 	if cfg.timeout < 0 {
 		return cfg, &usageError{fmt.Sprintf("-timeout %v is negative", cfg.timeout)}
 	}
@@ -142,7 +140,6 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	if *hosts != "" && *hostfile != "" {
 		return cfg, &usageError{"give -hosts or -hostfile, not both"}
 	}
-	var err error
 	switch {
 	case *hosts != "":
 		cfg.hosts, err = parseHosts(*hosts)
