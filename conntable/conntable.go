@@ -49,6 +49,12 @@ type Route struct {
 type Entry struct {
 	To     string             `json:"to"`
 	Routes map[string][]Route `json:"routes"`
+	// Failover makes every route of a list carry traffic and stand in for
+	// the others: each message is kept until the peer acknowledges it and
+	// goes again over another route if its own fails, and traffic spreads
+	// over the live routes. Without it a direct route is used alone and
+	// the later ones only where it cannot connect.
+	Failover bool `json:"failover,omitempty"`
 }
 
 // Table is a connection table as stored in a file. It is a plain value and not

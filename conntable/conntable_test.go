@@ -14,7 +14,7 @@ const mixed = `{
   "peers": [
     {"to": "@local",  "routes": {"small": [{"subdevice": "shm"}], "large": [{"subdevice": "tcp"}]}},
     {"to": "@remote", "routes": {"*": [{"subdevice": "tcp"}]}},
-    {"to": "rank:2",  "routes": {"*": [{"subdevice": "verbs"}, {"subdevice": "tcp"}]}},
+    {"to": "rank:2",  "routes": {"*": [{"subdevice": "verbs"}, {"subdevice": "tcp"}]}, "failover": true},
     {"to": "b1",      "routes": {"*": [{"subdevice": "tcp", "via": "a2"}]}}
   ]
 }`
@@ -28,6 +28,11 @@ func TestResolve(t *testing.T) {
 	res, err := tab.Resolve(0, hosts)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for peer, want := range []bool{false, false, true, false, false, false} {
+		if res.Failover(peer) != want {
+			t.Errorf("Failover(%d) = %v", peer, !want)
+		}
 	}
 	for _, tc := range []struct {
 		peer, size int

@@ -34,9 +34,14 @@
 // table's host), "@remote" (ranks on other hosts), "*" (everyone). The most
 // specific selector that names a peer wins. Within an entry, routes are keyed
 // by class name; "*" covers the classes the entry does not name. Each list is
-// ordered by preference; later routes are alternatives (for striping and
-// failover). "via" names the next hop (a host or "rank:N"); "cost" is
-// informational (mdconfig writes its path cost there).
+// ordered by preference: a direct route (no "via") is used alone, and the
+// later ones only where it cannot connect; routes through gateways are
+// trunks that share the traffic. An entry with "failover": true makes every
+// route of its lists, direct or not, a trunk: messages spread over the live
+// ones, each is kept until the peer acknowledges it, and one whose route
+// fails goes again over another, so a link that dies loses nothing. "via"
+// names the next hop (a host or "rank:N"); "cost" is informational
+// (mdconfig writes its path cost there).
 //
 // A [Table] is a plain value; [Table.Resolve] compiles it for one rank of a
 // job into a [Resolved] table whose lookups cost a slice index and a short

@@ -16,8 +16,9 @@ type Hop struct {
 // Resolved is a table compiled for one rank of one job. It is immutable and
 // safe for concurrent use.
 type Resolved struct {
-	classes []Class
-	routes  [][][]Hop // [peer][class] -> ordered hops; nil for self
+	classes  []Class
+	routes   [][][]Hop // [peer][class] -> ordered hops; nil for self
+	failover []bool    // [peer] its entry asks for failover
 }
 
 // Resolve compiles the table for rank self of a job whose rank r runs on host
@@ -42,7 +43,7 @@ func (t *Table) Resolve(self int, hosts []string) (*Resolved, error) {
 		bySel[t.Peers[i].To] = &t.Peers[i]
 	}
 	classes := t.classes()
-	res := &Resolved{classes: classes, routes: make([][][]Hop, len(hosts))}
+	res := &Resolved{classes: classes, routes: make([][][]Hop, len(hosts)), failover: make([]bool, len(hosts))}
 	for peer := range hosts {
 		if peer == self {
 			continue
@@ -75,6 +76,7 @@ func (t *Table) Resolve(self int, hosts []string) (*Resolved, error) {
 			perClass[ci] = hops
 		}
 		res.routes[peer] = perClass
+		res.failover[peer] = e.Failover
 	}
 	return res, nil
 }
@@ -135,6 +137,12 @@ func (r *Resolved) Lookup(peer, n int) []Hop {
 		return nil
 	}
 	return r.routes[peer][r.Class(n)]
+}
+
+// Failover reports whether the entry covering peer asks for failover
+// (Entry.Failover).
+func (r *Resolved) Failover(peer int) bool {
+	return peer >= 0 && peer < len(r.failover) && r.failover[peer]
 }
 
 // ByClass returns the ordered hops to peer for every class, indexed like

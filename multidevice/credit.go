@@ -28,7 +28,7 @@ type txLine struct {
 	inflight int            // bytes of retained blocks
 	retained []*block       // unacknowledged blocks, ascending block numbers
 	waiting  []pendingFrame // frames not admitted yet, in send order
-	load     map[int32]int  // unacknowledged bytes per gateway
+	load     map[trunk]int  // unacknowledged bytes per trunk
 	failed   error          // every trunk died; the line takes nothing more
 }
 
@@ -46,7 +46,7 @@ type block struct {
 	seq    uint64
 	class  int
 	msgLen int
-	via    int32  // the gateway it was last sent through; guarded by txLine.mu
+	t      trunk  // the trunk it was last sent through; guarded by txLine.mu
 	buf    []byte // inner header + data
 	// refs counts the owners of buf: one while retained, one per outer
 	// frame a subdevice has not completed.
@@ -111,27 +111,28 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 		bt.failed = append(bt.failed, pf.of)
 		return true
 	}
-	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, via: t.via, buf: getBlock(n)}
+	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, t: t, buf: getBlock(n)}
 	copy(b.buf, pf.of.f.Header)
 	copy(b.buf[headerSize:], pf.of.f.Payload)
 	b.refs.Store(1)
 	l.next++
 	l.inflight += n
-	l.load[t.via] += n
+	l.load[t] += n
 	l.retained = append(l.retained, b)
-	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t.via)})
+	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 	bt.done = append(bt.done, pf.of)
 	return true
 }
 
-// blockFrame wraps a retained block for one trip to gateway via.
-func (d *Device) blockFrame(peer int32, b *block, via int32) *outFrame {
+// blockFrame wraps a retained block for one trip through trunk t: to a
+// gateway, or to the peer itself over a failover route.
+func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 	h := header{kind: kindSys, tag: sysFwd, src: d.rank, dst: peer, seq: b.seq, length: uint64(len(b.buf)), offset: uint64(b.msgLen)}
-	of := d.frame(via, &h, b.buf)
+	of := d.frame(t.via, &h, b.buf)
 	b.refs.Add(1)
 	of.done = func(err error) {
 		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
-			d.gatewayDown(via, err)
+			d.trunkDown(t.via, t.sub.idx, err)
 		}
 		b.release()
 	}
@@ -179,7 +180,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		b := l.retained[i]
 		n := len(b.buf)
 		l.inflight -= n
-		l.load[b.via] -= n
+		l.load[b.t] -= n
 		b.release()
 	}
 	if i > 0 {

@@ -335,7 +335,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 	nclass := len(res.Classes())
 	d.routes = make([][]int, d.size)
 	d.matchSub = make([]int, d.size)
-	d.fwd.init(d.size, nclass)
+	d.fwd.init(d.size, nclass, len(d.subs))
 	lk := newLinker(d, hosts)
 	// needVia[peer][class]: every direct attempt found the peer unreachable.
 	needVia := make([][]bool, d.size)
@@ -349,13 +349,24 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			if len(hops) == 0 {
 				return fmt.Errorf("%w: rank %d, class %q", ErrNoRoute, peer, res.Classes()[ci].Name)
 			}
-			if hops[0].Via >= 0 {
-				trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops)
+			if failover := res.Failover(peer) && len(hops) > 1; failover || hops[0].Via >= 0 {
+				trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops, failover)
 				if err != nil {
 					return err
 				}
-				d.fwd.setPath(peer, ci, trunks)
-				d.routes[peer][ci] = trunks[0].sub.idx
+				switch {
+				case len(trunks) == 0: // failover, and no route reaches it
+					if needVia[peer] == nil {
+						needVia[peer] = make([]bool, nclass)
+					}
+					needVia[peer][ci] = true
+				case len(trunks) == 1 && trunks[0].via == int32(peer):
+					// One failover route left: a plain direct one.
+					d.routes[peer][ci] = trunks[0].sub.idx
+				default:
+					d.fwd.setPath(peer, ci, trunks)
+					d.routes[peer][ci] = trunks[0].sub.idx
+				}
 				continue
 			}
 			hop := hops[0]

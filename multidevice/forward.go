@@ -3,6 +3,7 @@ package multidevice
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -148,7 +149,7 @@ type forwarder struct {
 	tx       []*txLine   // [peer] non-nil for indirect peers: credit.go
 	rx       []rxLine    // [source] lines ending here, guarded by rxMu
 	rxMu     sync.Mutex
-	dead     []atomic.Bool // [rank] gateways found dead: trunk.go
+	dead     [][]atomic.Bool // [via][subdevice] trunks found dead: trunk.go
 
 	held      atomic.Int64 // bytes this rank holds as a gateway
 	heldMax   atomic.Int64
@@ -171,14 +172,15 @@ type earlyFrame struct {
 	payload []byte
 }
 
-func (f *forwarder) init(size, nclass int) {
+func (f *forwarder) init(size, nclass, nsub int) {
 	f.indirect = make([]bool, size)
 	f.paths = make([][][]trunk, size)
 	f.chunk = make([][]int, size)
 	f.tx = make([]*txLine, size)
 	f.rx = make([]rxLine, size)
-	f.dead = make([]atomic.Bool, size)
+	f.dead = make([][]atomic.Bool, size)
 	for p := range size {
+		f.dead[p] = make([]atomic.Bool, nsub)
 		f.paths[p] = make([][]trunk, nclass)
 		f.chunk[p] = make([]int, nclass)
 	}
@@ -194,9 +196,12 @@ func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 	}
 	f.chunk[peer][ci] = chunk
 	if f.tx[peer] == nil {
-		f.tx[peer] = &txLine{load: make(map[int32]int)}
+		f.tx[peer] = &txLine{load: make(map[trunk]int)}
 	}
 }
+
+// isDead reports whether trunk t was found dead.
+func (f *forwarder) isDead(t trunk) bool { return f.dead[t.via][t.sub.idx].Load() }
 
 // ForwardStats describe this rank's part in indirect communication.
 type ForwardStats struct {
@@ -216,18 +221,27 @@ func (d *Device) ForwardStats() ForwardStats {
 
 // Path describes how a message of n bytes travels to peer: the subdevice of
 // the first hop and the gateways it may go through (empty for a direct
-// link). A dead gateway is left out.
+// link). Dead trunks are left out: after a failover the subdevice is the
+// first live one.
 func (d *Device) Path(peer, n int) (subdevice string, gateways []int, err error) {
 	if peer < 0 || peer >= d.size {
 		return "", nil, fmt.Errorf("%w: %d not in [0,%d)", ErrRank, peer, d.size)
 	}
 	ci := d.table.Class(n)
+	subdevice = d.subs[d.routes[peer][ci]].name
+	first := true
 	for _, t := range d.fwd.paths[peer][ci] {
-		if !d.fwd.dead[t.via].Load() {
+		if d.fwd.isDead(t) {
+			continue
+		}
+		if first {
+			subdevice, first = t.sub.name, false
+		}
+		if t.via != int32(peer) && !slices.Contains(gateways, int(t.via)) {
 			gateways = append(gateways, int(t.via))
 		}
 	}
-	return d.subs[d.routes[peer][ci]].name, gateways, nil
+	return subdevice, gateways, nil
 }
 
 // post sends a protocol frame to peer, directly or through gateways. With
@@ -368,7 +382,7 @@ func (d *Device) nextHop(dst int32, class int, key uint64) (trunk, bool) {
 	n := len(trunks)
 	for i := range n {
 		t := trunks[(int(key%uint64(n))+i)%n]
-		if !d.fwd.dead[t.via].Load() {
+		if !d.fwd.isDead(t) {
 			return t, true
 		}
 	}

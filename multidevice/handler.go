@@ -96,13 +96,15 @@ func (h *handler) PeerDown(peer sdi.Rank, err error) {
 		d.log.Debug("peer closed its links after finalize", "peer", peer, "subdevice", d.subs[h.sub].name)
 		return
 	}
-	// A gateway lost: its blocks go through the other trunks (trunk.go).
-	d.gatewayDown(int32(peer), err)
+	// A trunk lost (a gateway, or the peer on a failover route): its
+	// blocks go through the other trunks (trunk.go).
+	d.trunkDown(int32(peer), h.sub, err)
 	name := d.subs[h.sub].name
-	// A subdevice that carries none of this peer's routes losing it is no loss.
+	// A subdevice that carries none of this peer's direct routes losing it
+	// is no loss here; trunkDown failed the line if it was one.
 	uses := false
-	for _, idx := range d.routes[peer] {
-		uses = uses || idx == h.sub
+	for ci, idx := range d.routes[peer] {
+		uses = uses || (idx == h.sub && !d.indirect(int32(peer), ci))
 	}
 	if !uses {
 		d.log.Debug("peer down on an unused subdevice", "peer", peer, "subdevice", name, "error", err)

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // Routes through gateways come from two places. A connection table may name
@@ -48,11 +49,23 @@ func (lk *linker) connect(ctx context.Context, s *subdev, peer int) error {
 }
 
 // tableTrunks turns a class's route list from the table into trunks and
-// connects to each gateway.
-func (d *Device) tableTrunks(ctx context.Context, lk *linker, byName map[string]*subdev, peer int, hops []conntable.Hop) ([]trunk, error) {
+// connects to each gateway. With failover, a direct route is a trunk too,
+// to the peer itself, and one whose subdevice cannot reach the peer is
+// left out; without it, direct routes are not trunks.
+func (d *Device) tableTrunks(ctx context.Context, lk *linker, byName map[string]*subdev, peer int, hops []conntable.Hop, failover bool) ([]trunk, error) {
 	var trunks []trunk
 	for _, hop := range hops {
 		if hop.Via < 0 {
+			if !failover {
+				continue
+			}
+			t, err := d.directTrunk(ctx, lk, byName, peer, hop.SubDevice)
+			if err != nil {
+				return nil, err
+			}
+			if t.sub != nil && !slices.Contains(trunks, t) {
+				trunks = append(trunks, t)
+			}
 			continue
 		}
 		s, ok := byName[hop.SubDevice]
@@ -73,6 +86,31 @@ func (d *Device) tableTrunks(ctx context.Context, lk *linker, byName map[string]
 		trunks = append(trunks, t)
 	}
 	return trunks, nil
+}
+
+// directTrunk connects to peer over the named subdevice for a failover
+// route; a subdevice that finds the peer unreachable yields no trunk (a
+// zero one) and no error.
+func (d *Device) directTrunk(ctx context.Context, lk *linker, byName map[string]*subdev, peer int, name string) (trunk, error) {
+	s, ok := byName[name]
+	if !ok {
+		return trunk{}, d.missingSubDevice(peer, lk.hosts[peer], name)
+	}
+	if s.caps.Reach == sdi.ReachHost && lk.hosts[peer] != lk.hosts[d.rank] {
+		return trunk{}, fmt.Errorf("%w: the table routes rank %d on host %q over %q, which only reaches host %q",
+			ErrNoRoute, peer, lk.hosts[peer], s.name, lk.hosts[d.rank])
+	}
+	if s.matcher != nil {
+		return trunk{}, fmt.Errorf("%w: the table asks failover for rank %d over %q, a subdevice that matches on its own and so cannot carry forwarded blocks", ErrNoRoute, peer, s.name)
+	}
+	if err := lk.connect(ctx, s, peer); err != nil {
+		if errors.Is(err, sdi.ErrPeerUnreachable) {
+			d.log.Debug("failover route unreachable, left out", "peer", peer, "subdevice", s.name, "error", err)
+			return trunk{}, nil
+		}
+		return trunk{}, err
+	}
+	return trunk{sub: s, via: int32(peer)}, nil
 }
 
 // autoRoute finds gateways for the classes of peers no subdevice reached.

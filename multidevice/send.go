@@ -127,6 +127,9 @@ const maxTag = 1<<31 - 1
 
 func (d *Device) peerErr(peer int32) error {
 	if err := d.down[peer].Load(); err != nil {
+		if errors.Is(*err, ErrPeerDown) { // a line that failed says so itself
+			return *err
+		}
 		return fmt.Errorf("%w: rank %d: %v", ErrPeerDown, peer, *err)
 	}
 	return nil
