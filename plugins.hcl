@@ -31,5 +31,7 @@ subdevice "tcp" {
   #   max_connections = 0                # per peer; 0: one per matched interface pair, 1: one ordered connection
   #   congestion_control = "auto"        # cubic (else reno) over loopback, the system's default elsewhere;
   #                                      # "system": the default everywhere; or a name ("cubic", "bbr", ...)
+  #   link_timeout = "30s"               # a connection whose peer acknowledges nothing this long is dead
+  #                                      # (its peer is reported down, failover routes take over); "0s": the system's
   # }
 }

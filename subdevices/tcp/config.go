@@ -16,6 +16,7 @@ import (
 // Defaults for the config keys; doc.go lists them for users.
 const (
 	defaultConnectTimeout = 10 * time.Second
+	defaultLinkTimeout    = 30 * time.Second
 	defaultQueueBytes     = 4 << 20
 	// maxQueueBytes keeps a typo ("queue_bytes": 40000000000) from turning
 	// the per-peer bound into no bound at all.
@@ -39,6 +40,10 @@ type config struct {
 	// congestion is congestion_control: congestionAuto (also ""),
 	// congestionSystem or an algorithm (congestion.go).
 	congestion string
+	// linkTimeout is link_timeout: how long a connection may go without
+	// its peer acknowledging data or keepalive probes; 0 leaves the
+	// system's limits (linktimeout.go).
+	linkTimeout time.Duration
 }
 
 // ordered reports whether frames to a peer always travel on one connection,
@@ -55,12 +60,13 @@ type rawConfig struct {
 	Exclude        []string `json:"exclude"`
 	MaxConnections *int64   `json:"max_connections"`
 	Congestion     *string  `json:"congestion_control"`
+	LinkTimeout    *string  `json:"link_timeout"`
 }
 
 // parseConfig decodes the subdevice's config block. An empty block means all
 // defaults. Errors name the key and say what is accepted.
 func parseConfig(b []byte) (config, error) {
-	c := config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes}
+	c := config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, linkTimeout: defaultLinkTimeout}
 	if len(bytes.TrimSpace(b)) == 0 {
 		return c, nil
 	}
@@ -68,7 +74,7 @@ func parseConfig(b []byte) (config, error) {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&raw); err != nil {
-		return config{}, fmt.Errorf("tcp: config: %w (known keys: listen, connect_timeout, queue_bytes, include, exclude, max_connections, congestion_control)", err)
+		return config{}, fmt.Errorf("tcp: config: %w (known keys: listen, connect_timeout, queue_bytes, include, exclude, max_connections, congestion_control, link_timeout)", err)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return config{}, errors.New("tcp: config: trailing data after the JSON object")
@@ -118,6 +124,16 @@ func parseConfig(b []byte) (config, error) {
 			}
 		}
 		c.congestion = v
+	}
+	if raw.LinkTimeout != nil {
+		d, err := time.ParseDuration(*raw.LinkTimeout)
+		if err != nil {
+			return config{}, fmt.Errorf("tcp: config: link_timeout %q: want a duration such as \"30s\" (\"0s\": the system's): %w", *raw.LinkTimeout, err)
+		}
+		if d < 0 || (d > 0 && d < time.Millisecond) || d > maxLinkTimeout {
+			return config{}, fmt.Errorf("tcp: config: link_timeout %q must be 0 (the system's) or from 1ms to %v", *raw.LinkTimeout, maxLinkTimeout)
+		}
+		c.linkTimeout = d
 	}
 	return c, nil
 }

@@ -101,22 +101,6 @@ func checkCongestion(name string) error {
 	return setCongestion(fd, []string{name}, true)
 }
 
-// dialControl sets the congestion control a connection to peer asks for,
-// before its SYN goes out, as net.Dialer.Control.
-func (c config) dialControl(peer netip.Addr) func(network, address string, raw syscall.RawConn) error {
-	names, strict := c.congestionFor(peer)
-	if len(names) == 0 {
-		return nil
-	}
-	return func(_, _ string, raw syscall.RawConn) error {
-		var err error
-		if cerr := raw.Control(func(fd uintptr) { err = setCongestion(int(fd), names, strict) }); cerr != nil {
-			return cerr
-		}
-		return err
-	}
-}
-
 // congestionOf returns the algorithm conn's socket uses, or "" when it has
 // no socket underneath or the kernel does not say.
 func congestionOf(conn net.Conn) string {

@@ -163,6 +163,8 @@ func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, pair addrsel.Pa
 	d := net.Dialer{
 		LocalAddr: &net.TCPAddr{IP: pair.LocalAddr.AsSlice(), Zone: pair.LocalAddr.Zone()},
 		Control:   sd.cfg.dialControl(pair.PeerAddr),
+		// Go's default keepalive (15 s) where link_timeout is 0.
+		KeepAliveConfig: keepAlive(sd.cfg.linkTimeout),
 	}
 	conn, err := d.DialContext(ctx, "tcp", netip.AddrPortFrom(pair.PeerAddr, port).String())
 	if err != nil {

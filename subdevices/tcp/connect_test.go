@@ -22,10 +22,10 @@ func TestParseConfig(t *testing.T) {
 		want    config
 		wantErr string // substring of the error; empty means success
 	}{
-		{name: "empty", in: "", want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes}},
-		{name: "empty object", in: "{}", want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes}},
+		{name: "empty", in: "", want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, linkTimeout: defaultLinkTimeout}},
+		{name: "empty object", in: "{}", want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, linkTimeout: defaultLinkTimeout}},
 		{name: "all keys", in: `{"listen": "127.0.0.1:7000", "connect_timeout": "250ms", "queue_bytes": 1024}`,
-			want: config{listen: "127.0.0.1:7000", connectTimeout: 250 * time.Millisecond, queueBytes: 1024}},
+			want: config{listen: "127.0.0.1:7000", connectTimeout: 250 * time.Millisecond, queueBytes: 1024, linkTimeout: defaultLinkTimeout}},
 		{name: "unknown key", in: `{"lisen": ":0"}`, wantErr: `unknown field "lisen"`},
 		{name: "listen without port", in: `{"listen": "127.0.0.1"}`, wantErr: "listen \"127.0.0.1\": want host:port"},
 		{name: "timeout not a duration", in: `{"connect_timeout": "10"}`, wantErr: "connect_timeout \"10\": want a duration"},
@@ -35,7 +35,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "queue huge", in: `{"queue_bytes": 40000000000}`, wantErr: "queue_bytes 40000000000 must be in"},
 		{name: "queue fraction", in: `{"queue_bytes": 1.5}`, wantErr: "queue_bytes"},
 		{name: "include and exclude", in: `{"include": ["eth*", "10.1.0.0/16"], "exclude": ["docker0", "fd00::1/64"], "max_connections": 2}`,
-			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, maxConns: 2, filter: ifaceFilter{
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, linkTimeout: defaultLinkTimeout, maxConns: 2, filter: ifaceFilter{
 				include: []matcher{{pattern: "eth*"}, {net: netip.MustParsePrefix("10.1.0.0/16")}},
 				exclude: []matcher{{pattern: "docker0"}, {net: netip.MustParsePrefix("fd00::/64")}},
 			}}},
@@ -45,13 +45,21 @@ func TestParseConfig(t *testing.T) {
 		{name: "include not a list", in: `{"include": "eth0"}`, wantErr: "include"},
 		{name: "max connections negative", in: `{"max_connections": -1}`, wantErr: "max_connections -1 must be in [0, 64]"},
 		{name: "congestion auto", in: `{"congestion_control": "auto"}`,
-			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, congestion: "auto"}},
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, linkTimeout: defaultLinkTimeout, congestion: "auto"}},
 		{name: "congestion named", in: `{"congestion_control": "reno"}`,
-			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, congestion: "reno"}},
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, linkTimeout: defaultLinkTimeout, congestion: "reno"}},
 		{name: "congestion empty", in: `{"congestion_control": ""}`, wantErr: `congestion_control "": want "auto", "system" or`},
 		{name: "congestion not a name", in: `{"congestion_control": "Cubic!"}`, wantErr: `congestion_control "Cubic!"`},
 		{name: "congestion too long", in: `{"congestion_control": "abcdefghijklmnop"}`, wantErr: `congestion_control "abcdefghijklmnop"`},
 		{name: "congestion a number", in: `{"congestion_control": 1}`, wantErr: "congestion_control"},
+		{name: "link timeout", in: `{"link_timeout": "5s"}`,
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes, linkTimeout: 5 * time.Second}},
+		{name: "link timeout the system's", in: `{"link_timeout": "0s"}`,
+			want: config{connectTimeout: defaultConnectTimeout, queueBytes: defaultQueueBytes}},
+		{name: "link timeout not a duration", in: `{"link_timeout": "30"}`, wantErr: `link_timeout "30": want a duration such as "30s"`},
+		{name: "link timeout negative", in: `{"link_timeout": "-1s"}`, wantErr: `link_timeout "-1s" must be 0 (the system's) or from 1ms to 24h0m0s`},
+		{name: "link timeout below a millisecond", in: `{"link_timeout": "10us"}`, wantErr: `link_timeout "10us" must be 0`},
+		{name: "link timeout over a day", in: `{"link_timeout": "25h"}`, wantErr: `link_timeout "25h" must be 0`},
 		{name: "not an object", in: `[1]`, wantErr: "tcp: config"},
 		{name: "trailing data", in: `{} {}`, wantErr: "trailing data"},
 	}

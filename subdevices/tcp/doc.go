@@ -254,6 +254,14 @@
 //	                 everywhere; Open fails, saying what is available and
 //	                 allowed, when the kernel refuses it. [Link] shows what
 //	                 each connection got.
+//	link_timeout     Go duration: a connection whose peer acknowledges
+//	                 neither data nor keepalive probes for this long is
+//	                 dead, and its peer reported down, so that a failover
+//	                 route takes over (TCP_USER_TIMEOUT, and keepalive
+//	                 probes from a third of it on, on every connection).
+//	                 Default "30s"; "0s" leaves the system's limits, about
+//	                 15 minutes of retransmissions and none for a
+//	                 connection that only reads (see linktimeout.go).
 //
 // # Close
 //

@@ -67,6 +67,9 @@ func (sd *subDevice) acceptLoop() {
 			continue
 		}
 		backoff = 0
+		if err := limitLink(c, sd.cfg.linkTimeout); err != nil {
+			sd.log.Warn("cannot bound the link timeout of an accepted connection; a dead link goes unnoticed for longer", "remote_addr", c.RemoteAddr(), "error", err)
+		}
 		select {
 		case sd.handshakes <- struct{}{}:
 		default:
