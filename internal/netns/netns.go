@@ -437,6 +437,19 @@ func (i *Iface) Counters() (rxBytes, txBytes uint64, err error) {
 	return rx, tx, nil
 }
 
+// Blackhole makes the interface drop every packet it sends, as a dead
+// switch port or cable would: the link stays up and nothing reports an
+// error to the programs using it, so only their own timeouts notice. It
+// is a token bucket whose burst is smaller than any packet (tc has no
+// drop action here).
+func (i *Iface) Blackhole() error {
+	args := []string{"-n", i.host.ns, "qdisc", "replace", "dev", i.name, "root", "tbf", "rate", "8bit", "burst", "1", "latency", "1ms"}
+	if out, err := run("tc", args...); err != nil {
+		return fmt.Errorf("netns: tc %s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
 // SetDown takes the interface down (its addresses are kept).
 func (i *Iface) SetDown() error { return i.setLink("down") }
 

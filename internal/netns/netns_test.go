@@ -233,6 +233,25 @@ func TestDownUp(t *testing.T) {
 	mustReach(t, a, "fd04::2")
 }
 
+// Blackhole drops what both ends send while the link stays up.
+func TestBlackhole(t *testing.T) {
+	b := New(t)
+	a, c := b.Host("a"), b.Host("c")
+	ia, ic := b.Wire(a, "eth0", c, "eth0", []string{"10.5.0.1/24"}, []string{"10.5.0.2/24"})
+	mustReach(t, a, "10.5.0.2")
+	for _, i := range []*Iface{ia, ic} {
+		if err := i.Blackhole(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := reach(a, "10.5.0.2", time.Second); err == nil {
+		t.Fatal("reached the peer through a blackholed link")
+	}
+	if out, err := a.Run("ip", "-o", "link", "show", "dev", "eth0"); err != nil || !strings.Contains(out, "state UP") {
+		t.Fatalf("the blackholed link is not up: %v %s", err, out)
+	}
+}
+
 // After a test that used a bed, nothing with its prefix is left: no
 // namespace, and no link in the root namespace.
 func TestCleanupLeavesNothing(t *testing.T) {
