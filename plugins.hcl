@@ -1,7 +1,14 @@
 # plugins.hcl: which subdevices a job loads and how (docs/plugins.hcl.md).
 #
 # Built-in subdevices need only a block. A config block is handed to the
-# subdevice as JSON when it opens; the subdevice validates it.
+# subdevice as JSON when it opens; the subdevice validates it. builtin runs
+# a built-in under another name, e.g. tcp a second time on a second
+# network, for a connection table's failover routes (README, "Failover"):
+#
+#   subdevice "tcp2" {
+#     builtin = "tcp"
+#     config { include = ["10.2.0.0/16"] }
+#   }
 #
 # External subdevices are plugin binaries (found in plugin_dir, by default
 # this file's directory) started through go-plugin: command, args,

@@ -200,7 +200,7 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		factory := o.Factories[spec.Name]
 		if factory == nil {
 			var err error
-			if factory, err = sdi.Lookup(spec.Name); err != nil {
+			if factory, err = sdi.Lookup(spec.BuiltinName()); err != nil {
 				return fmt.Errorf("multidevice: %s: %w", spec.Where, err)
 			}
 		}

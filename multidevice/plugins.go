@@ -34,8 +34,11 @@ type PluginsConfig struct {
 
 // SubDeviceSpec is one subdevice block.
 type SubDeviceSpec struct {
-	Name     string
-	Enabled  bool
+	Name    string
+	Enabled bool
+	// Builtin is the built-in subdevice the block runs under Name, so that
+	// one can run twice (tcp on two networks); empty means Name itself.
+	Builtin  string
 	Command  string   // external binary as written; empty for a built-in subdevice
 	Path     string   // Command resolved: see ParsePlugins
 	Args     []string // arguments for Command
@@ -49,6 +52,14 @@ type SubDeviceSpec struct {
 	SharedMemory bool
 	// Where is the block's position, "file:line,col", for error messages.
 	Where string
+}
+
+// BuiltinName is the built-in subdevice a block without a command runs.
+func (s *SubDeviceSpec) BuiltinName() string {
+	if s.Builtin != "" {
+		return s.Builtin
+	}
+	return s.Name
 }
 
 // External reports whether the subdevice runs as a plugin binary.
@@ -71,6 +82,7 @@ type pluginsFile struct {
 type subdeviceHCL struct {
 	Name         string     `hcl:"name,label"`
 	Enabled      *bool      `hcl:"enabled,optional"`
+	Builtin      string     `hcl:"builtin,optional"`
 	Command      string     `hcl:"command,optional"`
 	Args         []string   `hcl:"args,optional"`
 	Checksum     string     `hcl:"checksum,optional"`
@@ -118,12 +130,16 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 		if s.Checksum != "" && !checksumRE.MatchString(s.Checksum) {
 			return nil, fmt.Errorf("multidevice: plugins: %s: checksum %q: want \"sha256:\" and 64 lower-case hex digits", where, s.Checksum)
 		}
+		if s.Builtin != "" && s.Command != "" {
+			return nil, fmt.Errorf("multidevice: plugins: %s: builtin %q and command %q exclude each other: a subdevice is built in or a plugin", where, s.Builtin, s.Command)
+		}
 		if s.Command == "" && (len(s.Args) > 0 || s.Checksum != "" || s.Timeout != "" || s.SharedMemory != nil) {
 			return nil, fmt.Errorf("multidevice: plugins: %s: args, checksum, timeout and shared_memory need a command (they describe an external plugin)", where)
 		}
 		spec := SubDeviceSpec{
 			Name:         s.Name,
 			Enabled:      s.Enabled == nil || *s.Enabled,
+			Builtin:      s.Builtin,
 			Command:      s.Command,
 			Args:         s.Args,
 			Checksum:     s.Checksum,

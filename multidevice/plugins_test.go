@@ -20,12 +20,18 @@ subdevice "fab" {
   args     = ["-v"]
   checksum = "sha256:`+strings.Repeat("ab", 32)+`"
 }
+subdevice "tcp2" { builtin = "tcp" }
 `), "p.hcl")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.PluginDir != "/opt/md" || len(cfg.SubDevices) != 3 {
+	if cfg.PluginDir != "/opt/md" || len(cfg.SubDevices) != 4 {
 		t.Fatalf("%+v", cfg)
+	}
+	for i, want := range []string{"shm", "tcp", "sdi-fab", "tcp"} {
+		if s := cfg.SubDevices[i]; !s.External() && s.BuiltinName() != want {
+			t.Errorf("%s runs built-in %q, want %q", s.Name, s.BuiltinName(), want)
+		}
 	}
 	if s := cfg.SubDevices[0]; s.Name != "shm" || !s.Enabled || string(s.Config) != `{"ring_bytes":4096}` {
 		t.Errorf("shm: %+v config %s", s, s.Config)
@@ -49,6 +55,7 @@ func TestParsePluginsErrors(t *testing.T) {
 		{"unknown top-level", "speed = 3\nsubdevice \"a\" {}", `p.hcl:1,1-6: Unsupported argument; An argument named "speed" is not expected here`},
 		{"bad checksum", "subdevice \"a\" {\n command = \"x\"\n checksum = \"md5:1\"\n}", "want \"sha256:\""},
 		{"args without command", `subdevice "a" { args = ["x"] }`, "need a command"},
+		{"builtin and command", "subdevice \"a\" {\n builtin = \"tcp\"\n command = \"sdi-tcp\"\n}", `p.hcl:1,1-14: builtin "tcp" and command "sdi-tcp" exclude each other`},
 		{"empty", ``, "no subdevice blocks"},
 		{"config not literal", "subdevice \"a\" {\n  config {\n    x = var.y\n  }\n}", "p.hcl:3"},
 	} {
