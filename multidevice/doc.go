@@ -102,4 +102,17 @@
 // ([Options.Relay], adi.RunRelay, cmd/mdrelay). forward.go, credit.go,
 // trunk.go, reach.go and relay.go tell the details; [Device.Path] and
 // [Device.ForwardStats] show what happens.
+//
+// # Failover
+//
+// A connection-table entry with "failover": true sends its peers' traffic
+// the same way, with each route of the list, direct ones included, as a
+// trunk whose first hop is the peer itself: blocks spread over the live
+// routes, each is kept until the peer's credit covers it, and those a
+// route carried when its subdevice lost the peer go again over the others;
+// the peer drops the copies it had. So a network that fails loses no
+// message and stops nothing while another route lives, at the price of a
+// copy per message and the credits. Without the flag a direct route is
+// used alone and losing it fails every request that depends on the peer
+// (ErrPeerDown). tcp notices a dead link within its link_timeout.
 package multidevice

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/internal/netns"
 	_ "github.com/hpc-multidevice/multidevice/subdevices/tcp"
 )
@@ -43,6 +44,7 @@ const (
 	envBytes  = "MD_NETNS_BYTES"  // workload size
 	envDirect = "MD_NETNS_DIRECT" // bench: bytes streamed over the direct link
 	envDeath  = "MD_NETNS_DEATH"  // a rank dies on purpose: the final fence may fail
+	envTable  = "MD_NETNS_TABLE"  // a connection table file to route by
 )
 
 // TestHelperRank is not a test: it is one rank of a netns job.
@@ -75,7 +77,13 @@ func helperRank(role string) error {
 	if err != nil {
 		return err
 	}
-	d, err := Open(ctx, Options{Bootstrap: b, Plugins: plugins, Forward: fwd, Relay: strings.HasPrefix(role, "relay"), Logger: log})
+	opts := Options{Bootstrap: b, Plugins: plugins, Forward: fwd, Relay: strings.HasPrefix(role, "relay"), Logger: log}
+	if path := os.Getenv(envTable); path != "" {
+		if opts.Table, err = conntable.Load(path); err != nil {
+			return err
+		}
+	}
+	d, err := Open(ctx, opts)
 	if err != nil {
 		return err
 	}
