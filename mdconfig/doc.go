@@ -44,6 +44,7 @@
 //	penalty      = "20us" # what forwarding costs on an intermediate host; "off" forbids it (default "0us")
 //	alternatives = "5%"   # keep routes within this much of the best as alternatives (default "5%")
 //	max_routes   = 4      # at most this many routes per destination and class (default 4; 1 = no alternatives)
+//	failover     = true   # entries with alternatives ask for failover over them (default false; see conntable)
 //
 //	# A subdevice and its cost. reach = "host" marks a subdevice that joins
 //	# only ranks on one host (shm); it may be limited to some hosts with

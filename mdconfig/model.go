@@ -71,6 +71,7 @@ type Description struct {
 	island       []int32 // per host: its connected component
 	alternatives float64
 	maxRoutes    int
+	failover     bool // entries with alternatives ask for failover
 }
 
 // Hosts returns the host names in the order they were first named.
@@ -163,6 +164,13 @@ func (b *builder) settings(raw *rawDoc) {
 			b.errorf(v.rng, "invalid max_routes", "max_routes is %q; write a whole number from 1 (no alternatives) to %d.", v.s, maxMaxRoutes)
 		}
 		d.maxRoutes = n
+	}
+	if v := raw.failover; v != nil {
+		f, err := strconv.ParseBool(v.s)
+		if err != nil {
+			b.errorf(v.rng, "invalid failover", "failover is %q; write true or false.", v.s)
+		}
+		d.failover = f
 	}
 }
 

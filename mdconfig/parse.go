@@ -20,6 +20,7 @@ var rootSchema = &hcl.BodySchema{
 		{Name: "penalty"},
 		{Name: "alternatives"},
 		{Name: "max_routes"},
+		{Name: "failover"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{
 		{Type: "size_class", LabelNames: []string{"name"}},
@@ -98,11 +99,11 @@ type rawHost struct {
 
 // rawDoc is a description decoded but not yet checked for meaning.
 type rawDoc struct {
-	penalty, alternatives, maxRoutes *value
-	classes                          []rawClass
-	subdevices                       []rawSubdevice
-	networks                         []rawNetwork
-	hosts                            []rawHost
+	penalty, alternatives, maxRoutes, failover *value
+	classes                                    []rawClass
+	subdevices                                 []rawSubdevice
+	networks                                   []rawNetwork
+	hosts                                      []rawHost
 }
 
 // decode parses HCL source into a rawDoc. Syntax and schema errors come back
@@ -118,6 +119,7 @@ func decode(src []byte, filename string) (*rawDoc, hcl.Diagnostics) {
 	doc.penalty = optString(content.Attributes, "penalty", &diags)
 	doc.alternatives = optString(content.Attributes, "alternatives", &diags)
 	doc.maxRoutes = optString(content.Attributes, "max_routes", &diags)
+	doc.failover = optString(content.Attributes, "failover", &diags)
 	for _, b := range content.Blocks {
 		name := value{b.Labels[0], b.LabelRanges[0]}
 		switch b.Type {

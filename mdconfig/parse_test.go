@@ -195,6 +195,12 @@ host "a04" {
 			want: []string{"from 1"},
 		},
 		{
+			name: "bad failover",
+			src:  base + "failover = \"yes\"\n",
+			at:   "net.hcl:15:12",
+			want: []string{`failover is "yes"; write true or false`},
+		},
+		{
 			name: "list where a string belongs",
 			src:  strings.Replace(base, `"50us"`, `["50us"]`, 1),
 			at:   "net.hcl:8:15",

@@ -85,8 +85,13 @@ func (t *tableBuilder) entry(from, to, swapFrom, swapTo int32) (conntable.Entry,
 			t.key = binary.LittleEndian.AppendUint64(t.key, math.Float64bits(round3(ch.cost)))
 		}
 	}
+	// Failover needs a second route to fail over to in some class.
+	failover := false
+	for c := range d.classes {
+		failover = failover || (d.failover && t.resN[c][from] > 1)
+	}
 	if m, ok := t.intern[string(t.key)]; ok {
-		return conntable.Entry{To: d.hosts[to], Routes: m}, true
+		return conntable.Entry{To: d.hosts[to], Routes: m, Failover: failover}, true
 	}
 	perClass := make([][]conntable.Route, len(d.classes))
 	for c := range d.classes {
@@ -106,7 +111,7 @@ func (t *tableBuilder) entry(from, to, swapFrom, swapTo int32) (conntable.Entry,
 	}
 	m := t.keyed(perClass)
 	t.intern[string(t.key)] = m
-	return conntable.Entry{To: d.hosts[to], Routes: m}, true
+	return conntable.Entry{To: d.hosts[to], Routes: m, Failover: failover}, true
 }
 
 // peers computes the routes from src and returns its entries for every
