@@ -385,3 +385,39 @@ func TestBwIters(t *testing.T) {
 		}
 	}
 }
+
+// TestRunVsConntable measures tcp routed plainly against tcp and a second
+// tcp with failover in one run, and checks both series and their ratio.
+func TestRunVsConntable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	files := map[string]string{
+		"plugins.hcl":   "subdevice \"tcp\" {}\nsubdevice \"tcp2\" {\n  builtin = \"tcp\"\n}\n",
+		"plain.json":    `{"version": 1, "peers": [{"to": "*", "routes": {"*": [{"subdevice": "tcp"}]}}]}`,
+		"failover.json": `{"version": 1, "peers": [{"to": "*", "failover": true, "routes": {"*": [{"subdevice": "tcp"}, {"subdevice": "tcp2"}]}}]}`,
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{"-plugins", filepath.Join(dir, "plugins.hcl"), "-conntable", filepath.Join(dir, "plain.json"),
+		"-vs-conntable", filepath.Join(dir, "failover.json"), "-reps", "2", "-scale", "0.02", "-sizes", "8,300K", "-window", "4", "-format", "json", "lat", "bw"}
+	r := runJSON(ctx, t, args)
+	for _, test := range []string{"lat", "bw"} {
+		for _, size := range []int{8, 300 << 10} {
+			for _, se := range []string{ours, "table"} {
+				if s, ok := r.stat(test, size, se); !ok || len(s.Values) != 2 || s.Min <= 0 {
+					t.Errorf("%s %d %s: %+v (found %v)", test, size, se, s, ok)
+				}
+			}
+		}
+	}
+	if _, ok := r.ratio("bw", 300<<10, "table"); !ok {
+		t.Error("no multidevice/table ratio")
+	}
+}

@@ -31,10 +31,10 @@ this host, OSU style. Tests (default: lat bw bibw):
   idle   CPU share of a rank blocked in Recv for --seconds (runs once)
 
 Every repetition launches the ranks afresh; with --direct, --baseline,
---vs-plugins, --vs-env or --vs-build the series are interleaved within each
-repetition (their order alternates) and the report gives medians, minima
-and maxima. md/x, our figure divided
-by series x's, is taken within each repetition and its median reported:
+--vs-plugins, --vs-conntable, --vs-env or --vs-build the series are
+interleaved within each repetition (their order alternates) and the
+report gives medians, minima and maxima. md/x, our figure divided by
+series x's, is taken within each repetition and its median reported:
 launches seconds apart see the same machine, while over minutes a noisy
 host can slow every series down and back.
 
@@ -49,6 +49,7 @@ type options struct {
 	plugins   string
 	conntable string
 	vsPlugins string
+	vsTable   string
 	variants  []variant // -vs-env and -vs-build, in the order given
 	direct    bool
 	baseline  bool
@@ -79,6 +80,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.sub, "sub", "", "subdevice to measure alone: shm, tcp, ... (default shm unless -plugins or -conntable is given)")
 	fs.StringVar(&o.plugins, "plugins", "", "plugins.hcl choosing the subdevices, instead of -sub")
 	fs.StringVar(&o.conntable, "conntable", "", "connection table (file, or directory of <host>.json) choosing the routes")
+	fs.StringVar(&o.vsTable, "vs-conntable", "", "also run the job routed by this connection table (series \"table\"), interleaved: e.g. a failover table against a plain one given with -conntable")
 	fs.StringVar(&o.vsPlugins, "vs-plugins", "", "also run the job with the subdevices of this plugins.hcl (series \"plugin\"), interleaved: e.g. tcp served by cmd/sdi-tcp against the built-in -sub tcp")
 	addVariant := func(parse func(string) (variant, error)) func(string) error {
 		return func(v string) error {
@@ -313,6 +315,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		j.Sub, j.Plugins = "", o.vsPlugins
 		steps = append(steps, step{"plugin", jobOf(j)})
 	}
+	if o.vsTable != "" {
+		j := job
+		j.ConnTable = o.vsTable
+		steps = append(steps, step{"table", jobOf(j)})
+	}
 	for _, e := range o.variants {
 		j := job
 		j.Env, j.Exe = e.env, e.exe
@@ -472,7 +479,7 @@ type variant struct {
 }
 
 // reservedSeries are the series names mdbench gives itself.
-var reservedSeries = []string{ours, "md", "direct", "plugin", "mpich", "openmpi"}
+var reservedSeries = []string{ours, "md", "direct", "plugin", "table", "mpich", "openmpi"}
 
 // checkSeriesName refuses a series name that is empty, mdbench's own, or
 // would not read as one word in the report; v is the flag's value.
