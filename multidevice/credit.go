@@ -17,9 +17,19 @@ import (
 // acknowledged only after the destination handled it, so at any moment
 // the gateways of a line together hold at most Window bytes of it.
 //
-// Credits are coalesced: the destination queues at most one credit message
-// per line in the outbox, and that message carries the newest cumulative
-// block number when it leaves.
+// Credits are coalesced and late. A block this rank sends to the source of
+// a line it receives on carries that line's newest credit (flagCredit),
+// and a credit message of its own leaves only if no block did within
+// creditDelay, or at once when the source marked a block urgent (half its
+// window unacknowledged). A ping-pong then pays no credit message: each
+// reply returns the credit for the message it answers. (Sending one per
+// block, in the waiter's path before the reply, doubled a failover
+// route's small-message latency over tcp.) The destination queues at most
+// one credit message per line in the outbox, and that message carries the
+// newest cumulative block number when it leaves.
+
+// creditDelay is how long a credit waits for a block to ride on.
+const creditDelay = time.Millisecond
 
 // txLine is the source end of a virtual line to one indirect peer.
 type txLine struct {
@@ -47,6 +57,7 @@ type block struct {
 	class  int
 	msgLen int
 	t      trunk  // the trunk it was last sent through; guarded by txLine.mu
+	urgent bool   // admitted with half the window or more unacknowledged
 	buf    []byte // inner header + data
 	// refs counts the owners of buf: one while retained, one per outer
 	// frame a subdevice has not completed.
@@ -64,6 +75,8 @@ type rxLine struct {
 	cum    uint64              // every block below it arrived
 	above  map[uint64]struct{} // blocks beyond cum that arrived (trunks reorder)
 	queued bool                // a credit for this line waits in the outbox
+	sent   uint64              // the newest credit sent, alone or on a block
+	timer  bool                // a late credit is due
 }
 
 type sendItem struct {
@@ -111,7 +124,8 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 		bt.failed = append(bt.failed, pf.of)
 		return true
 	}
-	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, t: t, buf: getBlock(n)}
+	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, t: t, buf: getBlock(n),
+		urgent: l.inflight+n > d.fwd.opts.Window/2}
 	copy(b.buf, pf.of.f.Header)
 	copy(b.buf[headerSize:], pf.of.f.Payload)
 	b.refs.Store(1)
@@ -128,6 +142,13 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 // gateway, or to the peer itself over a failover route.
 func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 	h := header{kind: kindSys, tag: sysFwd, src: d.rank, dst: peer, seq: b.seq, length: uint64(len(b.buf)), offset: uint64(b.msgLen)}
+	if b.urgent {
+		h.flags |= flagUrgent
+	}
+	if cum := d.fwd.rideCredit(peer); cum > 0 {
+		h.flags |= flagCredit
+		h.rreq = cum
+	}
 	of := d.frame(t.via, &h, b.buf)
 	b.refs.Add(1)
 	of.done = func(err error) {
@@ -233,6 +254,9 @@ func (d *Device) onForward(from int32, h *header, payload []byte) {
 		}
 	}
 	f.rxMu.Unlock()
+	if h.flags&flagCredit != 0 {
+		d.onCredit(h.src, h.rreq)
+	}
 	if dup {
 		f.dups.Add(1)
 	} else {
@@ -243,7 +267,49 @@ func (d *Device) onForward(from int32, h *header, payload []byte) {
 			d.dispatch(&inner, data)
 		}
 	}
-	d.queueCredit(h.src)
+	if dup || h.flags&flagUrgent != 0 {
+		// A copy sent again may mean the credit for it was lost.
+		d.queueCredit(h.src)
+	} else {
+		d.creditLater(h.src)
+	}
+}
+
+// rideCredit returns the credit a block to src can carry for the line
+// from src (0: none due) and counts it as sent.
+func (f *forwarder) rideCredit(src int32) uint64 {
+	f.rxMu.Lock()
+	defer f.rxMu.Unlock()
+	l := &f.rx[src]
+	if l.cum <= l.sent {
+		return 0
+	}
+	l.sent = l.cum
+	return l.cum
+}
+
+// creditLater makes sure the line from src gets its credit within
+// creditDelay, unless a block to src carries it first.
+func (d *Device) creditLater(src int32) {
+	f := &d.fwd
+	f.rxMu.Lock()
+	l := &f.rx[src]
+	arm := !l.timer && l.cum > l.sent
+	l.timer = l.timer || arm
+	f.rxMu.Unlock()
+	if !arm {
+		return
+	}
+	time.AfterFunc(creditDelay, func() {
+		f.rxMu.Lock()
+		l := &f.rx[src]
+		l.timer = false
+		due := l.cum > l.sent
+		f.rxMu.Unlock()
+		if due {
+			d.queueCredit(src)
+		}
+	})
 }
 
 // queueCredit makes sure a credit for the line from src leaves soon.
@@ -266,19 +332,61 @@ func (d *Device) sendCredit(src int32) {
 	l := &f.rx[src]
 	cum := l.cum
 	l.queued = false
+	due := cum > l.sent
+	l.sent = max(l.sent, cum)
 	f.rxMu.Unlock()
-	if d.closed.Load() {
+	if d.closed.Load() || !due {
 		return
 	}
-	t, ok := d.nextHop(src, 0, cum)
+	// Spread over the trunks by count, not by cum: a credit sent again
+	// for the same blocks must not take the same dead trunk again.
+	t, ok := d.nextHop(src, 0, f.credits.Add(1))
 	if !ok {
 		d.log.Warn("cannot return credit: no live route", "to", src)
 		return
 	}
 	h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: src, seq: cum}
 	of := d.frame(t.via, &h, nil)
+	of.done = func(err error) {
+		// Lost with its trunk: trunkDown sends every line's credit
+		// again through the others.
+		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
+			d.trunkDown(t.via, t.sub.idx, err)
+		}
+	}
 	if !d.trySend(t.sub, of, false) {
 		d.out.push(outItem{sub: t.sub, frame: of})
+	}
+}
+
+// flushCredits sends, at Close, the credit of every line that is still
+// due, over each live trunk to its source: a late credit's timer may not
+// fire before this rank is gone, and the source's Close waits for it.
+func (d *Device) flushCredits() {
+	f := &d.fwd
+	for src := range f.rx {
+		f.rxMu.Lock()
+		l := &f.rx[src]
+		cum, due := l.cum, l.cum > l.sent
+		l.sent = max(l.sent, cum)
+		f.rxMu.Unlock()
+		if !due {
+			continue
+		}
+		h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: int32(src), seq: cum}
+		var ways []trunk
+		if trunks := f.paths[src][0]; trunks != nil {
+			for _, t := range trunks {
+				if !f.isDead(t) {
+					ways = append(ways, t)
+				}
+			}
+		} else if t, ok := d.nextHop(int32(src), 0, 0); ok {
+			ways = append(ways, t)
+		}
+		for _, t := range ways {
+			d.out.push(outItem{sub: t.sub, frame: d.frame(t.via, &h, nil)})
+		}
 	}
 }
 
@@ -291,6 +399,7 @@ func (d *Device) recredit() {
 	for src := range f.rx {
 		if f.rx[src].cum > 0 || len(f.rx[src].above) > 0 {
 			srcs = append(srcs, int32(src))
+			f.rx[src].sent = 0 // it may have been lost with the trunk
 		}
 	}
 	f.rxMu.Unlock()
@@ -301,18 +410,26 @@ func (d *Device) recredit() {
 
 // fwdDrain waits until every block this rank sent through gateways is
 // acknowledged, so that Close does not tear down before the destinations
-// have everything.
+// have everything. A line whose credit stops coming gets its oldest block
+// again every nudgeAfter (see nudge).
 func (d *Device) fwdDrain(ctx context.Context) error {
 	for peer, l := range d.fwd.tx {
 		if l == nil {
 			continue
 		}
+		last, since := -1, time.Now()
 		for {
 			l.mu.Lock()
 			n, failed := len(l.retained)+len(l.waiting), l.failed
 			l.mu.Unlock()
 			if n == 0 || failed != nil {
 				break
+			}
+			if n != last {
+				last, since = n, time.Now()
+			} else if time.Since(since) > nudgeAfter {
+				d.nudge(int32(peer))
+				since = time.Now()
 			}
 			d.out.help()
 			select {
@@ -323,4 +440,25 @@ func (d *Device) fwdDrain(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// nudgeAfter is how long fwdDrain waits for credit before nudging.
+const nudgeAfter = 50 * creditDelay
+
+// nudge sends the oldest unacknowledged block to peer again. Its credit
+// may have been lost on a trunk that died without the destination
+// noticing; the destination drops the copy and answers it with a credit
+// at once, sent over the next of its trunks.
+func (d *Device) nudge(peer int32) {
+	l := d.fwd.tx[peer]
+	bt := fwdBatch{lost: -1}
+	l.mu.Lock()
+	if len(l.retained) > 0 {
+		b := l.retained[0]
+		if t, ok := d.pickTrunkLocked(l, peer, b.class); ok {
+			bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
+		}
+	}
+	l.mu.Unlock()
+	d.finishBatch(&bt, false)
 }

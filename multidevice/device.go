@@ -530,6 +530,7 @@ func (d *Device) Close(ctx context.Context) error {
 		return nil
 	}
 	var errs []error
+	d.flushCredits()
 	if err := d.out.drain(ctx); err != nil {
 		errs = append(errs, err)
 	}

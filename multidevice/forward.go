@@ -156,6 +156,7 @@ type forwarder struct {
 	forwarded atomic.Uint64 // frames this rank passed on as a gateway
 	fwdBytes  atomic.Uint64
 	resent    atomic.Uint64 // blocks sent again after a gateway died
+	credits   atomic.Uint64 // credit messages sent: spreads them over trunks
 	dups      atomic.Uint64 // blocks that arrived here twice and were dropped
 
 	// Frames to forward or unwrap can arrive while this rank still computes

@@ -68,6 +68,13 @@ func (k kind) String() string {
 
 const (
 	flagSync uint8 = 1 << iota // synchronous send: the receiver acknowledges the match
+	// flagCredit: a forwarded block that also returns credit for the line
+	// the other way: every block below rreq arrived (credit.go).
+	flagCredit
+	// flagUrgent: a forwarded block whose source has half its window
+	// unacknowledged and wants credit now rather than soon.
+	flagUrgent
+	knownFlags = flagSync | flagCredit | flagUrgent
 )
 
 // header is the decoded multidevice header.
@@ -193,7 +200,7 @@ func decodeHeader(b []byte, size int) (header, error) {
 		return header{}, fmt.Errorf("%w: system message with non-negative tag %d", errBadHeader, h.tag)
 	case h.kind != kindSys && h.tag < 0:
 		return header{}, fmt.Errorf("%w: %v message with reserved negative tag %d", errBadHeader, h.kind, h.tag)
-	case b[2]&^flagSync != 0 || b[3] != 0:
+	case b[2]&^knownFlags != 0 || b[3] != 0:
 		return header{}, fmt.Errorf("%w: unknown flags %#x/%#x", errBadHeader, b[2], b[3])
 	case h.length > maxMessage:
 		return header{}, fmt.Errorf("%w: message length %d exceeds %d", errBadHeader, h.length, uint64(maxMessage))
