@@ -2,7 +2,6 @@ package multidevice
 
 import (
 	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,42 +39,9 @@ func TestFailover(t *testing.T) {
 	if sub, gws, _ := devs[0].Path(1, 100); sub != "a" || len(gws) != 0 {
 		t.Fatalf("rank 0 reaches rank 1 over %q through %v before the failure, want a, directly", sub, gws)
 	}
-	const count = 40
 	sizes := []int{100, 3000, 30000} // eager, rendezvous, many blocks
-	pairs := [][2]int{{0, 1}, {1, 2}, {3, 1}, {2, 0}}
-	var wg sync.WaitGroup
-	var killOnce sync.Once
-	for _, p := range pairs {
-		src, dst := p[0], p[1]
-		wg.Go(func() {
-			var reqs []*Request
-			for i := range count {
-				reqs = append(reqs, must(t)(devs[src].Isend(numbered(sizes[i%3], src, i), dst, 4, 2, i%4 == 0)))
-			}
-			waitAll(t, reqs)
-		})
-		wg.Go(func() {
-			buf := make([]byte, sizes[2])
-			for i := range count {
-				st, err := wait(t, must(t)(devs[dst].Irecv(buf, src, 4, 2)))
-				if err != nil || st.Count != sizes[i%3] {
-					t.Errorf("%d -> %d message %d: %+v %v", src, dst, i, st, err)
-					return
-				}
-				if string(buf[:st.Count]) != string(numbered(sizes[i%3], src, i)) {
-					t.Errorf("%d -> %d message %d corrupted or out of order", src, dst, i)
-					return
-				}
-				if i == count/3 {
-					killOnce.Do(func() { fabs["a"].Kill(1) })
-				}
-			}
-			if _, ok, _ := devs[dst].Iprobe(src, AnyTag, 2); ok {
-				t.Errorf("%d -> %d: a message beyond the %d sent arrived", src, dst, count)
-			}
-		})
-	}
-	wg.Wait()
+	streamThroughFailure(t, devs, [][2]int{{0, 1}, {1, 2}, {3, 1}, {2, 0}}, 40, func(i int) int { return sizes[i%3] },
+		func(i int) bool { return i%4 == 0 }, func() { fabs["a"].Kill(1) })
 	var resent, dropped uint64
 	for r, d := range devs {
 		st := d.ForwardStats()

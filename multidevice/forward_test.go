@@ -383,40 +383,8 @@ func TestTrunkFailover(t *testing.T) {
 	devs, net := openSites(t, siteJob{sites: sites, relays: 3, slowRank: 2, slow: 20 * time.Microsecond,
 		forward: ForwardOptions{BlockSize: 2000, Window: 32 << 10}})
 	const count, size = 30, 30000
-	pairs := [][2]int{{0, 2}, {1, 3}, {3, 0}}
-	var wg sync.WaitGroup
-	var killOnce sync.Once
-	for _, p := range pairs {
-		src, dst := p[0], p[1]
-		wg.Go(func() {
-			var reqs []*Request
-			for i := range count {
-				reqs = append(reqs, must(t)(devs[src].Isend(numbered(size, src, i), dst, 4, 2, i%3 == 0)))
-			}
-			waitAll(t, reqs)
-		})
-		wg.Go(func() {
-			buf := make([]byte, size)
-			for i := range count {
-				st, err := wait(t, must(t)(devs[dst].Irecv(buf, src, 4, 2)))
-				if err != nil || st.Count != size {
-					t.Errorf("%d -> %d message %d: %+v %v", src, dst, i, st, err)
-					return
-				}
-				if string(buf) != string(numbered(size, src, i)) {
-					t.Errorf("%d -> %d message %d corrupted or out of order", src, dst, i)
-					return
-				}
-				if i == count/3 {
-					killOnce.Do(func() { net.fab.Kill(4) })
-				}
-			}
-			if _, ok, _ := devs[dst].Iprobe(src, AnyTag, 2); ok {
-				t.Errorf("%d -> %d: a message beyond the %d sent arrived", src, dst, count)
-			}
-		})
-	}
-	wg.Wait()
+	streamThroughFailure(t, devs, [][2]int{{0, 2}, {1, 3}, {3, 0}}, count, func(int) int { return size },
+		func(i int) bool { return i%3 == 0 }, func() { net.fab.Kill(4) })
 	var resent uint64
 	for r, other := range map[int]int{0: 2, 1: 3, 3: 0} {
 		resent += devs[r].ForwardStats().Resent
@@ -428,6 +396,52 @@ func TestTrunkFailover(t *testing.T) {
 		t.Fatal("no block was sent again: the relay died holding nothing, the test proves nothing")
 	}
 	t.Logf("%d blocks sent again after relay 4 died", resent)
+}
+
+// streamThroughFailure streams count numbered messages (message i of
+// size(i) bytes, synchronous where ssend says) for each (source,
+// destination) pair, calls fail once after a third of them arrived
+// somewhere, and checks that every message arrives once, intact and in
+// order, and nothing beyond.
+func streamThroughFailure(t *testing.T, devs []*Device, pairs [][2]int, count int, size func(i int) int, ssend func(i int) bool, fail func()) {
+	t.Helper()
+	maxSize := 0
+	for i := range count {
+		maxSize = max(maxSize, size(i))
+	}
+	var wg sync.WaitGroup
+	var failOnce sync.Once
+	for _, p := range pairs {
+		src, dst := p[0], p[1]
+		wg.Go(func() {
+			var reqs []*Request
+			for i := range count {
+				reqs = append(reqs, must(t)(devs[src].Isend(numbered(size(i), src, i), dst, 4, 2, ssend(i))))
+			}
+			waitAll(t, reqs)
+		})
+		wg.Go(func() {
+			buf := make([]byte, maxSize)
+			for i := range count {
+				st, err := wait(t, must(t)(devs[dst].Irecv(buf, src, 4, 2)))
+				if err != nil || st.Count != size(i) {
+					t.Errorf("%d -> %d message %d: %+v %v", src, dst, i, st, err)
+					return
+				}
+				if string(buf[:st.Count]) != string(numbered(size(i), src, i)) {
+					t.Errorf("%d -> %d message %d corrupted or out of order", src, dst, i)
+					return
+				}
+				if i == count/3 {
+					failOnce.Do(fail)
+				}
+			}
+			if _, ok, _ := devs[dst].Iprobe(src, AnyTag, 2); ok {
+				t.Errorf("%d -> %d: a message beyond the %d sent arrived", src, dst, count)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // openErr opens a job whose Open is expected to fail somewhere and returns
