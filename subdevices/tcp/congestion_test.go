@@ -42,11 +42,7 @@ func TestCongestionControl(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run("setting="+tt.setting, func(t *testing.T) {
-			cfg := `{"listen": "127.0.0.1:0"}`
-			if tt.setting != "" {
-				cfg = `{"listen": "127.0.0.1:0", "congestion_control": "` + tt.setting + `"}`
-			}
-			nodes := newJob(t, 2, jobOpts{config: cfg})
+			nodes := newJob(t, 2, jobOpts{config: loopbackConfig("congestion_control", tt.setting)})
 			for _, n := range nodes {
 				links := Links(n.sd, 1-n.rank)
 				if len(links) == 0 {

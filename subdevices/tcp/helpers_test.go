@@ -332,3 +332,12 @@ func (r *recorder) down(rank sdi.Rank) error {
 	defer r.mu.Unlock()
 	return r.downs[rank]
 }
+
+// loopbackConfig is a config that listens on loopback and sets key to the
+// string value, or leaves it out when value is empty.
+func loopbackConfig(key, value string) string {
+	if value == "" {
+		return `{"listen": "127.0.0.1:0"}`
+	}
+	return `{"listen": "127.0.0.1:0", "` + key + `": "` + value + `"}`
+}

@@ -39,11 +39,7 @@ func TestLinkTimeout(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run("link_timeout="+tt.setting, func(t *testing.T) {
-			cfg := `{"listen": "127.0.0.1:0"}`
-			if tt.setting != "" {
-				cfg = `{"listen": "127.0.0.1:0", "link_timeout": "` + tt.setting + `"}`
-			}
-			nodes := newJob(t, 2, jobOpts{config: cfg})
+			nodes := newJob(t, 2, jobOpts{config: loopbackConfig("link_timeout", tt.setting)})
 			raw, err := nodes[0].sd.(*subDevice).peers[1].Load().lanes[0].conn.(*net.TCPConn).SyscallConn()
 			if err != nil {
 				t.Fatal(err)
