@@ -22,6 +22,9 @@ import (
 //	| length: payload bytes                |    +----------------+-----------+
 //	| offset: message length (size class) |
 //	| context: hops travelled so far       |
+//	| flags: credit (receiver request id:  |
+//	|   credit for the line the other way),|
+//	|   urgent (the source wants credit)   |
 //	+--------------------------------------+
 //
 // Rendezvous data is cut into blocks of ForwardOptions.BlockSize, so a
