@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -43,6 +44,10 @@ type Route struct {
 	SubDevice string  `json:"subdevice"`
 	Via       string  `json:"via,omitempty"`  // next hop: a host name or "rank:N"; empty for a direct link
 	Cost      float64 `json:"cost,omitempty"` // informational
+	// Standby, in an entry with failover, keeps the route idle while a
+	// route of its list that is not on standby lives: a slow network that
+	// only takes over, instead of taking its share all along.
+	Standby bool `json:"standby,omitempty"`
 }
 
 // Entry gives the routes to the peers a selector names.
@@ -132,6 +137,12 @@ func (t *Table) Validate() error {
 				if math.IsNaN(r.Cost) || math.IsInf(r.Cost, 0) || r.Cost < 0 {
 					return fmt.Errorf("%w: %s.routes.%s[%d].cost: %v is not a finite non-negative number", ErrInvalid, where, cls, k, r.Cost)
 				}
+				if r.Standby && !e.Failover {
+					return fmt.Errorf("%w: %s.routes.%s[%d].standby: a route stands by only in an entry with \"failover\": true", ErrInvalid, where, cls, k)
+				}
+			}
+			if !slices.ContainsFunc(routes, func(r Route) bool { return !r.Standby }) {
+				return fmt.Errorf("%w: %s.routes.%s: every route is on standby; leave at least one to carry the traffic", ErrInvalid, where, cls)
 			}
 		}
 		if _, ok := e.Routes[AllClasses]; !ok {

@@ -14,7 +14,7 @@ const mixed = `{
   "peers": [
     {"to": "@local",  "routes": {"small": [{"subdevice": "shm"}], "large": [{"subdevice": "tcp"}]}},
     {"to": "@remote", "routes": {"*": [{"subdevice": "tcp"}]}},
-    {"to": "rank:2",  "routes": {"*": [{"subdevice": "verbs"}, {"subdevice": "tcp"}]}, "failover": true},
+    {"to": "rank:2",  "routes": {"*": [{"subdevice": "verbs"}, {"subdevice": "tcp", "standby": true}]}, "failover": true},
     {"to": "b1",      "routes": {"*": [{"subdevice": "tcp", "via": "a2"}]}}
   ]
 }`
@@ -38,12 +38,12 @@ func TestResolve(t *testing.T) {
 		peer, size int
 		want       []Hop
 	}{
-		{1, 10, []Hop{{"shm", -1}}},
-		{1, 1024, []Hop{{"shm", -1}}},
-		{1, 1025, []Hop{{"tcp", -1}}},
-		{2, 5, []Hop{{"verbs", -1}, {"tcp", -1}}},
-		{3, 5, []Hop{{"tcp", -1}}},
-		{4, 1 << 20, []Hop{{"tcp", 2}}},
+		{1, 10, []Hop{{"shm", -1, false}}},
+		{1, 1024, []Hop{{"shm", -1, false}}},
+		{1, 1025, []Hop{{"tcp", -1, false}}},
+		{2, 5, []Hop{{"verbs", -1, false}, {"tcp", -1, true}}},
+		{3, 5, []Hop{{"tcp", -1, false}}},
+		{4, 1 << 20, []Hop{{"tcp", 2, false}}},
 		{0, 5, nil},
 		{9, 5, nil},
 	} {
@@ -66,6 +66,10 @@ func TestParseErrors(t *testing.T) {
 		{"duplicate selector", `{"version":1,"peers":[{"to":"*","routes":{"*":[{"subdevice":"tcp"}]}},{"to":"*","routes":{"*":[{"subdevice":"shm"}]}}]}`, "already has an entry"},
 		{"empty subdevice", `{"version":1,"peers":[{"to":"*","routes":{"*":[{}]}}]}`, "subdevice is empty"},
 		{"negative cost", `{"version":1,"peers":[{"to":"*","routes":{"*":[{"subdevice":"tcp","cost":-1}]}}]}`, "cost"},
+		{"standby without failover", `{"version":1,"peers":[{"to":"*","routes":{"*":[{"subdevice":"ib"},{"subdevice":"tcp","standby":true}]}}]}`,
+			`peers[0].routes.*[1].standby: a route stands by only in an entry with "failover": true`},
+		{"all on standby", `{"version":1,"peers":[{"to":"*","failover":true,"routes":{"*":[{"subdevice":"tcp","standby":true}]}}]}`,
+			"peers[0].routes.*: every route is on standby"},
 		{"trailing", `{"version":1,"peers":[]} {}`, "trailing data"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

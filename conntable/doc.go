@@ -39,7 +39,9 @@
 // trunks that share the traffic. An entry with "failover": true makes every
 // route of its lists, direct or not, a trunk: messages spread over the live
 // ones, each is kept until the peer acknowledges it, and one whose route
-// fails goes again over another, so a link that dies loses nothing. "via"
+// fails goes again over another, so a link that dies loses nothing; a
+// route with "standby": true in such a list carries nothing while a route
+// of the list not on standby lives (a slow network kept as a spare). "via"
 // names the next hop (a host or "rank:N"); "cost" is informational
 // (mdconfig writes its path cost there).
 //

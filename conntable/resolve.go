@@ -11,6 +11,7 @@ import (
 type Hop struct {
 	SubDevice string
 	Via       int32 // next-hop rank; -1 for a direct link
+	Standby   bool  // Route.Standby
 }
 
 // Resolved is a table compiled for one rank of one job. It is immutable and
@@ -71,7 +72,7 @@ func (t *Table) Resolve(self int, hosts []string) (*Resolved, error) {
 						via = v
 					}
 				}
-				hops = append(hops, Hop{SubDevice: r.SubDevice, Via: via})
+				hops = append(hops, Hop{SubDevice: r.SubDevice, Via: via, Standby: r.Standby})
 			}
 			perClass[ci] = hops
 		}

@@ -110,7 +110,8 @@
 // trunk whose first hop is the peer itself: blocks spread over the live
 // routes, each is kept until the peer's credit covers it, and those a
 // route carried when its subdevice lost the peer go again over the others;
-// the peer drops the copies it had. So a network that fails loses no
+// the peer drops the copies it had; a route on standby carries nothing
+// while one that is not lives. So a network that fails loses no
 // message and stops nothing while another route lives, at the price of a
 // copy per message and the credits. Without the flag a direct route is
 // used alone and losing it fails every request that depends on the peer

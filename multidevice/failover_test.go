@@ -2,8 +2,11 @@ package multidevice
 
 import (
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -11,23 +14,36 @@ import (
 )
 
 // failoverJob opens n ranks over two loopback networks, "a" and "b",
-// routed by a table that asks for failover over both (a first) when
-// failover is set, and over a alone with b as a plain alternative
-// otherwise.
-func failoverJob(t *testing.T, n int, failover bool) ([]*Device, map[string]*sditest.Fabric) {
-	fabs := map[string]*sditest.Fabric{}
+// routed by a table that asks for failover over both (a first, b on
+// standby with standby set) when failover is set, and over a alone with b
+// as a plain alternative otherwise. sends counts the frames each
+// network's subdevices were given.
+func failoverJob(t *testing.T, n int, failover, standby bool) (devs []*Device, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
+	fabs, sends = map[string]*sditest.Fabric{}, map[string]*atomic.Int64{}
 	factories := map[string]sdi.Factory{}
 	for _, name := range []string{"a", "b"} {
-		fabs[name] = sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
-		factories[name] = fabs[name].New
+		fab, count := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps}), new(atomic.Int64)
+		fabs[name], sends[name] = fab, count
+		factories[name] = func(log hclog.Logger) sdi.SubDevice { return countingSub{fab.New(log), count} }
 	}
 	table := &conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{
 		To: conntable.SelectAll, Failover: failover,
-		Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b"}}},
+		Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b", Standby: standby}}},
 	}}}
-	devs := openJob(t, jobSpec{n: n, subs: []string{"a", "b"}, factories: factories, table: table,
+	devs = openJob(t, jobSpec{n: n, subs: []string{"a", "b"}, factories: factories, table: table,
 		forward: ForwardOptions{BlockSize: 2000, Window: 32 << 10}})
-	return devs, fabs
+	return devs, fabs, sends
+}
+
+// countingSub counts the frames its subdevice is given.
+type countingSub struct {
+	sdi.SubDevice
+	sends *atomic.Int64
+}
+
+func (c countingSub) Send(f *sdi.Frame) (bool, error) {
+	c.sends.Add(1)
+	return c.SubDevice.Send(f)
 }
 
 // TestFailover: ranks stream eager, rendezvous and multi-block messages
@@ -35,7 +51,7 @@ func failoverJob(t *testing.T, n int, failover bool) ([]*Device, map[string]*sdi
 // first dies in the middle. What it held is sent again over the other,
 // and every message arrives once, intact and in order.
 func TestFailover(t *testing.T) {
-	devs, fabs := failoverJob(t, 4, true)
+	devs, fabs, sends := failoverJob(t, 4, true, false)
 	if sub, gws, _ := devs[0].Path(1, 100); sub != "a" || len(gws) != 0 {
 		t.Fatalf("rank 0 reaches rank 1 over %q through %v before the failure, want a, directly", sub, gws)
 	}
@@ -61,13 +77,36 @@ func TestFailover(t *testing.T) {
 	if resent == 0 {
 		t.Fatal("no block was sent again: the link died carrying nothing, the test proves nothing")
 	}
-	t.Logf("%d blocks sent again, %d copies dropped", resent, dropped)
+	t.Logf("%d blocks sent again, %d copies dropped; frames over a %d, over b %d", resent, dropped, sends["a"].Load(), sends["b"].Load())
+}
+
+// TestFailoverStandby: with the second route on standby it carries
+// nothing while the first lives, and everything once it died.
+func TestFailoverStandby(t *testing.T) {
+	devs, fabs, sends := failoverJob(t, 2, true, true)
+	var before int64
+	streamThroughFailure(t, devs, [][2]int{{0, 1}, {1, 0}}, 30, func(i int) int { return []int{100, 3000, 30000}[i%3] },
+		func(i int) bool { return i%4 == 0 }, func() {
+			before = sends["b"].Load()
+			fabs["a"].Kill(1)
+		})
+	if before != 0 {
+		t.Errorf("the standby route carried %d frames while the first lived", before)
+	}
+	if sends["b"].Load() == 0 {
+		t.Error("the standby route carried nothing after the first died")
+	}
+	for r := range devs {
+		if sub, _, _ := devs[r].Path(1-r, 100); sub != "b" {
+			t.Errorf("rank %d reaches rank %d over %q after the failure, want b", r, 1-r, sub)
+		}
+	}
 }
 
 // TestFailoverLastRoute: when every route to a rank is gone, what waits
 // for it fails with ErrPeerDown instead of hanging, and so do new sends.
 func TestFailoverLastRoute(t *testing.T) {
-	devs, fabs := failoverJob(t, 2, true)
+	devs, fabs, _ := failoverJob(t, 2, true, false)
 	buf := make([]byte, 100)
 	// One message across first, so the line has been used.
 	rr := must(t)(devs[1].Irecv(buf, 0, 1, 0))
@@ -100,7 +139,7 @@ func TestFailoverLastRoute(t *testing.T) {
 // Without failover the second route is only a fallback for Connect: the
 // traffic goes directly over the first, and losing it loses the peer.
 func TestNoFailover(t *testing.T) {
-	devs, fabs := failoverJob(t, 2, false)
+	devs, fabs, _ := failoverJob(t, 2, false, false)
 	if sub, gws, _ := devs[0].Path(1, 100); sub != "a" || len(gws) != 0 {
 		t.Fatalf("rank 0 reaches rank 1 over %q through %v, want a, directly", sub, gws)
 	}

@@ -136,10 +136,12 @@ func (o ForwardOptions) validate() error {
 }
 
 // trunk is one way towards an indirect peer: the subdevice to hand the
-// frame to and the gateway rank it goes to.
+// frame to and the gateway rank it goes to (the peer itself on a failover
+// route). A trunk on standby carries nothing while one that is not lives.
 type trunk struct {
-	sub *subdev
-	via int32
+	sub     *subdev
+	via     int32
+	standby bool
 }
 
 // forwarder is the Device's state for indirect communication.
@@ -204,8 +206,32 @@ func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 	}
 }
 
+// same reports whether t and o are one way: the same subdevice to the
+// same rank.
+func (t trunk) same(o trunk) bool { return t.sub == o.sub && t.via == o.via }
+
 // isDead reports whether trunk t was found dead.
 func (f *forwarder) isDead(t trunk) bool { return f.dead[t.via][t.sub.idx].Load() }
+
+// live returns the trunks of (peer, class) that carry traffic now: the
+// live ones not on standby, or, when none of those lives, the live ones
+// on standby. It allocates; the block path uses pickTrunkLocked.
+func (f *forwarder) live(peer, class int) []trunk {
+	var active, standby []trunk
+	for _, t := range f.paths[peer][class] {
+		switch {
+		case f.isDead(t):
+		case t.standby:
+			standby = append(standby, t)
+		default:
+			active = append(active, t)
+		}
+	}
+	if len(active) > 0 {
+		return active
+	}
+	return standby
+}
 
 // ForwardStats describe this rank's part in indirect communication.
 type ForwardStats struct {
@@ -225,22 +251,19 @@ func (d *Device) ForwardStats() ForwardStats {
 
 // Path describes how a message of n bytes travels to peer: the subdevice of
 // the first hop and the gateways it may go through (empty for a direct
-// link). Dead trunks are left out: after a failover the subdevice is the
-// first live one.
+// link). Only the trunks that carry traffic now count (see live): after a
+// failover the subdevice is the first of those.
 func (d *Device) Path(peer, n int) (subdevice string, gateways []int, err error) {
 	if peer < 0 || peer >= d.size {
 		return "", nil, fmt.Errorf("%w: %d not in [0,%d)", ErrRank, peer, d.size)
 	}
 	ci := d.table.Class(n)
 	subdevice = d.subs[d.routes[peer][ci]].name
-	first := true
-	for _, t := range d.fwd.paths[peer][ci] {
-		if d.fwd.isDead(t) {
-			continue
-		}
-		if first {
-			subdevice, first = t.sub.name, false
-		}
+	live := d.fwd.live(peer, ci)
+	if len(live) > 0 {
+		subdevice = live[0].sub.name
+	}
+	for _, t := range live {
 		if t.via != int32(peer) && !slices.Contains(gateways, int(t.via)) {
 			gateways = append(gateways, int(t.via))
 		}
@@ -383,11 +406,23 @@ func (d *Device) nextHop(dst int32, class int, key uint64) (trunk, bool) {
 		}
 		return trunk{sub: d.subs[d.routes[dst][class]], via: dst}, true
 	}
-	n := len(trunks)
-	for i := range n {
-		t := trunks[(int(key%uint64(n))+i)%n]
-		if !d.fwd.isDead(t) {
-			return t, true
+	// As live, without allocating: this runs for every frame a gateway
+	// passes on.
+	for _, standby := range [2]bool{false, true} {
+		n := 0
+		for _, t := range trunks {
+			if t.standby == standby && !d.fwd.isDead(t) {
+				n++
+			}
+		}
+		k := int(key % uint64(max(n, 1)))
+		for _, t := range trunks {
+			if t.standby == standby && !d.fwd.isDead(t) {
+				if k == 0 {
+					return t, true
+				}
+				k--
+			}
 		}
 	}
 	return trunk{}, false

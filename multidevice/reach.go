@@ -63,7 +63,8 @@ func (d *Device) tableTrunks(ctx context.Context, lk *linker, byName map[string]
 			if err != nil {
 				return nil, err
 			}
-			if t.sub != nil && !slices.Contains(trunks, t) {
+			t.standby = hop.Standby
+			if t.sub != nil && !slices.ContainsFunc(trunks, t.same) {
 				trunks = append(trunks, t)
 			}
 			continue
@@ -76,8 +77,8 @@ func (d *Device) tableTrunks(ctx context.Context, lk *linker, byName map[string]
 		if int(hop.Via) == int(d.rank) || int(hop.Via) >= d.size {
 			return nil, fmt.Errorf("%w: the table routes rank %d via rank %d, which cannot forward for this rank", ErrNoRoute, peer, hop.Via)
 		}
-		t := trunk{sub: s, via: hop.Via}
-		if slices.Contains(trunks, t) {
+		t := trunk{sub: s, via: hop.Via, standby: failover && hop.Standby}
+		if slices.ContainsFunc(trunks, t.same) {
 			continue
 		}
 		if err := lk.connect(ctx, s, int(hop.Via)); err != nil {

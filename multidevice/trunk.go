@@ -21,16 +21,22 @@ import "fmt"
 // that credit stops coming.
 
 // pickTrunkLocked returns the live trunk of (peer, class) with the least
-// unacknowledged bytes on line l, first in route order on a tie.
+// unacknowledged bytes on line l, first in route order on a tie; trunks on
+// standby only when no other lives.
 func (d *Device) pickTrunkLocked(l *txLine, peer int32, class int) (trunk, bool) {
 	var best trunk
 	found := false
-	for _, t := range d.fwd.paths[peer][class] {
-		if d.fwd.isDead(t) {
-			continue
+	for _, standby := range [2]bool{false, true} {
+		for _, t := range d.fwd.paths[peer][class] {
+			if t.standby != standby || d.fwd.isDead(t) {
+				continue
+			}
+			if !found || l.load[t] < l.load[best] {
+				best, found = t, true
+			}
 		}
-		if !found || l.load[t] < l.load[best] {
-			best, found = t, true
+		if found {
+			break
 		}
 	}
 	return best, found
