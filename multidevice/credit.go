@@ -275,8 +275,8 @@ func (d *Device) onForward(from int32, h *header, payload []byte) {
 	}
 }
 
-// rideCredit returns the credit a block to src can carry for the line
-// from src (0: none due) and counts it as sent.
+// rideCredit returns the credit due for the line from src (0: none), for
+// a block to src to carry or a credit message, and counts it as sent.
 func (f *forwarder) rideCredit(src int32) uint64 {
 	f.rxMu.Lock()
 	defer f.rxMu.Unlock()
@@ -329,13 +329,10 @@ func (d *Device) queueCredit(src int32) {
 func (d *Device) sendCredit(src int32) {
 	f := &d.fwd
 	f.rxMu.Lock()
-	l := &f.rx[src]
-	cum := l.cum
-	l.queued = false
-	due := cum > l.sent
-	l.sent = max(l.sent, cum)
+	f.rx[src].queued = false
 	f.rxMu.Unlock()
-	if d.closed.Load() || !due {
+	cum := f.rideCredit(src)
+	if d.closed.Load() || cum == 0 {
 		return
 	}
 	// Spread over the trunks by count, not by cum: a credit sent again
@@ -345,18 +342,24 @@ func (d *Device) sendCredit(src int32) {
 		d.log.Warn("cannot return credit: no live route", "to", src)
 		return
 	}
+	of := d.creditFrame(src, cum, t)
+	if !d.trySend(t.sub, of, false) {
+		d.out.push(outItem{sub: t.sub, frame: of})
+	}
+}
+
+// creditFrame is a credit message for the line from src, through t. If
+// it is lost with its trunk, trunkDown sends every line's credit again
+// through the others.
+func (d *Device) creditFrame(src int32, cum uint64, t trunk) *outFrame {
 	h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: src, seq: cum}
 	of := d.frame(t.via, &h, nil)
 	of.done = func(err error) {
-		// Lost with its trunk: trunkDown sends every line's credit
-		// again through the others.
 		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
 			d.trunkDown(t.via, t.sub.idx, err)
 		}
 	}
-	if !d.trySend(t.sub, of, false) {
-		d.out.push(outItem{sub: t.sub, frame: of})
-	}
+	return of
 }
 
 // flushCredits sends, at Close, the credit of every line that is still
@@ -365,27 +368,18 @@ func (d *Device) sendCredit(src int32) {
 func (d *Device) flushCredits() {
 	f := &d.fwd
 	for src := range f.rx {
-		f.rxMu.Lock()
-		l := &f.rx[src]
-		cum, due := l.cum, l.cum > l.sent
-		l.sent = max(l.sent, cum)
-		f.rxMu.Unlock()
-		if !due {
+		cum := f.rideCredit(int32(src))
+		if cum == 0 {
 			continue
 		}
-		h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: int32(src), seq: cum}
-		var ways []trunk
-		if trunks := f.paths[src][0]; trunks != nil {
-			for _, t := range trunks {
-				if !f.isDead(t) {
-					ways = append(ways, t)
-				}
+		ways := f.live(src, 0)
+		if len(ways) == 0 { // a direct route, or none left
+			if t, ok := d.nextHop(int32(src), 0, 0); ok {
+				ways = []trunk{t}
 			}
-		} else if t, ok := d.nextHop(int32(src), 0, 0); ok {
-			ways = append(ways, t)
 		}
 		for _, t := range ways {
-			d.out.push(outItem{sub: t.sub, frame: d.frame(t.via, &h, nil)})
+			d.out.push(outItem{sub: t.sub, frame: d.creditFrame(int32(src), cum, t)})
 		}
 	}
 }

@@ -215,7 +215,8 @@ func (f *forwarder) isDead(t trunk) bool { return f.dead[t.via][t.sub.idx].Load(
 
 // live returns the trunks of (peer, class) that carry traffic now: the
 // live ones not on standby, or, when none of those lives, the live ones
-// on standby. It allocates; the block path uses pickTrunkLocked.
+// on standby. It allocates: the block path uses pickTrunkLocked, and a
+// gateway passing frames on uses nextHop.
 func (f *forwarder) live(peer, class int) []trunk {
 	var active, standby []trunk
 	for _, t := range f.paths[peer][class] {

@@ -45,15 +45,8 @@ func (d *Device) pickTrunkLocked(l *txLine, peer int32, class int) (trunk, bool)
 // trunksLive reports whether every size class of peer that goes through
 // trunks still has a live one.
 func (d *Device) trunksLive(peer int32) bool {
-	for _, trunks := range d.fwd.paths[peer] {
-		if trunks == nil {
-			continue
-		}
-		live := false
-		for _, t := range trunks {
-			live = live || !d.fwd.isDead(t)
-		}
-		if !live {
+	for ci, trunks := range d.fwd.paths[peer] {
+		if trunks != nil && len(d.fwd.live(int(peer), ci)) == 0 {
 			return false
 		}
 	}
