@@ -241,7 +241,12 @@ func TestJobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cpu := func(i int) string { c, _ := allowed.Nth(i); return strconv.Itoa(c) }
+	cpu := func(i int) string {
+		if l := allowed.List(); i < len(l) {
+			return strconv.Itoa(l[i])
+		}
+		return "(no such CPU)"
+	}
 	cores := sched.Cores(allowed)
 	// coreCPUs is what a rank bound to the i-th core prints.
 	coreCPUs := func(i int) string {

@@ -32,20 +32,6 @@ func (s *CPUSet) Add(cpu int) {
 	(*s)[cpu/64] |= 1 << (cpu % 64)
 }
 
-// Nth returns the i-th CPU of s in ascending order, counting from 0, and
-// whether s has that many.
-func (s CPUSet) Nth(i int) (int, bool) {
-	for cpu := range len(s) * 64 {
-		if s.has(cpu) {
-			if i == 0 {
-				return cpu, true
-			}
-			i--
-		}
-	}
-	return 0, false
-}
-
 // List returns the CPUs of s in ascending order.
 func (s CPUSet) List() []int {
 	var l []int

@@ -46,17 +46,18 @@ func coresIn(fsys fs.FS, allowed CPUSet) []CPUSet {
 // coreThreads reads the hardware threads of cpu's core: core_cpus_list
 // since Linux 5.5, thread_siblings_list (the same list) before.
 func coreThreads(fsys fs.FS, cpu int) (CPUSet, error) {
-	dir := "cpu" + strconv.Itoa(cpu) + "/topology/"
-	b, err := fs.ReadFile(fsys, dir+"core_cpus_list")
+	name := "cpu" + strconv.Itoa(cpu) + "/topology/core_cpus_list"
+	b, err := fs.ReadFile(fsys, name)
 	if errors.Is(err, fs.ErrNotExist) {
-		b, err = fs.ReadFile(fsys, dir+"thread_siblings_list")
+		name = "cpu" + strconv.Itoa(cpu) + "/topology/thread_siblings_list"
+		b, err = fs.ReadFile(fsys, name)
 	}
 	if err != nil {
 		return nil, err
 	}
 	s, err := ParseCPUList(string(b))
 	if err != nil {
-		return nil, fmt.Errorf("%s/%sthread_siblings_list: %w", sysCPU, dir, err)
+		return nil, fmt.Errorf("%s/%s: %w", sysCPU, name, err)
 	}
 	return s, nil
 }
