@@ -57,7 +57,7 @@ func TestFailover(t *testing.T) {
 	}
 	sizes := []int{100, 3000, 30000} // eager, rendezvous, many blocks
 	streamThroughFailure(t, devs, [][2]int{{0, 1}, {1, 2}, {3, 1}, {2, 0}}, 40, func(i int) int { return sizes[i%3] },
-		func(i int) bool { return i%4 == 0 }, func() { fabs["a"].Kill(1) })
+		func(i int) bool { return i%4 == 0 }, func() { fabs["a"].Sever(1) })
 	var resent, dropped uint64
 	for r, d := range devs {
 		st := d.ForwardStats()
@@ -88,7 +88,7 @@ func TestFailoverStandby(t *testing.T) {
 	streamThroughFailure(t, devs, [][2]int{{0, 1}, {1, 0}}, 30, func(i int) int { return []int{100, 3000, 30000}[i%3] },
 		func(i int) bool { return i%4 == 0 }, func() {
 			before = sends["b"].Load()
-			fabs["a"].Kill(1)
+			fabs["a"].Sever(1)
 		})
 	if before != 0 {
 		t.Errorf("the standby route carried %d frames while the first lived", before)
@@ -115,8 +115,8 @@ func TestFailoverLastRoute(t *testing.T) {
 		t.Fatal(err)
 	}
 	pending := must(t)(devs[0].Irecv(buf, 1, 2, 0))
-	fabs["a"].Kill(1)
-	fabs["b"].Kill(1)
+	fabs["a"].Sever(1)
+	fabs["b"].Sever(1)
 	done := make(chan error, 1)
 	go func() { _, err := pending.Wait(t.Context()); done <- err }()
 	select {
@@ -145,7 +145,7 @@ func TestNoFailover(t *testing.T) {
 	}
 	buf := make([]byte, 100)
 	pending := must(t)(devs[0].Irecv(buf, 1, 2, 0))
-	fabs["a"].Kill(1)
+	fabs["a"].Sever(1)
 	if _, err := wait(t, pending); !errors.Is(err, ErrPeerDown) {
 		t.Fatalf("receive from the lost rank: %v, want ErrPeerDown", err)
 	}

@@ -107,6 +107,29 @@ func (f *Fabric) Kill(rank sdi.Rank) {
 	}
 }
 
+// Sever simulates the failure of rank's link to f while its process lives
+// on, as when its cable or NIC dies: unlike [Fabric.Kill], both ends learn
+// it. Peers connected to rank get PeerDown for it, and rank's instances get
+// PeerDown for every peer they were connected to, all with an error
+// wrapping [sdi.ErrPeerUnreachable]. Rank's frames that no peer has taken
+// yet fail through SendDone with such an error, frames still on their way
+// to rank are refused back to their senders the same way, and later Send
+// and Connect calls on rank's instances fail with it. Close still has to
+// be called on them to release them.
+func (f *Fabric) Sever(rank sdi.Rank) {
+	f.mu.Lock()
+	var victims []*loopback
+	for _, l := range f.open {
+		if l.p.Rank == rank {
+			victims = append(victims, l)
+		}
+	}
+	f.mu.Unlock()
+	for _, l := range victims {
+		l.sever()
+	}
+}
+
 func (f *Fabric) register(l *loopback) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -272,6 +295,7 @@ type loopback struct {
 	mu       sync.Mutex
 	state    lbState
 	killed   bool
+	severed  bool // its link is down: no frame goes out or comes in
 	id       uint64
 	p        sdi.OpenParams // immutable once open
 	caps     sdi.Caps
@@ -340,9 +364,21 @@ func (l *loopback) liveLocked(op string) error {
 	return nil
 }
 
+// linkedLocked returns an error unless l is live and its link is up. l.mu
+// must be held.
+func (l *loopback) linkedLocked(op string) error {
+	if err := l.liveLocked(op); err != nil {
+		return err
+	}
+	if l.severed {
+		return fmt.Errorf("loop: %s: rank %d's link is down: %w", op, l.p.Rank, sdi.ErrPeerUnreachable)
+	}
+	return nil
+}
+
 func (l *loopback) Connect(ctx context.Context, peer sdi.Rank, addr []byte) error {
 	l.mu.Lock()
-	err := l.liveLocked("connect")
+	err := l.linkedLocked("connect")
 	p := l.p
 	l.mu.Unlock()
 	if err != nil {
@@ -368,7 +404,7 @@ func (l *loopback) Connect(ctx context.Context, peer sdi.Rank, addr []byte) erro
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if err := l.liveLocked("connect"); err != nil {
+	if err := l.linkedLocked("connect"); err != nil {
 		return err
 	}
 	l.conns[peer] = target
@@ -390,7 +426,7 @@ func (l *loopback) Send(f *sdi.Frame) (bool, error) {
 	defer l.sendMu.RUnlock()
 
 	l.mu.Lock()
-	if err := l.liveLocked("send"); err != nil {
+	if err := l.linkedLocked("send"); err != nil {
 		l.mu.Unlock()
 		return false, err
 	}
@@ -487,6 +523,7 @@ func (l *loopback) shutdown(kill bool) {
 	l.sendMu.Lock()
 	l.mu.Lock()
 	wasLive := l.state == lbOpen && !l.killed
+	severed := l.severed
 	if kill {
 		l.killed = l.killed || l.state == lbOpen
 	} else {
@@ -503,19 +540,68 @@ func (l *loopback) shutdown(kill bool) {
 	if kill {
 		how = "killed"
 	}
-	down := fmt.Errorf("loop: rank %d %s: %w", l.p.Rank, how, sdi.ErrPeerUnreachable)
-	for _, other := range l.fabric.snapshot() {
-		other.mu.Lock()
-		linked := other.conns[l.p.Rank] == l
-		other.mu.Unlock()
-		if linked {
-			other.q.push(lbEvent{kind: evPeerDown, peer: l.p.Rank, err: down})
-		}
+	if !severed { // else its peers heard it already
+		l.tellPeers(fmt.Errorf("loop: rank %d %s: %w", l.p.Rank, how, sdi.ErrPeerUnreachable))
 	}
 	if l.logger.IsDebug() {
 		l.logger.Debug("loopback shutting down", "rank", l.p.Rank, "how", how)
 	}
 	l.q.stop()
+}
+
+// tellPeers reports l down, with err, to every instance connected to it.
+func (l *loopback) tellPeers(err error) {
+	for _, other := range l.fabric.snapshot() {
+		other.mu.Lock()
+		linked := other.conns[l.p.Rank] == l
+		other.mu.Unlock()
+		if linked {
+			other.q.push(lbEvent{kind: evPeerDown, peer: l.p.Rank, err: err})
+		}
+	}
+}
+
+// sever cuts l's link (Fabric.Sever). The failures it reports reach l's
+// Handler through l's own goroutine, as every Handler call does.
+func (l *loopback) sever() {
+	l.sendMu.Lock()
+	l.mu.Lock()
+	live := l.state == lbOpen && !l.killed && !l.severed
+	var peers []sdi.Rank
+	var frames []*lbFrame
+	if live {
+		l.severed = true
+		for peer := range l.conns {
+			peers = append(peers, peer)
+		}
+		for fr := range l.pending {
+			frames = append(frames, fr)
+		}
+	}
+	l.mu.Unlock()
+	l.sendMu.Unlock()
+	if !live {
+		return
+	}
+	down := fmt.Errorf("loop: rank %d's link is down: %w", l.p.Rank, sdi.ErrPeerUnreachable)
+	l.tellPeers(down)
+	for _, fr := range frames {
+		if fr.state.CompareAndSwap(frameQueued, frameTaken) {
+			l.q.push(lbEvent{kind: evCompletion, frame: fr, err: fmt.Errorf("loop: frame to rank %d lost: %w", fr.peer, down)})
+		}
+	}
+	for _, peer := range peers {
+		l.q.push(lbEvent{kind: evPeerDown, peer: peer, err: down})
+	}
+	if l.logger.IsDebug() {
+		l.logger.Debug("loopback link severed", "rank", l.p.Rank)
+	}
+}
+
+func (l *loopback) isSevered() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.severed
 }
 
 // run is the instance's only goroutine: every Handler call comes from here.
@@ -569,9 +655,9 @@ func (l *loopback) handle(ev lbEvent, stopping bool) {
 		if !fr.state.CompareAndSwap(frameQueued, frameTaken) {
 			return // its sender closed and failed it
 		}
-		if stopping {
+		if stopping || l.isSevered() {
 			fr.from.q.push(lbEvent{kind: evCompletion, frame: fr,
-				err: fmt.Errorf("loop: rank %d closed before delivery: %w", l.p.Rank, sdi.ErrPeerUnreachable)})
+				err: fmt.Errorf("loop: rank %d closed or cut off before delivery: %w", l.p.Rank, sdi.ErrPeerUnreachable)})
 			return
 		}
 		l.p.Handler.Deliver(fr.from.p.Rank, fr.header, fr.payload)
