@@ -2,6 +2,7 @@ package multidevice
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -52,21 +53,43 @@ type pendingFrame struct {
 
 // block is an admitted frame: its inner header and data, kept until the
 // destination acknowledges it.
+//
+// Most blocks are copies (buf). Rendezvous data on a line whose
+// subdevices take split frames is not copied: the block is the frame
+// itself (of), its data the application's buffer, and the frame, with it
+// the send request, completes only when the block is acknowledged and no
+// subdevice holds it any more (release). The rendezvous sender waits for
+// its data to arrive anyway; the copy cost a line half its bandwidth.
 type block struct {
 	seq    uint64
 	class  int
 	msgLen int
 	t      trunk  // the trunk it was last sent through; guarded by txLine.mu
-	urgent bool   // admitted with half the window or more unacknowledged
-	buf    []byte // inner header + data
-	// refs counts the owners of buf: one while retained, one per outer
-	// frame a subdevice has not completed.
+	urgent bool   // the destination should credit it at once
+	inner  []byte // the inner header
+	data   []byte // the data
+	buf    []byte // pooled inner header + data, for a copy; else nil
+	of     *outFrame
+	err    error // how of completes; set before the last release
+	// refs counts the owners of the block's bytes: one while retained,
+	// one per outer frame a subdevice has not completed.
 	refs atomic.Int32
 }
 
-func (b *block) release() {
-	if b.refs.Add(-1) == 0 {
+// size is the block's bytes against the line's window.
+func (b *block) size() int { return headerSize + len(b.data) }
+
+// release drops one owner; the last recycles the copy or completes the
+// frame the block is.
+func (b *block) release(d *Device) {
+	if b.refs.Add(-1) != 0 {
+		return
+	}
+	if b.buf != nil {
 		putBlock(b.buf)
+	}
+	if b.of != nil {
+		d.finishFrame(b.of, b.err)
 	}
 }
 
@@ -86,11 +109,12 @@ type sendItem struct {
 
 // fwdBatch is what a line operation does once the line's lock is released.
 type fwdBatch struct {
-	sends  []sendItem
-	done   []*outFrame // frames copied into blocks: locally complete
-	failed []*outFrame
-	err    error // for failed
-	lost   int32 // a peer whose last gateway died, or -1
+	sends   []sendItem
+	done    []*outFrame // frames copied into blocks: locally complete
+	failed  []*outFrame
+	err     error    // for failed
+	release []*block // blocks no longer retained
+	lost    int32    // a peer whose last gateway died, or -1
 }
 
 // fwdSend sends a protocol frame to an indirect peer, now or once credit
@@ -124,24 +148,43 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 		bt.failed = append(bt.failed, pf.of)
 		return true
 	}
-	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, t: t, buf: getBlock(n),
+	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, t: t,
 		urgent: l.inflight+n > d.fwd.opts.Window/2}
-	copy(b.buf, pf.of.f.Header)
-	copy(b.buf[headerSize:], pf.of.f.Payload)
+	hb := pf.of.f.Header
+	if d.fwd.split[peer][pf.class] && pf.of.req != nil && isData(hb) {
+		b.inner, b.data, b.of = hb, pf.of.f.Payload, pf.of
+		// Its request completes at the credit: ask for that at once
+		// for the message's last block.
+		b.urgent = b.urgent || dataOffset(hb)+uint64(len(b.data)) >= dataLen(hb)
+	} else {
+		b.buf = getBlock(n)
+		copy(b.buf, hb)
+		copy(b.buf[headerSize:], pf.of.f.Payload)
+		b.inner, b.data = b.buf[:headerSize], b.buf[headerSize:]
+		bt.done = append(bt.done, pf.of)
+	}
 	b.refs.Store(1)
 	l.next++
 	l.inflight += n
 	l.load[t] += n
 	l.retained = append(l.retained, b)
 	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
-	bt.done = append(bt.done, pf.of)
 	return true
 }
+
+// isData reports whether hb, a long header, is a rendezvous data frame's.
+func isData(hb []byte) bool {
+	return len(hb) == headerSize && kind(hb[1]) == kindSys && int32(binary.LittleEndian.Uint32(hb[4:])) == sysData
+}
+
+// dataOffset and dataLen read a data frame's offset and message length.
+func dataOffset(hb []byte) uint64 { return binary.LittleEndian.Uint64(hb[56:]) }
+func dataLen(hb []byte) uint64    { return binary.LittleEndian.Uint64(hb[32:]) }
 
 // blockFrame wraps a retained block for one trip through trunk t: to a
 // gateway, or to the peer itself over a failover route.
 func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
-	h := header{kind: kindSys, tag: sysFwd, src: d.rank, dst: peer, seq: b.seq, length: uint64(len(b.buf)), offset: uint64(b.msgLen)}
+	h := header{kind: kindSys, tag: sysFwd, src: d.rank, dst: peer, seq: b.seq, length: uint64(b.size()), offset: uint64(b.msgLen)}
 	if b.urgent {
 		h.flags |= flagUrgent
 	}
@@ -149,13 +192,14 @@ func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 		h.flags |= flagCredit
 		h.rreq = cum
 	}
-	of := d.frame(t.via, &h, b.buf)
+	of := framePool.Get().(*outFrame)
+	of.setBlock(t.via, &h, b, b.buf == nil || t.sub.splits())
 	b.refs.Add(1)
 	of.done = func(err error) {
 		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
 			d.trunkDown(t.via, t.sub.idx, err)
 		}
-		b.release()
+		b.release(d)
 	}
 	return of
 }
@@ -174,6 +218,9 @@ func (d *Device) finishBatch(bt *fwdBatch, direct bool) {
 	}
 	for _, of := range bt.failed {
 		d.finishFrame(of, bt.err)
+	}
+	for _, b := range bt.release {
+		b.release(d)
 	}
 	if bt.lost >= 0 {
 		d.failPeer(int(bt.lost), bt.err, bt.err)
@@ -199,10 +246,10 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 	i := 0
 	for ; i < len(l.retained) && l.retained[i].seq < cum; i++ {
 		b := l.retained[i]
-		n := len(b.buf)
+		n := b.size()
 		l.inflight -= n
 		l.load[b.t] -= n
-		b.release()
+		bt.release = append(bt.release, b)
 	}
 	if i > 0 {
 		rest := copy(l.retained, l.retained[i:])
@@ -225,7 +272,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 // onForward runs at the destination of a line: a new block is unwrapped
 // and handled as a direct frame, a duplicate (sent again after a gateway
 // died) is dropped; either way a credit is queued.
-func (d *Device) onForward(from int32, h *header, payload []byte) {
+func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	f := &d.fwd
 	f.rxMu.Lock()
 	l := &f.rx[h.src]
@@ -257,13 +304,27 @@ func (d *Device) onForward(from int32, h *header, payload []byte) {
 	if h.flags&flagCredit != 0 {
 		d.onCredit(h.src, h.rreq)
 	}
+	// Place may have put its data into the receive buffer already.
+	var placed *Request
+	if sub >= 0 && len(data) > 0 {
+		placed = d.takePlacedForward(sub, from, h.src, h.seq)
+	}
 	if dup {
 		f.dups.Add(1)
+		if placed != nil {
+			d.placedForward(placed, 0, nil, true)
+		}
 	} else {
-		inner, data, err := unwrap(h, payload, d.size)
-		if err != nil {
+		inner, data, err := unwrap(h, ib, data, d.size)
+		switch {
+		case err != nil:
 			d.log.Warn("dropping forwarded block", "from", from, "source", h.src, "error", err)
-		} else {
+			if placed != nil { // Place checked the headers: cannot happen
+				d.placedForward(placed, 0, nil, true)
+			}
+		case placed != nil:
+			d.placedForward(placed, inner.offset, data, false)
+		default:
 			d.dispatch(&inner, data)
 		}
 	}

@@ -51,6 +51,10 @@ type subdev struct {
 	sent     []traffic // [peer]
 }
 
+// splits reports whether s carries a forwarded block split, its inner
+// header in the frame's header (outFrame.setBlock).
+func (s *subdev) splits() bool { return s.caps.MaxHeader >= 2*headerSize }
+
 // Device is the multidevice of one rank: it owns that rank's subdevices,
 // routes, matching queues and protocols. It is safe for concurrent use.
 type Device struct {

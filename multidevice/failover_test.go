@@ -19,10 +19,15 @@ import (
 // as a plain alternative otherwise. sends counts the frames each
 // network's subdevices were given.
 func failoverJob(t *testing.T, n int, failover, standby bool) (devs []*Device, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
+	return failoverJobCaps(t, n, failover, standby, fwdCaps)
+}
+
+// failoverJobCaps is failoverJob over subdevices with the given caps.
+func failoverJobCaps(t *testing.T, n int, failover, standby bool, caps sdi.Caps) (devs []*Device, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
 	fabs, sends = map[string]*sditest.Fabric{}, map[string]*atomic.Int64{}
 	factories := map[string]sdi.Factory{}
 	for _, name := range []string{"a", "b"} {
-		fab, count := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps}), new(atomic.Int64)
+		fab, count := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: caps}), new(atomic.Int64)
 		fabs[name], sends[name] = fab, count
 		factories[name] = func(log hclog.Logger) sdi.SubDevice { return countingSub{fab.New(log), count} }
 	}
@@ -49,9 +54,27 @@ func (c countingSub) Send(f *sdi.Frame) (bool, error) {
 // TestFailover: ranks stream eager, rendezvous and multi-block messages
 // to each other over two networks with failover; rank 1's link to the
 // first dies in the middle. What it held is sent again over the other,
-// and every message arrives once, intact and in order.
+// and every message arrives once, intact and in order. Blocks travel
+// split where the subdevices take 128-byte headers (rendezvous data then
+// stays in the application's buffer until acknowledged), else with the
+// inner header in the payload, copied.
 func TestFailover(t *testing.T) {
-	devs, fabs, sends := failoverJob(t, 4, true, false)
+	split := fwdCaps
+	combined := fwdCaps
+	combined.MaxHeader = headerSize
+	for _, tt := range []struct {
+		name string
+		caps sdi.Caps
+	}{{"split", split}, {"combined", combined}} {
+		t.Run(tt.name, func(t *testing.T) { testFailover(t, tt.caps) })
+	}
+}
+
+func testFailover(t *testing.T, caps sdi.Caps) {
+	devs, fabs, sends := failoverJobCaps(t, 4, true, false, caps)
+	if got, want := devs[0].fwd.split[1][0], caps.MaxHeader >= 2*headerSize; got != want {
+		t.Fatalf("the line to rank 1 sends blocks split: %v, want %v", got, want)
+	}
 	if sub, gws, _ := devs[0].Path(1, 100); sub != "a" || len(gws) != 0 {
 		t.Fatalf("rank 0 reaches rank 1 over %q through %v before the failure, want a, directly", sub, gws)
 	}

@@ -59,9 +59,10 @@ const (
 // Only the source of a virtual line uses them, so ranks need not agree.
 type ForwardOptions struct {
 	// BlockSize is the most data bytes one forwarded block carries; 0 means
-	// 64 KiB. It is further capped so a block with its inner header fits
-	// the MaxFrame of the first hop's subdevice; every later hop must carry
-	// frames that large too.
+	// 64 KiB. It is further capped so a block fits the MaxFrame of the
+	// first hop's subdevices (with its inner header, unless they take
+	// headers of 128 bytes); every later hop must carry frames that large
+	// too.
 	BlockSize int
 	// Window is the credit of one virtual line: the most bytes (blocks
 	// with their inner header) a source keeps sent but unacknowledged
@@ -151,6 +152,7 @@ type forwarder struct {
 	indirect []bool      // [peer] some size class reaches it through gateways
 	paths    [][][]trunk // [peer][class] trunks; nil for a direct route
 	chunk    [][]int     // [peer][class] data bytes per block, for indirect routes
+	split    [][]bool    // [peer][class] every trunk splits: rendezvous data goes uncopied
 	tx       []*txLine   // [peer] non-nil for indirect peers: credit.go
 	rx       []rxLine    // [source] lines ending here, guarded by rxMu
 	rxMu     sync.Mutex
@@ -173,15 +175,16 @@ type forwarder struct {
 }
 
 type earlyFrame struct {
-	from    int32
-	h       header
-	payload []byte
+	from        int32
+	h           header
+	inner, data []byte
 }
 
 func (f *forwarder) init(size, nclass, nsub int) {
 	f.indirect = make([]bool, size)
 	f.paths = make([][][]trunk, size)
 	f.chunk = make([][]int, size)
+	f.split = make([][]bool, size)
 	f.tx = make([]*txLine, size)
 	f.rx = make([]rxLine, size)
 	f.dead = make([][]atomic.Bool, size)
@@ -189,6 +192,7 @@ func (f *forwarder) init(size, nclass, nsub int) {
 		f.dead[p] = make([]atomic.Bool, nsub)
 		f.paths[p] = make([][]trunk, nclass)
 		f.chunk[p] = make([]int, nclass)
+		f.split[p] = make([]bool, nclass)
 	}
 }
 
@@ -196,11 +200,18 @@ func (f *forwarder) init(size, nclass, nsub int) {
 func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 	f.indirect[peer] = true
 	f.paths[peer][ci] = trunks
-	chunk := f.opts.BlockSize
+	chunk, split := f.opts.BlockSize, true
 	for _, t := range trunks {
-		chunk = min(chunk, t.sub.caps.MaxFrame-headerSize)
+		split = split && t.sub.splits()
 	}
-	f.chunk[peer][ci] = chunk
+	for _, t := range trunks {
+		room := t.sub.caps.MaxFrame
+		if !split { // the inner header travels in the payload
+			room -= headerSize
+		}
+		chunk = min(chunk, room)
+	}
+	f.chunk[peer][ci], f.split[peer][ci] = chunk, split
 	if f.tx[peer] == nil {
 		f.tx[peer] = &txLine{load: make(map[trunk]int)}
 	}
@@ -309,28 +320,30 @@ func (d *Device) chunk(peer int32, class int, s *subdev) int {
 	return s.caps.MaxFrame
 }
 
-// onIndirect handles a sysFwd or sysCredit frame: for this rank it is
-// unwrapped or credited, for another it is passed on.
-func (d *Device) onIndirect(from int32, h *header, payload []byte) {
+// onIndirect handles a sysFwd or sysCredit frame that subdevice sub
+// delivered: for this rank it is unwrapped or credited, for another it is
+// passed on. A block's inner header and data come apart: sent split, the
+// inner header arrived in the frame's header.
+func (d *Device) onIndirect(sub int, from int32, h *header, inner, data []byte) {
 	if !d.fwd.ready.Load() {
 		f := &d.fwd
 		f.earlyMu.Lock()
 		if !f.ready.Load() {
-			f.early = append(f.early, earlyFrame{from: from, h: *h, payload: append([]byte(nil), payload...)})
+			f.early = append(f.early, earlyFrame{from: from, h: *h, inner: slices.Clone(inner), data: slices.Clone(data)})
 			f.earlyMu.Unlock()
 			return
 		}
 		f.earlyMu.Unlock()
 	}
-	if h.tag == sysFwd && uint64(len(payload)) != h.length {
-		d.log.Warn("dropping forwarded block whose payload disagrees with its header", "from", from, "payload", len(payload), "length", h.length)
+	if h.tag == sysFwd && (len(inner) != headerSize || uint64(headerSize+len(data)) != h.length) {
+		d.log.Warn("dropping forwarded block whose payload disagrees with its header", "from", from, "payload", len(inner)+len(data), "length", h.length)
 		return
 	}
 	switch {
 	case h.dst != d.rank:
-		d.passOn(from, h, payload)
+		d.passOn(from, h, inner, data)
 	case h.tag == sysFwd:
-		d.onForward(from, h, payload)
+		d.onForward(sub, from, h, inner, data)
 	default:
 		d.onCredit(h.src, h.seq)
 	}
@@ -347,14 +360,14 @@ func (d *Device) fwdStart() {
 	f.earlyMu.Unlock()
 	for i := range early {
 		e := &early[i]
-		d.onIndirect(e.from, &e.h, e.payload)
+		d.onIndirect(-1, e.from, &e.h, e.inner, e.data) // none was placed
 	}
 }
 
 // passOn passes a frame for another rank on along this rank's own route to
 // it. The payload is copied (it is valid only during Deliver) and counted
 // as held until the next subdevice has it.
-func (d *Device) passOn(from int32, h *header, payload []byte) {
+func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	if h.context >= maxHops {
 		d.log.Warn("dropping forwarded frame that passed too many gateways (routing loop?)", "from", from, "source", h.src, "destination", h.dst, "hops", h.context)
 		return
@@ -365,15 +378,21 @@ func (d *Device) passOn(from int32, h *header, payload []byte) {
 		d.log.Warn("dropping forwarded frame: no live route from this gateway", "from", from, "source", h.src, "destination", h.dst)
 		return
 	}
-	n := len(payload)
+	n := len(inner) + len(data)
 	var buf []byte
 	if n > 0 {
 		buf = getBlock(n)
-		copy(buf, payload)
+		copy(buf[copy(buf, inner):], data)
 	}
 	fh := *h
 	fh.context++
-	of := d.frame(t.via, &fh, buf)
+	var of *outFrame
+	if h.tag == sysFwd {
+		of = framePool.Get().(*outFrame)
+		of.setBlock(t.via, &fh, &block{inner: buf[:headerSize], data: buf[headerSize:], buf: buf}, t.sub.splits())
+	} else {
+		of = d.frame(t.via, &fh, buf)
+	}
 	f := &d.fwd
 	held := f.held.Add(int64(n))
 	for {
@@ -431,13 +450,14 @@ func (d *Device) nextHop(dst int32, class int, key uint64) (trunk, bool) {
 
 var errBadForward = errors.New("multidevice: malformed forwarded block")
 
-// unwrap checks a forwarded block addressed to this rank and returns the
-// frame inside it. It never panics.
-func unwrap(outer *header, payload []byte, size int) (header, []byte, error) {
-	if len(payload) < headerSize {
-		return header{}, nil, fmt.Errorf("%w: %d bytes, shorter than a header", errBadForward, len(payload))
+// unwrap checks a forwarded block addressed to this rank, its inner
+// header ib and its data, and returns the frame inside it. It never
+// panics.
+func unwrap(outer *header, ib, data []byte, size int) (header, []byte, error) {
+	if len(ib) != headerSize {
+		return header{}, nil, fmt.Errorf("%w: inner header of %d bytes", errBadForward, len(ib))
 	}
-	inner, err := decodeHeader(payload[:headerSize], size)
+	inner, err := decodeHeader(ib, size)
 	if err != nil {
 		return header{}, nil, fmt.Errorf("%w: inner %w", errBadForward, err)
 	}
@@ -447,7 +467,7 @@ func unwrap(outer *header, payload []byte, size int) (header, []byte, error) {
 	case inner.src != outer.src || inner.dst != outer.dst:
 		return header{}, nil, fmt.Errorf("%w: inner frame %d->%d in a block %d->%d", errBadForward, inner.src, inner.dst, outer.src, outer.dst)
 	}
-	return inner, payload[headerSize:], nil
+	return inner, data, nil
 }
 
 // blockPool recycles the buffers of forwarded blocks.

@@ -590,39 +590,41 @@ func TestUnwrap(t *testing.T) {
 		return b
 	}
 	inner := header{kind: kindEager, tag: 3, src: 1, dst: 2, length: 5}
-	h, data, err := unwrap(&outer, frame(inner, 5), 4)
+	b := frame(inner, 5)
+	h, data, err := unwrap(&outer, b[:headerSize], b[headerSize:], 4)
 	if err != nil || h != inner || len(data) != 5 {
 		t.Fatalf("unwrap = %+v, %d bytes, %v", h, len(data), err)
 	}
 	for _, tc := range []struct {
-		name    string
-		payload []byte
+		name  string
+		inner []byte
 	}{
 		{"short", make([]byte, 10)},
+		{"long", make([]byte, headerSize+1)},
 		{"bad inner header", make([]byte, headerSize)},
 		{"nested forward", frame(header{kind: kindSys, tag: sysFwd, src: 1, dst: 2}, 0)},
 		{"inner from another source", frame(header{kind: kindEager, tag: 3, src: 0, dst: 2}, 0)},
 		{"inner for another destination", frame(header{kind: kindEager, tag: 3, src: 1, dst: 3}, 0)},
 	} {
-		if _, _, err := unwrap(&outer, tc.payload, 4); !errors.Is(err, errBadForward) {
+		if _, _, err := unwrap(&outer, tc.inner, nil, 4); !errors.Is(err, errBadForward) {
 			t.Errorf("%s: err = %v, want errBadForward", tc.name, err)
 		}
 	}
 }
 
 func FuzzUnwrap(f *testing.F) {
-	b := make([]byte, headerSize+3)
+	b := make([]byte, headerSize)
 	(&header{kind: kindEager, tag: 1, src: 1, dst: 2, length: 3}).put(b)
-	f.Add(b)
-	f.Add([]byte{})
-	f.Fuzz(func(t *testing.T, payload []byte) {
+	f.Add(b, []byte("abc"))
+	f.Add([]byte{}, []byte{})
+	f.Fuzz(func(t *testing.T, ib, data []byte) {
 		outer := header{kind: kindSys, tag: sysFwd, src: 1, dst: 2}
-		h, data, err := unwrap(&outer, payload, 4)
+		h, got, err := unwrap(&outer, ib, data, 4)
 		if err != nil {
 			return
 		}
-		if h.src != 1 || h.dst != 2 || len(data) != len(payload)-headerSize {
-			t.Fatalf("accepted %+v with %d data bytes from %d", h, len(data), len(payload))
+		if h.src != 1 || h.dst != 2 || len(got) != len(data) {
+			t.Fatalf("accepted %+v with %d data bytes of %d", h, len(got), len(data))
 		}
 	})
 }
@@ -639,7 +641,7 @@ func TestForwardDuplicateBlock(t *testing.T) {
 	copy(payload[headerSize:], "abcd")
 	outer := header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, seq: 0, length: uint64(len(payload))}
 	for range 2 {
-		d.onIndirect(2, &outer, payload)
+		d.onIndirect(-1, 2, &outer, payload[:headerSize], payload[headerSize:])
 	}
 	buf := make([]byte, 4)
 	if st, err := wait(t, must(t)(d.Irecv(buf, 0, 6, 0))); err != nil || string(buf) != "abcd" {

@@ -30,13 +30,30 @@ func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 		d.arrive(&hdr, payload)
 		return
 	}
+	if len(hb) == 2*headerSize {
+		// A forwarded block sent split: its inner header follows the
+		// outer one (outFrame.setBlock).
+		hdr, err := decodeHeader(hb[:headerSize], d.size)
+		if err == nil && (hdr.kind != kindSys || hdr.tag != sysFwd) {
+			err = fmt.Errorf("%w: a %s frame with a %d-byte header", errBadHeader, hdr.kind, len(hb))
+		}
+		if err != nil {
+			d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
+			return
+		}
+		d.onIndirect(h.sub, int32(from), &hdr, hb[headerSize:], payload)
+		return
+	}
 	hdr, err := decodeHeader(hb, d.size)
 	if err != nil {
 		d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
 		return
 	}
 	if hdr.kind == kindSys && (hdr.tag == sysFwd || hdr.tag == sysCredit) {
-		d.onIndirect(int32(from), &hdr, payload) // forward.go: may be for another rank
+		// forward.go: may be for another rank. A block's payload
+		// begins with its inner header.
+		inner, data := payload[:min(len(payload), headerSize)], payload[min(len(payload), headerSize):]
+		d.onIndirect(h.sub, int32(from), &hdr, inner, data)
 		return
 	}
 	if hdr.dst != d.rank || hdr.src != int32(from) {

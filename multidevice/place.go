@@ -22,13 +22,15 @@ import (
 //     sequence and matches a posted receive whose buffer holds it whole:
 //     the receive is matched here, as it would be in the Deliver that
 //     follows (placeEager).
+//   - a forwarded block sent split (its inner header in the frame's
+//     header) that wraps such a rendezvous data block for this rank and
+//     has not arrived before (placeForwarded).
 //
 // Everything else gets nil and is delivered from the subdevice's buffer
 // as before: ready-to-send frames, eager messages that arrive unexpected,
 // out of order, for a duplicated ANY_SOURCE receive or for a buffer too
-// short, forwarded blocks (they may be for another rank and are unwrapped
-// first), blocks for unknown requests, and blocks that would run past the
-// receive's length.
+// short, forwarded blocks for another rank or not sent split, blocks for
+// unknown requests, and blocks that would run past the receive's length.
 //
 // The slice stays valid until the Deliver that follows (or the placing
 // subdevice's PeerDown): the request is not completed before its bytes
@@ -43,6 +45,9 @@ func (h *handler) Place(from sdi.Rank, hb []byte, n int) []byte {
 	}
 	if len(hb) == shortHeaderSize || len(hb) == headerSize && kind(hb[1]) == kindEager {
 		return d.placeEager(h.sub, from, hb, n)
+	}
+	if len(hb) == 2*headerSize {
+		return d.placeForwarded(h.sub, int32(from), hb, n)
 	}
 	if len(hb) != headerSize || kind(hb[1]) != kindSys {
 		return nil
@@ -66,15 +71,93 @@ func (h *handler) Place(from sdi.Rank, hb []byte, n int) []byte {
 	return r.buf[hdr.offset:end:end]
 }
 
+// placeForwarded places the rendezvous data block inside a forwarded block
+// sent split (hb: outer and inner header) for this rank, unless the block
+// arrived before. Two copies of one block (sent again after a trunk died)
+// may still be placed at once: both write the same bytes, the first
+// delivered counts them, the other is dropped as a duplicate
+// (onForward), and the receive completes only once neither is busy.
+func (d *Device) placeForwarded(sub int, from int32, hb []byte, n int) []byte {
+	f := &d.fwd
+	if !f.ready.Load() {
+		return nil
+	}
+	outer, err := decodeHeader(hb[:headerSize], d.size)
+	if err != nil || outer.kind != kindSys || outer.tag != sysFwd || outer.dst != d.rank || outer.length != uint64(headerSize+n) {
+		return nil
+	}
+	inner, err := decodeHeader(hb[headerSize:], d.size)
+	if err != nil || inner.kind != kindSys || inner.tag != sysData || inner.src != outer.src || inner.dst != d.rank {
+		return nil
+	}
+	f.rxMu.Lock()
+	l := &f.rx[outer.src]
+	_, seen := l.above[outer.seq]
+	seen = seen || outer.seq < l.cum
+	f.rxMu.Unlock()
+	if seen {
+		return nil
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.rndvRecv[inner.rreq]
+	if r == nil || r.status.Source != int(inner.src) {
+		return nil
+	}
+	end := inner.offset + uint64(n)
+	if end < inner.offset || end > r.rndvLen {
+		return nil
+	}
+	r.rndvBusy++
+	d.filling = append(d.filling, placedBlock{r: r, sub: sub, off: inner.offset, fwd: true, via: from, seq: outer.seq})
+	return r.buf[inner.offset:end:end]
+}
+
 // placedBlock is a rendezvous data block that Place gave a slice of its
 // receive's buffer: sub is filling it, and delivers it or reports the
 // source down. Until then the receive counts it as busy (Request.rndvBusy)
 // and does not complete, even if it fails meanwhile: the subdevice may
 // still be writing into the buffer, which its owner could already reuse.
+// A forwarded one (fwd) came from rank via as block seq of its line.
 type placedBlock struct {
 	r   *Request
 	sub int
 	off uint64
+	fwd bool
+	via int32
+	seq uint64
+}
+
+// takePlacedForward returns and forgets the block that sub placed for
+// block seq of the line from src, arrived from rank via; nil if none.
+func (d *Device) takePlacedForward(sub int, via, src int32, seq uint64) *Request {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := slices.IndexFunc(d.filling, func(p placedBlock) bool {
+		return p.fwd && p.sub == sub && p.via == via && p.seq == seq && p.r.status.Source == int(src)
+	})
+	if i < 0 {
+		return nil
+	}
+	r := d.filling[i].r
+	d.filling = slices.Delete(d.filling, i, i+1)
+	return r
+}
+
+// placedForward completes the accounting for a forwarded data block that
+// was placed into r: n bytes at off, from payload if the subdevice filled
+// another buffer after all; dup drops it, another copy counted them.
+func (d *Device) placedForward(r *Request, off uint64, payload []byte, dup bool) {
+	if dup {
+		d.blockDone(r, 0)
+		return
+	}
+	place := r.buf[off:r.rndvLen]
+	n := len(payload)
+	if n > 0 && &payload[0] != &place[0] {
+		n = copy(place, payload)
+	}
+	d.blockDone(r, uint64(min(n, len(place))))
 }
 
 // placedData completes the accounting for a data block that sub filled
@@ -84,7 +167,7 @@ type placedBlock struct {
 func (d *Device) placedData(sub int, h *header, payload []byte) bool {
 	d.mu.Lock()
 	i := slices.IndexFunc(d.filling, func(p placedBlock) bool {
-		return p.sub == sub && p.off == h.offset && p.r.id == h.rreq && p.r.status.Source == int(h.src)
+		return !p.fwd && p.sub == sub && p.off == h.offset && p.r.id == h.rreq && p.r.status.Source == int(h.src)
 	})
 	if i < 0 {
 		d.mu.Unlock()
@@ -104,8 +187,9 @@ func (d *Device) placedData(sub int, h *header, payload []byte) bool {
 
 // blockDone counts n bytes that a data block wrote into r's buffer and
 // ends the block's busy count: r completes once it holds every byte it
-// asked for, or, if it failed while blocks were being written, once the
-// last of them is done.
+// asked for and no block is being written (a second copy of a forwarded
+// block may still be), or, if it failed while blocks were being written,
+// once the last of them is done.
 func (d *Device) blockDone(r *Request, n uint64) {
 	d.mu.Lock()
 	r.rndvBusy--
@@ -116,7 +200,7 @@ func (d *Device) blockDone(r *Request, n uint64) {
 		done = r.rndvBusy == 0
 	} else {
 		r.received += n
-		if done = r.received == r.rndvLen; done {
+		if done = r.received == r.rndvLen && r.rndvBusy == 0; done {
 			delete(d.rndvRecv, r.id)
 			st, err = r.status, r.truncErr
 		}
@@ -222,8 +306,18 @@ func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
 		}
 		return false
 	})
+	var dropped []*Request
 	d.filling = slices.DeleteFunc(d.filling, func(p placedBlock) bool {
-		if p.sub != sub || p.r.status.Source != int(peer) {
+		switch {
+		case p.fwd:
+			// The block comes again if its line survives; else the
+			// line's failure fails the receive.
+			if p.sub != sub || p.via != int32(peer) {
+				return false
+			}
+			dropped = append(dropped, p.r)
+			return true
+		case p.sub != sub || p.r.status.Source != int(peer):
 			return false
 		}
 		p.r.rndvBusy--
@@ -233,6 +327,9 @@ func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
 		return true
 	})
 	d.mu.Unlock()
+	for _, r := range dropped {
+		d.blockDone(r, 0)
+	}
 	for _, r := range failed {
 		if r.rndvFail != nil { // it left every queue: nobody else writes it
 			r.complete(Status{}, r.rndvFail)

@@ -2,6 +2,7 @@ package multidevice
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"testing"
@@ -329,5 +330,161 @@ func TestPlacedEagerPeerDown(t *testing.T) {
 		if _, err := wait(t, r); err != nil {
 			t.Fatalf("receive placed on another subdevice ended with %v", err)
 		}
+	}
+}
+
+// fwdData is the header of a forwarded block sent split: block seq of the
+// line from rank 0 to rank 1, wrapping n bytes of rendezvous data for
+// receive rreq at off.
+func fwdData(seq, rreq, off uint64, n int) []byte {
+	hb := make([]byte, 2*headerSize)
+	(&header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, seq: seq, length: uint64(headerSize + n), offset: 1000}).put(hb)
+	(&header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: rreq, offset: off, length: 1000}).put(hb[headerSize:])
+	return hb
+}
+
+// TestPlaceForwarded: a forwarded block sent split gets a place when it
+// wraps a data block for a waiting receive and has not arrived before.
+func TestPlaceForwarded(t *testing.T) {
+	devs := loopJob(t, 3, smallCaps)
+	d := devs[1]
+	h := &handler{d: d, sub: 1}
+	const id = 88
+	r := &Request{d: d, id: id, buf: make([]byte, 1000), rndvLen: 1000, status: Status{Source: 0}}
+	d.mu.Lock()
+	d.rndvRecv[id] = r
+	d.mu.Unlock()
+	d.fwd.rxMu.Lock()
+	d.fwd.rx[0].cum = 5 // blocks 0 to 4 of the line arrived, and 7
+	d.fwd.rx[0].above = map[uint64]struct{}{7: {}}
+	d.fwd.rxMu.Unlock()
+	t.Cleanup(func() {
+		d.mu.Lock()
+		delete(d.rndvRecv, id)
+		d.filling = nil
+		d.mu.Unlock()
+	})
+	edit := func(hb []byte, at int, h header) []byte {
+		h.put(hb[at:])
+		return hb
+	}
+	tests := []struct {
+		name string
+		hb   []byte
+		n    int
+		want bool
+	}{
+		{"new block", fwdData(5, id, 100, 200), 200, true},
+		{"block beyond a gap", fwdData(9, id, 300, 200), 200, true},
+		{"arrived before", fwdData(4, id, 100, 200), 200, false},
+		{"arrived before, beyond a gap", fwdData(7, id, 100, 200), 200, false},
+		{"length disagrees", fwdData(5, id, 100, 200), 199, false},
+		{"unknown receive", fwdData(5, id+1, 100, 200), 200, false},
+		{"past the buffer", fwdData(5, id, 900, 200), 200, false},
+		{"for another rank", edit(fwdData(5, id, 0, 10), 0, header{kind: kindSys, tag: sysFwd, src: 0, dst: 2, seq: 5, length: headerSize + 10}), 10, false},
+		{"not a forwarded block", edit(fwdData(5, id, 0, 10), 0, header{kind: kindSys, tag: sysData, src: 0, dst: 1, length: headerSize + 10}), 10, false},
+		{"wraps no data", edit(fwdData(5, id, 0, 10), headerSize, header{kind: kindEager, tag: 1, src: 0, dst: 1, length: 10}), 10, false},
+		{"inner from another source", edit(fwdData(5, id, 0, 10), headerSize, header{kind: kindSys, tag: sysData, src: 2, dst: 1, rreq: id}), 10, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := h.Place(0, tt.hb, tt.n)
+			if !tt.want {
+				if got != nil {
+					t.Fatalf("placed %d bytes, want no place", len(got))
+				}
+				return
+			}
+			off := binary.LittleEndian.Uint64(tt.hb[headerSize+56:])
+			if len(got) != tt.n || &got[0] != &r.buf[off] {
+				t.Fatalf("place of %d bytes, want buffer[%d:%d]", len(got), off, int(off)+tt.n)
+			}
+		})
+	}
+}
+
+// TestPlacedForwardCopies: two copies of a forwarded block (sent again
+// after a trunk died) may arrive on two subdevices, one placed. Whichever
+// is delivered first counts; the receive completes only once the placed
+// one is done too, since its subdevice may still be writing; a placed
+// copy whose subdevice loses the peer is dropped without failing the
+// receive, which the other copy then completes.
+func TestPlacedForwardCopies(t *testing.T) {
+	devs := loopJob(t, 2, smallCaps)
+	d := devs[1]
+	a, b := &handler{d: d, sub: 1}, &handler{d: d, sub: 0}
+	msg := pattern(1000, 3)
+	tests := []struct {
+		name string
+		run  func(t *testing.T, r *Request, seq uint64)
+	}{
+		{"placed copy first", func(t *testing.T, r *Request, seq uint64) {
+			hb := fwdData(seq, r.id, 0, 1000)
+			dst := a.Place(0, hb, 1000)
+			if dst == nil {
+				t.Fatal("no place")
+			}
+			copy(dst, msg)
+			a.Deliver(0, hb, dst)
+			if !r.isDone() {
+				t.Fatal("the placed copy did not complete the receive")
+			}
+			b.Deliver(0, hb, msg) // the other copy: dropped
+		}},
+		{"other copy first", func(t *testing.T, r *Request, seq uint64) {
+			hb := fwdData(seq, r.id, 0, 1000)
+			dst := a.Place(0, hb, 1000)
+			if dst == nil {
+				t.Fatal("no place")
+			}
+			b.Deliver(0, hb, append([]byte(nil), msg...))
+			if r.isDone() {
+				t.Fatal("the receive completed while a copy was still being placed into its buffer")
+			}
+			copy(dst, msg)
+			a.Deliver(0, hb, dst)
+		}},
+		{"placed copy lost", func(t *testing.T, r *Request, seq uint64) {
+			hb := fwdData(seq, r.id, 0, 1000)
+			if a.Place(0, hb, 1000) == nil {
+				t.Fatal("no place")
+			}
+			d.failPlaced(a.sub, 0, errors.New("link down"))
+			if r.isDone() {
+				t.Fatal("losing a placed copy ended the receive")
+			}
+			b.Deliver(0, hb, append([]byte(nil), msg...))
+		}},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id := uint64(600 + i)
+			r := &Request{d: d, id: id, buf: make([]byte, 1000), rndvLen: 1000, status: Status{Source: 0, Count: 1000}}
+			d.mu.Lock()
+			d.rndvRecv[id] = r
+			d.mu.Unlock()
+			d.fwd.rxMu.Lock()
+			seq := d.fwd.rx[0].cum
+			d.fwd.rxMu.Unlock()
+			dropped := d.ForwardStats().Dropped
+			tt.run(t, r, seq)
+			st, err := wait(t, r)
+			if err != nil || st.Count != 1000 || !bytes.Equal(r.buf, msg) {
+				t.Fatalf("receive: %+v %v, content equal %v", st, err, bytes.Equal(r.buf, msg))
+			}
+			want := dropped + 1
+			if tt.name == "placed copy lost" {
+				want = dropped
+			}
+			if got := d.ForwardStats().Dropped; got != want {
+				t.Errorf("dropped %d copies, want %d", got-dropped, want-dropped)
+			}
+			d.mu.Lock()
+			left := len(d.filling)
+			d.mu.Unlock()
+			if left != 0 {
+				t.Errorf("%d placed blocks still counted as being filled", left)
+			}
+		})
 	}
 }

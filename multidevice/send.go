@@ -139,8 +139,10 @@ func (d *Device) peerErr(peer int32) error {
 // when it completes. Frames are pooled, or embedded in the request they
 // belong to: sending one costs no allocation.
 type outFrame struct {
-	f  sdi.Frame
-	hb [headerSize]byte
+	f sdi.Frame
+	// hb holds the header; a forwarded block sent split (setBlock) puts
+	// its inner header in the second half.
+	hb [2 * headerSize]byte
 	// On completion: req.frameDone if req is set, else done if set, else a
 	// failure is logged (system messages nobody waits for).
 	req    *Request
@@ -176,8 +178,24 @@ func (d *Device) frame(peer int32, h *header, payload []byte) *outFrame {
 
 // set fills in the frame's header and payload for peer.
 func (of *outFrame) set(peer int32, h *header, payload []byte) {
-	h.put(of.hb[:])
-	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: payload, Token: of.token()}
+	h.put(of.hb[:headerSize])
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:headerSize], Payload: payload, Token: of.token()}
+}
+
+// setBlock fills in the frame that carries block b to peer under the
+// outer header h. Split, the frame's header is the outer header followed
+// by the inner one and its payload the data alone, so the data need not
+// follow the inner header in memory (a block that is the application's
+// buffer) and a receiver can place it (Place); otherwise the payload is
+// the block's buffer, inner header and data.
+func (of *outFrame) setBlock(peer int32, h *header, b *block, split bool) {
+	h.put(of.hb[:headerSize])
+	if split {
+		copy(of.hb[headerSize:], b.inner)
+		of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: b.data, Token: of.token()}
+		return
+	}
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:headerSize], Payload: b.buf, Token: of.token()}
 }
 
 // setShort fills in the frame of a standard-mode eager message that goes

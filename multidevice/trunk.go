@@ -63,7 +63,8 @@ func (d *Device) failLineLocked(l *txLine, peer int32, bt *fwdBatch) {
 	}
 	l.waiting = nil
 	for _, b := range l.retained {
-		b.release()
+		b.err = err
+		bt.release = append(bt.release, b)
 	}
 	l.retained, l.inflight = nil, 0
 	clear(l.load)
@@ -95,7 +96,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 				d.failLineLocked(l, int32(peer), &bt)
 				break
 			}
-			n := len(b.buf)
+			n := b.size()
 			l.load[b.t] -= n
 			l.load[t] += n
 			b.t = t
