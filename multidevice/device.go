@@ -161,7 +161,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	d.recvSeq = make([]uint64, d.size)
 	d.ooo = make([]map[uint64]*inMsg, d.size)
 	d.relayst = relayState{gone: make([]atomic.Bool, d.size), kick: make(chan struct{}, 1)}
-	d.fwd.opts = o.Forward.withDefaults()
+	d.fwd.opts, d.fwd.blockSet = o.Forward.withDefaults(), o.Forward.BlockSize != 0
 	if err := d.fwd.opts.validate(); err != nil {
 		return nil, err
 	}

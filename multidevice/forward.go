@@ -59,7 +59,9 @@ const (
 // Only the source of a virtual line uses them, so ranks need not agree.
 type ForwardOptions struct {
 	// BlockSize is the most data bytes one forwarded block carries; 0 means
-	// 64 KiB. It is further capped so a block fits the MaxFrame of the
+	// 64 KiB through gateways and a quarter of Window on a failover route
+	// whose trunks all go straight to the peer (no gateway holds its
+	// blocks). It is further capped so a block fits the MaxFrame of the
 	// first hop's subdevices (with its inner header, unless they take
 	// headers of 128 bytes); every later hop must carry frames that large
 	// too.
@@ -147,7 +149,8 @@ type trunk struct {
 
 // forwarder is the Device's state for indirect communication.
 type forwarder struct {
-	opts ForwardOptions
+	opts     ForwardOptions
+	blockSet bool // opts.BlockSize was given, not the default
 	// Written by route during Open, read-only afterwards.
 	indirect []bool      // [peer] some size class reaches it through gateways
 	paths    [][][]trunk // [peer][class] trunks; nil for a direct route
@@ -200,9 +203,17 @@ func (f *forwarder) init(size, nclass, nsub int) {
 func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 	f.indirect[peer] = true
 	f.paths[peer][ci] = trunks
-	chunk, split := f.opts.BlockSize, true
+	chunk, split, direct := f.opts.BlockSize, true, true
 	for _, t := range trunks {
 		split = split && t.sub.splits()
+		direct = direct && t.via == int32(peer)
+	}
+	if direct && !f.blockSet {
+		// No gateway holds a block of a failover route: its blocks may be
+		// as large as the subdevices carry, as the frames of a plain
+		// route are. In blocks of 64 KiB the system calls per frame cost
+		// a line over tcp half its bandwidth.
+		chunk = f.opts.Window / 4
 	}
 	for _, t := range trunks {
 		room := t.sub.caps.MaxFrame

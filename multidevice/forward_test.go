@@ -730,3 +730,42 @@ func TestForwardMdconfigTables(t *testing.T) {
 		}
 	}
 }
+
+// TestBlockSize: a failover route, whose trunks go straight to the peer,
+// cuts data into blocks as large as its subdevices carry (within a
+// quarter of the window); a route through gateways into BlockSize, 64 KiB
+// by default; a BlockSize given is kept on both. Blocks travel split where
+// every subdevice takes a 128-byte header, else the inner header takes
+// room from the payload.
+func TestBlockSize(t *testing.T) {
+	big := &subdev{idx: 1, caps: sdi.Caps{MaxHeader: 256, MaxFrame: 1 << 20}}
+	narrow := &subdev{idx: 2, caps: sdi.Caps{MaxHeader: 64, MaxFrame: 1 << 20}}
+	small := &subdev{idx: 3, caps: sdi.Caps{MaxHeader: 256, MaxFrame: 8000}}
+	tests := []struct {
+		name      string
+		block     int
+		trunks    []trunk // to peer 1
+		wantChunk int
+		wantSplit bool
+	}{
+		{"failover", 0, []trunk{{sub: big, via: 1}, {sub: big, via: 1}}, defaultWindow / 4, true},
+		{"failover, one subdevice with short headers", 0, []trunk{{sub: big, via: 1}, {sub: narrow, via: 1}}, 1<<20 - headerSize, false},
+		{"failover, small frames", 0, []trunk{{sub: big, via: 1}, {sub: small, via: 1}}, 8000, true},
+		{"failover, block size given", 5000, []trunk{{sub: big, via: 1}, {sub: big, via: 1}}, 5000, true},
+		{"gateways", 0, []trunk{{sub: big, via: 2}, {sub: big, via: 3}}, defaultBlockSize, true},
+		{"a gateway and the peer", 0, []trunk{{sub: big, via: 1}, {sub: big, via: 2}}, defaultBlockSize, true},
+		{"gateways, block size given", 5000, []trunk{{sub: big, via: 2}}, 5000, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var f forwarder
+			f.init(4, 1, 4)
+			o := ForwardOptions{BlockSize: tt.block}
+			f.opts, f.blockSet = o.withDefaults(), o.BlockSize != 0
+			f.setPath(1, 0, tt.trunks)
+			if f.chunk[1][0] != tt.wantChunk || f.split[1][0] != tt.wantSplit {
+				t.Fatalf("blocks of %d bytes, split %v; want %d, %v", f.chunk[1][0], f.split[1][0], tt.wantChunk, tt.wantSplit)
+			}
+		})
+	}
+}
