@@ -27,6 +27,14 @@ import (
 //	|   urgent (the source wants credit)   |
 //	+--------------------------------------+
 //
+// Where the subdevice takes headers of 128 bytes the block travels split:
+// the inner header follows the outer one in the frame's header and the
+// payload is the data alone, which then need not follow the inner header
+// in memory (the source sends rendezvous data from the application's
+// buffer) and which the destination's subdevice can write straight into
+// the receive buffer (Place). The outer header's length counts the inner
+// header either way.
+//
 // Rendezvous data is cut into blocks of ForwardOptions.BlockSize, so a
 // gateway sends block k on while block k+1 is still arriving and no link
 // is held for a whole message. A gateway (any rank the frame reaches with a
