@@ -271,7 +271,8 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 
 // onForward runs at the destination of a line: a new block is unwrapped
 // and handled as a direct frame, a duplicate (sent again after a gateway
-// died) is dropped; either way a credit is queued.
+// died) is dropped; either way a credit is queued. sub is the subdevice
+// that delivered it split, which may have placed it; -1 for none.
 func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	f := &d.fwd
 	f.rxMu.Lock()
@@ -304,15 +305,16 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	if h.flags&flagCredit != 0 {
 		d.onCredit(h.src, h.rreq)
 	}
-	// Place may have put its data into the receive buffer already.
+	// Place may have put its data into the receive buffer already; a
+	// copy that is dropped then ends its busy count only.
 	var placed *Request
-	if sub >= 0 && len(data) > 0 {
+	if sub >= 0 && len(data) > 0 && isData(ib) {
 		placed = d.takePlacedForward(sub, from, h.src, h.seq)
 	}
 	if dup {
 		f.dups.Add(1)
 		if placed != nil {
-			d.placedForward(placed, 0, nil, true)
+			d.blockDone(placed, 0)
 		}
 	} else {
 		inner, data, err := unwrap(h, ib, data, d.size)
@@ -320,10 +322,10 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 		case err != nil:
 			d.log.Warn("dropping forwarded block", "from", from, "source", h.src, "error", err)
 			if placed != nil { // Place checked the headers: cannot happen
-				d.placedForward(placed, 0, nil, true)
+				d.blockDone(placed, 0)
 			}
 		case placed != nil:
-			d.placedForward(placed, inner.offset, data, false)
+			d.filled(placed, inner.offset, data)
 		default:
 			d.dispatch(&inner, data)
 		}

@@ -339,10 +339,11 @@ func (d *Device) chunk(peer int32, class int, s *subdev) int {
 	return s.caps.MaxFrame
 }
 
-// onIndirect handles a sysFwd or sysCredit frame that subdevice sub
-// delivered: for this rank it is unwrapped or credited, for another it is
-// passed on. A block's inner header and data come apart: sent split, the
-// inner header arrived in the frame's header.
+// onIndirect handles a sysFwd or sysCredit frame: for this rank it is
+// unwrapped or credited, for another it is passed on. A block's inner
+// header and data come apart: sent split, the inner header arrived in the
+// frame's header, and sub is the subdevice that delivered it (it may have
+// placed the data); -1 otherwise.
 func (d *Device) onIndirect(sub int, from int32, h *header, inner, data []byte) {
 	if !d.fwd.ready.Load() {
 		f := &d.fwd

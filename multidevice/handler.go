@@ -51,9 +51,9 @@ func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 	}
 	if hdr.kind == kindSys && (hdr.tag == sysFwd || hdr.tag == sysCredit) {
 		// forward.go: may be for another rank. A block's payload
-		// begins with its inner header.
+		// begins with its inner header; Place placed none of this form.
 		inner, data := payload[:min(len(payload), headerSize)], payload[min(len(payload), headerSize):]
-		d.onIndirect(h.sub, int32(from), &hdr, inner, data)
+		d.onIndirect(-1, int32(from), &hdr, inner, data)
 		return
 	}
 	if hdr.dst != d.rank || hdr.src != int32(from) {

@@ -144,14 +144,10 @@ func (d *Device) takePlacedForward(sub int, via, src int32, seq uint64) *Request
 	return r
 }
 
-// placedForward completes the accounting for a forwarded data block that
-// was placed into r: n bytes at off, from payload if the subdevice filled
-// another buffer after all; dup drops it, another copy counted them.
-func (d *Device) placedForward(r *Request, off uint64, payload []byte, dup bool) {
-	if dup {
-		d.blockDone(r, 0)
-		return
-	}
+// filled completes the accounting for a data block placed into r at off:
+// a subdevice that delivers it from another buffer after all is copied
+// from.
+func (d *Device) filled(r *Request, off uint64, payload []byte) {
 	place := r.buf[off:r.rndvLen]
 	n := len(payload)
 	if n > 0 && &payload[0] != &place[0] {
@@ -176,12 +172,7 @@ func (d *Device) placedData(sub int, h *header, payload []byte) bool {
 	r := d.filling[i].r
 	d.filling = slices.Delete(d.filling, i, i+1)
 	d.mu.Unlock()
-	place := r.buf[h.offset:r.rndvLen]
-	n := len(payload)
-	if n > 0 && &payload[0] != &place[0] {
-		n = copy(place, payload)
-	}
-	d.blockDone(r, uint64(min(n, len(place))))
+	d.filled(r, h.offset, payload)
 	return true
 }
 
