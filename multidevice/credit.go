@@ -305,27 +305,26 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	if h.flags&flagCredit != 0 {
 		d.onCredit(h.src, h.rreq)
 	}
-	// Place may have put its data into the receive buffer already; a
-	// copy that is dropped then ends its busy count only.
-	var placed *Request
+	// Place may have put its data into the receive buffer: it counts even
+	// if another copy arrived meanwhile, which was stashed, not written.
+	placed := false
 	if sub >= 0 && len(data) > 0 && isData(ib) {
-		placed = d.takePlacedForward(sub, from, h.src, h.seq)
-	}
-	if dup {
-		f.dups.Add(1)
-		if placed != nil {
-			d.blockDone(placed, 0)
+		var p placedBlock
+		if p, placed = d.takePlacedForward(sub, from, h.src, h.seq); placed {
+			d.endPlacedForward(p, true, data)
 		}
-	} else {
+	}
+	switch {
+	case dup:
+		f.dups.Add(1)
+	case placed:
+	default:
 		inner, data, err := unwrap(h, ib, data, d.size)
 		switch {
 		case err != nil:
 			d.log.Warn("dropping forwarded block", "from", from, "source", h.src, "error", err)
-			if placed != nil { // Place checked the headers: cannot happen
-				d.blockDone(placed, 0)
-			}
-		case placed != nil:
-			d.filled(placed, inner.offset, data)
+		case inner.kind == kindSys && inner.tag == sysData && len(data) > 0 && d.stashForward(h.src, h.seq, data):
+			// Another subdevice is placing a copy of it.
 		default:
 			d.dispatch(&inner, data)
 		}

@@ -72,11 +72,11 @@ func (h *handler) Place(from sdi.Rank, hb []byte, n int) []byte {
 }
 
 // placeForwarded places the rendezvous data block inside a forwarded block
-// sent split (hb: outer and inner header) for this rank, unless the block
-// arrived before. Two copies of one block (sent again after a trunk died)
-// may still be placed at once: both write the same bytes, the first
-// delivered counts them, the other is dropped as a duplicate
-// (onForward), and the receive completes only once neither is busy.
+// sent split (hb: outer and inner header) for this rank, unless a copy of
+// it (sent again after a trunk died) arrived before or is being placed by
+// another subdevice. A copy that arrives while this one is being placed is
+// kept aside, not written (stashForward): the buffer has one writer at a
+// time.
 func (d *Device) placeForwarded(sub int, from int32, hb []byte, n int) []byte {
 	f := &d.fwd
 	if !f.ready.Load() {
@@ -90,16 +90,19 @@ func (d *Device) placeForwarded(sub int, from int32, hb []byte, n int) []byte {
 	if err != nil || inner.kind != kindSys || inner.tag != sysData || inner.src != outer.src || inner.dst != d.rank {
 		return nil
 	}
+	// The line is checked under the matching lock, which onForward takes
+	// only after it counted a copy as arrived: such a copy is either seen
+	// here or finds this placement.
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	f.rxMu.Lock()
 	l := &f.rx[outer.src]
 	_, seen := l.above[outer.seq]
 	seen = seen || outer.seq < l.cum
 	f.rxMu.Unlock()
-	if seen {
+	if seen || d.placingLocked(outer.src, outer.seq) >= 0 {
 		return nil
 	}
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	r := d.rndvRecv[inner.rreq]
 	if r == nil || r.status.Source != int(inner.src) {
 		return nil
@@ -118,30 +121,75 @@ func (d *Device) placeForwarded(sub int, from int32, hb []byte, n int) []byte {
 // source down. Until then the receive counts it as busy (Request.rndvBusy)
 // and does not complete, even if it fails meanwhile: the subdevice may
 // still be writing into the buffer, which its owner could already reuse.
-// A forwarded one (fwd) came from rank via as block seq of its line.
+// A forwarded one (fwd) came from rank via as block seq of its line;
+// stash holds another copy's data that arrived meanwhile.
 type placedBlock struct {
-	r   *Request
-	sub int
-	off uint64
-	fwd bool
-	via int32
-	seq uint64
+	r     *Request
+	sub   int
+	off   uint64
+	fwd   bool
+	via   int32
+	seq   uint64
+	stash []byte
 }
 
-// takePlacedForward returns and forgets the block that sub placed for
-// block seq of the line from src, arrived from rank via; nil if none.
-func (d *Device) takePlacedForward(sub int, via, src int32, seq uint64) *Request {
+// placingLocked returns the index in filling of a placement of block seq
+// of the line from src, or -1. d.mu must be held.
+func (d *Device) placingLocked(src int32, seq uint64) int {
+	return slices.IndexFunc(d.filling, func(p placedBlock) bool {
+		return p.fwd && p.seq == seq && p.r.status.Source == int(src)
+	})
+}
+
+// takePlacedForward returns and forgets the placement sub made for block
+// seq of the line from src, arrived from rank via.
+func (d *Device) takePlacedForward(sub int, via, src int32, seq uint64) (placedBlock, bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	i := slices.IndexFunc(d.filling, func(p placedBlock) bool {
 		return p.fwd && p.sub == sub && p.via == via && p.seq == seq && p.r.status.Source == int(src)
 	})
 	if i < 0 {
-		return nil
+		return placedBlock{}, false
 	}
-	r := d.filling[i].r
+	p := d.filling[i]
 	d.filling = slices.Delete(d.filling, i, i+1)
-	return r
+	return p, true
+}
+
+// stashForward keeps data, a copy of block seq of the line from src that
+// another subdevice is placing, with that placement, and reports whether
+// there is one. The placed copy counts when delivered; if its subdevice
+// loses the peer instead, the stash is written (endPlacedForward).
+func (d *Device) stashForward(src int32, seq uint64, data []byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i := d.placingLocked(src, seq)
+	if i < 0 {
+		return false
+	}
+	if d.filling[i].stash == nil {
+		d.filling[i].stash = append(getBlock(len(data))[:0], data...)
+	}
+	return true
+}
+
+// endPlacedForward ends a forwarded placement whose subdevice delivered
+// payload (delivered) or lost the peer: the placed bytes count, or those
+// of a copy stashed meanwhile, or, with neither, nothing does and the
+// block comes again.
+func (d *Device) endPlacedForward(p placedBlock, delivered bool, payload []byte) {
+	switch {
+	case delivered:
+		d.filled(p.r, p.off, payload)
+	case p.stash != nil:
+		d.filled(p.r, p.off, p.stash)
+	default:
+		d.blockDone(p.r, 0)
+	}
+	if p.stash != nil {
+		putBlock(p.stash)
+	}
 }
 
 // filled completes the accounting for a data block placed into r at off:
@@ -178,9 +226,8 @@ func (d *Device) placedData(sub int, h *header, payload []byte) bool {
 
 // blockDone counts n bytes that a data block wrote into r's buffer and
 // ends the block's busy count: r completes once it holds every byte it
-// asked for and no block is being written (a second copy of a forwarded
-// block may still be), or, if it failed while blocks were being written,
-// once the last of them is done.
+// asked for, or, if it failed while blocks were being written, once the
+// last of them is done.
 func (d *Device) blockDone(r *Request, n uint64) {
 	d.mu.Lock()
 	r.rndvBusy--
@@ -191,7 +238,7 @@ func (d *Device) blockDone(r *Request, n uint64) {
 		done = r.rndvBusy == 0
 	} else {
 		r.received += n
-		if done = r.received == r.rndvLen && r.rndvBusy == 0; done {
+		if done = r.received == r.rndvLen; done {
 			delete(d.rndvRecv, r.id)
 			st, err = r.status, r.truncErr
 		}
@@ -297,16 +344,16 @@ func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
 		}
 		return false
 	})
-	var dropped []*Request
+	var dropped []placedBlock
 	d.filling = slices.DeleteFunc(d.filling, func(p placedBlock) bool {
 		switch {
 		case p.fwd:
-			// The block comes again if its line survives; else the
-			// line's failure fails the receive.
+			// The block comes again if its line survives (else the
+			// line's failure fails the receive), or came already.
 			if p.sub != sub || p.via != int32(peer) {
 				return false
 			}
-			dropped = append(dropped, p.r)
+			dropped = append(dropped, p)
 			return true
 		case p.sub != sub || p.r.status.Source != int(peer):
 			return false
@@ -318,8 +365,8 @@ func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
 		return true
 	})
 	d.mu.Unlock()
-	for _, r := range dropped {
-		d.blockDone(r, 0)
+	for _, p := range dropped {
+		d.endPlacedForward(p, false, nil)
 	}
 	for _, r := range failed {
 		if r.rndvFail != nil { // it left every queue: nobody else writes it

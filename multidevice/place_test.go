@@ -404,56 +404,68 @@ func TestPlaceForwarded(t *testing.T) {
 }
 
 // TestPlacedForwardCopies: two copies of a forwarded block (sent again
-// after a trunk died) may arrive on two subdevices, one placed. Whichever
-// is delivered first counts; the receive completes only once the placed
-// one is done too, since its subdevice may still be writing; a placed
-// copy whose subdevice loses the peer is dropped without failing the
-// receive, which the other copy then completes.
+// after a trunk died) may arrive on two subdevices. One is placed at a
+// time: a copy that arrives while another is being placed is kept aside,
+// never written into the buffer the placing subdevice writes; the placed
+// copy counts when delivered, and the one kept aside if the placing
+// subdevice loses the peer instead. A placed copy lost with nothing kept
+// aside is dropped without failing the receive: the block comes again.
 func TestPlacedForwardCopies(t *testing.T) {
 	devs := loopJob(t, 2, smallCaps)
 	d := devs[1]
 	a, b := &handler{d: d, sub: 1}, &handler{d: d, sub: 0}
 	msg := pattern(1000, 3)
+	lost := errors.New("link down")
+	place := func(t *testing.T, h *handler, hb []byte) []byte {
+		t.Helper()
+		dst := h.Place(0, hb, 1000)
+		if dst == nil {
+			t.Fatal("no place")
+		}
+		return dst
+	}
 	tests := []struct {
-		name string
-		run  func(t *testing.T, r *Request, seq uint64)
+		name    string
+		dropped uint64 // copies counted as duplicates
+		run     func(t *testing.T, r *Request, hb []byte)
 	}{
-		{"placed copy first", func(t *testing.T, r *Request, seq uint64) {
-			hb := fwdData(seq, r.id, 0, 1000)
-			dst := a.Place(0, hb, 1000)
-			if dst == nil {
-				t.Fatal("no place")
-			}
-			copy(dst, msg)
-			a.Deliver(0, hb, dst)
+		{"placed copy, then the other", 1, func(t *testing.T, r *Request, hb []byte) {
+			copy(place(t, a, hb), msg)
+			a.Deliver(0, hb, r.buf)
 			if !r.isDone() {
 				t.Fatal("the placed copy did not complete the receive")
 			}
-			b.Deliver(0, hb, msg) // the other copy: dropped
-		}},
-		{"other copy first", func(t *testing.T, r *Request, seq uint64) {
-			hb := fwdData(seq, r.id, 0, 1000)
-			dst := a.Place(0, hb, 1000)
-			if dst == nil {
-				t.Fatal("no place")
+			if b.Place(0, hb, 1000) != nil {
+				t.Fatal("a copy of a block that arrived was placed")
 			}
-			b.Deliver(0, hb, append([]byte(nil), msg...))
-			if r.isDone() {
-				t.Fatal("the receive completed while a copy was still being placed into its buffer")
+			b.Deliver(0, hb, msg)
+		}},
+		{"other copy while one is placed", 1, func(t *testing.T, r *Request, hb []byte) {
+			dst := place(t, a, hb)
+			if b.Place(0, hb, 1000) != nil {
+				t.Fatal("a second copy was placed while the first was")
+			}
+			other := append([]byte(nil), msg...)
+			other[0] ^= 0xff // tells whose bytes the buffer got
+			b.Deliver(0, hb, other)
+			if r.isDone() || r.buf[0] != 0 {
+				t.Fatal("a copy arriving during a placement was written or completed the receive")
 			}
 			copy(dst, msg)
 			a.Deliver(0, hb, dst)
 		}},
-		{"placed copy lost", func(t *testing.T, r *Request, seq uint64) {
-			hb := fwdData(seq, r.id, 0, 1000)
-			if a.Place(0, hb, 1000) == nil {
-				t.Fatal("no place")
-			}
-			d.failPlaced(a.sub, 0, errors.New("link down"))
+		{"placed copy lost after the other came", 0, func(t *testing.T, r *Request, hb []byte) {
+			place(t, a, hb)
+			b.Deliver(0, hb, append([]byte(nil), msg...))
+			d.failPlaced(a.sub, 0, lost)
+		}},
+		{"placed copy lost alone", 0, func(t *testing.T, r *Request, hb []byte) {
+			place(t, a, hb)
+			d.failPlaced(a.sub, 0, lost)
 			if r.isDone() {
 				t.Fatal("losing a placed copy ended the receive")
 			}
-			b.Deliver(0, hb, append([]byte(nil), msg...))
+			b.Deliver(0, hb, append([]byte(nil), msg...)) // sent again
 		}},
 	}
 	for i, tt := range tests {
@@ -467,17 +479,13 @@ func TestPlacedForwardCopies(t *testing.T) {
 			seq := d.fwd.rx[0].cum
 			d.fwd.rxMu.Unlock()
 			dropped := d.ForwardStats().Dropped
-			tt.run(t, r, seq)
+			tt.run(t, r, fwdData(seq, r.id, 0, 1000))
 			st, err := wait(t, r)
 			if err != nil || st.Count != 1000 || !bytes.Equal(r.buf, msg) {
 				t.Fatalf("receive: %+v %v, content equal %v", st, err, bytes.Equal(r.buf, msg))
 			}
-			want := dropped + 1
-			if tt.name == "placed copy lost" {
-				want = dropped
-			}
-			if got := d.ForwardStats().Dropped; got != want {
-				t.Errorf("dropped %d copies, want %d", got-dropped, want-dropped)
+			if got := d.ForwardStats().Dropped - dropped; got != tt.dropped {
+				t.Errorf("%d copies dropped as duplicates, want %d", got, tt.dropped)
 			}
 			d.mu.Lock()
 			left := len(d.filling)
