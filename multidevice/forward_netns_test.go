@@ -444,6 +444,11 @@ func TestNetnsSlowDestination(t *testing.T) {
 // TestNetnsRelayDies: a stream through two relays loses one of them (its
 // process exits); the source notices through tcp, sends the dead relay's
 // blocks through the other, and every message arrives once, in order.
+//
+// The relay dies holding blocks, but tcp completes a frame only once the
+// next hop acknowledges it, so what it holds may have reached the
+// destination already and been credited: then the source has nothing to
+// send again and the run proves nothing. Such a run is tried again.
 func TestNetnsRelayDies(t *testing.T) {
 	sb := newSiteBed(t, 1, 2, "200mbit")
 	roleOf := func(r int) string {
@@ -452,12 +457,18 @@ func TestNetnsRelayDies(t *testing.T) {
 		}
 		return "stream"
 	}
-	outs := sb.runRoles(t, []int{0, 1, 2, 3}, 2, roleOf, envBytes+"="+strconv.Itoa(40<<20), envDeath+"=1")
-	if !strings.Contains(outs[1], "ok received=") {
-		t.Fatalf("destination did not finish: %q", outs[1])
-	}
-	if resent := statsOf(t, outs[0], "resent"); resent == 0 {
-		t.Fatal("the source sent nothing again: the relay died holding nothing, the test proves nothing")
+	for try := 1; ; try++ {
+		outs := sb.runRoles(t, []int{0, 1, 2, 3}, 2, roleOf, envBytes+"="+strconv.Itoa(40<<20), envDeath+"=1")
+		if !strings.Contains(outs[1], "ok received=") {
+			t.Fatalf("destination did not finish: %q", outs[1])
+		}
+		if statsOf(t, outs[0], "resent") > 0 {
+			return
+		}
+		if try == 3 {
+			t.Fatal("three times the source sent nothing again: the relay died holding nothing unacknowledged, the test proves nothing")
+		}
+		t.Logf("try %d: the source sent nothing again; again", try)
 	}
 }
 
