@@ -58,17 +58,25 @@ func (h *handler) Place(from sdi.Rank, hb []byte, n int) []byte {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	r := d.rndvRecv[hdr.rreq]
-	if r == nil || r.status.Source != int(hdr.src) {
+	return d.placeDataLocked(placedBlock{sub: h.sub, off: hdr.offset}, hdr.rreq, hdr.src, n)
+}
+
+// placeDataLocked returns the place of a data block of n bytes at p.off
+// for receive rreq from src, and records p as being filled; nil if that
+// receive does not wait for such a block. d.mu must be held.
+func (d *Device) placeDataLocked(p placedBlock, rreq uint64, src int32, n int) []byte {
+	r := d.rndvRecv[rreq]
+	if r == nil || r.status.Source != int(src) {
 		return nil
 	}
-	end := hdr.offset + uint64(n)
-	if end < hdr.offset || end > r.rndvLen {
+	end := p.off + uint64(n)
+	if end < p.off || end > r.rndvLen {
 		return nil
 	}
 	r.rndvBusy++
-	d.filling = append(d.filling, placedBlock{r: r, sub: h.sub, off: hdr.offset})
-	return r.buf[hdr.offset:end:end]
+	p.r = r
+	d.filling = append(d.filling, p)
+	return r.buf[p.off:end:end]
 }
 
 // placeForwarded places the rendezvous data block inside a forwarded block
@@ -103,17 +111,7 @@ func (d *Device) placeForwarded(sub int, from int32, hb []byte, n int) []byte {
 	if seen || d.placingLocked(outer.src, outer.seq) >= 0 {
 		return nil
 	}
-	r := d.rndvRecv[inner.rreq]
-	if r == nil || r.status.Source != int(inner.src) {
-		return nil
-	}
-	end := inner.offset + uint64(n)
-	if end < inner.offset || end > r.rndvLen {
-		return nil
-	}
-	r.rndvBusy++
-	d.filling = append(d.filling, placedBlock{r: r, sub: sub, off: inner.offset, fwd: true, via: from, seq: outer.seq})
-	return r.buf[inner.offset:end:end]
+	return d.placeDataLocked(placedBlock{sub: sub, off: inner.offset, fwd: true, via: from, seq: outer.seq}, inner.rreq, inner.src, n)
 }
 
 // placedBlock is a rendezvous data block that Place gave a slice of its

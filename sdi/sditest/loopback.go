@@ -94,17 +94,22 @@ func (f *Fabric) New(logger hclog.Logger) sdi.SubDevice {
 // wrapping [sdi.ErrClosed] and makes no more Handler calls. Close still has
 // to be called on it to release it.
 func (f *Fabric) Kill(rank sdi.Rank) {
-	f.mu.Lock()
-	var victims []*loopback
-	for _, l := range f.open {
-		if l.p.Rank == rank {
-			victims = append(victims, l)
-		}
-	}
-	f.mu.Unlock()
-	for _, l := range victims {
+	for _, l := range f.instances(rank) {
 		l.shutdown(true)
 	}
+}
+
+// instances returns the open instances of rank.
+func (f *Fabric) instances(rank sdi.Rank) []*loopback {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ls []*loopback
+	for _, l := range f.open {
+		if l.p.Rank == rank {
+			ls = append(ls, l)
+		}
+	}
+	return ls
 }
 
 // Sever simulates the failure of rank's link to f while its process lives
@@ -117,15 +122,7 @@ func (f *Fabric) Kill(rank sdi.Rank) {
 // and Connect calls on rank's instances fail with it. Close still has to
 // be called on them to release them.
 func (f *Fabric) Sever(rank sdi.Rank) {
-	f.mu.Lock()
-	var victims []*loopback
-	for _, l := range f.open {
-		if l.p.Rank == rank {
-			victims = append(victims, l)
-		}
-	}
-	f.mu.Unlock()
-	for _, l := range victims {
+	for _, l := range f.instances(rank) {
 		l.sever()
 	}
 }

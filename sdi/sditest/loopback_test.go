@@ -31,13 +31,21 @@ func TestLoopbackConformanceTiny(t *testing.T) {
 	Run(t, Harness{New: func(testing.TB) sdi.SubDevice { return fabric.New(hclog.NewNullLogger()) }, Peers: 3})
 }
 
-func TestFabricKill(t *testing.T) {
-	fabric := NewFabric(LoopbackOptions{})
-	e := newEnv(t, Harness{New: func(testing.TB) sdi.SubDevice { return fabric.New(nil) }, Peers: 3}, "Kill", defaultTiming)
+// threeRanks opens three connected loopback ranks on fabric, rank 0
+// having sent rank 1 one frame.
+func threeRanks(t *testing.T, fabric *Fabric, name string) *env {
+	t.Helper()
+	e := newEnv(t, Harness{New: func(testing.TB) sdi.SubDevice { return fabric.New(nil) }, Peers: 3}, name, defaultTiming)
 	e.open(t)
 	e.connectAll(t)
 	e.mustSend(t, 0, e.frame(msg{from: 0, to: 1, stream: 1, size: 8}))
 	e.awaitStream(t, 1, 0, 1, 1)
+	return e
+}
+
+func TestFabricKill(t *testing.T) {
+	fabric := NewFabric(LoopbackOptions{})
+	e := threeRanks(t, fabric, "Kill")
 
 	fabric.Kill(1)
 	e.recs[1].markClosed() // a dead rank's Handler hears nothing more
@@ -72,11 +80,7 @@ func TestFabricKill(t *testing.T) {
 // that it is down; frames either way fail with SendDone or at Send.
 func TestFabricSever(t *testing.T) {
 	fabric := NewFabric(LoopbackOptions{})
-	e := newEnv(t, Harness{New: func(testing.TB) sdi.SubDevice { return fabric.New(nil) }, Peers: 3}, "Sever", defaultTiming)
-	e.open(t)
-	e.connectAll(t)
-	e.mustSend(t, 0, e.frame(msg{from: 0, to: 1, stream: 1, size: 8}))
-	e.awaitStream(t, 1, 0, 1, 1)
+	e := threeRanks(t, fabric, "Sever")
 	// Frames of rank 1 still on their way when the link dies each get
 	// their one SendDone, delivered or failed, never silence.
 	var burst []uint64
