@@ -102,27 +102,36 @@ func sendBench(b *testing.B, sd sdi.SubDevice, f *sdi.Frame) {
 // BenchmarkPollIdlePeers: ranks 0 and 1 play ping-pong with 8-byte frames,
 // one goroutine polling each in turn, in jobs where every rank is
 // connected to every other; the others stay idle. ns/op is a round trip.
-// Poll reads every inbound connection, so the figure grows with the ranks
-// a poller is connected to although only one of them sends.
+// Reading every inbound connection ("read-each") costs a system call per
+// idle connection per poll; the poll set (the default beyond pollScanMax
+// connections) asks once which connections have something.
 func BenchmarkPollIdlePeers(b *testing.B) {
 	for _, n := range []int{2, 8, 32} {
-		b.Run(strconv.Itoa(n)+"-ranks", func(b *testing.B) {
-			nodes := newJob(b, n, jobOpts{})
-			a, c := nodes[0], nodes[1]
-			pa, pc := a.sd.(sdi.Poller), c.sd.(sdi.Poller)
-			buf := make([]byte, 8)
-			i := 0
-			for b.Loop() {
-				i++
-				sendBench(b, a.sd, &sdi.Frame{Peer: 1, Payload: buf})
-				for c.rec.count(0) < i {
-					pc.Poll()
+		for _, mode := range []struct {
+			name    string
+			scanMax int
+		}{{"read-each", 1 << 30}, {"poll-set", pollScanMax}} {
+			b.Run(strconv.Itoa(n)+"-ranks/"+mode.name, func(b *testing.B) {
+				old := pollScanMax
+				b.Cleanup(func() { pollScanMax = old }) // after the job closed
+				pollScanMax = mode.scanMax
+				nodes := newJob(b, n, jobOpts{})
+				a, c := nodes[0], nodes[1]
+				pa, pc := a.sd.(sdi.Poller), c.sd.(sdi.Poller)
+				buf := make([]byte, 8)
+				i := 0
+				for b.Loop() {
+					i++
+					sendBench(b, a.sd, &sdi.Frame{Peer: 1, Payload: buf})
+					for c.rec.count(0) < i {
+						pc.Poll()
+					}
+					sendBench(b, c.sd, &sdi.Frame{Peer: 0, Payload: buf})
+					for a.rec.count(1) < i {
+						pa.Poll()
+					}
 				}
-				sendBench(b, c.sd, &sdi.Frame{Peer: 0, Payload: buf})
-				for a.rec.count(1) < i {
-					pa.Poll()
-				}
-			}
-		})
+			})
+		}
 	}
 }

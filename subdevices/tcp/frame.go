@@ -74,6 +74,9 @@ func newFrameReader(read func([]byte) (int, error), maxHeader, maxFrame int) *fr
 	return &frameReader{read: read, maxHeader: maxHeader, maxFrame: maxFrame, rbuf: make([]byte, readBufSize)}
 }
 
+// buffered reports whether the read buffer holds bytes not yet parsed.
+func (fr *frameReader) buffered() bool { return fr.w > fr.r }
+
 // next returns the next frame, reading what the stream has as needed.
 // header and payload alias the reader's buffers and are valid until the
 // next call. It returns errAgain when the frame is not complete and the

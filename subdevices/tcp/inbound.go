@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -29,6 +30,14 @@ type inbound struct {
 	ended chan struct{} // closed when err is set, to wake a reader on stand-by
 	// unacked counts the frames delivered since rx.delayAcks last ran.
 	unacked int
+
+	// more is set when the last drain left bytes in the frame reader that
+	// the socket no longer signals, or stopped at its budget: the poll set
+	// would not report the connection, so Poll drains it anyway.
+	more atomic.Bool
+	// unsignalled: the connection is not in the poll set (adding it
+	// failed) and is drained on every Poll. Set before Poll sees it.
+	unsignalled bool
 }
 
 // session is the set of inbound lanes one Connect of a peer opened. Its
@@ -293,6 +302,15 @@ func (sd *subDevice) awaitReadable(in *inbound, readable <-chan struct{}) error 
 // reader, which reports it; a blocking read function makes drain read
 // until then.
 func (sd *subDevice) drain(in *inbound, budget int) int {
+	n := sd.drainFrames(in, budget)
+	if more := n == budget || in.fr.buffered(); more || in.more.Load() {
+		in.more.Store(more)
+	}
+	return n
+}
+
+// drainFrames is drain without the note for the poll set.
+func (sd *subDevice) drainFrames(in *inbound, budget int) int {
 	in.fr.rearm()
 	n := 0
 	// What the last drain peeked is discarded now, after the handler

@@ -179,6 +179,11 @@ func (sd *subDevice) Poll() int {
 	if list == nil {
 		return n
 	}
+	if ps := sd.pset; len(*list) > pollScanMax && ps.mu.TryLock() {
+		n += sd.drainReady(ps, *list)
+		ps.mu.Unlock()
+		return n
+	}
 	for _, in := range *list {
 		if !in.mu.TryLock() {
 			continue
@@ -209,6 +214,12 @@ func (sd *subDevice) addPolled(in *inbound) bool {
 	if sd.closed.Load() {
 		return false
 	}
+	if err := sd.pset.add(in); err != nil {
+		// Poll reads the connection every time instead of asking the
+		// set first: slower, not wrong.
+		sd.log.Warn("polling a connection without asking whether it has something", "peer", in.rank, "error", err)
+		in.unsignalled = true
+	}
 	var list []*inbound
 	if old := sd.pollList.Load(); old != nil {
 		list = append(list, *old...)
@@ -221,6 +232,7 @@ func (sd *subDevice) addPolled(in *inbound) bool {
 func (sd *subDevice) removePolled(in *inbound) {
 	sd.mu.Lock()
 	defer sd.mu.Unlock()
+	sd.pset.forget(in)
 	old := sd.pollList.Load()
 	if old == nil {
 		return

@@ -19,11 +19,38 @@ import (
 // are batched, split across reads and read past the buffer.
 func pollSize(i int) int { return i * 7919 % (readBufSize + 5000) }
 
-// TestPollKeepsOrder has two goroutines poll rank 0 while three ranks
-// stream to it, so pollers and reader goroutines take turns. Every frame
-// must arrive once, intact and in order per sender, Deliver calls for one
-// rank must never overlap, and some frames must come through Poll.
+// TestPollKeepsOrder has goroutines poll rank 0 while three ranks stream
+// to it, so pollers and reader goroutines take turns. Every frame must
+// arrive once, intact and in order per sender, Deliver calls for one rank
+// must never overlap, and some frames must come through Poll. Poll reads
+// its three connections one by one, or asks the poll set which have
+// something first: with one poller the set alone delivers, with two the
+// one that finds the set in use reads every connection. Without peeking
+// ahead (kernels before 6.10) frames a drain left in the read buffer are
+// gone from the socket, and the set no longer reports them.
 func TestPollKeepsOrder(t *testing.T) {
+	for _, tt := range []struct {
+		name             string
+		scanMax, pollers int
+		peek             bool
+	}{
+		{"read each", pollScanMax, 2, true},
+		{"poll set", 0, 1, true},
+		{"poll set, two pollers", 0, 2, true},
+		{"poll set, no peeking", 0, 1, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			// Restored after the job's instances closed (cleanups run
+			// last first): their goroutines read both.
+			scanMax, peek := pollScanMax, peekAhead
+			t.Cleanup(func() { pollScanMax, peekAhead = scanMax, peek })
+			pollScanMax, peekAhead = tt.scanMax, tt.peek
+			testPollKeepsOrder(t, tt.pollers)
+		})
+	}
+}
+
+func testPollKeepsOrder(t *testing.T, pollers int) {
 	const n, frames = 4, 600
 	nodes := newJob(t, n, jobOpts{config: `{"listen": "127.0.0.1:0", "queue_bytes": 262144}`})
 	if !nodes[0].local.Caps.Flags.Has(sdi.FlagPoll) {
@@ -35,9 +62,9 @@ func TestPollKeepsOrder(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var polled atomic.Int64
-	var pollers sync.WaitGroup
-	for range 2 {
-		pollers.Go(func() {
+	var polling sync.WaitGroup
+	for range pollers {
+		polling.Go(func() {
 			for {
 				select {
 				case <-stop:
@@ -64,7 +91,7 @@ func TestPollKeepsOrder(t *testing.T) {
 		b.rec.waitFor(t, fmt.Sprintf("%d frames from rank %d", frames, a.rank), func() bool { return len(b.rec.delivered[a.rank]) >= frames })
 	}
 	close(stop)
-	pollers.Wait()
+	polling.Wait()
 	for _, a := range nodes[1:] {
 		got := b.rec.frames(a.rank)
 		if len(got) != frames {

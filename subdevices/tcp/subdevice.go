@@ -69,6 +69,7 @@ type subDevice struct {
 	backlog  atomic.Int32
 	standby  *standby
 	idle     *idleWaiter // where readers wait while nobody polls
+	pset     *pollSet    // which polled connections have something (pollset.go)
 }
 
 // New returns an unopened tcp subdevice. logger is used until Open supplies
@@ -148,9 +149,15 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	if err != nil {
 		return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
 	}
+	pset, err := newPollSet()
+	if err != nil {
+		idle.close()
+		return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
+	}
 	ln, err := listen(ctx, cfg.listen)
 	if err != nil {
 		idle.close()
+		pset.close()
 		return sdi.Local{}, err
 	}
 	lnAddr := ln.Addr().(*net.TCPAddr).AddrPort()
@@ -163,6 +170,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	if err != nil {
 		ln.Close()
 		idle.close()
+		pset.close()
 		return sdi.Local{}, fmt.Errorf("tcp: open: %w", err)
 	}
 
@@ -181,7 +189,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.latest = make(map[sdi.Rank]*session)
 	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
-	sd.idle = idle
+	sd.idle, sd.pset = idle, pset
 	sd.wg.Add(3)
 	go sd.acceptLoop()
 	go func() {
@@ -482,5 +490,6 @@ func (sd *subDevice) shutdown() {
 	sd.idle.stop()
 	sd.wg.Wait()
 	sd.idle.close()
+	sd.pset.close()
 	sd.log.Debug("closed")
 }
