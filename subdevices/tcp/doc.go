@@ -164,10 +164,14 @@
 //
 // The subdevice sets [sdi.FlagPoll]: a rank that waits for a message calls
 // Poll ([sdi.Poller]) in a loop, and Poll writes what is queued for its
-// peers while their sockets take it, reads every inbound connection with
+// peers while their sockets take it, reads the inbound connections with
 // non-blocking reads, and delivers the frames and completions, all on the
 // calling goroutine, so no goroutine wakes up on a message's path and a
-// large send progresses on the rank that waits for it. Each connection has
+// large send progresses on the rank that waits for it. With up to four
+// inbound connections Poll reads each; with more it first asks an epoll
+// set of them (level-triggered, one epoll_wait with no timeout) which have
+// something, and reads those, so an idle peer costs a polling rank nothing
+// (pollset.go). Each connection has
 // a lock over its parse state; Poll takes it with TryLock and skips a
 // connection somebody else is reading, and it delivers at most 64 frames
 // per connection per call. Deliver calls for one rank stay serialized
