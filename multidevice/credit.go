@@ -2,7 +2,6 @@ package multidevice
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -155,7 +154,8 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 		b.inner, b.data, b.of = hb, pf.of.f.Payload, pf.of
 		// Its request completes at the credit: ask for that at once
 		// for the message's last block.
-		b.urgent = b.urgent || dataOffset(hb)+uint64(len(b.data)) >= dataLen(hb)
+		off, length := dataPlace(hb)
+		b.urgent = b.urgent || off+uint64(len(b.data)) >= length
 	} else {
 		b.buf = getBlock(n)
 		copy(b.buf, hb)
@@ -171,15 +171,6 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 	return true
 }
-
-// isData reports whether hb, a long header, is a rendezvous data frame's.
-func isData(hb []byte) bool {
-	return len(hb) == headerSize && kind(hb[1]) == kindSys && int32(binary.LittleEndian.Uint32(hb[4:])) == sysData
-}
-
-// dataOffset and dataLen read a data frame's offset and message length.
-func dataOffset(hb []byte) uint64 { return binary.LittleEndian.Uint64(hb[56:]) }
-func dataLen(hb []byte) uint64    { return binary.LittleEndian.Uint64(hb[32:]) }
 
 // blockFrame wraps a retained block for one trip through trunk t: to a
 // gateway, or to the peer itself over a failover route.
@@ -464,8 +455,8 @@ func (d *Device) recredit() {
 	}
 }
 
-// fwdDrain waits until every block this rank sent through gateways is
-// acknowledged, so that Close does not tear down before the destinations
+// fwdDrain waits until every block this rank sent on its lines (through
+// gateways or over failover routes) is acknowledged, so that Close does not tear down before the destinations
 // have everything. A line whose credit stops coming gets its oldest block
 // again every nudgeAfter (see nudge).
 func (d *Device) fwdDrain(ctx context.Context) error {

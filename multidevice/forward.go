@@ -160,13 +160,13 @@ type forwarder struct {
 	opts     ForwardOptions
 	blockSet bool // opts.BlockSize was given, not the default
 	// Written by route during Open, read-only afterwards.
-	indirect []bool      // [peer] some size class reaches it through gateways
-	paths    [][][]trunk // [peer][class] trunks; nil for a direct route
-	chunk    [][]int     // [peer][class] data bytes per block, for indirect routes
-	split    [][]bool    // [peer][class] every trunk splits: rendezvous data goes uncopied
-	tx       []*txLine   // [peer] non-nil for indirect peers: credit.go
-	rx       []rxLine    // [source] lines ending here, guarded by rxMu
-	rxMu     sync.Mutex
+	indirect []bool          // [peer] some size class reaches it through gateways
+	paths    [][][]trunk     // [peer][class] trunks; nil for a direct route
+	chunk    [][]int         // [peer][class] data bytes per block, for indirect routes
+	split    [][]bool        // [peer][class] every trunk splits: rendezvous data goes uncopied
+	tx       []*txLine       // [peer] non-nil for indirect peers: credit.go
+	rx       []rxLine        // [source] lines ending here, guarded by rxMu
+	rxMu     sync.Mutex      // taken under Device.mu (placeForwarded), never the reverse
 	dead     [][]atomic.Bool // [via][subdevice] trunks found dead: trunk.go
 
 	held      atomic.Int64 // bytes this rank holds as a gateway

@@ -167,6 +167,19 @@ func shortError(b []byte, from int32, size, plen int) error {
 	}
 }
 
+// isData reports whether hb, a header this rank encoded or one checked
+// already, is a rendezvous data frame's: a look at two fields where a
+// whole decode would be wasted (every forwarded block asks).
+func isData(hb []byte) bool {
+	return len(hb) == headerSize && kind(hb[1]) == kindSys && int32(binary.LittleEndian.Uint32(hb[4:])) == sysData
+}
+
+// dataPlace returns the offset and message length of the data frame whose
+// header is hb (isData).
+func dataPlace(hb []byte) (offset, length uint64) {
+	return binary.LittleEndian.Uint64(hb[56:]), binary.LittleEndian.Uint64(hb[32:])
+}
+
 // decodeHeader parses and checks a header for a job of size ranks. It never
 // panics; every error wraps errBadHeader and says what was wrong.
 func decodeHeader(b []byte, size int) (header, error) {
