@@ -19,7 +19,9 @@
 // [Request.Wait], [Device.Send], [Device.Recv], or adi's WaitAny and Probe
 // through [Device.Progress] — polls, in a loop, the pollable subdevices
 // that carry its peer's routes (all of them for an ANY_SOURCE receive),
-// and sends what the outbox holds (frames a subdevice refused with
+// a quiet one much dearer than the others only every so many rounds (a
+// recv system call beside a read of shared memory; pollsched.go), and
+// sends what the outbox holds (frames a subdevice refused with
 // ErrWouldBlock, clear-to-send and rendezvous data queued by handler
 // callbacks). Frames are therefore delivered, matched and answered on the
 // waiting goroutine, with no goroutine wake-up on a message's path. A

@@ -34,11 +34,11 @@ const (
 // progressState is the Device's part of the progress model in the package
 // doc: which subdevices a waiter polls, and how many waiters do.
 type progressState struct {
-	pollers     []sdi.Poller   // every subdevice with FlagPoll
-	peerPollers [][]sdi.Poller // [peer] those among them that carry its routes
-	// idlers are the pollers with FlagIdle, told when a waiter gives up
-	// polling them and parks.
-	idlers map[sdi.Poller]sdi.Idler
+	pollers     []*polled   // every subdevice with FlagPoll
+	peerPollers [][]*polled // [peer] those among them that carry its routes
+	// rounds counts the polling rounds of waiters with more than one
+	// subdevice to poll (pollsched.go).
+	rounds atomic.Uint32
 	// spinners counts goroutines in spin; while there is one, queued
 	// frames are sent by it and the outbox goroutine is not woken.
 	spinners atomic.Int32
@@ -131,7 +131,7 @@ func crowded(local []sched.CPUSet, mine, perRank, hostCPUs int) (yes bool, threa
 
 // initPolling finds the pollable subdevices once routes are known.
 func (d *Device) initPolling() error {
-	bySub := make(map[int]sdi.Poller)
+	bySub := make(map[int]*polled)
 	for _, s := range d.subs[1:] {
 		if !s.caps.Flags.Has(sdi.FlagPoll) {
 			continue
@@ -140,20 +140,16 @@ func (d *Device) initPolling() error {
 		if !ok {
 			return fmt.Errorf("multidevice: subdevice %q declares FlagPoll but does not implement sdi.Poller", s.name)
 		}
-		bySub[s.idx] = p
-		d.prog.pollers = append(d.prog.pollers, p)
+		pp := &polled{p: p}
 		if s.caps.Flags.Has(sdi.FlagIdle) {
-			i, ok := s.sd.(sdi.Idler)
-			if !ok {
+			if pp.idler, ok = s.sd.(sdi.Idler); !ok {
 				return fmt.Errorf("multidevice: subdevice %q declares FlagIdle but does not implement sdi.Idler", s.name)
 			}
-			if d.prog.idlers == nil {
-				d.prog.idlers = make(map[sdi.Poller]sdi.Idler)
-			}
-			d.prog.idlers[p] = i
 		}
+		bySub[s.idx] = pp
+		d.prog.pollers = append(d.prog.pollers, pp)
 	}
-	d.prog.peerPollers = make([][]sdi.Poller, d.size)
+	d.prog.peerPollers = make([][]*polled, d.size)
 	for peer, classes := range d.routes {
 		seen := map[int]bool{}
 		idxs := append([]int(nil), classes...)
@@ -174,38 +170,35 @@ func (d *Device) initPolling() error {
 
 // spin drives progress on the calling goroutine until done reports true
 // (it returns true) or the spin budget is spent (false). It polls the given
-// subdevices and sends what the outbox holds; with nothing to poll it
-// returns at once and the caller parks.
-func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
+// subdevices, on the schedule of pollsched.go, and sends what the outbox
+// holds; with nothing to poll it returns at once and the caller parks.
+func (d *Device) spin(pollers []*polled, done func() bool) bool {
 	if len(pollers) == 0 {
 		return done()
 	}
+	var sch schedule
+	sch.load(pollers, &d.prog.rounds, d.prog.crowded)
 	// Most waits on a busy link end in the first round. It runs before
 	// this goroutine counts as a spinner, which saves two locked
 	// instructions per wait; a frame a handler queues meanwhile wakes the
 	// outbox goroutine, and is sent here anyway if that one is not at it.
-	for _, p := range pollers {
-		p.Poll()
-	}
-	d.out.help()
-	if done() {
+	if _, ok := d.round(pollers, &sch, done); ok {
+		sch.save(pollers, &d.prog.rounds)
 		return true
 	}
 	d.prog.spinners.Add(1)
 	defer d.stopSpinning()
+	defer sch.save(pollers, &d.prog.rounds)
 	var start time.Time
 	yield := d.prog.crowded
 	for i := 0; ; i++ {
-		n := 0
-		for _, p := range pollers {
-			n += p.Poll()
-		}
-		n += d.out.help() // what the handlers queued in reply
-		if done() {
+		n, ok := d.round(pollers, &sch, done)
+		if ok {
 			return true
 		}
 		if n > 0 && !start.IsZero() {
 			start, yield = time.Time{}, d.prog.crowded // restart the clock at the next check
+			sch.yielding(pollers, yield)
 		}
 		if yield {
 			// runtime.Gosched puts this goroutine on the global run queue
@@ -232,20 +225,44 @@ func (d *Device) spin(pollers []sdi.Poller, done func() bool) bool {
 				d.idle(pollers)
 				return false
 			}
-			yield = yield || el > spinFor
+			if !yield && el > spinFor {
+				yield = true
+				sch.yielding(pollers, true)
+			}
 		}
 	}
 }
 
+// round polls each subdevice the schedule has due once and sends what
+// the outbox holds. It returns how many frames and completions that
+// handled, and whether done became true, which it checks after every
+// poll that handled something: once a message has come in through one
+// subdevice, its waiter does not first wait for the others' polls.
+func (d *Device) round(pollers []*polled, sch *schedule, done func() bool) (int, bool) {
+	n := 0
+	sch.rounds++
+	for i := range pollers {
+		if !sch.due(i) {
+			continue
+		}
+		if k := sch.poll(pollers, i); k > 0 {
+			n += k
+			if done() {
+				d.out.help()
+				return n, true
+			}
+		}
+	}
+	n += d.out.help() // what the handlers queued in reply
+	return n, done()
+}
+
 // idle tells the pollers that stand by while polled that this waiter
 // parks, so that their own progress takes over at once.
-func (d *Device) idle(pollers []sdi.Poller) {
-	if d.prog.idlers == nil {
-		return
-	}
-	for _, p := range pollers {
-		if i := d.prog.idlers[p]; i != nil {
-			i.Idle()
+func (d *Device) idle(pollers []*polled) {
+	for _, pp := range pollers {
+		if pp.idler != nil {
+			pp.idler.Idle()
 		}
 	}
 }

@@ -167,7 +167,7 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 
 // pollers returns the pollable subdevices that can complete r: those that
 // carry traffic with its peer, or all for an ANY_SOURCE receive.
-func (r *Request) pollers() []sdi.Poller {
+func (r *Request) pollers() []*polled {
 	if r.peer == AnySource {
 		return r.d.prog.pollers
 	}
