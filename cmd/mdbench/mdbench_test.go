@@ -13,6 +13,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/multidevice"
 )
 
 // TestMain lets the test binary act as a rank: launch starts
@@ -419,5 +422,43 @@ func TestRunVsConntable(t *testing.T) {
 	}
 	if _, ok := r.ratio("bw", 300<<10, "table"); !ok {
 		t.Error("no multidevice/table ratio")
+	}
+}
+
+// The plugins files and tables of examples/routes, which the README's
+// measurements name, parse, and each table routes over subdevices its
+// plugins file declares.
+func TestExampleRoutes(t *testing.T) {
+	const dir = "../../examples/routes"
+	for _, tc := range []struct{ plugins, table string }{
+		{"shm-tcp.hcl", "shm.json"},
+		{"shm-tcp.hcl", "tcp.json"},
+		{"shm-tcp.hcl", "shm-small-tcp-large.json"},
+		{"two-tcp.hcl", "tcp.json"},
+		{"two-tcp.hcl", "tcp-failover.json"},
+	} {
+		t.Run(tc.plugins+"/"+tc.table, func(t *testing.T) {
+			p, err := multidevice.LoadPlugins(filepath.Join(dir, tc.plugins))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tab, err := conntable.Load(filepath.Join(dir, tc.table))
+			if err != nil {
+				t.Fatal(err)
+			}
+			declared := map[string]bool{}
+			for _, s := range p.SubDevices {
+				declared[s.Name] = true
+			}
+			for _, e := range tab.Peers {
+				for class, routes := range e.Routes {
+					for _, r := range routes {
+						if !declared[r.SubDevice] {
+							t.Errorf("peers %q, class %q: subdevice %q is not in %s", e.To, class, r.SubDevice, tc.plugins)
+						}
+					}
+				}
+			}
+		})
 	}
 }
