@@ -55,6 +55,9 @@
 //     (default 65536) and the credit window per virtual line through
 //     gateways (default 4194304), which bounds what a gateway buffers
 //     for one (source, destination) pair; see multidevice.ForwardOptions.
+//   - MD_FORWARD_RETRY: the first pause before a route that died (a
+//     gateway, or a route of a failover entry) is tried again, as a
+//     duration (default 1s, doubling up to 30s), or off.
 //
 // mdrun sets the MDRUN_* variables that tell a rank who it is (see package
 // bootstrap); without them a program is a singleton world.

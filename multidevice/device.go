@@ -165,6 +165,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	if err := d.fwd.opts.validate(); err != nil {
 		return nil, err
 	}
+	d.fwd.life, d.fwd.stopLife = context.WithCancel(context.Background())
 	d.out.init(d)
 	d.wg.Add(1)
 	go d.out.run(&d.wg)
@@ -406,7 +407,11 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			}
 		}
 	}
-	return d.autoRoute(ctx, lk, needVia, hosts)
+	if err := d.autoRoute(ctx, lk, needVia, hosts); err != nil {
+		return err
+	}
+	lk.keepCards()
+	return nil
 }
 
 // shareCards gives subdevices that asked for it (sdi.FlagJobCards) the cards
@@ -441,15 +446,15 @@ func (d *Device) shareCards(ctx context.Context, hosts []string) error {
 	return nil
 }
 
-func (d *Device) connect(ctx context.Context, s *subdev, peer int, host string) error {
+func (d *Device) connect(ctx context.Context, s *subdev, peer int, host string) ([]byte, error) {
 	card, err := d.boot.Get(ctx, peer, "sdi/"+s.name)
 	if err != nil {
-		return fmt.Errorf("multidevice: rank %d (host %q) published no %q business card (is %q enabled in its plugins.hcl?): %w", peer, host, s.name, s.name, err)
+		return nil, fmt.Errorf("multidevice: rank %d (host %q) published no %q business card (is %q enabled in its plugins.hcl?): %w", peer, host, s.name, s.name, err)
 	}
 	if err := s.sd.Connect(ctx, sdi.Rank(peer), card); err != nil {
-		return fmt.Errorf("multidevice: connect to rank %d (host %q) over %q: %w", peer, host, s.name, err)
+		return nil, fmt.Errorf("multidevice: connect to rank %d (host %q) over %q: %w", peer, host, s.name, err)
 	}
-	return nil
+	return card, nil
 }
 
 func (d *Device) subNames() string {
@@ -572,6 +577,7 @@ func (d *Device) Close(ctx context.Context) error {
 // shutdown closes subdevices and stops the engine.
 func (d *Device) shutdown(ctx context.Context) error {
 	d.closed.Store(true)
+	d.fwd.end()
 	var errs []error
 	for _, s := range d.subs {
 		if err := s.sd.Close(ctx); err != nil && !errors.Is(err, sdi.ErrClosed) {

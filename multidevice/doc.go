@@ -115,7 +115,9 @@
 // the peer drops the copies it had; a route on standby carries nothing
 // while one that is not lives. So a network that fails loses no
 // message and stops nothing while another route lives, at the price of a
-// copy per message and the credits. Without the flag a direct route is
-// used alone and losing it fails every request that depends on the peer
+// copy per message and the credits. A route that died is tried again in
+// the background (ForwardOptions.Retry) and carries traffic again once
+// its subdevice connects. Without the flag a direct route is used alone
+// and losing it fails every request that depends on the peer
 // (ErrPeerDown). tcp notices a dead link within its link_timeout.
 package multidevice

@@ -2,6 +2,7 @@ package multidevice
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +25,11 @@ func failoverJob(t *testing.T, n int, failover, standby bool) (devs []*Device, f
 
 // failoverJobCaps is failoverJob over subdevices with the given caps.
 func failoverJobCaps(t *testing.T, n int, failover, standby bool, caps sdi.Caps) (devs []*Device, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
+	return failoverJobOpts(t, n, failover, standby, caps, ForwardOptions{BlockSize: 2000, Window: 32 << 10})
+}
+
+// failoverJobOpts is failoverJobCaps with the given forward options.
+func failoverJobOpts(t *testing.T, n int, failover, standby bool, caps sdi.Caps, fwd ForwardOptions) (devs []*Device, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
 	fabs, sends = map[string]*sditest.Fabric{}, map[string]*atomic.Int64{}
 	factories := map[string]sdi.Factory{}
 	for _, name := range []string{"a", "b"} {
@@ -35,8 +41,7 @@ func failoverJobCaps(t *testing.T, n int, failover, standby bool, caps sdi.Caps)
 		To: conntable.SelectAll, Failover: failover,
 		Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b", Standby: standby}}},
 	}}}
-	devs = openJob(t, jobSpec{n: n, subs: []string{"a", "b"}, factories: factories, table: table,
-		forward: ForwardOptions{BlockSize: 2000, Window: 32 << 10}})
+	devs = openJob(t, jobSpec{n: n, subs: []string{"a", "b"}, factories: factories, table: table, forward: fwd})
 	return devs, fabs, sends
 }
 
@@ -124,6 +129,67 @@ func TestFailoverStandby(t *testing.T) {
 			t.Errorf("rank %d reaches rank %d over %q after the failure, want b", r, 1-r, sub)
 		}
 	}
+}
+
+// TestFailoverRevives: a route whose link comes back carries traffic
+// again. Rank 1's link to network a dies in the middle of a stream; once
+// it is mended, both ranks connect over a again on their own and the next
+// stream goes over it, intact and in order, and a spare on standby stands
+// by again.
+func TestFailoverRevives(t *testing.T) {
+	for _, standby := range []bool{false, true} {
+		t.Run(fmt.Sprintf("standby=%v", standby), func(t *testing.T) {
+			devs, fabs, sends := failoverJobOpts(t, 2, true, standby, fwdCaps,
+				ForwardOptions{BlockSize: 2000, Window: 32 << 10, Retry: 20 * time.Millisecond})
+			pairs := [][2]int{{0, 1}, {1, 0}}
+			size := func(i int) int { return []int{100, 3000, 30000}[i%3] }
+			ssend := func(i int) bool { return i%4 == 0 }
+			streamThroughFailure(t, devs, pairs, 30, size, ssend, func() { fabs["a"].Sever(1) })
+			for r := range devs {
+				if sub, _, _ := devs[r].Path(1-r, 100); sub != "b" {
+					t.Fatalf("rank %d reaches rank %d over %q while a is cut, want b", r, 1-r, sub)
+				}
+			}
+			fabs["a"].Mend(1)
+			deadline := time.Now().Add(10 * time.Second)
+			for r := range devs {
+				for {
+					sub, _, _ := devs[r].Path(1-r, 100)
+					if sub == "a" {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("rank %d still reaches rank %d over %q 10 s after the link came back", r, 1-r, sub)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			a, b := sends["a"].Load(), sends["b"].Load()
+			streamThroughFailure(t, devs, pairs, 30, size, ssend, func() {})
+			if sends["a"].Load() == a {
+				t.Error("the route that came back carried nothing")
+			}
+			if standby && sends["b"].Load() != b {
+				t.Errorf("the standby route carried %d frames after the first came back", sends["b"].Load()-b)
+			}
+		})
+	}
+}
+
+// A route that never comes back is tried again at growing pauses, and the
+// attempts stop when the Device closes: no goroutine is left behind.
+func TestFailoverRetryStops(t *testing.T) {
+	devs, fabs, _ := failoverJobOpts(t, 2, true, false, fwdCaps,
+		ForwardOptions{BlockSize: 2000, Window: 32 << 10, Retry: time.Millisecond})
+	streamThroughFailure(t, devs, [][2]int{{0, 1}, {1, 0}}, 9, func(int) int { return 3000 }, func(int) bool { return false },
+		func() { fabs["a"].Sever(1) })
+	time.Sleep(50 * time.Millisecond) // several attempts, all refused
+	for r, d := range devs {
+		if sub, _, _ := d.Path(1-r, 100); sub != "b" {
+			t.Errorf("rank %d reaches rank %d over %q, whose link is still cut", r, 1-r, sub)
+		}
+	}
+	closeJob(t, devs)
 }
 
 // TestFailoverLastRoute: when every route to a rank is gone, what waits

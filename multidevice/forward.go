@@ -1,12 +1,14 @@
 package multidevice
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Indirect communication. A peer the connection table (or the automatic
@@ -83,11 +85,17 @@ type ForwardOptions struct {
 	// send complete only after delivery (the credit may overtake that
 	// report). 0 means 4 MiB; it must hold at least one block.
 	Window int
+	// Retry is the pause before a dead trunk (a route of a failover
+	// entry, or a gateway) is tried again, doubled after every attempt
+	// that fails up to 30 s, or Retry if that is longer (trunk.go). 0
+	// means 1 s; a negative Retry leaves dead trunks dead.
+	Retry time.Duration
 }
 
 const (
 	defaultBlockSize = 64 << 10
 	defaultWindow    = 4 << 20
+	defaultRetry     = time.Second
 	// maxHops drops a frame that has passed this many gateways: a routing
 	// loop from inconsistent tables must not circle forever.
 	maxHops = 16
@@ -99,16 +107,30 @@ const (
 )
 
 // Environment variables that set ForwardOptions for programs built on adi
-// and for cmd/mdrelay (whole numbers of bytes).
+// and for cmd/mdrelay: block and window in whole numbers of bytes, retry
+// as a duration ("500ms", "2s") or "off".
 const (
 	EnvForwardBlock  = "MD_FORWARD_BLOCK"
 	EnvForwardWindow = "MD_FORWARD_WINDOW"
+	EnvForwardRetry  = "MD_FORWARD_RETRY"
 )
 
-// ForwardFromEnv reads ForwardOptions from MD_FORWARD_BLOCK and
-// MD_FORWARD_WINDOW through getenv (os.Getenv); unset means the default.
+// ForwardFromEnv reads ForwardOptions from MD_FORWARD_BLOCK,
+// MD_FORWARD_WINDOW and MD_FORWARD_RETRY through getenv (os.Getenv); unset
+// means the default.
 func ForwardFromEnv(getenv func(string) string) (ForwardOptions, error) {
 	var o ForwardOptions
+	switch s := getenv(EnvForwardRetry); s {
+	case "":
+	case "off":
+		o.Retry = -1
+	default:
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			return ForwardOptions{}, fmt.Errorf("multidevice: %s=%q: want a positive duration such as 500ms or 2s, or off", EnvForwardRetry, s)
+		}
+		o.Retry = d
+	}
 	for _, v := range []struct {
 		name string
 		dst  *int
@@ -132,6 +154,9 @@ func (o ForwardOptions) withDefaults() ForwardOptions {
 	}
 	if o.Window == 0 {
 		o.Window = defaultWindow
+	}
+	if o.Retry == 0 {
+		o.Retry = defaultRetry
 	}
 	return o
 }
@@ -168,6 +193,14 @@ type forwarder struct {
 	rx       []rxLine        // [source] lines ending here, guarded by rxMu
 	rxMu     sync.Mutex      // taken under Device.mu (placeForwarded), never the reverse
 	dead     [][]atomic.Bool // [via][subdevice] trunks found dead: trunk.go
+	// cards are the business cards of every trunk's first hop, kept from
+	// Open for trying a dead trunk again; read-only after Open.
+	cards map[trunkKey][]byte
+	// life ends when the Device shuts down (end); it stops those
+	// attempts. lifeMu orders starting one (Device.wg.Add) before the end.
+	life     context.Context
+	stopLife context.CancelFunc
+	lifeMu   sync.Mutex
 
 	held      atomic.Int64 // bytes this rank holds as a gateway
 	heldMax   atomic.Int64
@@ -199,6 +232,7 @@ func (f *forwarder) init(size, nclass, nsub int) {
 	f.tx = make([]*txLine, size)
 	f.rx = make([]rxLine, size)
 	f.dead = make([][]atomic.Bool, size)
+	f.cards = make(map[trunkKey][]byte)
 	for p := range size {
 		f.dead[p] = make([]atomic.Bool, nsub)
 		f.paths[p] = make([][]trunk, nclass)
@@ -239,6 +273,15 @@ func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 // same reports whether t and o are one way: the same subdevice to the
 // same rank.
 func (t trunk) same(o trunk) bool { return t.sub == o.sub && t.via == o.via }
+
+// trunkKey names a trunk's way: the rank it reaches first and the index
+// of its subdevice.
+type trunkKey struct {
+	via int32
+	sub int
+}
+
+func (t trunk) key() trunkKey { return trunkKey{t.via, t.sub.idx} }
 
 // isDead reports whether trunk t was found dead.
 func (f *forwarder) isDead(t trunk) bool { return f.dead[t.via][t.sub.idx].Load() }

@@ -769,3 +769,34 @@ func TestBlockSize(t *testing.T) {
 		})
 	}
 }
+
+func TestForwardFromEnv(t *testing.T) {
+	for _, tt := range []struct {
+		env  map[string]string
+		want ForwardOptions
+		bad  string // in the error
+	}{
+		{env: nil},
+		{env: map[string]string{EnvForwardBlock: "1000", EnvForwardWindow: "100000"}, want: ForwardOptions{BlockSize: 1000, Window: 100000}},
+		{env: map[string]string{EnvForwardRetry: "500ms"}, want: ForwardOptions{Retry: 500 * time.Millisecond}},
+		{env: map[string]string{EnvForwardRetry: "off"}, want: ForwardOptions{Retry: -1}},
+		{env: map[string]string{EnvForwardBlock: "64k"}, bad: EnvForwardBlock + `="64k"`},
+		{env: map[string]string{EnvForwardWindow: "-5"}, bad: EnvForwardWindow},
+		{env: map[string]string{EnvForwardRetry: "0"}, bad: EnvForwardRetry + `="0"`},
+		{env: map[string]string{EnvForwardRetry: "-1s"}, bad: EnvForwardRetry},
+		{env: map[string]string{EnvForwardRetry: "soon"}, bad: "positive duration"},
+		{env: map[string]string{EnvForwardBlock: "100000", EnvForwardWindow: "1000"}, bad: "must hold one block"},
+	} {
+		got, err := ForwardFromEnv(func(k string) string { return tt.env[k] })
+		switch {
+		case tt.bad != "":
+			if err == nil || !strings.Contains(err.Error(), tt.bad) {
+				t.Errorf("%v: error %v, want one naming %s", tt.env, err, tt.bad)
+			}
+		case err != nil:
+			t.Errorf("%v: %v", tt.env, err)
+		case got != tt.want:
+			t.Errorf("%v: %+v, want %+v", tt.env, got, tt.want)
+		}
+	}
+}

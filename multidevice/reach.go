@@ -29,10 +29,28 @@ type linker struct {
 	hosts []string
 	tried map[[2]int]error
 	ok    [][]int // [peer] subdevices connected to it
+	// cards are the business cards of the connections made, which the
+	// trunks among them keep (keepCards).
+	cards map[trunkKey][]byte
 }
 
 func newLinker(d *Device, hosts []string) *linker {
-	return &linker{d: d, hosts: hosts, tried: make(map[[2]int]error), ok: make([][]int, d.size)}
+	return &linker{d: d, hosts: hosts, tried: make(map[[2]int]error), ok: make([][]int, d.size), cards: make(map[trunkKey][]byte)}
+}
+
+// keepCards keeps the card of every trunk's first hop in the forwarder,
+// for trying the trunk again once it died (trunk.go).
+func (lk *linker) keepCards() {
+	f := &lk.d.fwd
+	for _, classes := range f.paths {
+		for _, trunks := range classes {
+			for _, t := range trunks {
+				if c, ok := lk.cards[t.key()]; ok {
+					f.cards[t.key()] = c
+				}
+			}
+		}
+	}
 }
 
 func (lk *linker) connect(ctx context.Context, s *subdev, peer int) error {
@@ -40,10 +58,11 @@ func (lk *linker) connect(ctx context.Context, s *subdev, peer int) error {
 	if err, done := lk.tried[key]; done {
 		return err
 	}
-	err := lk.d.connect(ctx, s, peer, lk.hosts[peer])
+	card, err := lk.d.connect(ctx, s, peer, lk.hosts[peer])
 	lk.tried[key] = err
 	if err == nil {
 		lk.ok[peer] = append(lk.ok[peer], s.idx)
+		lk.cards[trunkKey{int32(peer), s.idx}] = card
 	}
 	return err
 }

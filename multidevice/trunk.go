@@ -1,6 +1,12 @@
 package multidevice
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
 
 // Trunking (GridMPI's relay pairs, here per block rather than per
 // destination): when several trunks lead to one destination, each block
@@ -10,11 +16,20 @@ import "fmt"
 // subdevice and the rank it reaches first: a gateway, or, on a failover
 // route (conntable's "failover"), the destination itself. A trunk that
 // dies (its subdevice reports that rank down, or a frame to it fails) is
-// dropped for good, and every block still unacknowledged that last went
-// through it is sent again through the others. The destination drops the
-// copies it already had by block number, so nothing is lost or handled
-// twice. A dead trunk is not retried later; a line left without a live
-// trunk for some size class fails, and with it the peer.
+// dropped, and every block still unacknowledged that last went through it
+// is sent again through the others. The destination drops the copies it
+// already had by block number, so nothing is lost or handled twice. A
+// line left without a live trunk for some size class fails, and with it
+// the peer.
+//
+// A dead trunk is tried again in the background (revive): after
+// ForwardOptions.Retry, then at doubling pauses up to retryMax, its
+// subdevice connects to the rank again with the card kept from Open, and
+// once that succeeds the trunk carries blocks again: a network that came
+// back takes its share again, and a route on standby stands by again
+// behind it. Each end tries its own way to the other: the trunks of a
+// line's two directions are separate. A trunk that dies again after a
+// revival starts over from the first pause.
 //
 // Limits: only the first hop of a route is watched this way; a gateway
 // further along that dies loses what it held, and the source notices only
@@ -119,7 +134,75 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 	}
 	if used {
 		d.log.Warn("route down, sending what it carried through the others", "via", via, "subdevice", d.subs[sub].name, "blocks", resent, "error", cause)
+		d.reviveLater(trunkKey{via, sub})
 	}
 	// Credits this rank returned through it may be lost too.
 	d.recredit()
+}
+
+// retryMax is the longest pause between two attempts to revive a trunk,
+// unless ForwardOptions.Retry is longer; retryConnect bounds one attempt.
+const (
+	retryMax     = 30 * time.Second
+	retryConnect = 30 * time.Second
+)
+
+// reviveLater starts trying the dead trunk k again, unless retries are off,
+// its card is unknown or the Device is closing.
+func (d *Device) reviveLater(k trunkKey) {
+	f := &d.fwd
+	card, ok := f.cards[k]
+	if !ok || f.opts.Retry < 0 || d.finalizing.Load() {
+		return
+	}
+	f.lifeMu.Lock()
+	defer f.lifeMu.Unlock()
+	if f.life.Err() != nil { // shutdown waits for d.wg: nothing may join it now
+		return
+	}
+	d.wg.Add(1)
+	go d.revive(k, card)
+}
+
+// end stops the attempts to revive trunks; shutdown waits for them.
+func (f *forwarder) end() {
+	f.lifeMu.Lock()
+	f.stopLife()
+	f.lifeMu.Unlock()
+}
+
+// revive connects trunk k's subdevice to its rank again until that
+// succeeds, the rank is known lost, or the Device shuts down, and then
+// marks the trunk live.
+func (d *Device) revive(k trunkKey, card []byte) {
+	defer d.wg.Done()
+	f := &d.fwd
+	s := d.subs[k.sub]
+	pause := f.opts.Retry
+	timer := time.NewTimer(pause)
+	defer timer.Stop()
+	for attempt := 1; ; attempt++ {
+		select {
+		case <-timer.C:
+		case <-f.life.Done():
+			return
+		}
+		if d.finalizing.Load() || d.down[k.via].Load() != nil {
+			return
+		}
+		ctx, cancel := context.WithTimeout(f.life, retryConnect)
+		err := s.sd.Connect(ctx, sdi.Rank(k.via), card)
+		cancel()
+		if err == nil {
+			f.dead[k.via][k.sub].Store(false)
+			d.log.Info("route back", "via", k.via, "subdevice", s.name, "attempts", attempt)
+			return
+		}
+		if f.life.Err() != nil {
+			return
+		}
+		pause = min(2*pause, max(retryMax, f.opts.Retry))
+		d.log.Debug("route still down", "via", k.via, "subdevice", s.name, "attempts", attempt, "next", pause, "error", err)
+		timer.Reset(pause)
+	}
 }

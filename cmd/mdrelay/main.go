@@ -5,7 +5,7 @@
 // the job, after the application's; the application's world does not count
 // it. It reads the same environment as an application rank (MDRUN_*,
 // MD_PLUGINS, MD_CONNTABLE, MD_FORWARD_BLOCK, MD_FORWARD_WINDOW,
-// MD_LOG_LEVEL) and exits 0 when every rank of the job has finalized.
+// MD_FORWARD_RETRY, MD_LOG_LEVEL) and exits 0 when every rank of the job has finalized.
 // SIGINT or SIGTERM make it leave at once with status 1.
 package main
 

@@ -127,6 +127,19 @@ func (f *Fabric) Sever(rank sdi.Rank) {
 	}
 }
 
+// Mend ends a [Fabric.Sever] of rank, as when its link comes back: its
+// instances send and connect again, and peers connect to it again. Nothing
+// lost while the link was down comes back; connections survive, as they
+// would not over a real network, so a caller that reconnects (as it must
+// after PeerDown) finds Connect succeeding at once.
+func (f *Fabric) Mend(rank sdi.Rank) {
+	for _, l := range f.instances(rank) {
+		l.mu.Lock()
+		l.severed = false
+		l.mu.Unlock()
+	}
+}
+
 func (f *Fabric) register(l *loopback) uint64 {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -396,6 +409,8 @@ func (l *loopback) Connect(ctx context.Context, peer sdi.Rank, addr []byte) erro
 		return unreachable("card belongs to another job")
 	case target.p.Rank != peer:
 		return unreachable("card belongs to rank %d", target.p.Rank)
+	case target.isSevered():
+		return unreachable("rank %d's link is down", peer)
 	case l.caps.Reach == sdi.ReachHost && target.p.Host != p.Host:
 		return unreachable("host %q is not %q and reach is host", target.p.Host, p.Host)
 	}

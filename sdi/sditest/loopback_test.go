@@ -141,8 +141,23 @@ func TestFabricSever(t *testing.T) {
 	// The others still talk.
 	e.mustSend(t, 0, e.frame(msg{from: 0, to: 2, stream: 2, size: 8}))
 	e.awaitStream(t, 2, 0, 2, 1)
+	// Nobody connects to or from a severed rank; once its link is mended
+	// both ends connect again and frames flow.
+	for _, c := range [][2]int{{0, 1}, {1, 0}} {
+		if err := e.sds[c[0]].Connect(e.ctx, sdi.Rank(c[1]), e.locals[c[1]].Addr); !errors.Is(err, sdi.ErrPeerUnreachable) {
+			t.Errorf("Connect from rank %d to rank %d over a severed link: %v, want sdi.ErrPeerUnreachable", c[0], c[1], err)
+		}
+	}
+	fabric.Mend(1)
+	for _, c := range [][2]int{{0, 1}, {1, 0}} {
+		if err := e.sds[c[0]].Connect(e.ctx, sdi.Rank(c[1]), e.locals[c[1]].Addr); err != nil {
+			t.Errorf("Connect from rank %d to rank %d after Mend: %v", c[0], c[1], err)
+		}
+	}
+	e.mustSend(t, 1, e.frame(msg{from: 1, to: 0, stream: 4, size: 8}))
+	e.awaitStream(t, 0, 1, 4, 1)
 	if err := e.closeRank(1); err != nil {
-		t.Errorf("Close of a severed rank: %v", err)
+		t.Errorf("Close of a once severed rank: %v", err)
 	}
 	e.mu.Lock()
 	for _, r := range e.recs {
