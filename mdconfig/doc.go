@@ -84,6 +84,16 @@
 //	  latency   = "2ms"
 //	}
 //
+//	# A spare (needs failover = true): routes leave it out while they can,
+//	# and two hosts on it get a direct route over it on standby, which
+//	# carries nothing until their other routes fail. Hosts that reach
+//	# each other only through spares route over them as over any network.
+//	network "mgmt" {
+//	  subdevice = "tcp"
+//	  hosts     = ["a[01-16]", "b[01-16]"]
+//	  standby   = true
+//	}
+//
 //	# Per-host penalty, replacing the global one: here only a01 forwards.
 //	host "a[02-16]" {
 //	  penalty = "off"

@@ -14,9 +14,9 @@ type DotOptions struct {
 
 var dotColors = []string{"#1f77b4", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f", "#bcbd22"}
 
-// Dot draws the description for Graphviz: networks as boxes, hosts as
-// ellipses joined to their networks in the colour of the network's
-// subdevice. Hosts that sit on one set of networks and do not forward are
+// Dot draws the description for Graphviz: networks as boxes (dashed when
+// on standby), hosts as ellipses joined to their networks in the colour of
+// the network's subdevice. Hosts that sit on one set of networks and do not forward are
 // drawn as one node ("a[01-14]") so that large clusters stay readable;
 // gateways (hosts on two or more networks that may forward) are drawn alone
 // and filled; the optional route is drawn in red.
@@ -47,8 +47,12 @@ func (d *Description) Dot(o DotOptions) ([]byte, error) {
 	b.WriteString("graph network {\n  graph [rankdir=LR, fontname=\"Helvetica\"];\n  node [fontname=\"Helvetica\"];\n  edge [fontname=\"Helvetica\"];\n")
 	for _, n := range d.nets {
 		s := d.subdevices[n.sub]
-		fmt.Fprintf(&b, "  %q [shape=box, style=\"rounded,bold\", color=%q, label=%q];\n",
-			"net:"+n.name, dotColors[n.sub%len(dotColors)], fmt.Sprintf("%s\n%s, %d hosts", n.name, s.name, len(n.members)))
+		style, label := "rounded,bold", fmt.Sprintf("%s\n%s, %d hosts", n.name, s.name, len(n.members))
+		if n.standby {
+			style, label = "rounded,dashed", label+"\non standby"
+		}
+		fmt.Fprintf(&b, "  %q [shape=box, style=%q, color=%q, label=%q];\n",
+			"net:"+n.name, style, dotColors[n.sub%len(dotColors)], label)
 	}
 	// Group ordinary hosts by the exact list of networks they are on.
 	groups := map[string][]int32{}

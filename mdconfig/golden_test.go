@@ -22,6 +22,7 @@ var goldenCases = []struct {
 	{"oscar", []string{"oscar03", "oscar08", "oscar11"}, [][2]string{{"oscar03", "oscar11"}, {"oscar01", "oscar02"}}},
 	{"two-clusters", []string{"a03", "a15", "b11"}, [][2]string{{"a03", "b11"}, {"a15", "b16"}}},
 	{"relays", []string{"p03", "p-relay", "q-relay"}, [][2]string{{"p03", "q11"}, {"q-relay", "p-relay"}}},
+	{"spare", []string{"c01", "login"}, [][2]string{{"c01", "c05"}, {"login", "c03"}}},
 }
 
 func TestGolden(t *testing.T) {

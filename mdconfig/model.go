@@ -48,6 +48,7 @@ type subdevice struct {
 type network struct {
 	name    string
 	sub     int
+	standby bool // a spare: see Description.standby
 	members []int32
 	cost    []float64 // per class, microseconds for a message of the class's typical size
 	lat, bw []float64
@@ -72,6 +73,11 @@ type Description struct {
 	alternatives float64
 	maxRoutes    int
 	failover     bool // entries with alternatives ask for failover
+	// standby: some network is a spare. Routes are then computed without
+	// the spares; a host that reaches another only through them gets
+	// routes over every network, and a spare network both are on is added
+	// as a route on standby (tables.go).
+	standby bool
 }
 
 // Hosts returns the host names in the order they were first named.
@@ -421,6 +427,17 @@ func (b *builder) networks(raw []rawNetwork, subIndex map[string]int) {
 			continue
 		}
 		n := network{name: rn.name.s, sub: si, rng: rn.name.rng}
+		if v := rn.standby; v != nil {
+			f, err := strconv.ParseBool(v.s)
+			switch {
+			case err != nil:
+				b.errorf(v.rng, "invalid standby", "standby is %q; write true or false.", v.s)
+			case f && !b.d.failover:
+				b.errorf(v.rng, "standby without failover", "network %q is a spare, which only carries traffic once the other routes fail; add failover = true at the top of the description, or drop standby to use it like any network.", n.name)
+			}
+			n.standby = f
+			b.d.standby = b.d.standby || f
+		}
 		n.lat, n.bw = b.perfTable(fmt.Sprintf("network %q", n.name), rn.perf, rn.classes, sub.lat, sub.bw, rn.name.rng)
 		netIdx := int32(len(b.d.nets))
 		member := map[string]hcl.Range{}

@@ -44,7 +44,7 @@ var subdeviceSchema = &hcl.BodySchema{
 }
 
 var networkSchema = &hcl.BodySchema{
-	Attributes: append([]hcl.AttributeSchema{{Name: "subdevice", Required: true}, {Name: "hosts", Required: true}}, perfAttrs...),
+	Attributes: append([]hcl.AttributeSchema{{Name: "subdevice", Required: true}, {Name: "hosts", Required: true}, {Name: "standby"}}, perfAttrs...),
 	Blocks:     []hcl.BlockHeaderSchema{classOverride},
 }
 
@@ -88,6 +88,7 @@ type rawNetwork struct {
 	name      value
 	subdevice value
 	hosts     []value
+	standby   *value
 	perf
 	classes []classPerf
 }
@@ -144,7 +145,7 @@ func decode(src []byte, filename string) (*rawDoc, hcl.Diagnostics) {
 		case "network":
 			c, d := b.Body.Content(networkSchema)
 			diags = append(diags, d...)
-			n := rawNetwork{name: name, perf: decodePerf(c.Attributes, &diags)}
+			n := rawNetwork{name: name, perf: decodePerf(c.Attributes, &diags), standby: optString(c.Attributes, "standby", &diags)}
 			if v := optString(c.Attributes, "subdevice", &diags); v != nil {
 				n.subdevice = *v
 			}

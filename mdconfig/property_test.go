@@ -13,10 +13,14 @@ import (
 )
 
 // randomDescription writes a description of n hosts on a few random
-// networks over random subdevices, with random penalties (some "off").
-func randomDescription(rng *rand.Rand, penalty string, hostBlocks bool) string {
+// networks over random subdevices, with random penalties (some "off");
+// with spares, some networks are on standby (and failover is on).
+func randomDescription(rng *rand.Rand, penalty string, hostBlocks, spares bool) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "penalty = %q\nalternatives = \"%d%%\"\nmax_routes = %d\n", penalty, rng.IntN(15), 1+rng.IntN(4))
+	if spares {
+		b.WriteString("failover = true\n")
+	}
 	b.WriteString("subdevice \"shm\" {\n  reach = \"host\"\n  latency = \"0.5us\"\n  bandwidth = \"5GB/s\"\n}\n")
 	subs := []string{"tcp", "verbs", "udapl"}
 	for _, s := range subs {
@@ -35,6 +39,9 @@ func randomDescription(rng *rand.Rand, penalty string, hostBlocks bool) string {
 		b.WriteString("]\n")
 		if rng.IntN(3) == 0 {
 			fmt.Fprintf(&b, "  latency = \"%dus\"\n", rng.IntN(100))
+		}
+		if spares && rng.IntN(3) == 0 {
+			b.WriteString("  standby = true\n")
 		}
 		b.WriteString("}\n")
 	}
@@ -56,8 +63,8 @@ func descriptions(t *testing.T) map[string]*Description {
 		out[filepath.Base(f)] = mustLoad(t, f)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	for i := 0; len(out) < len(files)+60 && i < 1000; i++ {
-		src := randomDescription(rng, []string{"0us", "10us", "200us"}[i%3], true)
+	for i := 0; len(out) < len(files)+80 && i < 1000; i++ {
+		src := randomDescription(rng, []string{"0us", "10us", "200us"}[i%3], true, i%4 == 3)
 		if d, diags := Parse([]byte(src), fmt.Sprintf("random%d.hcl", i)); !diags.HasErrors() {
 			out[fmt.Sprintf("random%d", i)] = d
 		}
@@ -106,10 +113,14 @@ func routesTo(tab *conntable.Table, host, class string) []conntable.Route {
 	return nil
 }
 
+// A network on standby bounds nothing: routes avoid it while they can.
 func TestPropertyNoRouteCostsMoreThanDirect(t *testing.T) {
 	for name, d := range descriptions(t) {
 		tabs := allTables(t, d)
 		for _, n := range d.nets {
+			if n.standby {
+				continue
+			}
 			for _, a := range n.members {
 				for _, b := range n.members {
 					if a == b {
@@ -167,9 +178,15 @@ func TestPropertyLoopFree(t *testing.T) {
 
 // TestPropertyHopByHopCost checks that a source's cost for an indirect
 // route is what the next hop adds to its own best route: the link there
-// plus the next hop's penalty, so the tables agree with each other.
+// plus the next hop's penalty, so the tables agree with each other. With
+// networks on standby they need not: a host reached only through a spare
+// routes over every network, and its next hop may reach the destination
+// without spares at a higher cost (TestPropertyLoopFree still holds).
 func TestPropertyHopByHopCost(t *testing.T) {
 	for name, d := range descriptions(t) {
+		if d.standby {
+			continue
+		}
 		tabs := allTables(t, d)
 		for src, tab := range tabs {
 			s := d.hostIndex[src]
@@ -224,7 +241,7 @@ func TestPropertyHugePenaltyMeansDirect(t *testing.T) {
 		if i%2 == 1 {
 			penalty = "off"
 		}
-		src := randomDescription(rng, penalty, false)
+		src := randomDescription(rng, penalty, false, false)
 		d, diags := Parse([]byte(src), "random.hcl")
 		if diags.HasErrors() {
 			if penalty == "1000s" || !strings.Contains(FormatDiagnostics(diags, nil), "unreachable host") {
@@ -331,5 +348,42 @@ func TestTablesResolve(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestPropertyStandby: a route on standby is direct, comes after every
+// route not on standby, goes over a network on standby both hosts are on,
+// and only in an entry that asks for failover.
+func TestPropertyStandby(t *testing.T) {
+	withSpares := 0
+	for name, d := range descriptions(t) {
+		if !d.standby {
+			continue
+		}
+		withSpares++
+		for tab := range d.Tables() {
+			a := d.hostIndex[tab.Host]
+			for _, e := range tab.Peers[1:] {
+				b := d.hostIndex[e.To]
+				for class, rs := range e.Routes {
+					for i, r := range rs {
+						if !r.Standby {
+							continue
+						}
+						spare := false
+						for _, n := range d.hostNets[a] {
+							net := d.nets[n]
+							spare = spare || net.standby && d.subdevices[net.sub].name == r.SubDevice && contains(net.members, b)
+						}
+						if r.Via != "" || i != len(rs)-1 || i == 0 || !e.Failover || !spare {
+							t.Errorf("%s: %s->%s class %s: route %d of %v is on standby", name, tab.Host, e.To, class, i, rs)
+						}
+					}
+				}
+			}
+		}
+	}
+	if withSpares < 5 {
+		t.Fatalf("only %d descriptions have networks on standby: the property is barely tested", withSpares)
 	}
 }

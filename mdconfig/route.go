@@ -2,6 +2,7 @@ package mdconfig
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -30,6 +31,10 @@ type RouteReport struct {
 	Size         int64 // the size asked for, or 0
 	Best         Path
 	Alternatives []Path // within the description's alternatives fraction, best first
+	// Standby is the direct link over a network on standby that the
+	// tables add as a spare route, carrying traffic only once the others
+	// fail; nil if there is none.
+	Standby *Path
 }
 
 // Route explains how a message from one host to another travels. With size
@@ -61,9 +66,9 @@ func (d *Description) Route(from, to string, size int64) ([]RouteReport, error) 
 	r := newRouter(d)
 	var out []RouteReport
 	for _, c := range classes {
-		r.run(src, c)
 		rep := RouteReport{From: from, To: to, Class: d.classes[c], Size: size}
-		for i, ch := range r.routes(dst, nil) {
+		chs := r.tableRoutes(src, dst, c, nil)
+		for i, ch := range chs {
 			p, err := d.walk(src, dst, c, ch, size)
 			if err != nil {
 				return nil, err
@@ -73,6 +78,14 @@ func (d *Description) Route(from, to string, size int64) ([]RouteReport, error) 
 			} else {
 				rep.Alternatives = append(rep.Alternatives, p)
 			}
+		}
+		if n, ok := d.spare(src, dst, c, chs); ok {
+			h := RouteHop{From: from, To: to, Network: d.nets[n].name, SubDevice: d.subdevices[d.nets[n].sub].name, Link: d.nets[n].cost[c]}
+			p := Path{Hops: []RouteHop{h}, Cost: h.Link}
+			if size > 0 {
+				p.SizeCost = linkCost(d.nets[n].lat[c], d.nets[n].bw[c], size)
+			}
+			rep.Standby = &p
 		}
 		out = append(out, rep)
 	}
@@ -103,8 +116,7 @@ func (d *Description) walk(src, dst int32, class int, first choice, size int64) 
 		if cur == dst {
 			return p, nil
 		}
-		r.run(cur, class)
-		rs := r.routes(dst, nil)
+		rs := r.tableRoutes(cur, dst, class, nil)
 		if len(rs) == 0 {
 			return Path{}, fmt.Errorf("mdconfig: %s has no route to %s; this is a bug", d.hosts[cur], d.hosts[dst])
 		}
@@ -128,6 +140,10 @@ func (rep RouteReport) String() string {
 		fmt.Fprintf(&b, "  alternative %d (+%.1f%%):\n", i+1, 100*(p.Cost/rep.Best.Cost-1))
 		writePath(&b, p, rep.Size)
 	}
+	if rep.Standby != nil {
+		b.WriteString("  on standby (carries traffic once the others fail):\n")
+		writePath(&b, *rep.Standby, rep.Size)
+	}
 	return b.String()
 }
 
@@ -144,4 +160,35 @@ func writePath(b *strings.Builder, p Path, size int64) {
 		fmt.Fprintf(b, " (%s for %s)", formatMicros(p.SizeCost), FormatSize(size))
 	}
 	fmt.Fprintf(b, ", %d hop(s)\n", len(p.Hops))
+}
+
+// spare returns the network on standby that src's table adds for dst in
+// class as a route on standby: the cheapest one both hosts are on, unless
+// the description asks for no failover or routes already holds a direct
+// route over its subdevice. Only direct links are spares: a spare route
+// through a gateway would leave the hop after it to the gateway's own
+// routes, which may lead back over the network that failed.
+func (d *Description) spare(src, dst int32, class int, routes []choice) (int32, bool) {
+	if !d.standby || !d.failover {
+		return 0, false
+	}
+	best, found := int32(0), false
+	for _, n := range d.hostNets[src] {
+		net := &d.nets[n]
+		if !net.standby || !slices.Contains(d.hostNets[dst], n) {
+			continue
+		}
+		if !found || net.cost[class] < d.nets[best].cost[class] {
+			best, found = n, true
+		}
+	}
+	if !found {
+		return 0, false
+	}
+	for _, ch := range routes {
+		if ch.hop.host == dst && d.nets[ch.hop.net].sub == d.nets[best].sub {
+			return 0, false
+		}
+	}
+	return best, true
 }

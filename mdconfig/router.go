@@ -32,6 +32,14 @@ type choice struct {
 	cost float64
 }
 
+// netMode says which networks a run may use.
+type netMode uint8
+
+const (
+	allNets  netMode = iota // every network
+	noSpares                // every network but those on standby
+)
+
 // router computes routes from one source at a time. It owns scratch space
 // sized to the graph and is not safe for concurrent use.
 type router struct {
@@ -39,6 +47,7 @@ type router struct {
 	nh    int32
 	src   int32
 	class int
+	mode  netMode // set before run
 	// shortest paths (pass 1)
 	dist  []float64
 	hops  []int32
@@ -77,6 +86,9 @@ func (r *router) run(src int32, class int) {
 	r.src, r.class = src, class
 	for i := range r.d.nets {
 		r.cost[i] = r.d.nets[i].cost[class]
+		if r.mode == noSpares && r.d.nets[i].standby {
+			r.cost[i] = math.Inf(1)
+		}
 	}
 	r.shortest()
 	if r.d.maxRoutes > 1 {
@@ -175,7 +187,9 @@ func (r *router) nearShortest() {
 	r.hopList = r.hopList[:0]
 	r.pq.reset()
 	for _, n := range d.hostNets[r.src] {
-		r.pq.push(item{cost[n], 0, r.nh + n, r.hopID(hop{n, -1})})
+		if !math.IsInf(cost[n], 1) {
+			r.pq.push(item{cost[n], 0, r.nh + n, r.hopID(hop{n, -1})})
+		}
 	}
 	for r.pq.len() > 0 {
 		it := r.pq.pop()
@@ -203,7 +217,9 @@ func (r *router) nearShortest() {
 				continue
 			}
 			for _, n := range d.hostNets[v] {
-				r.pq.push(item{c + p + cost[n], 0, r.nh + n, id})
+				if !math.IsInf(cost[n], 1) {
+					r.pq.push(item{c + p + cost[n], 0, r.nh + n, id})
+				}
 			}
 			continue
 		}
@@ -274,6 +290,26 @@ func (r *router) routes(dst int32, buf []choice) []choice {
 		}
 	}
 	return buf
+}
+
+// tableRoutes appends the routes the table of src gives for dst in class,
+// best first: those over the networks not on standby or, where dst is
+// reached only through networks on standby, those over every network.
+// Either way, each next hop's own routes get strictly closer (a host
+// whose table routes without the spares has next hops that do too), so
+// following the tables never loops.
+func (r *router) tableRoutes(src, dst int32, class int, buf []choice) []choice {
+	if r.d.standby {
+		r.mode = noSpares
+		r.run(src, class)
+		n := len(buf)
+		if buf = r.routes(dst, buf); len(buf) > n {
+			return buf
+		}
+	}
+	r.mode = allNets
+	r.run(src, class)
+	return r.routes(dst, buf)
 }
 
 // sameRoute reports whether h would be written as a route already in have.

@@ -26,12 +26,14 @@ import (
 type tableBuilder struct {
 	d       *Description
 	r       *router
+	src     int32 // the host compute ran for
 	classes []conntable.Class
 	byName  []int32    // host indices sorted by name
 	res     [][]choice // per class: routes to every host, maxRoutes slots each
 	resN    [][]uint8
 	intern  map[string]map[string][]conntable.Route
 	key     []byte
+	spares  []int32 // per class, entry's spare network or -1
 }
 
 func newTableBuilder(d *Description) *tableBuilder {
@@ -48,15 +50,35 @@ func newTableBuilder(d *Description) *tableBuilder {
 	return t
 }
 
-// compute fills res with the routes from src.
+// compute fills res with the routes from src, as router.tableRoutes
+// gives them: without the networks on standby where that reaches the
+// host, else over every network.
 func (t *tableBuilder) compute(src int32) {
 	k := t.d.maxRoutes
+	t.src = src
 	var buf []choice
 	for c := range t.d.classes {
+		t.r.mode = allNets
+		if t.d.standby {
+			t.r.mode = noSpares
+		}
 		t.r.run(src, c)
+		missing := false
 		for h := range int32(len(t.d.hosts)) {
 			buf = t.r.routes(h, buf[:0])
 			t.resN[c][h] = uint8(copy(t.res[c][int(h)*k:int(h+1)*k], buf))
+			missing = missing || len(buf) == 0 && h != src
+		}
+		if !missing || t.r.mode == allNets {
+			continue
+		}
+		t.r.mode = allNets
+		t.r.run(src, c)
+		for h := range int32(len(t.d.hosts)) {
+			if t.resN[c][h] == 0 {
+				buf = t.r.routes(h, buf[:0])
+				t.resN[c][h] = uint8(copy(t.res[c][int(h)*k:int(h+1)*k], buf))
+			}
 		}
 	}
 }
@@ -70,9 +92,17 @@ func (t *tableBuilder) entry(from, to, swapFrom, swapTo int32) (conntable.Entry,
 		return conntable.Entry{}, false
 	}
 	t.key = t.key[:0]
+	t.spares = t.spares[:0]
 	for c := range d.classes {
 		t.key = append(t.key, t.resN[c][from])
-		for _, ch := range t.res[c][int(from)*k : int(from)*k+int(t.resN[c][from])] {
+		cs := t.res[c][int(from)*k : int(from)*k+int(t.resN[c][from])]
+		sp, ok := d.spare(t.src, from, c, cs)
+		if !ok {
+			sp = -1
+		}
+		t.spares = append(t.spares, sp)
+		t.key = binary.LittleEndian.AppendUint32(t.key, uint32(sp))
+		for _, ch := range cs {
 			via := ch.hop.host
 			if via == swapFrom {
 				via = swapTo
@@ -88,7 +118,7 @@ func (t *tableBuilder) entry(from, to, swapFrom, swapTo int32) (conntable.Entry,
 	// Failover needs a second route to fail over to in some class.
 	failover := false
 	for c := range d.classes {
-		failover = failover || (d.failover && t.resN[c][from] > 1)
+		failover = failover || (d.failover && (t.resN[c][from] > 1 || t.spares[c] >= 0))
 	}
 	if m, ok := t.intern[string(t.key)]; ok {
 		return conntable.Entry{To: d.hosts[to], Routes: m, Failover: failover}, true
@@ -106,6 +136,10 @@ func (t *tableBuilder) entry(from, to, swapFrom, swapTo int32) (conntable.Entry,
 			if via != to {
 				rs[i].Via = d.hosts[via]
 			}
+		}
+		if sp := t.spares[c]; sp >= 0 {
+			net := d.nets[sp]
+			rs = append(rs, conntable.Route{SubDevice: d.subdevices[net.sub].name, Cost: round3(net.cost[c]), Standby: true})
 		}
 		perClass[c] = rs
 	}
@@ -193,8 +227,9 @@ func (t *tableBuilder) keyed(perClass [][]conntable.Route) map[string][]conntabl
 }
 
 // localRoutes gives ranks on the same host the host-local subdevices the
-// host has (shm), or if it has none the subdevices of its networks; per
-// class the cheapest first, then those within the alternatives fraction.
+// host has (shm), or if it has none the subdevices of its networks (those
+// not on standby, if it has any); per class the cheapest first, then those
+// within the alternatives fraction.
 func (t *tableBuilder) localRoutes(src int32) map[string][]conntable.Route {
 	d := t.d
 	perClass := make([][]conntable.Route, len(d.classes))
@@ -211,8 +246,15 @@ func (t *tableBuilder) localRoutes(src int32) map[string][]conntable.Route {
 		}
 		if len(cands) == 0 {
 			best := map[string]float64{}
+			spares := true // only networks on standby: use them
+			for _, n := range d.hostNets[src] {
+				spares = spares && d.nets[n].standby
+			}
 			for _, n := range d.hostNets[src] {
 				net := d.nets[n]
+				if net.standby && !spares {
+					continue
+				}
 				name := d.subdevices[net.sub].name
 				if old, ok := best[name]; !ok || net.cost[c] < old {
 					best[name] = net.cost[c]
