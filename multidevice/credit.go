@@ -63,11 +63,12 @@ type block struct {
 	seq    uint64
 	class  int
 	msgLen int
-	t      trunk  // the trunk it was last sent through; guarded by txLine.mu
-	urgent bool   // the destination should credit it at once
-	inner  []byte // the inner header
-	data   []byte // the data
-	buf    []byte // pooled inner header + data, for a copy; else nil
+	t      trunk   // the trunk it was last sent through; guarded by txLine.mu
+	urgent bool    // the destination should credit it at once
+	inner  []byte  // the inner header
+	data   []byte  // the data
+	buf    []byte  // pooled inner header + data, for a copy; else nil
+	bufp   *[]byte // buf's pool entry
 	of     *outFrame
 	err    error // how of completes; set before the last release
 	// refs counts the owners of the block's bytes: one while retained,
@@ -78,17 +79,25 @@ type block struct {
 // size is the block's bytes against the line's window.
 func (b *block) size() int { return headerSize + len(b.data) }
 
+// blocks pools block structs: a line makes one per message, and their
+// allocation was most of the cost of admitting one.
+var blocks = sync.Pool{New: func() any { return new(block) }}
+
 // release drops one owner; the last recycles the copy or completes the
-// frame the block is.
+// frame the block is, and gives the block back to its pool: no owner is
+// left to look at it.
 func (b *block) release(d *Device) {
 	if b.refs.Add(-1) != 0 {
 		return
 	}
-	if b.buf != nil {
-		putBlock(b.buf)
+	bufp, of, err := b.bufp, b.of, b.err
+	b.t, b.inner, b.data, b.buf, b.bufp, b.of, b.err = trunk{}, nil, nil, nil, nil, nil, nil
+	blocks.Put(b)
+	if bufp != nil {
+		putBlock(bufp)
 	}
-	if b.of != nil {
-		d.finishFrame(b.of, b.err)
+	if of != nil {
+		d.finishFrame(of, err)
 	}
 }
 
@@ -107,6 +116,8 @@ type sendItem struct {
 }
 
 // fwdBatch is what a line operation does once the line's lock is released.
+// Batches are pooled with their lists' capacity: built fresh, the lists of
+// one message's batch cost three allocations.
 type fwdBatch struct {
 	sends   []sendItem
 	done    []*outFrame // frames copied into blocks: locally complete
@@ -116,18 +127,27 @@ type fwdBatch struct {
 	lost    int32    // a peer whose last gateway died, or -1
 }
 
+var batchPool = sync.Pool{New: func() any { return new(fwdBatch) }}
+
+// newBatch returns an empty batch; finishBatch gives it back.
+func newBatch() *fwdBatch {
+	bt := batchPool.Get().(*fwdBatch)
+	bt.lost = -1
+	return bt
+}
+
 // fwdSend sends a protocol frame to an indirect peer, now or once credit
 // allows.
 func (d *Device) fwdSend(peer int32, class, msgLen int, of *outFrame, direct bool) {
 	l := d.fwd.tx[peer]
-	bt := fwdBatch{lost: -1}
+	bt := newBatch()
 	pf := pendingFrame{of: of, class: class, msgLen: msgLen}
 	l.mu.Lock()
-	if len(l.waiting) > 0 || !d.admitLocked(l, peer, pf, &bt) {
+	if len(l.waiting) > 0 || !d.admitLocked(l, peer, pf, bt) {
 		l.waiting = append(l.waiting, pf)
 	}
 	l.mu.Unlock()
-	d.finishBatch(&bt, direct)
+	d.finishBatch(bt, direct)
 }
 
 // admitLocked copies pf into a block and sends it through the least loaded
@@ -147,8 +167,9 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 		bt.failed = append(bt.failed, pf.of)
 		return true
 	}
-	b := &block{seq: l.next, class: pf.class, msgLen: pf.msgLen, t: t,
-		urgent: l.inflight+n > d.fwd.opts.Window/2}
+	b := blocks.Get().(*block)
+	b.seq, b.class, b.msgLen, b.t = l.next, pf.class, pf.msgLen, t
+	b.urgent = l.inflight+n > d.fwd.opts.Window/2
 	hb := pf.of.f.Header
 	if d.fwd.split[peer][pf.class] && pf.of.req != nil && isData(hb) {
 		b.inner, b.data, b.of = hb, pf.of.f.Payload, pf.of
@@ -157,7 +178,8 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 		off, length := dataPlace(hb)
 		b.urgent = b.urgent || off+uint64(len(b.data)) >= length
 	} else {
-		b.buf = getBlock(n)
+		b.bufp = getBlock(n)
+		b.buf = *b.bufp
 		copy(b.buf, hb)
 		copy(b.buf[headerSize:], pf.of.f.Payload)
 		b.inner, b.data = b.buf[:headerSize], b.buf[headerSize:]
@@ -186,17 +208,22 @@ func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 	of := framePool.Get().(*outFrame)
 	of.setBlock(t.via, &h, b, b.buf == nil || t.sub.splits())
 	b.refs.Add(1)
-	of.done = func(err error) {
-		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
-			d.trunkDown(t.via, t.sub.idx, err)
-		}
-		b.release(d)
-	}
+	of.blk, of.trunk = b, t // blockSent, without a closure to allocate
 	return of
+}
+
+// blockSent ends one trip of block b through trunk t: a trunk that failed
+// it is down, and the trip's hold on the block ends.
+func (d *Device) blockSent(b *block, t trunk, err error) {
+	if err != nil && !d.closed.Load() && !d.finalizing.Load() {
+		d.trunkDown(t.via, t.sub.idx, err)
+	}
+	b.release(d)
 }
 
 // finishBatch sends and completes what a line operation decided.
 func (d *Device) finishBatch(bt *fwdBatch, direct bool) {
+	defer bt.recycle()
 	for _, s := range bt.sends {
 		if direct {
 			d.trySend(s.sub, s.of, true)
@@ -218,6 +245,16 @@ func (d *Device) finishBatch(bt *fwdBatch, direct bool) {
 	}
 }
 
+// recycle empties bt, keeping its lists' capacity, and gives it back.
+func (bt *fwdBatch) recycle() {
+	clear(bt.sends)
+	clear(bt.done)
+	clear(bt.failed)
+	clear(bt.release)
+	*bt = fwdBatch{sends: bt.sends[:0], done: bt.done[:0], failed: bt.failed[:0], release: bt.release[:0]}
+	batchPool.Put(bt)
+}
+
 // onCredit runs at the source of a line when its destination peer
 // acknowledges every block below cum: they are released and waiting
 // frames admitted.
@@ -227,7 +264,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		d.log.Warn("dropping credit from a rank this one does not reach through gateways", "from", peer)
 		return
 	}
-	bt := fwdBatch{lost: -1}
+	bt := newBatch()
 	l.mu.Lock()
 	if cum > l.next {
 		l.mu.Unlock()
@@ -248,7 +285,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		l.retained = l.retained[:rest]
 	}
 	j := 0
-	for j < len(l.waiting) && d.admitLocked(l, peer, l.waiting[j], &bt) {
+	for j < len(l.waiting) && d.admitLocked(l, peer, l.waiting[j], bt) {
 		j++
 	}
 	if j > 0 {
@@ -257,7 +294,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		l.waiting = l.waiting[:rest]
 	}
 	l.mu.Unlock()
-	d.finishBatch(&bt, false)
+	d.finishBatch(bt, false)
 }
 
 // onForward runs at the destination of a line: a new block is unwrapped
@@ -498,7 +535,7 @@ const nudgeAfter = 50 * creditDelay
 // at once, sent over the next of its trunks.
 func (d *Device) nudge(peer int32) {
 	l := d.fwd.tx[peer]
-	bt := fwdBatch{lost: -1}
+	bt := newBatch()
 	l.mu.Lock()
 	if len(l.retained) > 0 {
 		b := l.retained[0]
@@ -507,5 +544,5 @@ func (d *Device) nudge(peer int32) {
 		}
 	}
 	l.mu.Unlock()
-	d.finishBatch(&bt, false)
+	d.finishBatch(bt, false)
 }

@@ -443,8 +443,10 @@ func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	}
 	n := len(inner) + len(data)
 	var buf []byte
+	var bufp *[]byte
 	if n > 0 {
-		buf = getBlock(n)
+		bufp = getBlock(n)
+		buf = *bufp
 		copy(buf[copy(buf, inner):], data)
 	}
 	fh := *h
@@ -469,8 +471,8 @@ func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	src, dst := h.src, h.dst
 	of.done = func(err error) {
 		f.held.Add(-int64(n))
-		if buf != nil {
-			putBlock(buf)
+		if bufp != nil {
+			putBlock(bufp)
 		}
 		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
 			d.log.Warn("forwarding failed", "source", src, "destination", dst, "next", t.via, "error", err)
@@ -536,15 +538,19 @@ func unwrap(outer *header, ib, data []byte, size int) (header, []byte, error) {
 // blockPool recycles the buffers of forwarded blocks.
 var blockPool sync.Pool // *[]byte
 
-func getBlock(n int) []byte {
+func getBlock(n int) *[]byte {
 	if p, _ := blockPool.Get().(*[]byte); p != nil && cap(*p) >= n {
-		return (*p)[:n]
+		*p = (*p)[:n]
+		return p
 	}
-	return make([]byte, n)
+	b := make([]byte, n)
+	return &b
 }
 
-func putBlock(b []byte) {
-	if cap(b) <= maxPooledBlock {
-		blockPool.Put(&b)
+// putBlock gives back a buffer from getBlock, as the pointer getBlock
+// returned: a new pointer to the slice would cost an allocation per block.
+func putBlock(p *[]byte) {
+	if cap(*p) <= maxPooledBlock {
+		blockPool.Put(p)
 	}
 }

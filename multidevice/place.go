@@ -128,7 +128,7 @@ type placedBlock struct {
 	fwd   bool
 	via   int32
 	seq   uint64
-	stash []byte
+	stash *[]byte
 }
 
 // placingLocked returns the index in filling of a placement of block seq
@@ -167,7 +167,9 @@ func (d *Device) stashForward(src int32, seq uint64, data []byte) bool {
 		return false
 	}
 	if d.filling[i].stash == nil {
-		d.filling[i].stash = append(getBlock(len(data))[:0], data...)
+		p := getBlock(len(data))
+		copy(*p, data)
+		d.filling[i].stash = p
 	}
 	return true
 }
@@ -181,7 +183,7 @@ func (d *Device) endPlacedForward(p placedBlock, delivered bool, payload []byte)
 	case delivered:
 		d.filled(p.r, p.off, payload)
 	case p.stash != nil:
-		d.filled(p.r, p.off, p.stash)
+		d.filled(p.r, p.off, *p.stash)
 	default:
 		d.blockDone(p.r, 0)
 	}

@@ -145,8 +145,12 @@ type outFrame struct {
 	hb [2 * headerSize]byte
 	// On completion: req.frameDone if req is set, else done if set, else a
 	// failure is logged (system messages nobody waits for).
-	req    *Request
-	done   func(error)
+	req  *Request
+	done func(error)
+	// blk, if set, is the forwarded block this frame carries through
+	// trunk: on completion, Device.blockSent (credit.go).
+	blk    *block
+	trunk  trunk
 	pooled bool
 }
 
@@ -213,9 +217,11 @@ func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) 
 
 // finishFrame runs a frame's completion and recycles it.
 func (d *Device) finishFrame(of *outFrame, err error) {
-	req, done, peer := of.req, of.done, of.f.Peer
+	req, done, peer, blk, t := of.req, of.done, of.f.Peer, of.blk, of.trunk
 	recycleFrame(of)
 	switch {
+	case blk != nil:
+		d.blockSent(blk, t, err)
 	case req != nil:
 		req.frameDone(err)
 	case done != nil:
@@ -229,7 +235,7 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 // header bytes are overwritten by the next use); a request's own frame
 // only lets go of the payload.
 func recycleFrame(of *outFrame) {
-	of.f.Payload, of.req, of.done = nil, nil, nil
+	of.f.Payload, of.req, of.done, of.blk, of.trunk = nil, nil, nil, nil, trunk{}
 	if of.pooled {
 		framePool.Put(of)
 	}

@@ -100,7 +100,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 		if l == nil {
 			continue
 		}
-		bt := fwdBatch{lost: -1}
+		bt := newBatch()
 		l.mu.Lock()
 		for _, b := range l.retained {
 			if b.t.via != via || b.t.sub.idx != sub {
@@ -108,7 +108,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 			}
 			t, ok := d.pickTrunkLocked(l, int32(peer), b.class)
 			if !ok {
-				d.failLineLocked(l, int32(peer), &bt)
+				d.failLineLocked(l, int32(peer), bt)
 				break
 			}
 			n := b.size()
@@ -119,10 +119,10 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 			resent++
 		}
 		if l.failed == nil && !d.trunksLive(int32(peer)) {
-			d.failLineLocked(l, int32(peer), &bt)
+			d.failLineLocked(l, int32(peer), bt)
 		}
 		l.mu.Unlock()
-		d.finishBatch(&bt, false)
+		d.finishBatch(bt, false)
 	}
 	f.resent.Add(uint64(resent))
 	for _, classes := range f.paths {
