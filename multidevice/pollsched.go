@@ -31,8 +31,8 @@ import (
 // polled every round. Any frame a quiet subdevice delivers makes it busy
 // again at once, so a peer that moves its traffic onto it (a failover
 // route switching trunks, a large message after small ones) pays the gap
-// once. The cost of a poll is sampled every sampleEvery rounds, from the
-// polls that handled nothing. The counts persist across waits, so a quiet
+// once. Each subdevice's poll cost is sampled once per sampleEvery rounds,
+// from a poll that handled nothing. The counts persist across waits, so a quiet
 // subdevice comes due after its number of rounds however short each wait
 // is, and a stream of waits that end at once does not starve it.
 // Skipping applies only while the waiter polls back to back; once it
@@ -49,9 +49,11 @@ const (
 	// in ns of the other subdevices' polls. tcp's stand-by ends after a
 	// pause of 500 µs, far longer.
 	quietMaxGap = 20_000
-	// sampleEvery is how many rounds pass between sampled polls; a sample
-	// costs two clock reads (~25 ns each here).
-	sampleEvery = 32
+	// sampleEvery is how many rounds pass between two samples of one
+	// subdevice's poll cost; a sample costs two clock reads, ~25 ns each
+	// here and more than a shm poll under a profiler (every 32 rounds,
+	// they took 9% of a failover route's spinning over shm).
+	sampleEvery = 256
 	// maxScheduled is how many subdevices a waiter schedules; one that
 	// polls more polls them all every round.
 	maxScheduled = 8
@@ -75,6 +77,8 @@ type polled struct {
 	// hit is the round of its last poll that handled something; 0 if none
 	// did yet.
 	hit atomic.Uint32
+	// sampleAt is the round from which its next poll is timed.
+	sampleAt atomic.Uint32
 }
 
 // sample folds one empty poll's duration into the cost estimate. A poll
@@ -102,6 +106,7 @@ type schedule struct {
 	owed   [maxScheduled]int32
 	quiet  [maxScheduled]int32
 	hit    [maxScheduled]uint32
+	sample [maxScheduled]uint32 // sampleAt
 }
 
 // load starts a schedule for pollers from what earlier waiters left;
@@ -116,6 +121,7 @@ func (s *schedule) load(pollers []*polled, rounds *atomic.Uint32, yield bool) {
 	for i, pp := range pollers {
 		s.owed[i] = pp.owed.Load()
 		s.hit[i] = pp.hit.Load()
+		s.sample[i] = pp.sampleAt.Load()
 		s.quiet[i] = pp.quiet.Load()
 	}
 	s.plan(pollers)
@@ -130,6 +136,7 @@ func (s *schedule) save(pollers []*polled, rounds *atomic.Uint32) {
 	for i, pp := range pollers {
 		pp.owed.Store(s.owed[i])
 		pp.hit.Store(s.hit[i])
+		pp.sampleAt.Store(s.sample[i])
 		pp.quiet.Store(s.quiet[i])
 	}
 }
@@ -219,11 +226,12 @@ func (s *schedule) poll(pollers []*polled, i int) int {
 		return pp.p.Poll()
 	}
 	var n int
-	if s.rounds%sampleEvery == 0 {
+	if int32(s.rounds-s.sample[i]) >= 0 {
 		t := time.Now()
 		n = pp.p.Poll()
 		if n == 0 {
 			pp.sample(time.Since(t).Nanoseconds())
+			s.sample[i] = s.rounds + sampleEvery
 		}
 	} else {
 		n = pp.p.Poll()
