@@ -436,6 +436,8 @@ func TestExampleRoutes(t *testing.T) {
 		{"shm-tcp.hcl", "shm-small-tcp-large.json"},
 		{"two-tcp.hcl", "tcp.json"},
 		{"two-tcp.hcl", "tcp-failover.json"},
+		{"two-shm.hcl", "shm.json"},
+		{"two-shm.hcl", "shm-failover.json"},
 	} {
 		t.Run(tc.plugins+"/"+tc.table, func(t *testing.T) {
 			p, err := multidevice.LoadPlugins(filepath.Join(dir, tc.plugins))
