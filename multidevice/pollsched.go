@@ -1,7 +1,7 @@
 package multidevice
 
 import (
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -32,13 +32,20 @@ import (
 // again at once, so a peer that moves its traffic onto it (a failover
 // route switching trunks, a large message after small ones) pays the gap
 // once. Each subdevice's poll cost is sampled once per sampleEvery rounds,
-// from a poll that handled nothing. The counts persist across waits, so a quiet
-// subdevice comes due after its number of rounds however short each wait
-// is, and a stream of waits that end at once does not starve it.
+// from a poll that handled nothing. The counts persist across waits, so a
+// quiet subdevice comes due after its number of rounds however short each
+// wait is, and a stream of waits that end at once does not starve it.
 // Skipping applies only while the waiter polls back to back; once it
 // yields between polls (after spinFor, or from the start on a crowded
 // host) the yield costs more than any poll, and every subdevice is polled
 // every round.
+//
+// The schedule belongs to one waiter at a time (schedState.mu, taken with
+// TryLock): it keeps its counts in the subdevices' polled structs, without
+// atomics, and its plan across waits. A waiter that finds it taken (two
+// goroutines waiting at once) polls every subdevice every round. Copying
+// the counts in and out of each wait with atomic stores cost ~10% of a
+// failover route's spinning over shm.
 const (
 	quietAfter = 32
 	quietMax   = 4 * quietAfter
@@ -54,200 +61,200 @@ const (
 	// here and more than a shm poll under a profiler (every 32 rounds,
 	// they took 9% of a failover route's spinning over shm).
 	sampleEvery = 256
-	// maxScheduled is how many subdevices a waiter schedules; one that
-	// polls more polls them all every round.
-	maxScheduled = 8
 )
 
-// polled is a pollable subdevice and what waiters learned of it. Its
-// counters are shared by all waiters; each loads them when it starts and
-// stores them when it stops, so concurrent waiters may overwrite each
-// other's counts, which only moves a poll by a few rounds.
+// polled is a pollable subdevice and what the scheduling waiter learned of
+// it. The counts are guarded by schedState.mu.
 type polled struct {
 	p     sdi.Poller
 	idler sdi.Idler // nil unless the subdevice sets FlagIdle
+
 	// cost estimates an empty Poll in ns: a moving average of samples,
 	// 0 until the first one.
-	cost atomic.Int64
+	cost int64
 	// quiet counts consecutive polls that handled nothing, up to
 	// quietMax.
-	quiet atomic.Int32
-	// owed counts the rounds it was skipped since its last poll.
-	owed atomic.Int32
+	quiet int32
+	// every is how many rounds pass between its polls under the plan
+	// (0 or 1: each round); owed counts the rounds skipped since its
+	// last poll.
+	every, owed int32
 	// hit is the round of its last poll that handled something; 0 if none
 	// did yet.
-	hit atomic.Uint32
+	hit uint32
 	// sampleAt is the round from which its next poll is timed.
-	sampleAt atomic.Uint32
+	sampleAt uint32
 }
 
 // sample folds one empty poll's duration into the cost estimate. A poll
 // the scheduler interrupted would count as hundreds of µs; a sample is
 // taken as at most twice the estimate plus 2 µs.
 func (pp *polled) sample(ns int64) {
-	c := pp.cost.Load()
-	if c == 0 {
-		pp.cost.Store(max(ns, 1))
+	if pp.cost == 0 {
+		pp.cost = max(ns, 1)
 		return
 	}
-	ns = min(ns, 2*c+2000)
-	pp.cost.Store(max(c+(ns-c)/4, 1))
+	ns = min(ns, 2*pp.cost+2000)
+	pp.cost = max(pp.cost+(ns-pp.cost)/4, 1)
 }
 
-// schedule is one waiter's plan for its pollers; it lives on the waiter's
-// stack. Only a waiter with 2 to maxScheduled pollers skips any (on).
+// schedState is the Device's poll schedule, owned by one waiter at a time.
+type schedState struct {
+	mu sync.Mutex
+	// Guarded by mu:
+	rounds uint32    // rounds polled by scheduling waiters
+	plan   []*polled // the pollers the plan in their every fields is for
+	noskip bool      // the plan skips nothing (its waiter yielded)
+}
+
+// schedule is one waiter's handle on the schedule; it lives on the
+// waiter's stack. It schedules (st non-nil) only for a waiter with
+// several subdevices to poll that got the schedule.
 type schedule struct {
-	on bool
-	// noskip: the waiter yields between polls, and polls every
-	// subdevice every round.
-	noskip bool
-	rounds uint32 // rounds polled so far, this waiter's and earlier ones'
-	every  [maxScheduled]int32
-	owed   [maxScheduled]int32
-	quiet  [maxScheduled]int32
-	hit    [maxScheduled]uint32
-	sample [maxScheduled]uint32 // sampleAt
+	st      *schedState
+	pollers []*polled
+	noskip  bool // the waiter yields between polls
 }
 
-// load starts a schedule for pollers from what earlier waiters left;
-// rounds counts all waiters' rounds, for the sampling phase. A waiter
-// that yields from the start skips nothing.
-func (s *schedule) load(pollers []*polled, rounds *atomic.Uint32, yield bool) {
-	if len(pollers) < 2 || len(pollers) > maxScheduled {
+// load takes the schedule for pollers if they are several and nobody else
+// has it. A waiter that yields from the start skips nothing.
+func (s *schedule) load(st *schedState, pollers []*polled, yield bool) {
+	if len(pollers) < 2 || !st.mu.TryLock() {
 		return
 	}
-	s.on, s.noskip = true, yield
-	s.rounds = rounds.Load()
-	for i, pp := range pollers {
-		s.owed[i] = pp.owed.Load()
-		s.hit[i] = pp.hit.Load()
-		s.sample[i] = pp.sampleAt.Load()
-		s.quiet[i] = pp.quiet.Load()
+	s.st, s.pollers, s.noskip = st, pollers, yield
+	if st.noskip != yield || len(st.plan) != len(pollers) || &st.plan[0] != &pollers[0] {
+		s.plan()
 	}
-	s.plan(pollers)
 }
 
-// save leaves the counts for the next waiter.
-func (s *schedule) save(pollers []*polled, rounds *atomic.Uint32) {
-	if !s.on {
-		return
+// save gives the schedule back.
+func (s *schedule) save() {
+	if s.st != nil {
+		s.st.mu.Unlock()
+		s.st = nil
 	}
-	rounds.Store(s.rounds)
-	for i, pp := range pollers {
-		pp.owed.Store(s.owed[i])
-		pp.hit.Store(s.hit[i])
-		pp.sampleAt.Store(s.sample[i])
-		pp.quiet.Store(s.quiet[i])
+}
+
+// tick counts a round.
+func (s *schedule) tick() {
+	if s.st != nil {
+		s.st.rounds++
 	}
 }
 
 // yielding tells the schedule whether the waiter yields between polls
 // from now on, and so polls every subdevice every round.
-func (s *schedule) yielding(pollers []*polled, yield bool) {
-	if s.on && s.noskip != yield {
+func (s *schedule) yielding(yield bool) {
+	if s.st != nil && s.noskip != yield {
 		s.noskip = yield
-		s.plan(pollers)
+		s.plan()
 	}
 }
 
 // plan sets every poller's interval: 1 for busy ones, and for quiet ones
 // dearer than a round of the busy ones as many rounds as make their polls
 // take their share of the time, the rest going to the pollers polled every
-// round (skipping a cheaper one would save little). If all are quiet (a wait
-// longer than quietAfter polls), the one that delivered last is polled
-// every round, as the one the traffic is on: a tcp peer's reply that takes
-// 30 µs must not wait for tcp's turn behind an idle shm. A poller never
-// sampled costs 0 and is polled every round until it is.
-func (s *schedule) plan(pollers []*polled) {
+// round (skipping a cheaper one would save little). If all are quiet (a
+// wait longer than quietAfter polls), the one that delivered last is
+// polled every round, as the one the traffic is on: a tcp peer's reply
+// that takes 30 µs must not wait for tcp's turn behind an idle shm. A
+// poller never sampled costs 0 and is polled every round until it is.
+func (s *schedule) plan() {
+	s.st.plan, s.st.noskip = s.pollers, s.noskip
 	var base int64
-	lead := -1 // the most recent to deliver, else the cheapest
-	for i, pp := range pollers {
-		c := max(pp.cost.Load(), 1)
-		if s.quiet[i] < quietAfter {
+	var lead *polled // the most recent to deliver, else the cheapest
+	for _, pp := range s.pollers {
+		c := max(pp.cost, 1)
+		if pp.quiet < quietAfter {
 			base += c
 		}
-		if lead < 0 || s.later(i, lead) || s.hit[i] == s.hit[lead] && c < max(pollers[lead].cost.Load(), 1) {
-			lead = i
+		if lead == nil || later(pp, lead) || pp.hit == lead.hit && c < max(lead.cost, 1) {
+			lead = pp
 		}
 	}
 	allQuiet := base == 0
 	if allQuiet {
-		base = max(pollers[lead].cost.Load(), 1)
+		base = max(lead.cost, 1)
 	}
-	for i, pp := range pollers {
-		c := pp.cost.Load()
-		if s.noskip || s.quiet[i] < quietAfter || allQuiet && i == lead || c <= base {
-			s.every[i] = 1
+	for _, pp := range s.pollers {
+		if s.noskip || pp.quiet < quietAfter || allQuiet && pp == lead || pp.cost <= base {
+			pp.every = 1
 			continue
 		}
 		share := int64(quietShare)
-		for q := s.quiet[i]; q >= 2*quietAfter; q /= 2 {
+		for q := pp.quiet; q >= 2*quietAfter; q /= 2 {
 			share *= 2
 		}
-		every := (share*c + base - 1) / base
+		every := (share*pp.cost + base - 1) / base
 		every = min(every, quietMaxGap/base+1, 1<<20)
-		s.every[i] = int32(max(every, 1))
+		pp.every = int32(max(every, 1))
 	}
 }
 
-// later reports whether poller i delivered more recently than poller j.
-// Round numbers wrap; hits 2^31 rounds apart compare wrongly, which only
-// misplaces one plan.
-func (s *schedule) later(i, j int) bool {
-	hi, hj := s.hit[i], s.hit[j]
+// later reports whether a delivered more recently than b. Round numbers
+// wrap; hits 2^31 rounds apart compare wrongly, which only misplaces one
+// plan.
+func later(a, b *polled) bool {
 	switch {
-	case hi == 0:
+	case a.hit == 0:
 		return false
-	case hj == 0:
+	case b.hit == 0:
 		return true
 	}
-	return int32(hi-hj) > 0
+	return int32(a.hit-b.hit) > 0
 }
 
 // due reports whether poller i is polled this round, and counts the
 // round as owed if not.
 func (s *schedule) due(i int) bool {
-	if s.every[i] <= 1 {
+	if s.st == nil {
 		return true
 	}
-	if s.owed[i]+1 < s.every[i] {
-		s.owed[i]++
+	pp := s.pollers[i]
+	if pp.every <= 1 {
+		return true
+	}
+	if pp.owed+1 < pp.every {
+		pp.owed++
 		return false
 	}
-	s.owed[i] = 0
+	pp.owed = 0
 	return true
 }
 
-// poll polls pollers[i], sampling its cost in the sampling rounds, and
-// notes whether it handled something.
+// poll polls pollers[i], timing it when its sample is due, and notes
+// whether it handled something.
 func (s *schedule) poll(pollers []*polled, i int) int {
 	pp := pollers[i]
-	if !s.on {
+	if s.st == nil {
 		return pp.p.Poll()
 	}
+	rounds := s.st.rounds
 	var n int
-	if int32(s.rounds-s.sample[i]) >= 0 {
+	if int32(rounds-pp.sampleAt) >= 0 {
 		t := time.Now()
 		n = pp.p.Poll()
 		if n == 0 {
 			pp.sample(time.Since(t).Nanoseconds())
-			s.sample[i] = s.rounds + sampleEvery
+			pp.sampleAt = rounds + sampleEvery
 		}
 	} else {
 		n = pp.p.Poll()
 	}
-	q := s.quiet[i]
+	q := pp.quiet
 	switch {
 	case n > 0 && q != 0:
-		s.quiet[i] = 0
-		s.hit[i] = s.rounds
+		pp.quiet, pp.hit = 0, rounds
 		if q >= quietAfter {
-			s.plan(pollers)
+			s.plan()
 		}
-	case n == 0 && q < quietMax:
-		s.quiet[i] = q + 1
+	case n > 0:
+		pp.hit = rounds
+	case q < quietMax:
+		pp.quiet = q + 1
 		if q+1 == quietAfter || q+1 == 2*quietAfter || q+1 == quietMax {
-			s.plan(pollers)
+			s.plan()
 		}
 	}
 	return n

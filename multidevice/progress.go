@@ -36,9 +36,9 @@ const (
 type progressState struct {
 	pollers     []*polled   // every subdevice with FlagPoll
 	peerPollers [][]*polled // [peer] those among them that carry its routes
-	// rounds counts the polling rounds of waiters with more than one
-	// subdevice to poll (pollsched.go).
-	rounds atomic.Uint32
+	// sched is the poll schedule of waiters with several subdevices to
+	// poll (pollsched.go).
+	sched schedState
 	// spinners counts goroutines in spin; while there is one, queued
 	// frames are sent by it and the outbox goroutine is not woken.
 	spinners atomic.Int32
@@ -177,18 +177,18 @@ func (d *Device) spin(pollers []*polled, done func() bool) bool {
 		return done()
 	}
 	var sch schedule
-	sch.load(pollers, &d.prog.rounds, d.prog.crowded)
+	sch.load(&d.prog.sched, pollers, d.prog.crowded)
 	// Most waits on a busy link end in the first round. It runs before
 	// this goroutine counts as a spinner, which saves two locked
 	// instructions per wait; a frame a handler queues meanwhile wakes the
 	// outbox goroutine, and is sent here anyway if that one is not at it.
 	if _, ok := d.round(pollers, &sch, done); ok {
-		sch.save(pollers, &d.prog.rounds)
+		sch.save()
 		return true
 	}
 	d.prog.spinners.Add(1)
 	defer d.stopSpinning()
-	defer sch.save(pollers, &d.prog.rounds)
+	defer sch.save()
 	var start time.Time
 	yield := d.prog.crowded
 	for i := 0; ; i++ {
@@ -198,7 +198,7 @@ func (d *Device) spin(pollers []*polled, done func() bool) bool {
 		}
 		if n > 0 && !start.IsZero() {
 			start, yield = time.Time{}, d.prog.crowded // restart the clock at the next check
-			sch.yielding(pollers, yield)
+			sch.yielding(yield)
 		}
 		if yield {
 			// runtime.Gosched puts this goroutine on the global run queue
@@ -227,7 +227,7 @@ func (d *Device) spin(pollers []*polled, done func() bool) bool {
 			}
 			if !yield && el > spinFor {
 				yield = true
-				sch.yielding(pollers, true)
+				sch.yielding(true)
 			}
 		}
 	}
@@ -240,7 +240,7 @@ func (d *Device) spin(pollers []*polled, done func() bool) bool {
 // subdevice, its waiter does not first wait for the others' polls.
 func (d *Device) round(pollers []*polled, sch *schedule, done func() bool) (int, bool) {
 	n := 0
-	sch.rounds++
+	sch.tick()
 	for i := range pollers {
 		if !sch.due(i) {
 			continue
