@@ -245,7 +245,7 @@ func (d *Device) round(pollers []*polled, sch *schedule, done func() bool) (int,
 		if !sch.due(i) {
 			continue
 		}
-		if k := sch.poll(pollers, i); k > 0 {
+		if k := sch.poll(i); k > 0 {
 			n += k
 			if done() {
 				d.out.help()
