@@ -58,27 +58,26 @@ func (t *tableBuilder) compute(src int32) {
 	t.src = src
 	var buf []choice
 	for c := range t.d.classes {
-		t.r.mode = allNets
-		if t.d.standby {
-			t.r.mode = noSpares
-		}
-		t.r.run(src, c)
-		missing := false
-		for h := range int32(len(t.d.hosts)) {
-			buf = t.r.routes(h, buf[:0])
-			t.resN[c][h] = uint8(copy(t.res[c][int(h)*k:int(h+1)*k], buf))
-			missing = missing || len(buf) == 0 && h != src
-		}
-		if !missing || t.r.mode == allNets {
-			continue
-		}
-		t.r.mode = allNets
-		t.r.run(src, c)
-		for h := range int32(len(t.d.hosts)) {
-			if t.resN[c][h] == 0 {
+		// fill runs the router in mode and keeps its routes to every host,
+		// or to those with none yet (a second pass); it reports whether
+		// some host still has none.
+		fill := func(mode netMode, second bool) (missing bool) {
+			t.r.mode = mode
+			t.r.run(src, c)
+			for h := range int32(len(t.d.hosts)) {
+				if second && t.resN[c][h] != 0 {
+					continue
+				}
 				buf = t.r.routes(h, buf[:0])
 				t.resN[c][h] = uint8(copy(t.res[c][int(h)*k:int(h+1)*k], buf))
+				missing = missing || len(buf) == 0 && h != src
 			}
+			return missing
+		}
+		if !t.d.standby {
+			fill(allNets, false)
+		} else if fill(noSpares, false) {
+			fill(allNets, true)
 		}
 	}
 }
