@@ -53,7 +53,7 @@ type pendingFrame struct {
 // block is an admitted frame: its inner header and data, kept until the
 // destination acknowledges it.
 //
-// Most blocks are copies (buf). Rendezvous data on a line whose
+// Most blocks are copies (bufp). Rendezvous data on a line whose
 // subdevices take split frames is not copied: the block is the frame
 // itself (of), its data the application's buffer, and the frame, with it
 // the send request, completes only when the block is acknowledged and no
@@ -67,8 +67,7 @@ type block struct {
 	urgent bool    // the destination should credit it at once
 	inner  []byte  // the inner header
 	data   []byte  // the data
-	buf    []byte  // pooled inner header + data, for a copy; else nil
-	bufp   *[]byte // buf's pool entry
+	bufp   *[]byte // a copy's pooled buffer, inner header then data; else nil
 	of     *outFrame
 	err    error // how of completes; set before the last release
 	// refs counts the owners of the block's bytes: one while retained,
@@ -91,7 +90,7 @@ func (b *block) release(d *Device) {
 		return
 	}
 	bufp, of, err := b.bufp, b.of, b.err
-	b.t, b.inner, b.data, b.buf, b.bufp, b.of, b.err = trunk{}, nil, nil, nil, nil, nil, nil
+	b.t, b.inner, b.data, b.bufp, b.of, b.err = trunk{}, nil, nil, nil, nil, nil
 	blocks.Put(b)
 	if bufp != nil {
 		putBlock(bufp)
@@ -179,10 +178,9 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 		b.urgent = b.urgent || off+uint64(len(b.data)) >= length
 	} else {
 		b.bufp = getBlock(n)
-		b.buf = *b.bufp
-		copy(b.buf, hb)
-		copy(b.buf[headerSize:], pf.of.f.Payload)
-		b.inner, b.data = b.buf[:headerSize], b.buf[headerSize:]
+		buf := *b.bufp
+		copy(buf[copy(buf, hb):], pf.of.f.Payload)
+		b.inner, b.data = buf[:headerSize], buf[headerSize:]
 		bt.done = append(bt.done, pf.of)
 	}
 	b.refs.Store(1)
@@ -206,7 +204,11 @@ func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 		h.rreq = cum
 	}
 	of := framePool.Get().(*outFrame)
-	of.setBlock(t.via, &h, b, b.buf == nil || t.sub.splits())
+	var whole []byte
+	if b.bufp != nil {
+		whole = *b.bufp
+	}
+	of.setBlock(t.via, &h, b.inner, b.data, whole, t.sub.splits())
 	b.refs.Add(1)
 	of.blk, of.trunk = b, t // blockSent, without a closure to allocate
 	return of
@@ -268,6 +270,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 	l.mu.Lock()
 	if cum > l.next {
 		l.mu.Unlock()
+		bt.recycle()
 		d.log.Warn("dropping credit for blocks never sent", "from", peer, "credit", cum)
 		return
 	}

@@ -454,7 +454,7 @@ func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	var of *outFrame
 	if h.tag == sysFwd {
 		of = framePool.Get().(*outFrame)
-		of.setBlock(t.via, &fh, &block{inner: buf[:headerSize], data: buf[headerSize:], buf: buf}, t.sub.splits())
+		of.setBlock(t.via, &fh, buf[:headerSize], buf[headerSize:], buf, t.sub.splits())
 	} else {
 		of = d.frame(t.via, &fh, buf)
 	}

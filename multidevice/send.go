@@ -186,20 +186,21 @@ func (of *outFrame) set(peer int32, h *header, payload []byte) {
 	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:headerSize], Payload: payload, Token: of.token()}
 }
 
-// setBlock fills in the frame that carries block b to peer under the
-// outer header h. Split, the frame's header is the outer header followed
-// by the inner one and its payload the data alone, so the data need not
-// follow the inner header in memory (a block that is the application's
-// buffer) and a receiver can place it (Place); otherwise the payload is
-// the block's buffer, inner header and data.
-func (of *outFrame) setBlock(peer int32, h *header, b *block, split bool) {
+// setBlock fills in the frame that carries a forwarded block to peer
+// under the outer header h: its inner header and data, and whole, the two
+// in one buffer, or nil when they lie apart (data still in the
+// application's buffer). Split, the frame's header is the outer header
+// followed by the inner one and its payload the data alone, so a
+// receiver can place it (Place); a block with no whole buffer always
+// goes split. Otherwise the payload is whole.
+func (of *outFrame) setBlock(peer int32, h *header, inner, data, whole []byte, split bool) {
 	h.put(of.hb[:headerSize])
-	if split {
-		copy(of.hb[headerSize:], b.inner)
-		of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: b.data, Token: of.token()}
+	if split || whole == nil {
+		copy(of.hb[headerSize:], inner)
+		of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:], Payload: data, Token: of.token()}
 		return
 	}
-	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:headerSize], Payload: b.buf, Token: of.token()}
+	of.f = sdi.Frame{Peer: sdi.Rank(peer), Header: of.hb[:headerSize], Payload: whole, Token: of.token()}
 }
 
 // setShort fills in the frame of a standard-mode eager message that goes
