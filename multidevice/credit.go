@@ -210,17 +210,20 @@ func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 	}
 	of.setBlock(t.via, &h, b.inner, b.data, whole, t.sub.splits())
 	b.refs.Add(1)
-	of.blk, of.trunk = b, t // blockSent, without a closure to allocate
+	of.blk, of.trunk = b, t // trunkSent, without a closure to allocate
 	return of
 }
 
-// blockSent ends one trip of block b through trunk t: a trunk that failed
-// it is down, and the trip's hold on the block ends.
-func (d *Device) blockSent(b *block, t trunk, err error) {
+// trunkSent ends a frame's trip through trunk t, carrying block b (or a
+// credit, b nil): a trunk that failed it is down, and the trip's hold on
+// the block ends.
+func (d *Device) trunkSent(t trunk, b *block, err error) {
 	if err != nil && !d.closed.Load() && !d.finalizing.Load() {
 		d.trunkDown(t.via, t.sub.idx, err)
 	}
-	b.release(d)
+	if b != nil {
+		b.release(d)
+	}
 }
 
 // finishBatch sends and completes what a line operation decided.
@@ -447,11 +450,7 @@ func (d *Device) sendCredit(src int32) {
 func (d *Device) creditFrame(src int32, cum uint64, t trunk) *outFrame {
 	h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: src, seq: cum}
 	of := d.frame(t.via, &h, nil)
-	of.done = func(err error) {
-		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
-			d.trunkDown(t.via, t.sub.idx, err)
-		}
-	}
+	of.trunk = t // trunkSent
 	return of
 }
 

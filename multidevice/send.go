@@ -147,8 +147,9 @@ type outFrame struct {
 	// failure is logged (system messages nobody waits for).
 	req  *Request
 	done func(error)
-	// blk, if set, is the forwarded block this frame carries through
-	// trunk: on completion, Device.blockSent (credit.go).
+	// trunk, if set (sub non-nil), is the trunk of a line this frame
+	// goes through, carrying block blk or a credit: on completion,
+	// Device.trunkSent (credit.go).
 	blk    *block
 	trunk  trunk
 	pooled bool
@@ -221,8 +222,8 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 	req, done, peer, blk, t := of.req, of.done, of.f.Peer, of.blk, of.trunk
 	recycleFrame(of)
 	switch {
-	case blk != nil:
-		d.blockSent(blk, t, err)
+	case t.sub != nil:
+		d.trunkSent(t, blk, err)
 	case req != nil:
 		req.frameDone(err)
 	case done != nil:
