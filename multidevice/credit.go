@@ -38,7 +38,8 @@ type txLine struct {
 	inflight int            // bytes of retained blocks
 	retained []*block       // unacknowledged blocks, ascending block numbers
 	waiting  []pendingFrame // frames not admitted yet, in send order
-	load     map[trunk]int  // unacknowledged bytes per trunk
+	load     []int          // unacknowledged bytes per trunk, by trunk.slot
+	ways     []trunk        // the trunks of load's slots; set during Open
 	failed   error          // every trunk died; the line takes nothing more
 }
 
@@ -186,7 +187,7 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	b.refs.Store(1)
 	l.next++
 	l.inflight += n
-	l.load[t] += n
+	l.load[t.slot] += n
 	l.retained = append(l.retained, b)
 	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 	return true
@@ -282,7 +283,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		b := l.retained[i]
 		n := b.size()
 		l.inflight -= n
-		l.load[b.t] -= n
+		l.load[b.t.slot] -= n
 		bt.release = append(bt.release, b)
 	}
 	if i > 0 {

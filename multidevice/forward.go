@@ -178,6 +178,10 @@ type trunk struct {
 	sub     *subdev
 	via     int32
 	standby bool
+	// slot indexes the peer's txLine.load: one per distinct trunk of the
+	// peer's classes, set by setPath. A map keyed by trunk cost a hash of
+	// the struct on every block admitted and acknowledged.
+	slot int
 }
 
 // forwarder is the Device's state for indirect communication.
@@ -265,8 +269,19 @@ func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 		chunk = min(chunk, room)
 	}
 	f.chunk[peer][ci], f.split[peer][ci] = chunk, split
-	if f.tx[peer] == nil {
-		f.tx[peer] = &txLine{load: make(map[trunk]int)}
+	l := f.tx[peer]
+	if l == nil {
+		l = &txLine{}
+		f.tx[peer] = l
+	}
+	for i, t := range trunks {
+		t.slot = slices.IndexFunc(l.ways, func(w trunk) bool { return w.same(t) && w.standby == t.standby })
+		if t.slot < 0 {
+			t.slot = len(l.ways)
+			l.ways = append(l.ways, t)
+			l.load = append(l.load, 0)
+		}
+		trunks[i] = t
 	}
 }
 

@@ -46,7 +46,7 @@ func (d *Device) pickTrunkLocked(l *txLine, peer int32, class int) (trunk, bool)
 			if t.standby != standby || d.fwd.isDead(t) {
 				continue
 			}
-			if !found || l.load[t] < l.load[best] {
+			if !found || l.load[t.slot] < l.load[best.slot] {
 				best, found = t, true
 			}
 		}
@@ -112,8 +112,8 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 				break
 			}
 			n := b.size()
-			l.load[b.t] -= n
-			l.load[t] += n
+			l.load[b.t.slot] -= n
+			l.load[t.slot] += n
 			b.t = t
 			bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(int32(peer), b, t)})
 			resent++
