@@ -418,6 +418,12 @@ func (d *Device) onIndirect(sub int, from int32, h *header, inner, data []byte) 
 		return
 	}
 	switch {
+	case h.src == d.rank:
+		// Passed on, it would reach its destination as a block of this
+		// rank's own line that this rank never sent, and the credit for
+		// it would then cover blocks not sent yet: the line would stall,
+		// or drop the real block of that number as a duplicate.
+		d.log.Warn("dropping forwarded frame from this very rank (a routing loop, or a peer that forges frames)", "from", from, "destination", h.dst, "tag", h.tag)
 	case h.dst != d.rank:
 		d.passOn(from, h, inner, data)
 	case h.tag == sysFwd:
