@@ -55,10 +55,11 @@ func longHeader(h header) []byte {
 
 // FuzzDeliver hands arbitrary frames to a rank's subdevice handler, as a
 // faulty or hostile peer could send them, while the rank has receives, a
-// rendezvous receive and send, and a virtual line through a gateway in
-// progress. Nothing may panic, and the job must still close. One frame
-// comes as fields, which mutate more readily than the bytes they encode
-// to, the others as raw bytes (encodeFuzzFrames).
+// rendezvous receive, a rendezvous and a synchronous send, and a virtual
+// line in progress: through a gateway, or over a failover route of two
+// subdevices (failover set). Nothing may panic, and the job must still
+// close. One frame comes as fields, which mutate more readily than the
+// bytes they encode to, the others as raw bytes (encodeFuzzFrames).
 func FuzzDeliver(f *testing.F) {
 	short := make([]byte, shortHeaderSize)
 	putShort(short, 5, 0, 0)
@@ -78,7 +79,7 @@ func FuzzDeliver(f *testing.F) {
 		// The rendezvous receive of the fixture below has request id 2.
 		{h: header{kind: kindSys, tag: sysData, src: 2, dst: 1, length: 16, sreq: 7, rreq: 2, offset: 8}, from: 2, payload: make([]byte, 8)},
 		{h: header{kind: kindSys, tag: sysCTS, src: 0, dst: 1, sreq: 1, rreq: 9, offset: 1 << 20}, from: 0},
-		{h: header{kind: kindSys, tag: sysAck, src: 2, dst: 1, sreq: 1}, from: 2},
+		{h: header{kind: kindSys, tag: sysAck, src: 0, dst: 1, sreq: 3}, from: 0},
 		{h: header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, seq: 0, length: headerSize + 4, offset: 4, flags: flagCredit, rreq: 1}, from: 2,
 			payload: append(inner[:headerSize:headerSize], "abcd"...)},
 		{h: header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, seq: 0, length: headerSize + 4, offset: 4}, from: 2, split: true,
@@ -88,17 +89,25 @@ func FuzzDeliver(f *testing.F) {
 		{raw: []fuzzFrame{{from: 0, hdr: short, payload: []byte("abcd")}, {from: 2, hdr: append(block[:headerSize:headerSize], inner...), payload: []byte("abcd")}}},
 	} {
 		h := sd.h
-		f.Add(uint8(h.kind), h.flags, h.tag, h.src, h.dst, h.context, h.seq, h.length, h.sreq, h.rreq, h.offset, sd.from, sd.split, sd.payload, encodeFuzzFrames(sd.raw...))
+		for _, failover := range []bool{false, true} {
+			f.Add(uint8(h.kind), h.flags, h.tag, h.src, h.dst, h.context, h.seq, h.length, h.sreq, h.rreq, h.offset, sd.from, sd.split, sd.payload, encodeFuzzFrames(sd.raw...), failover, uint8(0))
+		}
 	}
-	f.Fuzz(func(t *testing.T, k, flags uint8, tag, src, dst int32, context, seq, length, sreq, rreq, offset uint64, from uint8, split bool, payload, raw []byte) {
-		// Rank 1 reaches rank 0 only through rank 2.
-		devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1}})
+	f.Fuzz(func(t *testing.T, k, flags uint8, tag, src, dst int32, context, seq, length, sreq, rreq, offset uint64, from uint8, split bool, payload, raw []byte, failover bool, sub uint8) {
+		var devs []*Device
+		if failover {
+			devs, _, _ = failoverJob(t, 3, true, false)
+		} else {
+			// Rank 1 reaches rank 0 only through rank 2.
+			devs, _ = openSites(t, siteJob{sites: []int{0, 1, -1}})
+		}
 		d := devs[1]
-		h := &handler{d: d, sub: 1}
+		h := &handler{d: d, sub: 1 + int(sub)%(len(d.subs)-1)}
 		// What the frames may meet: a receive from anyone, a rendezvous
 		// receive from rank 2 that has asked for its data (request id
-		// 2), and a rendezvous send to rank 0 through the gateway (id 1)
-		// waiting for its clear-to-send.
+		// 2), a rendezvous send to rank 0 (id 1) waiting for its
+		// clear-to-send and a synchronous send to rank 0 (id 3) waiting
+		// for its acknowledgement.
 		if _, err := d.Irecv(make([]byte, 16), AnySource, AnyTag, 0); err != nil {
 			t.Fatal(err)
 		}
@@ -109,6 +118,9 @@ func FuzzDeliver(f *testing.F) {
 			t.Fatal(err)
 		}
 		h.Deliver(2, longHeader(header{kind: kindRTS, tag: 6, src: 2, dst: 1, length: 1000, sreq: 7}), nil)
+		if _, err := d.Isend(make([]byte, 8), 0, 10, 0, true); err != nil {
+			t.Fatal(err)
+		}
 
 		hb := longHeader(header{kind: kind(k), flags: flags, tag: tag, src: src, dst: dst, context: context,
 			seq: seq, length: length, sreq: sreq, rreq: rreq, offset: offset})
