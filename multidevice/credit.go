@@ -196,7 +196,10 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 // blockFrame wraps a retained block for one trip through trunk t: to a
 // gateway, or to the peer itself over a failover route.
 func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
-	h := header{kind: kindSys, tag: sysFwd, src: d.rank, dst: peer, seq: b.seq, length: uint64(b.size()), offset: uint64(b.msgLen)}
+	// Field by field, not from a literal: see header.decodeShort.
+	var h header
+	h.kind, h.tag, h.src, h.dst = kindSys, sysFwd, d.rank, peer
+	h.seq, h.length, h.offset = b.seq, uint64(b.size()), uint64(b.msgLen)
 	if b.urgent {
 		h.flags |= flagUrgent
 	}
@@ -253,11 +256,14 @@ func (d *Device) finishBatch(bt *fwdBatch, direct bool) {
 
 // recycle empties bt, keeping its lists' capacity, and gives it back.
 func (bt *fwdBatch) recycle() {
+	// Field by field: rebuilding the struct from a literal was most of
+	// this function's time in profiles, on every message of a line.
 	clear(bt.sends)
 	clear(bt.done)
 	clear(bt.failed)
 	clear(bt.release)
-	*bt = fwdBatch{sends: bt.sends[:0], done: bt.done[:0], failed: bt.failed[:0], release: bt.release[:0]}
+	bt.sends, bt.done, bt.failed, bt.release = bt.sends[:0], bt.done[:0], bt.failed[:0], bt.release[:0]
+	bt.err = nil
 	batchPool.Put(bt)
 }
 
@@ -321,7 +327,7 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	case h.seq == l.cum:
 		dup = false
 		l.cum++
-		for {
+		for len(l.above) > 0 {
 			if _, ok := l.above[l.cum]; !ok {
 				break
 			}
