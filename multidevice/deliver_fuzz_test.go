@@ -1,8 +1,11 @@
 package multidevice
 
 import (
+	"context"
 	"encoding/binary"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -56,9 +59,15 @@ func longHeader(h header) []byte {
 // FuzzDeliver hands arbitrary frames to a rank's subdevice handler, as a
 // faulty or hostile peer could send them, while the rank has receives, a
 // rendezvous receive, a rendezvous and a synchronous send, and a virtual
-// line in progress: through a gateway, or over a failover route of two
-// subdevices (failover set). Nothing may panic, and the job must still
-// close. One frame comes as fields, which mutate more readily than the
+// line in progress: through an application rank as gateway (job 0, the
+// frames to rank 1), a dedicated relay (job 1, the frames to the relay),
+// or over a failover route of two subdevices (job 2, the frames to rank
+// 1). Nothing may panic, and every rank's Close must return by its
+// deadline. Close may fail: a frame that passes for one of a line's own
+// blocks (its source forged) shifts the line's numbering, and the line
+// then never drains. Without authentication no rank can tell such a
+// frame from a real one; what can be told is dropped (see
+// TestForwardDropsOwnBlock). One frame comes as fields, which mutate more readily than the
 // bytes they encode to, the others as raw bytes (encodeFuzzFrames).
 func FuzzDeliver(f *testing.F) {
 	short := make([]byte, shortHeaderSize)
@@ -77,7 +86,7 @@ func FuzzDeliver(f *testing.F) {
 		{h: header{kind: kindEager, flags: flagSync, tag: 3, src: 2, dst: 1, seq: 1, length: 0, sreq: 4}, from: 2},
 		{h: header{kind: kindRTS, tag: 5, src: 2, dst: 1, seq: 1, length: 5000, sreq: 8}, from: 2},
 		// The rendezvous receive of the fixture below has request id 2.
-		{h: header{kind: kindSys, tag: sysData, src: 2, dst: 1, length: 16, sreq: 7, rreq: 2, offset: 8}, from: 2, payload: make([]byte, 8)},
+		{h: header{kind: kindSys, tag: sysData, src: 0, dst: 1, length: 16, sreq: 7, rreq: 2, offset: 8}, from: 0, payload: make([]byte, 8)},
 		{h: header{kind: kindSys, tag: sysCTS, src: 0, dst: 1, sreq: 1, rreq: 9, offset: 1 << 20}, from: 0},
 		{h: header{kind: kindSys, tag: sysAck, src: 0, dst: 1, sreq: 3}, from: 0},
 		{h: header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, seq: 0, length: headerSize + 4, offset: 4, flags: flagCredit, rreq: 1}, from: 2,
@@ -89,22 +98,26 @@ func FuzzDeliver(f *testing.F) {
 		{raw: []fuzzFrame{{from: 0, hdr: short, payload: []byte("abcd")}, {from: 2, hdr: append(block[:headerSize:headerSize], inner...), payload: []byte("abcd")}}},
 	} {
 		h := sd.h
-		for _, failover := range []bool{false, true} {
-			f.Add(uint8(h.kind), h.flags, h.tag, h.src, h.dst, h.context, h.seq, h.length, h.sreq, h.rreq, h.offset, sd.from, sd.split, sd.payload, encodeFuzzFrames(sd.raw...), failover, uint8(0))
+		for job := range uint8(3) {
+			f.Add(uint8(h.kind), h.flags, h.tag, h.src, h.dst, h.context, h.seq, h.length, h.sreq, h.rreq, h.offset, sd.from, sd.split, sd.payload, encodeFuzzFrames(sd.raw...), job, uint8(0))
 		}
 	}
-	f.Fuzz(func(t *testing.T, k, flags uint8, tag, src, dst int32, context, seq, length, sreq, rreq, offset uint64, from uint8, split bool, payload, raw []byte, failover bool, sub uint8) {
+	f.Fuzz(func(t *testing.T, k, flags uint8, tag, src, dst int32, ctxID, seq, length, sreq, rreq, offset uint64, from uint8, split bool, payload, raw []byte, job, sub uint8) {
 		var devs []*Device
-		if failover {
-			devs, _, _ = failoverJob(t, 3, true, false)
-		} else {
-			// Rank 1 reaches rank 0 only through rank 2.
+		to := 1 // the rank the frames go to
+		switch job % 3 {
+		case 0: // rank 1 reaches rank 0 only through rank 2
 			devs, _ = openSites(t, siteJob{sites: []int{0, 1, -1}})
+		case 1: // the same through a dedicated relay
+			devs, _ = openSites(t, siteJob{sites: []int{0, 1, -1}, relays: 1})
+			to = 2
+		case 2:
+			devs, _, _ = failoverJob(t, 3, true, false)
 		}
 		d := devs[1]
-		h := &handler{d: d, sub: 1 + int(sub)%(len(d.subs)-1)}
+		h := &handler{d: devs[to], sub: 1 + int(sub)%(len(devs[to].subs)-1)}
 		// What the frames may meet: a receive from anyone, a rendezvous
-		// receive from rank 2 that has asked for its data (request id
+		// receive from rank 0 that has asked for its data (request id
 		// 2), a rendezvous send to rank 0 (id 1) waiting for its
 		// clear-to-send and a synchronous send to rank 0 (id 3) waiting
 		// for its acknowledgement.
@@ -114,15 +127,16 @@ func FuzzDeliver(f *testing.F) {
 		if _, err := d.Isend(make([]byte, 3000), 0, 9, 0, false); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := d.Irecv(make([]byte, 2000), 2, 6, 0); err != nil {
+		if _, err := d.Irecv(make([]byte, 2000), 0, 6, 0); err != nil {
 			t.Fatal(err)
 		}
-		h.Deliver(2, longHeader(header{kind: kindRTS, tag: 6, src: 2, dst: 1, length: 1000, sreq: 7}), nil)
+		fixture := &handler{d: d, sub: 1}
+		fixture.Deliver(0, longHeader(header{kind: kindRTS, tag: 6, src: 0, dst: 1, length: 1000, sreq: 7}), nil)
 		if _, err := d.Isend(make([]byte, 8), 0, 10, 0, true); err != nil {
 			t.Fatal(err)
 		}
 
-		hb := longHeader(header{kind: kind(k), flags: flags, tag: tag, src: src, dst: dst, context: context,
+		hb := longHeader(header{kind: kind(k), flags: flags, tag: tag, src: src, dst: dst, context: ctxID,
 			seq: seq, length: length, sreq: sreq, rreq: rreq, offset: offset})
 		if split {
 			n := min(len(payload), headerSize)
@@ -132,5 +146,36 @@ func FuzzDeliver(f *testing.F) {
 		for _, fr := range decodeFuzzFrames(raw, 8) {
 			h.Deliver(sdi.Rank(int(fr.from)%len(devs)), fr.hdr, fr.payload)
 		}
+		// Closed here with a short deadline, errors allowed (see above);
+		// the cleanup's closeJob then finds them closed.
+		ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+		defer cancel()
+		var wg sync.WaitGroup
+		for _, d := range devs {
+			wg.Go(func() { _ = d.Close(ctx) })
+		}
+		wg.Wait()
 	})
+}
+
+// TestForwardDropsOwnBlock: a forwarded block that claims to come from the
+// rank it reaches (a routing loop, or a forgery) is not passed on. Passed
+// on, it would arrive as a block of this rank's own line that this rank
+// never sent, and the line would never drain (FuzzDeliver found it).
+func TestForwardDropsOwnBlock(t *testing.T) {
+	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1}})
+	inner := longHeader(header{kind: kindEager, tag: 5, src: 1, dst: 0, length: 0})
+	h := &handler{d: devs[1], sub: 1}
+	h.Deliver(2, longHeader(header{kind: kindSys, tag: sysFwd, src: 1, dst: 0, seq: 5, length: headerSize}), inner)
+	if st := devs[1].ForwardStats(); st.Forwarded != 0 {
+		t.Fatalf("passed on %d frames, want none", st.Forwarded)
+	}
+	// The line still works, and drains at Close (closeJob).
+	if _, err := wait(t, must(t)(devs[1].Isend([]byte("hi"), 0, 5, 0, false))); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 2)
+	if _, err := wait(t, must(t)(devs[0].Irecv(buf, 1, 5, 0))); err != nil || string(buf) != "hi" {
+		t.Fatalf("receive: %v %q", err, buf)
+	}
 }
