@@ -44,7 +44,7 @@ func TestCorruptRing(t *testing.T) {
 			// Some honest traffic first, so the cursors are not at zero:
 			// too large for a fast slot, so that it goes through the ring
 			// and the records below follow no fast frame (fast.go).
-			hello := pattern(1, 100)
+			hello := pattern(1, 2*fastSlotSize)
 			mustSend(t, j.sds[0], &sdi.Frame{Peer: 1, Payload: hello})
 			if m := j.hs[1].next(t); !bytes.Equal(m.payload, hello) {
 				t.Fatalf("got %q", m.payload)
