@@ -94,6 +94,7 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-vs-build", "old:" + filepath.Join(dir, "missing")}, "", "no such file"},
 		{[]string{"-vs-build", "old:" + dir}, "", "not an executable file"},
 		{[]string{"-vs-build", "old:" + plain}, "", "not an executable file"},
+		{[]string{"-pairs", "-1", "mr"}, "", "-pairs -1"},
 	} {
 		o, err := parseArgs(tc.args, &bytes.Buffer{})
 		if tc.err != "" {
@@ -108,6 +109,26 @@ func TestParseArgs(t *testing.T) {
 		}
 		if got := strings.Join(o.tests, " "); got != tc.tests {
 			t.Errorf("parseArgs(%q) tests %q, want %q", tc.args, got, tc.tests)
+		}
+	}
+}
+
+// TestPairsDefault: mr's pairs default to a rank per core mdbench may
+// use, at least one pair; given, they stand.
+func TestPairsDefault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"mr"}, max(1, usableCores()/2)},
+		{[]string{"-pairs", "3", "mr"}, 3},
+	} {
+		o, err := parseArgs(tc.args, &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("parseArgs(%q): %v", tc.args, err)
+		}
+		if o.pairs != tc.want {
+			t.Errorf("parseArgs(%q) pairs %d, want %d", tc.args, o.pairs, tc.want)
 		}
 	}
 }
