@@ -50,12 +50,6 @@ func decodeFuzzFrames(b []byte, max int) []fuzzFrame {
 	return frames
 }
 
-func longHeader(h header) []byte {
-	b := make([]byte, headerSize)
-	h.put(b)
-	return b
-}
-
 // FuzzDeliver hands arbitrary frames to a rank's subdevice handler, as a
 // faulty or hostile peer could send them, while the rank has receives, a
 // rendezvous receive, a rendezvous and a synchronous send, and a virtual

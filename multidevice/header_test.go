@@ -5,6 +5,13 @@ import (
 	"testing"
 )
 
+// longHeader encodes h in the long form.
+func longHeader(h header) []byte {
+	b := make([]byte, headerSize)
+	h.put(b)
+	return b
+}
+
 func TestHeaderRoundTrip(t *testing.T) {
 	in := header{kind: kindRTS, flags: flagSync, tag: 12, src: 3, dst: 1, context: 1 << 40, seq: 99, length: 1 << 30, sreq: 7, rreq: 8, offset: 9}
 	b := make([]byte, headerSize)

@@ -35,11 +35,6 @@ func TestPlace(t *testing.T) {
 	data := func(rreq, off uint64) header {
 		return header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: rreq, offset: off, length: 1000}
 	}
-	long := func(h header) []byte {
-		b := make([]byte, headerSize)
-		h.put(b)
-		return b
-	}
 	short := make([]byte, shortHeaderSize)
 	putShort(short, 3, 2, 0)
 	tests := []struct {
@@ -50,22 +45,22 @@ func TestPlace(t *testing.T) {
 		want    *Request // nil: no place
 		wantOff int
 	}{
-		{name: "data block", from: 0, hdr: long(data(id, 200)), n: 300, want: full, wantOff: 200},
-		{name: "last block", from: 0, hdr: long(data(id, 900)), n: 100, want: full, wantOff: 900},
-		{name: "truncated receive, block within what it asked for", from: 0, hdr: long(data(id+1, 0)), n: 300, want: trunc},
-		{name: "truncated receive, block past its buffer", from: 0, hdr: long(data(id+1, 200)), n: 200},
-		{name: "block past the message", from: 0, hdr: long(data(id, 900)), n: 101},
-		{name: "offset wraps", from: 0, hdr: long(data(id, 1<<64-10)), n: 20},
-		{name: "unknown request", from: 0, hdr: long(data(id+5, 0)), n: 10},
-		{name: "other source than matched", from: 2, hdr: long(header{kind: kindSys, tag: sysData, src: 2, dst: 1, rreq: id}), n: 10},
-		{name: "source differs from sender", from: 2, hdr: long(data(id, 0)), n: 10},
-		{name: "for another rank", from: 0, hdr: long(header{kind: kindSys, tag: sysData, src: 0, dst: 2, rreq: id}), n: 10},
+		{name: "data block", from: 0, hdr: longHeader(data(id, 200)), n: 300, want: full, wantOff: 200},
+		{name: "last block", from: 0, hdr: longHeader(data(id, 900)), n: 100, want: full, wantOff: 900},
+		{name: "truncated receive, block within what it asked for", from: 0, hdr: longHeader(data(id+1, 0)), n: 300, want: trunc},
+		{name: "truncated receive, block past its buffer", from: 0, hdr: longHeader(data(id+1, 200)), n: 200},
+		{name: "block past the message", from: 0, hdr: longHeader(data(id, 900)), n: 101},
+		{name: "offset wraps", from: 0, hdr: longHeader(data(id, 1<<64-10)), n: 20},
+		{name: "unknown request", from: 0, hdr: longHeader(data(id+5, 0)), n: 10},
+		{name: "other source than matched", from: 2, hdr: longHeader(header{kind: kindSys, tag: sysData, src: 2, dst: 1, rreq: id}), n: 10},
+		{name: "source differs from sender", from: 2, hdr: longHeader(data(id, 0)), n: 10},
+		{name: "for another rank", from: 0, hdr: longHeader(header{kind: kindSys, tag: sysData, src: 0, dst: 2, rreq: id}), n: 10},
 		{name: "eager short header", from: 0, hdr: short, n: 10},
-		{name: "eager long header", from: 0, hdr: long(header{kind: kindEager, tag: 1, src: 0, dst: 1, length: 10}), n: 10},
-		{name: "ready to send", from: 0, hdr: long(header{kind: kindRTS, tag: 1, src: 0, dst: 1, length: 5000}), n: 10},
-		{name: "forwarded block", from: 0, hdr: long(header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, rreq: id, length: 10}), n: 10},
-		{name: "clear to send", from: 0, hdr: long(header{kind: kindSys, tag: sysCTS, src: 0, dst: 1, rreq: id}), n: 10},
-		{name: "empty payload", from: 0, hdr: long(data(id, 0)), n: 0},
+		{name: "eager long header", from: 0, hdr: longHeader(header{kind: kindEager, tag: 1, src: 0, dst: 1, length: 10}), n: 10},
+		{name: "ready to send", from: 0, hdr: longHeader(header{kind: kindRTS, tag: 1, src: 0, dst: 1, length: 5000}), n: 10},
+		{name: "forwarded block", from: 0, hdr: longHeader(header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, rreq: id, length: 10}), n: 10},
+		{name: "clear to send", from: 0, hdr: longHeader(header{kind: kindSys, tag: sysCTS, src: 0, dst: 1, rreq: id}), n: 10},
+		{name: "empty payload", from: 0, hdr: longHeader(data(id, 0)), n: 0},
 		{name: "malformed header", from: 0, hdr: []byte("not a header"), n: 10},
 	}
 	for _, tt := range tests {
@@ -117,8 +112,7 @@ func TestPlacedDeliver(t *testing.T) {
 			d.mu.Unlock()
 			for off := 0; off < tt.bufLen; off += 250 {
 				n := min(250, tt.bufLen-off)
-				hb := make([]byte, headerSize)
-				(&header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: id, offset: uint64(off), length: uint64(len(msg))}).put(hb)
+				hb := longHeader(header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: id, offset: uint64(off), length: uint64(len(msg))})
 				payload := append([]byte(nil), msg[off:off+n]...)
 				if tt.placed {
 					dst := h.Place(0, hb, n)
@@ -173,8 +167,7 @@ func TestPlacedBlockOutlivesFailure(t *testing.T) {
 			d.mu.Lock()
 			d.rndvRecv[id] = r
 			d.mu.Unlock()
-			hb := make([]byte, headerSize)
-			(&header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: id, length: 500}).put(hb)
+			hb := longHeader(header{kind: kindSys, tag: sysData, src: 0, dst: 1, rreq: id, length: 500})
 			dst := h.Place(0, hb, 250)
 			if dst == nil {
 				t.Fatal("block got no place")
@@ -220,9 +213,7 @@ func TestPlaceEager(t *testing.T) {
 		return b
 	}
 	syncLong := func(seq uint64) []byte {
-		b := make([]byte, headerSize)
-		(&header{kind: kindEager, flags: flagSync, tag: tag, src: 0, dst: 1, seq: seq, length: uint64(len(msg)), sreq: 9}).put(b)
-		return b
+		return longHeader(header{kind: kindEager, flags: flagSync, tag: tag, src: 0, dst: 1, seq: seq, length: uint64(len(msg)), sreq: 9})
 	}
 	tests := []struct {
 		name    string
