@@ -101,11 +101,9 @@ func FuzzCorruptRing(f *testing.F) {
 		scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
 			for _, r := range recs {
 				// Records start on recAlign boundaries, so a wire header
-				// always fits before the ring's end; a body may not.
-				off := tail & uint64(len(d)-1)
-				r.wh.Put(d[off+stampBytes:])
-				copy(d[off+stampBytes+sdi.WireHeaderSize:], r.body)
-				stamp(d, tail)
+				// always fits before the ring's end; a body may not, and
+				// rawRecord cuts it there.
+				rawRecord(d, tail, r.wh, r.body)
 				n := recordLen(0, len(r.body)) // rounded to recAlign
 				if r.claimed {
 					n = recordLen(int(r.wh.HeaderLen), int(r.wh.PayloadLen))
