@@ -153,12 +153,22 @@ func rankCores(n int, bind bool) ([]sched.CPUSet, error) {
 	if !bind {
 		return nil, nil
 	}
+	cores, err := allowedCores()
+	if err != nil {
+		return nil, err
+	}
+	if n <= len(cores) {
+		return cores[:n], nil
+	}
+	return nil, nil
+}
+
+// allowedCores returns the cores mdbench may run on, in the order of
+// their lowest CPU.
+func allowedCores() ([]sched.CPUSet, error) {
 	allowed, err := sched.Affinity()
 	if err != nil {
 		return nil, err
 	}
-	if cores := sched.Cores(allowed); n <= len(cores) {
-		return cores[:n], nil
-	}
-	return nil, nil
+	return sched.Cores(allowed), nil
 }

@@ -17,7 +17,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	_ "github.com/hpc-multidevice/multidevice/adi" // links the built-in subdevices for --direct
-	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
 const usage = `usage: mdbench [flags] [test...]
@@ -181,11 +180,11 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 // messages/s in some launches of 2 pairs on 2 cores here, against
 // millions with one.
 func usableCores() int {
-	allowed, err := sched.Affinity()
+	cores, err := allowedCores()
 	if err != nil {
 		return 1
 	}
-	return max(1, len(sched.Cores(allowed)))
+	return max(1, len(cores))
 }
 
 // route describes what is measured, for the report.
