@@ -48,6 +48,7 @@ type Comm struct {
 	// look-up in index.
 	identity bool
 	derived  atomic.Uint64 // communicators created from this one (Dup, Split)
+	collSeq  atomic.Uint64 // collective calls made on this one (collective.go)
 }
 
 func newComm(w *World, context uint64, ranks []int) *Comm {

@@ -23,6 +23,22 @@
 //		}
 //	}
 //
+// # Collectives
+//
+// [Comm.Barrier], [Comm.Bcast], [Comm.Gather], [Comm.Scatter],
+// [Comm.Allgather] and [Comm.Alltoall] move bytes; [Reduce] and
+// [Allreduce] combine typed slices with an [Op] such as [Sum] or [Max],
+// or any associative function of the program's own, applied in rank
+// order. [Bytes] views a numeric slice as bytes for the others:
+//
+//	err = c.Bcast(ctx, adi.Bytes(params), 0)
+//	err = adi.Allreduce(ctx, c, local, global, adi.Sum)
+//
+// Every rank of a communicator calls its collectives in the same order,
+// one at a time. They travel on a context of their own and never match
+// point-to-point receives. Ranks that pass disagreeing lengths get
+// [ErrMismatch].
+//
 // # Usage
 //
 //	w, err := adi.Init(ctx)

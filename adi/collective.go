@@ -1,0 +1,457 @@
+package adi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/hpc-multidevice/multidevice/multidevice"
+)
+
+// Collectives. Every rank of a communicator calls the same collectives in
+// the same order, one at a time (as MPI requires): each call draws the next
+// tag of the communicator's collective sequence, and its messages travel
+// on the communicator's collective context, so they never match the
+// application's point-to-point receives, ANY_SOURCE and ANY_TAG included,
+// nor those of an earlier or later collective. Between a pair of ranks a
+// collective's messages are received in the order they were sent, like
+// any other messages.
+//
+// The algorithms are the classic ones of MPICH for small and medium
+// messages, chosen so that every rank sends and receives O(log p) times
+// where that is possible:
+//
+//	Barrier    dissemination: ceil(log2 p) rounds of empty messages
+//	Bcast      binomial tree from the root
+//	Reduce     binomial tree towards rank 0, in rank order, then to the root
+//	Allreduce  recursive doubling, the ranks above a power of two folded in
+//	Gather     every rank to the root, received all at once
+//	Scatter    the root to every rank, sent all at once
+//	Allgather  ring: p-1 steps of one block to the right neighbour
+//	Alltoall   every pair at once, each rank starting with its next neighbour
+//
+// Ranks that pass disagreeing lengths get ErrMismatch, and so does every
+// rank whose part of the result depends on theirs: once a rank has
+// received a message of the wrong length, it goes through the rest of the
+// collective sending, in place of each of its messages, one a byte longer
+// than the receiver expects, which that receiver finds wrong in turn. A
+// collective that fails otherwise (a peer lost, ctx ending) cancels the
+// receives it still had posted and returns at once; its peers may still
+// be waiting in it. As in MPI, the communicator's collectives are then
+// undefined: end the job, or go on with point-to-point messages only.
+
+// ErrMismatch reports that the ranks of a collective passed arguments that
+// disagree: a message of another length than this rank's buffers call for.
+var ErrMismatch = errors.New("adi: collective arguments disagree between ranks")
+
+// collTagBase puts collective tags in the upper half of the tag space of a
+// communicator's collective context, above the tags Dup and Split use
+// there (their creation count), which would have to pass 2^30 to meet them.
+const collTagBase = 1 << 30
+
+// collective is one collective call in progress on a rank: its tag and
+// the requests it has outstanding. It is owned by the calling goroutine.
+type collective struct {
+	c    *Comm
+	ctx  context.Context
+	name string
+	tag  int
+	reqs []pending
+	// mismatch is the first receive of the wrong length; from then on
+	// this rank sends poison (see above).
+	mismatch error
+}
+
+// pending is an outstanding request of a collective; a receive knows the
+// rank it comes from and how many bytes it must bring.
+type pending struct {
+	r    *multidevice.Request
+	recv bool
+	from int
+	want int
+}
+
+// begin starts collective name on c.
+func (c *Comm) begin(ctx context.Context, name string) *collective {
+	seq := c.collSeq.Add(1)
+	return &collective{c: c, ctx: ctx, name: name, tag: collTagBase | int(seq%collTagBase)}
+}
+
+func (k *collective) errorf(format string, args ...any) error {
+	return fmt.Errorf("adi: %s: "+format, append([]any{k.name}, args...)...)
+}
+
+// send starts sending buf to rank r of the communicator, or after a
+// mismatch a message one byte longer.
+func (k *collective) send(buf []byte, r int) error {
+	if k.mismatch != nil {
+		buf = make([]byte, len(buf)+1)
+	}
+	req, err := k.c.w.dev.Isend(buf, k.c.ranks[r], k.tag, k.c.context|1, false)
+	if err != nil {
+		return k.fail(k.errorf("send to rank %d: %w", r, err))
+	}
+	k.reqs = append(k.reqs, pending{r: req})
+	return nil
+}
+
+// recv starts receiving exactly len(buf) bytes from rank r.
+func (k *collective) recv(buf []byte, r int) error {
+	req, err := k.c.w.dev.Irecv(buf, k.c.ranks[r], k.tag, k.c.context|1)
+	if err != nil {
+		return k.fail(k.errorf("receive from rank %d: %w", r, err))
+	}
+	k.reqs = append(k.reqs, pending{r: req, recv: true, from: r, want: len(buf)})
+	return nil
+}
+
+// wait completes every outstanding request. A receive that brought another
+// length than its buffer's is recorded as the collective's mismatch, and
+// the collective goes on; any other error ends it.
+func (k *collective) wait() error {
+	for i, p := range k.reqs {
+		st, err := p.r.Wait(k.ctx)
+		if p.recv && (errors.Is(err, ErrTruncated) || err == nil && st.Count != p.want) {
+			if k.mismatch == nil {
+				k.mismatch = k.errorf("from rank %d: %w: %d bytes where %d were expected", p.from, ErrMismatch, st.Count, p.want)
+			}
+			continue
+		}
+		if err != nil {
+			k.reqs = k.reqs[i+1:]
+			if p.recv {
+				return k.fail(k.errorf("from rank %d: %w", p.from, err))
+			}
+			return k.fail(k.errorf("%w", err))
+		}
+	}
+	k.reqs = k.reqs[:0]
+	return nil
+}
+
+// end completes the collective: it waits for what is outstanding and
+// reports a mismatch met on the way.
+func (k *collective) end() error {
+	if err := k.wait(); err != nil {
+		return err
+	}
+	return k.mismatch
+}
+
+// exchange sends sbuf to rank dst and receives rbuf from rank src.
+func (k *collective) exchange(sbuf []byte, dst int, rbuf []byte, src int) error {
+	if err := k.recv(rbuf, src); err != nil {
+		return err
+	}
+	if err := k.send(sbuf, dst); err != nil {
+		return err
+	}
+	return k.wait()
+}
+
+// fail cancels the receives still outstanding, so that none of them takes
+// a later message, and returns err.
+func (k *collective) fail(err error) error {
+	for _, p := range k.reqs {
+		if p.recv {
+			k.c.w.dev.Cancel(p.r)
+		}
+	}
+	k.reqs = nil
+	return err
+}
+
+// root checks a root argument.
+func (k *collective) root(root int) error {
+	if root < 0 || root >= k.c.Size() {
+		return k.errorf("root: %w: %d not in [0,%d)", ErrRank, root, k.c.Size())
+	}
+	return nil
+}
+
+// Barrier returns once every rank of c has called it.
+func (c *Comm) Barrier(ctx context.Context) error {
+	k := c.begin(ctx, "barrier")
+	p, r := c.Size(), c.Rank()
+	for dist := 1; dist < p; dist *= 2 {
+		if err := k.exchange(nil, (r+dist)%p, nil, (r-dist+p)%p); err != nil {
+			return err
+		}
+	}
+	return k.end()
+}
+
+// Bcast copies buf of rank root into buf of every other rank of c. Every
+// rank passes a buffer of the same length.
+func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
+	k := c.begin(ctx, "bcast")
+	if err := k.root(root); err != nil {
+		return err
+	}
+	p := c.Size()
+	vr := (c.Rank() - root + p) % p // rank relative to the root
+	mask := 1
+	for ; mask < p; mask <<= 1 {
+		if vr&mask != 0 {
+			if err := k.recv(buf, (vr-mask+root)%p); err != nil {
+				return err
+			}
+			if err := k.wait(); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	for mask >>= 1; mask > 0; mask >>= 1 {
+		if vr+mask < p {
+			if err := k.send(buf, (vr+mask+root)%p); err != nil {
+				return err
+			}
+		}
+	}
+	return k.end()
+}
+
+// Gather collects send of every rank of c into recv of rank root, rank r's
+// at recv[r*len(send):]. Every rank passes a send buffer of the same
+// length; recv is used on the root only and must hold Size()*len(send)
+// bytes there.
+func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
+	k := c.begin(ctx, "gather")
+	if err := k.root(root); err != nil {
+		return err
+	}
+	if c.Rank() != root {
+		if err := k.send(send, root); err != nil {
+			return err
+		}
+		return k.end()
+	}
+	n := len(send)
+	if len(recv) < c.Size()*n {
+		return k.errorf("receive buffer of %d bytes, %d ranks of %d bytes need %d", len(recv), c.Size(), n, c.Size()*n)
+	}
+	for r := range c.Size() {
+		if r != root {
+			if err := k.recv(recv[r*n:(r+1)*n], r); err != nil {
+				return err
+			}
+		}
+	}
+	copy(recv[root*n:], send)
+	return k.end()
+}
+
+// Scatter sends the r-th block of send on rank root, send[r*len(recv):],
+// into recv of rank r, for every rank of c. Every rank passes a receive
+// buffer of the same length; send is used on the root only and must hold
+// Size()*len(recv) bytes there.
+func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
+	k := c.begin(ctx, "scatter")
+	if err := k.root(root); err != nil {
+		return err
+	}
+	if c.Rank() != root {
+		if err := k.recv(recv, root); err != nil {
+			return err
+		}
+		return k.end()
+	}
+	n := len(recv)
+	if len(send) < c.Size()*n {
+		return k.errorf("send buffer of %d bytes, %d ranks of %d bytes need %d", len(send), c.Size(), n, c.Size()*n)
+	}
+	for r := range c.Size() {
+		if r != root {
+			if err := k.send(send[r*n:(r+1)*n], r); err != nil {
+				return err
+			}
+		}
+	}
+	copy(recv, send[root*n:(root+1)*n])
+	return k.end()
+}
+
+// Allgather collects send of every rank of c into recv of every rank, rank
+// r's at recv[r*len(send):]. Every rank passes a send buffer of the same
+// length and a receive buffer of Size()*len(send) bytes.
+func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
+	k := c.begin(ctx, "allgather")
+	p, r, n := c.Size(), c.Rank(), len(send)
+	if len(recv) < p*n {
+		return k.errorf("receive buffer of %d bytes, %d ranks of %d bytes need %d", len(recv), p, n, p*n)
+	}
+	copy(recv[r*n:], send)
+	right, left := (r+1)%p, (r-1+p)%p
+	for step := range p - 1 {
+		out := (r - step + p) % p // the block received in the step before
+		in := (r - step - 1 + p) % p
+		if err := k.exchange(recv[out*n:(out+1)*n], right, recv[in*n:(in+1)*n], left); err != nil {
+			return err
+		}
+	}
+	return k.end()
+}
+
+// Alltoall sends the r-th block of send, send[r*n:(r+1)*n] with n =
+// len(send)/Size(), to rank r, which receives it at recv[me*n:], me
+// being this rank, for every pair of ranks of c. Every rank passes send
+// and receive buffers of the same length, a multiple of Size().
+func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
+	k := c.begin(ctx, "alltoall")
+	p, me := c.Size(), c.Rank()
+	if len(send)%p != 0 || len(recv) != len(send) {
+		return k.errorf("buffers of %d and %d bytes: both must be the same multiple of %d ranks", len(send), len(recv), p)
+	}
+	n := len(send) / p
+	for i := 1; i < p; i++ {
+		src := (me - i + p) % p
+		if err := k.recv(recv[src*n:(src+1)*n], src); err != nil {
+			return err
+		}
+	}
+	for i := 1; i < p; i++ {
+		dst := (me + i) % p
+		if err := k.send(send[dst*n:(dst+1)*n], dst); err != nil {
+			return err
+		}
+	}
+	copy(recv[me*n:(me+1)*n], send[me*n:])
+	return k.end()
+}
+
+// Reduce combines send of every rank of c into recv of rank root:
+// recv = send₀ ⊕ send₁ ⊕ … ⊕ sendₚ₋₁, applied in rank order, so op need
+// be associative only, not commutative. Every rank passes a send slice of
+// the same length; recv is used on the root only and must be as long
+// there. send and recv may be the same slice.
+//
+// Elements travel as their bytes in memory: the ranks of a job must agree
+// on byte order and on the size of int and uint, as the hosts of a
+// cluster do.
+func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root int) error {
+	k := c.begin(ctx, "reduce")
+	if err := k.root(root); err != nil {
+		return err
+	}
+	if c.Rank() == root && len(recv) != len(send) {
+		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
+	}
+	acc, err := reduceToZero(k, send, op)
+	if err != nil {
+		return err
+	}
+	switch r := c.Rank(); {
+	case root == 0 && r == 0:
+		copy(recv, acc)
+	case r == 0:
+		if err := k.send(Bytes(acc), root); err != nil {
+			return err
+		}
+	case r == root:
+		if err := k.recv(Bytes(recv), 0); err != nil {
+			return err
+		}
+	}
+	return k.end()
+}
+
+// reduceToZero combines send of every rank into rank 0's result on a
+// binomial tree, in rank order: at the step of mask, a rank whose bits
+// below mask are clear holds the ranks [r, r+mask) combined, and takes the
+// next mask ranks' from rank r+mask. It returns the result on rank 0.
+func reduceToZero[T Elem](k *collective, send []T, op Op[T]) ([]T, error) {
+	p, r := k.c.Size(), k.c.Rank()
+	acc := append([]T(nil), send...)
+	var tmp []T
+	for mask := 1; mask < p; mask <<= 1 {
+		if r&mask != 0 {
+			if err := k.send(Bytes(acc), r-mask); err != nil {
+				return nil, err
+			}
+			return acc, k.wait()
+		}
+		if r+mask < p {
+			if tmp == nil {
+				tmp = make([]T, len(acc))
+			}
+			if err := k.recv(Bytes(tmp), r+mask); err != nil {
+				return nil, err
+			}
+			if err := k.wait(); err != nil {
+				return nil, err
+			}
+			op(acc, tmp)
+		}
+	}
+	return acc, nil
+}
+
+// Allreduce combines send of every rank of c into recv of every rank:
+// recv = send₀ ⊕ send₁ ⊕ … ⊕ sendₚ₋₁, applied in rank order (op need be
+// associative only), the same on every rank. send and recv have the same
+// length on every rank and may be the same slice. Byte order as for
+// [Reduce].
+func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	k := c.begin(ctx, "allreduce")
+	if len(recv) != len(send) {
+		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
+	}
+	p, r := c.Size(), c.Rank()
+	// Recursive doubling runs on a power of two ranks. Of the rem ranks
+	// beyond it, each even rank below 2*rem hands its data to the odd one
+	// above it and waits for the result; the others take new ranks in the
+	// same order as their old ones, so rank order survives the folding.
+	p2 := 1 << (bits.Len(uint(p)) - 1)
+	rem := p - p2
+	acc := append([]T(nil), send...)
+	tmp := make([]T, len(acc))
+	nr := r - rem
+	if r < 2*rem {
+		if r%2 == 0 {
+			if err := k.send(Bytes(acc), r+1); err != nil {
+				return err
+			}
+			if err := k.wait(); err != nil {
+				return err
+			}
+			if err := k.recv(Bytes(recv), r+1); err != nil {
+				return err
+			}
+			return k.end()
+		}
+		if err := k.recv(Bytes(tmp), r-1); err != nil {
+			return err
+		}
+		if err := k.wait(); err != nil {
+			return err
+		}
+		op(tmp, acc)
+		acc, tmp = tmp, acc
+		nr = r / 2
+	}
+	for mask := 1; mask < p2; mask <<= 1 {
+		pnr := nr ^ mask
+		partner := pnr + rem
+		if pnr < rem {
+			partner = 2*pnr + 1
+		}
+		if err := k.exchange(Bytes(acc), partner, Bytes(tmp), partner); err != nil {
+			return err
+		}
+		if pnr < nr {
+			op(tmp, acc)
+			acc, tmp = tmp, acc
+		} else {
+			op(acc, tmp)
+		}
+	}
+	if r < 2*rem {
+		if err := k.send(Bytes(acc), r-1); err != nil {
+			return err
+		}
+	}
+	copy(recv, acc)
+	return k.end()
+}
