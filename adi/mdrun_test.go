@@ -1,6 +1,7 @@
 package adi_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
@@ -42,6 +43,12 @@ func rankMain(role string) int {
 			return 1
 		}
 		fmt.Printf("rank %d of %d: order ok\n", c.Rank(), c.Size())
+	case "collectives":
+		if err := collectivesCheck(ctx, c); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Printf("rank %d of %d: collectives ok\n", c.Rank(), c.Size())
 	case "exit3", "panic":
 		// The failing rank dies only once rank 0 printed the job id the
 		// test needs, and says so: mdrun ends the job at once.
@@ -111,6 +118,63 @@ func allToAllOrder(ctx context.Context, c *adi.Comm) error {
 	return err
 }
 
+// collectivesCheck runs each collective across processes, at sizes that go
+// eager and by rendezvous, and checks what every rank gets.
+func collectivesCheck(ctx context.Context, c *adi.Comm) error {
+	n, me := c.Size(), c.Rank()
+	for _, elems := range []int{3, 40000} {
+		want := contribution(0, elems)
+		for r := 1; r < n; r++ {
+			affine(want, contribution(r, elems))
+		}
+		got := make([]uint64, elems)
+		if err := adi.Allreduce(ctx, c, contribution(me, elems), got, affine); err != nil {
+			return err
+		}
+		if !equal(got, want) {
+			return fmt.Errorf("rank %d: allreduce of %d elements differs", me, elems)
+		}
+		clear(got)
+		if err := adi.Reduce(ctx, c, contribution(me, elems), got, affine, n-1); err != nil {
+			return err
+		}
+		if me == n-1 && !equal(got, want) {
+			return fmt.Errorf("rank %d: reduce of %d elements differs", me, elems)
+		}
+		size := 8 * elems
+		b := make([]byte, size)
+		if me == 1 {
+			copy(b, pattern(1, 0, size))
+		}
+		if err := c.Bcast(ctx, b, 1); err != nil {
+			return err
+		}
+		if !bytes.Equal(b, pattern(1, 0, size)) {
+			return fmt.Errorf("rank %d: bcast of %d bytes differs", me, size)
+		}
+		all := make([]byte, n*size)
+		if err := c.Allgather(ctx, pattern(me, 0, size), all); err != nil {
+			return err
+		}
+		send, recv := make([]byte, n*size), make([]byte, n*size)
+		for r := range n {
+			if !bytes.Equal(all[r*size:(r+1)*size], pattern(r, 0, size)) {
+				return fmt.Errorf("rank %d: allgather of %d bytes: rank %d's block differs", me, size, r)
+			}
+			copy(send[r*size:], pattern(me, r, size))
+		}
+		if err := c.Alltoall(ctx, send, recv); err != nil {
+			return err
+		}
+		for r := range n {
+			if !bytes.Equal(recv[r*size:(r+1)*size], pattern(r, me, size)) {
+				return fmt.Errorf("rank %d: alltoall of %d bytes: rank %d's block differs", me, size, r)
+			}
+		}
+	}
+	return c.Barrier(ctx)
+}
+
 func buildMdrun(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "mdrun")
@@ -135,6 +199,8 @@ func TestJobsThroughMdrun(t *testing.T) {
 	}{
 		{"order", 4, nil, 0, []string{"[3] rank 3 of 4: order ok", "[0] rank 0 of 4: order ok"}},
 		{"order", 3, []string{"-plugins", "tcp-only.hcl"}, 0, []string{"[2] rank 2 of 3: order ok"}},
+		{"collectives", 5, nil, 0, []string{"[0] rank 0 of 5: collectives ok", "[4] rank 4 of 5: collectives ok"}},
+		{"collectives", 3, []string{"-plugins", "tcp-only.hcl"}, 0, []string{"[2] rank 2 of 3: collectives ok"}},
 		{"exit3", 4, nil, 3, []string{"mdrun: rank 2", "exited with status 3"}},
 		{"panic", 4, nil, 2, []string{"mdrun: rank 1", "panic", "[1] panic: rank 1 gives up"}},
 	} {
