@@ -1,6 +1,7 @@
 // Command demo is the first job to run: a token ring, a ping-pong between
-// pairs of ranks, and an all-to-all exchange, after which rank 0 prints, for
-// every pair of ranks, which subdevice carried the traffic.
+// pairs of ranks, an all-to-all exchange and a few collectives, after which
+// rank 0 prints, for every pair of ranks, which subdevice carried the
+// traffic.
 //
 //	go build -o bin/ ./cmd/mdrun ./examples/demo && bin/mdrun -n 4 bin/demo
 package main
@@ -39,7 +40,7 @@ func run() error {
 		return err
 	}
 	c := w.Comm()
-	steps := []func(context.Context, *adi.Comm) error{ring, pingPong, allToAll}
+	steps := []func(context.Context, *adi.Comm) error{ring, pingPong, allToAll, collectives}
 	for _, step := range steps {
 		if err := step(ctx, c); err != nil {
 			w.Abort(1, err.Error())
@@ -148,6 +149,40 @@ func allToAll(ctx context.Context, c *adi.Comm) error {
 	}
 	_, err := adi.WaitAll(ctx, reqs...)
 	return err
+}
+
+// collectives broadcasts a vector from rank 0, has every rank scale it by
+// its rank plus one, and sums the results on every rank: element i comes
+// back as i * (1 + 2 + ... + size).
+func collectives(ctx context.Context, c *adi.Comm) error {
+	v := make([]float64, 1000)
+	if c.Rank() == 0 {
+		for i := range v {
+			v[i] = float64(i)
+		}
+	}
+	if err := c.Bcast(ctx, adi.Bytes(v), 0); err != nil {
+		return err
+	}
+	for i := range v {
+		v[i] *= float64(c.Rank() + 1)
+	}
+	if err := adi.Allreduce(ctx, c, v, v, adi.Sum); err != nil {
+		return err
+	}
+	n := float64(c.Size())
+	for i, x := range v {
+		if want := float64(i) * n * (n + 1) / 2; x != want {
+			return fmt.Errorf("collectives: element %d is %v, want %v", i, x, want)
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return err
+	}
+	if c.Rank() == 0 {
+		fmt.Printf("collectives: bcast, allreduce over %d ranks (element 999 of the sum: %v), barrier\n", c.Size(), v[999])
+	}
+	return nil
 }
 
 type linkReport struct {
