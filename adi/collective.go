@@ -26,10 +26,11 @@ import (
 //	Bcast      binomial tree from the root
 //	Reduce     binomial tree towards rank 0, in rank order, then to the root
 //	Allreduce  recursive doubling, the ranks above a power of two folded in
-//	Gather     every rank to the root, received all at once
-//	Scatter    the root to every rank, sent all at once
-//	Allgather  ring: p-1 steps of one block to the right neighbour
-//	Alltoall   every pair at once, each rank starting with its next neighbour
+//	Scan       recursive doubling (Exscan too)
+//	Gather     every rank to the root, received all at once (Gatherv too)
+//	Scatter    the root to every rank, sent all at once (Scatterv too)
+//	Allgather  ring: p-1 steps of one block to the right neighbour (Allgatherv too)
+//	Alltoall   every pair at once, each rank starting with its next neighbour (Alltoallv too)
 //
 // Ranks that pass disagreeing lengths get ErrMismatch, and so does every
 // rank whose part of the result depends on theirs: once a rank has
@@ -222,24 +223,46 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 	if err := k.root(root); err != nil {
 		return err
 	}
-	if c.Rank() != root {
+	var parts [][]byte
+	if c.Rank() == root {
+		var err error
+		if parts, err = k.blocks(recv, len(send), "receive"); err != nil {
+			return err
+		}
+	}
+	return k.gatherv(send, parts, root)
+}
+
+// Gatherv collects send of every rank r of c into recv[r] of rank root.
+// recv is used on the root only and holds Size() slices there, each as
+// long as what its rank sends.
+func (c *Comm) Gatherv(ctx context.Context, send []byte, recv [][]byte, root int) error {
+	k := c.begin(ctx, "gatherv")
+	if err := k.root(root); err != nil {
+		return err
+	}
+	if c.Rank() == root && len(recv) != c.Size() {
+		return k.errorf("%d receive slices for %d ranks", len(recv), c.Size())
+	}
+	return k.gatherv(send, recv, root)
+}
+
+func (k *collective) gatherv(send []byte, recv [][]byte, root int) error {
+	me := k.c.Rank()
+	if me != root {
 		if err := k.send(send, root); err != nil {
 			return err
 		}
 		return k.end()
 	}
-	n := len(send)
-	if len(recv) < c.Size()*n {
-		return k.errorf("receive buffer of %d bytes, %d ranks of %d bytes need %d", len(recv), c.Size(), n, c.Size()*n)
-	}
-	for r := range c.Size() {
-		if r != root {
-			if err := k.recv(recv[r*n:(r+1)*n], r); err != nil {
+	for r, b := range recv {
+		if r != me {
+			if err := k.recv(b, r); err != nil {
 				return err
 			}
 		}
 	}
-	copy(recv[root*n:], send)
+	k.own(recv[me], send)
 	return k.end()
 }
 
@@ -252,24 +275,46 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 	if err := k.root(root); err != nil {
 		return err
 	}
-	if c.Rank() != root {
+	var parts [][]byte
+	if c.Rank() == root {
+		var err error
+		if parts, err = k.blocks(send, len(recv), "send"); err != nil {
+			return err
+		}
+	}
+	return k.scatterv(parts, recv, root)
+}
+
+// Scatterv sends send[r] of rank root into recv of rank r, for every rank
+// r of c. send is used on the root only and holds Size() slices there,
+// each as long as its rank's recv.
+func (c *Comm) Scatterv(ctx context.Context, send [][]byte, recv []byte, root int) error {
+	k := c.begin(ctx, "scatterv")
+	if err := k.root(root); err != nil {
+		return err
+	}
+	if c.Rank() == root && len(send) != c.Size() {
+		return k.errorf("%d send slices for %d ranks", len(send), c.Size())
+	}
+	return k.scatterv(send, recv, root)
+}
+
+func (k *collective) scatterv(send [][]byte, recv []byte, root int) error {
+	me := k.c.Rank()
+	if me != root {
 		if err := k.recv(recv, root); err != nil {
 			return err
 		}
 		return k.end()
 	}
-	n := len(recv)
-	if len(send) < c.Size()*n {
-		return k.errorf("send buffer of %d bytes, %d ranks of %d bytes need %d", len(send), c.Size(), n, c.Size()*n)
-	}
-	for r := range c.Size() {
-		if r != root {
-			if err := k.send(send[r*n:(r+1)*n], r); err != nil {
+	for r, b := range send {
+		if r != me {
+			if err := k.send(b, r); err != nil {
 				return err
 			}
 		}
 	}
-	copy(recv, send[root*n:(root+1)*n])
+	k.own(recv, send[me])
 	return k.end()
 }
 
@@ -278,16 +323,33 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 // length and a receive buffer of Size()*len(send) bytes.
 func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 	k := c.begin(ctx, "allgather")
-	p, r, n := c.Size(), c.Rank(), len(send)
-	if len(recv) < p*n {
-		return k.errorf("receive buffer of %d bytes, %d ranks of %d bytes need %d", len(recv), p, n, p*n)
+	parts, err := k.blocks(recv, len(send), "receive")
+	if err != nil {
+		return err
 	}
-	copy(recv[r*n:], send)
+	return k.allgatherv(send, parts)
+}
+
+// Allgatherv collects send of every rank r of c into recv[r] of every
+// rank. Every rank passes Size() receive slices of the same lengths, each
+// as long as what its rank sends.
+func (c *Comm) Allgatherv(ctx context.Context, send []byte, recv [][]byte) error {
+	k := c.begin(ctx, "allgatherv")
+	if len(recv) != c.Size() {
+		return k.errorf("%d receive slices for %d ranks", len(recv), c.Size())
+	}
+	return k.allgatherv(send, recv)
+}
+
+// allgatherv passes the blocks around the ring: in each step a rank sends
+// its right neighbour the block it received in the step before.
+func (k *collective) allgatherv(send []byte, recv [][]byte) error {
+	p, r := k.c.Size(), k.c.Rank()
+	k.own(recv[r], send)
 	right, left := (r+1)%p, (r-1+p)%p
 	for step := range p - 1 {
-		out := (r - step + p) % p // the block received in the step before
-		in := (r - step - 1 + p) % p
-		if err := k.exchange(recv[out*n:(out+1)*n], right, recv[in*n:(in+1)*n], left); err != nil {
+		out, in := (r-step+p)%p, (r-step-1+p)%p
+		if err := k.exchange(recv[out], right, recv[in], left); err != nil {
 			return err
 		}
 	}
@@ -300,25 +362,66 @@ func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 // and receive buffers of the same length, a multiple of Size().
 func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
 	k := c.begin(ctx, "alltoall")
-	p, me := c.Size(), c.Rank()
+	p := c.Size()
 	if len(send)%p != 0 || len(recv) != len(send) {
 		return k.errorf("buffers of %d and %d bytes: both must be the same multiple of %d ranks", len(send), len(recv), p)
 	}
-	n := len(send) / p
+	out, _ := k.blocks(send, len(send)/p, "send")
+	in, _ := k.blocks(recv, len(send)/p, "receive")
+	return k.alltoallv(out, in)
+}
+
+// Alltoallv sends send[r] to rank r, which receives it into its recv[me],
+// me being this rank, for every pair of ranks of c. Every rank passes
+// Size() send and Size() receive slices.
+func (c *Comm) Alltoallv(ctx context.Context, send, recv [][]byte) error {
+	k := c.begin(ctx, "alltoallv")
+	if len(send) != c.Size() || len(recv) != c.Size() {
+		return k.errorf("%d send and %d receive slices for %d ranks", len(send), len(recv), c.Size())
+	}
+	return k.alltoallv(send, recv)
+}
+
+// alltoallv posts every receive, then every send, each rank starting with
+// its next neighbour so that no rank is everybody's first destination.
+func (k *collective) alltoallv(send, recv [][]byte) error {
+	p, me := k.c.Size(), k.c.Rank()
 	for i := 1; i < p; i++ {
 		src := (me - i + p) % p
-		if err := k.recv(recv[src*n:(src+1)*n], src); err != nil {
+		if err := k.recv(recv[src], src); err != nil {
 			return err
 		}
 	}
 	for i := 1; i < p; i++ {
 		dst := (me + i) % p
-		if err := k.send(send[dst*n:(dst+1)*n], dst); err != nil {
+		if err := k.send(send[dst], dst); err != nil {
 			return err
 		}
 	}
-	copy(recv[me*n:(me+1)*n], send[me*n:])
+	k.own(recv[me], send[me])
 	return k.end()
+}
+
+// blocks cuts b into Size() blocks of n bytes; b must hold them.
+func (k *collective) blocks(b []byte, n int, what string) ([][]byte, error) {
+	p := k.c.Size()
+	if len(b) < p*n {
+		return nil, k.errorf("%s buffer of %d bytes, %d ranks of %d bytes need %d", what, len(b), p, n, p*n)
+	}
+	parts := make([][]byte, p)
+	for r := range parts {
+		parts[r] = b[r*n : (r+1)*n : (r+1)*n]
+	}
+	return parts, nil
+}
+
+// own copies this rank's own block, which travels nowhere; a length that
+// disagrees is a mismatch like any other.
+func (k *collective) own(dst, src []byte) {
+	if len(dst) != len(src) && k.mismatch == nil {
+		k.mismatch = k.errorf("own block: %w: %d bytes into %d", ErrMismatch, len(src), len(dst))
+	}
+	copy(dst, src)
 }
 
 // Reduce combines send of every rank of c into recv of rank root:
@@ -453,5 +556,65 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 		}
 	}
 	copy(recv, acc)
+	return k.end()
+}
+
+// Scan combines into recv of every rank r of c the send slices of ranks 0
+// to r: recv = send₀ ⊕ … ⊕ sendᵣ, in rank order (MPI_Scan). send and
+// recv have the same length on every rank and may be the same slice. Byte
+// order as for [Reduce].
+func Scan[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	return scan(c.begin(ctx, "scan"), send, recv, op, true)
+}
+
+// Exscan combines into recv of every rank r > 0 of c the send slices of
+// ranks 0 to r-1: recv = send₀ ⊕ … ⊕ sendᵣ₋₁ (MPI_Exscan). Rank 0's recv
+// is left as it was. send and recv have the same length on every rank and
+// may be the same slice.
+func Exscan[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	return scan(c.begin(ctx, "exscan"), send, recv, op, false)
+}
+
+// scan is recursive doubling: at the step of mask, a rank holds in partial
+// its aligned block of mask ranks combined, exchanges it with the rank
+// mask away, and keeps the combination of both blocks in rank order;
+// what comes from below also goes into its own prefix.
+func scan[T Elem](k *collective, send, recv []T, op Op[T], inclusive bool) error {
+	if len(recv) != len(send) {
+		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
+	}
+	p, r := k.c.Size(), k.c.Rank()
+	partial := append([]T(nil), send...)
+	var prefix []T // what ranks below r combine to; nil while there are none
+	if inclusive {
+		prefix = append([]T(nil), send...)
+	}
+	tmp := make([]T, len(send))
+	for mask := 1; mask < p; mask <<= 1 {
+		partner := r ^ mask
+		if partner >= p {
+			continue
+		}
+		if err := k.exchange(Bytes(partial), partner, Bytes(tmp), partner); err != nil {
+			return err
+		}
+		if partner > r {
+			op(partial, tmp)
+			continue
+		}
+		// tmp comes from below: it goes in front of both.
+		if prefix == nil {
+			prefix = append([]T(nil), tmp...)
+		} else {
+			below := append([]T(nil), tmp...)
+			op(below, prefix)
+			prefix = below
+		}
+		op(tmp, partial)
+		partial, tmp = tmp, partial
+	}
+	if prefix != nil {
+		copy(recv, prefix)
+	}
 	return k.end()
 }

@@ -484,3 +484,124 @@ func TestCollectivesShm(t *testing.T) {
 		return c.Barrier(ctx)
 	})
 }
+
+func TestScanExscan(t *testing.T) {
+	for _, n := range collSizes {
+		cs := loopJob(t, n)
+		ctx := ctxT(t)
+		for _, elems := range []int{0, 1, 13, 700} {
+			// prefix[r]: ranks 0..r combined in rank order.
+			prefix := make([][]uint64, n)
+			for r := range n {
+				prefix[r] = contribution(r, elems)
+				if r > 0 {
+					prefix[r] = append([]uint64(nil), prefix[r-1]...)
+					affine(prefix[r], contribution(r, elems))
+				}
+			}
+			t.Run(fmt.Sprintf("n=%d/elems=%d", n, elems), func(t *testing.T) {
+				each(t, cs, func(c *adi.Comm) error {
+					me := c.Rank()
+					got := contribution(me, elems) // in place
+					if err := adi.Scan(ctx, c, got, got, affine); err != nil {
+						return err
+					}
+					if !equal(got, prefix[me]) {
+						return fmt.Errorf("scan: got %x, want %x", got, prefix[me])
+					}
+					untouched := make([]uint64, elems)
+					for i := range untouched {
+						untouched[i] = 42
+					}
+					got = append([]uint64(nil), untouched...)
+					if err := adi.Exscan(ctx, c, contribution(me, elems), got, affine); err != nil {
+						return err
+					}
+					want := untouched // rank 0's is left alone
+					if me > 0 {
+						want = prefix[me-1]
+					}
+					if !equal(got, want) {
+						return fmt.Errorf("exscan: got %x, want %x", got, want)
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+// TestVariableLengths: the v collectives with a different length from
+// every rank (and for every pair), empty ones and rendezvous ones among
+// them.
+func TestVariableLengths(t *testing.T) {
+	length := func(src, dst int) int { return []int{0, 1, 100, 3000, 7}[(src+2*dst)%5] }
+	for _, n := range collSizes {
+		cs := loopJob(t, n)
+		ctx := ctxT(t)
+		for root := range n {
+			t.Run(fmt.Sprintf("n=%d/root=%d", n, root), func(t *testing.T) {
+				each(t, cs, func(c *adi.Comm) error {
+					me := c.Rank()
+					// Gatherv: rank r sends length(r, root) bytes.
+					var parts [][]byte
+					if me == root {
+						parts = make([][]byte, n)
+						for r := range parts {
+							parts[r] = make([]byte, length(r, root))
+						}
+					}
+					if err := c.Gatherv(ctx, pattern(me, root, length(me, root)), parts, root); err != nil {
+						return err
+					}
+					for r, b := range parts {
+						if want := pattern(r, root, length(r, root)); !bytes.Equal(b, want) {
+							return fmt.Errorf("gatherv: block of rank %d is %x, want %x", r, b, want)
+						}
+					}
+					// Scatterv: the root sends rank r length(root, r) bytes.
+					if me == root {
+						for r := range parts {
+							parts[r] = pattern(root, r, length(root, r))
+						}
+					}
+					mine := make([]byte, length(root, me))
+					if err := c.Scatterv(ctx, parts, mine, root); err != nil {
+						return err
+					}
+					if want := pattern(root, me, length(root, me)); !bytes.Equal(mine, want) {
+						return fmt.Errorf("scatterv: got %x, want %x", mine, want)
+					}
+					// Allgatherv: rank r contributes length(r, root) bytes.
+					all := make([][]byte, n)
+					for r := range all {
+						all[r] = make([]byte, length(r, root))
+					}
+					if err := c.Allgatherv(ctx, pattern(me, root, length(me, root)), all); err != nil {
+						return err
+					}
+					for r, b := range all {
+						if want := pattern(r, root, length(r, root)); !bytes.Equal(b, want) {
+							return fmt.Errorf("allgatherv: block of rank %d is %x, want %x", r, b, want)
+						}
+					}
+					// Alltoallv: src sends dst length(src+root, dst) bytes.
+					send, recv := make([][]byte, n), make([][]byte, n)
+					for r := range n {
+						send[r] = pattern(me, r, length(me+root, r))
+						recv[r] = make([]byte, length(r+root, me))
+					}
+					if err := c.Alltoallv(ctx, send, recv); err != nil {
+						return err
+					}
+					for r, b := range recv {
+						if want := pattern(r, me, length(r+root, me)); !bytes.Equal(b, want) {
+							return fmt.Errorf("alltoallv: block from rank %d is %x, want %x", r, b, want)
+						}
+					}
+					return nil
+				})
+			})
+		}
+	}
+}

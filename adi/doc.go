@@ -26,10 +26,12 @@
 // # Collectives
 //
 // [Comm.Barrier], [Comm.Bcast], [Comm.Gather], [Comm.Scatter],
-// [Comm.Allgather] and [Comm.Alltoall] move bytes; [Reduce] and
-// [Allreduce] combine typed slices with an [Op] such as [Sum] or [Max],
-// or any associative function of the program's own, applied in rank
-// order. [Bytes] views a numeric slice as bytes for the others:
+// [Comm.Allgather] and [Comm.Alltoall] move bytes, the last four also
+// with a length of its own for every rank ([Comm.Gatherv], ...: one
+// slice per rank); [Reduce], [Allreduce], [Scan] and [Exscan] combine
+// typed slices with an [Op] such as [Sum] or [Max], or any associative
+// function of the program's own, applied in rank order. [Bytes] views a
+// numeric slice as bytes for the others:
 //
 //	err = c.Bcast(ctx, adi.Bytes(params), 0)
 //	err = adi.Allreduce(ctx, c, local, global, adi.Sum)
