@@ -126,3 +126,35 @@ func reusedRequests(n int) []*adi.Request {
 	}
 	return ptrs
 }
+
+// BenchmarkShmAllreduce sums one float64 over two ranks of this process
+// over shm; ns/op is a call, allocs/op both ranks' allocations per call.
+func BenchmarkShmAllreduce(b *testing.B) {
+	cs := shmJob(b, 2)
+	ctx := ctxT(b)
+	in, out := []float64{1}, []float64{0}
+	done := make(chan error)
+	b.ReportAllocs()
+	b.ResetTimer()
+	go func() {
+		in, out := []float64{2}, []float64{0}
+		for range b.N {
+			if err := adi.Allreduce(ctx, cs[1], in, out, adi.Sum); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	for range b.N {
+		if err := adi.Allreduce(ctx, cs[0], in, out, adi.Sum); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	if out[0] != 3 {
+		b.Fatalf("sum %v, want 3", out[0])
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/hpc-multidevice/multidevice/multidevice"
 )
@@ -51,6 +53,20 @@ var ErrMismatch = errors.New("adi: collective arguments disagree between ranks")
 // there (their creation count), which would have to pass 2^30 to meet them.
 const collTagBase = 1 << 30
 
+// collState is what a communicator keeps for its collectives from one call
+// to the next, so that a collective in a loop allocates nothing: the call
+// in progress, the requests it starts (heap-allocated requests made an
+// 8-byte allreduce between two processes three times slower, most of it
+// in the garbage collector) and scratch space for reductions. A
+// communicator runs one collective at a time; busy turns a second one
+// started meanwhile into an error instead of a data race.
+type collState struct {
+	busy    atomic.Bool
+	k       collective
+	reqs    []*multidevice.Request
+	scratch [4][]uint64 // word-aligned, for any Elem
+}
+
 // collective is one collective call in progress on a rank: its tag and
 // the requests it has outstanding. It is owned by the calling goroutine.
 type collective struct {
@@ -59,6 +75,7 @@ type collective struct {
 	name string
 	tag  int
 	reqs []pending
+	used int // requests of c.coll.reqs this call has started
 	// mismatch is the first receive of the wrong length; from then on
 	// this rank sends poison (see above).
 	mismatch error
@@ -73,14 +90,47 @@ type pending struct {
 	want int
 }
 
-// begin starts collective name on c.
-func (c *Comm) begin(ctx context.Context, name string) *collective {
+var errCollectiveBusy = errors.New("another collective is running on this communicator (a communicator runs one at a time; Dup one for each goroutine)")
+
+// begin starts collective name on c; done ends it.
+func (c *Comm) begin(ctx context.Context, name string) (*collective, error) {
+	if !c.coll.busy.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("adi: %s: %w", name, errCollectiveBusy)
+	}
 	seq := c.collSeq.Add(1)
-	return &collective{c: c, ctx: ctx, name: name, tag: collTagBase | int(seq%collTagBase)}
+	k := &c.coll.k
+	*k = collective{c: c, ctx: ctx, name: name, tag: collTagBase | int(seq%collTagBase), reqs: k.reqs[:0]}
+	return k, nil
+}
+
+func (k *collective) done() {
+	k.ctx = nil
+	k.c.coll.busy.Store(false)
 }
 
 func (k *collective) errorf(format string, args ...any) error {
 	return fmt.Errorf("adi: %s: "+format, append([]any{k.name}, args...)...)
+}
+
+// start starts an operation in the next of the communicator's requests.
+// One that a failed collective left in flight is replaced.
+func (k *collective) start(op func(r *multidevice.Request) error) (*multidevice.Request, error) {
+	s := &k.c.coll
+	if k.used == len(s.reqs) {
+		s.reqs = append(s.reqs, new(multidevice.Request))
+	}
+	r := s.reqs[k.used]
+	err := op(r)
+	if errors.Is(err, ErrRequestBusy) {
+		r = new(multidevice.Request)
+		s.reqs[k.used] = r
+		err = op(r)
+	}
+	if err != nil {
+		return nil, err
+	}
+	k.used++
+	return r, nil
 }
 
 // send starts sending buf to rank r of the communicator, or after a
@@ -89,7 +139,9 @@ func (k *collective) send(buf []byte, r int) error {
 	if k.mismatch != nil {
 		buf = make([]byte, len(buf)+1)
 	}
-	req, err := k.c.w.dev.Isend(buf, k.c.ranks[r], k.tag, k.c.context|1, false)
+	req, err := k.start(func(q *multidevice.Request) error {
+		return k.c.w.dev.IsendRequest(q, buf, k.c.ranks[r], k.tag, k.c.context|1, false)
+	})
 	if err != nil {
 		return k.fail(k.errorf("send to rank %d: %w", r, err))
 	}
@@ -99,7 +151,9 @@ func (k *collective) send(buf []byte, r int) error {
 
 // recv starts receiving exactly len(buf) bytes from rank r.
 func (k *collective) recv(buf []byte, r int) error {
-	req, err := k.c.w.dev.Irecv(buf, k.c.ranks[r], k.tag, k.c.context|1)
+	req, err := k.start(func(q *multidevice.Request) error {
+		return k.c.w.dev.IrecvRequest(q, buf, k.c.ranks[r], k.tag, k.c.context|1)
+	})
 	if err != nil {
 		return k.fail(k.errorf("receive from rank %d: %w", r, err))
 	}
@@ -127,7 +181,7 @@ func (k *collective) wait() error {
 			return k.fail(k.errorf("%w", err))
 		}
 	}
-	k.reqs = k.reqs[:0]
+	k.reqs, k.used = k.reqs[:0], 0
 	return nil
 }
 
@@ -152,15 +206,31 @@ func (k *collective) exchange(sbuf []byte, dst int, rbuf []byte, src int) error 
 }
 
 // fail cancels the receives still outstanding, so that none of them takes
-// a later message, and returns err.
+// a later message, and returns err. The requests of the call stay where
+// they are: start replaces those still in flight next time.
 func (k *collective) fail(err error) error {
 	for _, p := range k.reqs {
 		if p.recv {
 			k.c.w.dev.Cancel(p.r)
 		}
 	}
-	k.reqs = nil
+	k.reqs = k.reqs[:0]
 	return err
+}
+
+// scratch returns n elements of the communicator's scratch slot i, which
+// keeps its memory for later calls; its contents are not cleared.
+func scratch[T Elem](k *collective, i, n int) []T {
+	if n == 0 {
+		return nil
+	}
+	var zero T
+	words := (n*int(unsafe.Sizeof(zero)) + 7) / 8
+	s := &k.c.coll.scratch[i]
+	if cap(*s) < words {
+		*s = make([]uint64, words)
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(*s))), n)
 }
 
 // root checks a root argument.
@@ -173,7 +243,11 @@ func (k *collective) root(root int) error {
 
 // Barrier returns once every rank of c has called it.
 func (c *Comm) Barrier(ctx context.Context) error {
-	k := c.begin(ctx, "barrier")
+	k, err := c.begin(ctx, "barrier")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	p, r := c.Size(), c.Rank()
 	for dist := 1; dist < p; dist *= 2 {
 		if err := k.exchange(nil, (r+dist)%p, nil, (r-dist+p)%p); err != nil {
@@ -186,7 +260,11 @@ func (c *Comm) Barrier(ctx context.Context) error {
 // Bcast copies buf of rank root into buf of every other rank of c. Every
 // rank passes a buffer of the same length.
 func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
-	k := c.begin(ctx, "bcast")
+	k, err := c.begin(ctx, "bcast")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if err := k.root(root); err != nil {
 		return err
 	}
@@ -219,7 +297,11 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 // length; recv is used on the root only and must hold Size()*len(send)
 // bytes there.
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
-	k := c.begin(ctx, "gather")
+	k, err := c.begin(ctx, "gather")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if err := k.root(root); err != nil {
 		return err
 	}
@@ -237,7 +319,11 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 // recv is used on the root only and holds Size() slices there, each as
 // long as what its rank sends.
 func (c *Comm) Gatherv(ctx context.Context, send []byte, recv [][]byte, root int) error {
-	k := c.begin(ctx, "gatherv")
+	k, err := c.begin(ctx, "gatherv")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if err := k.root(root); err != nil {
 		return err
 	}
@@ -271,7 +357,11 @@ func (k *collective) gatherv(send []byte, recv [][]byte, root int) error {
 // buffer of the same length; send is used on the root only and must hold
 // Size()*len(recv) bytes there.
 func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
-	k := c.begin(ctx, "scatter")
+	k, err := c.begin(ctx, "scatter")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if err := k.root(root); err != nil {
 		return err
 	}
@@ -289,7 +379,11 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 // r of c. send is used on the root only and holds Size() slices there,
 // each as long as its rank's recv.
 func (c *Comm) Scatterv(ctx context.Context, send [][]byte, recv []byte, root int) error {
-	k := c.begin(ctx, "scatterv")
+	k, err := c.begin(ctx, "scatterv")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if err := k.root(root); err != nil {
 		return err
 	}
@@ -322,7 +416,11 @@ func (k *collective) scatterv(send [][]byte, recv []byte, root int) error {
 // r's at recv[r*len(send):]. Every rank passes a send buffer of the same
 // length and a receive buffer of Size()*len(send) bytes.
 func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
-	k := c.begin(ctx, "allgather")
+	k, err := c.begin(ctx, "allgather")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	parts, err := k.blocks(recv, len(send), "receive")
 	if err != nil {
 		return err
@@ -334,7 +432,11 @@ func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 // rank. Every rank passes Size() receive slices of the same lengths, each
 // as long as what its rank sends.
 func (c *Comm) Allgatherv(ctx context.Context, send []byte, recv [][]byte) error {
-	k := c.begin(ctx, "allgatherv")
+	k, err := c.begin(ctx, "allgatherv")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if len(recv) != c.Size() {
 		return k.errorf("%d receive slices for %d ranks", len(recv), c.Size())
 	}
@@ -361,7 +463,11 @@ func (k *collective) allgatherv(send []byte, recv [][]byte) error {
 // being this rank, for every pair of ranks of c. Every rank passes send
 // and receive buffers of the same length, a multiple of Size().
 func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
-	k := c.begin(ctx, "alltoall")
+	k, err := c.begin(ctx, "alltoall")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	p := c.Size()
 	if len(send)%p != 0 || len(recv) != len(send) {
 		return k.errorf("buffers of %d and %d bytes: both must be the same multiple of %d ranks", len(send), len(recv), p)
@@ -375,7 +481,11 @@ func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
 // me being this rank, for every pair of ranks of c. Every rank passes
 // Size() send and Size() receive slices.
 func (c *Comm) Alltoallv(ctx context.Context, send, recv [][]byte) error {
-	k := c.begin(ctx, "alltoallv")
+	k, err := c.begin(ctx, "alltoallv")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if len(send) != c.Size() || len(recv) != c.Size() {
 		return k.errorf("%d send and %d receive slices for %d ranks", len(send), len(recv), c.Size())
 	}
@@ -434,7 +544,11 @@ func (k *collective) own(dst, src []byte) {
 // on byte order and on the size of int and uint, as the hosts of a
 // cluster do.
 func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root int) error {
-	k := c.begin(ctx, "reduce")
+	k, err := c.begin(ctx, "reduce")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if err := k.root(root); err != nil {
 		return err
 	}
@@ -466,8 +580,9 @@ func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root
 // next mask ranks' from rank r+mask. It returns the result on rank 0.
 func reduceToZero[T Elem](k *collective, send []T, op Op[T]) ([]T, error) {
 	p, r := k.c.Size(), k.c.Rank()
-	acc := append([]T(nil), send...)
-	var tmp []T
+	acc := scratch[T](k, 0, len(send))
+	copy(acc, send)
+	tmp := scratch[T](k, 1, len(send))
 	for mask := 1; mask < p; mask <<= 1 {
 		if r&mask != 0 {
 			if err := k.send(Bytes(acc), r-mask); err != nil {
@@ -476,9 +591,6 @@ func reduceToZero[T Elem](k *collective, send []T, op Op[T]) ([]T, error) {
 			return acc, k.wait()
 		}
 		if r+mask < p {
-			if tmp == nil {
-				tmp = make([]T, len(acc))
-			}
 			if err := k.recv(Bytes(tmp), r+mask); err != nil {
 				return nil, err
 			}
@@ -497,7 +609,11 @@ func reduceToZero[T Elem](k *collective, send []T, op Op[T]) ([]T, error) {
 // length on every rank and may be the same slice. Byte order as for
 // [Reduce].
 func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	k := c.begin(ctx, "allreduce")
+	k, err := c.begin(ctx, "allreduce")
+	if err != nil {
+		return err
+	}
+	defer k.done()
 	if len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
@@ -508,8 +624,12 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 	// same order as their old ones, so rank order survives the folding.
 	p2 := 1 << (bits.Len(uint(p)) - 1)
 	rem := p - p2
-	acc := append([]T(nil), send...)
-	tmp := make([]T, len(acc))
+	// The result builds up in recv, or in scratch where the order of a
+	// combination puts it there; only the last such needs copying back.
+	if len(send) > 0 && &recv[0] != &send[0] {
+		copy(recv, send)
+	}
+	acc, tmp := recv, scratch[T](k, 0, len(send))
 	nr := r - rem
 	if r < 2*rem {
 		if r%2 == 0 {
@@ -522,7 +642,7 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 			if err := k.recv(Bytes(recv), r+1); err != nil {
 				return err
 			}
-			return k.end()
+			return k.end() // recv is acc: it waits for the send to end
 		}
 		if err := k.recv(Bytes(tmp), r-1); err != nil {
 			return err
@@ -555,7 +675,9 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 			return err
 		}
 	}
-	copy(recv, acc)
+	if len(acc) > 0 && &acc[0] != &recv[0] {
+		copy(recv, acc)
+	}
 	return k.end()
 }
 
@@ -564,7 +686,12 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 // recv have the same length on every rank and may be the same slice. Byte
 // order as for [Reduce].
 func Scan[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	return scan(c.begin(ctx, "scan"), send, recv, op, true)
+	k, err := c.begin(ctx, "scan")
+	if err != nil {
+		return err
+	}
+	defer k.done()
+	return scan(k, send, recv, op, true)
 }
 
 // Exscan combines into recv of every rank r > 0 of c the send slices of
@@ -572,7 +699,12 @@ func Scan[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error 
 // is left as it was. send and recv have the same length on every rank and
 // may be the same slice.
 func Exscan[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
-	return scan(c.begin(ctx, "exscan"), send, recv, op, false)
+	k, err := c.begin(ctx, "exscan")
+	if err != nil {
+		return err
+	}
+	defer k.done()
+	return scan(k, send, recv, op, false)
 }
 
 // scan is recursive doubling: at the step of mask, a rank holds in partial
@@ -583,13 +715,16 @@ func scan[T Elem](k *collective, send, recv []T, op Op[T], inclusive bool) error
 	if len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	p, r := k.c.Size(), k.c.Rank()
-	partial := append([]T(nil), send...)
-	var prefix []T // what ranks below r combine to; nil while there are none
+	p, r, n := k.c.Size(), k.c.Rank(), len(send)
+	partial, tmp := scratch[T](k, 0, n), scratch[T](k, 1, n)
+	copy(partial, send)
+	// prefix is what ranks below r (and r itself when inclusive) combine
+	// to; there is none on an exclusive scan's rank 0.
+	prefix, below := scratch[T](k, 2, n), scratch[T](k, 3, n)
+	have := inclusive
 	if inclusive {
-		prefix = append([]T(nil), send...)
+		copy(prefix, send)
 	}
-	tmp := make([]T, len(send))
 	for mask := 1; mask < p; mask <<= 1 {
 		partner := r ^ mask
 		if partner >= p {
@@ -603,17 +738,15 @@ func scan[T Elem](k *collective, send, recv []T, op Op[T], inclusive bool) error
 			continue
 		}
 		// tmp comes from below: it goes in front of both.
-		if prefix == nil {
-			prefix = append([]T(nil), tmp...)
-		} else {
-			below := append([]T(nil), tmp...)
+		copy(below, tmp)
+		if have {
 			op(below, prefix)
-			prefix = below
 		}
+		prefix, below, have = below, prefix, true
 		op(tmp, partial)
 		partial, tmp = tmp, partial
 	}
-	if prefix != nil {
+	if have {
 		copy(recv, prefix)
 	}
 	return k.end()

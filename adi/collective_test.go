@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -603,5 +604,47 @@ func TestVariableLengths(t *testing.T) {
 				})
 			})
 		}
+	}
+}
+
+// TestCollectiveBusy: a second collective started on a communicator while
+// one runs there is refused, not raced; one on a duplicate goes ahead.
+func TestCollectiveBusy(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	busy := func(err error) bool { return err != nil && strings.Contains(err.Error(), "another collective is running") }
+	stuck := make(chan error, 1)
+	start := func() { go func() { stuck <- cs[0].Bcast(ctx, make([]byte, 8), 1) }() } // rank 1 never joins
+	start()
+	ended, end := context.WithCancel(ctx)
+	end() // a barrier that gets going returns at once
+	for give := time.Now().Add(10 * time.Second); ; {
+		err := cs[0].Barrier(ended)
+		if busy(err) {
+			break
+		}
+		if time.Now().After(give) {
+			t.Fatalf("a barrier beside a running broadcast was never refused: %v", err)
+		}
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("a barrier alone on one rank of two: %v", err)
+		}
+		// The barrier ran before the broadcast began; if the broadcast
+		// met it and was refused, it starts again.
+		select {
+		case err := <-stuck:
+			if !busy(err) {
+				t.Fatalf("the broadcast: %v", err)
+			}
+			start()
+		default:
+		}
+	}
+	d0, _ := cs[0].Dup(ctx)
+	d1, _ := cs[1].Dup(ctx)
+	each(t, []*adi.Comm{d0, d1}, func(c *adi.Comm) error { return c.Barrier(ctx) })
+	cancel()
+	if err := <-stuck; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the stuck broadcast: %v", err)
 	}
 }

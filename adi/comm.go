@@ -49,6 +49,7 @@ type Comm struct {
 	identity bool
 	derived  atomic.Uint64 // communicators created from this one (Dup, Split)
 	collSeq  atomic.Uint64 // collective calls made on this one (collective.go)
+	coll     collState
 }
 
 func newComm(w *World, context uint64, ranks []int) *Comm {
