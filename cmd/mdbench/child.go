@@ -137,6 +137,8 @@ func runMultidevice(ctx context.Context, j childJob, logger hclog.Logger, emit f
 				v, err = m.stream(ctx, 0, 1, size, j.Window, true)
 			case "mr":
 				v, err = m.rate(ctx, size, j.Window)
+			case "allreduce":
+				v, err = m.allreduce(ctx, size)
 			default:
 				err = fmt.Errorf("unknown test %q", test)
 			}

@@ -19,11 +19,12 @@ var testInfo = map[string]struct {
 	unit, title string
 	lowerBetter bool
 }{
-	"lat":  {"us", "latency, half round trip", true},
-	"bw":   {"MB/s", "bandwidth, one way", false},
-	"bibw": {"MB/s", "bandwidth, both ways", false},
-	"mr":   {"msg/s", "message rate, all pairs", false},
-	"idle": {"% core", "CPU of a rank blocked in Recv", true},
+	"lat":       {"us", "latency, half round trip", true},
+	"bw":        {"MB/s", "bandwidth, one way", false},
+	"bibw":      {"MB/s", "bandwidth, both ways", false},
+	"mr":        {"msg/s", "message rate, all pairs", false},
+	"idle":      {"% core", "CPU of a rank blocked in Recv", true},
+	"allreduce": {"us", "Allreduce of size/8 float64 sums over all ranks, per call", true},
 }
 
 // stat summarizes the repetitions of one figure.

@@ -29,6 +29,7 @@ this host, OSU style. Tests (default: lat bw bibw):
   bibw   bandwidth both ways at once, MB/s
   mr     message rate of --pairs pairs streaming at once, messages/s
   idle   CPU share of a rank blocked in Recv for --seconds (runs once)
+  allreduce  Allreduce summing size/8 float64s over --ranks ranks, µs a call
 
 Every repetition launches the ranks afresh; with --direct, --baseline,
 --vs-plugins, --vs-conntable, --vs-env or --vs-build the series are
@@ -58,6 +59,7 @@ type options struct {
 	reps      int
 	window    int
 	pairs     int
+	ranks     int
 	scale     float64
 	seconds   float64
 	timeout   time.Duration
@@ -66,7 +68,7 @@ type options struct {
 	out       string
 }
 
-var allTests = []string{"lat", "bw", "bibw", "mr", "idle"}
+var allTests = []string{"lat", "bw", "bibw", "mr", "idle", "allreduce"}
 
 func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
@@ -106,6 +108,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.reps, "reps", 10, "repetitions")
 	fs.IntVar(&o.window, "window", 64, "messages in flight per iteration of bw, bibw and mr")
 	fs.IntVar(&o.pairs, "pairs", 0, "pairs of ranks for mr; 0: as many as the cores mdbench may use hold, one rank a core (at least 1)")
+	fs.IntVar(&o.ranks, "ranks", 0, "ranks for allreduce; 0: one a core mdbench may use (at least 2)")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every iteration count (ours and the baseline's) by this")
 	fs.Float64Var(&o.seconds, "seconds", 10, "how long idle blocks")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up on a launch (ours or a baseline's) that runs longer than this")
@@ -159,6 +162,8 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-window %d: want at least 1", o.window)
 	case o.pairs < 0:
 		return nil, fmt.Errorf("-pairs %d: want at least 1, or 0 for as many as the cores hold", o.pairs)
+	case o.ranks < 0 || o.ranks == 1:
+		return nil, fmt.Errorf("-ranks %d: want at least 2, or 0 for one a core", o.ranks)
 	case o.scale <= 0:
 		return nil, fmt.Errorf("-scale %g: want more than 0", o.scale)
 	case o.timeout <= 0:
@@ -170,6 +175,9 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.pairs == 0 {
 		o.pairs = max(1, usableCores()/2)
+	}
+	if o.ranks == 0 {
+		o.ranks = max(2, usableCores())
 	}
 	return o, nil
 }
@@ -266,6 +274,9 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	if cores := usableCores(); slices.Contains(o.tests, "mr") && 2*o.pairs > cores {
 		fmt.Fprintf(stderr, "mdbench: mr: %d ranks on %d cores share them unbound; its figures, the MPIs' above all, say little\n", 2*o.pairs, cores)
 	}
+	if cores := usableCores(); slices.Contains(o.tests, "allreduce") && o.ranks > cores {
+		fmt.Fprintf(stderr, "mdbench: allreduce: %d ranks on %d cores share them unbound; its figures, the MPIs' above all, say little\n", o.ranks, cores)
+	}
 	rep := &report{Route: o.route(), Reps: o.reps, CPUs: runtime.NumCPU(), LoadBefore: loadAvg()}
 	cpu0, ok0 := readCPUTimes()
 	col := newCollector()
@@ -286,17 +297,19 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	}
 
 	job := childJob{Sizes: o.sizes, Window: o.window, Scale: o.scale, Sub: o.sub, Plugins: o.plugins, ConnTable: o.conntable, IdleSeconds: o.seconds}
-	var two, rate []string // tests run on two ranks, and message rate
+	var two, rate, coll []string // tests run on two ranks, message rate, collectives
 	for _, t := range o.tests {
 		switch t {
 		case "mr":
 			rate = append(rate, t)
+		case "allreduce":
+			coll = append(coll, t)
 		case "idle":
 		default:
 			two = append(two, t)
 		}
 	}
-	if o.direct && slices.Contains(o.tests, "mr") {
+	if o.direct && (len(rate) > 0 || len(coll) > 0) {
 		rep.Notes = append(rep.Notes, "direct mode measures lat, bw and bibw only")
 	}
 
@@ -313,7 +326,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			for _, run := range []struct {
 				tests []string
 				ranks int
-			}{{two, 2}, {rate, 2 * o.pairs}} {
+			}{{two, 2}, {rate, 2 * o.pairs}, {coll, o.ranks}} {
 				if len(run.tests) == 0 {
 					continue
 				}
@@ -356,13 +369,16 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	for _, m := range mpis {
 		steps = append(steps, step{m.name, func(ctx context.Context) ([]sample, error) {
 			var all []sample
-			for _, t := range append(slices.Clone(two), rate...) {
+			for _, t := range slices.Concat(two, rate, coll) {
 				n, args := 2, []string{t}
-				if t != "lat" {
+				if t != "lat" && t != "allreduce" {
 					args = append(args, strconv.Itoa(o.window))
 				}
-				if t == "mr" {
+				switch t {
+				case "mr":
 					n = 2 * o.pairs
+				case "allreduce":
+					n = o.ranks
 				}
 				for _, s := range o.sizes {
 					args = append(args, strconv.Itoa(s))
@@ -387,7 +403,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}
 		fmt.Fprintf(stderr, "mdbench: repetition %d/%d: %s\n", i+1, o.reps, strings.Join(names, ", "))
 		for _, st := range order {
-			if len(two)+len(rate) == 0 {
+			if len(two)+len(rate)+len(coll) == 0 {
 				break
 			}
 			sctx, cancel := context.WithTimeout(ctx, o.timeout)

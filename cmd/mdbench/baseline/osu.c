@@ -8,6 +8,8 @@
  *   osu bibw WINDOW SIZE...       bidirectional, MB/s
  *   osu mr   WINDOW SIZE...       all ranks: pairs (i, i+n/2) stream; messages/s
  *   osu idle SECONDS              rank 1 blocks in MPI_Recv; % of a core it used
+ *   osu allreduce SIZE...         all ranks: MPI_Allreduce summing SIZE/8 doubles
+ *                                 (at least one); microseconds per call on rank 0
  *
  * Rank 0 prints one line per size: "<test> <size> <value>". Iteration counts
  * follow lat_iters and bw_iters below, which mdbench mirrors
@@ -63,6 +65,25 @@ static double lat(int rank, long size) {
 	return (MPI_Wtime() - t0) * 1e6 / (2.0 * n);
 }
 
+/* allreduce: as mdbench's, lat_iters calls of MPI_Allreduce after
+ * warm_iters untimed ones, timed on rank 0. */
+static double allreduce(long size) {
+	long elems = size / 8 < 1 ? 1 : size / 8;
+	long n = lat_iters(size), warm = warm_iters(n, elems * 8);
+	double *in = calloc(elems, sizeof(double)), *out = calloc(elems, sizeof(double)), t0 = 0;
+	for (long i = 0; i < n + warm; i++) {
+		if (i == warm) {
+			MPI_Barrier(MPI_COMM_WORLD);
+			t0 = MPI_Wtime();
+		}
+		MPI_Allreduce(in, out, elems, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+	}
+	double t = MPI_Wtime() - t0;
+	free(in);
+	free(out);
+	return t * 1e6 / n;
+}
+
 /* stream: sender -> receiver, window messages per iteration and an ack. */
 static double stream(int rank, int sender, int receiver, long size, int window, int bidir) {
 	long n = bw_iters(size, window), warm = warm_iters(n, size * window);
@@ -103,7 +124,7 @@ int main(int argc, char **argv) {
 	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
 	if (argc < 3) {
 		if (rank == 0)
-			fprintf(stderr, "usage: osu lat SIZE... | osu bw|bibw|mr WINDOW SIZE... | osu idle SECONDS\n");
+			fprintf(stderr, "usage: osu lat|allreduce SIZE... | osu bw|bibw|mr WINDOW SIZE... | osu idle SECONDS\n");
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	}
 	const char *test = argv[1];
@@ -131,7 +152,7 @@ int main(int argc, char **argv) {
 		MPI_Finalize();
 		return 0;
 	}
-	int lt = strcmp(test, "lat") == 0;
+	int lt = strcmp(test, "lat") == 0 || strcmp(test, "allreduce") == 0;
 	int window = lt ? 1 : atoi(argv[2]);
 	if (window < 1) {
 		if (rank == 0)
@@ -150,7 +171,9 @@ int main(int argc, char **argv) {
 	for (int i = first; i < argc; i++) {
 		long size = atol(argv[i]);
 		double v;
-		if (lt) {
+		if (strcmp(test, "allreduce") == 0) {
+			v = allreduce(size);
+		} else if (lt) {
 			v = lat(rank, size);
 		} else if (strcmp(test, "bw") == 0) {
 			v = stream(rank, 0, 1, size, window, 0);
