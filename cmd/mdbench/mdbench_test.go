@@ -95,6 +95,8 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-vs-build", "old:" + dir}, "", "not an executable file"},
 		{[]string{"-vs-build", "old:" + plain}, "", "not an executable file"},
 		{[]string{"-pairs", "-1", "mr"}, "", "-pairs -1"},
+		{[]string{"allreduce", "-ranks", "3"}, "allreduce", ""},
+		{[]string{"-ranks", "1", "allreduce"}, "", "-ranks 1"},
 	} {
 		o, err := parseArgs(tc.args, &bytes.Buffer{})
 		if tc.err != "" {
@@ -208,12 +210,12 @@ func TestRunShm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	svg := t.TempDir() + "/plot.svg"
-	args := []string{"-reps", "2", "-scale", "0.02", "-sizes", "8,20K,300K", "-window", "4", "-direct", "-format", "json", "-svg", svg, "lat", "bw", "bibw", "mr"}
+	args := []string{"-reps", "2", "-scale", "0.02", "-sizes", "8,20K,300K", "-window", "4", "-direct", "-ranks", "3", "-format", "json", "-svg", svg, "lat", "bw", "bibw", "mr", "allreduce"}
 	r := runJSON(ctx, t, args)
-	for _, test := range []string{"lat", "bw", "bibw", "mr"} {
+	for _, test := range []string{"lat", "bw", "bibw", "mr", "allreduce"} {
 		for _, size := range []int{8, 20 << 10, 300 << 10} {
 			series := []string{ours, "direct"}
-			if test == "mr" {
+			if test == "mr" || test == "allreduce" {
 				series = series[:1]
 			}
 			for _, se := range series {
