@@ -206,7 +206,7 @@ func TestReduceAllreduce(t *testing.T) {
 	for _, n := range collSizes {
 		cs := loopJob(t, n)
 		ctx := ctxT(t)
-		for _, elems := range []int{0, 1, 13, 700} { // 700 elements: 5600 bytes, rendezvous
+		for _, elems := range []int{0, 1, 13, 700, 9000} { // 700 elements: 5600 bytes, rendezvous; 9000: by halving
 			// What the ranks' contributions combine to, in rank order.
 			want := contribution(0, elems)
 			var sum []int64 = make([]int64, elems)
