@@ -612,7 +612,9 @@ func TestVariableLengths(t *testing.T) {
 func TestCollectiveBusy(t *testing.T) {
 	cs := loopJob(t, 2)
 	ctx, cancel := context.WithCancel(ctxT(t))
-	busy := func(err error) bool { return err != nil && strings.Contains(err.Error(), "another collective is running") }
+	busy := func(err error) bool {
+		return err != nil && strings.Contains(err.Error(), "another collective is running")
+	}
 	stuck := make(chan error, 1)
 	start := func() { go func() { stuck <- cs[0].Bcast(ctx, make([]byte, 8), 1) }() } // rank 1 never joins
 	start()
