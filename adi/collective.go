@@ -632,23 +632,23 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 	if len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	p, r := c.Size(), c.Rank()
-	// Recursive doubling runs on a power of two ranks. Of the rem ranks
-	// beyond it, each even rank below 2*rem hands its data to the odd one
-	// above it and waits for the result; the others take new ranks in the
-	// same order as their old ones, so rank order survives the folding.
+	p, r, n := c.Size(), c.Rank(), len(send)
+	// Both algorithms run on a power of two ranks. Of the rem ranks beyond
+	// it, each even rank below 2*rem hands its data to the odd one above it
+	// and waits for the result; the others take new ranks in the same
+	// order as their old ones, so rank order survives the folding.
 	p2 := 1 << (bits.Len(uint(p)) - 1)
 	rem := p - p2
-	// The result builds up in recv, or in scratch where the order of a
-	// combination puts it there; only the last such needs copying back.
-	if len(send) > 0 && &recv[0] != &send[0] {
-		copy(recv, send)
+	old := func(q int) int { // the rank of c with new rank q
+		if q < rem {
+			return 2*q + 1
+		}
+		return q + rem
 	}
-	acc, tmp := recv, scratch[T](k, 0, len(send))
-	nr := r - rem
+	mine, nr := send, r-rem // this rank's part as it stands, its new rank
 	if r < 2*rem {
 		if r%2 == 0 {
-			if err := k.send(Bytes(acc), r+1); err != nil {
+			if err := k.send(Bytes(send), r+1); err != nil {
 				return err
 			}
 			if err := k.wait(); err != nil {
@@ -657,52 +657,60 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 			if err := k.recv(Bytes(recv), r+1); err != nil {
 				return err
 			}
-			return k.end() // recv is acc: it waits for the send to end
+			return k.end()
 		}
-		if err := k.recv(Bytes(tmp), r-1); err != nil {
+		mine = scratch[T](k, 1, n)
+		if err := k.recv(Bytes(mine), r-1); err != nil {
 			return err
 		}
 		if err := k.wait(); err != nil {
 			return err
 		}
-		op(tmp, acc)
-		acc, tmp = tmp, acc
+		op(mine, send)
 		nr = r / 2
 	}
-	// old is the rank of c that has new rank q.
-	old := func(q int) int {
-		if q < rem {
-			return 2*q + 1
-		}
-		return q + rem
-	}
-	if len(acc)*elemSize[T]() >= halvingFrom && len(acc) >= p2 {
-		if err := halve(k, acc, tmp, nr, p2, old, op); err != nil {
-			return err
-		}
+	if n*elemSize[T]() >= halvingFrom && n >= p2 {
+		err = halve(k, mine, recv, scratch[T](k, 0, n), nr, p2, old, op)
 	} else {
-		for mask := 1; mask < p2; mask <<= 1 {
-			pnr := nr ^ mask
-			if err := k.exchange(Bytes(acc), old(pnr), Bytes(tmp), old(pnr)); err != nil {
-				return err
-			}
-			if pnr < nr {
-				op(tmp, acc)
-				acc, tmp = tmp, acc
-			} else {
-				op(acc, tmp)
-			}
-		}
+		err = double(k, mine, recv, scratch[T](k, 0, n), nr, p2, old, op)
+	}
+	if err != nil {
+		return err
 	}
 	if r < 2*rem {
-		if err := k.send(Bytes(acc), r-1); err != nil {
+		if err := k.send(Bytes(recv), r-1); err != nil {
 			return err
 		}
 	}
-	if len(acc) > 0 && &acc[0] != &recv[0] {
-		copy(recv, acc)
-	}
 	return k.end()
+}
+
+// double is recursive doubling among p2 ranks (new ranks, old maps them to
+// ranks of the communicator): in each step a rank exchanges what it holds
+// with the rank mask away and combines the two, the lower one's on the
+// left. It reads mine, this rank's part, and leaves the result in acc;
+// mine may be acc.
+func double[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) error {
+	if len(mine) > 0 && &mine[0] != &acc[0] {
+		copy(acc, mine)
+	}
+	res := acc // where the result is; the order of a combination may move it to tmp
+	for mask := 1; mask < p2; mask <<= 1 {
+		pnr := nr ^ mask
+		if err := k.exchange(Bytes(res), old(pnr), Bytes(tmp), old(pnr)); err != nil {
+			return err
+		}
+		if pnr < nr {
+			op(tmp, res)
+			res, tmp = tmp, res
+		} else {
+			op(res, tmp)
+		}
+	}
+	if len(res) > 0 && &res[0] != &acc[0] {
+		copy(acc, res)
+	}
+	return nil
 }
 
 // halvingFrom is the size in bytes from which Allreduce takes halve's two
@@ -716,16 +724,19 @@ const halvingFrom = 64 << 10
 
 // halve is Rabenseifner's allreduce among p2 ranks (new ranks, old maps
 // them to ranks of the communicator): a reduce-scatter by recursive
-// halving leaves each rank with its own part of acc combined over every
-// rank, and an allgather by recursive doubling brings the parts back
+// halving leaves each rank with its own part of the vector combined over
+// every rank, and an allgather by recursive doubling brings the parts back
 // together. Each step pairs the nearest partner first, so every
 // combination joins two adjacent blocks of ranks, the lower one on the
 // left: rank order holds, as in recursive doubling. Each rank sends and
-// combines about len(acc) elements in all, not len(acc) per step.
-func halve[T Elem](k *collective, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) error {
+// combines about the vector's length in all, not that much per step. It
+// reads mine, this rank's part, and leaves the result in acc; the first
+// step sends from mine, so only the half it keeps is copied.
+func halve[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) error {
 	type span struct{ lo, n int }
 	var shared [bits.UintSize]span // what nr and its partner shared before each step
 	lo, n, steps := 0, len(acc), 0
+	from := mine // what this rank's data is read from: mine, then acc
 	for mask := 1; mask < p2; mask <<= 1 {
 		pnr := nr ^ mask
 		shared[steps] = span{lo, n}
@@ -735,22 +746,26 @@ func halve[T Elem](k *collective, acc, tmp []T, nr, p2 int, old func(int) int, o
 			keep, give = give, keep
 		}
 		in := tmp[keep.lo : keep.lo+keep.n]
-		if err := k.exchange(Bytes(acc[give.lo:give.lo+give.n]), old(pnr), Bytes(in), old(pnr)); err != nil {
+		if err := k.exchange(Bytes(from[give.lo:give.lo+give.n]), old(pnr), Bytes(in), old(pnr)); err != nil {
 			return err
 		}
-		mine := acc[keep.lo : keep.lo+keep.n]
+		have, res := from[keep.lo:keep.lo+keep.n], acc[keep.lo:keep.lo+keep.n]
 		if pnr < nr {
-			op(in, mine)
-			copy(mine, in)
+			op(in, have)
+			copy(res, in)
 		} else {
-			op(mine, in)
+			copy(res, have)
+			op(res, in)
 		}
-		lo, n = keep.lo, keep.n
+		lo, n, from = keep.lo, keep.n, acc
+	}
+	if steps == 0 { // one rank: nothing to combine
+		copy(acc, mine)
 	}
 	for mask := p2 / 2; mask >= 1; mask >>= 1 {
 		steps--
 		pnr, whole := nr^mask, shared[steps]
-		other := span{whole.lo + n, whole.n - n} // the partner's part follows mine
+		other := span{whole.lo + n, whole.n - n} // the partner's part follows this rank's
 		if lo != whole.lo {
 			other = span{whole.lo, whole.n - n} // or comes before it
 		}
