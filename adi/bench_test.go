@@ -2,6 +2,7 @@ package adi_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/adi"
@@ -156,5 +157,51 @@ func BenchmarkShmAllreduce(b *testing.B) {
 	}
 	if out[0] != 3 {
 		b.Fatalf("sum %v, want 3", out[0])
+	}
+}
+
+// BenchmarkShmExchange has two ranks of this process swap 8 bytes at once,
+// as a halo exchange does: Irecv, Isend, Wait both. "fresh" takes new
+// requests from Irecv and Isend, "reused" keeps two (IrecvInto,
+// IsendInto); the difference is what allocating a request per operation
+// costs.
+func BenchmarkShmExchange(b *testing.B) {
+	for _, reuse := range []bool{false, true} {
+		b.Run(map[bool]string{false: "fresh", true: "reused"}[reuse], func(b *testing.B) {
+			cs := shmJob(b, 2)
+			ctx := ctxT(b)
+			swap := func(c *adi.Comm, peer int) error {
+				sb, rb := make([]byte, 8), make([]byte, 8)
+				var kept [2]adi.Request
+				for range b.N {
+					r, s := &kept[0], &kept[1]
+					var err error
+					if reuse {
+						err = errors.Join(c.IrecvInto(r, rb, peer, 5), c.IsendInto(s, sb, peer, 5))
+					} else {
+						if r, err = c.Irecv(rb, peer, 5); err == nil {
+							s, err = c.Isend(sb, peer, 5)
+						}
+					}
+					if err != nil {
+						return err
+					}
+					if _, err := adi.WaitAll(ctx, r, s); err != nil {
+						return err
+					}
+				}
+				return nil
+			}
+			done := make(chan error)
+			b.ReportAllocs()
+			b.ResetTimer()
+			go func() { done <- swap(cs[1], 0) }()
+			if err := swap(cs[0], 1); err != nil {
+				b.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
 	}
 }
