@@ -26,7 +26,8 @@ import (
 //
 //	Barrier    dissemination: ceil(log2 p) rounds of empty messages
 //	Bcast      binomial tree from the root
-//	Reduce     binomial tree towards rank 0, in rank order, then to the root
+//	Reduce     binomial tree towards rank 0, in rank order, then to the root;
+//	           from 64 KiB Rabenseifner's reduce-scatter and gather
 //	Allreduce  recursive doubling, from 64 KiB Rabenseifner's reduce-scatter
 //	           and allgather; the ranks above a power of two folded in
 //	Scan       recursive doubling (Exscan too)
@@ -570,6 +571,9 @@ func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root
 	if c.Rank() == root && len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
+	if n := len(send); n*elemSize[T]() >= halvingFrom && n >= 1<<(bits.Len(uint(c.Size()))-1) {
+		return reduceLarge(k, send, recv, op, root)
+	}
 	acc, err := reduceToZero(k, send, op)
 	if err != nil {
 		return err
@@ -616,6 +620,82 @@ func reduceToZero[T Elem](k *collective, send []T, op Op[T]) ([]T, error) {
 		}
 	}
 	return acc, nil
+}
+
+// reduceLarge is Rabenseifner's reduce: the reduce-scatter of halve, then
+// a binomial gather of the parts to new rank 0, which sends the result to
+// the root unless it is the root. Ranks beyond a power of two fold in as
+// in Allreduce.
+func reduceLarge[T Elem](k *collective, send, recv []T, op Op[T], root int) error {
+	p, r, n := k.c.Size(), k.c.Rank(), len(send)
+	p2 := 1 << (bits.Len(uint(p)) - 1)
+	rem := p - p2
+	old := func(q int) int { // the rank of c with new rank q
+		if q < rem {
+			return 2*q + 1
+		}
+		return q + rem
+	}
+	mine, nr := send, r-rem
+	acc := scratch[T](k, 2, n)
+	if r == root {
+		acc = recv
+	}
+	if r < 2*rem && r%2 == 0 {
+		if err := k.send(Bytes(send), r+1); err != nil {
+			return err
+		}
+		if err := k.wait(); err != nil { // before recv, which may be send, takes the result
+			return err
+		}
+		nr = -1
+	} else if r < 2*rem {
+		mine = scratch[T](k, 1, n)
+		if err := k.recv(Bytes(mine), r-1); err != nil {
+			return err
+		}
+		if err := k.wait(); err != nil {
+			return err
+		}
+		op(mine, send)
+		nr = r / 2
+	}
+	if nr >= 0 {
+		h, err := reduceScatter(k, mine, acc, scratch[T](k, 0, n), nr, p2, old, op)
+		if err != nil {
+			return err
+		}
+		for mask := p2 / 2; mask >= 1; mask >>= 1 {
+			whole, other := h.back()
+			if pnr := nr ^ mask; nr&mask != 0 {
+				if err := k.send(Bytes(acc[h.lo:h.lo+h.n]), old(pnr)); err != nil {
+					return err
+				}
+				break // its part is on its way to new rank 0
+			} else if err := k.recv(Bytes(acc[other.lo:other.lo+other.n]), old(pnr)); err != nil {
+				return err
+			}
+			if err := k.wait(); err != nil {
+				return err
+			}
+			h.lo, h.n = whole.lo, whole.n
+		}
+	}
+	switch zero := old(0); {
+	case r == zero && r == root:
+	case r == zero:
+		if err := k.send(Bytes(acc), root); err != nil {
+			return err
+		}
+	case r == root:
+		if err := k.wait(); err != nil { // acc is recv: its part must be gone
+			return err
+		}
+		if err := k.recv(Bytes(recv), zero); err != nil {
+			return err
+		}
+	}
+	return k.end()
 }
 
 // Allreduce combines send of every rank of c into recv of every rank:
@@ -726,28 +806,68 @@ const halvingFrom = 64 << 10
 // them to ranks of the communicator): a reduce-scatter by recursive
 // halving leaves each rank with its own part of the vector combined over
 // every rank, and an allgather by recursive doubling brings the parts back
-// together. Each step pairs the nearest partner first, so every
-// combination joins two adjacent blocks of ranks, the lower one on the
-// left: rank order holds, as in recursive doubling. Each rank sends and
-// combines about the vector's length in all, not that much per step. It
-// reads mine, this rank's part, and leaves the result in acc; the first
-// step sends from mine, so only the half it keeps is copied.
+// together. Each rank sends and combines about the vector's length in
+// all, not that much per step. It reads mine, this rank's part, and
+// leaves the result in acc.
 func halve[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) error {
-	type span struct{ lo, n int }
-	var shared [bits.UintSize]span // what nr and its partner shared before each step
-	lo, n, steps := 0, len(acc), 0
+	h, err := reduceScatter(k, mine, acc, tmp, nr, p2, old, op)
+	if err != nil {
+		return err
+	}
+	for mask := p2 / 2; mask >= 1; mask >>= 1 {
+		whole, other := h.back()
+		pnr := nr ^ mask
+		if err := k.exchange(Bytes(acc[h.lo:h.lo+h.n]), old(pnr), Bytes(acc[other.lo:other.lo+other.n]), old(pnr)); err != nil {
+			return err
+		}
+		h.lo, h.n = whole.lo, whole.n
+	}
+	return nil
+}
+
+// span is a range of a vector's elements.
+type span struct{ lo, n int }
+
+// halving is where a reduce-scatter by recursive halving left a rank: the
+// span of acc it holds combined over every rank, and what it shared with
+// its partner before each step, for the way back.
+type halving struct {
+	lo, n  int
+	shared [bits.UintSize]span
+	steps  int
+}
+
+// back undoes the last step: the span this rank and that step's partner
+// shared, and the partner's part of it.
+func (h *halving) back() (whole, other span) {
+	h.steps--
+	whole = h.shared[h.steps]
+	if h.lo == whole.lo {
+		return whole, span{whole.lo + h.n, whole.n - h.n} // the partner's part follows
+	}
+	return whole, span{whole.lo, whole.n - h.n} // or comes before
+}
+
+// reduceScatter halves the vector among p2 ranks: in each step a rank
+// gives its partner half of what it holds and combines the other half
+// with the partner's. It pairs the nearest partner first, so every
+// combination joins two adjacent blocks of ranks, the lower one on the
+// left: rank order holds, as in recursive doubling. The first step sends
+// from mine, so that only the half this rank keeps is copied to acc.
+func reduceScatter[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) (halving, error) {
+	h := halving{n: len(acc)}
 	from := mine // what this rank's data is read from: mine, then acc
 	for mask := 1; mask < p2; mask <<= 1 {
 		pnr := nr ^ mask
-		shared[steps] = span{lo, n}
-		steps++
-		keep, give := span{lo, n / 2}, span{lo + n/2, n - n/2}
+		h.shared[h.steps] = span{h.lo, h.n}
+		h.steps++
+		keep, give := span{h.lo, h.n / 2}, span{h.lo + h.n/2, h.n - h.n/2}
 		if pnr < nr {
 			keep, give = give, keep
 		}
 		in := tmp[keep.lo : keep.lo+keep.n]
 		if err := k.exchange(Bytes(from[give.lo:give.lo+give.n]), old(pnr), Bytes(in), old(pnr)); err != nil {
-			return err
+			return h, err
 		}
 		have, res := from[keep.lo:keep.lo+keep.n], acc[keep.lo:keep.lo+keep.n]
 		if pnr < nr {
@@ -757,24 +877,12 @@ func halve[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) 
 			copy(res, have)
 			op(res, in)
 		}
-		lo, n, from = keep.lo, keep.n, acc
+		h.lo, h.n, from = keep.lo, keep.n, acc
 	}
-	if steps == 0 { // one rank: nothing to combine
+	if h.steps == 0 { // one rank: nothing to combine
 		copy(acc, mine)
 	}
-	for mask := p2 / 2; mask >= 1; mask >>= 1 {
-		steps--
-		pnr, whole := nr^mask, shared[steps]
-		other := span{whole.lo + n, whole.n - n} // the partner's part follows this rank's
-		if lo != whole.lo {
-			other = span{whole.lo, whole.n - n} // or comes before it
-		}
-		if err := k.exchange(Bytes(acc[lo:lo+n]), old(pnr), Bytes(acc[other.lo:other.lo+other.n]), old(pnr)); err != nil {
-			return err
-		}
-		lo, n = whole.lo, whole.n
-	}
-	return nil
+	return h, nil
 }
 
 // elemSize is the size of a T in bytes.
