@@ -321,29 +321,44 @@ func TestCollectiveMismatch(t *testing.T) {
 	cs := loopJob(t, n)
 	ctx := ctxT(t)
 	for _, tc := range []struct {
-		name string
-		odd  int // the rank that passes another length
-		f    func(c *adi.Comm, size int) error
-		want []bool // which ranks get ErrMismatch
+		name  string
+		odd   int // the rank that passes another length
+		f     func(c *adi.Comm, size int) error
+		want  []bool // which ranks get ErrMismatch
+		sizes []int  // default: 64 and 4096, eager and rendezvous
 	}{
 		// The tree from 0: 0 sends to 4, 2, 1; 2 passes on to 3.
 		{"bcast", 2, func(c *adi.Comm, size int) error { return c.Bcast(ctx, make([]byte, size), 0) },
-			[]bool{false, false, true, true, false}},
+			[]bool{false, false, true, true, false}, nil},
 		{"gather", 1, func(c *adi.Comm, size int) error { return c.Gather(ctx, make([]byte, size), make([]byte, n*size), 0) },
-			[]bool{true, false, false, false, false}},
+			[]bool{true, false, false, false, false}, nil},
 		{"scatter", 1, func(c *adi.Comm, size int) error { return c.Scatter(ctx, make([]byte, n*size), make([]byte, size), 0) },
-			[]bool{false, true, false, false, false}},
+			[]bool{false, true, false, false, false}, nil},
 		{"allgather", 3, func(c *adi.Comm, size int) error { return c.Allgather(ctx, make([]byte, size), make([]byte, n*size)) },
-			[]bool{true, true, true, true, true}},
+			[]bool{true, true, true, true, true}, nil},
 		{"allreduce", 3, func(c *adi.Comm, size int) error {
 			v := make([]byte, size)
 			return adi.Allreduce(ctx, c, v, v, adi.BOr)
-		}, []bool{true, true, true, true, true}},
+		}, []bool{true, true, true, true, true}, nil},
 		{"reduce", 4, func(c *adi.Comm, size int) error {
 			return adi.Reduce(ctx, c, make([]byte, size), make([]byte, size), adi.BOr, 1)
-		}, []bool{true, true, false, false, false}}, // 4 -> 0 -> 1: rank 4 only sends
+		}, []bool{true, true, false, false, false}, nil}, // 4 -> 0 -> 1: rank 4 only sends
+		// From 64 KiB by reduce-scatter: 0 folds into 1; 4 and 3 swap
+		// halves first, then pass the mismatch on to 2 and 1. (Halved,
+		// rank 4's length would take the other algorithm, and the ranks
+		// would wait for messages that never come.)
+		{"reduce by halving", 4, func(c *adi.Comm, size int) error {
+			return adi.Reduce(ctx, c, make([]byte, size), make([]byte, size), adi.BOr, 1)
+		}, []bool{false, true, true, true, true}, []int{160000}},
+		{"allreduce by halving", 4, func(c *adi.Comm, size int) error {
+			v := make([]byte, size)
+			return adi.Allreduce(ctx, c, v, v, adi.BOr)
+		}, []bool{true, true, true, true, true}, []int{160000}},
 	} {
-		for _, size := range []int{64, 4096} { // eager and rendezvous
+		if tc.sizes == nil {
+			tc.sizes = []int{64, 4096}
+		}
+		for _, size := range tc.sizes {
 			errs := make([]error, n)
 			var wg sync.WaitGroup
 			for r, c := range cs {
