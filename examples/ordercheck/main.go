@@ -1,8 +1,9 @@
 // Command ordercheck checks that a job keeps MPI's message order whatever
 // launched it: a token ring, then every rank sends numbered messages of
 // random sizes (eager and rendezvous) to every other, which checks that each
-// source's messages arrive in order. Each rank prints one line naming its
-// host and the subdevices it used; the exit status is non-zero on any error.
+// source's messages arrive in order, then collectives whose results every
+// rank checks. Each rank prints one line naming its host and the
+// subdevices it used; the exit status is non-zero on any error.
 //
 //	mdrun -n 4 ./ordercheck
 //	mpiexec -n 4 ./ordercheck            # MPICH's Hydra, over PMI
@@ -54,6 +55,7 @@ func run(ctx context.Context, per, maxSize int) error {
 	for _, step := range []func(context.Context, *adi.Comm) error{
 		ring,
 		func(ctx context.Context, c *adi.Comm) error { return order(ctx, c, per, maxSize) },
+		collectives,
 	} {
 		if err := step(ctx, c); err != nil {
 			w.Abort(1, err.Error())
@@ -71,7 +73,7 @@ func run(ctx context.Context, per, maxSize int) error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Printf("rank %d of %d on %s: ring ok, order ok (%d messages to each peer; subdevices %s)\n",
+	fmt.Printf("rank %d of %d on %s: ring ok, order ok, collectives ok (%d messages to each peer; subdevices %s)\n",
 		c.Rank(), c.Size(), w.Host(), per, strings.Join(names, ","))
 	return w.Finalize(ctx)
 }
@@ -140,6 +142,51 @@ func order(ctx context.Context, c *adi.Comm, per, maxSize int) error {
 	}
 	if _, err := adi.WaitAll(ctx, reqs...); err != nil {
 		return fmt.Errorf("order: %w", err)
+	}
+	return nil
+}
+
+// collectives runs each kind of collective once, small and past the
+// eager limit, and checks the results: the same on every launcher and
+// route as between ranks of one host.
+func collectives(ctx context.Context, c *adi.Comm) error {
+	n, me := c.Size(), c.Rank()
+	for _, elems := range []int{4, 20000} {
+		v := make([]int64, elems)
+		for i := range v {
+			v[i] = int64(me*elems + i)
+		}
+		if err := adi.Allreduce(ctx, c, v, v, adi.Sum); err != nil {
+			return fmt.Errorf("collectives: %w", err)
+		}
+		for i, x := range v {
+			// The sum over ranks r of r*elems + i.
+			if want := int64(elems*n*(n-1)/2 + n*i); x != want {
+				return fmt.Errorf("collectives: allreduce element %d is %d, want %d", i, x, want)
+			}
+		}
+		b := make([]int64, elems)
+		if me == n-1 {
+			copy(b, v)
+		}
+		if err := c.Bcast(ctx, adi.Bytes(b), n-1); err != nil {
+			return fmt.Errorf("collectives: %w", err)
+		}
+		send, recv := make([]int64, n*elems), make([]int64, n*elems)
+		for r := range n {
+			send[r*elems] = int64(me*n + r)
+		}
+		if err := c.Alltoall(ctx, adi.Bytes(send), adi.Bytes(recv)); err != nil {
+			return fmt.Errorf("collectives: %w", err)
+		}
+		for r := range n {
+			if got := recv[r*elems]; got != int64(r*n+me) || b[elems-1] != v[elems-1] {
+				return fmt.Errorf("collectives: alltoall block from rank %d starts %d, want %d (or bcast differs)", r, got, r*n+me)
+			}
+		}
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return fmt.Errorf("collectives: %w", err)
 	}
 	return nil
 }
