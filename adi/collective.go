@@ -249,12 +249,18 @@ func scratch[T Elem](k *collective, i, n int) []T {
 	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(*s))), n)
 }
 
-// root checks a root argument.
-func (k *collective) root(root int) error {
-	if root < 0 || root >= k.c.Size() {
-		return k.errorf("root: %w: %d not in [0,%d)", ErrRank, root, k.c.Size())
+// beginAt is begin for a collective with a root, which it checks.
+func (c *Comm) beginAt(ctx context.Context, name string, root int) (*collective, error) {
+	k, err := c.begin(ctx, name)
+	if err != nil {
+		return nil, err
 	}
-	return nil
+	if root < 0 || root >= c.Size() {
+		err := k.errorf("root: %w: %d not in [0,%d)", ErrRank, root, c.Size())
+		k.done()
+		return nil, err
+	}
+	return k, nil
 }
 
 // Barrier returns once every rank of c has called it.
@@ -276,14 +282,11 @@ func (c *Comm) Barrier(ctx context.Context) error {
 // Bcast copies buf of rank root into buf of every other rank of c. Every
 // rank passes a buffer of the same length.
 func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
-	k, err := c.begin(ctx, "bcast")
+	k, err := c.beginAt(ctx, "bcast", root)
 	if err != nil {
 		return err
 	}
 	defer k.done()
-	if err := k.root(root); err != nil {
-		return err
-	}
 	p := c.Size()
 	vr := (c.Rank() - root + p) % p // rank relative to the root
 	mask := 1
@@ -313,14 +316,11 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 // length; recv is used on the root only and must hold Size()*len(send)
 // bytes there.
 func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
-	k, err := c.begin(ctx, "gather")
+	k, err := c.beginAt(ctx, "gather", root)
 	if err != nil {
 		return err
 	}
 	defer k.done()
-	if err := k.root(root); err != nil {
-		return err
-	}
 	var parts [][]byte
 	if c.Rank() == root {
 		var err error
@@ -335,14 +335,11 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 // recv is used on the root only and holds Size() slices there, each as
 // long as what its rank sends.
 func (c *Comm) Gatherv(ctx context.Context, send []byte, recv [][]byte, root int) error {
-	k, err := c.begin(ctx, "gatherv")
+	k, err := c.beginAt(ctx, "gatherv", root)
 	if err != nil {
 		return err
 	}
 	defer k.done()
-	if err := k.root(root); err != nil {
-		return err
-	}
 	if c.Rank() == root && len(recv) != c.Size() {
 		return k.errorf("%d receive slices for %d ranks", len(recv), c.Size())
 	}
@@ -373,14 +370,11 @@ func (k *collective) gatherv(send []byte, recv [][]byte, root int) error {
 // buffer of the same length; send is used on the root only and must hold
 // Size()*len(recv) bytes there.
 func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
-	k, err := c.begin(ctx, "scatter")
+	k, err := c.beginAt(ctx, "scatter", root)
 	if err != nil {
 		return err
 	}
 	defer k.done()
-	if err := k.root(root); err != nil {
-		return err
-	}
 	var parts [][]byte
 	if c.Rank() == root {
 		var err error
@@ -395,14 +389,11 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 // r of c. send is used on the root only and holds Size() slices there,
 // each as long as its rank's recv.
 func (c *Comm) Scatterv(ctx context.Context, send [][]byte, recv []byte, root int) error {
-	k, err := c.begin(ctx, "scatterv")
+	k, err := c.beginAt(ctx, "scatterv", root)
 	if err != nil {
 		return err
 	}
 	defer k.done()
-	if err := k.root(root); err != nil {
-		return err
-	}
 	if c.Rank() == root && len(send) != c.Size() {
 		return k.errorf("%d send slices for %d ranks", len(send), c.Size())
 	}
@@ -560,14 +551,11 @@ func (k *collective) own(dst, src []byte) {
 // on byte order and on the size of int and uint, as the hosts of a
 // cluster do.
 func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root int) error {
-	k, err := c.begin(ctx, "reduce")
+	k, err := c.beginAt(ctx, "reduce", root)
 	if err != nil {
 		return err
 	}
 	defer k.done()
-	if err := k.root(root); err != nil {
-		return err
-	}
 	if c.Rank() == root && len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
