@@ -20,9 +20,9 @@ import (
 // collective's messages are received in the order they were sent, like
 // any other messages.
 //
-// The algorithms are the classic ones of MPICH for small and medium
-// messages, chosen so that every rank sends and receives O(log p) times
-// where that is possible:
+// The algorithms are MPICH's, chosen so that every rank sends and
+// receives O(log p) times where that is possible, and large vectors are
+// sent and combined about once in all rather than once per step:
 //
 //	Barrier    dissemination: ceil(log2 p) rounds of empty messages
 //	Bcast      binomial tree from the root
@@ -41,13 +41,14 @@ import (
 // rank whose part of the result depends on such a rank: once a rank has
 // met a mismatch, it goes through the rest of the collective sending, in
 // place of each of its messages, one of another length (poison), which
-// its receiver finds wrong in turn. (Lengths can
-// disagree in ways no message shows, as with any MPI: a program must not
-// count on the error.) A
-// collective that fails otherwise (a peer lost, ctx ending) cancels the
-// receives it still had posted and returns at once; its peers may still
-// be waiting in it. As in MPI, the communicator's collectives are then
-// undefined: end the job, or go on with point-to-point messages only.
+// its receiver finds wrong in turn. Lengths can also disagree in ways no
+// message shows (lengths on either side of 64 KiB choose different
+// algorithms, whose ranks then wait for each other), as with any MPI: a
+// program must not count on the error. A collective that fails otherwise
+// (a peer lost, ctx ending) cancels the receives it still had posted and
+// returns at once; its peers may still be waiting in it. As in MPI, the
+// communicator's collectives are then undefined: end the job, or go on
+// with point-to-point messages only.
 
 // ErrMismatch reports that the ranks of a collective passed arguments that
 // disagree: a message of another length than this rank's buffers call for.
