@@ -54,11 +54,6 @@ import (
 // disagree: a message of another length than this rank's buffers call for.
 var ErrMismatch = errors.New("adi: collective arguments disagree between ranks")
 
-// collTagBase puts collective tags in the upper half of the tag space of a
-// communicator's collective context, above the tags Dup and Split use
-// there (their creation count), which would have to pass 2^30 to meet them.
-const collTagBase = 1 << 30
-
 // collState is what a communicator keeps for its collectives from one call
 // to the next, so that a collective in a loop allocates nothing: the call
 // in progress, the requests it starts (heap-allocated requests made an
@@ -105,7 +100,7 @@ func (c *Comm) begin(ctx context.Context, name string) (*collective, error) {
 	}
 	seq := c.collSeq.Add(1)
 	k := &c.coll.k
-	*k = collective{c: c, ctx: ctx, name: name, tag: collTagBase | int(seq%collTagBase), reqs: k.reqs[:0]}
+	*k = collective{c: c, ctx: ctx, name: name, tag: int(seq % (MaxTag + 1)), reqs: k.reqs[:0]}
 	return k, nil
 }
 

@@ -2,7 +2,6 @@ package adi
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"sort"
 	"sync/atomic"
@@ -32,7 +31,7 @@ type Status struct {
 
 // worldContext is the world communicator's context id. Each communicator
 // owns an even id for point-to-point traffic and the odd id after it for
-// the library's own collective traffic (Split), so the two never match.
+// its collectives (Split among them), so the two never match.
 const worldContext uint64 = 2
 
 // Comm is a communicator: a group of ranks and a context isolating their
@@ -271,8 +270,10 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		return nil, fmt.Errorf("adi: split: color %d must be >= 0 or Undefined", color)
 	}
 	n := c.derived.Add(1)
-	all, err := c.allgather(ctx, n, color, key)
-	if err != nil {
+	// Every rank's color and key, as int64s: those are the same size on
+	// every host, where int need not be.
+	all := make([]int64, 2*c.Size())
+	if err := c.Allgather(ctx, Bytes([]int64{int64(color), int64(key)}), Bytes(all)); err != nil {
 		return nil, fmt.Errorf("adi: split: %w", err)
 	}
 	if color == Undefined {
@@ -280,9 +281,9 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	}
 	type member struct{ key, rank int }
 	var members []member
-	for r, ck := range all {
-		if ck[0] == color {
-			members = append(members, member{ck[1], r})
+	for r := range c.Size() {
+		if all[2*r] == int64(color) {
+			members = append(members, member{int(all[2*r+1]), r})
 		}
 	}
 	sort.SliceStable(members, func(i, j int) bool {
@@ -296,46 +297,6 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 		ranks[i] = c.ranks[m.rank]
 	}
 	return newComm(c.w, deriveContext(c.context, n, uint64(color)+1), ranks), nil
-}
-
-// allgather exchanges (color, key) among the ranks of c on c's collective
-// context.
-func (c *Comm) allgather(ctx context.Context, round uint64, color, key int) ([][2]int, error) {
-	tag := int(round & MaxTag)
-	coll := c.context | 1
-	mine := make([]byte, 16)
-	binary.LittleEndian.PutUint64(mine, uint64(int64(color)))
-	binary.LittleEndian.PutUint64(mine[8:], uint64(int64(key)))
-	out := make([][2]int, len(c.ranks))
-	out[c.rank] = [2]int{color, key}
-	var reqs []*multidevice.Request
-	bufs := make([][]byte, len(c.ranks))
-	for r, wr := range c.ranks {
-		if r == c.rank {
-			continue
-		}
-		bufs[r] = make([]byte, 16)
-		rr, err := c.w.dev.Irecv(bufs[r], wr, tag, coll)
-		if err != nil {
-			return nil, err
-		}
-		sr, err := c.w.dev.Isend(mine, wr, tag, coll, false)
-		if err != nil {
-			return nil, err
-		}
-		reqs = append(reqs, rr, sr)
-	}
-	for _, r := range reqs {
-		if _, err := r.Wait(ctx); err != nil {
-			return nil, err
-		}
-	}
-	for r, b := range bufs {
-		if b != nil {
-			out[r] = [2]int{int(int64(binary.LittleEndian.Uint64(b))), int(int64(binary.LittleEndian.Uint64(b[8:])))}
-		}
-	}
-	return out, nil
 }
 
 // deriveContext gives a child communicator an even context id that every
