@@ -41,6 +41,14 @@ type txLine struct {
 	load     []int          // unacknowledged bytes per trunk, by trunk.slot
 	ways     []trunk        // the trunks of load's slots; set during Open
 	failed   error          // every trunk died; the line takes nothing more
+
+	// The watch (see watch): armed while blocks are retained on a line
+	// whose trunks all go straight to the peer.
+	watching bool
+	acked    uint64        // credits that released blocks
+	seen     uint64        // acked when the watch last looked
+	pause    time.Duration // until the watch looks again
+	nudges   uint64        // nudges sent, to spread them over the trunks
 }
 
 // pendingFrame is a protocol frame waiting for credit. Its payload still
@@ -190,8 +198,51 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	l.load[t.slot] += n
 	l.retained = append(l.retained, b)
 	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
+	if !l.watching && !d.fwd.gated[peer] {
+		l.watching, l.pause = true, nudgeAfter
+		time.AfterFunc(l.pause, func() { d.watch(peer) })
+	}
 	return true
 }
+
+// watch looks at a line whose trunks all go straight to the peer while it
+// retains blocks. If no credit released any since it last looked, it
+// sends the oldest block again (nudge) and looks again after twice the
+// pause, up to watchMax. Resending relies on a trunk's subdevice
+// reporting the peer down; a frame lost without that report (a credit on
+// a connection that broke as it was replaced, say) would otherwise stall
+// the line until Close, the only other place that nudges. Lines through
+// gateways are not watched: there a copy sent again would sit in a
+// gateway beside the original, beyond the window that bounds what
+// gateways hold.
+func (d *Device) watch(peer int32) {
+	l := d.fwd.tx[peer]
+	l.mu.Lock()
+	if len(l.retained) == 0 || l.failed != nil || d.closed.Load() {
+		l.watching = false
+		l.mu.Unlock()
+		return
+	}
+	stalled := l.acked == l.seen
+	l.seen = l.acked
+	if stalled {
+		l.pause = min(2*l.pause, watchMax)
+	} else {
+		l.pause = nudgeAfter
+	}
+	pause := l.pause
+	l.mu.Unlock()
+	if stalled {
+		d.fwd.nudged.Add(1)
+		d.log.Debug("no credit for a while: sending the oldest block again", "to", peer, "next_look", pause)
+		d.nudge(peer)
+	}
+	time.AfterFunc(pause, func() { d.watch(peer) })
+}
+
+// watchMax is the longest pause of a line's watch: a destination that is
+// slow rather than cut off gets at most a copy of one block this often.
+const watchMax = time.Second
 
 // blockFrame wraps a retained block for one trip through trunk t: to a
 // gateway, or to the peer itself over a failover route.
@@ -293,6 +344,7 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		bt.release = append(bt.release, b)
 	}
 	if i > 0 {
+		l.acked++
 		rest := copy(l.retained, l.retained[i:])
 		clear(l.retained[rest:])
 		l.retained = l.retained[:rest]
@@ -341,6 +393,11 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 			}
 			l.above[h.seq] = struct{}{}
 		}
+	}
+	if dup {
+		// The source sent it again, so it lacks a credit this rank
+		// counts as sent: the one that covered it was lost.
+		l.sent = 0
 	}
 	f.rxMu.Unlock()
 	if h.flags&flagCredit != 0 {
@@ -535,20 +592,25 @@ func (d *Device) fwdDrain(ctx context.Context) error {
 	return nil
 }
 
-// nudgeAfter is how long fwdDrain waits for credit before nudging.
+// nudgeAfter is how long fwdDrain, and a line's watch, wait for credit
+// before nudging.
 const nudgeAfter = 50 * creditDelay
 
-// nudge sends the oldest unacknowledged block to peer again. Its credit
-// may have been lost on a trunk that died without the destination
-// noticing; the destination drops the copy and answers it with a credit
-// at once, sent over the next of its trunks.
+// nudge sends the oldest unacknowledged block to peer again. It or its
+// credit may have been lost on a trunk that broke without either end
+// noticing; the destination drops a copy it has and answers it with a
+// credit at once, sent over the next of its trunks. Nudges take the live
+// trunks in turn, so that one that loses frames unnoticed does not take
+// them all.
 func (d *Device) nudge(peer int32) {
 	l := d.fwd.tx[peer]
 	bt := newBatch()
 	l.mu.Lock()
 	if len(l.retained) > 0 {
 		b := l.retained[0]
-		if t, ok := d.pickTrunkLocked(l, peer, b.class); ok {
+		if live := d.fwd.live(int(peer), b.class); len(live) > 0 {
+			t := live[l.nudges%uint64(len(live))]
+			l.nudges++
 			bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 		}
 	}

@@ -242,3 +242,50 @@ func TestNoFailover(t *testing.T) {
 		t.Errorf("%d blocks resent without failover", st.Resent)
 	}
 }
+
+// creditEater loses, without a word, the credit messages given to its
+// subdevice while eating is set (as a connection that breaks while it is
+// being replaced can): Send reports them sent.
+type creditEater struct {
+	sdi.SubDevice
+	eating *atomic.Bool
+	eaten  *atomic.Int32
+}
+
+func (c creditEater) Send(f *sdi.Frame) (bool, error) {
+	if h, err := decodeHeader(f.Header, 1<<20); err == nil && h.kind == kindSys && h.tag == sysCredit && c.eating.Load() {
+		c.eaten.Add(1)
+		return true, nil
+	}
+	return c.SubDevice.Send(f)
+}
+
+// TestFailoverLostCredit: on a failover line, the destination's credits go
+// missing for a while although no route fails, so the source's window
+// fills and nothing reports a trunk down; once they stop going missing,
+// the destination has nothing new to credit. The line's watch sends the
+// oldest block again, the destination answers the copy with a credit,
+// and the stream goes on; without the watch it would wait until Close.
+func TestFailoverLostCredit(t *testing.T) {
+	eating, eaten := new(atomic.Bool), new(atomic.Int32)
+	factories := map[string]sdi.Factory{}
+	for _, name := range []string{"a", "b"} {
+		fab := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
+		factories[name] = func(log hclog.Logger) sdi.SubDevice { return creditEater{fab.New(log), eating, eaten} }
+	}
+	table := &conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{
+		To: conntable.SelectAll, Failover: true,
+		Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b"}}},
+	}}}
+	devs := openJob(t, jobSpec{n: 2, subs: []string{"a", "b"}, factories: factories, table: table,
+		forward: ForwardOptions{BlockSize: 2000, Window: 8 << 10}})
+	eating.Store(true) // after Open: its own traffic is not a line's
+	time.AfterFunc(20*time.Millisecond, func() { eating.Store(false) })
+	start := time.Now()
+	streamThroughFailure(t, devs, [][2]int{{0, 1}}, 40, func(int) int { return 1500 }, func(int) bool { return false }, func() {})
+	st := devs[0].ForwardStats()
+	t.Logf("stream of 40 blocks, %d credits lost: %v, %d nudges", eaten.Load(), time.Since(start).Round(time.Millisecond), st.Nudged)
+	if eaten.Load() == 0 || st.Nudged == 0 {
+		t.Fatalf("%d credits lost, %d nudges: the stream never waited for a lost credit, the test proves nothing", eaten.Load(), st.Nudged)
+	}
+}

@@ -190,6 +190,7 @@ type forwarder struct {
 	blockSet bool // opts.BlockSize was given, not the default
 	// Written by route during Open, read-only afterwards.
 	indirect []bool          // [peer] some size class reaches it through gateways
+	gated    []bool          // [peer] some trunk to it is a gateway, not the peer itself
 	paths    [][][]trunk     // [peer][class] trunks; nil for a direct route
 	chunk    [][]int         // [peer][class] data bytes per block, for indirect routes
 	split    [][]bool        // [peer][class] every trunk splits: rendezvous data goes uncopied
@@ -211,6 +212,7 @@ type forwarder struct {
 	forwarded atomic.Uint64 // frames this rank passed on as a gateway
 	fwdBytes  atomic.Uint64
 	resent    atomic.Uint64 // blocks sent again after a gateway died
+	nudged    atomic.Uint64 // blocks sent again because credit stopped coming (watch)
 	credits   atomic.Uint64 // credit messages sent: spreads them over trunks
 	dups      atomic.Uint64 // blocks that arrived here twice and were dropped
 
@@ -230,6 +232,7 @@ type earlyFrame struct {
 
 func (f *forwarder) init(size, nclass, nsub int) {
 	f.indirect = make([]bool, size)
+	f.gated = make([]bool, size)
 	f.paths = make([][][]trunk, size)
 	f.chunk = make([][]int, size)
 	f.split = make([][]bool, size)
@@ -254,6 +257,7 @@ func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 		split = split && t.sub.splits()
 		direct = direct && t.via == int32(peer)
 	}
+	f.gated[peer] = f.gated[peer] || !direct
 	if direct && !f.blockSet {
 		// No gateway holds a block of a failover route: its blocks may be
 		// as large as the subdevices carry, as the frames of a plain
@@ -329,13 +333,14 @@ type ForwardStats struct {
 	Forwarded uint64 // frames passed on as a gateway
 	Bytes     uint64 // payload bytes passed on as a gateway
 	Resent    uint64 // blocks this rank sent again after a gateway died
+	Nudged    uint64 // blocks this rank sent again because their credit stopped coming
 	Dropped   uint64 // blocks that reached this rank twice (sent again) and were dropped
 }
 
 // ForwardStats reports what this rank forwarded and holds.
 func (d *Device) ForwardStats() ForwardStats {
 	f := &d.fwd
-	return ForwardStats{Held: f.held.Load(), MaxHeld: f.heldMax.Load(), Forwarded: f.forwarded.Load(), Bytes: f.fwdBytes.Load(), Resent: f.resent.Load(), Dropped: f.dups.Load()}
+	return ForwardStats{Held: f.held.Load(), MaxHeld: f.heldMax.Load(), Forwarded: f.forwarded.Load(), Bytes: f.fwdBytes.Load(), Resent: f.resent.Load(), Nudged: f.nudged.Load(), Dropped: f.dups.Load()}
 }
 
 // Path describes how a message of n bytes travels to peer: the subdevice of
