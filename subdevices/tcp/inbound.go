@@ -249,6 +249,13 @@ func (sd *subDevice) read(in *inbound, remote string) {
 		}
 		if err := sd.awaitReadable(in, readable); err != nil {
 			if !errors.Is(err, sdi.ErrClosed) {
+				// The stream ends here as if a read had failed: a
+				// frame being placed must be reported.
+				in.mu.Lock()
+				if in.err == nil {
+					sd.streamEnded(in, err)
+				}
+				in.mu.Unlock()
 				sd.inboundEnded(in.rank, remote, err)
 			}
 			return
@@ -366,15 +373,19 @@ func (sd *subDevice) streamEnded(in *inbound, err error) {
 }
 
 // placeFailed reports rank down because a frame whose payload was being
-// read into the handler's place cannot be completed. Through the peer's
-// lanes when we are connected to it, so it is reported once.
+// read into the handler's place cannot be completed: the Placer contract
+// wants that report, and it is what makes the handler give the place up.
+// Through the peer's lanes when we are connected to it; if those reported
+// the peer down already (an earlier failure of our own connection, while
+// this inbound stream went on and placed a frame), the report is made
+// again, or the handler would keep the place for a Deliver that never
+// comes.
 func (sd *subDevice) placeFailed(rank sdi.Rank, err error) {
 	if sd.closed.Load() {
 		return
 	}
 	err = fmt.Errorf("tcp: rank %d down: %w: its stream ended inside a frame being placed: %w", rank, sdi.ErrPeerUnreachable, err)
-	if p := sd.peers[rank].Load(); p != nil {
-		p.laneDown(err)
+	if p := sd.peers[rank].Load(); p != nil && p.laneDown(err) {
 		return
 	}
 	sd.h.PeerDown(rank, err)

@@ -197,12 +197,16 @@ func (p *peer) halt(err error) {
 // laneDown is called by a lane whose connection failed, after it failed its
 // frames. Losing one lane loses the peer: the frames on it are gone, and
 // resending them elsewhere is the multidevice's failover, not ours. The
-// peer is reported down once, whichever lanes fail.
-func (p *peer) laneDown(err error) {
+// peer is reported down once, whichever lanes fail; laneDown reports
+// whether this call was the one.
+func (p *peer) laneDown(err error) bool {
+	reported := false
 	p.downOnce.Do(func() {
 		p.halt(err)
 		p.h.PeerDown(p.rank, err)
+		reported = true
 	})
+	return reported
 }
 
 // flush waits until every frame accepted before the call, on every lane,

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"testing"
@@ -489,4 +490,20 @@ func TestStuckPeerFlushDisconnect(t *testing.T) {
 	if err := a.rec.down(1); err != nil {
 		t.Fatalf("Disconnect reported the peer down: %v", err)
 	}
+}
+
+// TestPlaceFailedAfterDown: an inbound stream that ends inside a frame it
+// was placing, after the peer was reported down for its own connection's
+// failure, reports the peer down again. The Placer gives the place up only
+// on such a report; one swallowed left a rendezvous receive waiting for
+// ever.
+func TestPlaceFailedAfterDown(t *testing.T) {
+	nodes := newJob(t, 2, jobOpts{})
+	a, b := nodes[0], nodes[1]
+	sd := a.sd.(*subDevice)
+	if !sd.peers[b.rank].Load().laneDown(errors.New("test: our connection broke")) {
+		t.Fatal("the first failure was not reported")
+	}
+	sd.placeFailed(b.rank, io.ErrUnexpectedEOF)
+	a.rec.waitFor(t, "a second PeerDown", func() bool { return a.rec.downCount[b.rank] == 2 })
 }
