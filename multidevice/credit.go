@@ -3,6 +3,7 @@ package multidevice
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -366,16 +367,31 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 // and handled as a direct frame, a duplicate (sent again after a gateway
 // died) is dropped; either way a credit is queued. sub is the subdevice
 // that delivered it split, which may have placed it; -1 for none.
+//
+// Copies of a rendezvous data block can race: one being placed (written
+// into the receive buffer by its subdevice), another arriving over
+// another trunk. Exactly one counts. Whether this copy is new, and what
+// becomes of a placement of the block, is decided in one step under the
+// matching lock, which placeForwarded holds too: this subdevice's own
+// placement always counts (a copy that came first was stashed, not
+// counted); a new copy with another subdevice's placement in progress is
+// stashed with it (endPlacedForward writes it if that one fails); a new
+// copy with none is handled. Decided in separate steps, a placement taken
+// between the count and the stash let both copies count, and the receive
+// completed with a block of its buffer never written.
 func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	f := &d.fwd
+	inner, idata, uerr := unwrap(h, ib, data, d.size)
+	isData := uerr == nil && inner.kind == kindSys && inner.tag == sysData && len(idata) > 0
+	if isData {
+		d.mu.Lock()
+	}
 	f.rxMu.Lock()
 	l := &f.rx[h.src]
-	dup := true
+	dup, far := true, false
 	switch {
 	case h.seq >= l.cum+maxAhead:
-		f.rxMu.Unlock()
-		d.log.Warn("dropping forwarded block far beyond its line's window", "from", from, "source", h.src, "block", h.seq, "expected", l.cum)
-		return
+		far = true
 	case h.seq == l.cum:
 		dup = false
 		l.cum++
@@ -394,38 +410,49 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 			l.above[h.seq] = struct{}{}
 		}
 	}
-	if dup {
+	if dup && !far {
 		// The source sent it again, so it lacks a credit this rank
 		// counts as sent: the one that covered it was lost.
 		l.sent = 0
 	}
 	f.rxMu.Unlock()
+	var own placedBlock
+	placed, stashed := false, false
+	if isData {
+		if sub >= 0 {
+			if i := slices.IndexFunc(d.filling, func(p placedBlock) bool {
+				return p.fwd && p.sub == sub && p.via == from && p.seq == h.seq && p.r.status.Source == int(h.src)
+			}); i >= 0 {
+				own, placed = d.filling[i], true
+				d.filling = slices.Delete(d.filling, i, i+1)
+			}
+		}
+		if !dup && !far && !placed {
+			stashed = d.stashLocked(h.src, h.seq, idata)
+		}
+		d.mu.Unlock()
+	}
+	if far {
+		if placed {
+			d.endPlacedForward(own, false, nil)
+		}
+		d.log.Warn("dropping forwarded block far beyond its line's window", "from", from, "source", h.src, "block", h.seq, "expected", l.cum)
+		return
+	}
 	if h.flags&flagCredit != 0 {
 		d.onCredit(h.src, h.rreq)
 	}
-	// Place may have put its data into the receive buffer: it counts even
-	// if another copy arrived meanwhile, which was stashed, not written.
-	placed := false
-	if sub >= 0 && len(data) > 0 && isData(ib) {
-		var p placedBlock
-		if p, placed = d.takePlacedForward(sub, from, h.src, h.seq); placed {
-			d.endPlacedForward(p, true, data)
-		}
+	if dup {
+		f.dups.Add(1)
 	}
 	switch {
-	case dup:
-		f.dups.Add(1)
 	case placed:
+		d.endPlacedForward(own, true, data)
+	case dup, stashed:
+	case uerr != nil:
+		d.log.Warn("dropping forwarded block", "from", from, "source", h.src, "error", uerr)
 	default:
-		inner, data, err := unwrap(h, ib, data, d.size)
-		switch {
-		case err != nil:
-			d.log.Warn("dropping forwarded block", "from", from, "source", h.src, "error", err)
-		case inner.kind == kindSys && inner.tag == sysData && len(data) > 0 && d.stashForward(h.src, h.seq, data):
-			// Another subdevice is placing a copy of it.
-		default:
-			d.dispatch(&inner, data)
-		}
+		d.dispatch(&inner, idata)
 	}
 	if dup || h.flags&flagUrgent != 0 {
 		// A copy sent again may mean the credit for it was lost.

@@ -83,7 +83,7 @@ func (d *Device) placeDataLocked(p placedBlock, rreq uint64, src int32, n int) [
 // sent split (hb: outer and inner header) for this rank, unless a copy of
 // it (sent again after a trunk died) arrived before or is being placed by
 // another subdevice. A copy that arrives while this one is being placed is
-// kept aside, not written (stashForward): the buffer has one writer at a
+// kept aside, not written (stashLocked): the buffer has one writer at a
 // time.
 func (d *Device) placeForwarded(sub int, from int32, hb []byte, n int) []byte {
 	f := &d.fwd
@@ -139,29 +139,12 @@ func (d *Device) placingLocked(src int32, seq uint64) int {
 	})
 }
 
-// takePlacedForward returns and forgets the placement sub made for block
-// seq of the line from src, arrived from rank via.
-func (d *Device) takePlacedForward(sub int, via, src int32, seq uint64) (placedBlock, bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	i := slices.IndexFunc(d.filling, func(p placedBlock) bool {
-		return p.fwd && p.sub == sub && p.via == via && p.seq == seq && p.r.status.Source == int(src)
-	})
-	if i < 0 {
-		return placedBlock{}, false
-	}
-	p := d.filling[i]
-	d.filling = slices.Delete(d.filling, i, i+1)
-	return p, true
-}
-
-// stashForward keeps data, a copy of block seq of the line from src that
+// stashLocked keeps data, a copy of block seq of the line from src that
 // another subdevice is placing, with that placement, and reports whether
 // there is one. The placed copy counts when delivered; if its subdevice
-// loses the peer instead, the stash is written (endPlacedForward).
-func (d *Device) stashForward(src int32, seq uint64, data []byte) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// loses the peer instead, the stash is written (endPlacedForward). d.mu
+// must be held.
+func (d *Device) stashLocked(src int32, seq uint64, data []byte) bool {
 	i := d.placingLocked(src, seq)
 	if i < 0 {
 		return false
@@ -237,8 +220,11 @@ func (d *Device) blockDone(r *Request, n uint64) {
 	if err != nil {
 		done = r.rndvBusy == 0
 	} else {
+		// Complete only once no block is being written any more: a
+		// placement still open would write into a buffer its owner may
+		// be reusing, and count into the request's next use.
 		r.received += n
-		if done = r.received == r.rndvLen; done {
+		if done = r.received == r.rndvLen && r.rndvBusy == 0; done {
 			delete(d.rndvRecv, r.id)
 			st, err = r.status, r.truncErr
 		}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
+	"time"
 )
 
 // TestPlace checks which arriving frames get a place in a receive buffer:
@@ -485,5 +486,76 @@ func TestPlacedForwardCopies(t *testing.T) {
 				t.Errorf("%d placed blocks still counted as being filled", left)
 			}
 		})
+	}
+}
+
+// TestPlacedCopyRace: block 0 of a two-block rendezvous receive is placed
+// by subdevice A while its copy arrives over B and is counted in the line;
+// A delivers between B's count and B's decision about the copy. Exactly
+// one copy counts, and the receive completes only once block 1, still
+// being placed, is in: counted twice, block 0 completed the receive with
+// block 1 never written, and block 1's open placement later counted into
+// the request's next use.
+func TestPlacedCopyRace(t *testing.T) {
+	devs := loopJob(t, 2, smallCaps)
+	d := devs[1]
+	a, b := &handler{d: d, sub: 1}, &handler{d: d, sub: 0}
+	const id = 700
+	buf := bytes.Repeat([]byte{0xEE}, 2000) // the previous message's bytes
+	r := &Request{d: d, id: id, buf: buf, rndvLen: 2000, status: Status{Source: 0, Count: 2000}, atSub: -1}
+	d.mu.Lock()
+	d.rndvRecv[id] = r
+	d.mu.Unlock()
+	d.fwd.rxMu.Lock()
+	seq := d.fwd.rx[0].cum
+	d.fwd.rxMu.Unlock()
+	// B's copy carries a credit for the line the other way: holding that
+	// line's lock stops B in onCredit, after it counted the block.
+	l := d.fwd.tx[0]
+	if l == nil {
+		l = &txLine{}
+		d.fwd.tx[0] = l
+		t.Cleanup(func() { d.fwd.tx[0] = nil })
+	}
+	msg := pattern(2000, 9)
+	hb0 := fwdData(seq, id, 0, 1000)
+	hb0B := append([]byte(nil), hb0...)
+	outer, _ := decodeHeader(hb0B[:headerSize], d.size)
+	outer.flags |= flagCredit
+	outer.put(hb0B[:headerSize])
+	hb1 := fwdData(seq+1, id, 1000, 1000)
+	dst0, dst1 := a.Place(0, hb0, 1000), a.Place(0, hb1, 1000)
+	if dst0 == nil || dst1 == nil || b.Place(0, hb0B, 1000) != nil {
+		t.Fatal("A should place both blocks, B neither")
+	}
+	l.mu.Lock()
+	done := make(chan struct{})
+	go func() { b.Deliver(0, hb0B, append([]byte(nil), msg[:1000]...)); close(done) }()
+	for {
+		d.fwd.rxMu.Lock()
+		c := d.fwd.rx[0].cum
+		d.fwd.rxMu.Unlock()
+		if c > seq {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	copy(dst0, msg[:1000])
+	a.Deliver(0, hb0, dst0)
+	l.mu.Unlock()
+	<-done
+	d.mu.Lock()
+	received, busy := r.received, r.rndvBusy
+	d.mu.Unlock()
+	if r.isDone() || received != 1000 || busy != 1 {
+		t.Fatalf("after both copies of block 0: done %v, %d bytes counted, %d blocks being written; want not done, 1000, 1", r.isDone(), received, busy)
+	}
+	copy(dst1, msg[1000:])
+	a.Deliver(0, hb1, dst1)
+	if !r.isDone() {
+		t.Fatal("block 1 delivered, the receive not complete")
+	}
+	if st, err := r.Result(); err != nil || st.Count != 2000 || !bytes.Equal(buf, msg) {
+		t.Fatalf("receive: %+v, %v; buffer right: %v", st, err, bytes.Equal(buf, msg))
 	}
 }
