@@ -256,7 +256,11 @@ type Placer interface {
 	// calls Deliver(from, header, placed) with that same slice (the same
 	// first element and length), or, if it cannot fill it, reports the
 	// peer down; it does not deliver the frame another way. The handler
-	// keeps the slice valid and untouched until that Deliver. The usual
+	// keeps the slice valid and untouched until that Deliver or that
+	// report. A report of the peer down, for whatever reason, ends every
+	// place given for the peer's frames: from then on the subdevice
+	// writes nothing more into them and delivers none of those frames
+	// (it reads the rest of such a frame elsewhere and drops it). The usual
 	// Handler rules hold: Place does not block, it is called where Deliver
 	// would be, and the Deliver that follows keeps its place in the order
 	// of the peer's frames.

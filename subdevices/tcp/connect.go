@@ -229,6 +229,7 @@ func (sd *subDevice) install(rank sdi.Rank, conns []net.Conn, links []Link) erro
 		return nil
 	}
 	p := newPeer(rank, sd.h, sd.log)
+	p.report = func(err error, except *inbound) { sd.reportDown(rank, err, except) }
 	p.standby, p.backlog = sd.standby, &sd.backlog
 	lanes := make([]*lane, len(conns))
 	for i, c := range conns {

@@ -53,6 +53,9 @@ type frameReader struct {
 	need, got, hl int
 	dst           []byte
 	placed        bool
+	// discard: the place was given up (abandon) and the frame is read
+	// into body and dropped.
+	discard bool
 
 	// place, when set, asks the handler where a large frame's payload goes
 	// ([sdi.Placer]); nil means "in body".
@@ -158,9 +161,26 @@ func (fr *frameReader) nextLarge() (header, payload []byte, err error) {
 		return nil, nil, err
 	}
 	header, payload = fr.body[:fr.hl:fr.hl], fr.dst
-	fr.need, fr.got, fr.dst, fr.placed = 0, 0, nil, false
+	discard := fr.discard
+	fr.need, fr.got, fr.dst, fr.placed, fr.discard = 0, 0, nil, false, false
 	fr.afterLarge = true
+	if discard {
+		return fr.next()
+	}
 	return header, payload, nil
+}
+
+// abandon gives up the handler's place for the frame being read, if
+// there is one: the rest of its payload goes into the reader's own
+// buffer, and the frame is dropped once read, not delivered. The caller
+// holds the stream's lock, so no read is writing into the place, and none
+// will after.
+func (fr *frameReader) abandon() {
+	if !fr.placed {
+		return
+	}
+	fr.grow(fr.need)
+	fr.dst, fr.placed, fr.discard = fr.body[fr.hl:fr.need], false, true
 }
 
 // readInto fills b, the part of the frame from offset start on, reading

@@ -255,3 +255,39 @@ func TestFrameReaderLargeAfterLarge(t *testing.T) {
 func intoReadBuffer(fr *frameReader, p []byte) bool {
 	return cap(p) > 0 && &p[:cap(p)][cap(p)-1] == &fr.rbuf[:cap(fr.rbuf)][cap(fr.rbuf)-1]
 }
+
+// TestFrameReaderAbandon: a frame whose place is given up halfway through
+// (the peer was reported down, and the handler may reuse the place) gets
+// no more bytes of its payload in that place and is not delivered; the
+// frame after it is.
+func TestFrameReaderAbandon(t *testing.T) {
+	big := bytes.Repeat([]byte{7}, 3*readBufSize)
+	stream := append(encodeFrame([]byte("placed"), big), encodeFrame([]byte("next"), []byte("ok"))...)
+	fr := newFrameReader(trickle(stream, readBufSize/2), maxHeader, maxFrame)
+	var place []byte
+	fr.place = func(header []byte, n int) []byte {
+		if string(header) != "placed" {
+			return nil
+		}
+		place = make([]byte, n)
+		return place
+	}
+	for place == nil || !bytes.Contains(place, []byte{7}) { // part of the payload is in its place
+		if _, _, err := fr.next(); !errors.Is(err, errAgain) {
+			t.Fatalf("before the placed frame was complete: %v", err)
+		}
+		fr.rearm()
+	}
+	fr.abandon()
+	written := bytes.Count(place, []byte{7})
+	h, p, err := nextFrame(t, fr)
+	if err != nil || string(h) != "next" || string(p) != "ok" {
+		t.Fatalf("after the abandoned frame: %q %q %v, want the next frame", h, p, err)
+	}
+	if n := bytes.Count(place, []byte{7}); n != written {
+		t.Fatalf("%d bytes were written into the place after it was given up", n-written)
+	}
+	if written == len(big) {
+		t.Fatal("the whole payload was in its place before abandon: the test proves nothing")
+	}
+}

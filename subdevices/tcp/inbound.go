@@ -368,7 +368,7 @@ func (sd *subDevice) streamEnded(in *inbound, err error) {
 	if in.fr.placing() {
 		// The handler waits for a Deliver into the place it gave;
 		// Placer wants the peer reported down instead.
-		sd.placeFailed(in.rank, err)
+		sd.placeFailed(in, err)
 	}
 }
 
@@ -380,13 +380,42 @@ func (sd *subDevice) streamEnded(in *inbound, err error) {
 // this inbound stream went on and placed a frame), the report is made
 // again, or the handler would keep the place for a Deliver that never
 // comes.
-func (sd *subDevice) placeFailed(rank sdi.Rank, err error) {
+// The caller holds in.mu.
+func (sd *subDevice) placeFailed(in *inbound, err error) {
 	if sd.closed.Load() {
 		return
 	}
+	rank := in.rank
 	err = fmt.Errorf("tcp: rank %d down: %w: its stream ended inside a frame being placed: %w", rank, sdi.ErrPeerUnreachable, err)
-	if p := sd.peers[rank].Load(); p != nil && p.laneDown(err) {
+	if p := sd.peers[rank].Load(); p != nil && p.laneDown(err, in) {
 		return
+	}
+	sd.reportDown(rank, err, in)
+}
+
+// reportDown reports rank down to the handler, after every inbound stream
+// from rank gave up the place it was filling, if any (abandon): the
+// handler may reuse a place once the peer is reported down (the
+// multidevice completes or fails the receive it belongs to, and the
+// application reuses its buffer), while our own connection's failure
+// does not end the streams the peer opened to us, which go on reading.
+// except is a stream whose lock the caller holds; its place is being
+// given up anyway.
+func (sd *subDevice) reportDown(rank sdi.Rank, err error, except *inbound) {
+	sd.mu.Lock()
+	var streams []*inbound
+	for in := range sd.inbound {
+		if in != except && in.rank == rank {
+			streams = append(streams, in)
+		}
+	}
+	sd.mu.Unlock()
+	for _, in := range streams {
+		in.mu.Lock()
+		if in.fr != nil {
+			in.fr.abandon()
+		}
+		in.mu.Unlock()
 	}
 	sd.h.PeerDown(rank, err)
 }

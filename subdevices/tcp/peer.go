@@ -503,7 +503,7 @@ func (p *lane) fail() {
 	p.mu.Unlock()
 	if report {
 		p.log.Info("lost connection to peer", "peer", p.rank, "remote_addr", p.conn.RemoteAddr(), "failed_frames", len(rest), "error", err)
-		p.owner.laneDown(err)
+		p.owner.laneDown(err, nil)
 	}
 }
 

@@ -85,6 +85,10 @@ type peer struct {
 	sent   []float64 // bytes each lane accepted, divided by its share
 
 	downOnce sync.Once
+	// report reports the peer down to the handler; nil (tests) reports
+	// straight to h. except is an inbound stream of the peer whose lock
+	// the caller holds.
+	report func(err error, except *inbound)
 }
 
 func newPeer(rank sdi.Rank, h sdi.Handler, log hclog.Logger) *peer {
@@ -199,11 +203,15 @@ func (p *peer) halt(err error) {
 // resending them elsewhere is the multidevice's failover, not ours. The
 // peer is reported down once, whichever lanes fail; laneDown reports
 // whether this call was the one.
-func (p *peer) laneDown(err error) bool {
+func (p *peer) laneDown(err error, except *inbound) bool {
 	reported := false
 	p.downOnce.Do(func() {
 		p.halt(err)
-		p.h.PeerDown(p.rank, err)
+		if p.report != nil {
+			p.report(err, except)
+		} else {
+			p.h.PeerDown(p.rank, err)
+		}
 		reported = true
 	})
 	return reported
