@@ -388,7 +388,7 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	}
 	f.rxMu.Lock()
 	l := &f.rx[h.src]
-	dup, far := true, false
+	dup, far, expected := true, false, l.cum
 	switch {
 	case h.seq >= l.cum+maxAhead:
 		far = true
@@ -436,7 +436,7 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 		if placed {
 			d.endPlacedForward(own, false, nil)
 		}
-		d.log.Warn("dropping forwarded block far beyond its line's window", "from", from, "source", h.src, "block", h.seq, "expected", l.cum)
+		d.log.Warn("dropping forwarded block far beyond its line's window", "from", from, "source", h.src, "block", h.seq, "expected", expected)
 		return
 	}
 	if h.flags&flagCredit != 0 {
