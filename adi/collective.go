@@ -317,12 +317,9 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 		return err
 	}
 	defer k.done()
-	var parts [][]byte
-	if c.Rank() == root {
-		var err error
-		if parts, err = k.blocks(recv, len(send), "receive"); err != nil {
-			return err
-		}
+	parts, err := k.rootBlocks(recv, len(send), "receive", root)
+	if err != nil {
+		return err
 	}
 	return k.gatherv(send, parts, root)
 }
@@ -371,12 +368,9 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 		return err
 	}
 	defer k.done()
-	var parts [][]byte
-	if c.Rank() == root {
-		var err error
-		if parts, err = k.blocks(send, len(recv), "send"); err != nil {
-			return err
-		}
+	parts, err := k.rootBlocks(send, len(recv), "send", root)
+	if err != nil {
+		return err
 	}
 	return k.scatterv(parts, recv, root)
 }
@@ -513,6 +507,14 @@ func (k *collective) alltoallv(send, recv [][]byte) error {
 	}
 	k.own(recv[me], send[me])
 	return k.end()
+}
+
+// rootBlocks is blocks on the root, which alone uses b; nil elsewhere.
+func (k *collective) rootBlocks(b []byte, n int, what string, root int) ([][]byte, error) {
+	if k.c.Rank() != root {
+		return nil, nil
+	}
+	return k.blocks(b, n, what)
 }
 
 // blocks cuts b into Size() blocks of n bytes; b must hold them.
