@@ -236,8 +236,7 @@ func scratch[T Elem](k *collective, i, n int) []T {
 	if n == 0 {
 		return nil
 	}
-	var zero T
-	words := (n*int(unsafe.Sizeof(zero)) + 7) / 8
+	words := (n*elemSize[T]() + 7) / 8
 	s := &k.c.coll.scratch[i]
 	if cap(*s) < words {
 		*s = make([]uint64, words)
@@ -557,7 +556,7 @@ func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root
 	if c.Rank() == root && len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	if n := len(send); n*elemSize[T]() >= halvingFrom && n >= 1<<(bits.Len(uint(c.Size()))-1) {
+	if foldingOf(c.Size()).halves(len(send), elemSize[T]()) {
 		return reduceLarge(k, send, recv, op, root)
 	}
 	acc, err := reduceToZero(k, send, op)
@@ -613,29 +612,21 @@ func reduceToZero[T Elem](k *collective, send []T, op Op[T]) ([]T, error) {
 // the root unless it is the root. Ranks beyond a power of two fold in as
 // in Allreduce.
 func reduceLarge[T Elem](k *collective, send, recv []T, op Op[T], root int) error {
-	p, r, n := k.c.Size(), k.c.Rank(), len(send)
-	p2 := 1 << (bits.Len(uint(p)) - 1)
-	rem := p - p2
-	old := func(q int) int { // the rank of c with new rank q
-		if q < rem {
-			return 2*q + 1
-		}
-		return q + rem
-	}
-	mine, nr := send, r-rem
+	r, n := k.c.Rank(), len(send)
+	f := foldingOf(k.c.Size())
+	mine, nr := send, f.newRank(r)
 	acc := scratch[T](k, 2, n)
 	if r == root {
 		acc = recv
 	}
-	if r < 2*rem && r%2 == 0 {
+	if nr < 0 {
 		if err := k.send(Bytes(send), r+1); err != nil {
 			return err
 		}
 		if err := k.wait(); err != nil { // before recv, which may be send, takes the result
 			return err
 		}
-		nr = -1
-	} else if r < 2*rem {
+	} else if f.folds(r) {
 		mine = scratch[T](k, 1, n)
 		if err := k.recv(Bytes(mine), r-1); err != nil {
 			return err
@@ -644,21 +635,20 @@ func reduceLarge[T Elem](k *collective, send, recv []T, op Op[T], root int) erro
 			return err
 		}
 		op(mine, send)
-		nr = r / 2
 	}
 	if nr >= 0 {
-		h, err := reduceScatter(k, mine, acc, scratch[T](k, 0, n), nr, p2, old, op)
+		h, err := reduceScatter(k, mine, acc, scratch[T](k, 0, n), nr, f, op)
 		if err != nil {
 			return err
 		}
-		for mask := p2 / 2; mask >= 1; mask >>= 1 {
+		for mask := f.p2 / 2; mask >= 1; mask >>= 1 {
 			whole, other := h.back()
 			if pnr := nr ^ mask; nr&mask != 0 {
-				if err := k.send(Bytes(acc[h.lo:h.lo+h.n]), old(pnr)); err != nil {
+				if err := k.send(Bytes(acc[h.lo:h.lo+h.n]), f.old(pnr)); err != nil {
 					return err
 				}
 				break // its part is on its way to new rank 0
-			} else if err := k.recv(Bytes(acc[other.lo:other.lo+other.n]), old(pnr)); err != nil {
+			} else if err := k.recv(Bytes(acc[other.lo:other.lo+other.n]), f.old(pnr)); err != nil {
 				return err
 			}
 			if err := k.wait(); err != nil {
@@ -667,7 +657,7 @@ func reduceLarge[T Elem](k *collective, send, recv []T, op Op[T], root int) erro
 			h.lo, h.n = whole.lo, whole.n
 		}
 	}
-	switch zero := old(0); {
+	switch zero := f.old(0); {
 	case r == zero && r == root:
 	case r == zero:
 		if err := k.send(Bytes(acc), root); err != nil {
@@ -698,22 +688,13 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 	if len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	p, r, n := c.Size(), c.Rank(), len(send)
-	// Both algorithms run on a power of two ranks. Of the rem ranks beyond
-	// it, each even rank below 2*rem hands its data to the odd one above it
-	// and waits for the result; the others take new ranks in the same
-	// order as their old ones, so rank order survives the folding.
-	p2 := 1 << (bits.Len(uint(p)) - 1)
-	rem := p - p2
-	old := func(q int) int { // the rank of c with new rank q
-		if q < rem {
-			return 2*q + 1
-		}
-		return q + rem
-	}
-	mine, nr := send, r-rem // this rank's part as it stands, its new rank
-	if r < 2*rem {
-		if r%2 == 0 {
+	r, n := c.Rank(), len(send)
+	// Both algorithms run on a power of two ranks; the ranks beyond it
+	// fold in (folding).
+	f := foldingOf(c.Size())
+	mine, nr := send, f.newRank(r) // this rank's part as it stands, its new rank
+	if f.folds(r) {
+		if nr < 0 {
 			if err := k.send(Bytes(send), r+1); err != nil {
 				return err
 			}
@@ -733,17 +714,16 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 			return err
 		}
 		op(mine, send)
-		nr = r / 2
 	}
-	if n*elemSize[T]() >= halvingFrom && n >= p2 {
-		err = halve(k, mine, recv, scratch[T](k, 0, n), nr, p2, old, op)
+	if f.halves(n, elemSize[T]()) {
+		err = halve(k, mine, recv, scratch[T](k, 0, n), nr, f, op)
 	} else {
-		err = double(k, mine, recv, scratch[T](k, 0, n), nr, p2, old, op)
+		err = double(k, mine, recv, scratch[T](k, 0, n), nr, f, op)
 	}
 	if err != nil {
 		return err
 	}
-	if r < 2*rem {
+	if f.folds(r) {
 		if err := k.send(Bytes(recv), r-1); err != nil {
 			return err
 		}
@@ -756,14 +736,14 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 // with the rank mask away and combines the two, the lower one's on the
 // left. It reads mine, this rank's part, and leaves the result in acc;
 // mine may be acc.
-func double[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) error {
+func double[T Elem](k *collective, mine, acc, tmp []T, nr int, f folding, op Op[T]) error {
 	if len(mine) > 0 && &mine[0] != &acc[0] {
 		copy(acc, mine)
 	}
 	res := acc // where the result is; the order of a combination may move it to tmp
-	for mask := 1; mask < p2; mask <<= 1 {
+	for mask := 1; mask < f.p2; mask <<= 1 {
 		pnr := nr ^ mask
-		if err := k.exchange(Bytes(res), old(pnr), Bytes(tmp), old(pnr)); err != nil {
+		if err := k.exchange(Bytes(res), f.old(pnr), Bytes(tmp), f.old(pnr)); err != nil {
 			return err
 		}
 		if pnr < nr {
@@ -778,6 +758,45 @@ func double[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int)
 	}
 	return nil
 }
+
+// folding maps the ranks of a communicator onto the power of two p2 that
+// recursive doubling and halving run on. Of the rem ranks beyond it, each
+// even rank below 2*rem hands its data to the odd one above it and has no
+// new rank; the others take new ranks in the same order as their old
+// ones, so rank order survives the folding.
+type folding struct{ p2, rem int }
+
+func foldingOf(p int) folding {
+	p2 := 1 << (bits.Len(uint(p)) - 1)
+	return folding{p2, p - p2}
+}
+
+// folds reports whether rank r is one of a folded pair.
+func (f folding) folds(r int) bool { return r < 2*f.rem }
+
+// newRank is rank r's new rank, -1 for a rank that hands its data on.
+func (f folding) newRank(r int) int {
+	switch {
+	case !f.folds(r):
+		return r - f.rem
+	case r%2 == 0:
+		return -1
+	}
+	return r / 2
+}
+
+// old is the rank with new rank q.
+func (f folding) old(q int) int {
+	if q < f.rem {
+		return 2*q + 1
+	}
+	return q + f.rem
+}
+
+// halves reports whether a vector of n elements of size bytes goes by
+// halving: from halvingFrom bytes, and with an element for each of the p2
+// ranks at least.
+func (f folding) halves(n, size int) bool { return n*size >= halvingFrom && n >= f.p2 }
 
 // halvingFrom is the size in bytes from which Allreduce takes halve's two
 // phases rather than recursive doubling, which sends and combines the
@@ -795,15 +814,15 @@ const halvingFrom = 64 << 10
 // together. Each rank sends and combines about the vector's length in
 // all, not that much per step. It reads mine, this rank's part, and
 // leaves the result in acc.
-func halve[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) error {
-	h, err := reduceScatter(k, mine, acc, tmp, nr, p2, old, op)
+func halve[T Elem](k *collective, mine, acc, tmp []T, nr int, f folding, op Op[T]) error {
+	h, err := reduceScatter(k, mine, acc, tmp, nr, f, op)
 	if err != nil {
 		return err
 	}
-	for mask := p2 / 2; mask >= 1; mask >>= 1 {
+	for mask := f.p2 / 2; mask >= 1; mask >>= 1 {
 		whole, other := h.back()
 		pnr := nr ^ mask
-		if err := k.exchange(Bytes(acc[h.lo:h.lo+h.n]), old(pnr), Bytes(acc[other.lo:other.lo+other.n]), old(pnr)); err != nil {
+		if err := k.exchange(Bytes(acc[h.lo:h.lo+h.n]), f.old(pnr), Bytes(acc[other.lo:other.lo+other.n]), f.old(pnr)); err != nil {
 			return err
 		}
 		h.lo, h.n = whole.lo, whole.n
@@ -840,10 +859,10 @@ func (h *halving) back() (whole, other span) {
 // combination joins two adjacent blocks of ranks, the lower one on the
 // left: rank order holds, as in recursive doubling. The first step sends
 // from mine, so that only the half this rank keeps is copied to acc.
-func reduceScatter[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old func(int) int, op Op[T]) (halving, error) {
+func reduceScatter[T Elem](k *collective, mine, acc, tmp []T, nr int, f folding, op Op[T]) (halving, error) {
 	h := halving{n: len(acc)}
 	from := mine // what this rank's data is read from: mine, then acc
-	for mask := 1; mask < p2; mask <<= 1 {
+	for mask := 1; mask < f.p2; mask <<= 1 {
 		pnr := nr ^ mask
 		h.shared[h.steps] = span{h.lo, h.n}
 		h.steps++
@@ -852,7 +871,7 @@ func reduceScatter[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old fu
 			keep, give = give, keep
 		}
 		in := tmp[keep.lo : keep.lo+keep.n]
-		if err := k.exchange(Bytes(from[give.lo:give.lo+give.n]), old(pnr), Bytes(in), old(pnr)); err != nil {
+		if err := k.exchange(Bytes(from[give.lo:give.lo+give.n]), f.old(pnr), Bytes(in), f.old(pnr)); err != nil {
 			return h, err
 		}
 		have, res := from[keep.lo:keep.lo+keep.n], acc[keep.lo:keep.lo+keep.n]
@@ -869,12 +888,6 @@ func reduceScatter[T Elem](k *collective, mine, acc, tmp []T, nr, p2 int, old fu
 		copy(acc, mine)
 	}
 	return h, nil
-}
-
-// elemSize is the size of a T in bytes.
-func elemSize[T Elem]() int {
-	var zero T
-	return int(unsafe.Sizeof(zero))
 }
 
 // Scan combines into recv of every rank r of c the send slices of ranks 0

@@ -109,6 +109,11 @@ func Bytes[T Elem](s []T) []byte {
 	if len(s) == 0 {
 		return nil
 	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*elemSize[T]())
+}
+
+// elemSize is the size of a T in bytes.
+func elemSize[T Elem]() int {
 	var zero T
-	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*int(unsafe.Sizeof(zero)))
+	return int(unsafe.Sizeof(zero))
 }
