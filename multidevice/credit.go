@@ -382,8 +382,8 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	f := &d.fwd
 	inner, idata, uerr := unwrap(h, ib, data, d.size)
-	isData := uerr == nil && inner.kind == kindSys && inner.tag == sysData && len(idata) > 0
-	if isData {
+	dataBlock := uerr == nil && inner.kind == kindSys && inner.tag == sysData && len(idata) > 0
+	if dataBlock {
 		d.mu.Lock()
 	}
 	f.rxMu.Lock()
@@ -418,7 +418,7 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	f.rxMu.Unlock()
 	var own placedBlock
 	placed, stashed := false, false
-	if isData {
+	if dataBlock {
 		if sub >= 0 {
 			if i := slices.IndexFunc(d.filling, func(p placedBlock) bool {
 				return p.fwd && p.sub == sub && p.via == from && p.seq == h.seq && p.r.status.Source == int(h.src)
