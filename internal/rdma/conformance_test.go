@@ -1,0 +1,48 @@
+package rdma_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/internal/rdma"
+	"github.com/hpc-multidevice/multidevice/internal/softrdma"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
+)
+
+// softOpen opens providers on fab with the engine's settings set.
+func softOpen(fab *softrdma.Fabric, set rdma.Settings) rdma.OpenFunc {
+	return func(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
+		return fab.Open(), set, nil
+	}
+}
+
+func newSoft(fab *softrdma.Fabric, set rdma.Settings) *rdma.SubDevice {
+	return rdma.New(sdi.Info{Name: "soft", Version: "test", APIVersions: []string{sdi.APIVersion}}, softOpen(fab, set), hclog.NewNullLogger())
+}
+
+func TestConformance(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  rdma.Settings
+		lim  rdma.Limits
+	}{
+		{"default", rdma.Settings{}, rdma.Limits{}},
+		// Few slots and small eager frames: credits run out and most
+		// frames go by read, in several pieces each.
+		{"tight", rdma.Settings{EagerBytes: 256, RecvSlots: 4}, rdma.Limits{MaxSendWR: 64, MaxRecvWR: 64, MaxMsg: 64 << 10, MaxPrivate: 56, CQSize: 4096}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fab := softrdma.New(tc.lim)
+			sditest.Run(t, sditest.Harness{
+				New:   func(testing.TB) sdi.SubDevice { return newSoft(fab, tc.set) },
+				Peers: 3,
+			})
+			if n := fab.Violations.Load(); n != 0 {
+				t.Errorf("the engine broke the fabric's rules %d times: %q", n, fab.Errs())
+			}
+		})
+	}
+}

@@ -1,0 +1,230 @@
+package rdma
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// connState is where a peer's connection stands.
+type connState uint8
+
+const (
+	stateIdle      connState = iota // never connected
+	stateDialing                    // this rank's request is out
+	stateAwaiting                   // refused by the lower rank, whose own request is due
+	stateAccepting                  // the peer's request is being accepted
+	stateUp
+	stateDown // failed; Connect may dial again
+	stateGone // closed by either end
+)
+
+func (s connState) String() string {
+	return [...]string{"idle", "dialing", "awaiting", "accepting", "up", "down", "gone"}[s]
+}
+
+// peer is the state for one rank.
+type peer struct {
+	rank sdi.Rank
+
+	mu      sync.Mutex // guards the fields below and the send side of c
+	state   connState
+	settled chan struct{} // closed when a dial or accept settles
+	c       *conn         // the connection frames go on; nil before the first
+	// credits are the data slots the peer has posted for this rank and
+	// ctlCredits its control slots; owed and ctlOwed the slots this rank
+	// reposted and has not yet told the peer of.
+	credits, ctlCredits int
+	owed, ctlOwed       int
+	fins                []uint64 // reads done whose fin waits for a credit
+	downErr             error    // why the last connection failed
+}
+
+// conn is one endpoint to a peer with its slots. A peer has one current
+// conn; others are dialed ones that lost or failed ones still flushing.
+type conn struct {
+	id   uint32
+	p    *peer
+	ep   Endpoint
+	rbuf []byte // receive slots, nData+ctlSlots of them
+	sbuf []byte // send slots, as many
+	rreg Region
+	sreg Region
+
+	// Guarded by p.mu.
+	freeSend    []int
+	outstanding int  // work requests posted and not yet completed
+	failing     bool // no more work is posted; finish runs when outstanding is 0
+	quiet       bool // the end was a goodbye: finish reports no failure
+	err         error
+	large       map[uint64]Region // by token: frames the peer is to read
+	drained     chan struct{}     // closed when large empties, for Flush
+
+	// Owned by the progress lock holder.
+	queue   []*inbound          // frames not yet delivered, in order, while a read is ahead
+	reads   map[uint64]*inbound // by read id
+	readSeq uint64
+}
+
+// inbound is a frame held back behind a read, or one being read.
+type inbound struct {
+	header  []byte
+	payload []byte // an eager frame's copy, or the read's destination
+	isRead  bool
+	rts     rts
+	reg     Region // the destination's registration, while reading
+	next    int    // bytes of the payload asked for so far
+	pending int    // reads posted and not completed
+}
+
+// Work request ids carry what the work was and which slot or read.
+const (
+	wrRecv uint64 = iota + 1
+	wrSend
+	wrRead
+)
+
+func wrID(kind uint64, idx int) uint64 { return kind<<56 | uint64(idx) }
+
+func splitWR(id uint64) (kind uint64, idx int) { return id >> 56, int(id & (1<<56 - 1)) }
+
+func putUint64(b []byte, v uint64) { binary.LittleEndian.PutUint64(b, v) }
+
+var errBye = errors.New("the peer closed the connection")
+
+// newConn makes a conn for p and files it under its id.
+func (s *SubDevice) newConn(p *peer) *conn {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.nextID++
+	c := &conn{id: s.nextID, p: p, large: make(map[uint64]Region), reads: make(map[uint64]*inbound)}
+	s.conns[c.id] = c
+	return c
+}
+
+// setupConn registers the conn's slots and posts its receives, before the
+// connection carries anything.
+func (s *SubDevice) setupConn(c *conn, ep Endpoint) error {
+	slots := s.nData + ctlSlots
+	c.rbuf = make([]byte, slots*s.slot)
+	c.sbuf = make([]byte, slots*s.slot)
+	var err error
+	if c.rreg, err = s.prov.Register(c.rbuf); err != nil {
+		return fmt.Errorf("register receive slots: %w", err)
+	}
+	if c.sreg, err = s.prov.Register(c.sbuf); err != nil {
+		return fmt.Errorf("register send slots: %w", err)
+	}
+	p := c.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	c.ep = ep
+	c.freeSend = make([]int, slots)
+	for i := range c.freeSend {
+		c.freeSend[i] = i
+	}
+	for i := range slots {
+		if err := ep.PostRecv(wrID(wrRecv, i), c.rreg, i*s.slot, s.slot); err != nil {
+			return fmt.Errorf("post receive %d: %w", i, err)
+		}
+		c.outstanding++
+	}
+	return nil
+}
+
+// failLocked stops posting on c and closes its endpoint, so its work
+// flushes; finish follows when the last of it completes. The peer's
+// failure is reported then, not now: until every read into a place has
+// completed or flushed, the place is not free.
+func (s *SubDevice) failLocked(p *peer, c *conn, err error) {
+	if c.failing {
+		return
+	}
+	c.failing = true
+	c.err = err
+	if p.c == c && p.state == stateUp {
+		p.state = stateDown
+		p.downErr = err
+	}
+	if c.ep != nil {
+		c.ep.Close()
+	}
+}
+
+// retire ends a conn that never came up or was replaced.
+func (s *SubDevice) retire(c *conn) {
+	p := c.p
+	p.mu.Lock()
+	c.quiet = true
+	s.failLocked(p, c, errors.New("connection not used"))
+	done := c.outstanding == 0
+	p.mu.Unlock()
+	if done {
+		s.finish(c)
+	}
+}
+
+// finish releases a conn whose work has all completed: its regions, the
+// frames the peer was to read (failed), the frames it was reading (dropped,
+// their places no longer written). It reports the peer down if c was the
+// peer's connection and did not end in a goodbye.
+func (s *SubDevice) finish(c *conn) {
+	s.mu.Lock()
+	if _, ok := s.conns[c.id]; !ok {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.conns, c.id)
+	closing := s.closed
+	s.mu.Unlock()
+
+	p := c.p
+	p.mu.Lock()
+	large := c.large
+	c.large = nil
+	if c.drained != nil {
+		close(c.drained)
+		c.drained = nil
+	}
+	report := p.c == c && !c.quiet && !closing
+	if p.c == c {
+		p.c = nil
+		p.fins = nil
+		if p.state == stateUp {
+			p.state = stateDown
+		}
+	}
+	err, quiet := c.err, c.quiet
+	p.mu.Unlock()
+
+	switch {
+	case closing:
+		err = sdi.ErrClosed
+	case err == nil || quiet:
+		err = fmt.Errorf("%s: connection to rank %d closed: %w", s.info.Name, p.rank, sdi.ErrPeerUnreachable)
+	default:
+		err = fmt.Errorf("%s: connection to rank %d: %w: %w", s.info.Name, p.rank, sdi.ErrPeerUnreachable, err)
+	}
+	for _, in := range c.queue {
+		if in.reg != nil {
+			in.reg.Close()
+		}
+	}
+	c.queue, c.reads = nil, nil
+	for _, r := range []Region{c.rreg, c.sreg} {
+		if r != nil {
+			r.Close()
+		}
+	}
+	for token, reg := range large {
+		reg.Close()
+		s.h.SendDone(token, err)
+	}
+	if report {
+		s.log.Debug("peer down", "peer", p.rank, "error", err)
+		s.h.PeerDown(p.rank, err)
+	}
+}

@@ -1,0 +1,649 @@
+package rdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+)
+
+// ctlSlots is how many receive slots of every connection are kept for credit
+// and bye messages, beyond the data slots the peer's credits count: a rank
+// out of credits must still be able to hear that it has some again.
+const ctlSlots = 4
+
+// maxReads bounds the reads one connection has posted at once.
+const maxReads = 8
+
+// MaxFrame is the largest frame payload; a frame above the eager size is
+// read by the receiver in pieces of the provider's largest message.
+const MaxFrame = 4 << 20
+
+// Defaults for the Caps a provider's Settings leave zero.
+const (
+	defaultExclusivity = 20
+	defaultLatency     = 2 * time.Microsecond
+	defaultBandwidth   = 10_000_000_000
+)
+
+// SubDevice runs the SDI over a [Provider]: frames up to the eager size are
+// sent into receive slots the peer posted, counted by credits so a send
+// never finds none; larger frames wait in the sender's registered memory
+// and the receiver reads them, straight into the place the multidevice
+// gives ([sdi.Placer]) where it gives one. Connections come up on demand
+// from Connect, the lower rank's request winning when two cross.
+type SubDevice struct {
+	info sdi.Info
+	open OpenFunc
+	log  hclog.Logger
+
+	// Set by Open, read-only after.
+	prov     Provider
+	h        sdi.Handler
+	placer   sdi.Placer
+	me       sdi.Rank
+	size     int
+	secret   []byte
+	job      string
+	eager    int // payload bytes of an eager frame
+	slot     int // bytes of one slot
+	nData    int // data slots per connection
+	chunk    int // bytes of one read
+	progress sync.Mutex
+	cs       []Completion // owned by the progress lock holder
+	dead     bool         // the provider is closed; owned by the progress lock holder
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+
+	mu     sync.Mutex // guards the fields below
+	opened bool
+	closed bool
+	peers  []*peer
+	conns  map[uint32]*conn
+	nextID uint32
+}
+
+// New returns an unopened subdevice named by info whose Open opens its
+// provider with open.
+func New(info sdi.Info, open OpenFunc, logger hclog.Logger) *SubDevice {
+	if logger == nil {
+		logger = hclog.NewNullLogger()
+	}
+	return &SubDevice{info: info, open: open, log: logger}
+}
+
+var (
+	_ sdi.SubDevice = (*SubDevice)(nil)
+	_ sdi.Poller    = (*SubDevice)(nil)
+)
+
+// Info returns the static identity.
+func (s *SubDevice) Info(context.Context) (sdi.Info, error) { return s.info, nil }
+
+// Open opens the provider and starts the goroutines that accept connections
+// and drive progress while nobody polls.
+func (s *SubDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	name := s.info.Name
+	s.mu.Lock()
+	if s.opened || s.closed {
+		s.mu.Unlock()
+		if s.closed {
+			return sdi.Local{}, fmt.Errorf("%s: open: %w", name, sdi.ErrClosed)
+		}
+		return sdi.Local{}, fmt.Errorf("%s: open called twice", name)
+	}
+	s.opened = true
+	s.mu.Unlock()
+	if p.Handler == nil {
+		return sdi.Local{}, fmt.Errorf("%s: open: no handler", name)
+	}
+	if p.Logger != nil {
+		s.log = p.Logger
+	}
+	prov, set, err := s.open(ctx, p)
+	if err != nil {
+		return sdi.Local{}, err
+	}
+	if err := set.Validate(); err != nil {
+		prov.Close()
+		return sdi.Local{}, fmt.Errorf("%s: config: %w", name, err)
+	}
+	lim := prov.Limits()
+	s.eager = cmp0(set.EagerBytes, DefaultEagerBytes)
+	s.nData = cmp0(set.RecvSlots, DefaultRecvSlots)
+	s.slot = (baseLen + rtsLen + MaxHeader + s.eager + 63) &^ 63
+	s.chunk = min(lim.MaxMsg, MaxFrame)
+	switch {
+	case s.slot > lim.MaxMsg:
+		prov.Close()
+		return sdi.Local{}, fmt.Errorf("%s: eager_bytes %d needs messages of %d bytes, the device's largest is %d", name, s.eager, s.slot, lim.MaxMsg)
+	case s.nData+ctlSlots > lim.MaxRecvWR:
+		prov.Close()
+		return sdi.Local{}, fmt.Errorf("%s: recv_slots %d needs %d receives per connection, the device takes %d", name, s.nData, s.nData+ctlSlots, lim.MaxRecvWR)
+	case s.nData+ctlSlots+maxReads > lim.MaxSendWR:
+		prov.Close()
+		return sdi.Local{}, fmt.Errorf("%s: recv_slots %d needs %d sends and reads per connection, the device takes %d", name, s.nData, s.nData+ctlSlots+maxReads, lim.MaxSendWR)
+	}
+	s.prov = prov
+	s.h = p.Handler
+	s.placer, _ = p.Handler.(sdi.Placer)
+	s.me, s.size = p.Rank, p.Size
+	s.secret, s.job = append([]byte(nil), p.Secret...), p.JobID
+	s.cs = make([]Completion, 64)
+	s.mu.Lock()
+	s.peers = make([]*peer, p.Size)
+	for r := range s.peers {
+		s.peers[r] = &peer{rank: sdi.Rank(r)}
+	}
+	s.conns = make(map[uint32]*conn)
+	s.mu.Unlock()
+
+	bg, stop := context.WithCancel(context.Background())
+	s.stop = stop
+	s.wg.Add(2)
+	go s.accept()
+	go s.run(bg)
+
+	caps := sdi.Caps{
+		MaxHeader:   MaxHeader,
+		MaxEager:    s.eager,
+		MaxFrame:    MaxFrame,
+		Exclusivity: cmp0(set.Exclusivity, defaultExclusivity),
+		Latency:     cmp0(set.Latency, defaultLatency),
+		Bandwidth:   cmp0(set.Bandwidth, defaultBandwidth),
+		Reach:       sdi.ReachNetwork,
+		Flags:       sdi.FlagReliable | sdi.FlagOrdered | sdi.FlagPoll,
+	}
+	return sdi.Local{Addr: prov.Card(), Caps: caps}, nil
+}
+
+func cmp0[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// peerOf returns the peer state of rank r, or an error for a call that
+// cannot name it.
+func (s *SubDevice) peerOf(what string, r sdi.Rank) (*peer, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.closed:
+		return nil, fmt.Errorf("%s: %s: %w", s.info.Name, what, sdi.ErrClosed)
+	case s.peers == nil:
+		return nil, fmt.Errorf("%s: %s before open", s.info.Name, what)
+	case r < 0 || int(r) >= len(s.peers) || r == s.me:
+		return nil, fmt.Errorf("%s: %s: rank %d: %w", s.info.Name, what, r, sdi.ErrPeerUnreachable)
+	}
+	return s.peers[r], nil
+}
+
+// Connect connects to peer unless a connection is up. When both ranks dial
+// at once, the lower rank's connection is kept: it refuses the higher
+// rank's request, and the higher rank waits for the lower rank's.
+func (s *SubDevice) Connect(ctx context.Context, r sdi.Rank, card []byte) error {
+	p, err := s.peerOf("connect", r)
+	if err != nil {
+		return err
+	}
+	wait := 50 * time.Millisecond
+	for {
+		err, crossed := s.connectOnce(ctx, p, card)
+		if !crossed {
+			return err
+		}
+		// Refused by the lower rank: its own request is on the way, or
+		// it still holds a connection whose failure it has not seen.
+		// Wait for its request a while, then ask again.
+		up, err := s.awaitUp(ctx, p, wait)
+		if up || err != nil {
+			return err
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// connectOnce dials peer once. crossed reports a refusal by the lower
+// rank, after which the caller waits for that rank's request.
+func (s *SubDevice) connectOnce(ctx context.Context, p *peer, card []byte) (err error, crossed bool) {
+	r := p.rank
+	for {
+		p.mu.Lock()
+		switch p.state {
+		case stateUp:
+			p.mu.Unlock()
+			return nil, false
+		case stateDialing, stateAccepting, stateAwaiting:
+			ch := p.settled
+			p.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return fmt.Errorf("%s: connect to rank %d: %w", s.info.Name, r, ctx.Err()), false
+			}
+		}
+		p.state = stateDialing
+		p.settled = make(chan struct{})
+		p.mu.Unlock()
+		break
+	}
+	c := s.newConn(p)
+	ep, err := s.prov.Dial(ctx, card, makePrivate(s.secret, s.job, s.me, r), c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
+	if err != nil {
+		s.retire(c)
+	}
+	p.mu.Lock()
+	switch {
+	case err == nil && p.state == stateDialing:
+		c.ep = ep
+		s.upLocked(p, c)
+		p.mu.Unlock()
+		return nil, false
+	case err == nil:
+		// Defensive: a crossing request cannot win while we dial (the
+		// lower rank refuses the higher's), but if one did, ours goes.
+		p.mu.Unlock()
+		s.retire(c)
+		return nil, false
+	case p.state == stateUp:
+		p.mu.Unlock()
+		return nil, false
+	case p.state == stateAccepting:
+		p.mu.Unlock()
+		_, err := s.awaitUp(ctx, p, 0)
+		return err, false
+	case p.state == stateDialing && errors.Is(err, ErrRejected) && r < s.me && ctx.Err() == nil:
+		p.state = stateAwaiting
+		p.mu.Unlock()
+		return err, true
+	}
+	if p.state == stateDialing {
+		p.state = stateDown
+		close(p.settled)
+	}
+	p.mu.Unlock()
+	return fmt.Errorf("%s: connect to rank %d: %w: %w", s.info.Name, r, sdi.ErrPeerUnreachable, err), false
+}
+
+// awaitUp waits for the connection the peer dials to come up, at most d
+// (0: until ctx ends). It reports up, or an error once the wait failed for
+// good; neither when d passed and the caller may dial again.
+func (s *SubDevice) awaitUp(ctx context.Context, p *peer, d time.Duration) (bool, error) {
+	p.mu.Lock()
+	ch := p.settled
+	p.mu.Unlock()
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	select {
+	case <-ch:
+	case <-timeout:
+	case <-ctx.Done():
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch p.state {
+	case stateUp:
+		return true, nil
+	case stateAwaiting:
+		p.state = stateDown
+		close(p.settled)
+		if ctx.Err() != nil {
+			return false, fmt.Errorf("%s: connect to rank %d: refused, and its own connection never came (a rank of another job, or another secret?): %w: %w", s.info.Name, p.rank, sdi.ErrPeerUnreachable, ErrRejected)
+		}
+		return false, nil
+	case stateAccepting:
+		if ctx.Err() != nil {
+			return false, fmt.Errorf("%s: connect to rank %d: %w", s.info.Name, p.rank, ctx.Err())
+		}
+		return false, nil // settles shortly; the next try waits for it
+	}
+	return false, fmt.Errorf("%s: connect to rank %d: its connection failed: %w", s.info.Name, p.rank, sdi.ErrPeerUnreachable)
+}
+
+// accept answers connection requests until the provider closes.
+func (s *SubDevice) accept() {
+	defer s.wg.Done()
+	for req := range s.prov.Requests() {
+		s.answer(req)
+	}
+}
+
+func (s *SubDevice) answer(req Request) {
+	from, err := checkPrivate(req.Private(), s.secret, s.job, s.me, s.size)
+	if err != nil {
+		s.log.Warn("refused a connection", "error", err)
+		req.Reject()
+		return
+	}
+	p, err := s.peerOf("accept", from)
+	if err != nil {
+		req.Reject()
+		return
+	}
+	p.mu.Lock()
+	switch {
+	case (p.state == stateDialing || p.state == stateUp) && s.me < from:
+		// Our own request to the higher rank wins, whether it is still
+		// out or already through: a request from a higher rank that
+		// crosses ours comes in either while we dial or after.
+		p.mu.Unlock()
+		req.Reject()
+		return
+	case p.state == stateAccepting:
+		p.mu.Unlock()
+		req.Reject()
+		return
+	}
+	prev := p.state
+	p.state = stateAccepting
+	if prev != stateDialing && prev != stateAwaiting {
+		p.settled = make(chan struct{})
+	}
+	p.mu.Unlock()
+
+	c := s.newConn(p)
+	ep, err := req.Accept(c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
+	p.mu.Lock()
+	if err != nil {
+		p.state = stateDown
+		close(p.settled)
+		p.mu.Unlock()
+		s.log.Warn("accepting a connection failed", "peer", from, "error", err)
+		s.retire(c)
+		return
+	}
+	c.ep = ep
+	s.upLocked(p, c)
+	p.mu.Unlock()
+}
+
+// upLocked makes c the peer's connection. A connection it replaces (the
+// peer reconnected before this rank saw the old one fail) is closed
+// without a report: the peer is up.
+func (s *SubDevice) upLocked(p *peer, c *conn) {
+	old := p.c
+	p.c = c
+	p.state = stateUp
+	p.credits, p.ctlCredits = s.nData, ctlSlots
+	p.owed, p.ctlOwed = 0, 0
+	close(p.settled)
+	if old != nil && !old.failing {
+		old.failing = true
+		old.ep.Close()
+	}
+}
+
+// Disconnect flushes the frames for peer, says goodbye and closes the
+// connection.
+func (s *SubDevice) Disconnect(ctx context.Context, r sdi.Rank) error {
+	if err := s.Flush(ctx, r); err != nil {
+		return err
+	}
+	p, err := s.peerOf("disconnect", r)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	c := p.c
+	if c == nil || p.state != stateUp {
+		p.mu.Unlock()
+		return nil
+	}
+	s.byeLocked(p, c)
+	p.state = stateGone
+	p.mu.Unlock()
+	return nil
+}
+
+// byeLocked tells the peer this end goes, if a control slot is left for
+// it, and closes the connection. Without one the peer sees a failure.
+func (s *SubDevice) byeLocked(p *peer, c *conn) {
+	if c.failing {
+		return
+	}
+	c.failing = true
+	c.quiet = true
+	if p.ctlCredits > 0 && len(c.freeSend) > 0 {
+		p.ctlCredits--
+		s.postLocked(p, c, kindBye, nil)
+	}
+	// Closing at once could flush the bye before it leaves; the provider
+	// sends what is posted before it disconnects.
+	c.ep.Close()
+}
+
+// Send sends one frame: eagerly into a slot the peer posted, or, when
+// larger, by telling the peer where to read it.
+func (s *SubDevice) Send(f *sdi.Frame) (bool, error) {
+	p, err := s.peerOf("send", f.Peer)
+	if err != nil {
+		return false, err
+	}
+	if len(f.Header) > MaxHeader || len(f.Payload) > MaxFrame {
+		return false, fmt.Errorf("%s: send to rank %d: header %d, payload %d bytes (at most %d, %d): %w", s.info.Name, f.Peer, len(f.Header), len(f.Payload), MaxHeader, MaxFrame, sdi.ErrTooLarge)
+	}
+	p.mu.Lock()
+	c := p.c
+	if p.state != stateUp || c == nil {
+		st, why := p.state, p.downErr
+		p.mu.Unlock()
+		switch {
+		case st == stateIdle:
+			return false, fmt.Errorf("%s: send to rank %d: %w", s.info.Name, f.Peer, sdi.ErrNotConnected)
+		case st == stateDown && why != nil:
+			return false, fmt.Errorf("%s: send to rank %d: connection down: %w: %w", s.info.Name, f.Peer, sdi.ErrPeerUnreachable, why)
+		}
+		return false, fmt.Errorf("%s: send to rank %d: connection %s: %w", s.info.Name, f.Peer, st, sdi.ErrPeerUnreachable)
+	}
+	if p.credits == 0 || len(c.freeSend) == 0 || len(p.fins) > 0 {
+		p.mu.Unlock()
+		return false, sdi.ErrWouldBlock
+	}
+	if len(f.Payload) <= s.eager {
+		p.credits--
+		s.postLocked(p, c, kindEager, f)
+		p.mu.Unlock()
+		return true, nil
+	}
+	// The credit and slot are ours while the payload registers.
+	p.credits--
+	slot := c.freeSend[len(c.freeSend)-1]
+	c.freeSend = c.freeSend[:len(c.freeSend)-1]
+	p.mu.Unlock()
+	reg, err := s.prov.Register(f.Payload)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err != nil || p.c != c || c.failing {
+		c.freeSend = append(c.freeSend, slot)
+		if p.c == c {
+			p.credits++
+		}
+		if err != nil {
+			return false, fmt.Errorf("%s: send to rank %d: register %d bytes: %w", s.info.Name, f.Peer, len(f.Payload), err)
+		}
+		reg.Close()
+		return false, fmt.Errorf("%s: send to rank %d: connection failed: %w", s.info.Name, f.Peer, sdi.ErrPeerUnreachable)
+	}
+	c.large[f.Token] = reg
+	s.postSlotLocked(p, c, slot, kindRTS, f, reg)
+	return false, nil
+}
+
+// postLocked takes a send slot and posts one message of kind. The caller
+// took the credit it needs.
+func (s *SubDevice) postLocked(p *peer, c *conn, kind uint8, f *sdi.Frame) {
+	slot := c.freeSend[len(c.freeSend)-1]
+	c.freeSend = c.freeSend[:len(c.freeSend)-1]
+	s.postSlotLocked(p, c, slot, kind, f, nil)
+}
+
+// postSlotLocked writes a message into send slot and posts it, returning
+// the reposted slots it owes the peer on the way. A post that fails fails
+// the connection.
+func (s *SubDevice) postSlotLocked(p *peer, c *conn, slot int, kind uint8, f *sdi.Frame, reg Region) {
+	b := c.sbuf[slot*s.slot : (slot+1)*s.slot]
+	h := wireHeader{kind: kind, credits: uint16(p.owed), ctlBack: uint8(p.ctlOwed)}
+	p.owed, p.ctlOwed = 0, 0
+	n := baseLen
+	switch kind {
+	case kindEager:
+		h.hdrLen = uint16(len(f.Header))
+		n += copy(b[n:], f.Header)
+		n += copy(b[n:], f.Payload)
+	case kindRTS:
+		h.hdrLen = uint16(len(f.Header))
+		putRTS(b[n:], rts{token: f.Token, addr: reg.Addr(), rkey: reg.RKey(), n: uint64(len(f.Payload))})
+		n += rtsLen
+		n += copy(b[n:], f.Header)
+	case kindFIN:
+		putUint64(b[n:], f.Token)
+		n += finLen
+	}
+	putBase(b, h)
+	c.outstanding++
+	if err := c.ep.PostSend(wrID(wrSend, slot), c.sreg, slot*s.slot, n); err != nil {
+		c.outstanding--
+		c.freeSend = append(c.freeSend, slot)
+		s.failLocked(p, c, fmt.Errorf("post %s: %w", kindName(kind), err))
+	}
+}
+
+// Flush waits until every frame sent to peer is locally complete: every
+// frame the peer reads has been read.
+func (s *SubDevice) Flush(ctx context.Context, r sdi.Rank) error {
+	p, err := s.peerOf("flush", r)
+	if err != nil {
+		return err
+	}
+	for {
+		p.mu.Lock()
+		c := p.c
+		if c == nil || len(c.large) == 0 {
+			p.mu.Unlock()
+			return nil
+		}
+		if c.drained == nil {
+			c.drained = make(chan struct{})
+		}
+		ch := c.drained
+		p.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("%s: flush to rank %d: %w", s.info.Name, r, ctx.Err())
+		}
+	}
+}
+
+// Poll drives progress on the calling goroutine.
+func (s *SubDevice) Poll() int {
+	if !s.progress.TryLock() {
+		return 0
+	}
+	n := s.drain()
+	s.progress.Unlock()
+	return n
+}
+
+// run drives progress while nobody polls: it drains the completion queue
+// and, when that is empty, arms it and sleeps in the provider's Wait.
+func (s *SubDevice) run(ctx context.Context) {
+	defer s.wg.Done()
+	for ctx.Err() == nil {
+		if s.Poll() > 0 {
+			continue
+		}
+		if err := s.prov.Arm(); err != nil {
+			s.log.Error("arming the completion queue failed", "error", err)
+			return
+		}
+		if s.Poll() > 0 {
+			continue
+		}
+		if err := s.prov.Wait(ctx); err != nil && ctx.Err() == nil {
+			s.log.Error("waiting for completions failed", "error", err)
+			return
+		}
+	}
+}
+
+// Close says goodbye to every peer, waits for their connections' work to
+// complete, fails the frames still in flight with ErrClosed and closes the
+// provider.
+func (s *SubDevice) Close(ctx context.Context) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	if s.prov == nil {
+		s.mu.Unlock()
+		return nil
+	}
+	peers := s.peers
+	s.mu.Unlock()
+
+	for _, p := range peers {
+		p.mu.Lock()
+		if c := p.c; c != nil {
+			c.quiet = true
+			s.byeLocked(p, c)
+		}
+		p.state = stateGone
+		p.mu.Unlock()
+	}
+	// The progress goroutine ends first, so that this goroutine alone
+	// drains what the closed connections flush.
+	s.stop()
+	var err error
+	for {
+		s.Poll()
+		if s.idle() {
+			break
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%s: close: connections still busy: %w", s.info.Name, ctx.Err())
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	s.progress.Lock()
+	s.dead = true
+	// Frames whose connection never finished flushing are failed here.
+	s.mu.Lock()
+	conns := make([]*conn, 0, len(s.conns))
+	for _, c := range s.conns {
+		conns = append(conns, c)
+	}
+	s.mu.Unlock()
+	for _, c := range conns {
+		s.finish(c)
+	}
+	if cerr := s.prov.Close(); cerr != nil && err == nil {
+		err = fmt.Errorf("%s: close: %w", s.info.Name, cerr)
+	}
+	s.progress.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+// idle reports whether every connection has finished.
+func (s *SubDevice) idle() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns) == 0
+}
