@@ -53,6 +53,7 @@ type conn struct {
 	sbuf []byte // send slots, as many
 	rreg Region
 	sreg Region
+	cq   int // completion queue entries reserved for the conn; guarded by s.mu
 
 	// Guarded by p.mu.
 	freeSend    []int
@@ -109,6 +110,17 @@ func (s *SubDevice) newConn(p *peer) *conn {
 // connection carries anything.
 func (s *SubDevice) setupConn(c *conn, ep Endpoint) error {
 	slots := s.nData + ctlSlots
+	// Every connection may have this much work out at once; the shared
+	// completion queue must hold all of it, or completions are lost.
+	need := 2*slots + maxReads
+	s.mu.Lock()
+	if s.cqUsed+need > s.cqSize {
+		s.mu.Unlock()
+		return fmt.Errorf("the completion queue holds %d entries, too few for one more connection of %d slots (%d connections now); lower recv_slots", s.cqSize, slots, s.cqUsed/need)
+	}
+	s.cqUsed += need
+	c.cq = need
+	s.mu.Unlock()
 	c.rbuf = make([]byte, slots*s.slot)
 	c.sbuf = make([]byte, slots*s.slot)
 	var err error
@@ -178,6 +190,7 @@ func (s *SubDevice) finish(c *conn) {
 		return
 	}
 	delete(s.conns, c.id)
+	s.cqUsed -= c.cq
 	closing := s.closed
 	s.mu.Unlock()
 

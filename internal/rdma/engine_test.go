@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -374,5 +375,34 @@ func TestStrangerRefused(t *testing.T) {
 	// The lower rank, refused, says so at once.
 	if err := sds[0].Connect(ctxT(t), 1, cards[1]); !errors.Is(err, rdma.ErrRejected) {
 		t.Fatalf("the lower rank's connect with the wrong secret: %v, want a rejection", err)
+	}
+}
+
+// TestCompletionQueueBound: a connection that could overrun the shared
+// completion queue is refused with a message that says so.
+func TestCompletionQueueBound(t *testing.T) {
+	lim := softrdma.DefaultLimits
+	lim.CQSize = 30 // one connection of 4+4 slots needs 2*8+8
+	fab := softrdma.New(lim)
+	var sds [3]*rdma.SubDevice
+	var cards [3][]byte
+	for i := range sds {
+		sds[i] = newSoft(fab, rdma.Settings{RecvSlots: 4})
+		l, err := sds[i].Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: 3, JobID: "j", Secret: []byte("s"), Handler: newRecorder(false), Logger: hclog.NewNullLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cards[i] = l.Addr
+		defer sds[i].Close(context.Background())
+	}
+	if err := sds[0].Connect(ctxT(t), 1, cards[1]); err != nil {
+		t.Fatal(err)
+	}
+	err := sds[0].Connect(ctxT(t), 2, cards[2])
+	if err == nil || !strings.Contains(err.Error(), "completion queue") {
+		t.Fatalf("a second connection over a queue with room for one: %v", err)
+	}
+	if v := fab.Violations.Load(); v != 0 {
+		t.Errorf("fabric rules broken: %q", fab.Errs())
 	}
 }

@@ -66,6 +66,8 @@ type SubDevice struct {
 	peers  []*peer
 	conns  map[uint32]*conn
 	nextID uint32
+	cqSize int // entries of the provider's completion queue
+	cqUsed int // entries the conns may fill at once
 }
 
 // New returns an unopened subdevice named by info whose Open opens its
@@ -141,6 +143,7 @@ func (s *SubDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, erro
 		s.peers[r] = &peer{rank: sdi.Rank(r)}
 	}
 	s.conns = make(map[uint32]*conn)
+	s.cqSize = lim.CQSize
 	s.mu.Unlock()
 
 	bg, stop := context.WithCancel(context.Background())

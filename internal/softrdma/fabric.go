@@ -139,6 +139,11 @@ func (p *Provider) Register(buf []byte) (rdma.Region, error) {
 }
 
 func (p *Provider) pushLocked(c rdma.Completion) {
+	if len(p.cq) >= p.f.limits.CQSize {
+		// A device loses the completion and fails the queue; the
+		// fabric keeps it but counts the overrun.
+		p.f.violateLocked("completion queue of %d entries overrun", p.f.limits.CQSize)
+	}
 	p.cq = append(p.cq, c)
 	if p.armed {
 		p.armed = false
