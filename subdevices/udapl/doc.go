@@ -1,0 +1,106 @@
+// Package udapl is the uDAPL subdevice: it carries sdi frames between ranks
+// over an RDMA interface adapter reached through the DAT 2.0 API (uDAPL,
+// libdat2), on InfiniBand, iWARP or RoCE, wherever /etc/dat.conf lists a
+// provider for the adapter.
+//
+// The subdevice is the RDMA engine of package internal/rdma (credits,
+// eager receive slots, RDMA reads for large frames) over a provider that
+// maps the engine's primitives onto DAT: dat_ia_open, one protection zone,
+// one DTO EVD for the completions of every endpoint, a public service point
+// for connection requests, an RC endpoint per connection, dat_lmr_create
+// for registered memory, and dat_ep_post_send, _recv and _rdma_read for the
+// work.
+//
+// # Usage
+//
+// The package registers itself as "udapl" with [sdi.Register]; import it
+// for its side effect, or call [New]. In plugins.hcl:
+//
+//	subdevice "udapl" {
+//	  config { ia = "ofa-v2-ib0" }
+//	}
+//
+// # Building
+//
+// The DAT code needs cgo and the uDAPL headers and library, so it is behind
+// a build tag:
+//
+//	apt-get install libdapl-dev   # /usr/include/dat2, libdat2; libdapl2 brings /etc/dat.conf
+//	go build -tags udapl ./...
+//
+// Without the tag (the default, which needs nothing installed) the
+// subdevice is still registered, but its Open fails with an error wrapping
+// [rdma.ErrNoDevice] that says to rebuild with -tags udapl; the multidevice
+// then routes over the other subdevices. With the tag, an adapter that
+// cannot be opened (no /etc/dat.conf entry of that name, no device, the
+// interface down) gives such an error too, naming the IA and the DAT
+// return code. The DAT library itself may also print a line to stderr then.
+//
+// # Configuration
+//
+// The plugins.hcl block, as JSON; every key is optional and unknown keys
+// are refused:
+//
+//   - ia: the interface adapter, by its name in /etc/dat.conf (or in the
+//     file $DAT_OVERRIDE names). Default: the registry's first entry, or
+//     "ofa-v2-ib0" when the registry is empty. Use a cma ("ofa-v2-ib0") or
+//     scm ("ofa-v2-mlx4_0-1") entry: the ucm and mcm providers address
+//     endpoints by InfiniBand LID and queue pair, which the card does not
+//     carry, and Open refuses them.
+//   - port: the connection qualifier to listen on, 1 to 65535 (the cma and
+//     scm providers use it as an RDMA CM or TCP port). Default: the first
+//     free one from 47000 up, so that the ranks of a host take 47000,
+//     47001, ...
+//   - eager_bytes, recv_slots: the engine's eager slot size and receive
+//     slots per connection ([rdma.Settings]; defaults 8 KiB and 32).
+//   - exclusivity: routing preference when several subdevices reach a peer.
+//     Default 15: above tcp (10), below verbs (20), which drives the same
+//     hardware without the DAT layer.
+//
+// # Business card
+//
+// The card is 0xDA, a version byte (1), then the IA address that
+// dat_ia_query reports and the connection qualifier, in the binary form of
+// [net/netip.AddrPort]: 8 bytes for IPv4, 20 for IPv6.
+//
+// # Limits
+//
+// Each endpoint has send and receive queues of twice recv_slots, at least
+// 128, at most the adapter's max_dto_per_ep, and up to 16 RDMA reads in
+// flight each way. The shared completion EVD holds 65536 events or the
+// adapter's max_evd_qlen, which bounds the connections a rank can have
+// (about 800 at the default recv_slots). A message is at most the adapter's
+// max_message_size and max_rdma_size, and 1 GiB. Connection requests carry
+// 55 bytes of the engine's private data: the 56 every provider delivers,
+// less a length byte, since InfiniBand pads the data to 56 bytes.
+//
+// # Concurrency and waiting
+//
+// DAT cannot wake a thread waiting on an EVD from another thread, so the
+// provider waits in slices: its listener and connection goroutines in
+// 20 ms slices (Close takes up to that long), and Wait in 5 ms slices, which
+// is also how soon it notices completions the provider makes itself.
+// dapl refuses to dequeue an EVD another thread is waiting on, so Poll
+// returns only completions the provider holds while Wait is waiting; the
+// event Wait takes is kept and polled first. Closing an endpoint
+// disconnects it and frees it shortly after on the connection goroutine;
+// its remaining work completes, flushed, then.
+//
+// # Not verified here
+//
+// This package was written from the DAT 2.0 headers and the OFED dapl
+// sources, on a machine without RDMA hardware. What runs in its tests there
+// is the configuration, the card and its fuzzing, the DAT return code
+// decoding, the work request bookkeeping, and the refusal to open without
+// a device. The tests that move data (TestLoopback and the others that
+// open an adapter) skip unless an IA opens: run them with -tags udapl on a
+// host with a configured adapter before relying on the subdevice. Without
+// one they run against testdata/fakedat, an in-memory libdat2 that follows
+// dapl where the provider depends on it (its header says how to build and
+// use it); that checks the provider against what its authors believe DAT
+// does, not against a device. Unverified on hardware in particular: what
+// real providers do on disconnect (whether dat_ep_free drops completions;
+// the provider makes its own flushes so that it does not matter), the
+// private data sizes they deliver, and IPv6 IA addresses, which the cma
+// provider of OFED dapl 2.1 does not dial.
+package udapl

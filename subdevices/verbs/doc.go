@@ -1,0 +1,88 @@
+// Package verbs is the InfiniBand and RoCE subdevice: it carries sdi frames
+// between ranks over RDMA, through libibverbs for the data path and the
+// RDMA connection manager (librdmacm) for addressing and connection setup.
+//
+// The SDI protocol itself (credits, eager receive slots, RDMA reads for
+// large frames) is run by the engine in internal/rdma; this package is the
+// engine's rdma.Provider for verbs devices: it opens a device port, connects
+// reliable-connected (RC) queue pairs, registers memory, posts work
+// requests and reports their completions.
+//
+// # Usage
+//
+// The package registers itself as "verbs" with [sdi.Register]; importing it
+// is enough for the multidevice to find it. [New] makes an instance
+// directly. A plugins.hcl block configures it:
+//
+//	subdevice "verbs" {
+//	  config {
+//	    device = "mlx5_0"
+//	    port   = 1
+//	  }
+//	}
+//
+// # Building
+//
+// The provider uses cgo and is built only with the verbs tag:
+//
+//	apt-get install libibverbs-dev librdmacm-dev
+//	go build -tags verbs ./...
+//
+// A binary built without the tag (or without cgo) still registers "verbs",
+// but its Open fails with an error wrapping rdma.ErrNoDevice that says how
+// to rebuild, so the multidevice routes over the other subdevices. Running
+// needs the libibverbs1, librdmacm1 and ibverbs-providers packages, the
+// rdma_ucm kernel module, and a locked-memory limit (ulimit -l) large
+// enough for the registered buffers.
+//
+// # Configuration
+//
+// All keys are optional; an empty block means all defaults.
+//
+//	device       RDMA device name, e.g. "mlx5_0" (default: the first device,
+//	             by name, with an ACTIVE port)
+//	port         device port, 1-255 (default: the device's first ACTIVE port,
+//	             which is 1 on a single-port adapter)
+//	address      IP address to listen on, which must belong to the device
+//	             port's network interface (default: the first IPv4 address of
+//	             that interface, else its first IPv6 address that is not
+//	             link-local; the interface is found in sysfs, from the port's
+//	             GID table on RoCE or the adapter's IPoIB interfaces on
+//	             InfiniBand)
+//	eager_bytes  payload of one eager receive slot (default 8192)
+//	recv_slots   receives each connection keeps posted (default 32)
+//	exclusivity  routing priority (default 20: above tcp's 10, below shm's 50)
+//
+// Unknown keys are errors. With address set and device or port unset, the
+// device and port are the ones the address belongs to.
+//
+// # Connections
+//
+// Open binds a connection manager listener to the address on an ephemeral
+// port and publishes address and port as the business card (see card.go
+// for the layout). Dial resolves the peer's card to a route from the
+// listener's own address, so connections leave through the configured
+// port, creates the queue pair on the provider's shared protection domain
+// and completion queue, lets the engine post its receives, and sends the
+// connection request with the engine's private data (at most 55 bytes).
+// The peer's provider hands the request to its engine, which accepts or
+// rejects it. A consumer reject makes Dial fail with rdma.ErrRejected; a
+// request to a port nobody listens on fails without it. A send that finds
+// no receive posted fails the connection at once (RNR retry count 0).
+//
+// One completion queue serves all connections, for sends and receives
+// alike; Wait sleeps in the Go netpoller on its completion channel, and the
+// connection manager's events are read the same way, so no OS thread is
+// parked in a blocking verbs call.
+//
+// # Limitations
+//
+// This package was written against the libibverbs and librdmacm
+// documentation and headers (rdma-core 44) and compiles, but it has not run
+// against a device: the machine it was written on had none. The tests that
+// need a device skip without one. iWARP is not supported (its private data
+// and connection semantics differ). Asynchronous device events
+// (ibv_get_async_event) are not read: the device context belongs to
+// librdmacm and may be shared with other users in the process; failures
+// show up as failed completions and connection manager events instead.
+package verbs
