@@ -42,3 +42,21 @@ subdevice "tcp" {
   #                                      # (its peer is reported down, failover routes take over); "0s": the system's
   # }
 }
+
+# RDMA subdevices, in binaries built with -tags verbs / -tags udapl (README,
+# "RDMA"); as plugin binaries (cmd/sdi-verbs, cmd/sdi-udapl) they are
+# skipped with a warning on hosts where they cannot open.
+#
+# subdevice "verbs" {
+#   config {
+#     device = "mlx5_0"   # default: the first device with an ACTIVE port
+#     port   = 1          # default: its first ACTIVE port
+#     # address     = "10.0.0.5"   # default: the first address of the port's network interface
+#     # eager_bytes = 8192         # frames up to this are sent into posted slots, larger ones read
+#     # recv_slots  = 32           # slots each connection keeps posted (the peer's credits)
+#   }
+# }
+#
+# subdevice "udapl" {
+#   config { ia = "ofa-v2-ib0" }   # default: the first entry of /etc/dat.conf
+# }

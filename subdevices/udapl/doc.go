@@ -30,8 +30,10 @@
 //
 // Without the tag (the default, which needs nothing installed) the
 // subdevice is still registered, but its Open fails with an error wrapping
-// [rdma.ErrNoDevice] that says to rebuild with -tags udapl; the multidevice
-// then routes over the other subdevices. With the tag, an adapter that
+// [rdma.ErrNoDevice] that says to rebuild with -tags udapl. A job that
+// names the built-in stops with that message; one that names the plugin
+// binary (cmd/sdi-udapl) skips it with a warning and routes over the other
+// subdevices. With the tag, an adapter that
 // cannot be opened (no /etc/dat.conf entry of that name, no device, the
 // interface down) gives such an error too, naming the IA and the DAT
 // return code. The DAT library itself may also print a line to stderr then.

@@ -30,7 +30,10 @@
 //
 // A binary built without the tag (or without cgo) still registers "verbs",
 // but its Open fails with an error wrapping rdma.ErrNoDevice that says how
-// to rebuild, so the multidevice routes over the other subdevices. Running
+// to rebuild. A job that names the built-in stops with that message; one
+// that names the plugin binary (cmd/sdi-verbs) skips it with a warning and
+// routes over the other subdevices, which suits clusters where only some
+// hosts have the hardware. Running
 // needs the libibverbs1, librdmacm1 and ibverbs-providers packages, the
 // rdma_ucm kernel module, and a locked-memory limit (ulimit -l) large
 // enough for the registered buffers.
