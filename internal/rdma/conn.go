@@ -34,13 +34,7 @@ type peer struct {
 	state   connState
 	settled chan struct{} // closed when a dial or accept settles
 	c       *conn         // the connection frames go on; nil before the first
-	// credits are the data slots the peer has posted for this rank and
-	// ctlCredits its control slots; owed and ctlOwed the slots this rank
-	// reposted and has not yet told the peer of.
-	credits, ctlCredits int
-	owed, ctlOwed       int
-	fins                []uint64 // reads done whose fin waits for a credit
-	downErr             error    // why the last connection failed
+	downErr error         // why the last connection failed
 }
 
 // conn is one endpoint to a peer with its slots. A peer has one current
@@ -62,7 +56,15 @@ type conn struct {
 	quiet       bool // the end was a goodbye: finish reports no failure
 	err         error
 	large       map[uint64]Region // by token: frames the peer is to read
-	drained     chan struct{}     // closed when large empties, for Flush
+	// credits are the data slots the peer has posted for this rank and
+	// ctlCredits its control slots; owed and ctlOwed the slots this rank
+	// reposted and has not yet told the peer of. They belong to the
+	// connection: a peer's frames may arrive on it before it becomes the
+	// peer's current one, and their slots must still be counted.
+	credits, ctlCredits int
+	owed, ctlOwed       int
+	fins                []uint64      // reads done whose fin waits for a credit
+	drained             chan struct{} // closed when large empties, for Flush
 
 	// Owned by the progress lock holder.
 	queue   []*inbound          // frames not yet delivered, in order, while a read is ahead
@@ -134,6 +136,7 @@ func (s *SubDevice) setupConn(c *conn, ep Endpoint) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	c.ep = ep
+	c.credits, c.ctlCredits = s.nData, ctlSlots
 	c.freeSend = make([]int, slots)
 	for i := range c.freeSend {
 		c.freeSend[i] = i
@@ -205,7 +208,6 @@ func (s *SubDevice) finish(c *conn) {
 	report := p.c == c && !c.quiet && !closing
 	if p.c == c {
 		p.c = nil
-		p.fins = nil
 		if p.state == stateUp {
 			p.state = stateDown
 		}

@@ -406,3 +406,75 @@ func TestCompletionQueueBound(t *testing.T) {
 		t.Errorf("fabric rules broken: %q", fab.Errs())
 	}
 }
+
+// slowAccept is a provider whose accepted connections come up late on the
+// accepting side: the dialer may fill the new connection's slots before
+// the accepting rank has made it the peer's.
+type slowAccept struct {
+	*softrdma.Provider
+	reqs chan rdma.Request
+}
+
+func newSlowAccept(p *softrdma.Provider) *slowAccept {
+	s := &slowAccept{Provider: p, reqs: make(chan rdma.Request)}
+	go func() {
+		for r := range p.Requests() {
+			s.reqs <- slowRequest{r}
+		}
+		close(s.reqs)
+	}()
+	return s
+}
+
+func (s *slowAccept) Requests() <-chan rdma.Request { return s.reqs }
+
+type slowRequest struct{ rdma.Request }
+
+func (r slowRequest) Accept(id uint32, setup func(rdma.Endpoint) error) (rdma.Endpoint, error) {
+	ep, err := r.Request.Accept(id, setup)
+	time.Sleep(100 * time.Millisecond)
+	return ep, err
+}
+
+// TestEarlyFramesCounted: frames that arrive on a connection before the
+// accepting rank has taken it up still give their slots back, so a sender
+// that used every credit in that moment is not left waiting for ever.
+func TestEarlyFramesCounted(t *testing.T) {
+	fab := softrdma.New(rdma.Limits{})
+	set := rdma.Settings{RecvSlots: 4}
+	open := func(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
+		return newSlowAccept(fab.Open()), set, nil
+	}
+	hs := [2]*recorder{newRecorder(false), newRecorder(false)}
+	var sds [2]*rdma.SubDevice
+	var cards [2][]byte
+	for i := range sds {
+		sds[i] = rdma.New(sdi.Info{Name: "soft"}, open, nil)
+		l, err := sds[i].Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, JobID: "j", Secret: []byte("s"), Handler: hs[i], Logger: hclog.NewNullLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cards[i] = l.Addr
+		defer sds[i].Close(context.Background())
+	}
+	if err := sds[0].Connect(ctxT(t), 1, cards[1]); err != nil {
+		t.Fatal(err)
+	}
+	const frames = 40
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; i < frames; {
+		_, err := sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte{byte(i)}, Payload: []byte("x")})
+		switch {
+		case err == nil:
+			i++
+		case errors.Is(err, sdi.ErrWouldBlock):
+			if time.Now().After(deadline) {
+				t.Fatalf("sent %d of %d frames, then no credit came back for 10 s", i, frames)
+			}
+			time.Sleep(time.Millisecond)
+		default:
+			t.Fatal(err)
+		}
+	}
+	hs[1].await(t, "every frame", func() bool { return len(hs[1].frames) == frames })
+}

@@ -99,11 +99,11 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 		}
 		return
 	}
-	if err == nil && p.c == c {
-		p.credits += int(m.credits)
-		p.ctlCredits += int(m.ctlBack)
-		if p.credits > s.nData || p.ctlCredits > ctlSlots {
-			err = fmt.Errorf("%w: credits %d and %d beyond the %d and %d slots", sdi.ErrBadFrame, p.credits, p.ctlCredits, s.nData, ctlSlots)
+	if err == nil {
+		c.credits += int(m.credits)
+		c.ctlCredits += int(m.ctlBack)
+		if c.credits > s.nData || c.ctlCredits > ctlSlots {
+			err = fmt.Errorf("%w: credits %d and %d beyond the %d and %d slots", sdi.ErrBadFrame, c.credits, c.ctlCredits, s.nData, ctlSlots)
 		}
 	}
 	if err == nil && m.kind == kindFIN {
@@ -156,9 +156,9 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 
 	p.mu.Lock()
 	if m.kind == kindCredit {
-		p.ctlOwed++
+		c.ctlOwed++
 	} else {
-		p.owed++
+		c.owed++
 	}
 	if !c.failing {
 		c.outstanding++
@@ -184,14 +184,14 @@ func (s *SubDevice) sendOwedLocked(p *peer, c *conn) {
 	if p.c != c || c.failing {
 		return
 	}
-	for len(p.fins) > 0 && p.credits > 0 && len(c.freeSend) > 0 && !c.failing {
-		tok := p.fins[0]
-		p.fins = p.fins[1:]
-		p.credits--
+	for len(c.fins) > 0 && c.credits > 0 && len(c.freeSend) > 0 && !c.failing {
+		tok := c.fins[0]
+		c.fins = c.fins[1:]
+		c.credits--
 		s.postLocked(p, c, kindFIN, &sdi.Frame{Token: tok})
 	}
-	if p.owed >= max(1, s.nData/2) && p.ctlCredits > 0 && len(c.freeSend) > 0 && !c.failing {
-		p.ctlCredits--
+	if c.owed >= max(1, s.nData/2) && c.ctlCredits > 0 && len(c.freeSend) > 0 && !c.failing {
+		c.ctlCredits--
 		s.postLocked(p, c, kindCredit, nil)
 	}
 }
@@ -219,7 +219,7 @@ func (s *SubDevice) advance(c *conn) {
 		s.h.Deliver(p.rank, in.header, in.payload)
 		if in.isRead {
 			p.mu.Lock()
-			p.fins = append(p.fins, in.rts.token)
+			c.fins = append(c.fins, in.rts.token)
 			s.sendOwedLocked(p, c)
 			p.mu.Unlock()
 		}

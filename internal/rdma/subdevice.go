@@ -380,9 +380,11 @@ func (s *SubDevice) upLocked(p *peer, c *conn) {
 	old := p.c
 	p.c = c
 	p.state = stateUp
-	p.credits, p.ctlCredits = s.nData, ctlSlots
-	p.owed, p.ctlOwed = 0, 0
 	close(p.settled)
+	// Frames that came before the connection was ours owe the peer
+	// their slots, and it may be out of credits and silent till it
+	// hears of them.
+	s.sendOwedLocked(p, c)
 	if old != nil && !old.failing {
 		old.failing = true
 		old.ep.Close()
@@ -419,8 +421,8 @@ func (s *SubDevice) byeLocked(p *peer, c *conn) {
 	}
 	c.failing = true
 	c.quiet = true
-	if p.ctlCredits > 0 && len(c.freeSend) > 0 {
-		p.ctlCredits--
+	if c.ctlCredits > 0 && len(c.freeSend) > 0 {
+		c.ctlCredits--
 		s.postLocked(p, c, kindBye, nil)
 	}
 	// Closing at once could flush the bye before it leaves; the provider
@@ -451,18 +453,18 @@ func (s *SubDevice) Send(f *sdi.Frame) (bool, error) {
 		}
 		return false, fmt.Errorf("%s: send to rank %d: connection %s: %w", s.info.Name, f.Peer, st, sdi.ErrPeerUnreachable)
 	}
-	if p.credits == 0 || len(c.freeSend) == 0 || len(p.fins) > 0 {
+	if c.credits == 0 || len(c.freeSend) == 0 || len(c.fins) > 0 {
 		p.mu.Unlock()
 		return false, sdi.ErrWouldBlock
 	}
 	if len(f.Payload) <= s.eager {
-		p.credits--
+		c.credits--
 		s.postLocked(p, c, kindEager, f)
 		p.mu.Unlock()
 		return true, nil
 	}
 	// The credit and slot are ours while the payload registers.
-	p.credits--
+	c.credits--
 	slot := c.freeSend[len(c.freeSend)-1]
 	c.freeSend = c.freeSend[:len(c.freeSend)-1]
 	p.mu.Unlock()
@@ -471,9 +473,7 @@ func (s *SubDevice) Send(f *sdi.Frame) (bool, error) {
 	defer p.mu.Unlock()
 	if err != nil || p.c != c || c.failing {
 		c.freeSend = append(c.freeSend, slot)
-		if p.c == c {
-			p.credits++
-		}
+		c.credits++
 		if err != nil {
 			return false, fmt.Errorf("%s: send to rank %d: register %d bytes: %w", s.info.Name, f.Peer, len(f.Payload), err)
 		}
@@ -498,8 +498,8 @@ func (s *SubDevice) postLocked(p *peer, c *conn, kind uint8, f *sdi.Frame) {
 // the connection.
 func (s *SubDevice) postSlotLocked(p *peer, c *conn, slot int, kind uint8, f *sdi.Frame, reg Region) {
 	b := c.sbuf[slot*s.slot : (slot+1)*s.slot]
-	h := wireHeader{kind: kind, credits: uint16(p.owed), ctlBack: uint8(p.ctlOwed)}
-	p.owed, p.ctlOwed = 0, 0
+	h := wireHeader{kind: kind, credits: uint16(c.owed), ctlBack: uint8(c.ctlOwed)}
+	c.owed, c.ctlOwed = 0, 0
 	n := baseLen
 	switch kind {
 	case kindEager:
