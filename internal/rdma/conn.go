@@ -53,6 +53,8 @@ type conn struct {
 	freeSend    []int
 	outstanding int  // work requests posted and not yet completed
 	failing     bool // no more work is posted; finish runs when outstanding is 0
+	epClosed    bool
+	byeSlot     int  // the send slot of the goodbye, whose completion closes the endpoint; -1 before one
 	quiet       bool // the end was a goodbye: finish reports no failure
 	err         error
 	large       map[uint64]Region // by token: frames the peer is to read
@@ -103,7 +105,7 @@ func (s *SubDevice) newConn(p *peer) *conn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.nextID++
-	c := &conn{id: s.nextID, p: p, large: make(map[uint64]Region), reads: make(map[uint64]*inbound)}
+	c := &conn{id: s.nextID, p: p, byeSlot: -1, large: make(map[uint64]Region), reads: make(map[uint64]*inbound)}
 	s.conns[c.id] = c
 	return c
 }
@@ -155,16 +157,21 @@ func (s *SubDevice) setupConn(c *conn, ep Endpoint) error {
 // failure is reported then, not now: until every read into a place has
 // completed or flushed, the place is not free.
 func (s *SubDevice) failLocked(p *peer, c *conn, err error) {
-	if c.failing {
-		return
+	if !c.failing {
+		c.failing = true
+		c.err = err
+		if p.c == c && p.state == stateUp {
+			p.state = stateDown
+			p.downErr = err
+		}
 	}
-	c.failing = true
-	c.err = err
-	if p.c == c && p.state == stateUp {
-		p.state = stateDown
-		p.downErr = err
-	}
-	if c.ep != nil {
+	c.closeEPLocked()
+}
+
+// closeEPLocked closes c's endpoint once; its work then flushes.
+func (c *conn) closeEPLocked() {
+	if c.ep != nil && !c.epClosed {
+		c.epClosed = true
 		c.ep.Close()
 	}
 }

@@ -55,6 +55,9 @@ func (s *SubDevice) complete(cp Completion) {
 		p.mu.Lock()
 		c.outstanding--
 		c.freeSend = append(c.freeSend, idx)
+		if idx == c.byeSlot {
+			c.closeEPLocked()
+		}
 		s.sendOwedLocked(p, c)
 		done := c.failing && c.outstanding == 0
 		p.mu.Unlock()

@@ -385,9 +385,9 @@ func (s *SubDevice) upLocked(p *peer, c *conn) {
 	// their slots, and it may be out of credits and silent till it
 	// hears of them.
 	s.sendOwedLocked(p, c)
-	if old != nil && !old.failing {
-		old.failing = true
-		old.ep.Close()
+	if old != nil {
+		old.quiet = true
+		s.failLocked(p, old, errors.New("replaced by a new connection"))
 	}
 }
 
@@ -414,7 +414,8 @@ func (s *SubDevice) Disconnect(ctx context.Context, r sdi.Rank) error {
 }
 
 // byeLocked tells the peer this end goes, if a control slot is left for
-// it, and closes the connection. Without one the peer sees a failure.
+// it, and closes the connection once the goodbye has left: closing at once
+// would flush it unsent. Without a slot the peer sees a failure instead.
 func (s *SubDevice) byeLocked(p *peer, c *conn) {
 	if c.failing {
 		return
@@ -423,11 +424,11 @@ func (s *SubDevice) byeLocked(p *peer, c *conn) {
 	c.quiet = true
 	if c.ctlCredits > 0 && len(c.freeSend) > 0 {
 		c.ctlCredits--
+		c.byeSlot = c.freeSend[len(c.freeSend)-1]
 		s.postLocked(p, c, kindBye, nil)
+		return
 	}
-	// Closing at once could flush the bye before it leaves; the provider
-	// sends what is posted before it disconnects.
-	c.ep.Close()
+	c.closeEPLocked()
 }
 
 // Send sends one frame: eagerly into a slot the peer posted, or, when
