@@ -47,7 +47,8 @@ type conn struct {
 	sbuf []byte // send slots, as many
 	rreg Region
 	sreg Region
-	cq   int // completion queue entries reserved for the conn; guarded by s.mu
+	cq   int           // completion queue entries reserved for the conn; guarded by s.mu
+	gone chan struct{} // closed when finish is done with the conn
 
 	// Guarded by p.mu.
 	freeSend    []int
@@ -66,7 +67,8 @@ type conn struct {
 	credits, ctlCredits int
 	owed, ctlOwed       int
 	fins                []uint64      // reads done whose fin waits for a credit
-	drained             chan struct{} // closed when large empties, for Flush
+	unfinished          int           // frames of large whose SendDone has not returned
+	drained             chan struct{} // closed when unfinished drops to 0, for Flush
 
 	// Owned by the progress lock holder.
 	queue   []*inbound          // frames not yet delivered, in order, while a read is ahead
@@ -105,7 +107,7 @@ func (s *SubDevice) newConn(p *peer) *conn {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.nextID++
-	c := &conn{id: s.nextID, p: p, byeSlot: -1, large: make(map[uint64]Region), reads: make(map[uint64]*inbound)}
+	c := &conn{id: s.nextID, p: p, byeSlot: -1, gone: make(chan struct{}), large: make(map[uint64]Region), reads: make(map[uint64]*inbound)}
 	s.conns[c.id] = c
 	return c
 }
@@ -192,7 +194,8 @@ func (s *SubDevice) retire(c *conn) {
 // finish releases a conn whose work has all completed: its regions, the
 // frames the peer was to read (failed), the frames it was reading (dropped,
 // their places no longer written). It reports the peer down if c was the
-// peer's connection and did not end in a goodbye.
+// peer's connection and did not end in a goodbye, and whenever a place was
+// being filled: the report is what ends a place.
 func (s *SubDevice) finish(c *conn) {
 	s.mu.Lock()
 	if _, ok := s.conns[c.id]; !ok {
@@ -204,16 +207,28 @@ func (s *SubDevice) finish(c *conn) {
 	closing := s.closed
 	s.mu.Unlock()
 
+	// No completion of c is left to come, so nothing else touches the
+	// state the progress lock holder owns.
+	placing := false
+	for _, in := range c.queue {
+		if in.reg != nil {
+			in.reg.Close()
+			placing = true
+		}
+	}
+	c.queue, c.reads = nil, nil
+	for _, r := range []Region{c.rreg, c.sreg} {
+		if r != nil {
+			r.Close()
+		}
+	}
+
 	p := c.p
 	p.mu.Lock()
 	large := c.large
 	c.large = nil
-	if c.drained != nil {
-		close(c.drained)
-		c.drained = nil
-	}
-	report := p.c == c && !c.quiet && !closing
-	if p.c == c {
+	current := p.c == c
+	if current {
 		p.c = nil
 		if p.state == stateUp {
 			p.state = stateDown
@@ -221,6 +236,7 @@ func (s *SubDevice) finish(c *conn) {
 	}
 	err, quiet := c.err, c.quiet
 	p.mu.Unlock()
+	report := !closing && (current && !quiet || placing)
 
 	switch {
 	case closing:
@@ -230,17 +246,6 @@ func (s *SubDevice) finish(c *conn) {
 	default:
 		err = fmt.Errorf("%s: connection to rank %d: %w: %w", s.info.Name, p.rank, sdi.ErrPeerUnreachable, err)
 	}
-	for _, in := range c.queue {
-		if in.reg != nil {
-			in.reg.Close()
-		}
-	}
-	c.queue, c.reads = nil, nil
-	for _, r := range []Region{c.rreg, c.sreg} {
-		if r != nil {
-			r.Close()
-		}
-	}
 	for token, reg := range large {
 		reg.Close()
 		s.h.SendDone(token, err)
@@ -249,4 +254,12 @@ func (s *SubDevice) finish(c *conn) {
 		s.log.Debug("peer down", "peer", p.rank, "error", err)
 		s.h.PeerDown(p.rank, err)
 	}
+	p.mu.Lock()
+	c.unfinished -= len(large)
+	if c.drained != nil { // after the SendDones, as Flush promises
+		close(c.drained)
+		c.drained = nil
+	}
+	close(c.gone)
+	p.mu.Unlock()
 }

@@ -26,19 +26,26 @@
 //
 // # Connections
 //
-// Connect dials; the request carries both ranks and a MAC over them keyed
-// by the job's secret, so a rank of another job or a stranger is refused.
+// A rank's business card wraps its provider's with its rank and a tag
+// keyed by the job's secret, so Connect turns away a card of another job
+// or rank at once. Connect dials; the request carries both ranks and a MAC
+// keyed by the secret, so a stranger that forged a card is refused too.
 // When two ranks dial each other at once, the lower rank's connection
 // wins: it refuses the higher rank's request, and the higher rank waits
-// for the lower rank's (and asks again after a while, for the case where
-// the lower rank still holds a connection that failed).
+// for the lower rank's. A refused rank waits a while and asks again until
+// its context ends: between ranks of one job a refusal only means "not
+// now" (a crossing request, or a connection the peer has yet to find dead).
 //
-// A connection fails on any failed work; its endpoint is closed so all
-// its work flushes, and only when the last of it has completed is the
-// peer reported down: no read writes into a place after that. Frames the
-// peer was still to read fail with their SendDone. Disconnect and Close say
-// goodbye first, so the peer drops the connection without reporting a
-// failure.
+// A peer has one connection at a time. A connection fails on any failed
+// work; its endpoint is closed so all its work flushes, and only when the
+// last of it has completed is the peer reported down, and only then may a
+// new connection to the peer begin: no read writes into a place after the
+// report, and no place of a new connection is ended by the old one's
+// report. Frames the peer was still to read fail with their SendDone. A
+// rank that dials while its peer still holds a connection tells the peer
+// that connection is dead. Disconnect and Close say goodbye first, so the
+// peer drops the connection without reporting a failure, unless a place
+// was being filled.
 //
 // # Progress
 //

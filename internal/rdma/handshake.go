@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -69,4 +70,49 @@ func checkPrivate(b, secret []byte, job string, me sdi.Rank, size int) (sdi.Rank
 		return 0, fmt.Errorf("connection request from rank %d, outside a job of %d ranks", from, size)
 	}
 	return from, nil
+}
+
+// The business card the engine publishes wraps the provider's:
+//
+//	0   "MDRC"      4 bytes
+//	4   rank        4 bytes
+//	8   tag         8 bytes  HMAC-SHA256(secret, job ID, "card", rank), truncated
+//	16  the provider's card
+//
+// so that Connect turns away the card of another job, or of another rank,
+// at once: a refusal by a rank of this job means "not now" and is retried,
+// which a card that can never work must not cost.
+const (
+	cardHead = 16
+	cardTag  = 8
+)
+
+var cardMagic = [4]byte{'M', 'D', 'R', 'C'}
+
+func cardMAC(secret []byte, job string, r sdi.Rank) []byte {
+	var b [4]byte
+	binary.LittleEndian.PutUint32(b[:], uint32(r))
+	return handshakeMAC(secret, job, append([]byte("card"), b[:]...))[:cardTag]
+}
+
+func makeCard(secret []byte, job string, me sdi.Rank, prov []byte) []byte {
+	b := make([]byte, cardHead, cardHead+len(prov))
+	copy(b, cardMagic[:])
+	binary.LittleEndian.PutUint32(b[4:], uint32(me))
+	copy(b[8:], cardMAC(secret, job, me))
+	return append(b, prov...)
+}
+
+// openCard returns the provider's card inside peer's business card, or
+// says why the card is not peer's in this job.
+func openCard(b, secret []byte, job string, peer sdi.Rank) ([]byte, error) {
+	switch {
+	case len(b) <= cardHead || [4]byte(b[:4]) != cardMagic:
+		return nil, fmt.Errorf("card %x is not a multidevice rdma card", b[:min(len(b), 8)])
+	case sdi.Rank(binary.LittleEndian.Uint32(b[4:])) != peer:
+		return nil, fmt.Errorf("the card is rank %d's, not rank %d's", binary.LittleEndian.Uint32(b[4:]), peer)
+	case !hmac.Equal(b[8:cardHead], cardMAC(secret, job, peer)):
+		return nil, errors.New("the card is of another job")
+	}
+	return b[cardHead:], nil
 }

@@ -32,18 +32,20 @@ func (s *SubDevice) complete(cp Completion) {
 	}
 	kind, idx := splitWR(cp.WR)
 	if cp.Err != nil {
-		p := c.p
-		p.mu.Lock()
-		c.outstanding--
-		s.failLocked(p, c, fmt.Errorf("%s %w", cp.Op, cp.Err))
-		done := c.outstanding == 0
-		p.mu.Unlock()
+		// The read's bookkeeping goes first: once outstanding reaches 0
+		// another goroutine may finish c.
 		if kind == wrRead {
 			if in := c.reads[uint64(idx)]; in != nil {
 				in.pending--
 				delete(c.reads, uint64(idx))
 			}
 		}
+		p := c.p
+		p.mu.Lock()
+		c.outstanding--
+		s.failLocked(p, c, fmt.Errorf("%s %w", cp.Op, cp.Err))
+		done := c.outstanding == 0
+		p.mu.Unlock()
 		if done {
 			s.finish(c)
 		}
@@ -115,10 +117,6 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 			err = fmt.Errorf("%w: fin for frame %d, which is not being read", sdi.ErrBadFrame, m.token)
 		} else {
 			delete(c.large, m.token)
-			if len(c.large) == 0 && c.drained != nil {
-				close(c.drained)
-				c.drained = nil
-			}
 		}
 	}
 	if err == nil && m.kind == kindBye {
@@ -155,6 +153,13 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 	case kindFIN:
 		reg.Close()
 		s.h.SendDone(m.token, nil)
+		p.mu.Lock()
+		c.unfinished--
+		if c.unfinished == 0 && c.drained != nil { // after the SendDone, as Flush promises
+			close(c.drained)
+			c.drained = nil
+		}
+		p.mu.Unlock()
 	}
 
 	p.mu.Lock()

@@ -162,7 +162,7 @@ func (s *SubDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, erro
 		Reach:       sdi.ReachNetwork,
 		Flags:       sdi.FlagReliable | sdi.FlagOrdered | sdi.FlagPoll,
 	}
-	return sdi.Local{Addr: prov.Card(), Caps: caps}, nil
+	return sdi.Local{Addr: makeCard(s.secret, s.job, s.me, prov.Card()), Caps: caps}, nil
 }
 
 func cmp0[T comparable](v, def T) T {
@@ -192,6 +192,10 @@ func (s *SubDevice) peerOf(what string, r sdi.Rank) (*peer, error) {
 // Connect connects to peer unless a connection is up. When both ranks dial
 // at once, the lower rank's connection is kept: it refuses the higher
 // rank's request, and the higher rank waits for the lower rank's.
+//
+// A peer has one connection at a time: a new one is not begun while the
+// last one's work is still flushing, so that its failure is reported
+// before a new connection gives places for the peer's frames.
 func (s *SubDevice) Connect(ctx context.Context, r sdi.Rank, card []byte) error {
 	p, err := s.peerOf("connect", r)
 	if err != nil {
@@ -203,9 +207,8 @@ func (s *SubDevice) Connect(ctx context.Context, r sdi.Rank, card []byte) error 
 		if !crossed {
 			return err
 		}
-		// Refused by the lower rank: its own request is on the way, or
-		// it still holds a connection whose failure it has not seen.
-		// Wait for its request a while, then ask again.
+		// Refused: wait a while for the peer's own request, then ask
+		// again.
 		up, err := s.awaitUp(ctx, p, wait)
 		if up || err != nil {
 			return err
@@ -214,18 +217,44 @@ func (s *SubDevice) Connect(ctx context.Context, r sdi.Rank, card []byte) error 
 	}
 }
 
-// connectOnce dials peer once. crossed reports a refusal by the lower
-// rank, after which the caller waits for that rank's request.
+// settleLocked ends an attempt to connect: the state becomes st and those
+// waiting for the attempt wake.
+func settleLocked(p *peer, st connState) {
+	p.state = st
+	select {
+	case <-p.settled:
+	default:
+		close(p.settled)
+	}
+}
+
+func (s *SubDevice) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
+}
+
+// connectOnce dials peer once. crossed reports a refusal, after which the
+// caller waits for the peer's own request a while and asks again.
 func (s *SubDevice) connectOnce(ctx context.Context, p *peer, card []byte) (err error, crossed bool) {
 	r := p.rank
+	closedErr := fmt.Errorf("%s: connect to rank %d: %w", s.info.Name, r, sdi.ErrClosed)
 	for {
+		if s.isClosed() {
+			return closedErr, false
+		}
 		p.mu.Lock()
-		switch p.state {
-		case stateUp:
+		var ch chan struct{}
+		switch {
+		case p.state == stateUp:
 			p.mu.Unlock()
 			return nil, false
-		case stateDialing, stateAccepting, stateAwaiting:
-			ch := p.settled
+		case p.state == stateDialing || p.state == stateAccepting || p.state == stateAwaiting:
+			ch = p.settled
+		case p.c != nil: // the last connection is still flushing
+			ch = p.c.gone
+		}
+		if ch != nil {
 			p.mu.Unlock()
 			select {
 			case <-ch:
@@ -239,41 +268,56 @@ func (s *SubDevice) connectOnce(ctx context.Context, p *peer, card []byte) (err 
 		p.mu.Unlock()
 		break
 	}
-	c := s.newConn(p)
-	ep, err := s.prov.Dial(ctx, card, makePrivate(s.secret, s.job, s.me, r), c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
+	pcard, err := openCard(card, s.secret, s.job, r)
 	if err != nil {
+		p.mu.Lock()
+		settleLocked(p, stateDown)
+		p.mu.Unlock()
+		return fmt.Errorf("%s: connect to rank %d: %w: %w", s.info.Name, r, sdi.ErrPeerUnreachable, err), false
+	}
+	c := s.newConn(p)
+	_, err = s.prov.Dial(ctx, pcard, makePrivate(s.secret, s.job, s.me, r), c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
+	closed := s.isClosed()
+	if err != nil || closed {
 		s.retire(c)
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	switch {
+	case closed:
+		if p.state == stateDialing {
+			settleLocked(p, stateGone)
+		}
+		return closedErr, false
 	case err == nil && p.state == stateDialing:
-		c.ep = ep
-		s.upLocked(p, c)
-		p.mu.Unlock()
+		if up := s.upLocked(p, c); !up {
+			return fmt.Errorf("%s: connect to rank %d: the connection failed as it came up: %w: %w", s.info.Name, r, sdi.ErrPeerUnreachable, c.err), false
+		}
 		return nil, false
 	case err == nil:
 		// Defensive: a crossing request cannot win while we dial (the
 		// lower rank refuses the higher's), but if one did, ours goes.
 		p.mu.Unlock()
 		s.retire(c)
+		p.mu.Lock()
 		return nil, false
 	case p.state == stateUp:
-		p.mu.Unlock()
 		return nil, false
 	case p.state == stateAccepting:
 		p.mu.Unlock()
 		_, err := s.awaitUp(ctx, p, 0)
+		p.mu.Lock()
 		return err, false
-	case p.state == stateDialing && errors.Is(err, ErrRejected) && r < s.me && ctx.Err() == nil:
+	case p.state == stateDialing && errors.Is(err, ErrRejected) && ctx.Err() == nil:
+		// Every refusal of a rank of this job passes: the lower rank's
+		// own request is on the way, or the peer still holds a
+		// connection it is about to find dead, or one still flushing.
 		p.state = stateAwaiting
-		p.mu.Unlock()
 		return err, true
 	}
 	if p.state == stateDialing {
-		p.state = stateDown
-		close(p.settled)
+		settleLocked(p, stateDown)
 	}
-	p.mu.Unlock()
 	return fmt.Errorf("%s: connect to rank %d: %w: %w", s.info.Name, r, sdi.ErrPeerUnreachable, err), false
 }
 
@@ -295,16 +339,18 @@ func (s *SubDevice) awaitUp(ctx context.Context, p *peer, d time.Duration) (bool
 	case <-timeout:
 	case <-ctx.Done():
 	}
+	if s.isClosed() {
+		return false, fmt.Errorf("%s: connect to rank %d: %w", s.info.Name, p.rank, sdi.ErrClosed)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	switch p.state {
 	case stateUp:
 		return true, nil
 	case stateAwaiting:
-		p.state = stateDown
-		close(p.settled)
+		settleLocked(p, stateDown)
 		if ctx.Err() != nil {
-			return false, fmt.Errorf("%s: connect to rank %d: refused, and its own connection never came (a rank of another job, or another secret?): %w: %w", s.info.Name, p.rank, sdi.ErrPeerUnreachable, ErrRejected)
+			return false, fmt.Errorf("%s: connect to rank %d: refused until the time to connect ran out (a rank of another job, or another secret?): %w: %w", s.info.Name, p.rank, sdi.ErrPeerUnreachable, ErrRejected)
 		}
 		return false, nil
 	case stateAccepting:
@@ -338,6 +384,20 @@ func (s *SubDevice) answer(req Request) {
 	}
 	p.mu.Lock()
 	switch {
+	case p.state == stateAccepting:
+		p.mu.Unlock()
+		req.Reject()
+		return
+	case p.state == stateUp && s.me > from:
+		// The lower rank dials while we hold a connection: it cannot be
+		// crossing ours (the lower rank refuses crossing requests), so
+		// the peer has lost the connection. Fail it here too, which
+		// reports the peer down once its work has flushed; the peer's
+		// next request finds it gone.
+		s.failLocked(p, p.c, fmt.Errorf("rank %d dialed again: it lost the connection", from))
+		p.mu.Unlock()
+		req.Reject()
+		return
 	case (p.state == stateDialing || p.state == stateUp) && s.me < from:
 		// Our own request to the higher rank wins, whether it is still
 		// out or already through: a request from a higher rank that
@@ -345,7 +405,8 @@ func (s *SubDevice) answer(req Request) {
 		p.mu.Unlock()
 		req.Reject()
 		return
-	case p.state == stateAccepting:
+	case p.c != nil:
+		// The last connection is still flushing; the peer asks again.
 		p.mu.Unlock()
 		req.Reject()
 		return
@@ -358,37 +419,42 @@ func (s *SubDevice) answer(req Request) {
 	p.mu.Unlock()
 
 	c := s.newConn(p)
-	ep, err := req.Accept(c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
-	p.mu.Lock()
-	if err != nil {
-		p.state = stateDown
-		close(p.settled)
+	_, err = req.Accept(c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
+	closed := s.isClosed()
+	if err != nil || closed {
+		st := stateDown
+		if closed {
+			st = stateGone
+		}
+		p.mu.Lock()
+		settleLocked(p, st)
 		p.mu.Unlock()
-		s.log.Warn("accepting a connection failed", "peer", from, "error", err)
+		if err != nil {
+			s.log.Warn("accepting a connection failed", "peer", from, "error", err)
+		}
 		s.retire(c)
 		return
 	}
-	c.ep = ep
+	p.mu.Lock()
 	s.upLocked(p, c)
 	p.mu.Unlock()
 }
 
-// upLocked makes c the peer's connection. A connection it replaces (the
-// peer reconnected before this rank saw the old one fail) is closed
-// without a report: the peer is up.
-func (s *SubDevice) upLocked(p *peer, c *conn) {
-	old := p.c
+// upLocked makes c the peer's connection, unless it failed on the way up;
+// then the peer is down and c finishes like any failed connection.
+func (s *SubDevice) upLocked(p *peer, c *conn) bool {
+	if c.failing {
+		p.downErr = c.err
+		settleLocked(p, stateDown)
+		return false
+	}
 	p.c = c
-	p.state = stateUp
-	close(p.settled)
+	settleLocked(p, stateUp)
 	// Frames that came before the connection was ours owe the peer
 	// their slots, and it may be out of credits and silent till it
 	// hears of them.
 	s.sendOwedLocked(p, c)
-	if old != nil {
-		old.quiet = true
-		s.failLocked(p, old, errors.New("replaced by a new connection"))
-	}
+	return true
 }
 
 // Disconnect flushes the frames for peer, says goodbye and closes the
@@ -475,6 +541,7 @@ func (s *SubDevice) Send(f *sdi.Frame) (bool, error) {
 	if err != nil || p.c != c || c.failing {
 		c.freeSend = append(c.freeSend, slot)
 		c.credits++
+		s.sendOwedLocked(p, c) // a fin may have queued behind the credit
 		if err != nil {
 			return false, fmt.Errorf("%s: send to rank %d: register %d bytes: %w", s.info.Name, f.Peer, len(f.Payload), err)
 		}
@@ -482,6 +549,7 @@ func (s *SubDevice) Send(f *sdi.Frame) (bool, error) {
 		return false, fmt.Errorf("%s: send to rank %d: connection failed: %w", s.info.Name, f.Peer, sdi.ErrPeerUnreachable)
 	}
 	c.large[f.Token] = reg
+	c.unfinished++
 	s.postSlotLocked(p, c, slot, kindRTS, f, reg)
 	return false, nil
 }
@@ -535,7 +603,7 @@ func (s *SubDevice) Flush(ctx context.Context, r sdi.Rank) error {
 	for {
 		p.mu.Lock()
 		c := p.c
-		if c == nil || len(c.large) == 0 {
+		if c == nil || c.unfinished == 0 {
 			p.mu.Unlock()
 			return nil
 		}
@@ -563,25 +631,47 @@ func (s *SubDevice) Poll() int {
 }
 
 // run drives progress while nobody polls: it drains the completion queue
-// and, when that is empty, arms it and sleeps in the provider's Wait.
+// and, when that is empty, arms it and sleeps in the provider's Wait. The
+// drain after arming takes the progress lock even when a poller holds it:
+// a completion that came before the arming does not wake Wait, and the
+// poller may have taken its batch before that completion came.
 func (s *SubDevice) run(ctx context.Context) {
 	defer s.wg.Done()
+	pause := time.Millisecond
 	for ctx.Err() == nil {
 		if s.Poll() > 0 {
 			continue
 		}
 		if err := s.prov.Arm(); err != nil {
 			s.log.Error("arming the completion queue failed", "error", err)
-			return
+			pause = s.nap(ctx, pause)
+			continue
 		}
-		if s.Poll() > 0 {
+		s.progress.Lock()
+		n := s.drain()
+		s.progress.Unlock()
+		if n > 0 {
 			continue
 		}
 		if err := s.prov.Wait(ctx); err != nil && ctx.Err() == nil {
 			s.log.Error("waiting for completions failed", "error", err)
-			return
+			pause = s.nap(ctx, pause)
+			continue
 		}
+		pause = time.Millisecond
 	}
+}
+
+// nap waits out a failing provider call, longer each time up to a second,
+// so that a provider that fails for good is not spun on.
+func (s *SubDevice) nap(ctx context.Context, d time.Duration) time.Duration {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return min(2*d, time.Second)
 }
 
 // Close says goodbye to every peer, waits for their connections' work to
@@ -606,6 +696,9 @@ func (s *SubDevice) Close(ctx context.Context) error {
 		if c := p.c; c != nil {
 			c.quiet = true
 			s.byeLocked(p, c)
+		}
+		if p.settled != nil {
+			settleLocked(p, stateGone)
 		}
 		p.state = stateGone
 		p.mu.Unlock()

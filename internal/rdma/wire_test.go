@@ -138,3 +138,52 @@ func TestHandshake(t *testing.T) {
 		})
 	}
 }
+
+func TestCard(t *testing.T) {
+	secret, job := []byte("secret"), "job"
+	card := makeCard(secret, job, 3, []byte("provider"))
+	if prov, err := openCard(card, secret, job, 3); err != nil || string(prov) != "provider" {
+		t.Fatalf("a good card: %q, %v", prov, err)
+	}
+	for _, tc := range []struct {
+		name   string
+		b      []byte
+		secret string
+		job    string
+		peer   sdi.Rank
+	}{
+		{"empty", nil, "secret", "job", 3},
+		{"no provider card", card[:cardHead], "secret", "job", 3},
+		{"not ours", []byte("tcp card, long enough to look like one"), "secret", "job", 3},
+		{"another rank's", card, "secret", "job", 2},
+		{"another job's", card, "secret", "job2", 3},
+		{"another secret's", card, "other", "job", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := openCard(tc.b, []byte(tc.secret), tc.job, tc.peer); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+// FuzzOpenCard: any bytes as a peer's card give a provider card or an
+// error, never a panic; a card made for a rank opens for that rank only.
+func FuzzOpenCard(f *testing.F) {
+	f.Add(makeCard([]byte("s"), "j", 1, []byte{1, 2, 3}), int32(1), []byte{9})
+	f.Add([]byte("MDRC"), int32(0), []byte(nil))
+	f.Fuzz(func(t *testing.T, raw []byte, rank int32, prov []byte) {
+		openCard(raw, []byte("s"), "j", sdi.Rank(rank))
+		if len(prov) == 0 {
+			return
+		}
+		card := makeCard([]byte("s"), "j", sdi.Rank(rank), prov)
+		got, err := openCard(card, []byte("s"), "j", sdi.Rank(rank))
+		if err != nil || !bytes.Equal(got, prov) {
+			t.Fatalf("card for rank %d with %x: %x, %v", rank, prov, got, err)
+		}
+		if _, err := openCard(card, []byte("s"), "j", sdi.Rank(rank)+1); err == nil {
+			t.Fatalf("card for rank %d opened for rank %d", rank, rank+1)
+		}
+	})
+}
