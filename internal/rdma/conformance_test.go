@@ -24,18 +24,25 @@ func newSoft(fab *softrdma.Fabric, set rdma.Settings) *rdma.SubDevice {
 }
 
 func TestConformance(t *testing.T) {
+	tight := rdma.Limits{MaxSendWR: 64, MaxRecvWR: 64, MaxMsg: 64 << 10, MaxPrivate: 56, CQSize: 4096}
 	for _, tc := range []struct {
-		name string
-		set  rdma.Settings
-		lim  rdma.Limits
+		name     string
+		set      rdma.Settings
+		lim      rdma.Limits
+		deferred bool
 	}{
-		{"default", rdma.Settings{}, rdma.Limits{}},
+		{"default", rdma.Settings{}, rdma.Limits{}, false},
 		// Few slots and small eager frames: credits run out and most
 		// frames go by read, in several pieces each.
-		{"tight", rdma.Settings{EagerBytes: 256, RecvSlots: 4}, rdma.Limits{MaxSendWR: 64, MaxRecvWR: 64, MaxMsg: 64 << 10, MaxPrivate: 56, CQSize: 4096}},
+		{"tight", rdma.Settings{EagerBytes: 256, RecvSlots: 4}, tight, false},
+		// Work done behind the engine's back, as a device does it: a
+		// buffer reused or released before its completion shows.
+		{"deferred", rdma.Settings{}, rdma.Limits{}, true},
+		{"tight-deferred", rdma.Settings{EagerBytes: 256, RecvSlots: 4}, tight, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fab := softrdma.New(tc.lim)
+			fab.Deferred = tc.deferred
 			sditest.Run(t, sditest.Harness{
 				New:   func(testing.TB) sdi.SubDevice { return newSoft(fab, tc.set) },
 				Peers: 3,

@@ -31,8 +31,15 @@ func ctxT(t testing.TB) context.Context {
 // from empty to above MaxFrame both ways at once, then the ranks reduce a
 // vector large enough for the multidevice's rendezvous.
 func TestJobOverSoft(t *testing.T) {
+	for _, deferred := range []bool{false, true} {
+		t.Run(fmt.Sprintf("deferred=%v", deferred), func(t *testing.T) { jobOverSoft(t, deferred) })
+	}
+}
+
+func jobOverSoft(t *testing.T, deferred bool) {
 	const n = 3
 	fab := softrdma.New(rdma.Limits{})
+	fab.Deferred = deferred
 	boots, err := bootstrap.InProcess(n, func(r int) string { return fmt.Sprint("host", r) })
 	if err != nil {
 		t.Fatal(err)
@@ -474,4 +481,42 @@ func TestEarlyFramesCounted(t *testing.T) {
 		}
 	}
 	hs[1].await(t, "every frame", func() bool { return len(hs[1].frames) == frames })
+}
+
+// TestCloseIsQuiet: a rank that closes says goodbye, and its peer drops
+// the connection without reporting a failure, even where the device does
+// work after it is posted and flushes what a closing connection has not
+// yet sent.
+func TestCloseIsQuiet(t *testing.T) {
+	fab := softrdma.New(rdma.Limits{})
+	fab.Deferred = true
+	hs := [2]*recorder{newRecorder(false), newRecorder(false)}
+	sds, cards := pair(t, fab, [2]string{"s", "s"}, hs)
+	if err := sds[0].Connect(ctxT(t), 1, cards[1]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("h"), Payload: []byte("hello")}); err != nil {
+		t.Fatal(err)
+	}
+	hs[1].await(t, "the frame", func() bool { return len(hs[1].frames) == 1 })
+	if err := sds[0].Close(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := sds[1].Send(&sdi.Frame{Peer: 0, Header: []byte("h")})
+		if errors.Is(err, sdi.ErrPeerUnreachable) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 1 still sends to the closed rank 0: %v", err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // a report, if one were coming
+	hs[1].mu.Lock()
+	defer hs[1].mu.Unlock()
+	if len(hs[1].down) != 0 {
+		t.Fatal("rank 1 reported rank 0 down after rank 0 closed in order")
+	}
 }

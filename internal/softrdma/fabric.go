@@ -31,6 +31,10 @@ type Fabric struct {
 	byCard  map[uint32]*Provider
 	regions map[uint32]*region // by rkey, over every provider
 	limits  rdma.Limits
+	queue   []func() // posted work not yet done, on a deferred fabric
+	// Deferred makes posted sends and reads happen at the next Poll of
+	// any provider instead of at once. Set it before opening providers.
+	Deferred bool
 	// Violations counts breaches of the hardware's rules (above); a
 	// correct engine leaves it at zero.
 	Violations atomic.Int64
@@ -145,6 +149,10 @@ func (p *Provider) pushLocked(c rdma.Completion) {
 		p.f.violateLocked("completion queue of %d entries overrun", p.f.limits.CQSize)
 	}
 	p.cq = append(p.cq, c)
+	p.wakeLocked()
+}
+
+func (p *Provider) wakeLocked() {
 	if p.armed {
 		p.armed = false
 		select {
@@ -159,6 +167,7 @@ func (p *Provider) Poll(cs []rdma.Completion) (int, error) {
 	f := p.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.pumpLocked()
 	n := copy(cs, p.cq)
 	p.cq = p.cq[:copy(p.cq, p.cq[n:])]
 	return n, nil
@@ -381,30 +390,43 @@ func (e *endpoint) PostSend(wr uint64, r rdma.Region, off, n int) error {
 	if n > f.limits.MaxMsg {
 		return fmt.Errorf("softrdma: post send of %d bytes, at most %d", n, f.limits.MaxMsg)
 	}
+	f.startLocked(e, func() { e.sendLocked(wr, rg, off, n) })
+	return nil
+}
+
+// sendLocked carries out a posted send.
+func (e *endpoint) sendLocked(wr uint64, rg *region, off, n int) {
+	f := e.p.f
+	if e.dead {
+		e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpSend, Err: rdma.ErrFlushed})
+		return
+	}
+	if rg.closed {
+		f.violateLocked("send of %d bytes from endpoint %d out of a region deregistered before the send was done", n, e.id)
+	}
 	q := e.peer
 	if q == nil || q.dead {
 		e.breakLocked()
 		e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpSend, Err: rdma.ErrFlushed})
-		return nil
+		return
 	}
 	if len(q.recvs) == 0 {
 		f.violateLocked("send of %d bytes from endpoint %d: no receive posted at the peer", n, e.id)
 		e.breakLocked()
 		e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpSend, Err: errors.New("softrdma: receiver not ready")})
-		return nil
+		return
 	}
 	rv := q.recvs[0]
 	if n > rv.n {
 		f.violateLocked("send of %d bytes from endpoint %d into a receive of %d", n, e.id, rv.n)
 		e.breakLocked()
 		e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpSend, Err: errors.New("softrdma: receive too small")})
-		return nil
+		return
 	}
 	q.recvs = q.recvs[1:]
 	copy(rv.r.buf[rv.off:rv.off+n], rg.buf[off:off+n])
 	q.p.pushLocked(rdma.Completion{Endpoint: q.id, WR: rv.wr, Op: rdma.OpRecv, Len: n})
 	e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpSend})
-	return nil
 }
 
 func (e *endpoint) PostRead(wr uint64, r rdma.Region, off, n int, raddr uint64, rkey uint32) error {
@@ -422,6 +444,20 @@ func (e *endpoint) PostRead(wr uint64, r rdma.Region, off, n int, raddr uint64, 
 	if n > f.limits.MaxMsg {
 		return fmt.Errorf("softrdma: post read of %d bytes, at most %d", n, f.limits.MaxMsg)
 	}
+	f.startLocked(e, func() { e.readLocked(wr, rg, off, n, raddr, rkey) })
+	return nil
+}
+
+// readLocked carries out a posted read.
+func (e *endpoint) readLocked(wr uint64, rg *region, off, n int, raddr uint64, rkey uint32) {
+	f := e.p.f
+	if e.dead {
+		e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpRead, Err: rdma.ErrFlushed})
+		return
+	}
+	if rg.closed {
+		f.violateLocked("read of %d bytes by endpoint %d into a region deregistered before the read was done", n, e.id)
+	}
 	src, ok := f.regions[rkey]
 	var base uint64
 	if ok {
@@ -431,12 +467,35 @@ func (e *endpoint) PostRead(wr uint64, r rdma.Region, off, n int, raddr uint64, 
 		f.violateLocked("read of %d bytes at %#x with rkey %d from endpoint %d: no such remote region", n, raddr, rkey, e.id)
 		e.breakLocked()
 		e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpRead, Err: errors.New("softrdma: remote access error")})
-		return nil
+		return
 	}
 	at := raddr - base
 	copy(rg.buf[off:off+n], src.buf[at:at+uint64(n)])
 	e.p.pushLocked(rdma.Completion{Endpoint: e.id, WR: wr, Op: rdma.OpRead})
-	return nil
+}
+
+// startLocked carries out posted work at once, or, on a deferred fabric,
+// queues it for the next Poll of any provider, as a device works behind
+// the poster's back: a buffer reused or deregistered before the work's
+// completion then shows.
+func (f *Fabric) startLocked(e *endpoint, work func()) {
+	if !f.Deferred {
+		work()
+		return
+	}
+	f.queue = append(f.queue, work)
+	e.p.wakeLocked() // its progress will poll, and the poll does the work
+}
+
+// pumpLocked does the queued work, in the order it was posted.
+func (f *Fabric) pumpLocked() {
+	for len(f.queue) > 0 {
+		q := f.queue
+		f.queue = nil
+		for _, w := range q {
+			w()
+		}
+	}
 }
 
 // Close disconnects both ends.
