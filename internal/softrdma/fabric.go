@@ -5,9 +5,12 @@
 // it: a send that finds no receive posted, a read outside a registered
 // region or of a region already deregistered, and work posted on a closed
 // endpoint fail the endpoint, both ends, with flushed completions, as a
-// reliable connection does. Bytes move when the work is posted; the
-// completions come through the completion queue as they would from a
-// device.
+// reliable connection does. Bytes move when the work is posted, or, on a
+// Deferred fabric, at the next Poll of any provider, as a device works
+// behind the poster's back: a buffer reused or deregistered before its
+// completion then shows, and so does work that an endpoint's close
+// flushes before it was done. The completions come through the
+// completion queue as they would from a device.
 package softrdma
 
 import (
