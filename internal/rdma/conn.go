@@ -184,11 +184,7 @@ func (s *SubDevice) retire(c *conn) {
 	p.mu.Lock()
 	c.quiet = true
 	s.failLocked(p, c, errors.New("connection not used"))
-	done := c.outstanding == 0
-	p.mu.Unlock()
-	if done {
-		s.finish(c)
-	}
+	s.unlockFinishing(p, c)
 }
 
 // finish releases a conn whose work has all completed: its regions, the
@@ -262,4 +258,14 @@ func (s *SubDevice) finish(c *conn) {
 	}
 	close(c.gone)
 	p.mu.Unlock()
+}
+
+// unlockFinishing releases p.mu and finishes c if it failed and none of
+// its work is left outstanding.
+func (s *SubDevice) unlockFinishing(p *peer, c *conn) {
+	done := c.failing && c.outstanding == 0
+	p.mu.Unlock()
+	if done {
+		s.finish(c)
+	}
 }

@@ -2,6 +2,7 @@ package rdma_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -222,21 +223,46 @@ func (r *recorder) await(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// pair opens two subdevices on fab with the given secrets and handlers.
-func pair(t *testing.T, fab *softrdma.Fabric, secrets [2]string, hs [2]*recorder) ([2]*rdma.SubDevice, [2][]byte) {
+// rankSpec is one rank a test opens.
+type rankSpec struct {
+	prov   rdma.Provider
+	set    rdma.Settings
+	h      sdi.Handler
+	secret string // "s" when empty
+}
+
+// openRanks opens the ranks of one job, each a subdevice on its own
+// provider, and closes them when the test ends.
+func openRanks(t testing.TB, ranks ...rankSpec) ([]*rdma.SubDevice, [][]byte) {
 	t.Helper()
-	var sds [2]*rdma.SubDevice
-	var cards [2][]byte
-	for i := range sds {
-		sds[i] = newSoft(fab, rdma.Settings{})
-		l, err := sds[i].Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, JobID: "job", Secret: []byte(secrets[i]), APIVersion: sdi.APIVersion, Handler: hs[i], Logger: hclog.NewNullLogger()})
+	sds := make([]*rdma.SubDevice, len(ranks))
+	cards := make([][]byte, len(ranks))
+	t.Cleanup(func() {
+		for _, sd := range sds {
+			if sd != nil {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				sd.Close(ctx)
+				cancel()
+			}
+		}
+	})
+	for i, r := range ranks {
+		sd := rdma.New(sdi.Info{Name: "soft"}, func(context.Context, sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
+			return r.prov, r.set, nil
+		}, nil)
+		l, err := sd.Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: len(ranks), JobID: "j", Secret: []byte(cmp.Or(r.secret, "s")),
+			APIVersion: sdi.APIVersion, Handler: r.h, Logger: hclog.NewNullLogger()})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cards[i] = l.Addr
-		t.Cleanup(func() { sds[i].Close(context.Background()) })
+		sds[i], cards[i] = sd, l.Addr
 	}
 	return sds, cards
+}
+
+// pair opens two ranks on fab with the given secrets and handlers.
+func pair(t *testing.T, fab *softrdma.Fabric, secrets [2]string, hs [2]*recorder) ([]*rdma.SubDevice, [][]byte) {
+	return openRanks(t, rankSpec{prov: fab.Open(), h: hs[0], secret: secrets[0]}, rankSpec{prov: fab.Open(), h: hs[1], secret: secrets[1]})
 }
 
 // TestPlacedAndOrdered: a frame read into the handler's place is delivered
@@ -300,27 +326,9 @@ func TestPlacedAndOrdered(t *testing.T) {
 // back.
 func TestLinkFailure(t *testing.T) {
 	fab := softrdma.New(rdma.Limits{})
-	var provs []*softrdma.Provider
-	var mu sync.Mutex
-	open := func(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
-		pr := fab.Open()
-		mu.Lock()
-		provs = append(provs, pr)
-		mu.Unlock()
-		return pr, rdma.Settings{}, nil
-	}
+	provs := []*softrdma.Provider{fab.Open(), fab.Open()}
 	hs := [2]*recorder{newRecorder(false), newRecorder(false)}
-	var sds [2]*rdma.SubDevice
-	var cards [2][]byte
-	for i := range sds {
-		sds[i] = rdma.New(sdi.Info{Name: "soft"}, open, nil)
-		l, err := sds[i].Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, JobID: "j", Secret: []byte("s"), Handler: hs[i], Logger: hclog.NewNullLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cards[i] = l.Addr
-		defer sds[i].Close(context.Background())
-	}
+	sds, cards := openRanks(t, rankSpec{prov: provs[0], h: hs[0]}, rankSpec{prov: provs[1], h: hs[1]})
 	if err := sds[1].Connect(ctxT(t), 0, cards[0]); err != nil {
 		t.Fatal(err)
 	}
@@ -388,17 +396,11 @@ func TestCompletionQueueBound(t *testing.T) {
 	lim := softrdma.DefaultLimits
 	lim.CQSize = 30 // one connection of 4+4 slots needs 2*8+8
 	fab := softrdma.New(lim)
-	var sds [3]*rdma.SubDevice
-	var cards [3][]byte
-	for i := range sds {
-		sds[i] = newSoft(fab, rdma.Settings{RecvSlots: 4})
-		l, err := sds[i].Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: 3, JobID: "j", Secret: []byte("s"), Handler: newRecorder(false), Logger: hclog.NewNullLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cards[i] = l.Addr
-		defer sds[i].Close(context.Background())
+	var ranks []rankSpec
+	for range 3 {
+		ranks = append(ranks, rankSpec{prov: fab.Open(), set: rdma.Settings{RecvSlots: 4}, h: newRecorder(false)})
 	}
+	sds, cards := openRanks(t, ranks...)
 	if err := sds[0].Connect(ctxT(t), 1, cards[1]); err != nil {
 		t.Fatal(err)
 	}
@@ -446,21 +448,9 @@ func (r slowRequest) Accept(id uint32, setup func(rdma.Endpoint) error) (rdma.En
 func TestEarlyFramesCounted(t *testing.T) {
 	fab := softrdma.New(rdma.Limits{})
 	set := rdma.Settings{RecvSlots: 4}
-	open := func(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
-		return newSlowAccept(fab.Open()), set, nil
-	}
 	hs := [2]*recorder{newRecorder(false), newRecorder(false)}
-	var sds [2]*rdma.SubDevice
-	var cards [2][]byte
-	for i := range sds {
-		sds[i] = rdma.New(sdi.Info{Name: "soft"}, open, nil)
-		l, err := sds[i].Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, JobID: "j", Secret: []byte("s"), Handler: hs[i], Logger: hclog.NewNullLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cards[i] = l.Addr
-		defer sds[i].Close(context.Background())
-	}
+	sds, cards := openRanks(t, rankSpec{prov: newSlowAccept(fab.Open()), set: set, h: hs[0]},
+		rankSpec{prov: newSlowAccept(fab.Open()), set: set, h: hs[1]})
 	if err := sds[0].Connect(ctxT(t), 1, cards[1]); err != nil {
 		t.Fatal(err)
 	}

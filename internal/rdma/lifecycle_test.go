@@ -10,8 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-hclog"
-
 	"github.com/hpc-multidevice/multidevice/internal/rdma"
 	"github.com/hpc-multidevice/multidevice/internal/softrdma"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -88,29 +86,9 @@ func (r *wreq) Accept(id uint32, setup func(rdma.Endpoint) error) (rdma.Endpoint
 func wpair(t *testing.T, hs [2]sdi.Handler, set rdma.Settings) ([2]*rdma.SubDevice, [2][]byte, [2]*wprov) {
 	t.Helper()
 	fab := softrdma.New(rdma.Limits{})
-	var sds [2]*rdma.SubDevice
-	var cards [2][]byte
-	var ws [2]*wprov
-	for i := range sds {
-		ws[i] = wrap(fab.Open())
-		w := ws[i]
-		sds[i] = rdma.New(sdi.Info{Name: "soft"}, func(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
-			return w, set, nil
-		}, nil)
-		l, err := sds[i].Open(ctxT(t), sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, JobID: "j", Secret: []byte("s"), Handler: hs[i], Logger: hclog.NewNullLogger()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cards[i] = l.Addr
-	}
-	t.Cleanup(func() {
-		for _, sd := range sds {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			sd.Close(ctx)
-			cancel()
-		}
-	})
-	return sds, cards, ws
+	ws := [2]*wprov{wrap(fab.Open()), wrap(fab.Open())}
+	sds, cards := openRanks(t, rankSpec{prov: ws[0], set: set, h: hs[0]}, rankSpec{prov: ws[1], set: set, h: hs[1]})
+	return [2]*rdma.SubDevice(sds), [2][]byte(cards), ws
 }
 
 func sendWithin(sd *rdma.SubDevice, f *sdi.Frame, d time.Duration) (bool, error) {

@@ -44,11 +44,7 @@ func (s *SubDevice) complete(cp Completion) {
 		p.mu.Lock()
 		c.outstanding--
 		s.failLocked(p, c, fmt.Errorf("%s %w", cp.Op, cp.Err))
-		done := c.outstanding == 0
-		p.mu.Unlock()
-		if done {
-			s.finish(c)
-		}
+		s.unlockFinishing(p, c)
 		return
 	}
 	switch kind {
@@ -61,11 +57,7 @@ func (s *SubDevice) complete(cp Completion) {
 			c.closeEPLocked()
 		}
 		s.sendOwedLocked(p, c)
-		done := c.failing && c.outstanding == 0
-		p.mu.Unlock()
-		if done {
-			s.finish(c)
-		}
+		s.unlockFinishing(p, c)
 	case wrRecv:
 		s.arrived(c, idx, cp.Len)
 	case wrRead:
@@ -75,11 +67,7 @@ func (s *SubDevice) complete(cp Completion) {
 		p.mu.Lock()
 		c.outstanding--
 		s.failLocked(p, c, fmt.Errorf("completion of unknown work %#x", cp.WR))
-		done := c.outstanding == 0
-		p.mu.Unlock()
-		if done {
-			s.finish(c)
-		}
+		s.unlockFinishing(p, c)
 	}
 }
 
@@ -97,11 +85,7 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 	p.mu.Lock()
 	c.outstanding--
 	if c.failing {
-		done := c.outstanding == 0
-		p.mu.Unlock()
-		if done {
-			s.finish(c)
-		}
+		s.unlockFinishing(p, c)
 		return
 	}
 	if err == nil {
@@ -131,11 +115,7 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 		s.failLocked(p, c, err)
 	}
 	if c.failing {
-		done := c.outstanding == 0
-		p.mu.Unlock()
-		if done {
-			s.finish(c)
-		}
+		s.unlockFinishing(p, c)
 		return
 	}
 	p.mu.Unlock()
@@ -177,11 +157,7 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 			s.sendOwedLocked(p, c)
 		}
 	}
-	done := c.failing && c.outstanding == 0
-	p.mu.Unlock()
-	if done {
-		s.finish(c)
-	}
+	s.unlockFinishing(p, c)
 }
 
 func clone(b []byte) []byte { return append([]byte(nil), b...) }
@@ -255,11 +231,7 @@ func (s *SubDevice) startRead(c *conn, in *inbound) bool {
 	if err != nil {
 		p.mu.Lock()
 		s.failLocked(p, c, fmt.Errorf("register %d bytes to read into: %w", n, err))
-		done := c.outstanding == 0
-		p.mu.Unlock()
-		if done {
-			s.finish(c)
-		}
+		s.unlockFinishing(p, c)
 		return false
 	}
 	in.reg = reg
