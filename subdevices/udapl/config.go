@@ -1,11 +1,7 @@
 package udapl
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"math"
 	"strings"
 
@@ -41,29 +37,19 @@ type config struct {
 // rawConfig mirrors the JSON keys exactly, so unknown keys are rejected by
 // the decoder and every value can be checked with its key name.
 type rawConfig struct {
-	IA          *string `json:"ia"`
-	Port        *int64  `json:"port"`
-	EagerBytes  *int64  `json:"eager_bytes"`
-	RecvSlots   *int64  `json:"recv_slots"`
-	Exclusivity *int64  `json:"exclusivity"`
+	IA   *string `json:"ia"`
+	Port *int64  `json:"port"`
+	rdma.Keys
 }
 
 // parseConfig decodes the subdevice's config block. An empty block means all
 // defaults. Errors name the key and say what is accepted.
 func parseConfig(b []byte) (config, error) {
-	c := config{settings: rdma.Settings{Exclusivity: defaultExclusivity}}
-	if len(bytes.TrimSpace(b)) == 0 {
-		return c, nil
-	}
 	var raw rawConfig
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raw); err != nil {
-		return config{}, fmt.Errorf("udapl: config: %w (known keys: ia, port, eager_bytes, recv_slots, exclusivity)", err)
+	if err := rdma.DecodeConfig(b, &raw); err != nil {
+		return config{}, fmt.Errorf("udapl: config: %w (known keys: ia, port, %s)", err, rdma.KeyNames)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return config{}, errors.New("udapl: config: trailing data after the JSON object")
-	}
+	var c config
 	if raw.IA != nil {
 		name := *raw.IA
 		if name == "" || len(name) > maxIANameLen || strings.ContainsRune(name, 0) {
@@ -78,29 +64,9 @@ func parseConfig(b []byte) (config, error) {
 		}
 		c.port = uint16(p)
 	}
-	// The engine's own keys are checked by rdma.Settings.Validate, which
-	// names them; only values an int cannot hold are refused here.
-	if raw.EagerBytes != nil {
-		if *raw.EagerBytes < 0 || *raw.EagerBytes > math.MaxInt32 {
-			return config{}, fmt.Errorf("udapl: config: eager_bytes %d: must be in [%d, %d]", *raw.EagerBytes, rdma.MinEagerBytes, rdma.MaxEagerBytes)
-		}
-		c.settings.EagerBytes = int(*raw.EagerBytes)
-	}
-	if raw.RecvSlots != nil {
-		if *raw.RecvSlots < 0 || *raw.RecvSlots > math.MaxInt32 {
-			return config{}, fmt.Errorf("udapl: config: recv_slots %d: must be in [%d, %d]", *raw.RecvSlots, rdma.MinRecvSlots, rdma.MaxRecvSlots)
-		}
-		c.settings.RecvSlots = int(*raw.RecvSlots)
-	}
-	if err := c.settings.Validate(); err != nil {
+	var err error
+	if c.settings, err = raw.Settings(defaultExclusivity); err != nil {
 		return config{}, fmt.Errorf("udapl: config: %w", err)
-	}
-	if raw.Exclusivity != nil {
-		x := *raw.Exclusivity
-		if x < 1 || x > math.MaxUint32 {
-			return config{}, fmt.Errorf("udapl: config: exclusivity %d must be in [1, %d] (default %d: above tcp, below verbs)", x, uint32(math.MaxUint32), defaultExclusivity)
-		}
-		c.settings.Exclusivity = uint32(x)
 	}
 	return c, nil
 }

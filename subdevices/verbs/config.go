@@ -1,11 +1,8 @@
 package verbs
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/netip"
 
@@ -37,30 +34,20 @@ type config struct {
 // rawConfig mirrors the JSON keys exactly, so unknown keys are rejected by
 // the decoder and every value can be checked with its key name.
 type rawConfig struct {
-	Device      *string `json:"device"`
-	Port        *int64  `json:"port"`
-	Address     *string `json:"address"`
-	EagerBytes  *int    `json:"eager_bytes"`
-	RecvSlots   *int    `json:"recv_slots"`
-	Exclusivity *int64  `json:"exclusivity"`
+	Device  *string `json:"device"`
+	Port    *int64  `json:"port"`
+	Address *string `json:"address"`
+	rdma.Keys
 }
 
 // parseConfig decodes the subdevice's config block. An empty block means all
 // defaults. Errors name the key and say what is accepted.
 func parseConfig(b []byte) (config, error) {
-	c := config{settings: rdma.Settings{Exclusivity: defaultExclusivity}}
-	if len(bytes.TrimSpace(b)) == 0 {
-		return c, nil
-	}
 	var raw rawConfig
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&raw); err != nil {
-		return config{}, fmt.Errorf("verbs: config: %w (known keys: device, port, address, eager_bytes, recv_slots, exclusivity)", err)
+	if err := rdma.DecodeConfig(b, &raw); err != nil {
+		return config{}, fmt.Errorf("verbs: config: %w (known keys: device, port, address, %s)", err, rdma.KeyNames)
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return config{}, errors.New("verbs: config: trailing data after the JSON object")
-	}
+	var c config
 	if raw.Device != nil {
 		if err := checkDeviceName(*raw.Device); err != nil {
 			return config{}, fmt.Errorf("verbs: config: device %q: %w", *raw.Device, err)
@@ -84,21 +71,8 @@ func parseConfig(b []byte) (config, error) {
 		}
 		c.address = a.Unmap()
 	}
-	if raw.EagerBytes != nil {
-		c.settings.EagerBytes = *raw.EagerBytes
-	}
-	if raw.RecvSlots != nil {
-		c.settings.RecvSlots = *raw.RecvSlots
-	}
-	if raw.Exclusivity != nil {
-		// 0 is refused rather than passed on: in rdma.Settings it means
-		// the engine's default, which is not what "exclusivity": 0 says.
-		if *raw.Exclusivity < 1 || *raw.Exclusivity > math.MaxUint32 {
-			return config{}, fmt.Errorf("verbs: config: exclusivity %d must be in [1, %d] (default %d)", *raw.Exclusivity, uint32(math.MaxUint32), defaultExclusivity)
-		}
-		c.settings.Exclusivity = uint32(*raw.Exclusivity)
-	}
-	if err := c.settings.Validate(); err != nil {
+	var err error
+	if c.settings, err = raw.Settings(defaultExclusivity); err != nil {
 		return config{}, fmt.Errorf("verbs: config: %w", err)
 	}
 	return c, nil
