@@ -60,25 +60,50 @@ func (ev cmEvent) err() error {
 
 // cmLoop is the CM goroutine: it reads the event channel until Close closes
 // cmFile. Between taking an event and acking it, it only looks the id up
-// under mu, which no one holds while waiting for an ack.
+// under mu, which no one holds while waiting for an ack, and hands the event
+// to a Dial or Accept waiting on the endpoint.
+//
+// The hand-over happens under cmMu, with rdma_get_cm_event: librdmacm moves
+// the QP to error inside rdma_get_cm_event when it reads a REJECTED (or a
+// connect response it cannot complete), the flushed receives can make the
+// engine close the endpoint before this goroutine gets further, and await,
+// woken by the close, takes cmMu to find the event that says why.
 func (p *provider) cmLoop() {
 	defer p.cmWG.Done()
 	var raw C.struct_mdv_cm_event
 	var rev *C.struct_rdma_cm_event
 	for {
+		var ev cmEvent
+		var e *endpoint
 		var got bool
 		var cerr error
 		err := p.cmConn.Read(func(uintptr) bool {
 			p.cmMu.Lock()
+			defer p.cmMu.Unlock()
 			r := C.mdv_get_cm_event(p.ch, &raw, &rev)
-			p.cmMu.Unlock()
 			switch {
-			case r == 0:
-				got = true
 			case r == -C.EAGAIN:
 				return false
-			case r != -C.EINTR:
+			case r == -C.EINTR:
+				return true
+			case r != 0:
 				cerr = errno(r)
+				return true
+			}
+			got = true
+			ev = cmEvent{
+				event:   raw.event,
+				status:  int(raw.status),
+				id:      raw.id,
+				private: C.GoBytes(unsafe.Pointer(&raw.private_data[0]), C.int(raw.private_len)),
+			}
+			if ev.event != C.RDMA_CM_EVENT_CONNECT_REQUEST {
+				p.mu.Lock()
+				e = p.byID[ev.id]
+				p.mu.Unlock()
+			}
+			if e != nil {
+				e.notify(ev)
 			}
 			return true
 		})
@@ -92,25 +117,13 @@ func (p *provider) cmLoop() {
 		if !got {
 			continue
 		}
-		ev := cmEvent{
-			event:   raw.event,
-			status:  int(raw.status),
-			id:      raw.id,
-			private: C.GoBytes(unsafe.Pointer(&raw.private_data[0]), C.int(raw.private_len)),
-		}
-		var e *endpoint
-		if ev.event != C.RDMA_CM_EVENT_CONNECT_REQUEST {
-			p.mu.Lock()
-			e = p.byID[ev.id]
-			p.mu.Unlock()
-		}
 		C.rdma_ack_cm_event(rev)
 		p.handle(ev, e)
 	}
 }
 
 // handle acts on an acked event; e is the endpoint of the event's id, if
-// any.
+// any, which cmLoop has handed the event to already.
 func (p *provider) handle(ev cmEvent, e *endpoint) {
 	if p.log.IsTrace() {
 		p.log.Trace("connection manager event", "event", ev.name(), "status", ev.status)
@@ -132,7 +145,6 @@ func (p *provider) handle(ev cmEvent, e *endpoint) {
 		C.RDMA_CM_EVENT_REJECTED, C.RDMA_CM_EVENT_UNREACHABLE, C.RDMA_CM_EVENT_CONNECT_ERROR:
 		e.fail()
 	}
-	e.notify(ev)
 }
 
 // request queues a connection request for delivery. A request without

@@ -83,7 +83,12 @@
 // This package was written against the libibverbs and librdmacm
 // documentation and headers (rdma-core 44) and compiles, but it has not run
 // against a device: the machine it was written on had none. The tests that
-// need a device skip without one. iWARP is not supported (its private data
+// need a device skip without one, or run against testdata/fakeverbs, an
+// in-memory stand-in for the two libraries that keeps the rules of RC
+// queue pairs and the connection manager (its header says how to build and
+// use it, and what it does not model). Passing there shows the provider
+// consistent with what its authors believe the libraries do, not with a
+// device. iWARP is not supported (its private data
 // and connection semantics differ). Asynchronous device events
 // (ibv_get_async_event) are not read: the device context belongs to
 // librdmacm and may be shared with other users in the process; failures

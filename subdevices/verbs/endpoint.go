@@ -139,6 +139,14 @@ func (e *endpoint) connect(ctx context.Context, dst netip.AddrPort, priv []byte,
 
 // await waits for the next connection event of the endpoint, which must be
 // want.
+//
+// An event that ends the attempt fails the QP (librdmacm does it for a
+// REJECTED inside rdma_get_cm_event, fail does it for the others), and the
+// flushed receives setup posted may make the engine close the endpoint at
+// once. When the endpoint closes, the event that failed it is the reason,
+// and a reject must stay rdma.ErrRejected for the engine: cmLoop hands
+// events over under cmMu, so once await has taken cmMu such an event is
+// queued.
 func (e *endpoint) await(ctx context.Context, want C.int) error {
 	select {
 	case ev := <-e.events:
@@ -149,6 +157,15 @@ func (e *endpoint) await(ctx context.Context, want C.int) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-e.closing:
+		e.p.cmMu.Lock()
+		e.p.cmMu.Unlock() //nolint:staticcheck // an empty critical section: waits out a hand-over in progress
+		select {
+		case ev := <-e.events:
+			if ev.event != want {
+				return ev.err()
+			}
+		default:
+		}
 		return errors.New("endpoint closed while connecting")
 	case <-e.p.done:
 		return errClosed

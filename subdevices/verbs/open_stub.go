@@ -14,7 +14,7 @@ var errNotBuilt = fmt.Errorf("verbs: this binary was built without verbs support
 
 // open stands in for the cgo provider. It still checks the config, so a
 // typo is reported on every machine and not only on those built with verbs.
-func open(_ context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
+func (host) open(_ context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
 	if _, err := parseConfig(p.Config); err != nil {
 		return nil, rdma.Settings{}, err
 	}

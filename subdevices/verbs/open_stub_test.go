@@ -15,7 +15,7 @@ import (
 )
 
 func TestOpenWithoutVerbs(t *testing.T) {
-	_, _, err := open(context.Background(), sdi.OpenParams{Logger: hclog.NewNullLogger()})
+	_, _, err := realHost.open(context.Background(), sdi.OpenParams{Logger: hclog.NewNullLogger()})
 	if !errors.Is(err, rdma.ErrNoDevice) {
 		t.Fatalf("open = %v, want ErrNoDevice", err)
 	}
@@ -23,7 +23,7 @@ func TestOpenWithoutVerbs(t *testing.T) {
 	if !strings.HasPrefix(err.Error(), want) {
 		t.Fatalf("open error %q, want it to start with %q", err, want)
 	}
-	_, _, err = open(context.Background(), sdi.OpenParams{Config: []byte(`{"prot": 1}`), Logger: hclog.NewNullLogger()})
+	_, _, err = realHost.open(context.Background(), sdi.OpenParams{Config: []byte(`{"prot": 1}`), Logger: hclog.NewNullLogger()})
 	if err == nil || errors.Is(err, rdma.ErrNoDevice) || !strings.Contains(err.Error(), `unknown field "prot"`) {
 		t.Fatalf("open with a bad config = %v, want the config error", err)
 	}

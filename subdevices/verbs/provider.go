@@ -42,13 +42,10 @@ const (
 	resolveTimeout = 5 * time.Second
 )
 
-// sysRoot is the real sysfs.
-const sysRoot sysfs = "/sys"
-
 var errClosed = fmt.Errorf("verbs: provider closed: %w", net.ErrClosed)
 
-// open is the rdma.OpenFunc of the verbs subdevice.
-func open(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
+// open is the rdma.OpenFunc of the verbs subdevice on host h.
+func (h host) open(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
 	c, err := parseConfig(p.Config)
 	if err != nil {
 		return nil, rdma.Settings{}, err
@@ -56,7 +53,7 @@ func open(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, 
 	if err := ctx.Err(); err != nil {
 		return nil, rdma.Settings{}, err
 	}
-	t, err := findTarget(sysRoot, c, interfaceAddrs)
+	t, err := findTarget(h.sys, c, h.addrs)
 	if err != nil {
 		return nil, rdma.Settings{}, err
 	}

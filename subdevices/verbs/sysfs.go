@@ -242,6 +242,19 @@ func pickAddress(ifaces []string, addrsOf addrsFunc) (netip.Addr, error) {
 	return netip.Addr{}, errors.Join(errs...)
 }
 
+// host is what Open learns about the machine outside librdmacm: the sysfs
+// tree that lists RDMA devices, and the addresses of network interfaces.
+// realHost is the machine itself; tests describe other machines with a fake
+// tree and fake addresses (see fakeHost in the tests). A host is a value and
+// is never changed after it is made.
+type host struct {
+	sys   sysfs
+	addrs addrsFunc
+}
+
+// realHost reads the real sysfs and the kernel's interface addresses.
+var realHost = host{sys: "/sys", addrs: interfaceAddrs}
+
 // target is where the provider listens: an address and the device and port
 // it is expected on. device and port are empty when the address was
 // configured without them; the connection manager's bind decides then.

@@ -6,7 +6,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,15 +22,117 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
+// fakeLog is the file the fakeverbs stand-in appends the rule breaches it
+// sees to (FAKEVERBS_LOG), and fakeLogRead how much of it the tests have
+// looked at.
+var (
+	fakeLog     string
+	fakeLogMu   sync.Mutex
+	fakeLogRead int64
+)
+
+func TestMain(m *testing.M) {
+	f, err := os.CreateTemp("", "fakeverbs-*.log")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	f.Close()
+	fakeLog = f.Name()
+	// Set before any C call, so the fake's getenv never races with it.
+	os.Setenv("FAKEVERBS_LOG", fakeLog)
+	code := m.Run()
+	if code == 0 {
+		if leaked := leakedGoroutines(); leaked != "" {
+			fmt.Fprintf(os.Stderr, "goroutines leaked by the verbs provider:\n%s\n", leaked)
+			code = 1
+		}
+		if v := newViolations(); v != "" {
+			fmt.Fprintf(os.Stderr, "the fakeverbs stand-in saw rules broken after the tests ended:\n%s", v)
+			code = 1
+		}
+	}
+	os.Remove(fakeLog)
+	os.Exit(code)
+}
+
+// newViolations returns what the fake logged since the last call.
+func newViolations() string {
+	fakeLogMu.Lock()
+	defer fakeLogMu.Unlock()
+	f, err := os.Open(fakeLog)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.NewSectionReader(f, fakeLogRead, 1<<30))
+	fakeLogRead += int64(len(b))
+	return string(b)
+}
+
+// leakedGoroutines returns the stacks of the provider's goroutines still
+// running, looking a few times since one that just returned may still be
+// unwinding.
+func leakedGoroutines() string {
+	markers := []string{"verbs.(*provider).cmLoop", "verbs.(*provider).deliver"}
+	var found []string
+	for range 100 {
+		found = found[:0]
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			for _, m := range markers {
+				if strings.Contains(g, m) {
+					found = append(found, g)
+					break
+				}
+			}
+		}
+		if len(found) == 0 {
+			return ""
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return strings.Join(found, "\n\n")
+}
+
+// fakeverbsLoaded reports whether libibverbs and librdmacm are the
+// fakeverbs stand-in (see testdata/fakeverbs/fakeverbs.c).
+func fakeverbsLoaded() bool {
+	b, err := os.ReadFile("/proc/self/maps")
+	return err == nil && bytes.Contains(b, []byte("/libfakeverbs.so"))
+}
+
+// testHost is the machine the device tests run on: the fake's, when the
+// fakeverbs stand-in is loaded (and then the test fails if the fake saw a
+// rule broken), else this machine if it has an RDMA device; without either
+// the test is skipped.
+func testHost(t *testing.T) host {
+	t.Helper()
+	if fakeverbsLoaded() {
+		newViolations()
+		t.Cleanup(func() {
+			if v := newViolations(); v != "" {
+				t.Errorf("the fakeverbs stand-in saw rules broken:\n%s", v)
+			}
+		})
+		return fakeHost(t)
+	}
+	if _, err := realHost.sys.devices(); err != nil {
+		t.Skipf("needs an RDMA device, or the fakeverbs stand-in (testdata/fakeverbs/fakeverbs.c): %v", err)
+	}
+	return realHost
+}
+
 // TestOpenNoDevice runs where there is no RDMA device: Open must say so
 // with rdma.ErrNoDevice, before touching librdmacm.
 func TestOpenNoDevice(t *testing.T) {
-	if devs, err := sysRoot.devices(); err == nil {
+	if devs, err := realHost.sys.devices(); err == nil {
 		t.Skipf("this machine has RDMA devices %v; TestLoopback exercises them", devs)
 	}
 	log := testlog.New(t, "verbs", hclog.Warn)
 	for _, cfg := range []string{"", `{"device": "mlx5_0"}`, `{"address": "10.1.0.7"}`} {
-		prov, _, err := open(context.Background(), sdi.OpenParams{Config: []byte(cfg), Logger: log})
+		prov, _, err := realHost.open(context.Background(), sdi.OpenParams{Config: []byte(cfg), Logger: log})
 		if err == nil {
 			prov.Close()
 			t.Fatalf("open(%s) succeeded on a machine without RDMA devices", cfg)
@@ -35,7 +142,7 @@ func TestOpenNoDevice(t *testing.T) {
 		}
 	}
 	// A config error is still a config error.
-	if _, _, err := open(context.Background(), sdi.OpenParams{Config: []byte(`{"port": 0}`), Logger: log}); err == nil || errors.Is(err, rdma.ErrNoDevice) {
+	if _, _, err := realHost.open(context.Background(), sdi.OpenParams{Config: []byte(`{"port": 0}`), Logger: log}); err == nil || errors.Is(err, rdma.ErrNoDevice) {
 		t.Fatalf("open with port 0 = %v, want a config error", err)
 	}
 }
@@ -43,15 +150,13 @@ func TestOpenNoDevice(t *testing.T) {
 // TestLoopback connects the provider to itself and moves data both ways:
 // send into a posted receive, an RDMA read, flushes on close at both ends,
 // and a rejected request. It needs a device with an ACTIVE port and an IP
-// address on its interface.
+// address on its interface, or the fakeverbs stand-in.
 func TestLoopback(t *testing.T) {
-	if _, err := sysRoot.devices(); err != nil {
-		t.Skipf("needs an RDMA device: %v", err)
-	}
+	h := testHost(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	log := testlog.New(t, "verbs", hclog.Warn)
-	prov, _, err := open(ctx, sdi.OpenParams{Logger: log})
+	prov, _, err := h.open(ctx, sdi.OpenParams{Logger: log})
 	if errors.Is(err, rdma.ErrNoDevice) {
 		t.Skipf("no usable RDMA device: %v", err)
 	}
