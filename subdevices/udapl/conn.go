@@ -278,8 +278,12 @@ func (p *provider) onConnEvent(ev cmEvent) {
 	switch ev.number {
 	case evEstablished:
 		e.established()
-	case evPeerRejected, evNonPeerRejected:
+	case evPeerRejected:
 		e.ended(fmt.Errorf("%v: %w", ev.number, rdma.ErrRejected))
+	case evNonPeerRejected:
+		// Nobody listening, or the adapter refusing: not the peer's
+		// "not now", which the engine waits out.
+		e.ended(fmt.Errorf("connection refused: %v", ev.number))
 	case evDisconnected, evBroken:
 		p.log.Debug("connection ended", "endpoint", e.id, "event", ev.number)
 		e.ended(fmt.Errorf("connection ended: %v", ev.number))
@@ -384,7 +388,14 @@ func (p *provider) freeEndpoint(e *endpoint) bool {
 	p.lifeMu.Lock()
 	defer p.lifeMu.Unlock()
 	p.drainConn()
-	if st := epFree(e.h); !st.ok() {
+	// dat_ep_free copies what the queue pair completed into the shared
+	// DTO EVD without the EVD's lock (dapls_ep_flush_cqs), which would
+	// race a dequeue or wait on it and lose or repeat completions of live
+	// endpoints: the EVD is ours for the call.
+	p.evMu.Lock()
+	st := epFree(e.h)
+	p.evMu.Unlock()
+	if !st.ok() {
 		if st.typ() == datInvalidState {
 			if e.freeTries == 0 {
 				p.log.Debug("dat_ep_free refused for now; retrying", "endpoint", e.id, "error", st)

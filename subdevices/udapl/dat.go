@@ -227,7 +227,8 @@ static DAT_RETURN ud_lmr_create(DAT_HANDLE ia, DAT_HANDLE pz, uintptr_t addr, ui
 	memset(out, 0, sizeof *out);
 	memset(&d, 0, sizeof d);
 	d.for_va = (DAT_PVOID)addr;
-	rc = dat_lmr_create(ia, DAT_MEM_TYPE_VIRTUAL, d, (DAT_VLEN)len, pz, DAT_MEM_PRIV_ALL_FLAG,
+	rc = dat_lmr_create(ia, DAT_MEM_TYPE_VIRTUAL, d, (DAT_VLEN)len, pz,
+		DAT_MEM_PRIV_LOCAL_READ_FLAG | DAT_MEM_PRIV_LOCAL_WRITE_FLAG | DAT_MEM_PRIV_REMOTE_READ_FLAG,
 		DAT_VA_TYPE_VA, &h, &out->lmr_context, &out->rmr_context,
 		&out->registered_size, &out->registered_address);
 	out->lmr = h;

@@ -71,7 +71,8 @@ const (
 //     endpoints' posts and Close, any of them at once;
 //   - one goroutine at a time polls or waits (Poll, Wait); evMu makes the
 //     DTO EVD theirs, since dapl refuses dat_evd_dequeue while another
-//     thread is inside dat_evd_wait on the same EVD;
+//     thread is inside dat_evd_wait on the same EVD, and watch takes it
+//     to free an endpoint, which writes into that EVD unlocked;
 //   - listen owns the CR EVD and delivers connection requests;
 //   - watch owns the connection and async EVDs and frees closed endpoints
 //     (see freeEndpoints for why there).
