@@ -114,3 +114,12 @@ func DecodeConfig(b []byte, v any) error {
 	}
 	return nil
 }
+
+// Depths are the queue depths one connection needs with these settings:
+// sends and reads posted at once, and receives posted at once. A provider
+// sizes its queue pairs by them rather than by the device's largest, which
+// costs pinned memory per connection.
+func (s Settings) Depths() (send, recv int) {
+	slots := cmp0(s.RecvSlots, DefaultRecvSlots) + ctlSlots
+	return slots + maxReads, slots
+}

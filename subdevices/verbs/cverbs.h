@@ -242,7 +242,9 @@ static int mdv_get_cm_event(struct rdma_event_channel *ch, struct mdv_cm_event *
 }
 
 static struct ibv_mr *mdv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int *err) {
-	struct ibv_mr *mr = ibv_reg_mr(pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE);
+	/* Peers only read; remote write would let any holder of an rkey
+	 * write into any registered buffer. */
+	struct ibv_mr *mr = ibv_reg_mr(pd, addr, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);
 	*err = mr ? 0 : errno;
 	return mr;
 }

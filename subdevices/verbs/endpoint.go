@@ -180,7 +180,7 @@ func (e *endpoint) createQP() error {
 		return fmt.Errorf("the route to the peer leaves through another RDMA device than %s", p.device)
 	}
 	if r := C.mdv_create_qp(e.cm, p.pd, p.cq, C.uint32_t(p.limits.MaxSendWR), C.uint32_t(p.limits.MaxRecvWR)); r != 0 {
-		return fmt.Errorf("rdma_create_qp: %w", errno(r))
+		return fmt.Errorf("rdma_create_qp%s: %w", memlockHint(errno(r)), errno(r))
 	}
 	qp := C.mdv_qp(e.cm)
 	qpn := uint32(qp.qp_num)

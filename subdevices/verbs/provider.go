@@ -27,12 +27,9 @@ import (
 )
 
 // Bounds on what the device allows. Dial and Accept take no queue sizes,
-// so every queue pair gets Limits' sizes: these keep a connection's queues
-// small (a send WQE is 64 bytes or more) while leaving room for the
-// engine's largest recv_slots plus its control receives.
+// so every queue pair gets Limits' sizes, which open sets to what the
+// engine's settings need.
 const (
-	maxSendWRCap  = 1024
-	maxRecvWRCap  = 2 * rdma.MaxRecvSlots
 	cqSizeCap     = 1 << 16
 	maxMsgCap     = 1 << 30
 	listenBacklog = 1024
@@ -191,9 +188,12 @@ func openProvider(t target, s rdma.Settings, log hclog.Logger) (_ *provider, err
 	if lim.port_state != C.IBV_PORT_ACTIVE {
 		return nil, fmt.Errorf("verbs: %s port %d is not ACTIVE (state %d): %w", p.device, p.port, int(lim.port_state), rdma.ErrNoDevice)
 	}
+	// Queue pairs are sized for what the engine posts, not for the
+	// device's largest: their rings are pinned memory, per connection.
+	sendDepth, recvDepth := s.Depths()
 	p.limits = rdma.Limits{
-		MaxSendWR:  min(int(lim.max_qp_wr), maxSendWRCap),
-		MaxRecvWR:  min(int(lim.max_qp_wr), maxRecvWRCap),
+		MaxSendWR:  min(int(lim.max_qp_wr), sendDepth),
+		MaxRecvWR:  min(int(lim.max_qp_wr), recvDepth),
 		MaxMsg:     min(int(lim.max_msg_sz), maxMsgCap),
 		MaxPrivate: maxPrivate,
 		CQSize:     min(int(lim.max_cqe), cqSizeCap),
@@ -219,7 +219,7 @@ func openProvider(t target, s rdma.Settings, log hclog.Logger) (_ *provider, err
 	p.comp = comp
 	cq, cerr := C.ibv_create_cq(p.ctx, C.int(p.limits.CQSize), nil, p.comp, 0)
 	if cq == nil {
-		return nil, fmt.Errorf("verbs: ibv_create_cq of %d entries on %s: %w", p.limits.CQSize, p.device, orUnknown(cerr))
+		return nil, fmt.Errorf("verbs: ibv_create_cq of %d entries on %s%s: %w", p.limits.CQSize, p.device, memlockHint(cerr), orUnknown(cerr))
 	}
 	p.cq = cq
 

@@ -54,10 +54,7 @@ func (p *provider) Register(buf []byte) (rdma.Region, error) {
 	if mr == nil {
 		r.pin.Unpin()
 		err := syscall.Errno(cerr)
-		if err == syscall.ENOMEM || err == syscall.EPERM {
-			return nil, fmt.Errorf("verbs: ibv_reg_mr of %d bytes (is the locked-memory limit, ulimit -l, too low?): %w", len(buf), err)
-		}
-		return nil, fmt.Errorf("verbs: ibv_reg_mr of %d bytes: %w", len(buf), err)
+		return nil, fmt.Errorf("verbs: ibv_reg_mr of %d bytes%s: %w", len(buf), memlockHint(err), err)
 	}
 	r.mr, r.lkey, r.rkey = mr, mr.lkey, mr.rkey
 	p.mu.Lock()
