@@ -105,4 +105,18 @@
 // the provider makes its own flushes so that it does not matter), the
 // private data sizes they deliver, and IPv6 IA addresses, which the cma
 // provider of OFED dapl 2.1 does not dial.
+//
+// Known gaps, from a review against dapl 2.1's source:
+//   - The default IA is the registry's first entry; Debian's stock
+//     /etc/dat.conf starts with an mlx4 scm entry, which fails on newer
+//     (mlx5) adapters. Name the IA with the ia key there.
+//   - dapl cma's abrupt disconnect polls for the peer's reply up to 25
+//     times 10 ms apart, inside Endpoint.Close and inside dat_evd_dequeue
+//     when a completion has an error status: a Poll can stall up to
+//     ~240 ms for each endpoint that fails.
+//   - dapl cma connects with rnr_retry_count 7 (retry for ever), which DAT
+//     cannot change: a send that found no receive posted would hang rather
+//     than fail the connection. The engine's credits prevent such a send.
+//   - An idle provider wakes every 5 ms (Wait's slice) and its listener
+//     and connection goroutines every 20 ms: DAT has no pollable fd.
 package udapl

@@ -88,9 +88,24 @@
 // queue pairs and the connection manager (its header says how to build and
 // use it, and what it does not model). Passing there shows the provider
 // consistent with what its authors believe the libraries do, not with a
-// device. iWARP is not supported (its private data
-// and connection semantics differ). Asynchronous device events
-// (ibv_get_async_event) are not read: the device context belongs to
-// librdmacm and may be shared with other users in the process; failures
-// show up as failed completions and connection manager events instead.
+// device. iWARP is not supported (its private data and connection
+// semantics differ).
+//
+// Known gaps, from a review against rdma-core and the mlx5 driver:
+//   - Asynchronous device events (ibv_get_async_event) are not read. A
+//     completion queue overrun or a fatal queue pair error (IBV_EVENT_CQ_ERR,
+//     QP_FATAL) is raised there, often with no failed completion, so the
+//     engine would wait instead of failing the connection. The engine
+//     refuses connections its completion queue could overrun, which keeps
+//     the first away; the second needs the async fd read like the others.
+//   - If rdma_get_cm_event fails with anything but EAGAIN, the connection
+//     manager loop stops: later dials wait out their contexts. A
+//     DEVICE_REMOVAL event is logged, not acted on, so a driver unbind
+//     waits for the job to close the provider.
+//   - Reject reason 28 (consumer reject) is taken as the peer's "not now";
+//     the kernel also sends it when its own request handler fails, which
+//     makes a dial retry until its context ends instead of failing at once.
+//   - The completion queue holds up to 65536 entries, about 4 MiB of
+//     pinned memory on mlx5, and one queue pair per peer costs its rings
+//     too: the locked-memory limit (ulimit -l) must allow for both.
 package verbs
