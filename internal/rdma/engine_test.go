@@ -510,3 +510,28 @@ func TestCloseIsQuiet(t *testing.T) {
 		t.Fatal("rank 1 reported rank 0 down after rank 0 closed in order")
 	}
 }
+
+// TestOpenChecksLimits: settings a device cannot carry are refused at
+// Open, with a message that names what is short.
+func TestOpenChecksLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lim  func(*rdma.Limits)
+		want string
+	}{
+		{"slot beyond the largest message", func(l *rdma.Limits) { l.MaxMsg = 4096 }, "eager_bytes"},
+		{"too few receives", func(l *rdma.Limits) { l.MaxRecvWR = 8 }, "recv_slots"},
+		{"too few sends", func(l *rdma.Limits) { l.MaxSendWR = 8 }, "recv_slots"},
+		{"private data too short", func(l *rdma.Limits) { l.MaxPrivate = 16 }, "handshake"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := softrdma.DefaultLimits
+			tc.lim(&lim)
+			sd := newSoft(softrdma.New(lim), rdma.Settings{})
+			_, err := sd.Open(ctxT(t), sdi.OpenParams{Rank: 0, Size: 2, Handler: newRecorder(false), Logger: hclog.NewNullLogger()})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Open: %v, want an error naming %s", err, tc.want)
+			}
+		})
+	}
+}

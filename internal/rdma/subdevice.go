@@ -127,6 +127,9 @@ func (s *SubDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, erro
 	case s.nData+ctlSlots > lim.MaxRecvWR:
 		prov.Close()
 		return sdi.Local{}, fmt.Errorf("%s: recv_slots %d needs %d receives per connection, the device takes %d", name, s.nData, s.nData+ctlSlots, lim.MaxRecvWR)
+	case lim.MaxPrivate < privateLen:
+		prov.Close()
+		return sdi.Local{}, fmt.Errorf("%s: the device carries %d bytes with a connection request, the handshake needs %d", name, lim.MaxPrivate, privateLen)
 	case s.nData+ctlSlots+maxReads > lim.MaxSendWR:
 		prov.Close()
 		return sdi.Local{}, fmt.Errorf("%s: recv_slots %d needs %d sends and reads per connection, the device takes %d", name, s.nData, s.nData+ctlSlots+maxReads, lim.MaxSendWR)
