@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hpc-multidevice/multidevice/internal/leakcheck"
 	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -34,30 +33,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// leakedGoroutines returns the stacks of goroutines the subdevice started
-// that are still running. A goroutine that just called wg.Done may still be
-// unwinding, so it looks a few times before reporting.
+// leakedGoroutines returns the stacks of goroutines the package started
+// that are still running.
 func leakedGoroutines() string {
-	markers := []string{"tcp.(*subDevice).acceptLoop", "tcp.(*subDevice).serveInbound", "tcp.(*lane).writeLoop", "tcp.(*lane).watch", "tcp.(*standby).watch", "tcp.(*idleWaiter).run"}
-	var found []string
-	for range 100 {
-		found = found[:0]
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			for _, m := range markers {
-				if strings.Contains(g, m) {
-					found = append(found, g)
-					break
-				}
-			}
-		}
-		if len(found) == 0 {
-			return ""
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return strings.Join(found, "\n\n")
+	return leakcheck.Goroutines("tcp.(*subDevice).acceptLoop", "tcp.(*subDevice).serveInbound", "tcp.(*lane).writeLoop", "tcp.(*lane).watch", "tcp.(*standby).watch", "tcp.(*idleWaiter).run")
 }
 
 // testLogger logs at Debug into a buffer the test can search, and shows it

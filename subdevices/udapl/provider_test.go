@@ -9,13 +9,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/hpc-multidevice/multidevice/internal/leakcheck"
 	"github.com/hpc-multidevice/multidevice/internal/rdma"
 	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -35,30 +35,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// leakedGoroutines returns the stacks of the provider's goroutines still
-// running, looking a few times since one that just returned may still be
-// unwinding.
+// leakedGoroutines returns the stacks of goroutines the package started
+// that are still running.
 func leakedGoroutines() string {
-	markers := []string{"udapl.(*provider).listen", "udapl.(*provider).watch"}
-	var found []string
-	for range 100 {
-		found = found[:0]
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			for _, m := range markers {
-				if strings.Contains(g, m) {
-					found = append(found, g)
-					break
-				}
-			}
-		}
-		if len(found) == 0 {
-			return ""
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return strings.Join(found, "\n\n")
+	return leakcheck.Goroutines("udapl.(*provider).listen", "udapl.(*provider).watch")
 }
 
 func openParams(t *testing.T, config string) sdi.OpenParams {

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/hpc-multidevice/multidevice/internal/leakcheck"
 	"github.com/hpc-multidevice/multidevice/internal/rdma"
 	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -70,30 +70,10 @@ func newViolations() string {
 	return string(b)
 }
 
-// leakedGoroutines returns the stacks of the provider's goroutines still
-// running, looking a few times since one that just returned may still be
-// unwinding.
+// leakedGoroutines returns the stacks of goroutines the package started
+// that are still running.
 func leakedGoroutines() string {
-	markers := []string{"verbs.(*provider).cmLoop", "verbs.(*provider).deliver"}
-	var found []string
-	for range 100 {
-		found = found[:0]
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			for _, m := range markers {
-				if strings.Contains(g, m) {
-					found = append(found, g)
-					break
-				}
-			}
-		}
-		if len(found) == 0 {
-			return ""
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return strings.Join(found, "\n\n")
+	return leakcheck.Goroutines("verbs.(*provider).cmLoop", "verbs.(*provider).deliver")
 }
 
 // fakeverbsLoaded reports whether libibverbs and librdmacm are the
