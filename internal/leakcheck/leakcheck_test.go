@@ -5,11 +5,15 @@ import (
 	"testing"
 )
 
-func parked(stop chan struct{}) { <-stop }
+func parked(started, stop chan struct{}) {
+	close(started)
+	<-stop
+}
 
 func TestGoroutines(t *testing.T) {
-	stop := make(chan struct{})
-	go parked(stop)
+	started, stop := make(chan struct{}), make(chan struct{})
+	go parked(started, stop)
+	<-started
 	if got := Goroutines("leakcheck.parked"); !strings.Contains(got, "leakcheck.parked") {
 		t.Fatalf("a parked goroutine was not found: %q", got)
 	}
