@@ -200,7 +200,7 @@ func (s *SubDevice) finish(c *conn) {
 	}
 	delete(s.conns, c.id)
 	s.cqUsed -= c.cq
-	closing := s.closed
+	closing := s.closed.Load()
 	s.mu.Unlock()
 
 	// No completion of c is left to come, so nothing else touches the

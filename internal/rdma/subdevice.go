@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -60,10 +61,13 @@ type SubDevice struct {
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
 
+	// closed and peers are read without a lock on every Send; closed is
+	// set, and peers stored once, under mu.
+	closed atomic.Bool
+	peers  atomic.Pointer[[]*peer]
+
 	mu     sync.Mutex // guards the fields below
 	opened bool
-	closed bool
-	peers  []*peer
 	conns  map[uint32]*conn
 	nextID uint32
 	cqSize int // entries of the provider's completion queue
@@ -92,9 +96,9 @@ func (s *SubDevice) Info(context.Context) (sdi.Info, error) { return s.info, nil
 func (s *SubDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
 	name := s.info.Name
 	s.mu.Lock()
-	if s.opened || s.closed {
+	if s.opened || s.closed.Load() {
 		s.mu.Unlock()
-		if s.closed {
+		if s.closed.Load() {
 			return sdi.Local{}, fmt.Errorf("%s: open: %w", name, sdi.ErrClosed)
 		}
 		return sdi.Local{}, fmt.Errorf("%s: open called twice", name)
@@ -140,11 +144,12 @@ func (s *SubDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, erro
 	s.me, s.size = p.Rank, p.Size
 	s.secret, s.job = append([]byte(nil), p.Secret...), p.JobID
 	s.cs = make([]Completion, 64)
-	s.mu.Lock()
-	s.peers = make([]*peer, p.Size)
-	for r := range s.peers {
-		s.peers[r] = &peer{rank: sdi.Rank(r)}
+	peers := make([]*peer, p.Size)
+	for r := range peers {
+		peers[r] = &peer{rank: sdi.Rank(r)}
 	}
+	s.mu.Lock()
+	s.peers.Store(&peers)
 	s.conns = make(map[uint32]*conn)
 	s.cqSize = lim.CQSize
 	s.mu.Unlock()
@@ -179,17 +184,16 @@ func cmp0[T comparable](v, def T) T {
 // peerOf returns the peer state of rank r, or an error for a call that
 // cannot name it.
 func (s *SubDevice) peerOf(what string, r sdi.Rank) (*peer, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	peers := s.peers.Load()
 	switch {
-	case s.closed:
+	case s.closed.Load():
 		return nil, fmt.Errorf("%s: %s: %w", s.info.Name, what, sdi.ErrClosed)
-	case s.peers == nil:
+	case peers == nil:
 		return nil, fmt.Errorf("%s: %s before open", s.info.Name, what)
-	case r < 0 || int(r) >= len(s.peers) || r == s.me:
+	case r < 0 || int(r) >= len(*peers) || r == s.me:
 		return nil, fmt.Errorf("%s: %s: rank %d: %w", s.info.Name, what, r, sdi.ErrPeerUnreachable)
 	}
-	return s.peers[r], nil
+	return (*peers)[r], nil
 }
 
 // Connect connects to peer unless a connection is up. When both ranks dial
@@ -231,19 +235,13 @@ func settleLocked(p *peer, st connState) {
 	}
 }
 
-func (s *SubDevice) isClosed() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closed
-}
-
 // connectOnce dials peer once. crossed reports a refusal, after which the
 // caller waits for the peer's own request a while and asks again.
 func (s *SubDevice) connectOnce(ctx context.Context, p *peer, card []byte) (err error, crossed bool) {
 	r := p.rank
 	closedErr := fmt.Errorf("%s: connect to rank %d: %w", s.info.Name, r, sdi.ErrClosed)
 	for {
-		if s.isClosed() {
+		if s.closed.Load() {
 			return closedErr, false
 		}
 		p.mu.Lock()
@@ -280,7 +278,7 @@ func (s *SubDevice) connectOnce(ctx context.Context, p *peer, card []byte) (err 
 	}
 	c := s.newConn(p)
 	_, err = s.prov.Dial(ctx, pcard, makePrivate(s.secret, s.job, s.me, r), c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
-	closed := s.isClosed()
+	closed := s.closed.Load()
 	if err != nil || closed {
 		s.retire(c)
 	}
@@ -342,7 +340,7 @@ func (s *SubDevice) awaitUp(ctx context.Context, p *peer, d time.Duration) (bool
 	case <-timeout:
 	case <-ctx.Done():
 	}
-	if s.isClosed() {
+	if s.closed.Load() {
 		return false, fmt.Errorf("%s: connect to rank %d: %w", s.info.Name, p.rank, sdi.ErrClosed)
 	}
 	p.mu.Lock()
@@ -423,7 +421,7 @@ func (s *SubDevice) answer(req Request) {
 
 	c := s.newConn(p)
 	_, err = req.Accept(c.id, func(ep Endpoint) error { return s.setupConn(c, ep) })
-	closed := s.isClosed()
+	closed := s.closed.Load()
 	if err != nil || closed {
 		st := stateDown
 		if closed {
@@ -682,16 +680,17 @@ func (s *SubDevice) nap(ctx context.Context, d time.Duration) time.Duration {
 // provider.
 func (s *SubDevice) Close(ctx context.Context) error {
 	s.mu.Lock()
-	if s.closed {
+	if s.closed.Load() {
 		s.mu.Unlock()
 		return nil
 	}
-	s.closed = true
-	if s.prov == nil {
+	s.closed.Store(true)
+	pp := s.peers.Load()
+	if s.prov == nil || pp == nil {
 		s.mu.Unlock()
 		return nil
 	}
-	peers := s.peers
+	peers := *pp
 	s.mu.Unlock()
 
 	for _, p := range peers {
