@@ -16,7 +16,9 @@ var (
 	ErrTag = multidevice.ErrTag
 	// ErrFinalized: the world was finalized.
 	ErrFinalized = multidevice.ErrClosed
-	// ErrPeerDown: the transport lost a rank a request depends on.
+	// ErrPeerDown: the transport lost a rank a request depends on. A
+	// receive or probe naming a lost rank fails with it once nothing that
+	// rank sent before its loss is left to match.
 	ErrPeerDown = multidevice.ErrPeerDown
 	// ErrRequestBusy: IsendInto or IrecvInto got a request whose earlier
 	// operation has not completed (or still has a frame out).

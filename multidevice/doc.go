@@ -119,5 +119,10 @@
 // the background (ForwardOptions.Retry) and carries traffic again once
 // its subdevice connects. Without the flag a direct route is used alone
 // and losing it fails every request that depends on the peer
-// (ErrPeerDown). tcp notices a dead link within its link_timeout.
+// (ErrPeerDown). tcp notices a dead link within its link_timeout. A lost
+// rank stays lost: what it sent before is still received, but a receive
+// or probe naming it that finds nothing from it, and a receive matching
+// its ready-to-send (whose data will never come), fail with ErrPeerDown
+// whenever they are posted. ANY_SOURCE receives keep waiting for the
+// ranks that live.
 package multidevice

@@ -1,6 +1,7 @@
 package multidevice
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -287,5 +288,67 @@ func TestFailoverLostCredit(t *testing.T) {
 	t.Logf("stream of 40 blocks, %d credits lost: %v, %d nudges", eaten.Load(), time.Since(start).Round(time.Millisecond), st.Nudged)
 	if eaten.Load() == 0 || st.Nudged == 0 {
 		t.Fatalf("%d credits lost, %d nudges: the stream never waited for a lost credit, the test proves nothing", eaten.Load(), st.Nudged)
+	}
+}
+
+// TestLostSource: once a source is reported lost, what it sent before is
+// still received, and what waits for more from it fails with ErrPeerDown
+// instead of waiting for ever, whenever it was posted.
+func TestLostSource(t *testing.T) {
+	tests := []struct {
+		name    string
+		queued  int  // bytes rank 1 sent (tag 5) before it was lost, 0 for nothing
+		probe   bool // probe for tag 5 instead of receiving it
+		wantErr bool
+	}{
+		{name: "receive, nothing queued", wantErr: true},
+		{name: "probe, nothing queued", probe: true, wantErr: true},
+		{name: "receive, ready-to-send queued", queued: 100000, wantErr: true},
+		{name: "receive, eager message queued", queued: 100},
+		{name: "probe, ready-to-send queued", queued: 100000, probe: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			devs, fabs, _ := failoverJob(t, 2, false, false)
+			if tc.queued > 0 {
+				must(t)(devs[1].Isend(pattern(tc.queued, 1), 0, 5, 0, false))
+				for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+					if _, ok, err := devs[0].Iprobe(1, 5, 0); ok || err != nil {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatal("rank 1's message never arrived")
+					}
+				}
+			}
+			// The loss is processed once a receive waiting for rank 1 fails.
+			pending := must(t)(devs[0].Irecv(make([]byte, 1), 1, 2, 0))
+			fabs["a"].Sever(1)
+			if _, err := wait(t, pending); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("receive pending at the loss: %v, want ErrPeerDown", err)
+			}
+
+			var st Status
+			var err error
+			if tc.probe {
+				var ok bool
+				st, ok, err = devs[0].Iprobe(1, 5, 0)
+				if err == nil && !ok {
+					t.Fatal("probe found nothing and no error")
+				}
+			} else {
+				buf := make([]byte, max(tc.queued, 1))
+				st, err = wait(t, must(t)(devs[0].Irecv(buf, 1, 5, 0)))
+				if err == nil && !bytes.Equal(buf, pattern(tc.queued, 1)) {
+					t.Error("message corrupted")
+				}
+			}
+			if tc.wantErr != errors.Is(err, ErrPeerDown) || !tc.wantErr && err != nil {
+				t.Fatalf("got %+v, %v; want ErrPeerDown: %v", st, err, tc.wantErr)
+			}
+			if !tc.wantErr && (st.Source != 1 || st.Count != tc.queued) {
+				t.Errorf("status %+v, want %d bytes from rank 1", st, tc.queued)
+			}
+		})
 	}
 }

@@ -69,6 +69,16 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 		d.mu.Unlock()
 		return r, nil
 	}
+	// Nothing more will come from a lost source. Checked under the lock:
+	// failPeer marks the source down before it takes the lock to fail
+	// the posted receives, so either it finds r posted or r sees the mark.
+	if src != AnySource {
+		if err := d.peerErr(int32(src)); err != nil {
+			d.mu.Unlock()
+			r.completeOwned(Status{}, err)
+			return r, nil
+		}
+	}
 	d.posted.push(r)
 	d.mu.Unlock()
 
@@ -249,6 +259,13 @@ func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
 		return
 	}
 	// Rendezvous: ask for as much as fits; the sender completes either way.
+	// A sender lost since its ready-to-send came will send no data: fail
+	// the receive now (failPeer, which marks the loss before it takes
+	// d.mu, fails the ones it finds waiting).
+	if lost := d.peerErr(h.src); lost != nil {
+		r.completeOwned(Status{}, lost)
+		return
+	}
 	r.rndvLen = min(h.length, uint64(len(r.buf)))
 	r.status, r.truncErr = st, err
 	r.status.Count = int(r.rndvLen)
@@ -347,6 +364,13 @@ func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
 			}
 		}
 		d.mu.Unlock()
+		// A lost source sends nothing more: a probe for it alone would
+		// wait for ever.
+		if src != AnySource {
+			if err := d.peerErr(int32(src)); err != nil {
+				return Status{}, false, err
+			}
+		}
 	}
 	subs := d.matchers
 	if src != AnySource {
