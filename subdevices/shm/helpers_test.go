@@ -137,6 +137,9 @@ type jobOpts struct {
 	// sleepFor, if set, bounds doorbell sleeps instead of sleepTimeout.
 	sleepFor time.Duration
 	host     func(r int) string
+	// handler, if set, makes rank r's Handler from its recorder (a
+	// wrapper that places payloads, say); j.hs still holds the recorder.
+	handler func(r int, rec *recorder) sdi.Handler
 }
 
 // openJob opens n instances with a fresh job id and connects every pair
@@ -158,9 +161,13 @@ func openJob(t testing.TB, n int, o jobOpts) *job {
 		if o.host != nil {
 			host = o.host(r)
 		}
+		var hd sdi.Handler = h
+		if o.handler != nil {
+			hd = o.handler(r, h)
+		}
 		l, err := sd.Open(ctx, sdi.OpenParams{
 			Rank: sdi.Rank(r), Size: n, Host: host, JobID: j.id, Secret: []byte("s3cret"),
-			APIVersion: sdi.APIVersion, Config: o.config, Handler: h, Logger: testLogger(t),
+			APIVersion: sdi.APIVersion, Config: o.config, Handler: hd, Logger: testLogger(t),
 		})
 		if err != nil {
 			t.Fatalf("Open rank %d: %v", r, err)

@@ -45,7 +45,7 @@ const (
 type receiver struct {
 	sd       *device
 	heads    []uint64 // consumer cursor per inbound ring; the shared copy is only ever written
-	dead     []bool   // inbound rings no longer read because they were corrupt
+	dead     []bool   // inbound rings no longer read: their rank was reported down (reportDown)
 	reported []bool   // ranks already reported through PeerDown
 	// active lists the rings a sender attached to and that are not dead,
 	// so a rank polls only the ranks that talk to it, not the whole job.
@@ -449,7 +449,6 @@ func (rc *receiver) pending() bool {
 // could not be read from the sender's memory, stops sending to that rank
 // too, and reports it down.
 func (rc *receiver) fail(r int, err error) {
-	rc.dead[r] = true
 	if errors.Is(err, sdi.ErrPeerUnreachable) {
 		err = fmt.Errorf("shm: rank %d: reading a payload from its memory: %w", r, err)
 		rc.sd.log.Debug("peer gone while reading its memory", "peer", r, "error", err)
@@ -477,15 +476,37 @@ func (rc *receiver) checkPeers() {
 		}
 		if err := p.alive(); err != nil {
 			p.markDown(err) // descriptors it will never read fail
-			if !rc.dead[r] {
-				rc.drain(r)
-			}
+			rc.drainGone(r)
 			rc.reportDown(r, err)
 		}
 	}
 }
 
+// drainGone delivers what rank r, which went away, left in its ring, so
+// that nothing it sent before is lost to the report that follows (after
+// which the ring is no longer read). A pass stops at drainBudget, so it
+// takes several; their number is bounded by what the ring holds, which
+// keeps a rank that goes on writing from holding the receiver.
+func (rc *receiver) drainGone(r int) {
+	passes := len(rc.sd.inbound[r].data)/drainBudget + 2
+	for i := 0; i < passes && !rc.dead[r] && rc.drain(r) > 0; i++ {
+	}
+}
+
+// reportDown reports rank r down, once, and stops reading its ring. The
+// report ends every place the Handler gave for r's frames ([sdi.Placer]):
+// the rest of a frame being placed must not be copied into its place,
+// which the multidevice may hand back to its owner at the report, nor the
+// frame delivered; and a frame of r's placed after the report could not
+// be ended by another if it could not be filled (a rank is reported once).
+// So the frame being assembled is dropped and the ring left alone, even
+// when r's Send was still writing into it (a Close marks the segment
+// closed while a Send of the same rank is halfway through the fragments
+// of a frame).
 func (rc *receiver) reportDown(r int, err error) {
+	rc.dead[r] = true
+	part := &rc.parts[r]
+	part.active, part.dst, part.got = false, nil, 0
 	if rc.reported[r] || rc.sd.stop.Load() {
 		return
 	}
