@@ -27,8 +27,11 @@
 // Reconnecting after Disconnect or after the peer went down opens a new
 // session; the receiver delivers from it only after every connection of the
 // old session from that rank has ended, which keeps a reconnect from
-// overtaking the old stream. Deliver calls for one rank are serialized
-// across its connections.
+// overtaking the old stream. The receiver tells sessions apart by an id
+// each Connect draws, not by arrival order: connections of two Connects
+// that cross arrive interleaved, and each joins its own session, so a
+// session only ever waits for sessions begun before it. Deliver calls for
+// one rank are serialized across its connections.
 //
 // # Address selection
 //

@@ -44,11 +44,24 @@ type inbound struct {
 // lanes deliver side by side (serialized per rank by deliverMu); a newer
 // session of the same rank delivers only once every lane of the one before
 // has ended, which keeps a reconnect from overtaking the old stream.
+//
+// A lane joins its session while any lane of it is open, whatever sessions
+// of the rank began since: lanes of two Connects that cross arrive
+// interleaved, and a lane taken for a session of its own would wait behind
+// the other Connect's session, whose later lanes would wait behind it in
+// turn (see register in serveInbound).
 type session struct {
-	id   uint64
+	key  sessionKey
 	prev *session // the rank's session before this one; nil once it ended
 	refs int      // lanes open; guarded by subDevice.mu
 	done chan struct{}
+}
+
+// sessionKey names a session: the rank that connected and the id its
+// Connect drew.
+type sessionKey struct {
+	rank sdi.Rank
+	id   uint64
 }
 
 // acceptLoop accepts connections until the listener closes and hands each to
@@ -126,6 +139,7 @@ func (sd *subDevice) untrack(in *inbound) {
 		s.refs--
 		if s.refs == 0 {
 			close(s.done)
+			delete(sd.sessions, s.key)
 			if sd.latest[in.rank] == s {
 				delete(sd.latest, in.rank)
 			}
@@ -146,16 +160,22 @@ func (sd *subDevice) serveInbound(in *inbound) {
 	// The deadline is what stops a silent stranger from holding this
 	// goroutine and a handshake slot.
 	in.conn.SetDeadline(time.Now().Add(sd.cfg.connectTimeout))
-	// Lanes of one session join it; the first lane of a new session (a
-	// reconnect after Disconnect, or after the old connections failed on
-	// the peer's side) starts one that waits for the previous session.
+	// Lanes of one session join it while it has a lane open, even when a
+	// newer session began meanwhile (the lanes of two crossing Connects
+	// interleave); the first lane of a new session (a reconnect after
+	// Disconnect, or after the old connections failed on the peer's
+	// side) starts one that waits for the rank's newest session. Lanes
+	// thus only ever wait for lanes of sessions begun before theirs, and
+	// never for one of their own session's lanes through another session.
 	register := func(rank sdi.Rank, lid laneID) {
 		sd.mu.Lock()
 		defer sd.mu.Unlock()
 		in.rank = rank
-		s := sd.latest[rank]
-		if s == nil || s.id != lid.session {
-			s = &session{id: lid.session, prev: s, done: make(chan struct{})}
+		key := sessionKey{rank: rank, id: lid.session}
+		s := sd.sessions[key]
+		if s == nil {
+			s = &session{key: key, prev: sd.latest[rank], done: make(chan struct{})}
+			sd.sessions[key] = s
 			sd.latest[rank] = s
 		}
 		s.refs++

@@ -42,6 +42,7 @@ type subDevice struct {
 	wg        sync.WaitGroup // every goroutine this instance starts
 	inbound   map[*inbound]struct{}
 	latest    map[sdi.Rank]*session       // newest inbound session per rank
+	sessions  map[sessionKey]*session     // inbound sessions with a lane open
 	chosen    map[sdi.Rank]addrsel.Result // the last selection per rank, for Chosen
 
 	// Set by Open and read-only afterwards.
@@ -187,6 +188,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.ep = c.endpoint()
 	sd.inbound = make(map[*inbound]struct{})
 	sd.latest = make(map[sdi.Rank]*session)
+	sd.sessions = make(map[sessionKey]*session)
 	sd.chosen = make(map[sdi.Rank]addrsel.Result)
 	sd.handshakes = make(chan struct{}, maxHandshakes)
 	sd.idle, sd.pset = idle, pset
