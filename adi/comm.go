@@ -231,15 +231,26 @@ func (c *Comm) Iprobe(source, tag int) (Status, bool, error) {
 // Probe blocks until a message from source with tag is waiting and describes
 // it.
 func (c *Comm) Probe(ctx context.Context, source, tag int) (Status, error) {
+	var st Status
+	err := c.awaitProbe(ctx, func() (ok bool, err error) {
+		st, ok, err = c.Iprobe(source, tag)
+		return ok, err
+	})
+	return st, err
+}
+
+// awaitProbe calls try, a probe, until it finds a message or fails, or ctx
+// ends: polling for a while, then parked until something arrives.
+func (c *Comm) awaitProbe(ctx context.Context, try func() (bool, error)) error {
 	poll := c.w.dev.HasMatchingSubDevices()
 	for {
 		changed := c.w.dev.Changed()
-		st, ok, err := c.Iprobe(source, tag)
+		ok, err := try()
 		if err != nil || ok {
-			return st, err
+			return err
 		}
-		if c.w.dev.Progress(func() bool { _, ok, err := c.Iprobe(source, tag); return ok || err != nil }) {
-			continue
+		if c.w.dev.Progress(func() bool { ok, err = try(); return ok || err != nil }) {
+			return err
 		}
 		var tick <-chan time.Time
 		if poll { // matching subdevices queue messages we are not told about
@@ -249,9 +260,38 @@ func (c *Comm) Probe(ctx context.Context, source, tag int) (Status, error) {
 		case <-changed:
 		case <-tick:
 		case <-ctx.Done():
-			return Status{}, fmt.Errorf("adi: probe: %w", ctx.Err())
+			return fmt.Errorf("adi: probe: %w", ctx.Err())
 		}
 	}
+}
+
+// Sendrecv sends send to rank dest with sendTag and receives into recv
+// from source (or AnySource) with recvTag, both at once, and returns when
+// both are done with the receive's status. The receive is posted before
+// the send starts, so ranks that exchange with each other, pairwise or
+// around a ring, cannot wait for each other as two blocking Sends can.
+// send and recv must not overlap (SendrecvReplace exchanges in place).
+// When ctx ends first, or the send fails, the receive is cancelled.
+func (c *Comm) Sendrecv(ctx context.Context, send []byte, dest, sendTag int, recv []byte, source, recvTag int) (Status, error) {
+	d, err := c.dest(dest)
+	if err != nil {
+		return Status{}, err
+	}
+	s, err := c.source(source)
+	if err != nil {
+		return Status{}, err
+	}
+	st, err := c.w.dev.Sendrecv(ctx, send, d, sendTag, recv, s, recvTag, c.context)
+	if err != nil {
+		return c.status(st), fmt.Errorf("adi: sendrecv with ranks %d and %d: %w", dest, source, err)
+	}
+	return c.status(st), nil
+}
+
+// SendrecvReplace is Sendrecv with one buffer: buf is sent, then
+// overwritten by the message received. It costs a copy of buf.
+func (c *Comm) SendrecvReplace(ctx context.Context, buf []byte, dest, sendTag, source, recvTag int) (Status, error) {
+	return c.Sendrecv(ctx, append([]byte(nil), buf...), dest, sendTag, buf, source, recvTag)
 }
 
 // Dup returns a communicator with the same group and a new, isolated

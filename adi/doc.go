@@ -6,6 +6,12 @@
 // [Comm.Probe]) and nonblocking ([Comm.Isend], [Comm.Irecv], [Comm.Iprobe])
 // point-to-point calls. Messages between a pair of ranks on one communicator
 // never overtake each other, whatever subdevice or path carries them.
+// [Comm.Sendrecv] sends and receives at once, so that ranks exchanging in
+// pairs or around a ring cannot block each other. [Comm.Mprobe] and
+// [Comm.Improbe] take the message they find out of matching, to be
+// received only through the returned [Message]: goroutines that probe
+// and then receive from the same sources need them, since between a
+// [Comm.Probe] and its receive another goroutine may take the message.
 // [Comm.Dup] and [Comm.Split] make communicators with isolated contexts.
 //
 // A program that streams nonblocking messages starts them in requests it

@@ -299,12 +299,16 @@ func TestLostSource(t *testing.T) {
 		name    string
 		queued  int  // bytes rank 1 sent (tag 5) before it was lost, 0 for nothing
 		probe   bool // probe for tag 5 instead of receiving it
+		matched bool // receive it through a matched probe
 		wantErr bool
 	}{
 		{name: "receive, nothing queued", wantErr: true},
 		{name: "probe, nothing queued", probe: true, wantErr: true},
+		{name: "matched probe, nothing queued", matched: true, wantErr: true},
 		{name: "receive, ready-to-send queued", queued: 100000, wantErr: true},
+		{name: "matched receive, ready-to-send queued", queued: 100000, matched: true, wantErr: true},
 		{name: "receive, eager message queued", queued: 100},
+		{name: "matched receive, eager message queued", queued: 100, matched: true},
 		{name: "probe, ready-to-send queued", queued: 100000, probe: true},
 	}
 	for _, tc := range tests {
@@ -338,7 +342,22 @@ func TestLostSource(t *testing.T) {
 				}
 			} else {
 				buf := make([]byte, max(tc.queued, 1))
-				st, err = wait(t, must(t)(devs[0].Irecv(buf, 1, 5, 0)))
+				r := new(Request)
+				if tc.matched {
+					var m *Message
+					var ok bool
+					if m, _, ok, err = devs[0].Improbe(1, 5, 0); err == nil && !ok {
+						t.Fatal("matched probe found nothing and no error")
+					}
+					if err == nil {
+						err = devs[0].MrecvRequest(r, m, buf)
+					}
+				} else {
+					err = devs[0].IrecvRequest(r, buf, 1, 5, 0)
+				}
+				if err == nil {
+					st, err = wait(t, r)
+				}
 				if err == nil && !bytes.Equal(buf, pattern(tc.queued, 1)) {
 					t.Error("message corrupted")
 				}

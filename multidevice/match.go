@@ -1,8 +1,10 @@
 package multidevice
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -34,14 +36,8 @@ func (d *Device) Irecv(buf []byte, src, tag int, context uint64) (*Request, erro
 
 // irecv posts r, a fresh receive request for src.
 func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*Request, error) {
-	if d.closed.Load() {
-		return nil, ErrClosed
-	}
-	if src != AnySource && (src < 0 || src >= d.appSize) {
-		return nil, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.appSize)
-	}
-	if tag != AnyTag && (tag < 0 || tag > maxTag) {
-		return nil, fmt.Errorf("%w: %d (tags are 0..%d or AnyTag)", ErrTag, tag, maxTag)
+	if err := d.checkRecv(src, tag); err != nil {
+		return nil, err
 	}
 	r.tag, r.context, r.buf = int32(tag), context, buf
 
@@ -344,14 +340,8 @@ func (d *Device) Cancel(r *Request) {
 // Iprobe looks for a message that a receive with (src, tag, context) would
 // match, without receiving it.
 func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
-	if d.closed.Load() {
-		return Status{}, false, ErrClosed
-	}
-	if src != AnySource && (src < 0 || src >= d.appSize) {
-		return Status{}, false, fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.appSize)
-	}
-	if tag != AnyTag && (tag < 0 || tag > maxTag) {
-		return Status{}, false, fmt.Errorf("%w: %d", ErrTag, tag)
+	if err := d.checkRecv(src, tag); err != nil {
+		return Status{}, false, err
 	}
 	if src == AnySource || d.matchSub[src] < 0 {
 		probe := Request{peer: int32(src), tag: int32(tag), context: context}
@@ -385,6 +375,94 @@ func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
 		}
 	}
 	return Status{}, false, nil
+}
+
+// checkRecv checks the source and tag of a receive or probe.
+func (d *Device) checkRecv(src, tag int) error {
+	if d.closed.Load() {
+		return ErrClosed
+	}
+	if src != AnySource && (src < 0 || src >= d.appSize) {
+		return fmt.Errorf("%w: source %d not in [0,%d)", ErrRank, src, d.appSize)
+	}
+	if tag != AnyTag && (tag < 0 || tag > maxTag) {
+		return fmt.Errorf("%w: %d (tags are 0..%d or AnyTag)", ErrTag, tag, maxTag)
+	}
+	return nil
+}
+
+// Message is a message that a matched probe (Improbe) took out of
+// matching: no receive matches it any more, and only MrecvRequest
+// receives it, once. It is what makes probe-then-receive safe when several
+// goroutines receive from the same sources: between a plain probe and its
+// receive another receive may take the message.
+type Message struct {
+	d *Device
+	m atomic.Pointer[inMsg] // nil once received
+}
+
+// Improbe is Iprobe that also takes the message it finds out of matching
+// and hands it over as a Message. A message a matching subdevice
+// (sdi.FlagMatching) holds cannot be handed over: finding one, Improbe
+// fails with an error wrapping errors.ErrUnsupported.
+func (d *Device) Improbe(src, tag int, context uint64) (*Message, Status, bool, error) {
+	if err := d.checkRecv(src, tag); err != nil {
+		return nil, Status{}, false, err
+	}
+	if src == AnySource || d.matchSub[src] < 0 {
+		probe := Request{peer: int32(src), tag: int32(tag), context: context}
+		d.mu.Lock()
+		for i, m := range d.unexpected.items() {
+			if matches(&probe, &m.h) {
+				d.unexpected.remove(i)
+				d.mu.Unlock()
+				msg := &Message{d: d}
+				msg.m.Store(m)
+				return msg, Status{Source: int(m.h.src), Tag: int(m.h.tag), Count: int(m.h.length)}, true, nil
+			}
+		}
+		d.mu.Unlock()
+		if src != AnySource {
+			if err := d.peerErr(int32(src)); err != nil {
+				return nil, Status{}, false, err
+			}
+		}
+	}
+	for _, idx := range d.matchers {
+		if src != AnySource && idx != d.matchSub[src] {
+			continue
+		}
+		if _, ok := d.subs[idx].matcher.Probe(sdi.Rank(src), int32(tag), context); ok {
+			return nil, Status{}, false, fmt.Errorf("multidevice: matched probe: a message held by subdevice %q, which matches on its own: %w", d.subs[idx].name, errors.ErrUnsupported)
+		}
+	}
+	return nil, Status{}, false, nil
+}
+
+// errReceived is what receiving a Message a second time returns.
+var errReceived = errors.New("multidevice: message already received")
+
+// MrecvRequest starts receiving m into buf with r, a Request the caller
+// owns (see IrecvRequest). It completes as a receive that matched m would:
+// at once for a small message, once its data came for a large one.
+func (d *Device) MrecvRequest(r *Request, m *Message, buf []byte) error {
+	if m == nil || m.d != d {
+		return errors.New("multidevice: receive of a message this device did not probe")
+	}
+	if err := d.reuseRequest(r, false, 0); err != nil {
+		return err
+	}
+	msg := m.m.Swap(nil)
+	if msg == nil {
+		r.unstart()
+		return errReceived
+	}
+	r.peer, r.tag, r.context, r.buf = msg.h.src, msg.h.tag, msg.h.context, buf
+	d.mu.Lock()
+	d.deliverLocked(r, &msg.h, msg.data)
+	d.freeMsgLocked(msg)
+	d.mu.Unlock()
+	return nil
 }
 
 // HasMatchingSubDevices reports whether some loaded subdevice matches on its

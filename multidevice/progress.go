@@ -332,6 +332,13 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 	if err != nil {
 		return Status{}, err
 	}
+	return d.waitRecv(ctx, r)
+}
+
+// waitRecv waits for r, a receive from getRequest, and recycles it. When
+// ctx ends first r is cancelled; if it matched meanwhile it completes and
+// its result is returned.
+func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 	st, err := r.Wait(ctx)
 	if !r.isDone() && ctx.Err() != nil {
 		d.Cancel(r)
@@ -341,6 +348,29 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 	}
 	d.putRequest(r)
 	return st, err
+}
+
+// Sendrecv sends sbuf to world rank dst with stag and receives into rbuf
+// from src (or AnySource) with rtag, both at once: the receive is posted
+// before the send starts, so two ranks that exchange with each other (or
+// a ring of them) never wait for each other. It returns when both are
+// done, with the receive's status. A send that fails cancels the receive.
+func (d *Device) Sendrecv(ctx context.Context, sbuf []byte, dst, stag int, rbuf []byte, src, rtag int, cid uint64) (Status, error) {
+	r, err := d.irecv(d.getRequest(false, int32(src)), rbuf, src, rtag, cid)
+	if err != nil {
+		return Status{}, err
+	}
+	if err := d.Send(ctx, sbuf, dst, stag, cid, false); err != nil {
+		ended, cancel := context.WithCancel(ctx)
+		cancel() // the receive ends now: cancelled, unless it matched
+		st, _ := d.waitRecv(ended, r)
+		return st, fmt.Errorf("send: %w", err)
+	}
+	st, err := d.waitRecv(ctx, r)
+	if err != nil {
+		return st, fmt.Errorf("receive: %w", err)
+	}
+	return st, nil
 }
 
 // Progress drives progress on the calling goroutine, polling every

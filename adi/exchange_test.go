@@ -1,0 +1,183 @@
+package adi_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+// TestSendrecvRing shifts a buffer around a ring in both directions with
+// Sendrecv and SendrecvReplace. With messages beyond the eager limit every
+// rank's send waits for its neighbour's receive: blocking Sends would
+// leave the whole ring waiting.
+func TestSendrecvRing(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5} {
+		for _, size := range []int{0, 100, 3000, 70000} {
+			t.Run(fmt.Sprintf("ranks=%d/bytes=%d", n, size), func(t *testing.T) {
+				cs := loopJob(t, n)
+				ctx := ctxT(t)
+				each(t, cs, func(c *adi.Comm) error {
+					me, right, left := c.Rank(), (c.Rank()+1)%n, (c.Rank()+n-1)%n
+					got := make([]byte, size+10)
+					st, err := c.Sendrecv(ctx, pattern(me, right, size), right, 7, got, left, 7)
+					if err != nil {
+						return err
+					}
+					if st.Source != left || st.Tag != 7 || st.Count != size || !bytes.Equal(got[:size], pattern(left, me, size)) {
+						return fmt.Errorf("sendrecv: status %+v, or the data from rank %d is wrong", st, left)
+					}
+					buf := pattern(me, left, size)
+					st, err = c.SendrecvReplace(ctx, buf, left, 8, adi.AnySource, adi.AnyTag)
+					if err != nil {
+						return err
+					}
+					if st.Source != right || st.Tag != 8 || st.Count != size || !bytes.Equal(buf, pattern(right, me, size)) {
+						return fmt.Errorf("sendrecv replace: status %+v, or the data from rank %d is wrong", st, right)
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+func TestSendrecvErrors(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	if _, err := cs[0].Sendrecv(ctx, nil, 2, 0, nil, 1, 0); !errors.Is(err, adi.ErrRank) {
+		t.Errorf("destination out of range: %v, want ErrRank", err)
+	}
+	if _, err := cs[0].Sendrecv(ctx, nil, 1, 0, nil, 5, 0); !errors.Is(err, adi.ErrRank) {
+		t.Errorf("source out of range: %v, want ErrRank", err)
+	}
+	if _, err := cs[0].Sendrecv(ctx, nil, 1, -3, nil, 1, 0); !errors.Is(err, adi.ErrTag) {
+		t.Errorf("bad send tag: %v, want ErrTag", err)
+	}
+	// The receive of a send that failed is cancelled, not left posted to
+	// take the next message.
+	if _, err := cs[0].Sendrecv(ctx, nil, 1, -3, make([]byte, 1), 1, 4); err == nil {
+		t.Fatal("bad send tag accepted")
+	}
+	if err := cs[1].Send(ctx, []byte{42}, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := cs[0].Iprobe(1, 4); err != nil || !ok {
+		// Probe until it is here: sends from the same process are
+		// delivered by the loopback fabric at once or soon.
+		if _, err := cs[0].Probe(ctx, 1, 4); err != nil {
+			t.Fatalf("the message meant for a new receive: %v", err)
+		}
+	}
+	got := make([]byte, 1)
+	if _, err := cs[0].Recv(ctx, got, 1, 4); err != nil || got[0] != 42 {
+		t.Fatalf("receive after the failed sendrecv: %v %v", got, err)
+	}
+}
+
+// TestMatchedProbe: goroutines of one rank probe for any message and
+// receive what they probed; every message is received once, by the
+// goroutine that probed it, with the length the probe announced, whether
+// small or large. With Probe and Recv instead, a goroutine could receive
+// the message another one probed, into a buffer sized for the wrong one.
+func TestMatchedProbe(t *testing.T) {
+	cs := loopJob(t, 3)
+	ctx := ctxT(t)
+	const perSender, receivers = 40, 4
+	sizes := func(i int) int { return []int{1, 0, 600, 70000, 33}[i%5] }
+	var wg sync.WaitGroup
+	for s := 1; s <= 2; s++ {
+		wg.Go(func() {
+			for i := range perSender {
+				if err := cs[s].Send(ctx, pattern(s, i, sizes(i)), 0, i); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	var mu sync.Mutex
+	seen := map[[2]int]bool{}
+	for range receivers {
+		wg.Go(func() {
+			for range 2 * perSender / receivers {
+				m, st, err := cs[0].Mprobe(ctx, adi.AnySource, adi.AnyTag)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				buf := make([]byte, st.Count)
+				got, err := m.Recv(ctx, buf)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if got != st || !bytes.Equal(buf, pattern(st.Source, st.Tag, sizes(st.Tag))) {
+					t.Errorf("probed %+v, received %+v, data right: %v", st, got, bytes.Equal(buf, pattern(st.Source, st.Tag, sizes(st.Tag))))
+				}
+				mu.Lock()
+				if seen[[2]int{st.Source, st.Tag}] {
+					t.Errorf("message %d from rank %d received twice", st.Tag, st.Source)
+				}
+				seen[[2]int{st.Source, st.Tag}] = true
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	if len(seen) != 2*perSender {
+		t.Errorf("%d messages received, want %d", len(seen), 2*perSender)
+	}
+	if _, _, ok, err := cs[0].Improbe(adi.AnySource, adi.AnyTag); ok || err != nil {
+		t.Errorf("a message left over: %v %v", ok, err)
+	}
+}
+
+func TestMatchedProbeRules(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	if _, _, ok, err := cs[0].Improbe(1, 3); ok || err != nil {
+		t.Fatalf("probe with nothing sent: %v %v", ok, err)
+	}
+	if _, _, _, err := cs[0].Improbe(7, 3); !errors.Is(err, adi.ErrRank) {
+		t.Errorf("source out of range: %v, want ErrRank", err)
+	}
+	for _, size := range []int{10, 5000} {
+		msg := pattern(1, 0, size)
+		if err := cs[1].Send(ctx, msg[:0], 0, 2); err != nil { // a plain receive must not take the probed one
+			t.Fatal(err)
+		}
+		req := must(cs[1].Isend(msg, 0, 3))
+		m, st, err := cs[0].Mprobe(ctx, 1, 3)
+		if err != nil || st.Count != size {
+			t.Fatalf("mprobe: %+v %v", st, err)
+		}
+		if _, ok, _ := cs[0].Iprobe(1, 3); ok {
+			t.Error("a probed message is still seen by Iprobe")
+		}
+		short := make([]byte, size/2)
+		q, err := m.Irecv(short)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Irecv(short); err == nil {
+			t.Error("a message received twice")
+		}
+		if st, err := q.Wait(ctx); !errors.Is(err, adi.ErrTruncated) || st.Count != size/2 || !bytes.Equal(short, msg[:size/2]) {
+			t.Errorf("truncated receive of %d bytes: %+v %v", size, st, err)
+		}
+		if _, err := req.Wait(ctx); err != nil {
+			t.Errorf("send of %d bytes: %v", size, err)
+		}
+		if _, err := cs[0].Recv(ctx, nil, 1, 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var m *adi.Message
+	if _, err := m.Recv(ctx, nil); err == nil {
+		t.Error("receive of a nil message accepted")
+	}
+}
