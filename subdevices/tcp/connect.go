@@ -215,21 +215,43 @@ func trimDialErr(err error) error {
 	return err
 }
 
-// install makes conns the outbound lanes to rank and starts their
-// goroutines, unless Close started or another Connect won the race.
+// install makes conns the outbound lanes to rank, a new session, and
+// starts their goroutines, unless Close started or another Connect won the
+// race. A session it replaces (one whose connection failed) is retired
+// first: it is reported down before the new one is installed if its report
+// was under way, and never after.
 func (sd *subDevice) install(rank sdi.Rank, conns []net.Conn, links []Link) error {
 	sd.mu.Lock()
 	defer sd.mu.Unlock()
-	if sd.closed.Load() {
-		closeAll(conns)
-		return fmt.Errorf("tcp: connect to rank %d: %w", rank, sdi.ErrClosed)
+	for {
+		if sd.closed.Load() {
+			closeAll(conns)
+			return fmt.Errorf("tcp: connect to rank %d: %w", rank, sdi.ErrClosed)
+		}
+		old := sd.peers[rank].Load()
+		if old != nil && old.alive() {
+			closeAll(conns)
+			return nil
+		}
+		if old == nil || old.ended.Load() {
+			break
+		}
+		// A report takes sd.mu.
+		sd.mu.Unlock()
+		old.retire()
+		sd.mu.Lock()
 	}
-	if old := sd.peers[rank].Load(); old != nil && old.alive() {
-		closeAll(conns)
-		return nil
-	}
+	sd.gens++
 	p := newPeer(rank, sd.h, sd.log)
-	p.report = func(err error, except *inbound) { sd.reportDown(rank, err, except) }
+	p.gen = sd.gens
+	p.report = func(err error, except *inbound) bool {
+		if sd.peers[rank].Load() != p {
+			sd.log.Debug("a replaced connection failed; the peer is not reported down", "peer", rank, "session", p.gen, "error", err)
+			return false
+		}
+		sd.reportDown(rank, err, except)
+		return true
+	}
 	p.standby, p.backlog = sd.standby, &sd.backlog
 	lanes := make([]*lane, len(conns))
 	for i, c := range conns {

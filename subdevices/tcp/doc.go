@@ -121,7 +121,12 @@
 // [sdi.Handler.PeerDown]; so does the peer closing the connection, noticed
 // even while nothing is being sent. PeerDown concerns the ranks this
 // instance connected to: a peer's own connection to us ending is logged, not
-// reported, since that peer may simply have disconnected.
+// reported, since that peer may simply have disconnected. A failure belongs
+// to the session (one Connect's connections) it happened on: once a
+// Connect replaced a session whose connection failed before that was
+// reported, the old session's connections still fail their frames, but
+// the peer is not reported down for them and the new session is left
+// alone; the same holds after Disconnect.
 //
 // Inbound frames are parsed with non-blocking reads (see Progress): small
 // frames are batched through a 64 KiB read buffer and delivered from it;
@@ -131,9 +136,11 @@
 // handler), and into one reusable frame buffer otherwise; after a large
 // frame, the read for the next wire header asks only for the headers, so
 // no part of a following large payload is copied twice. If a stream ends
-// inside a frame being placed, the peer is reported down. Each wire header
-// is checked with [sdi.DecodeWireHeader] before the body is read, so a
-// claimed length beyond the limits is never allocated. A malformed frame
+// inside a frame being placed, the peer is reported down, and our own
+// connection to it ends too unless it was made after the place was given
+// (a newer session, which the failed frame does not concern). Each wire
+// header is checked with [sdi.DecodeWireHeader] before the body is read,
+// so a claimed length beyond the limits is never allocated. A malformed frame
 // closes that connection only, with a Warn naming the peer, its address and
 // what was wrong.
 //

@@ -190,6 +190,9 @@ type jobOpts struct {
 	// nap, when set, replaces both of the stand-by's naps: an hour means
 	// stand-by ends only through Idle.
 	nap time.Duration
+	// handler, when set, makes the Handler Open gets from the node's
+	// recorder (to add sdi.Placer, say).
+	handler func(*recorder) sdi.Handler
 }
 
 // openNode opens rank r of a job named after the test.
@@ -212,9 +215,13 @@ func openNode(t testing.TB, r sdi.Rank, o jobOpts) *node {
 	if host == "" {
 		host = "testhost"
 	}
+	var h sdi.Handler = n.rec
+	if o.handler != nil {
+		h = o.handler(n.rec)
+	}
 	local, err := n.sd.Open(context.Background(), sdi.OpenParams{
 		Rank: r, Size: o.size, Host: host, JobID: "job-" + t.Name(), Secret: []byte(secret),
-		APIVersion: sdi.APIVersion, Config: []byte(o.config), Handler: n.rec, Logger: logger,
+		APIVersion: sdi.APIVersion, Config: []byte(o.config), Handler: h, Logger: logger,
 	})
 	if err != nil {
 		t.Fatalf("open rank %d: %v", r, err)

@@ -30,6 +30,11 @@ type inbound struct {
 	ended chan struct{} // closed when err is set, to wake a reader on stand-by
 	// unacked counts the frames delivered since rx.delayAcks last ran.
 	unacked int
+	// placeGen is the gen of our connection (outbound session) to the
+	// rank when the handler last gave a place, 0 if there was none: a
+	// failure of the frame being placed is not one of a session
+	// connected after it (placeFailed).
+	placeGen uint64
 
 	// more is set when the last drain left bytes in the frame reader that
 	// the socket no longer signals, or stopped at its budget: the poll set
@@ -239,6 +244,11 @@ func (sd *subDevice) read(in *inbound, remote string) {
 		// drain, from this connection, in stream order.
 		mu, rank := &sd.deliverMu[in.rank], in.rank
 		in.fr.place = func(header []byte, n int) []byte {
+			// Called from drain, under in.mu.
+			in.placeGen = 0
+			if p := sd.peers[rank].Load(); p != nil {
+				in.placeGen = p.gen
+			}
 			mu.Lock()
 			defer mu.Unlock()
 			return pl.Place(rank, header, n)
@@ -395,11 +405,16 @@ func (sd *subDevice) streamEnded(in *inbound, err error) {
 // placeFailed reports rank down because a frame whose payload was being
 // read into the handler's place cannot be completed: the Placer contract
 // wants that report, and it is what makes the handler give the place up.
-// Through the peer's lanes when we are connected to it; if those reported
-// the peer down already (an earlier failure of our own connection, while
-// this inbound stream went on and placed a frame), the report is made
-// again, or the handler would keep the place for a Deliver that never
-// comes.
+// Through the peer's lanes when our connection to it is the session that
+// was current when the place was given, so that the peer is reported down
+// once and our connection ends with it; if those lanes reported the peer
+// down already (an earlier failure of our own connection, while this
+// inbound stream went on and placed a frame), the report is made again, or
+// the handler would keep the place for a Deliver that never comes. A
+// session connected after the place was given (a reconnect after
+// Disconnect, or after its predecessor failed without a report, see
+// retire) postdates the failed frame: the report is made straight to the
+// handler and leaves that session working.
 // The caller holds in.mu.
 func (sd *subDevice) placeFailed(in *inbound, err error) {
 	if sd.closed.Load() {
@@ -407,7 +422,7 @@ func (sd *subDevice) placeFailed(in *inbound, err error) {
 	}
 	rank := in.rank
 	err = fmt.Errorf("tcp: rank %d down: %w: its stream ended inside a frame being placed: %w", rank, sdi.ErrPeerUnreachable, err)
-	if p := sd.peers[rank].Load(); p != nil && p.laneDown(err, in) {
+	if p := sd.peers[rank].Load(); p != nil && p.gen == in.placeGen && p.laneDown(err, in) {
 		return
 	}
 	sd.reportDown(rank, err, in)

@@ -502,7 +502,7 @@ func (p *lane) fail() {
 	p.finish(len(rest))
 	p.mu.Unlock()
 	if report {
-		p.log.Info("lost connection to peer", "peer", p.rank, "remote_addr", p.conn.RemoteAddr(), "failed_frames", len(rest), "error", err)
+		p.log.Info("lost connection to peer", "peer", p.rank, "session", p.owner.gen, "remote_addr", p.conn.RemoteAddr(), "failed_frames", len(rest), "error", err)
 		p.owner.laneDown(err, nil)
 	}
 }

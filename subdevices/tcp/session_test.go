@@ -4,13 +4,17 @@ import (
 	"encoding/binary"
 	"net"
 	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
-// dialLanes opens one connection from a to b per lane of session, lane i
-// over the i-th interface pair, each through the real handshake. dial
-// returns only after b's acceptor registered the lane, so calls in a row
-// fix the order in which b sees lanes, whatever the scheduler does.
-func dialLanes(t *testing.T, a, b *node, session uint64, lanes ...int) []net.Conn {
+// dialLane opens the connection from a to b that lane id.lane of session
+// id.session would be, over the id.lane-th interface pair, through the real
+// handshake. It returns only after b's acceptor registered the lane, so
+// calls in a row fix the order in which b sees lanes, whatever the
+// scheduler does.
+func dialLane(t *testing.T, a, b *node, id laneID) net.Conn {
 	t.Helper()
 	sd := a.sd.(*subDevice)
 	c, err := decodeCard(b.local.Addr)
@@ -18,18 +22,14 @@ func dialLanes(t *testing.T, a, b *node, session uint64, lanes ...int) []net.Con
 		t.Fatal(err)
 	}
 	pairs, _, err := sd.choose(b.rank, c)
-	if err != nil || len(pairs) != 2 {
-		t.Fatalf("pairs %v, %v; want two", pairs, err)
+	if err != nil || len(pairs) != int(id.lanes) {
+		t.Fatalf("pairs %v, %v; want %d", pairs, err, id.lanes)
 	}
-	var conns []net.Conn
-	for _, i := range lanes {
-		conn, err := sd.dial(t.Context(), b.rank, pairs[i], c.Port, laneID{session: session, lane: uint16(i), lanes: 2})
-		if err != nil {
-			t.Fatalf("session %d lane %d: %v", session, i, err)
-		}
-		conns = append(conns, conn)
+	conn, err := sd.dial(t.Context(), b.rank, pairs[id.lane], c.Port, id)
+	if err != nil {
+		t.Fatalf("session %d lane %d: %v", id.session, id.lane, err)
 	}
-	return conns
+	return conn
 }
 
 // Two Connects to one rank that cross (the multidevice reviving a route
@@ -54,7 +54,8 @@ func TestInterleavedSessionsDeliver(t *testing.T) {
 				session uint64
 				lane    int
 			}{{1, 0}, {2, 0}, {1, 1}, {2, 1}} {
-				conns[step.session] = append(conns[step.session], dialLanes(t, a, b, step.session, step.lane)...)
+				id := laneID{session: step.session, lane: uint16(step.lane), lanes: 2}
+				conns[step.session] = append(conns[step.session], dialLane(t, a, b, id))
 			}
 			loser := 3 - tc.winner
 			closeAll(conns[loser])
@@ -79,4 +80,109 @@ func TestInterleavedSessionsDeliver(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A connection of ours that fails is reported by its lane's writer once it
+// has failed the lane's frames, and that may come late: here a poller
+// holds the lane's write turn when the connection fails. A Connect in
+// between finds the peer not alive and replaces it with a new session. The
+// old session's failure must then stay its own: no PeerDown (the
+// multidevice would take the working new connection for dead, fail over
+// and revive it), and the new session keeps working.
+func TestReplacedSessionFailsQuietly(t *testing.T) {
+	nodes := newJob(t, 2, jobOpts{})
+	a, b := nodes[0], nodes[1]
+	sd := a.sd.(*subDevice)
+	old := sd.peers[b.rank].Load()
+	l := old.lanes[0]
+	l.mu.Lock()
+	l.busy = true // a poller pushing the queue, say
+	l.mu.Unlock()
+	l.conn.Close() // the watcher's read fails and halts the lane
+	<-l.halted
+
+	if err := a.sd.Connect(t.Context(), b.rank, b.local.Addr); err != nil {
+		t.Fatal(err)
+	}
+	p := sd.peers[b.rank].Load()
+	if p == old {
+		t.Fatal("Connect kept the session that failed")
+	}
+	l.mu.Lock()
+	l.release() // the poller gives the turn up; the writer fails the lane
+	l.mu.Unlock()
+	<-l.done // the old lane's writer returned: whatever it reports, it has
+
+	a.rec.mu.Lock()
+	downs, why := a.rec.downCount[b.rank], a.rec.downs[b.rank]
+	a.rec.mu.Unlock()
+	if downs != 0 {
+		t.Errorf("the replaced session's failure reported the peer down %d times: %v", downs, why)
+	}
+	if !p.alive() {
+		t.Fatal("the replaced session's failure halted the new session")
+	}
+	send(t, a, &sdi.Frame{Peer: b.rank, Payload: []byte("on the new session"), Token: 1})
+	b.rec.waitFor(t, "the frame sent on the new session", func() bool { return len(b.rec.delivered[a.rank]) == 1 })
+}
+
+// placer is a recorder that is also an sdi.Placer: it gives a fresh
+// place to every frame asked about, and tells the test on placed.
+type placer struct {
+	*recorder
+	placed chan struct{}
+}
+
+func (p *placer) Place(from sdi.Rank, header []byte, n int) []byte {
+	select {
+	case p.placed <- struct{}{}:
+	default:
+	}
+	return make([]byte, n)
+}
+
+// A stream from a peer that ends inside a frame it was placing must report
+// the peer down (the Placer contract), but a connection of ours to that
+// peer made after the place was given is a new session the failure does
+// not belong to: it must keep working. It used to be halted with the
+// report, so the report cost the new session its queued frames, and the
+// multidevice's revival Connect a second new session.
+func TestStalePlaceFailureSparesNewSession(t *testing.T) {
+	pl := &placer{placed: make(chan struct{}, 1)}
+	o := jobOpts{size: 2, handler: func(r *recorder) sdi.Handler { pl.recorder = r; return pl }}
+	a, b := openNode(t, 0, o), openNode(t, 1, jobOpts{size: 2})
+	ctx := t.Context()
+	if err := a.sd.Connect(ctx, b.rank, b.local.Addr); err != nil {
+		t.Fatal(err)
+	}
+	// b's side of the stream, played by the test: the start of a frame
+	// too large to batch, so a places it, and no more.
+	in := dialLane(t, b, a, laneID{session: 7, lanes: 1})
+	var w [sdi.WireHeaderSize]byte
+	sdi.WireHeader{HeaderLen: 8, PayloadLen: 256 << 10}.Put(w[:])
+	if _, err := in.Write(append(append(w[:], make([]byte, 8)...), make([]byte, 1000)...)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-pl.placed:
+	case <-time.After(watchdog):
+		t.Fatal("watchdog: the frame was never placed")
+	}
+
+	// Our connection is replaced by a new session meanwhile.
+	if err := a.sd.Disconnect(ctx, b.rank); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.sd.Connect(ctx, b.rank, b.local.Addr); err != nil {
+		t.Fatal(err)
+	}
+	p := a.sd.(*subDevice).peers[b.rank].Load()
+
+	in.Close()
+	a.rec.waitFor(t, "PeerDown for the abandoned place", func() bool { return a.rec.downCount[b.rank] == 1 })
+	if !p.alive() {
+		t.Fatal("a place given before the session was connected took the session down when it failed")
+	}
+	send(t, a, &sdi.Frame{Peer: b.rank, Payload: []byte("on the new session"), Token: 1})
+	b.rec.waitFor(t, "the frame sent on the new session", func() bool { return len(b.rec.delivered[a.rank]) == 1 })
 }

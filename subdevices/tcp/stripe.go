@@ -3,6 +3,7 @@ package tcp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"sync"
@@ -71,7 +72,10 @@ func Chosen(sd sdi.SubDevice, peer sdi.Rank) (res addrsel.Result, ok bool) {
 //
 // It is safe for concurrent use.
 type peer struct {
-	rank  sdi.Rank
+	rank sdi.Rank
+	// gen tells this session (one Connect's lanes) from the rank's others:
+	// install numbers sessions from 1, in the order they are installed.
+	gen   uint64
 	h     sdi.Handler
 	log   hclog.Logger
 	lanes []*lane
@@ -84,11 +88,16 @@ type peer struct {
 	weight []float64 // share of each lane; sums to 1
 	sent   []float64 // bytes each lane accepted, divided by its share
 
+	// downOnce ends the session once: reported down by the first lane
+	// that fails (laneDown), or retired without a report when a newer
+	// session replaces it (retire). ended is set when that has run.
 	downOnce sync.Once
-	// report reports the peer down to the handler; nil (tests) reports
-	// straight to h. except is an inbound stream of the peer whose lock
-	// the caller holds.
-	report func(err error, except *inbound)
+	ended    atomic.Bool
+	// report reports the peer down to the handler, unless this session
+	// is no longer the rank's (it then returns false); nil (tests)
+	// reports straight to h. except is an inbound stream of the peer
+	// whose lock the caller holds.
+	report func(err error, except *inbound) bool
 }
 
 func newPeer(rank sdi.Rank, h sdi.Handler, log hclog.Logger) *peer {
@@ -201,20 +210,46 @@ func (p *peer) halt(err error) {
 // laneDown is called by a lane whose connection failed, after it failed its
 // frames. Losing one lane loses the peer: the frames on it are gone, and
 // resending them elsewhere is the multidevice's failover, not ours. The
-// peer is reported down once, whichever lanes fail; laneDown reports
-// whether this call was the one.
+// peer is reported down once, whichever lanes fail, and only while this
+// session is the rank's: a session that Disconnect dropped or a newer
+// session replaced fails on its own, and a report of it would take the
+// peer for lost while its new connection works. laneDown reports whether
+// this call made the report.
 func (p *peer) laneDown(err error, except *inbound) bool {
 	reported := false
 	p.downOnce.Do(func() {
 		p.halt(err)
 		if p.report != nil {
-			p.report(err, except)
+			reported = p.report(err, except)
 		} else {
 			p.h.PeerDown(p.rank, err)
+			reported = true
 		}
-		reported = true
+		p.ended.Store(true)
 	})
 	return reported
+}
+
+// retire ends a session that a newer one replaces, without reporting it
+// down: it halts the lanes that still work, and a lane that fails later
+// reports nothing. A report already under way is waited for, so that it
+// reaches the handler before the new session is installed, never after.
+// The caller holds no lock a report takes (subDevice.mu, a stream's mu).
+func (p *peer) retire() {
+	p.downOnce.Do(func() {
+		err := fmt.Errorf("tcp: rank %d: %w: its connection failed and a new one replaced it", p.rank, sdi.ErrPeerUnreachable)
+		for _, l := range p.lanes {
+			l.mu.Lock()
+			lerr := l.err
+			l.mu.Unlock()
+			if lerr != nil {
+				err = lerr // the failure that made the session not alive
+				break
+			}
+		}
+		p.halt(err)
+		p.ended.Store(true)
+	})
 }
 
 // flush waits until every frame accepted before the call, on every lane,

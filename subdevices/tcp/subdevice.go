@@ -43,6 +43,7 @@ type subDevice struct {
 	inbound   map[*inbound]struct{}
 	latest    map[sdi.Rank]*session       // newest inbound session per rank
 	sessions  map[sessionKey]*session     // inbound sessions with a lane open
+	gens      uint64                      // outbound sessions installed so far (peer.gen)
 	chosen    map[sdi.Rank]addrsel.Result // the last selection per rank, for Chosen
 
 	// Set by Open and read-only afterwards.

@@ -501,9 +501,11 @@ func TestPlaceFailedAfterDown(t *testing.T) {
 	nodes := newJob(t, 2, jobOpts{})
 	a, b := nodes[0], nodes[1]
 	sd := a.sd.(*subDevice)
-	if !sd.peers[b.rank].Load().laneDown(errors.New("test: our connection broke"), nil) {
+	p := sd.peers[b.rank].Load()
+	if !p.laneDown(errors.New("test: our connection broke"), nil) {
 		t.Fatal("the first failure was not reported")
 	}
-	sd.placeFailed(&inbound{rank: b.rank}, io.ErrUnexpectedEOF)
+	// The place was given while that connection was current.
+	sd.placeFailed(&inbound{rank: b.rank, placeGen: p.gen}, io.ErrUnexpectedEOF)
 	a.rec.waitFor(t, "a second PeerDown", func() bool { return a.rec.downCount[b.rank] == 2 })
 }
