@@ -44,10 +44,20 @@ import (
 // receiver's, written through the kernel, which refuses addresses not
 // mapped there. A receiver that names anything else gets no help. A
 // sender that fails a write adds assistFailed; the receiver then reads the
-// whole payload itself. A sender that never finishes a chunk it took (a
-// garbled claim word, a process stopped mid-copy) makes the receiver wait
-// up to assistPatience, checking that the process lives, and then report
-// it down without delivering.
+// whole payload itself.
+//
+// A sender that took a chunk may write it into the place until it counts
+// it done, and nothing the receiver does stops a process_vm_writev under
+// way in another process. So the receiver waits for every chunk the
+// sender took for as long as the sender's process runs, and reports it
+// down, its place ended ([sdi.Placer]), only once it has exited; not at
+// the receiver's Close either, after which the multidevice hands the
+// buffers back. A sender that takes longer than assistPatience (a
+// process stopped mid-copy, a garbled claim word) is logged, and checked
+// on every millisecond instead of spun on. Giving up sooner let a
+// stopped sender, once resumed, write its chunk into a buffer the
+// application had been given back, or count it done in the next epoch's
+// word, where the receiver took it for a chunk of the next payload.
 //
 // Revocation (singlecopy.go) still holds: the receiver waits for the
 // sender's chunks before it loads the revoked word, so a chunk copied from
@@ -75,7 +85,9 @@ const (
 	// assistFailed is added to the done word for a chunk the sender
 	// could not write.
 	assistFailed = 1 << 32
-	// assistPatience bounds the wait for a sender's chunk.
+	// assistPatience is how long a receiver waits for a sender's chunk
+	// before it logs the stall and checks on the sender every millisecond
+	// instead of spinning; it waits on while the sender's process runs.
 	assistPatience = 2 * time.Second
 )
 
@@ -92,6 +104,16 @@ func (rc *receiver) readAssisted(r int, pr *peerProc, dst []byte, addr, head uin
 	if nc < 2 || rc.noAssist[r] || rc.sendingTo(r) {
 		return rc.vm.read(pid, dst, addr)
 	}
+	// The wait below asks pr whether the sender still runs; a
+	// reconnect may release it meanwhile, which would leave no answer.
+	if !pr.hold() {
+		return fmt.Errorf("connection to process %d released: %w", pid, sdi.ErrPeerUnreachable)
+	}
+	defer func() {
+		if err := pr.release(); err != nil {
+			rc.sd.log.Warn("releasing the process of peer", "peer", r, "error", err)
+		}
+	}()
 	aw := rc.sd.inbound[r].assist
 	rc.epoch[r]++
 	e := uint64(rc.epoch[r]) << 32
@@ -145,10 +167,13 @@ func (rc *receiver) sendingTo(r int) bool {
 }
 
 // awaitSender waits until the done word counts want chunks copied or
-// failed, and reports whether one failed. It gives up when the sender's
-// process pr exits or after assistPatience.
+// failed, and reports whether one failed. It gives up only when the
+// sender's process pr exited: until then the sender may still write a
+// chunk it took into the place (see the top of this file). The caller
+// holds pr.
 func (rc *receiver) awaitSender(r int, pr *peerProc, done *atomic.Uint64, want int) (bool, error) {
 	var start time.Time
+	stalled := false
 	for i := 0; ; i++ {
 		d := done.Load()
 		if int(uint32(d))+int(d>>32) >= want {
@@ -157,9 +182,13 @@ func (rc *receiver) awaitSender(r int, pr *peerProc, done *atomic.Uint64, want i
 		if i < 1024 {
 			continue
 		}
-		runtime.Gosched()
-		if i%1024 != 0 {
-			continue
+		if stalled {
+			time.Sleep(time.Millisecond)
+		} else {
+			runtime.Gosched()
+			if i%1024 != 0 {
+				continue
+			}
 		}
 		if start.IsZero() {
 			start = time.Now()
@@ -168,8 +197,11 @@ func (rc *receiver) awaitSender(r int, pr *peerProc, done *atomic.Uint64, want i
 		if err := pr.check(); err != nil {
 			return false, fmt.Errorf("rank %d stopped while copying a payload: %w", r, err)
 		}
-		if time.Since(start) > rc.sd.assistPatience {
-			return false, fmt.Errorf("%w: rank %d took part of a payload and did not copy it within %v", sdi.ErrBadFrame, r, rc.sd.assistPatience)
+		if !stalled && time.Since(start) > rc.sd.assistPatience {
+			stalled = true
+			rc.sd.assistStalls.Add(1)
+			rc.sd.log.Warn("peer took part of a payload and has not copied it; waiting while its process runs, since it may still write into the place",
+				"peer", r, "waited", rc.sd.assistPatience, "chunks_outstanding", want-int(uint32(done.Load())))
 		}
 	}
 }

@@ -3,10 +3,15 @@ package shm
 import (
 	"bytes"
 	"errors"
+	"os"
+	"os/exec"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -22,6 +27,14 @@ type assistRig struct {
 	back    *peer // rank 1's connection to rank 0
 	rx      *device
 	payload []byte
+
+	// For one run: the process the receiver takes for the sender's and
+	// how to make it exit, the stalls counted before, and a channel
+	// closed once the receiver returned.
+	proc     *peerProc
+	die      func()
+	stalls   int64
+	returned chan struct{}
 }
 
 func newAssistRig(t *testing.T, n int) *assistRig {
@@ -32,6 +45,7 @@ func newAssistRig(t *testing.T, n int) *assistRig {
 	if !g.tx.canWrite.Load() {
 		t.Fatal("rank 0 may read rank 1's memory but was not allowed to write into it")
 	}
+	g.proc, g.die = g.rx.srcProc[0].Load(), func() {}
 	inFlight(t, g.tx, g.payload)
 	return g
 }
@@ -144,12 +158,18 @@ func TestAssistOne(t *testing.T) {
 // TestReadAssisted checks the receiver's side against a sender that takes
 // chunks and finishes them late, fails them, or never finishes them: the
 // receiver returns only when every byte is in place, reads everything
-// itself after a failure, and gives up on a sender that stalls, without
-// delivering.
+// itself after a failure, and waits for a chunk the sender took for as
+// long as the sender's process runs, however long (a process_vm_writev
+// under way in the sender cannot be called back, and the place must get
+// no byte after the receiver gave it up), returning without delivering
+// once it exited.
 func TestReadAssisted(t *testing.T) {
 	const n = 256 * assistChunk // 16 MiB: the helper has time to join in
 	tests := []struct {
-		name    string
+		name string
+		// proc, if set, gives the process the receiver watches as the
+		// sender's, and the function that makes it exit.
+		proc    func(t *testing.T) (*peerProc, func())
 		helper  func(g *assistRig, dst []byte) bool // reports whether it took part
 		wantErr error
 	}{
@@ -159,13 +179,7 @@ func TestReadAssisted(t *testing.T) {
 				return false
 			}
 			time.Sleep(20 * time.Millisecond)
-			off := k * assistChunk
-			// Through the kernel, as the sender does: the race detector
-			// does not see atomics on shared mappings order a Go copy.
-			if err := g.tx.writeChunk(g.payload[off:off+assistChunk], descriptorOf(dst).addr+uint64(off)); err != nil {
-				panic(err)
-			}
-			g.tx.ring.assist.done.Add(1)
+			g.write(k, dst)
 			return true
 		}},
 		{name: "real sender", helper: func(g *assistRig, _ []byte) bool {
@@ -179,10 +193,49 @@ func TestReadAssisted(t *testing.T) {
 			g.tx.ring.assist.done.Add(assistFailed)
 			return true
 		}},
-		{name: "sender stalls", wantErr: sdi.ErrBadFrame, helper: func(g *assistRig, _ []byte) bool {
-			return g.take() >= 0
+		// A sender stopped mid-copy (SIGSTOP, a debugger) and resumed
+		// after the patience: the receiver used to give up at the
+		// patience, report it down, and get the chunk written into the
+		// place afterwards.
+		{name: "sender finishes after the patience", helper: func(g *assistRig, dst []byte) bool {
+			k := g.take()
+			if k < 0 {
+				return false
+			}
+			g.stalledOrReturned()
+			g.write(k, dst)
+			return true
 		}},
-		{name: "garbled claim word", wantErr: sdi.ErrBadFrame, helper: func(g *assistRig, _ []byte) bool {
+		// A reconnect releases the previous connection's process; the
+		// receiver waiting on it must still know whether it runs.
+		{name: "process released meanwhile", proc: func(t *testing.T) (*peerProc, func()) {
+			pr, unavail, err := openPeerProc(os.Getpid(), unix.PidfdOpen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if unavail != nil {
+				t.Skipf("pidfd_open is unavailable here: %v", unavail)
+			}
+			return pr, func() {}
+		}, helper: func(g *assistRig, dst []byte) bool {
+			k := g.take()
+			if k < 0 {
+				return false
+			}
+			_ = g.proc.release()
+			g.stalledOrReturned()
+			g.write(k, dst)
+			return true
+		}},
+		{name: "sender dies holding a chunk", proc: liveProc, wantErr: sdi.ErrPeerUnreachable, helper: func(g *assistRig, _ []byte) bool {
+			if g.take() < 0 {
+				return false
+			}
+			g.stalledOrReturned()
+			g.die()
+			return true
+		}},
+		{name: "garbled claim word", proc: liveProc, wantErr: sdi.ErrPeerUnreachable, helper: func(g *assistRig, _ []byte) bool {
 			g.awaitOpen()
 			aw := g.tx.ring.assist
 			for {
@@ -191,15 +244,18 @@ func TestReadAssisted(t *testing.T) {
 					return false
 				}
 				if aw.claim.CompareAndSwap(w, w|1000) {
-					return true
+					break
 				}
 			}
+			g.stalledOrReturned()
+			g.die()
+			return true
 		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			g := newAssistRig(t, n)
-			g.rx.assistPatience = 300 * time.Millisecond
+			g.rx.assistPatience = 50 * time.Millisecond
 			// The receiver may take every chunk before the helper runs;
 			// then the case did not happen, and it goes again.
 			for attempt := 0; ; attempt++ {
@@ -210,6 +266,10 @@ func TestReadAssisted(t *testing.T) {
 						t.Skip("the helper never got a chunk in 20 attempts, on one processor")
 					}
 					t.Fatal("the helper never got a chunk in 20 attempts")
+				}
+				g.proc, g.die = g.rx.srcProc[0].Load(), func() {}
+				if tt.proc != nil {
+					g.proc, g.die = tt.proc(t)
 				}
 				dst := make([]byte, n)
 				in, got, err := g.run(tt.helper, dst)
@@ -228,6 +288,60 @@ func TestReadAssisted(t *testing.T) {
 	}
 }
 
+// liveProc returns, as the sender's process, one that runs until the
+// function returned with it kills it. Its memory is not read: the reads
+// go to the pid, which is this process's.
+func liveProc(t *testing.T) (*peerProc, func()) {
+	t.Helper()
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skipf("no sleep command to stand for the sender's process: %v", err)
+	}
+	cmd := exec.Command(sleep, "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	kill := func() {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+	}
+	t.Cleanup(kill)
+	fd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
+	if err != nil {
+		t.Skipf("pidfd_open is unavailable here: %v", err)
+	}
+	pr := &peerProc{pid: os.Getpid(), fd: fd, refs: 1}
+	t.Cleanup(func() { _ = pr.release() })
+	return pr, kill
+}
+
+// write copies chunk k of the payload into dst and counts it done, as the
+// sender does: through the kernel, since the race detector does not see
+// atomics on shared mappings order a Go copy.
+func (g *assistRig) write(k int, dst []byte) {
+	off := k * assistChunk
+	end := min(off+assistChunk, len(g.payload))
+	if err := g.tx.writeChunk(g.payload[off:end], descriptorOf(dst).addr+uint64(off)); err != nil {
+		panic(err)
+	}
+	g.tx.ring.assist.done.Add(1)
+}
+
+// stalledOrReturned waits until the receiver has waited for the helper's
+// chunk past its patience, or gave up waiting and returned.
+func (g *assistRig) stalledOrReturned() {
+	for g.rx.assistStalls.Load() == g.stalls {
+		select {
+		case <-g.returned:
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
 // run reads the rig's payload into dst as rank 1's receiver, with helper
 // running beside it as rank 0, and reports whether the helper took part
 // and what dst held when the read returned.
@@ -235,12 +349,14 @@ func (g *assistRig) run(helper func(g *assistRig, dst []byte) bool, dst []byte) 
 	// Hold the receive lock: the test is the receiver's owner.
 	g.rx.rxMu.Lock()
 	defer g.rx.rxMu.Unlock()
+	g.returned, g.stalls = make(chan struct{}), g.rx.assistStalls.Load()
 	in := make(chan bool)
 	go func() { in <- helper(g, dst) }()
-	err := g.rx.rx.readAssisted(0, g.rx.srcProc[0].Load(), dst, descriptorOf(g.payload).addr, fakeAt)
+	err := g.rx.rx.readAssisted(0, g.proc, dst, descriptorOf(g.payload).addr, fakeAt)
 	// What dst holds when the read returns is what would be delivered:
 	// a chunk the helper writes later must not be missing from it.
 	got := bytes.Clone(dst)
+	close(g.returned)
 	return <-in, got, err
 }
 

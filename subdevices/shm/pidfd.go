@@ -81,6 +81,20 @@ func (pr *peerProc) acquire() *peerProc {
 	return pr
 }
 
+// hold adds a holder unless pr was released already, and reports
+// whether it did: a receiver waiting on pr's process needs it not to be
+// released under it (a reconnect releases the previous one), since a
+// released one cannot tell whether the process still runs.
+func (pr *peerProc) hold() bool {
+	pr.mu.Lock()
+	defer pr.mu.Unlock()
+	if pr.refs == 0 {
+		return false
+	}
+	pr.refs++
+	return true
+}
+
 // release drops a holder, and closes the pidfd with the last one.
 func (pr *peerProc) release() error {
 	pr.mu.Lock()

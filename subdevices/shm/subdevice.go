@@ -81,9 +81,11 @@ type device struct {
 	// sleepFor bounds a doorbell sleep; tests set it to 0 (no bound) so a
 	// lost wake-up shows up as a hang instead of a delay.
 	sleepFor time.Duration
-	// assistPatience bounds a receiver's wait for the chunks a sender took
-	// (assist.go); tests shorten it.
+	// assistPatience is how long a receiver waits for the chunks a sender
+	// took before it says so and waits more patiently (assist.go); tests
+	// shorten it. assistStalls counts such waits; tests read it.
 	assistPatience time.Duration
+	assistStalls   atomic.Int64
 	// sleeps counts the progress goroutine's doorbell sleeps, and naps
 	// those it napped instead because another goroutine was runnable
 	// (progress.go). Tests read them.
