@@ -233,7 +233,7 @@ func (sd *subDevice) install(rank sdi.Rank, conns []net.Conn, links []Link) erro
 			closeAll(conns)
 			return nil
 		}
-		if old == nil || old.ended.Load() {
+		if old == nil || old.isEnded() {
 			break
 		}
 		// A report takes sd.mu.

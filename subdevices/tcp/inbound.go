@@ -409,8 +409,9 @@ func (sd *subDevice) streamEnded(in *inbound, err error) {
 // was current when the place was given, so that the peer is reported down
 // once and our connection ends with it; if those lanes reported the peer
 // down already (an earlier failure of our own connection, while this
-// inbound stream went on and placed a frame), the report is made again, or
-// the handler would keep the place for a Deliver that never comes. A
+// inbound stream went on and placed a frame), or are reporting it now (a
+// link that died both ways), the report is made again, or the handler
+// would keep the place for a Deliver that never comes. A
 // session connected after the place was given (a reconnect after
 // Disconnect, or after its predecessor failed without a report, see
 // retire) postdates the failed frame: the report is made straight to the

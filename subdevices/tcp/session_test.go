@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"encoding/binary"
+	"io"
 	"net"
 	"testing"
 	"time"
@@ -185,4 +186,51 @@ func TestStalePlaceFailureSparesNewSession(t *testing.T) {
 	}
 	send(t, a, &sdi.Frame{Peer: b.rank, Payload: []byte("on the new session"), Token: 1})
 	b.rec.waitFor(t, "the frame sent on the new session", func() bool { return len(b.rec.delivered[a.rank]) == 1 })
+}
+
+// A link that dies takes both directions: our lane's failure is reported
+// while the peer's stream to us ends inside a frame it was placing. The
+// lane's report makes every stream of the peer give its place up, so it
+// waits for each stream's lock; the stream's end is reported under that
+// lock. It used to wait, under the lock, for the lane's report to finish:
+// neither ever did. Here the test holds the stream's lock, as its reader
+// would, while the lane's report is under way.
+func TestPlaceFailedDuringLaneReport(t *testing.T) {
+	a, b := striped(t)
+	sd := a.sd.(*subDevice)
+	p := sd.peers[b.rank].Load()
+	var x *inbound
+	sd.mu.Lock()
+	for in := range sd.inbound {
+		if in.rank == b.rank {
+			x = in
+			break
+		}
+	}
+	sd.mu.Unlock()
+	if x == nil {
+		t.Fatal("no stream from the peer")
+	}
+	x.mu.Lock()
+	x.placeGen = p.gen // the place was given while this session was current
+	p.lanes[0].conn.Close()
+	// Only the report halts the other lane: it is under way, and it will
+	// wait for x's lock.
+	<-p.lanes[1].halted
+
+	returned := make(chan struct{})
+	go func() {
+		defer close(returned)
+		sd.placeFailed(x, io.ErrUnexpectedEOF)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(watchdog):
+		t.Error("watchdog: the stream's end waited for the lane's report, which waits for the stream")
+	}
+	x.mu.Unlock()
+	<-returned
+	// Both are reported: the place needs its own report, the lane's
+	// report ends what the stream may place later.
+	a.rec.waitFor(t, "both reports", func() bool { return a.rec.downCount[b.rank] == 2 })
 }

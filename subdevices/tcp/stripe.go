@@ -88,11 +88,14 @@ type peer struct {
 	weight []float64 // share of each lane; sums to 1
 	sent   []float64 // bytes each lane accepted, divided by its share
 
-	// downOnce ends the session once: reported down by the first lane
-	// that fails (laneDown), or retired without a report when a newer
-	// session replaces it (retire). ended is set when that has run.
-	downOnce sync.Once
-	ended    atomic.Bool
+	// The session ends once: reported down by the first lane that fails
+	// (laneDown), or retired without a report when a newer session
+	// replaces it (retire). Whoever sets ending (under endMu) ends it,
+	// and closes ended once the lanes are halted and the report, if
+	// any, has returned.
+	endMu  sync.Mutex
+	ending bool
+	ended  chan struct{}
 	// report reports the peer down to the handler, unless this session
 	// is no longer the rank's (it then returns false); nil (tests)
 	// reports straight to h. except is an inbound stream of the peer
@@ -101,7 +104,7 @@ type peer struct {
 }
 
 func newPeer(rank sdi.Rank, h sdi.Handler, log hclog.Logger) *peer {
-	return &peer{rank: rank, h: h, log: log}
+	return &peer{rank: rank, h: h, log: log, ended: make(chan struct{})}
 }
 
 // setLanes installs the connected lanes; weights follow link speeds when
@@ -214,20 +217,21 @@ func (p *peer) halt(err error) {
 // session is the rank's: a session that Disconnect dropped or a newer
 // session replaced fails on its own, and a report of it would take the
 // peer for lost while its new connection works. laneDown reports whether
-// this call made the report.
+// this call made the report; it returns false at once when the session
+// is being ended already. It must not wait for that: the report takes the
+// lock of every inbound stream of the peer, and placeFailed calls laneDown
+// holding one.
 func (p *peer) laneDown(err error, except *inbound) bool {
-	reported := false
-	p.downOnce.Do(func() {
-		p.halt(err)
-		if p.report != nil {
-			reported = p.report(err, except)
-		} else {
-			p.h.PeerDown(p.rank, err)
-			reported = true
-		}
-		p.ended.Store(true)
-	})
-	return reported
+	if !p.claimEnd() {
+		return false
+	}
+	defer close(p.ended)
+	p.halt(err)
+	if p.report == nil {
+		p.h.PeerDown(p.rank, err)
+		return true
+	}
+	return p.report(err, except)
 }
 
 // retire ends a session that a newer one replaces, without reporting it
@@ -236,20 +240,44 @@ func (p *peer) laneDown(err error, except *inbound) bool {
 // reaches the handler before the new session is installed, never after.
 // The caller holds no lock a report takes (subDevice.mu, a stream's mu).
 func (p *peer) retire() {
-	p.downOnce.Do(func() {
-		err := fmt.Errorf("tcp: rank %d: %w: its connection failed and a new one replaced it", p.rank, sdi.ErrPeerUnreachable)
-		for _, l := range p.lanes {
-			l.mu.Lock()
-			lerr := l.err
-			l.mu.Unlock()
-			if lerr != nil {
-				err = lerr // the failure that made the session not alive
-				break
-			}
+	if !p.claimEnd() {
+		<-p.ended
+		return
+	}
+	defer close(p.ended)
+	err := fmt.Errorf("tcp: rank %d: %w: its connection failed and a new one replaced it", p.rank, sdi.ErrPeerUnreachable)
+	for _, l := range p.lanes {
+		l.mu.Lock()
+		lerr := l.err
+		l.mu.Unlock()
+		if lerr != nil {
+			err = lerr // the failure that made the session not alive
+			break
 		}
-		p.halt(err)
-		p.ended.Store(true)
-	})
+	}
+	p.halt(err)
+}
+
+// claimEnd reports whether the caller is the one to end the session.
+func (p *peer) claimEnd() bool {
+	p.endMu.Lock()
+	defer p.endMu.Unlock()
+	if p.ending {
+		return false
+	}
+	p.ending = true
+	return true
+}
+
+// isEnded reports whether the session's end (report or retirement) is
+// complete.
+func (p *peer) isEnded() bool {
+	select {
+	case <-p.ended:
+		return true
+	default:
+		return false
+	}
 }
 
 // flush waits until every frame accepted before the call, on every lane,
