@@ -201,7 +201,10 @@ func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
 }
 
 // Recv receives one message into buf. When ctx ends first the receive is
-// cancelled and Recv returns an error wrapping ctx.Err().
+// cancelled and Recv returns an error wrapping ctx.Err(). If it had
+// matched a large message whose data was still coming, that message is
+// given up (lost to the program; its sender completes as usual): nothing
+// is written into buf after Recv returns.
 func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, error) {
 	s, err := c.source(source)
 	if err != nil {
@@ -271,7 +274,8 @@ func (c *Comm) awaitProbe(ctx context.Context, try func() (bool, error)) error {
 // the send starts, so ranks that exchange with each other, pairwise or
 // around a ring, cannot wait for each other as two blocking Sends can.
 // send and recv must not overlap (SendrecvReplace exchanges in place).
-// When ctx ends first, or the send fails, the receive is cancelled.
+// When ctx ends first, or the send fails, the receive is cancelled, or
+// given up as Recv's is.
 func (c *Comm) Sendrecv(ctx context.Context, send []byte, dest, sendTag int, recv []byte, source, recvTag int) (Status, error) {
 	d, err := c.dest(dest)
 	if err != nil {

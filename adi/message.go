@@ -51,14 +51,17 @@ func (c *Comm) Mprobe(ctx context.Context, source, tag int) (*Message, Status, e
 
 // Recv receives the message into buf. A longer message fills buf and
 // returns ErrTruncated, as a receive would. When ctx ends before a large
-// message's data came, Recv returns an error wrapping ctx.Err() and the
-// receive goes on: buf may still be written until the data is in.
+// message's data came, the receive is given up, as Comm.Recv's: Recv
+// returns an error wrapping ctx.Err() and the message is lost.
 func (m *Message) Recv(ctx context.Context, buf []byte) (Status, error) {
-	q, err := m.Irecv(buf)
-	if err != nil {
-		return Status{}, err
+	if m == nil || m.m == nil {
+		return Status{}, fmt.Errorf("adi: receive of a nil message")
 	}
-	return q.Wait(ctx)
+	st, err := m.c.w.dev.Mrecv(ctx, m.m, buf)
+	if err != nil {
+		return m.c.status(st), fmt.Errorf("adi: receive of a probed message: %w", err)
+	}
+	return m.c.status(st), nil
 }
 
 // Irecv starts receiving the message into buf.

@@ -87,14 +87,15 @@ type Device struct {
 	mu         sync.Mutex
 	posted     fifo[Request]
 	unexpected fifo[inMsg]
-	freeMsgs   []*inMsg            // recycled unexpected messages: match.go
-	recvSeq    []uint64            // [source] next expected sequence number
-	ooo        []map[uint64]*inMsg // [source] arrived early
-	rndvSend   map[uint64]*Request // sends waiting for clear-to-send, by request id
-	rndvRecv   map[uint64]*Request // receives waiting for data, by request id
-	syncSend   map[uint64]*Request // synchronous eager sends waiting for the acknowledgement
-	placing    []placedEager       // eager messages matched in Place, waiting for their Deliver: place.go
-	filling    []placedBlock       // rendezvous blocks given a place, being filled: place.go
+	freeMsgs   []*inMsg                 // recycled unexpected messages: match.go
+	recvSeq    []uint64                 // [source] next expected sequence number
+	ooo        []map[uint64]*inMsg      // [source] arrived early
+	rndvSend   map[uint64]*Request      // sends waiting for clear-to-send, by request id
+	rndvRecv   map[uint64]*Request      // receives waiting for data, by request id
+	abandoned  map[uint64]abandonedRecv // receives given up while their data came: place.go
+	syncSend   map[uint64]*Request      // synchronous eager sends waiting for the acknowledgement
+	placing    []placedEager            // eager messages matched in Place, waiting for their Deliver: place.go
+	filling    []placedBlock            // rendezvous blocks given a place, being filled: place.go
 
 	genMu sync.Mutex
 	gen   chan struct{} // closed and replaced on a completion or arrival after Changed
@@ -143,18 +144,19 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	}
 	b := o.Bootstrap
 	d := &Device{
-		log:      log.With("rank", b.Rank()),
-		boot:     b,
-		rank:     int32(b.Rank()),
-		size:     b.Size(),
-		appSize:  b.Size(),
-		isRelay:  o.Relay,
-		tokens:   make(map[uint64]*outFrame),
-		early:    make(map[uint64]error),
-		rndvSend: make(map[uint64]*Request),
-		rndvRecv: make(map[uint64]*Request),
-		syncSend: make(map[uint64]*Request),
-		gen:      make(chan struct{}),
+		log:       log.With("rank", b.Rank()),
+		boot:      b,
+		rank:      int32(b.Rank()),
+		size:      b.Size(),
+		appSize:   b.Size(),
+		isRelay:   o.Relay,
+		tokens:    make(map[uint64]*outFrame),
+		early:     make(map[uint64]error),
+		rndvSend:  make(map[uint64]*Request),
+		rndvRecv:  make(map[uint64]*Request),
+		abandoned: make(map[uint64]abandonedRecv),
+		syncSend:  make(map[uint64]*Request),
+		gen:       make(chan struct{}),
 	}
 	d.sendSeq = make([]atomic.Uint64, d.size)
 	d.down = make([]atomic.Pointer[error], d.size)

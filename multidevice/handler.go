@@ -150,6 +150,11 @@ func (d *Device) failPeer(peer int, why, cause error) {
 			failed = append(failed, r)
 		}
 	}
+	for id, a := range d.abandoned {
+		if a.src == peer { // the rest of its data will never come
+			delete(d.abandoned, id)
+		}
+	}
 	for i := 0; i < len(d.posted.items()); {
 		if r := d.posted.items()[i]; r.peer == int32(peer) {
 			failed = append(failed, r)

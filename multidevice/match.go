@@ -1,6 +1,7 @@
 package multidevice
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -282,8 +283,11 @@ func (d *Device) onData(from int32, h *header, payload []byte) {
 	d.mu.Lock()
 	r := d.rndvRecv[h.rreq]
 	if r == nil || r.status.Source != int(from) {
+		abandoned := d.abandonedLocked(h.rreq, int(from), uint64(len(payload)))
 		d.mu.Unlock()
-		d.log.Warn("dropping data block for no pending receive", "from", from, "request", h.rreq)
+		if !abandoned {
+			d.log.Warn("dropping data block for no pending receive", "from", from, "request", h.rreq)
+		}
 		return
 	}
 	want := r.rndvLen
@@ -439,22 +443,32 @@ func (d *Device) Improbe(src, tag int, context uint64) (*Message, Status, bool, 
 	return nil, Status{}, false, nil
 }
 
-// errReceived is what receiving a Message a second time returns.
-var errReceived = errors.New("multidevice: message already received")
+var (
+	errReceived       = errors.New("multidevice: message already received")
+	errForeignMessage = errors.New("multidevice: receive of a message this device did not probe")
+)
 
 // MrecvRequest starts receiving m into buf with r, a Request the caller
 // owns (see IrecvRequest). It completes as a receive that matched m would:
 // at once for a small message, once its data came for a large one.
 func (d *Device) MrecvRequest(r *Request, m *Message, buf []byte) error {
 	if m == nil || m.d != d {
-		return errors.New("multidevice: receive of a message this device did not probe")
+		return errForeignMessage
 	}
 	if err := d.reuseRequest(r, false, 0); err != nil {
 		return err
 	}
+	if err := d.mrecv(r, m, buf); err != nil {
+		r.unstart()
+		return err
+	}
+	return nil
+}
+
+// mrecv receives m into buf with r, a fresh receive request.
+func (d *Device) mrecv(r *Request, m *Message, buf []byte) error {
 	msg := m.m.Swap(nil)
 	if msg == nil {
-		r.unstart()
 		return errReceived
 	}
 	r.peer, r.tag, r.context, r.buf = msg.h.src, msg.h.tag, msg.h.context, buf
@@ -463,6 +477,20 @@ func (d *Device) MrecvRequest(r *Request, m *Message, buf []byte) error {
 	d.freeMsgLocked(msg)
 	d.mu.Unlock()
 	return nil
+}
+
+// Mrecv receives m into buf, as MrecvRequest plus Wait. When ctx ends
+// before a large message's data came, the receive is given up, as Recv's.
+func (d *Device) Mrecv(ctx context.Context, m *Message, buf []byte) (Status, error) {
+	if m == nil || m.d != d {
+		return Status{}, errForeignMessage
+	}
+	r := d.getRequest(false, 0)
+	if err := d.mrecv(r, m, buf); err != nil {
+		d.putRequest(r)
+		return Status{}, err
+	}
+	return d.waitRecv(ctx, r)
 }
 
 // HasMatchingSubDevices reports whether some loaded subdevice matches on its

@@ -2,10 +2,16 @@ package multidevice
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
 
 func pattern(n, seed int) []byte {
@@ -189,5 +195,85 @@ func TestArgumentErrors(t *testing.T) {
 	}
 	if _, err := d.Irecv(nil, 0, -9, 2); !errors.Is(err, ErrTag) {
 		t.Errorf("receive tag -9: %v", err)
+	}
+}
+
+// gatedSub holds back rendezvous data frames once pass of them went.
+type gatedSub struct {
+	sdi.SubDevice
+	pass *atomic.Int64 // data frames still let through; negative: all
+}
+
+func (g gatedSub) Send(f *sdi.Frame) (bool, error) {
+	if isData(f.Header) {
+		if g.pass.Load() == 0 {
+			return false, sdi.ErrWouldBlock
+		}
+		g.pass.Add(-1)
+	}
+	return g.SubDevice.Send(f)
+}
+
+// TestRecvGivenUp: a blocking receive whose context ends while its large
+// message's data is still coming returns, and from then on nothing is
+// written into its buffer; the sender completes, the blocks that come
+// later are dropped quietly, and the next message between the two ranks
+// is received whole.
+func TestRecvGivenUp(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		pass    int64 // data blocks that arrive before the receive gives up
+		matched bool  // receive through a matched probe
+	}{
+		{name: "no block came", pass: 0},
+		{name: "two blocks came", pass: 2},
+		{name: "matched, two blocks came", pass: 2, matched: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+			var pass atomic.Int64
+			pass.Store(tc.pass)
+			gated := func(l hclog.Logger) sdi.SubDevice { return gatedSub{f.New(l), &pass} }
+			devs := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": gated}})
+			s := must(t)(devs[1].Isend(pattern(5000, 1), 0, 5, 0, false))
+			buf := make([]byte, 5000)
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			var err error
+			if tc.matched {
+				var m *Message
+				for ok := false; !ok && err == nil; {
+					m, _, ok, err = devs[0].Improbe(1, 5, 0)
+				}
+				if err == nil {
+					_, err = devs[0].Mrecv(ctx, m, buf)
+				}
+			} else {
+				_, err = devs[0].Recv(ctx, buf, 1, 5, 0)
+			}
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("receive: %v, want the context's end", err)
+			}
+			before := bytes.Clone(buf)
+			pass.Store(-1)
+			if _, err := wait(t, s); err != nil {
+				t.Fatalf("send: %v", err)
+			}
+			s = must(t)(devs[1].Isend(pattern(3000, 2), 0, 5, 0, false))
+			next := make([]byte, 3000)
+			if _, err := devs[0].Recv(context.Background(), next, 1, 5, 0); err != nil || !bytes.Equal(next, pattern(3000, 2)) {
+				t.Fatalf("next message: %v, intact: %v", err, bytes.Equal(next, pattern(3000, 2)))
+			}
+			wait(t, s)
+			if !bytes.Equal(buf, before) {
+				t.Error("the buffer of a receive that returned was written afterwards")
+			}
+			devs[0].mu.Lock()
+			left := len(devs[0].abandoned)
+			devs[0].mu.Unlock()
+			if left != 0 {
+				t.Errorf("%d given-up receives still expect data", left)
+			}
+		})
 	}
 }

@@ -219,6 +219,7 @@ func (d *Device) blockDone(r *Request, n uint64) {
 	err := r.rndvFail
 	if err != nil {
 		done = r.rndvBusy == 0
+		d.abandonedLocked(r.id, r.status.Source, n)
 	} else {
 		// Complete only once no block is being written any more: a
 		// placement still open would write into a buffer its owner may
@@ -244,6 +245,54 @@ func (d *Device) failRndvLocked(r *Request, err error) bool {
 		r.rndvFail = err
 	}
 	return r.rndvBusy == 0
+}
+
+// abandonedRecv is a rendezvous receive given up (abandonRecv) while its
+// sender was still sending: the data blocks still to come from src, left
+// bytes of them, are dropped without a word.
+type abandonedRecv struct {
+	src  int
+	left uint64
+}
+
+// abandonRecv gives up r, a rendezvous receive that matched but whose data
+// has not all come, with err: blocks that come later are dropped instead
+// of written into its buffer, which its owner has back as soon as r
+// completes. That is when the blocks being written now are done (at once
+// if none is). It reports whether r was such a receive; a receive that
+// completed, or that a matching subdevice carries, is left alone.
+func (d *Device) abandonRecv(r *Request, err error) bool {
+	d.mu.Lock()
+	if r.id == 0 || d.rndvRecv[r.id] != r {
+		d.mu.Unlock()
+		return false
+	}
+	if left := r.rndvLen - r.received; left > 0 {
+		d.abandoned[r.id] = abandonedRecv{src: r.status.Source, left: left}
+	}
+	now := d.failRndvLocked(r, err)
+	d.mu.Unlock()
+	if now {
+		r.complete(Status{}, err)
+	}
+	return true
+}
+
+// abandonedLocked counts n bytes of a block for abandoned receive id from
+// src that came or was being written, and reports whether it was one.
+// d.mu must be held.
+func (d *Device) abandonedLocked(id uint64, src int, n uint64) bool {
+	a, ok := d.abandoned[id]
+	if !ok || a.src != src {
+		return false
+	}
+	if a.left <= n {
+		delete(d.abandoned, id)
+	} else {
+		a.left -= n
+		d.abandoned[id] = a
+	}
+	return true
 }
 
 // placedEager is an eager message matched by Place: its receive left the

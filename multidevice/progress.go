@@ -325,8 +325,7 @@ func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uin
 }
 
 // Recv receives one message into buf, as Irecv plus Wait. When ctx ends
-// first the receive is cancelled; if it matched meanwhile it completes and
-// its result is returned.
+// first the receive is cancelled or given up (waitRecv).
 func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uint64) (Status, error) {
 	r, err := d.irecv(d.getRequest(false, int32(src)), buf, src, tag, context)
 	if err != nil {
@@ -337,13 +336,19 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 
 // waitRecv waits for r, a receive from getRequest, and recycles it. When
 // ctx ends first r is cancelled; if it matched meanwhile it completes and
-// its result is returned.
+// its result is returned, and if it matched a large message whose data
+// is still coming it is given up: the caller has its buffer back, and
+// nothing is written into it after waitRecv returns.
 func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 	st, err := r.Wait(ctx)
 	if !r.isDone() && ctx.Err() != nil {
 		d.Cancel(r)
 		if r.isDone() && !r.status.Cancelled { // it matched after all
 			st, err = r.status, r.err
+		} else if d.abandonRecv(r, err) {
+			// Blocks being written now end soon: a copy, or a placement
+			// its subdevice ends by delivering it or losing the peer.
+			<-r.Done()
 		}
 	}
 	d.putRequest(r)
