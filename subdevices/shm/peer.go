@@ -173,8 +173,11 @@ func (sd *device) newPeer(r sdi.Rank, seg *shmem.Segment) (*peer, error) {
 
 // Disconnect waits until rank r has read the large payloads sent to it by
 // descriptor (or ctx ends; those still unread then fail), stops reading
-// r's memory, and releases the mapping of r's segment. Disconnecting a
-// rank that is not connected is a no-op.
+// r's memory, and releases the mapping of r's segment. Frames r sends
+// still arrive; one being placed in the Handler's place ([sdi.Placer])
+// keeps r's process watched until it is whole, so that r's death reports
+// r down. Disconnecting a rank that is not connected is a no-op; after
+// Close it returns an error wrapping [sdi.ErrClosed].
 func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 	if err := sd.usable(); err != nil {
 		return fmt.Errorf("shm: disconnect rank %d: %w", r, err)
@@ -185,6 +188,16 @@ func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 	if err := sd.Flush(ctx, r); err != nil {
 		sd.log.Debug("disconnecting with large frames unread", "peer", r, "error", err)
 	}
+	// The receive lock, taken before connMu as teardown takes them: the
+	// receiver must see the connection end between two of its passes,
+	// to keep r's process if it is placing a frame of r's (see
+	// receiver.disconnected). Checked under it, stop == false also
+	// means that Close has not unmapped this rank's segment.
+	sd.rxMu.Lock()
+	defer sd.rxMu.Unlock()
+	if sd.stop.Load() {
+		return fmt.Errorf("shm: disconnect rank %d: %w", r, sdi.ErrClosed)
+	}
 	sd.connMu.Lock()
 	defer sd.connMu.Unlock()
 	sd.inbound[r].copyMode.Store(copyRing)
@@ -192,6 +205,7 @@ func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 	if p == nil {
 		return nil
 	}
+	sd.rx.disconnected(int(r), p.proc)
 	if err := p.detach(fmt.Errorf("shm: rank %d: disconnected: %w", r, sdi.ErrNotConnected)); err != nil {
 		return fmt.Errorf("shm: disconnect rank %d: %w", r, err)
 	}

@@ -2,11 +2,15 @@ package shm
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
+	"errors"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -152,4 +156,105 @@ func TestPeerDownEndsPlace(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDisconnectedSenderDiesMidFrame: a rank disconnected from a sender
+// while it places a frame of the sender's, whose fragments stop coming
+// because the sender's process died, reports the sender down, which ends
+// the place. It used to look after connected senders only, so the
+// Handler kept the place for a Deliver that never came.
+func TestDisconnectedSenderDiesMidFrame(t *testing.T) {
+	const ringBytes = 16 << 20
+	chunk := fragmentBytes(ringBytes)
+	payload := pattern(4, 4*chunk)
+	var log *placeLog
+	j := openJob(t, 2, jobOpts{
+		config:   []byte(`{"ring_bytes": 16777216, "single_copy": false}`),
+		sleepFor: 20 * time.Millisecond,
+		handler: func(r int, rec *recorder) sdi.Handler {
+			if r != 1 {
+				return rec
+			}
+			log = &placeLog{recorder: rec}
+			return log
+		},
+	})
+	rx := j.sds[1].(*device)
+	// Rank 0's process, as rank 1 knows it, is one the test can end.
+	proc, die := liveProc(t)
+	p := rx.peers[0].Load()
+	p.mu.Lock()
+	old := p.proc
+	p.proc = proc
+	p.mu.Unlock()
+	if err := old.release(); err != nil {
+		t.Fatal(err)
+	}
+	var lenField [fragLenBytes]byte
+	binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
+	scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
+		return putParts(d, tail, flagFirst, []byte("place me"), lenField[:], payload[:chunk])
+	})
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		log.mu.Lock()
+		placed := slices.Contains(log.events, "place")
+		log.mu.Unlock()
+		if placed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first fragment was not placed within the watchdog")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := j.sds[1].Disconnect(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	die()
+	if d := j.hs[1].nextDown(t); d.peer != 0 || !errors.Is(d.err, sdi.ErrPeerUnreachable) {
+		t.Fatalf("PeerDown(%d, %v), want rank 0 and ErrPeerUnreachable", d.peer, d.err)
+	}
+	// What a sender writes after its report goes nowhere.
+	scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
+		for off := chunk; off < len(payload); off += chunk {
+			tail = putParts(d, tail, flagNext, nil, nil, payload[off:off+chunk])
+		}
+		return tail
+	})
+	rx.rxMu.Lock()
+	for range 8 {
+		rx.rx.poll()
+	}
+	rx.rxMu.Unlock()
+	if after, changed, _ := log.afterDown(); len(after) > 0 || changed {
+		t.Fatalf("after the PeerDown: %s, place changed: %v", strings.Join(after, ", "), changed)
+	}
+}
+
+// TestDisconnectDuringClose: a Disconnect waiting for a descriptor to be
+// read when Close comes must not touch this rank's segment after Close
+// unmapped it. It stored the ring's copy mode there, a fault that killed
+// the process, once Close had failed the descriptor and its Flush
+// returned.
+func TestDisconnectDuringClose(t *testing.T) {
+	j := openJob(t, 2, jobOpts{})
+	sd := j.sds[0].(*device)
+	inFlight(t, sd.peers[1].Load(), make([]byte, 1)) // never read: rank 1 has no record of it
+	errc := make(chan error, 1)
+	go func() { errc <- sd.Disconnect(context.Background(), 1) }()
+	for !strings.Contains(stacks(), ".(*device).Flush(") {
+		time.Sleep(time.Millisecond)
+	}
+	if err := sd.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; !errors.Is(err, sdi.ErrClosed) {
+		t.Fatalf("Disconnect during Close = %v, want ErrClosed", err)
+	}
+}
+
+// stacks returns every goroutine's stack.
+func stacks() string {
+	b := make([]byte, 1<<20)
+	return string(b[:runtime.Stack(b, true)])
 }

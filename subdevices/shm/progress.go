@@ -62,6 +62,11 @@ type receiver struct {
 	doneBuf []uint64
 	// parts[r] is the frame arriving in fragments on ring r.
 	parts []partial
+	// watch[r] is rank r's process, held after Disconnect(r) came while
+	// a frame of r's was being placed, so that the receiver notices if r
+	// dies before the frame is whole (checkWatched): without the
+	// connection, nothing else would, and the place would wait for ever.
+	watch []*peerProc
 	// fastNext[r] counts the fast frames taken from ring r's sender
 	// (fast.go).
 	fastNext []uint64
@@ -78,7 +83,7 @@ type receiver struct {
 
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
-	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n),
+	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n), watch: make([]*peerProc, n),
 		epoch: make([]uint32, n), noAssist: make([]bool, n), fastNext: make([]uint64, n), out: make([]rateWindow, n), desc: make([]rateWindow, n), wholes: make([]int, n)}
 }
 
@@ -328,6 +333,7 @@ type partial struct {
 	active bool
 	header []byte        // a copy of the frame's header
 	dst    []byte        // where the payload goes: the Handler's place, or buf
+	placed bool          // dst is the Handler's place
 	got    int           // bytes of dst filled
 	buf    []byte        // this ring's buffer for frames the Handler does not place
 	spent  time.Duration // copying fragments out so far, if the rank chooses paths (choose.go)
@@ -367,12 +373,13 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 	switch {
 	case rec.frag == flagFirst:
 		var dst []byte
-		if sd.placer != nil {
+		if sd.placer != nil && rc.watchable(r) {
 			dst = sd.placer.Place(sdi.Rank(r), rec.header, rec.total)
 			if dst != nil && len(dst) != rec.total {
 				return fmt.Errorf("shm: handler placed a %d-byte payload in %d bytes", rec.total, len(dst))
 			}
 		}
+		part.placed = dst != nil
 		if dst == nil {
 			if cap(part.buf) < rec.total {
 				part.buf = make([]byte, sd.caps.MaxFrame)
@@ -396,7 +403,7 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 			return nil
 		}
 		header, payload = part.header, part.dst
-		part.active, part.dst = false, nil
+		part.active, part.dst, part.placed = false, nil, false
 		if sd.copyWant == copyAuto && part.lapped {
 			rc.sample(r, pathRing, len(payload), part.spent)
 		}
@@ -472,12 +479,66 @@ func (rc *receiver) checkPeers() {
 		}
 		p := rc.sd.peers[r].Load()
 		if p == nil {
+			rc.checkWatched(r)
 			continue
 		}
 		if err := p.alive(); err != nil {
 			p.markDown(err) // descriptors it will never read fail
 			rc.drainGone(r)
 			rc.reportDown(r, err)
+		}
+	}
+}
+
+// watchable reports whether the receiver would notice that rank r died
+// while it fills a place with r's fragments: through the connection to r,
+// or, after Disconnect, through the process it kept (watch). The frame of
+// a rank it cannot watch is not placed, but assembled in a buffer of its
+// own: if r died halfway through, nothing would report r down, and the
+// Handler would keep the place for a Deliver that never comes.
+func (rc *receiver) watchable(r int) bool {
+	return rc.watch[r] != nil || rc.sd.peers[r].Load() != nil
+}
+
+// disconnected notes that the connection to rank r, whose process is
+// proc, is ending: if a frame of r's is being placed, the receiver keeps
+// the process until the frame is whole, to notice r's death meanwhile.
+// The caller holds rxMu.
+func (rc *receiver) disconnected(r int, proc *peerProc) {
+	part := &rc.parts[r]
+	if !part.active || !part.placed || rc.dead[r] || proc == nil || !proc.hold() {
+		return
+	}
+	rc.unwatch(r) // one from an earlier connection to r
+	rc.watch[r] = proc
+}
+
+// checkWatched checks on rank r, disconnected while a frame of its was
+// being placed: once its process exited with the frame not whole, it
+// delivers what r left and reports r down, which ends the place; once no
+// frame of r's is being placed any more, it lets go of the process.
+func (rc *receiver) checkWatched(r int) {
+	w := rc.watch[r]
+	if w == nil {
+		return
+	}
+	if part := &rc.parts[r]; part.active && part.placed {
+		err := w.check()
+		if err == nil {
+			return
+		}
+		rc.drainGone(r)
+		rc.reportDown(r, fmt.Errorf("shm: rank %d, disconnected, went away while a frame of its was being placed: %w", r, err))
+	}
+	rc.unwatch(r)
+}
+
+// unwatch lets go of the process kept for rank r, if any.
+func (rc *receiver) unwatch(r int) {
+	if w := rc.watch[r]; w != nil {
+		rc.watch[r] = nil
+		if err := w.release(); err != nil {
+			rc.sd.log.Warn("releasing the process of peer", "peer", r, "error", err)
 		}
 	}
 }
@@ -506,7 +567,8 @@ func (rc *receiver) drainGone(r int) {
 func (rc *receiver) reportDown(r int, err error) {
 	rc.dead[r] = true
 	part := &rc.parts[r]
-	part.active, part.dst, part.got = false, nil, 0
+	part.active, part.dst, part.got, part.placed = false, nil, 0, false
+	rc.unwatch(r)
 	if rc.reported[r] || rc.sd.stop.Load() {
 		return
 	}

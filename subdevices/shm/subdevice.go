@@ -306,6 +306,9 @@ func (sd *device) teardown() error {
 	sd.connMu.Lock()
 	defer sd.connMu.Unlock()
 	var errs []error
+	for r := range sd.rx.watch {
+		sd.rx.unwatch(r)
+	}
 	for r := range sd.peers {
 		if p := sd.peers[r].Swap(nil); p != nil {
 			errs = append(errs, p.detach(fmt.Errorf("shm: rank %d: %w", p.rank, sdi.ErrClosed)))
