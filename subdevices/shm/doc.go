@@ -244,6 +244,28 @@
 // with whole frames, measured interleaved). Fragments of one frame are
 // contiguous in the ring: anything else between them is a corrupt ring.
 //
+// # Places and peers reported down
+//
+// A payload read from the sender's memory, and a frame that arrives in
+// fragments, go into the place the Handler gives ([sdi.Placer]), which
+// then gets either that frame's Deliver or the sender's PeerDown, and
+// after a PeerDown not one more byte. Every copy into a place, every
+// Deliver and every PeerDown happen under the receive lock, so a report
+// never falls in the middle of a copy of this rank's own. The report
+// stops reading the sender's ring for good and drops the frame being
+// assembled (what the sender left in the ring is delivered before it);
+// a rank is reported once, so no place is given after. The copies a
+// helping sender makes into the place (assist.go) are the exception: a
+// process_vm_writev under way in another process cannot be called
+// back, so the receiver waits for every chunk the sender took for as
+// long as the sender's process runs (even past a Close), and reports it
+// down only once it exited. A read that fails (EFAULT, ESRCH, a
+// revoked descriptor) reports the sender down, as does the death of a
+// sender the receiver is placing a frame of, through its connection or,
+// after Disconnect, through the process it keeps for that frame; the
+// frame of a sender it cannot watch is not placed. A Close of this
+// rank's reports nothing: the multidevice fails its receives itself.
+//
 // # Limitations
 //
 // A segment has a ring for every rank of the job, so its virtual size is
@@ -258,7 +280,9 @@
 // receiver published; this rank never reads or writes outside its posted
 // buffer on a peer's word, but a peer allowed process_vm_writev into it
 // (same user, the permission the single copy needs anyway) could write
-// anywhere in it regardless of this protocol. A rank
+// anywhere in it regardless of this protocol. A helping sender stopped
+// in the middle of a chunk (SIGSTOP, a debugger) holds the receive lock,
+// and so every ring of the receiver, until it goes on or exits. A rank
 // whose process dies without Close is noticed by its pidfd (its pid where
 // there is none), within a sleep timeout; its segment file is left behind.
 package shm
