@@ -142,6 +142,9 @@ func (c *Comm) IssendInto(q *Request, buf []byte, dest, tag int) error {
 }
 
 func (c *Comm) isendInto(q *Request, buf []byte, dest, tag int, sync bool) error {
+	if err := q.start(); err != nil {
+		return err
+	}
 	d, err := c.dest(dest)
 	if err != nil {
 		return err
@@ -188,6 +191,9 @@ func (c *Comm) Irecv(buf []byte, source, tag int) (*Request, error) {
 
 // IrecvInto is Irecv into q, a Request the caller owns; see IsendInto.
 func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
+	if err := q.start(); err != nil {
+		return err
+	}
 	s, err := c.source(source)
 	if err != nil {
 		return err

@@ -43,9 +43,12 @@
 //	err = adi.Allreduce(ctx, c, local, global, adi.Sum)
 //
 // Every rank of a communicator calls its collectives in the same order,
-// one at a time. They travel on a context of their own and never match
-// point-to-point receives. Ranks that pass disagreeing lengths get
-// [ErrMismatch].
+// one blocking collective at a time. They travel on a context of their
+// own and never match point-to-point receives. Ranks that pass
+// disagreeing lengths get [ErrMismatch]. Each has a nonblocking form
+// ([Comm.Ibarrier], [Comm.Ibcast], ..., [Iallreduce]) that returns a
+// [Request]; any number of those may be in flight at once, each in its
+// place in the order in which it was started.
 //
 // # Usage
 //

@@ -79,6 +79,9 @@ func (m *Message) IrecvInto(q *Request, buf []byte) error {
 	if m == nil || m.m == nil {
 		return fmt.Errorf("adi: receive of a nil message")
 	}
+	if err := q.start(); err != nil {
+		return err
+	}
 	if err := m.c.w.dev.MrecvRequest(&q.r, m.m, buf); err != nil {
 		q.failedStart(err)
 		return fmt.Errorf("adi: receive of a probed message: %w", err)

@@ -13,6 +13,40 @@ import (
 type Request struct {
 	r multidevice.Request // by value: one allocation per operation
 	c *Comm
+	// coll is set for a nonblocking collective (nbcoll.go), which uses
+	// no r.
+	coll *collOp
+}
+
+// start readies q for a new point-to-point operation: one that held a
+// nonblocking collective may take it once that is over.
+func (q *Request) start() error {
+	if q.coll != nil {
+		if !q.coll.over() {
+			return fmt.Errorf("adi: %w", ErrRequestBusy)
+		}
+		q.coll, q.c = nil, nil
+	}
+	return nil
+}
+
+// over reports whether the collective finished.
+func (o *collOp) over() bool {
+	select {
+	case <-o.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// done reports whether q's operation completed (q holds one).
+func (q *Request) done() bool {
+	if q.coll != nil {
+		return q.coll.over()
+	}
+	_, done, _ := q.r.Test()
+	return done
 }
 
 // errNotStarted is what the methods of a Request that holds no operation
@@ -35,6 +69,14 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 	if q.c == nil {
 		return Status{}, errNotStarted
 	}
+	if q.coll != nil {
+		select {
+		case <-q.coll.done:
+			return Status{}, q.coll.err
+		case <-ctx.Done():
+			return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
+		}
+	}
 	st, err := q.r.Wait(ctx)
 	if _, done, _ := q.r.Test(); !done {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
@@ -47,6 +89,12 @@ func (q *Request) Test() (Status, bool, error) {
 	if q.c == nil {
 		return Status{}, true, errNotStarted
 	}
+	if q.coll != nil {
+		if !q.coll.over() {
+			return Status{}, false, nil
+		}
+		return Status{}, true, q.coll.err
+	}
 	st, done, err := q.r.Test()
 	if !done {
 		return Status{}, false, nil
@@ -55,10 +103,10 @@ func (q *Request) Test() (Status, bool, error) {
 }
 
 // Cancel asks to cancel the request. A receive that has not matched yet
-// completes with ErrCanceled and Status.Cancelled; a matched receive or a
-// send completes normally (as MPI allows).
+// completes with ErrCanceled and Status.Cancelled; a matched receive, a
+// send or a collective completes normally (as MPI allows).
 func (q *Request) Cancel() {
-	if q.c != nil {
+	if q.c != nil && q.coll == nil {
 		q.c.w.dev.Cancel(&q.r)
 	}
 }
@@ -86,10 +134,8 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 		next := 0
 		reqs[0].c.w.dev.Progress(func() bool {
 			for next < len(reqs) {
-				if q := reqs[next]; q.c != nil {
-					if _, done, _ := q.r.Test(); !done {
-						return false
-					}
+				if q := reqs[next]; q.c != nil && !q.done() {
+					return false
 				}
 				next++
 			}
@@ -103,7 +149,7 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 		var st Status
 		mst, done, err := q.r.Test()
 		switch {
-		case q.c == nil || !done:
+		case q.c == nil || q.coll != nil || !done:
 			st, err = q.Wait(ctx)
 		case sts != nil:
 			st = q.c.status(mst)

@@ -18,9 +18,10 @@ import (
 // World is an initialized job as seen by one rank. It is safe for
 // concurrent use.
 type World struct {
-	dev  *multidevice.Device
-	boot bootstrap.Bootstrap
-	comm *Comm
+	dev   *multidevice.Device
+	boot  bootstrap.Bootstrap
+	comm  *Comm
+	colls collGoroutines // nonblocking collectives: nbcoll.go
 }
 
 type config struct {
@@ -176,6 +177,7 @@ func (w *World) Comm() *Comm { return w.comm }
 // ErrFinalized. It is idempotent.
 func (w *World) Finalize(ctx context.Context) error {
 	err := w.dev.Close(ctx)
+	w.colls.finish()
 	return errors.Join(err, w.boot.Close())
 }
 

@@ -524,13 +524,19 @@ func (d *Device) notifyAll() {
 }
 
 // Changed returns a channel that is closed at the next request completion
-// or message arrival after the call; WaitAny and Probe wait on it.
+// or message arrival after the call, or at the next Notify; WaitAny and
+// Probe wait on it.
 func (d *Device) Changed() <-chan struct{} {
 	d.genMu.Lock()
 	defer d.genMu.Unlock()
 	d.armed.Store(true)
 	return d.gen
 }
+
+// Notify closes the channel Changed returned, as a completion does: a
+// layer above that completes operations of its own (adi's nonblocking
+// collectives) calls it so that waiters on Changed look again.
+func (d *Device) Notify() { d.notifyAll() }
 
 // Close flushes, waits for every rank to reach Close (so nobody tears down a
 // link a peer still uses), and closes the subdevices. It is idempotent.
