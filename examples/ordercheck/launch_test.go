@@ -104,7 +104,7 @@ func runJob(t *testing.T, cmd *exec.Cmd) (int, string) {
 	return 0, string(out)
 }
 
-var okLine = regexp.MustCompile(`(?m)rank (\d+) of (\d+) on (\S+): ring ok, order ok, collectives ok \(\d+ messages to each peer; subdevices ([a-z,]+)\)`)
+var okLine = regexp.MustCompile(`(?m)rank (\d+) of (\d+) on (\S+): ring ok, order ok, collectives ok, exchange ok \(\d+ messages to each peer; subdevices ([a-z,]+)\)`)
 
 // checkRanks checks that every rank reported success and that ranks sit on
 // the hosts wantHost names (ranks with equal names share a host), using

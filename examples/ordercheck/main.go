@@ -2,8 +2,10 @@
 // launched it: a token ring, then every rank sends numbered messages of
 // random sizes (eager and rendezvous) to every other, which checks that each
 // source's messages arrive in order, then collectives whose results every
-// rank checks. Each rank prints one line naming its host and the
-// subdevices it used; the exit status is non-zero on any error.
+// rank checks, then exchanges: Sendrecv around the ring, and goroutines
+// receiving every rank's messages through matched probes while
+// nonblocking collectives run. Each rank prints one line naming its host
+// and the subdevices it used; the exit status is non-zero on any error.
 //
 //	mdrun -n 4 ./ordercheck
 //	mpiexec -n 4 ./ordercheck            # MPICH's Hydra, over PMI
@@ -11,6 +13,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"flag"
@@ -19,14 +22,18 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 )
 
 const (
-	tagRing = 100
-	tagMax  = 3 // order messages use tags 0..tagMax-1
+	tagRing  = 100
+	tagShift = 101
+	tagProbe = 102
+	tagMax   = 3 // order messages use tags 0..tagMax-1
 )
 
 func main() {
@@ -56,6 +63,7 @@ func run(ctx context.Context, per, maxSize int) error {
 		ring,
 		func(ctx context.Context, c *adi.Comm) error { return order(ctx, c, per, maxSize) },
 		collectives,
+		func(ctx context.Context, c *adi.Comm) error { return exchange(ctx, c, per, maxSize) },
 	} {
 		if err := step(ctx, c); err != nil {
 			w.Abort(1, err.Error())
@@ -73,7 +81,7 @@ func run(ctx context.Context, per, maxSize int) error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Printf("rank %d of %d on %s: ring ok, order ok, collectives ok (%d messages to each peer; subdevices %s)\n",
+	fmt.Printf("rank %d of %d on %s: ring ok, order ok, collectives ok, exchange ok (%d messages to each peer; subdevices %s)\n",
 		c.Rank(), c.Size(), w.Host(), per, strings.Join(names, ","))
 	return w.Finalize(ctx)
 }
@@ -189,4 +197,114 @@ func collectives(ctx context.Context, c *adi.Comm) error {
 		return fmt.Errorf("collectives: %w", err)
 	}
 	return nil
+}
+
+// exchange shifts a buffer around the ring both ways with Sendrecv, then
+// has every rank send per numbered messages of random sizes to every
+// other, which two goroutines of the receiver take through matched probes
+// (each receives exactly what it probed) while a nonblocking allreduce
+// and barrier run beside them.
+func exchange(ctx context.Context, c *adi.Comm, per, maxSize int) error {
+	n, me := c.Size(), c.Rank()
+	right, left := (me+1)%n, (me+n-1)%n
+	out, in := fill(me, maxSize), make([]byte, maxSize)
+	if _, err := c.Sendrecv(ctx, out, right, tagShift, in, left, tagShift); err != nil {
+		return fmt.Errorf("exchange: %w", err)
+	}
+	if !bytes.Equal(in, fill(left, maxSize)) {
+		return fmt.Errorf("exchange: sendrecv brought wrong data from rank %d", left)
+	}
+	if _, err := c.SendrecvReplace(ctx, in, left, tagShift, right, tagShift); err != nil {
+		return fmt.Errorf("exchange: %w", err)
+	}
+	if !bytes.Equal(in, fill(me, maxSize)) {
+		return fmt.Errorf("exchange: sendrecv-replace brought wrong data from rank %d", right)
+	}
+
+	sum := []int64{int64(me)}
+	allreduce, err := adi.Iallreduce(c, sum, sum, adi.Sum)
+	if err != nil {
+		return fmt.Errorf("exchange: %w", err)
+	}
+	barrier, err := c.Ibarrier()
+	if err != nil {
+		return fmt.Errorf("exchange: %w", err)
+	}
+	var reqs []*adi.Request
+	rng := rand.New(rand.NewPCG(uint64(me), uint64(time.Now().UnixNano())))
+	for i := range per {
+		for peer := range n {
+			if peer == me {
+				continue
+			}
+			msg := fill(me*per+i, 8+rng.IntN(maxSize-7))
+			binary.LittleEndian.PutUint64(msg, uint64(i))
+			r, err := c.Isend(msg, peer, tagProbe)
+			if err != nil {
+				return fmt.Errorf("exchange: %w", err)
+			}
+			reqs = append(reqs, r)
+		}
+	}
+	const receivers = 2
+	total := per * (n - 1)
+	seen := make([][]bool, n)
+	for r := range seen {
+		seen[r] = make([]bool, per)
+	}
+	var mu sync.Mutex
+	var untaken atomic.Int64 // messages no goroutine has taken on yet
+	untaken.Store(int64(total))
+	errs := make(chan error, receivers)
+	for range receivers {
+		go func() {
+			for untaken.Add(-1) >= 0 {
+				m, st, err := c.Mprobe(ctx, adi.AnySource, tagProbe)
+				if err != nil {
+					errs <- err
+					return
+				}
+				buf := make([]byte, st.Count)
+				if _, err := m.Recv(ctx, buf); err != nil {
+					errs <- err
+					return
+				}
+				i := int(binary.LittleEndian.Uint64(buf))
+				if i < 0 || i >= per || !bytes.Equal(buf[8:], fill(st.Source*per+i, st.Count)[8:]) {
+					errs <- fmt.Errorf("message %d of %d bytes from rank %d is corrupted", i, st.Count, st.Source)
+					return
+				}
+				mu.Lock()
+				dup := seen[st.Source][i]
+				seen[st.Source][i] = true
+				mu.Unlock()
+				if dup {
+					errs <- fmt.Errorf("message %d from rank %d received twice", i, st.Source)
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range receivers {
+		if err := <-errs; err != nil {
+			return fmt.Errorf("exchange: matched probes: %w", err)
+		}
+	}
+	if _, err := adi.WaitAll(ctx, append(reqs, allreduce, barrier)...); err != nil {
+		return fmt.Errorf("exchange: %w", err)
+	}
+	if want := int64(n * (n - 1) / 2); sum[0] != want {
+		return fmt.Errorf("exchange: nonblocking allreduce gave %d, want %d", sum[0], want)
+	}
+	return nil
+}
+
+// fill is n bytes that depend on seed.
+func fill(seed, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(seed*131 + i*7)
+	}
+	return b
 }
