@@ -31,6 +31,7 @@ import (
 //	Allreduce  recursive doubling, from 64 KiB Rabenseifner's reduce-scatter
 //	           and allgather; the ranks above a power of two folded in
 //	Scan       recursive doubling (Exscan too)
+//	ReduceScatter  Reduce to rank 0, then Scatterv (ReduceScatterBlock too)
 //	Gather     every rank to the root, received all at once (Gatherv too)
 //	Scatter    the root to every rank, sent all at once (Scatterv too)
 //	Allgather  ring: p-1 steps of one block to the right neighbour (Allgatherv too)
@@ -888,6 +889,85 @@ func reduceScatter[T Elem](k *collective, mine, acc, tmp []T, nr int, f folding,
 		copy(acc, mine)
 	}
 	return h, nil
+}
+
+// ReduceScatter combines send of every rank of c as Reduce does, in rank
+// order, and hands out the result in parts: rank r gets counts[r]
+// elements, those after the parts of the ranks before it
+// (MPI_Reduce_scatter). Every rank passes the same counts, which add up
+// to len(send), and a recv of counts[r] elements, not overlapping send.
+// It reduces to rank 0 (a tree, or from 64 KiB Rabenseifner's
+// reduce-scatter and gather) and scatters from there: about twice the
+// traffic of a direct reduce-scatter for large vectors, kept simple
+// because it must keep rank order for operations that do not commute.
+func ReduceScatter[T Elem](ctx context.Context, c *Comm, send, recv []T, counts []int, op Op[T]) error {
+	k, err := c.begin(ctx, "reduce_scatter")
+	if err != nil {
+		return err
+	}
+	defer k.done()
+	return reduceScatterv(k, send, recv, counts, op)
+}
+
+// ReduceScatterBlock is ReduceScatter with the same count for every rank:
+// rank r gets elements [r*len(recv), (r+1)*len(recv)) of the combined
+// send, which holds Size()*len(recv) elements (MPI_Reduce_scatter_block).
+func ReduceScatterBlock[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) error {
+	k, err := c.begin(ctx, "reduce_scatter_block")
+	if err != nil {
+		return err
+	}
+	defer k.done()
+	counts := make([]int, c.Size())
+	for r := range counts {
+		counts[r] = len(recv)
+	}
+	return reduceScatterv(k, send, recv, counts, op)
+}
+
+func reduceScatterv[T Elem](k *collective, send, recv []T, counts []int, op Op[T]) error {
+	p, me := k.c.Size(), k.c.Rank()
+	if len(counts) != p {
+		return k.errorf("%d counts for %d ranks", len(counts), p)
+	}
+	total := 0
+	for r, n := range counts {
+		if n < 0 {
+			return k.errorf("count of rank %d is %d", r, n)
+		}
+		total += n
+	}
+	if total != len(send) {
+		return k.errorf("send slice of %d elements for counts adding up to %d", len(send), total)
+	}
+	if len(recv) != counts[me] {
+		return k.errorf("receive slice of %d elements for a count of %d", len(recv), counts[me])
+	}
+	var whole []T // the combined vector, on rank 0
+	if foldingOf(p).halves(len(send), elemSize[T]()) {
+		if me == 0 {
+			whole = scratch[T](k, 3, len(send)) // reduceLarge takes 0 to 2
+		}
+		if err := reduceLarge(k, send, whole, op, 0); err != nil {
+			return err
+		}
+	} else {
+		acc, err := reduceToZero(k, send, op)
+		if err != nil {
+			return err
+		}
+		whole = acc
+	}
+	var parts [][]byte
+	if me == 0 {
+		parts = make([][]byte, p)
+		off := 0
+		for r, n := range counts {
+			parts[r] = Bytes(whole[off : off+n])
+			off += n
+		}
+	}
+	return k.scatterv(parts, Bytes(recv), 0)
 }
 
 // Scan combines into recv of every rank r of c the send slices of ranks 0

@@ -665,3 +665,83 @@ func TestCollectiveBusy(t *testing.T) {
 		t.Fatalf("the stuck broadcast: %v", err)
 	}
 }
+
+// TestReduceScatter: each rank gets its part of the combination in rank
+// order (affine maps do not commute), with equal and with uneven counts,
+// empty parts included, small and past the size where Reduce halves.
+func TestReduceScatter(t *testing.T) {
+	for _, n := range collSizes {
+		cs := loopJob(t, n)
+		ctx := ctxT(t)
+		for _, per := range []int{0, 1, 5, 9000 / n} {
+			uneven := make([]int, n)
+			for r := range uneven {
+				uneven[r] = per * (r % 3) // 0, per, 2*per, 0, ...
+			}
+			for _, counts := range [][]int{nil, uneven} {
+				name, total := "block", per*n
+				if counts != nil {
+					name, total = "uneven", 0
+					for _, k := range counts {
+						total += k
+					}
+				}
+				t.Run(fmt.Sprintf("n=%d/per=%d/%s", n, per, name), func(t *testing.T) {
+					want := contribution(0, total)
+					for r := 1; r < n; r++ {
+						affine(want, contribution(r, total))
+					}
+					each(t, cs, func(c *adi.Comm) error {
+						me, off, mine := c.Rank(), 0, per
+						if counts != nil {
+							for r := range me {
+								off += counts[r]
+							}
+							mine = counts[me]
+						} else {
+							off = me * per
+						}
+						got := make([]uint64, mine)
+						var err error
+						if counts != nil {
+							err = adi.ReduceScatter(ctx, c, contribution(me, total), got, counts, affine)
+						} else {
+							err = adi.ReduceScatterBlock(ctx, c, contribution(me, total), got, affine)
+						}
+						if err != nil {
+							return err
+						}
+						if !equal(got, want[off:off+mine]) {
+							return fmt.Errorf("got %x, want %x", got, want[off:off+mine])
+						}
+						return nil
+					})
+				})
+			}
+		}
+	}
+}
+
+func TestReduceScatterArguments(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name   string
+		send   int
+		recv   int
+		counts []int
+	}{
+		{"too few counts", 4, 2, []int{4}},
+		{"negative count", 4, 6, []int{6, -2}},
+		{"counts and send disagree", 5, 2, []int{2, 2}},
+		{"recv and count disagree", 4, 3, []int{2, 2}},
+	} {
+		err := adi.ReduceScatter(ctx, cs[0], make([]int32, tc.send), make([]int32, tc.recv), tc.counts, adi.Sum)
+		if err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+	if err := adi.ReduceScatterBlock(ctx, cs[0], make([]int32, 5), make([]int32, 2), adi.Sum); err == nil {
+		t.Error("block: send of 5 for 2 ranks of 2 accepted")
+	}
+}

@@ -34,7 +34,8 @@
 // [Comm.Barrier], [Comm.Bcast], [Comm.Gather], [Comm.Scatter],
 // [Comm.Allgather] and [Comm.Alltoall] move bytes, the last four also
 // with a length of its own for every rank ([Comm.Gatherv], ...: one
-// slice per rank); [Reduce], [Allreduce], [Scan] and [Exscan] combine
+// slice per rank); [Reduce], [Allreduce], [ReduceScatter],
+// [ReduceScatterBlock], [Scan] and [Exscan] combine
 // typed slices with an [Op] such as [Sum] or [Max], or any associative
 // function of the program's own, applied in rank order. [Bytes] views a
 // numeric slice as bytes for the others:

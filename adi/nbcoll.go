@@ -133,3 +133,13 @@ func Iscan[T Elem](c *Comm, send, recv []T, op Op[T]) (*Request, error) {
 func Iexscan[T Elem](c *Comm, send, recv []T, op Op[T]) (*Request, error) {
 	return c.nonblocking("exscan", func(ctx context.Context, c *Comm) error { return Exscan(ctx, c, send, recv, op) })
 }
+
+// IreduceScatter starts a ReduceScatter.
+func IreduceScatter[T Elem](c *Comm, send, recv []T, counts []int, op Op[T]) (*Request, error) {
+	return c.nonblocking("reduce_scatter", func(ctx context.Context, c *Comm) error { return ReduceScatter(ctx, c, send, recv, counts, op) })
+}
+
+// IreduceScatterBlock starts a ReduceScatterBlock.
+func IreduceScatterBlock[T Elem](c *Comm, send, recv []T, op Op[T]) (*Request, error) {
+	return c.nonblocking("reduce_scatter_block", func(ctx context.Context, c *Comm) error { return ReduceScatterBlock(ctx, c, send, recv, op) })
+}

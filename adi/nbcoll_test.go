@@ -56,6 +56,8 @@ func TestNonblockingCollectives(t *testing.T) {
 						out = append(out, pattern(me, d, size)...)
 					}
 					start(c.Ialltoall(out, a2a))
+					rs := make([]uint64, elems)
+					start(adi.IreduceScatterBlock(c, contribution(me, n*elems), rs, affine))
 					// A blocking collective between nonblocking ones.
 					blocking := pattern(2, 0, size)
 					if me != 0 {
@@ -83,6 +85,13 @@ func TestNonblockingCollectives(t *testing.T) {
 					}
 					if !equal(allred, want) || me == 0 && !equal(red, want) {
 						return errors.New("iallreduce or ireduce: wrong result")
+					}
+					whole := contribution(0, n*elems)
+					for r := 1; r < n; r++ {
+						affine(whole, contribution(r, n*elems))
+					}
+					if !equal(rs, whole[me*elems:(me+1)*elems]) {
+						return errors.New("ireducescatterblock: wrong result")
 					}
 					prefix := contribution(0, elems)
 					for r := 1; r <= me; r++ {
