@@ -2,6 +2,7 @@ package adi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync/atomic"
@@ -18,7 +19,28 @@ const (
 	// Undefined as a Split color leaves the calling rank out of every new
 	// communicator.
 	Undefined = -1
+	// ProcNull as the destination or source of a point-to-point call
+	// (MPI_PROC_NULL) makes it complete at once, moving nothing: a
+	// receive or probe then has the status {Source: ProcNull, Tag:
+	// AnyTag, Count: 0}. Cart.Shift returns it past the edges of a
+	// dimension that does not wrap, so that a halo exchange needs no
+	// special case there.
+	ProcNull = -2
 )
+
+// checkTag checks the tag of an operation with ProcNull, which the
+// multidevice never sees; wild allows AnyTag.
+func checkTag(tag int, wild bool) error {
+	if tag < 0 || tag > MaxTag {
+		if !wild || tag != AnyTag {
+			return fmt.Errorf("adi: %w: %d (tags are 0..%d)", ErrTag, tag, MaxTag)
+		}
+	}
+	return nil
+}
+
+// nullStatus is what a receive or probe from ProcNull finds.
+var nullStatus = Status{Source: ProcNull, Tag: AnyTag}
 
 // Status describes a received or probed message. Source is a rank in the
 // communicator the receive was posted on.
@@ -142,6 +164,12 @@ func (c *Comm) IssendInto(q *Request, buf []byte, dest, tag int) error {
 }
 
 func (c *Comm) isendInto(q *Request, buf []byte, dest, tag int, sync bool) error {
+	if dest == ProcNull {
+		if err := checkTag(tag, false); err != nil {
+			return err
+		}
+		return q.startLocal(c, nullSend)
+	}
 	if err := q.start(); err != nil {
 		return err
 	}
@@ -169,6 +197,9 @@ func (c *Comm) Ssend(ctx context.Context, buf []byte, dest, tag int) error {
 }
 
 func (c *Comm) send(ctx context.Context, buf []byte, dest, tag int, sync bool) error {
+	if dest == ProcNull {
+		return checkTag(tag, false)
+	}
 	d, err := c.dest(dest)
 	if err != nil {
 		return err
@@ -191,6 +222,12 @@ func (c *Comm) Irecv(buf []byte, source, tag int) (*Request, error) {
 
 // IrecvInto is Irecv into q, a Request the caller owns; see IsendInto.
 func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
+	if source == ProcNull {
+		if err := checkTag(tag, true); err != nil {
+			return err
+		}
+		return q.startLocal(c, nullRecv)
+	}
 	if err := q.start(); err != nil {
 		return err
 	}
@@ -212,6 +249,9 @@ func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
 // given up (lost to the program; its sender completes as usual): nothing
 // is written into buf after Recv returns.
 func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, error) {
+	if source == ProcNull {
+		return nullStatus, checkTag(tag, true)
+	}
 	s, err := c.source(source)
 	if err != nil {
 		return Status{}, err
@@ -226,6 +266,12 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, e
 // Iprobe reports whether a message from source with tag is waiting, without
 // receiving it.
 func (c *Comm) Iprobe(source, tag int) (Status, bool, error) {
+	if source == ProcNull {
+		if err := checkTag(tag, true); err != nil {
+			return Status{}, false, err
+		}
+		return nullStatus, true, nil
+	}
 	s, err := c.source(source)
 	if err != nil {
 		return Status{}, false, err
@@ -283,6 +329,15 @@ func (c *Comm) awaitProbe(ctx context.Context, try func() (bool, error)) error {
 // When ctx ends first, or the send fails, the receive is cancelled, or
 // given up as Recv's is.
 func (c *Comm) Sendrecv(ctx context.Context, send []byte, dest, sendTag int, recv []byte, source, recvTag int) (Status, error) {
+	switch {
+	case source == ProcNull:
+		return nullStatus, errors.Join(checkTag(recvTag, true), c.Send(ctx, send, dest, sendTag))
+	case dest == ProcNull:
+		if err := checkTag(sendTag, false); err != nil {
+			return Status{}, err
+		}
+		return c.Recv(ctx, recv, source, recvTag)
+	}
 	d, err := c.dest(dest)
 	if err != nil {
 		return Status{}, err

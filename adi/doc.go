@@ -12,7 +12,10 @@
 // received only through the returned [Message]: goroutines that probe
 // and then receive from the same sources need them, since between a
 // [Comm.Probe] and its receive another goroutine may take the message.
-// [Comm.Dup] and [Comm.Split] make communicators with isolated contexts.
+// [Comm.Dup] and [Comm.Split] make communicators with isolated contexts;
+// [Comm.CartCreate] lays ranks out on a grid ([DimsCreate] picks its
+// shape), whose [Cart.Shift] names the neighbours of a halo exchange,
+// [ProcNull] past an edge that does not wrap.
 //
 // A program that streams nonblocking messages starts them in requests it
 // keeps and reuses ([Comm.IsendInto], [Comm.IrecvInto]) instead of

@@ -14,7 +14,7 @@ import (
 // message Probe saw may go to another goroutine's receive. A matched probe
 // is not: the message it returns is the caller's.
 type Message struct {
-	m *multidevice.Message
+	m *multidevice.Message // nil for a message from ProcNull
 	c *Comm
 }
 
@@ -23,6 +23,12 @@ type Message struct {
 // its own (sdi.FlagMatching; none of the built-in ones does) cannot be
 // taken: finding one yields an error wrapping errors.ErrUnsupported.
 func (c *Comm) Improbe(source, tag int) (*Message, Status, bool, error) {
+	if source == ProcNull { // MPI_MESSAGE_NO_PROC
+		if err := checkTag(tag, true); err != nil {
+			return nil, Status{}, false, err
+		}
+		return &Message{c: c}, nullStatus, true, nil
+	}
 	s, err := c.source(source)
 	if err != nil {
 		return nil, Status{}, false, err
@@ -54,8 +60,11 @@ func (c *Comm) Mprobe(ctx context.Context, source, tag int) (*Message, Status, e
 // message's data came, the receive is given up, as Comm.Recv's: Recv
 // returns an error wrapping ctx.Err() and the message is lost.
 func (m *Message) Recv(ctx context.Context, buf []byte) (Status, error) {
-	if m == nil || m.m == nil {
+	if m == nil || m.c == nil {
 		return Status{}, fmt.Errorf("adi: receive of a nil message")
+	}
+	if m.m == nil {
+		return nullStatus, nil
 	}
 	st, err := m.c.w.dev.Mrecv(ctx, m.m, buf)
 	if err != nil {
@@ -76,8 +85,11 @@ func (m *Message) Irecv(buf []byte) (*Request, error) {
 // IrecvInto is Irecv into q, a Request the caller owns; see
 // Comm.IsendInto. Receiving a message twice is an error.
 func (m *Message) IrecvInto(q *Request, buf []byte) error {
-	if m == nil || m.m == nil {
+	if m == nil || m.c == nil {
 		return fmt.Errorf("adi: receive of a nil message")
+	}
+	if m.m == nil {
+		return q.startLocal(m.c, nullRecv)
 	}
 	if err := q.start(); err != nil {
 		return err

@@ -19,12 +19,6 @@ import (
 // completes. A nonblocking collective cannot be cancelled; Finalize ends
 // those still running with ErrFinalized.
 
-// collOp is a nonblocking collective in progress.
-type collOp struct {
-	done chan struct{}
-	err  error // set before done is closed
-}
-
 // collGoroutines counts a world's nonblocking collectives still running,
 // so that Finalize returns only once they are over.
 type collGoroutines struct {
@@ -44,7 +38,7 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 	}
 	own := &Comm{w: c.w, context: c.context, rank: c.rank, ranks: c.ranks, index: c.index, identity: c.identity}
 	own.collSeq.Store(c.collSeq.Add(1) - 1) // its begin draws the number drawn here
-	op := &collOp{done: make(chan struct{})}
+	op := &localOp{done: make(chan struct{})}
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
@@ -52,7 +46,7 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 		close(op.done)
 		c.w.dev.Notify() // for WaitAny, which waits on Changed
 	}()
-	return &Request{c: c, coll: op}, nil
+	return &Request{c: c, local: op}, nil
 }
 
 // finish waits for the nonblocking collectives still running, after the

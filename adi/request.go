@@ -13,25 +13,57 @@ import (
 type Request struct {
 	r multidevice.Request // by value: one allocation per operation
 	c *Comm
-	// coll is set for a nonblocking collective (nbcoll.go), which uses
-	// no r.
-	coll *collOp
+	// local is set for an operation that the multidevice does not carry
+	// (a nonblocking collective, nbcoll.go; one with ProcNull), which
+	// uses no r.
+	local *localOp
+}
+
+// localOp is an operation of this package's own: done is closed once st
+// and err are set.
+type localOp struct {
+	done chan struct{}
+	st   Status
+	err  error
+}
+
+// Operations with ProcNull complete at once; these are shared, never
+// changed.
+var (
+	nullSend = doneOp(Status{})
+	nullRecv = doneOp(Status{Source: ProcNull, Tag: AnyTag})
+)
+
+func doneOp(st Status) *localOp {
+	o := &localOp{done: make(chan struct{}), st: st}
+	close(o.done)
+	return o
 }
 
 // start readies q for a new point-to-point operation: one that held a
-// nonblocking collective may take it once that is over.
+// local operation may take it once that is over.
 func (q *Request) start() error {
-	if q.coll != nil {
-		if !q.coll.over() {
+	if q.local != nil {
+		if !q.local.over() {
 			return fmt.Errorf("adi: %w", ErrRequestBusy)
 		}
-		q.coll, q.c = nil, nil
+		q.local, q.c = nil, nil
 	}
 	return nil
 }
 
-// over reports whether the collective finished.
-func (o *collOp) over() bool {
+// startLocal puts o, a local operation, into q, unless q's own operation
+// is still in flight.
+func (q *Request) startLocal(c *Comm, o *localOp) error {
+	if q.c != nil && !q.done() {
+		return fmt.Errorf("adi: %w", ErrRequestBusy)
+	}
+	q.c, q.local = c, o
+	return nil
+}
+
+// over reports whether the operation finished.
+func (o *localOp) over() bool {
 	select {
 	case <-o.done:
 		return true
@@ -42,8 +74,8 @@ func (o *collOp) over() bool {
 
 // done reports whether q's operation completed (q holds one).
 func (q *Request) done() bool {
-	if q.coll != nil {
-		return q.coll.over()
+	if q.local != nil {
+		return q.local.over()
 	}
 	_, done, _ := q.r.Test()
 	return done
@@ -69,10 +101,10 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 	if q.c == nil {
 		return Status{}, errNotStarted
 	}
-	if q.coll != nil {
+	if q.local != nil {
 		select {
-		case <-q.coll.done:
-			return Status{}, q.coll.err
+		case <-q.local.done:
+			return q.local.st, q.local.err
 		case <-ctx.Done():
 			return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
 		}
@@ -89,11 +121,11 @@ func (q *Request) Test() (Status, bool, error) {
 	if q.c == nil {
 		return Status{}, true, errNotStarted
 	}
-	if q.coll != nil {
-		if !q.coll.over() {
+	if q.local != nil {
+		if !q.local.over() {
 			return Status{}, false, nil
 		}
-		return Status{}, true, q.coll.err
+		return q.local.st, true, q.local.err
 	}
 	st, done, err := q.r.Test()
 	if !done {
@@ -106,7 +138,7 @@ func (q *Request) Test() (Status, bool, error) {
 // completes with ErrCanceled and Status.Cancelled; a matched receive, a
 // send or a collective completes normally (as MPI allows).
 func (q *Request) Cancel() {
-	if q.c != nil && q.coll == nil {
+	if q.c != nil && q.local == nil {
 		q.c.w.dev.Cancel(&q.r)
 	}
 }
@@ -149,7 +181,7 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 		var st Status
 		mst, done, err := q.r.Test()
 		switch {
-		case q.c == nil || q.coll != nil || !done:
+		case q.c == nil || q.local != nil || !done:
 			st, err = q.Wait(ctx)
 		case sts != nil:
 			st = q.c.status(mst)

@@ -1,0 +1,171 @@
+package adi
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// Cart is a communicator whose ranks are laid out on a Cartesian grid
+// (MPI_Cart_create): rank r sits at the coordinates of r in row-major
+// order, the last dimension varying fastest. Its ranks are those of the
+// communicator it was made from, in the same order. All the methods of
+// Comm apply to it.
+type Cart struct {
+	*Comm
+	dims     []int
+	periodic []bool
+}
+
+// CartCreate makes a Cartesian communicator of the first prod(dims) ranks
+// of c, with dimension i wrapping around where periodic[i] is set. It is
+// collective: every rank of c calls it with the same arguments; ranks
+// beyond the grid get nil. DimsCreate chooses balanced dims.
+func (c *Comm) CartCreate(ctx context.Context, dims []int, periodic []bool) (*Cart, error) {
+	if len(periodic) != len(dims) {
+		return nil, fmt.Errorf("adi: cart create: %d periodic flags for %d dimensions", len(periodic), len(dims))
+	}
+	n := 1
+	for i, d := range dims {
+		if d <= 0 {
+			return nil, fmt.Errorf("adi: cart create: dimension %d has %d ranks", i, d)
+		}
+		n *= d
+		if n > c.Size() {
+			return nil, fmt.Errorf("adi: cart create: a grid of %v needs more than the communicator's %d ranks", dims, c.Size())
+		}
+	}
+	color := 0
+	if c.Rank() >= n {
+		color = Undefined
+	}
+	sub, err := c.Split(ctx, color, c.Rank())
+	if err != nil || sub == nil {
+		return nil, err
+	}
+	return &Cart{Comm: sub, dims: slices.Clone(dims), periodic: slices.Clone(periodic)}, nil
+}
+
+// Dims returns the number of ranks along each dimension.
+func (t *Cart) Dims() []int { return slices.Clone(t.dims) }
+
+// Periodic reports for each dimension whether it wraps around.
+func (t *Cart) Periodic() []bool { return slices.Clone(t.periodic) }
+
+// Coords returns the grid coordinates of rank r of t (MPI_Cart_coords).
+func (t *Cart) Coords(r int) ([]int, error) {
+	if r < 0 || r >= t.Size() {
+		return nil, fmt.Errorf("adi: cart coords: %w: %d not in [0,%d)", ErrRank, r, t.Size())
+	}
+	coords := make([]int, len(t.dims))
+	for i := len(t.dims) - 1; i >= 0; i-- {
+		coords[i] = r % t.dims[i]
+		r /= t.dims[i]
+	}
+	return coords, nil
+}
+
+// RankOf returns the rank at coords (MPI_Cart_rank). A coordinate outside
+// its dimension wraps around where the dimension is periodic and is an
+// error otherwise.
+func (t *Cart) RankOf(coords []int) (int, error) {
+	if len(coords) != len(t.dims) {
+		return 0, fmt.Errorf("adi: cart rank: %d coordinates for %d dimensions", len(coords), len(t.dims))
+	}
+	r := 0
+	for i, x := range coords {
+		d := t.dims[i]
+		if x < 0 || x >= d {
+			if !t.periodic[i] {
+				return 0, fmt.Errorf("adi: cart rank: %w: coordinate %d of dimension %d is outside [0,%d), which does not wrap", ErrRank, x, i, d)
+			}
+			x = (x%d + d) % d
+		}
+		r = r*d + x
+	}
+	return r, nil
+}
+
+// Shift returns the ranks this rank receives from and sends to in a shift
+// by disp along dimension dim (MPI_Cart_shift): source is disp steps
+// back, dest disp steps ahead. Past the edge of a dimension that does not
+// wrap either is ProcNull, which Sendrecv and the other point-to-point
+// calls take as "nobody":
+//
+//	src, dst, err := grid.Shift(0, 1)
+//	_, err = grid.Sendrecv(ctx, edge, dst, tag, halo, src, tag)
+func (t *Cart) Shift(dim, disp int) (source, dest int, err error) {
+	if dim < 0 || dim >= len(t.dims) {
+		return 0, 0, fmt.Errorf("adi: cart shift: dimension %d of %d", dim, len(t.dims))
+	}
+	me, err := t.Coords(t.Rank())
+	if err != nil {
+		return 0, 0, err
+	}
+	at := func(x int) int {
+		if (x < 0 || x >= t.dims[dim]) && !t.periodic[dim] {
+			return ProcNull
+		}
+		c := slices.Clone(me)
+		c[dim] = x
+		r, _ := t.RankOf(c) // in range, or wrapped
+		return r
+	}
+	return at(me[dim] - disp), at(me[dim] + disp), nil
+}
+
+// DimsCreate fills the zero entries of dims with numbers of ranks whose
+// product, with the non-zero entries, is n, as close to each other as
+// can be and in non-increasing order (MPI_Dims_create): 12 ranks in two
+// dimensions give [4 3], 8 in three [2 2 2].
+func DimsCreate(n int, dims []int) error {
+	if n <= 0 {
+		return fmt.Errorf("adi: dims create: %d ranks", n)
+	}
+	fixed, free := 1, 0
+	for i, d := range dims {
+		switch {
+		case d < 0:
+			return fmt.Errorf("adi: dims create: dimension %d is %d", i, d)
+		case d == 0:
+			free++
+		default:
+			fixed *= d
+		}
+	}
+	if n%fixed != 0 {
+		return fmt.Errorf("adi: dims create: %d ranks do not divide into the fixed dimensions of %v", n, dims)
+	}
+	rest := n / fixed
+	if free == 0 {
+		if rest != 1 {
+			return fmt.Errorf("adi: dims create: the dimensions %v hold %d ranks, not %d", dims, fixed, n)
+		}
+		return nil
+	}
+	// Largest prime factors first, each onto the smallest dimension yet.
+	var primes []int
+	for p := 2; p*p <= rest; p++ {
+		for rest%p == 0 {
+			primes = append(primes, p)
+			rest /= p
+		}
+	}
+	if rest > 1 {
+		primes = append(primes, rest)
+	}
+	got := make([]int, free)
+	for i := range got {
+		got[i] = 1
+	}
+	for _, p := range slices.Backward(primes) {
+		got[slices.Index(got, slices.Min(got))] *= p
+	}
+	slices.SortFunc(got, func(a, b int) int { return b - a })
+	for i := range dims {
+		if dims[i] == 0 {
+			dims[i], got = got[0], got[1:]
+		}
+	}
+	return nil
+}
