@@ -2,12 +2,17 @@ package adi_test
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
+	"github.com/hpc-multidevice/multidevice/multidevice"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
 
 // TestSendrecvRing shifts a buffer around a ring in both directions with
@@ -179,5 +184,35 @@ func TestMatchedProbeRules(t *testing.T) {
 	var m *adi.Message
 	if _, err := m.Recv(ctx, nil); err == nil {
 		t.Error("receive of a nil message accepted")
+	}
+}
+
+// TestProbeWakesOnLoss: a blocking probe parked waiting for a rank fails
+// with ErrPeerDown when that rank is lost, not when its context ends.
+func TestProbeWakesOnLoss(t *testing.T) {
+	for _, matched := range []bool{false, true} {
+		t.Run(fmt.Sprintf("matched=%v", matched), func(t *testing.T) {
+			f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered}})
+			ws := job(t, 2, adi.WithSubDevice("loop", f.New),
+				adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}))
+			c := ws[0].Comm()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			res := make(chan error, 1)
+			go func() {
+				var err error
+				if matched {
+					_, _, err = c.Mprobe(ctx, 1, 7)
+				} else {
+					_, err = c.Probe(ctx, 1, 7)
+				}
+				res <- err
+			}()
+			time.Sleep(100 * time.Millisecond) // past the spin: parked
+			f.Sever(1)
+			if err := <-res; !errors.Is(err, adi.ErrPeerDown) {
+				t.Fatalf("probe of a lost rank: %v, want ErrPeerDown", err)
+			}
+		})
 	}
 }

@@ -50,12 +50,22 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 }
 
 // finish waits for the nonblocking collectives still running, after the
-// device closed and failed their requests.
-func (g *collGoroutines) finish() {
+// device closed and failed their requests, or until ctx ends.
+func (g *collGoroutines) finish(ctx context.Context) error {
 	g.mu.Lock()
 	g.closed = true
 	g.mu.Unlock()
-	g.wg.Wait()
+	over := make(chan struct{})
+	go func() {
+		g.wg.Wait()
+		close(over)
+	}()
+	select {
+	case <-over:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("adi: finalize: nonblocking collectives still running: %w", ctx.Err())
+	}
 }
 
 // Ibarrier starts a Barrier.

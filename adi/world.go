@@ -177,8 +177,7 @@ func (w *World) Comm() *Comm { return w.comm }
 // ErrFinalized. It is idempotent.
 func (w *World) Finalize(ctx context.Context) error {
 	err := w.dev.Close(ctx)
-	w.colls.finish()
-	return errors.Join(err, w.boot.Close())
+	return errors.Join(err, w.colls.finish(ctx), w.boot.Close())
 }
 
 // Abort ends the whole job with code, telling the launcher why.

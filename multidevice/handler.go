@@ -167,4 +167,7 @@ func (d *Device) failPeer(peer int, why, cause error) {
 	for _, r := range failed {
 		r.complete(Status{}, cause)
 	}
+	// Probes waiting for the peer fail now (Iprobe reports the loss), but
+	// only look again when something changes.
+	d.notifyAll()
 }

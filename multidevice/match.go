@@ -76,6 +76,14 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 			return r, nil
 		}
 	}
+	// Close marks the device closed before failAll takes the lock to fail
+	// the posted receives: a receive that passed checkRecv as Close began
+	// is either found there or sees the mark here.
+	if d.closed.Load() {
+		d.mu.Unlock()
+		r.completeOwned(Status{}, ErrClosed)
+		return r, nil
+	}
 	d.posted.push(r)
 	d.mu.Unlock()
 

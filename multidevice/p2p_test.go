@@ -277,3 +277,44 @@ func TestRecvGivenUp(t *testing.T) {
 		})
 	}
 }
+
+// TestRecvGivenUpWhilePlaced: a blocking receive whose context ends while
+// a subdevice writes its message straight into its buffer (sdi.Placer)
+// waits for that write, and returns the message, instead of returning
+// while the buffer is still being written.
+func TestRecvGivenUpWhilePlaced(t *testing.T) {
+	d := loopJob(t, 2, smallCaps)[1]
+	h := &handler{d: d, sub: 1}
+	buf := make([]byte, 300)
+	type result struct {
+		st  Status
+		err error
+	}
+	res := make(chan result, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	go func() {
+		st, err := d.Recv(ctx, buf, 0, 3, 0)
+		res <- result{st, err}
+	}()
+	hb := make([]byte, shortHeaderSize)
+	putShort(hb, 3, 0, 0)
+	var place []byte
+	for deadline := time.Now().Add(20 * time.Second); place == nil; time.Sleep(time.Millisecond) {
+		if place = h.Place(0, hb, 200); place == nil && time.Now().After(deadline) {
+			t.Fatal("the receive was never posted")
+		}
+	}
+	<-ctx.Done()
+	select {
+	case r := <-res:
+		t.Fatalf("Recv returned while its message was being placed: %+v %v", r.st, r.err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	copy(place, pattern(200, 1))
+	h.Deliver(0, hb, place)
+	r := <-res
+	if r.err != nil || r.st.Count != 200 || !bytes.Equal(buf[:200], pattern(200, 1)) {
+		t.Fatalf("the placed message: %+v %v", r.st, r.err)
+	}
+}

@@ -336,19 +336,24 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 
 // waitRecv waits for r, a receive from getRequest, and recycles it. When
 // ctx ends first r is cancelled; if it matched meanwhile it completes and
-// its result is returned, and if it matched a large message whose data
-// is still coming it is given up: the caller has its buffer back, and
-// nothing is written into it after waitRecv returns.
+// its result is returned. If it matched a large message whose data is
+// still coming it is given up, and if a subdevice is writing a message
+// into its buffer (sdi.Placer) that write is waited for: the caller has
+// its buffer back, and nothing is written into it after waitRecv
+// returns, except by a subdevice that matches on its own
+// (sdi.FlagMatching), which completes the receive when it will.
 func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 	st, err := r.Wait(ctx)
 	if !r.isDone() && ctx.Err() != nil {
 		d.Cancel(r)
+		// What still writes into the buffer ends soon: a copy, or a
+		// placement its subdevice ends by delivering it or losing the
+		// peer.
+		if !r.isDone() && (d.abandonRecv(r, err) || r.atSub < 0 && r.claim == nil) {
+			<-r.Done()
+		}
 		if r.isDone() && !r.status.Cancelled { // it matched after all
 			st, err = r.status, r.err
-		} else if d.abandonRecv(r, err) {
-			// Blocks being written now end soon: a copy, or a placement
-			// its subdevice ends by delivering it or losing the peer.
-			<-r.Done()
 		}
 	}
 	d.putRequest(r)
