@@ -111,7 +111,8 @@ func (p *provider) cmLoop() {
 			return
 		}
 		if cerr != nil {
-			p.log.Error("reading connection manager events failed; no more connections will be made or noticed", "error", cerr)
+			// No connection could be made or noticed ending any more.
+			p.fail(&deviceError{device: p.device, port: p.port, what: "reading its connection manager events failed", err: fmt.Errorf("rdma_get_cm_event: %w", cerr)})
 			return
 		}
 		if !got {
@@ -132,17 +133,22 @@ func (p *provider) handle(ev cmEvent, e *endpoint) {
 		p.request(ev)
 		return
 	}
+	if ev.event == C.RDMA_CM_EVENT_DEVICE_REMOVAL && (e != nil || ev.id == p.listen) {
+		// Every id on the device gets one; the first fails the provider.
+		// librdmacm wants the ids and everything on the device freed; the
+		// engine's closing of the failed connections frees their QPs and
+		// ids, and Close the rest.
+		p.fail(&deviceError{device: p.device, port: p.port, what: "the device was removed (" + ev.name() + ")"})
+		return
+	}
 	if e == nil {
-		if ev.id == p.listen && ev.event == C.RDMA_CM_EVENT_DEVICE_REMOVAL {
-			p.log.Error("the RDMA device was removed", "device", p.device)
-		}
 		return
 	}
 	switch ev.event {
 	case C.RDMA_CM_EVENT_ESTABLISHED:
 		e.setEstablished()
-	case C.RDMA_CM_EVENT_DISCONNECTED, C.RDMA_CM_EVENT_DEVICE_REMOVAL,
-		C.RDMA_CM_EVENT_REJECTED, C.RDMA_CM_EVENT_UNREACHABLE, C.RDMA_CM_EVENT_CONNECT_ERROR:
+	case C.RDMA_CM_EVENT_DISCONNECTED, C.RDMA_CM_EVENT_REJECTED,
+		C.RDMA_CM_EVENT_UNREACHABLE, C.RDMA_CM_EVENT_CONNECT_ERROR:
 		e.fail()
 	}
 }
@@ -160,7 +166,7 @@ func (p *provider) request(ev cmEvent) {
 	}
 	r.private = priv
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || p.failed.Load() != nil {
 		p.mu.Unlock()
 		r.drop()
 		return
@@ -218,19 +224,28 @@ var _ rdma.Request = (*request)(nil)
 func (r *request) Private() []byte { return append([]byte(nil), r.private...) }
 
 // claim takes the request out of the provider's hands and counts the
-// answer as an operation in flight.
+// answer as an operation in flight. On a failed provider the request is
+// refused instead, and claim returns why.
 func (r *request) claim() error {
 	p := r.p
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.closed {
+		p.mu.Unlock()
 		return errClosed
 	}
 	if _, ok := p.requests[r]; !ok {
+		p.mu.Unlock()
 		return errors.New("verbs: connection request already answered")
 	}
 	delete(p.requests, r)
 	p.ops.Add(1)
+	de := p.failed.Load()
+	p.mu.Unlock()
+	if de != nil {
+		r.drop()
+		p.ops.Done()
+		return de
+	}
 	return nil
 }
 

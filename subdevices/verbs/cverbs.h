@@ -336,4 +336,63 @@ static int mdv_get_cq_events(struct ibv_comp_channel *ch) {
 	}
 }
 
+// mdv_async_event is the part of an asynchronous event the provider reads.
+// The element union is read by event type, as ibv_get_async_event(3) says:
+// a QP for the QP events, the CQ for IBV_EVENT_CQ_ERR, the port number for
+// the port events and IBV_EVENT_DEVICE_FATAL, an SRQ or WQ (never made
+// here) for their own events.
+struct mdv_async_event {
+	int event_type;
+	struct ibv_qp *qp;
+	uint32_t qp_num;
+	struct ibv_cq *cq;
+	int port;
+};
+
+static int mdv_async_fd(struct ibv_context *ctx) { return ctx->async_fd; }
+
+// mdv_get_async_event takes one event off the context's non-blocking async
+// fd and copies it; the caller acks *raw with ibv_ack_async_event once it
+// has looked the element up: ibv_destroy_qp and ibv_destroy_cq wait for the
+// acks of their object's events, so a QP cannot be freed, and its number
+// reused, between taking its event and that lookup.
+static int mdv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *raw, struct mdv_async_event *out) {
+	if (ibv_get_async_event(ctx, raw))
+		return -errno;
+	memset(out, 0, sizeof *out);
+	out->event_type = raw->event_type;
+	switch (raw->event_type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->qp = raw->element.qp;
+		out->qp_num = raw->element.qp->qp_num;
+		break;
+	case IBV_EVENT_CQ_ERR:
+		out->cq = raw->element.cq;
+		break;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED:
+	case IBV_EVENT_WQ_FATAL:
+		break;
+	default:
+		out->port = raw->element.port_num;
+	}
+	return 0;
+}
+
+// mdv_notify_comm_est tells librdmacm that data came on the id's QP before
+// the connection was established (IBV_EVENT_COMM_EST), so that it
+// completes the connection; EISCONN means it had already.
+static int mdv_notify_comm_est(struct rdma_cm_id *id) {
+	if (rdma_notify(id, IBV_EVENT_COMM_EST))
+		return -errno;
+	return 0;
+}
+
 #endif

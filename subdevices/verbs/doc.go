@@ -75,8 +75,43 @@
 //
 // One completion queue serves all connections, for sends and receives
 // alike; Wait sleeps in the Go netpoller on its completion channel, and the
-// connection manager's events are read the same way, so no OS thread is
-// parked in a blocking verbs call.
+// connection manager's events and the device's asynchronous events are
+// read the same way, so no OS thread is parked in a blocking verbs call.
+//
+// # Failures
+//
+// A connection fails when its work completes with an error, when the
+// connection manager reports it ended, or when the device reports its
+// queue pair broken with an asynchronous event (IBV_EVENT_QP_FATAL,
+// QP_REQ_ERR, QP_ACCESS_ERR), which may come with no failed completion:
+// the queue pair is moved to error so its work flushes, and the peer is
+// disconnected, so both ends report each other down, this end giving the
+// event as the reason. The other connections carry on.
+//
+// The provider fails as a whole when its completion queue is in error
+// (IBV_EVENT_CQ_ERR, or ibv_poll_cq failing), the device dies
+// (IBV_EVENT_DEVICE_FATAL) or is removed (RDMA_CM_EVENT_DEVICE_REMOVAL),
+// or reading the connection manager's or the device's events fails for
+// good. Every connection then fails (the peers are disconnected, and the
+// work still posted is reported flushed by the provider itself, since the
+// completion queue may never report it), every peer is reported down, and
+// later connects fail with an error that names the device, the port and
+// the event; so do sends to a peer whose connection this end saw fail
+// first. Close still frees everything.
+//
+// A port going down (IBV_EVENT_PORT_ERR on the provider's port) is logged
+// as a warning and fails nothing by itself: connections through the port
+// fail with failed completions once their retries run out, and idle ones
+// survive a port that comes back in time, which is logged at info
+// (IBV_EVENT_PORT_ACTIVE). IBV_EVENT_COMM_EST is passed on to librdmacm
+// (rdma_notify); the other events are logged at debug. Every event is
+// acked, which destroying its queue pair or completion queue waits for.
+//
+// librdmacm opens a device once per process, so every provider on it, and
+// every other librdmacm user in the process, shares one asynchronous event
+// fd: one reader per device serves all the providers of the process. A
+// library that reads the same fd for itself (DAPL's librdmacm provider, in
+// the udapl subdevice on the same device) takes the events it reads.
 //
 // # Limitations
 //
@@ -92,19 +127,14 @@
 // semantics differ).
 //
 // Known gaps, from a review against rdma-core and the mlx5 driver:
-//   - Asynchronous device events (ibv_get_async_event) are not read. A
-//     completion queue overrun or a fatal queue pair error (IBV_EVENT_CQ_ERR,
-//     QP_FATAL) is raised there, often with no failed completion, so the
-//     engine would wait instead of failing the connection. The engine
-//     refuses connections its completion queue could overrun, which keeps
-//     the first away; the second needs the async fd read like the others.
-//   - If rdma_get_cm_event fails with anything but EAGAIN, the connection
-//     manager loop stops: later dials wait out their contexts. A
-//     DEVICE_REMOVAL event is logged, not acted on, so a driver unbind
-//     waits for the job to close the provider.
 //   - Reject reason 28 (consumer reject) is taken as the peer's "not now";
 //     the kernel also sends it when its own request handler fails, which
 //     makes a dial retry until its context ends instead of failing at once.
+//   - After the device fails, the failed connections' queue pairs and ids
+//     are freed as the engine closes them, but the listener, protection
+//     domain, completion queue and registered memory only at Close; the
+//     librdmacm documentation asks for everything on a removed device to
+//     be freed at once.
 //   - The completion queue holds up to 65536 entries, about 4 MiB of
 //     pinned memory on mlx5, and one queue pair per peer costs its rings
 //     too: the locked-memory limit (ulimit -l) must allow for both.

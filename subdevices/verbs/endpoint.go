@@ -48,6 +48,7 @@ type endpoint struct {
 	qpn          uint32
 	established  bool // the peer holds a connection that rdma_disconnect should end
 	disconnected bool
+	cause        error // why the QP failed, from an asynchronous event; its flushed work carries it
 	slots        []slot
 	free         []uint32
 	sends, recvs int // posted and not yet polled
@@ -169,6 +170,8 @@ func (e *endpoint) await(ctx context.Context, want C.int) error {
 		return errors.New("endpoint closed while connecting")
 	case <-e.p.done:
 		return errClosed
+	case <-e.p.failCh:
+		return e.p.failed.Load()
 	}
 }
 
@@ -226,6 +229,11 @@ func (e *endpoint) post(op rdma.Op, wr uint64, r rdma.Region, off, n int, raddr 
 	if e.state != epOpen {
 		return fmt.Errorf("verbs: %v on closed endpoint %d: %w", op, e.id, rdma.ErrFlushed)
 	}
+	if de := e.p.failed.Load(); de != nil {
+		// Nothing posted now would complete: Poll reports only what
+		// was posted when the provider failed.
+		return fmt.Errorf("verbs: %v on endpoint %d: %w: %w", op, e.id, rdma.ErrFlushed, de)
+	}
 	if op == rdma.OpRecv && e.recvs >= e.p.limits.MaxRecvWR {
 		return fmt.Errorf("verbs: endpoint %d already has Limits.MaxRecvWR (%d) receives posted", e.id, e.p.limits.MaxRecvWR)
 	}
@@ -273,18 +281,27 @@ func (e *endpoint) release(s uint32) {
 	e.free = append(e.free, s)
 }
 
-// complete retires the slot a completion names. The last completion of a
-// closed endpoint destroys it: only then is nothing of it left in the CQ,
-// which destroying the QP earlier would purge.
-func (e *endpoint) complete(wrID uint64) (uint64, rdma.Op, bool) {
+// complete retires the slot a completion names, and returns the reason the
+// QP failed, if an event gave one. The last completion of a closed endpoint
+// destroys it: only then is nothing of it left in the CQ, which destroying
+// the QP earlier would purge.
+func (e *endpoint) complete(wrID uint64) (uint64, rdma.Op, error, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if wrID >= uint64(len(e.slots)) || !e.slots[wrID].used {
-		return 0, 0, false
+		return 0, 0, nil, false
 	}
 	s := e.slots[wrID]
-	e.release(uint32(wrID))
-	if s.op == rdma.OpRecv {
+	e.retireLocked(uint32(wrID))
+	return s.wr, s.op, e.cause, true
+}
+
+// retireLocked frees slot s, whose work completed, and destroys a closed
+// endpoint with nothing posted any more.
+func (e *endpoint) retireLocked(s uint32) {
+	op := e.slots[s].op
+	e.release(s)
+	if op == rdma.OpRecv {
 		e.recvs--
 	} else {
 		e.sends--
@@ -294,7 +311,51 @@ func (e *endpoint) complete(wrID uint64) (uint64, rdma.Op, bool) {
 			e.p.log.Warn("destroying a closed endpoint failed", "endpoint", e.id, "error", err)
 		}
 	}
-	return s.wr, s.op, true
+}
+
+// flushSlots is Poll for an endpoint of a failed provider: it reports up
+// to len(cs) of the work still posted as flushed with de, as the device
+// would have had it not failed.
+func (e *endpoint) flushSlots(cs []rdma.Completion, de *deviceError) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for i := range e.slots {
+		if n == len(cs) {
+			break
+		}
+		s := e.slots[i]
+		if !s.used {
+			continue
+		}
+		cs[n] = rdma.Completion{Endpoint: e.id, WR: s.wr, Op: s.op,
+			Err: fmt.Errorf("verbs: %v on endpoint %d: %w: %w", s.op, e.id, rdma.ErrFlushed, de)}
+		n++
+		e.retireLocked(uint32(i))
+	}
+	return n
+}
+
+// posted is how much work the endpoint has posted and not yet seen
+// complete.
+func (e *endpoint) posted() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sends + e.recvs
+}
+
+// commEstablished passes IBV_EVENT_COMM_EST on to librdmacm (rdma_notify(3)):
+// a message came on the QP before the connection manager's RTU, which may
+// be lost, and librdmacm then completes the connection on its strength.
+func (e *endpoint) commEstablished() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.state == epDestroyed || e.cm == nil {
+		return
+	}
+	if r := C.mdv_notify_comm_est(e.cm); r != 0 && r != -C.EISCONN {
+		e.p.log.Debug("rdma_notify of IBV_EVENT_COMM_EST failed", "endpoint", e.id, "error", errno(r))
+	}
 }
 
 // setEstablished records, for the CM goroutine, that the peer now holds a
@@ -313,14 +374,21 @@ func (e *endpoint) setEstablished() {
 }
 
 // fail, run by the CM goroutine when the connection ends or cannot be
-// made, moves the QP to error so its posted work flushes, and answers the
-// peer's disconnect request. The endpoint stays open for the engine to
-// close.
-func (e *endpoint) fail() {
+// made (and by the provider's fail), moves the QP to error so its posted
+// work flushes, and answers the peer's disconnect request, or makes one.
+// The endpoint stays open for the engine to close.
+func (e *endpoint) fail() { e.failWith(nil) }
+
+// failWith is fail with the reason the QP failed, from an asynchronous
+// event; the flushed work carries it, so the engine reports it.
+func (e *endpoint) failWith(cause error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.state == epDestroyed {
 		return
+	}
+	if e.cause == nil {
+		e.cause = cause
 	}
 	if e.qp != nil {
 		if r := C.mdv_qp_error(e.qp); r != 0 {

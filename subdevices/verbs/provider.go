@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -74,6 +75,9 @@ func (h host) open(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.S
 //     destruction of endpoints that closed with work outstanding;
 //   - Dial, Accept, Reject and Register run on the caller's goroutine and
 //     are counted in ops, which Close waits for before it frees anything;
+//   - the context's asyncReader (async.go), shared with the other providers
+//     on the device, routes the device's asynchronous events here; what it
+//     does about one runs as an operation too (guarded);
 //   - endpoints and regions guard themselves (see endpoint and region).
 type provider struct {
 	log    hclog.Logger
@@ -110,6 +114,18 @@ type provider struct {
 	cqClosed bool
 	wcs      []C.struct_mdv_wc // Poll's
 
+	// failed is set once, by fail, when the device or the provider's view
+	// of it is gone for good; failCh is closed then. From then on Poll
+	// reports every work request still posted as flushed, from the
+	// endpoints' slots, and never reads the completion queue again (see
+	// fail).
+	failed atomic.Pointer[deviceError]
+	failCh chan struct{}
+	// waitMu orders Wait's check of failed against fail's wake-up of Wait.
+	waitMu sync.Mutex
+
+	async *asyncReader // set by attachAsync, cleared by detachAsync
+
 	qpMu  sync.RWMutex
 	byQPN map[uint32]*endpoint // completions find their endpoint by qp_num
 
@@ -145,6 +161,7 @@ func openProvider(t target, s rdma.Settings, log hclog.Logger) (_ *provider, err
 		requests: make(map[*request]struct{}),
 		regions:  make(map[*region]struct{}),
 		done:     make(chan struct{}),
+		failCh:   make(chan struct{}),
 		queued:   make(chan struct{}, 1),
 		reqs:     make(chan rdma.Request),
 	}
@@ -244,6 +261,10 @@ func openProvider(t target, s rdma.Settings, log hclog.Logger) (_ *provider, err
 	if p.compFile, p.compConn, err = pollable(int(p.comp.fd), "ibv_comp_channel"); err != nil {
 		return nil, err
 	}
+	// Last: from here events may act on the provider.
+	if err := attachAsync(p); err != nil {
+		return nil, err
+	}
 
 	p.cmWG.Add(1)
 	go p.cmLoop()
@@ -281,15 +302,110 @@ func (p *provider) Limits() rdma.Limits           { return p.limits }
 func (p *provider) Requests() <-chan rdma.Request { return p.reqs }
 
 // begin counts an operation that uses the provider's C resources, unless
-// the provider is closing.
+// the provider is closing or failed.
 func (p *provider) begin() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		return errClosed
 	}
+	if de := p.failed.Load(); de != nil {
+		return de
+	}
 	p.ops.Add(1)
 	return nil
+}
+
+// guarded runs f as an operation, unless the provider is closing: Close
+// waits for it, so f never runs on freed resources.
+func (p *provider) guarded(f func()) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return
+	}
+	p.ops.Add(1)
+	p.mu.Unlock()
+	defer p.ops.Done()
+	f()
+}
+
+// fail fails the provider as a whole, once: the device died or was
+// removed, the completion queue is in error, or an event loop that the
+// provider needs stopped. Every endpoint fails as on a disconnect (the QP
+// goes to error, the peer is told), the connection requests not yet
+// delivered are refused, and Dial, Accept, Register and posts return de
+// from now on.
+//
+// A failed completion queue may have lost completions, or may never give
+// the flushed ones; so from now on Poll does not read it, and reports
+// every work request still posted as flushed with de, from the endpoints'
+// slots. That is also why Poll returns no error for a failed provider: the
+// engine, which fails connections by their completions, would only log it.
+func (p *provider) fail(de *deviceError) {
+	p.mu.Lock()
+	if p.closed || p.failed.Load() != nil {
+		p.mu.Unlock()
+		return
+	}
+	p.failed.Store(de)
+	close(p.failCh)
+	eps := make([]*endpoint, 0, len(p.byID))
+	for _, e := range p.byID {
+		eps = append(eps, e)
+	}
+	queued := p.queue
+	p.queue = nil
+	for _, r := range queued {
+		delete(p.requests, r)
+	}
+	p.mu.Unlock()
+
+	p.log.Error("the RDMA device failed: every connection fails and no new one is made", "device", p.device, "port", p.port, "error", de)
+	for _, r := range queued {
+		r.drop()
+	}
+	for _, e := range eps {
+		e.fail()
+	}
+	// Wake a Wait in progress; one that starts later sees failed.
+	p.waitMu.Lock()
+	p.compFile.SetReadDeadline(time.Unix(1, 0))
+	p.waitMu.Unlock()
+}
+
+// endpoints returns the endpoints not yet destroyed.
+func (p *provider) endpoints() []*endpoint {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	eps := make([]*endpoint, 0, len(p.byID))
+	for _, e := range p.byID {
+		eps = append(eps, e)
+	}
+	return eps
+}
+
+// flushAll is Poll on a failed provider: it moves up to len(cs) of the work
+// requests still posted into cs as flushed completions.
+func (p *provider) flushAll(cs []rdma.Completion, de *deviceError) int {
+	n := 0
+	for _, e := range p.endpoints() {
+		if n == len(cs) {
+			break
+		}
+		n += e.flushSlots(cs[n:], de)
+	}
+	return n
+}
+
+// flushPending reports whether a failed provider has work left to report.
+func (p *provider) flushPending() bool {
+	for _, e := range p.endpoints() {
+		if e.posted() > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 func (p *provider) Poll(cs []rdma.Completion) (int, error) {
@@ -298,12 +414,21 @@ func (p *provider) Poll(cs []rdma.Completion) (int, error) {
 	if p.cqClosed {
 		return 0, errClosed
 	}
+	if de := p.failed.Load(); de != nil {
+		return p.flushAll(cs, de), nil
+	}
 	n := 0
 	for n < len(cs) {
 		want := min(len(cs)-n, len(p.wcs))
 		got := int(C.mdv_poll(p.cq, &p.wcs[0], C.int(want)))
 		if got < 0 {
-			return n, fmt.Errorf("verbs: ibv_poll_cq on %s failed (%d): the completion queue overran or the device failed", p.device, got)
+			p.fail(&deviceError{device: p.device, port: p.port,
+				what: "its completion queue is in error (it overran, or the device failed)", err: fmt.Errorf("ibv_poll_cq returned %d", got)})
+			de := p.failed.Load()
+			if de == nil { // closing
+				return n, errClosed
+			}
+			return n + p.flushAll(cs[n:], de), nil
 		}
 		for i := range got {
 			if c, ok := p.completion(&p.wcs[i]); ok {
@@ -328,9 +453,10 @@ func (p *provider) completion(wc *C.struct_mdv_wc) (rdma.Completion, bool) {
 	p.qpMu.RUnlock()
 	var wr uint64
 	var op rdma.Op
+	var cause error
 	ok := e != nil
 	if ok {
-		wr, op, ok = e.complete(uint64(wc.wr_id))
+		wr, op, cause, ok = e.complete(uint64(wc.wr_id))
 	}
 	if !ok {
 		p.log.Warn("completion for no posted work request, dropped", "qp_num", qpn, "wr_id", uint64(wc.wr_id))
@@ -348,6 +474,9 @@ func (p *provider) completion(wc *C.struct_mdv_wc) (rdma.Completion, bool) {
 		c.Err = fmt.Errorf("verbs: %v on endpoint %d failed: %s (status %d, vendor error %#x)",
 			op, e.id, C.GoString(C.ibv_wc_status_str(C.enum_ibv_wc_status(st))), uint32(st), uint32(wc.vendor_err))
 	}
+	if c.Err != nil && cause != nil {
+		c.Err = fmt.Errorf("%w: %w", c.Err, cause)
+	}
 	return c, true
 }
 
@@ -356,6 +485,9 @@ func (p *provider) Arm() error {
 	defer p.cqMu.RUnlock()
 	if p.cqClosed {
 		return errClosed
+	}
+	if p.failed.Load() != nil {
+		return nil // Wait does not wait on the completion channel any more
 	}
 	if r := C.mdv_req_notify(p.cq); r != 0 {
 		return fmt.Errorf("verbs: ibv_req_notify_cq: %w", errno(r))
@@ -370,7 +502,27 @@ func (p *provider) Wait(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := p.compFile.SetReadDeadline(time.Time{}); err != nil {
+	p.waitMu.Lock()
+	failed := p.failed.Load() != nil
+	var derr error
+	if !failed {
+		derr = p.compFile.SetReadDeadline(time.Time{})
+	}
+	p.waitMu.Unlock()
+	if failed {
+		// Nothing completes any more but what Poll makes up; once that
+		// is taken, wait for the end.
+		if p.flushPending() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-p.done:
+			return errClosed
+		}
+	}
+	if derr != nil {
 		return errClosed
 	}
 	stop := context.AfterFunc(ctx, func() { p.compFile.SetReadDeadline(time.Unix(1, 0)) })
@@ -423,6 +575,7 @@ func (p *provider) Close() error {
 // runs with no goroutine of the provider left and no operation in flight,
 // and it tolerates a half-made provider.
 func (p *provider) teardown() error {
+	detachAsync(p)
 	if p.compFile != nil {
 		p.compFile.Close()
 	}

@@ -73,7 +73,7 @@ func newViolations() string {
 // leakedGoroutines returns the stacks of goroutines the package started
 // that are still running.
 func leakedGoroutines() string {
-	return leakcheck.Goroutines("verbs.(*provider).cmLoop", "verbs.(*provider).deliver")
+	return leakcheck.Goroutines("verbs.(*provider).cmLoop", "verbs.(*provider).deliver", "verbs.(*asyncReader).run")
 }
 
 // fakeverbsLoaded reports whether libibverbs and librdmacm are the

@@ -68,7 +68,21 @@
  *    completions purged from its CQs, EBUSY from ibv_dealloc_pd,
  *    ibv_destroy_cq and ibv_destroy_comp_channel while something uses them.
  *    Failed completions carry only wr_id, status and qp_num; the other
- *    fields are garbage on purpose.
+ *    fields are garbage on purpose. Asynchronous events: the context's
+ *    async_fd is an eventfd (blocking until made non-blocking), readable
+ *    while events are queued; ibv_get_async_event fails with EAGAIN on a
+ *    non-blocking fd; every event must be acked, ibv_destroy_qp and
+ *    ibv_destroy_cq wait for the acks of their object's events read and
+ *    drop those not read. The fake raises none by itself.
+ *
+ * Test-only entry points, which the tests reach through
+ * subdevices/verbs/internal/fakectl: fakeverbs_inject_async queues an
+ * asynchronous event and does to its QP or CQ what the event says happened
+ * (see its comment), fakeverbs_async_counts counts the events queued and
+ * not acked, fakeverbs_inject_cm_event queues a connection manager event
+ * such as RDMA_CM_EVENT_DEVICE_REMOVAL, and fakeverbs_fail_cm_channel
+ * makes rdma_get_cm_event fail for good. rdma_notify is accepted and does
+ * nothing.
  *  - The wire: a send needs the peer QP in RTR or RTS and a receive posted
  *    there; with rnr_retry 0 (what the provider asks for) a send that finds
  *    none fails at once with IBV_WC_RNR_RETRY_EXC_ERR and the sender's QP
@@ -94,9 +108,9 @@
  * What it does not model: devices other than fake0 and ports other than 1,
  * IPv6, other port spaces than RDMA_PS_TCP and other QP types than RC,
  * shared receive queues, inline data, immediate data, atomics, memory
- * windows, ibv_get_device_list/ibv_open_device, async events, rdma_cm ids
- * without an event channel, rdma_establish, multicast, iWARP or RoCE
- * specifics, packet loss, path MTU (a message is one packet), the limit on
+ * windows, ibv_get_device_list/ibv_open_device, asynchronous events the
+ * device raises by itself (only injected ones come), rdma_cm ids without
+ * an event channel, rdma_establish, multicast, iWARP or RoCE specifics, packet loss, path MTU (a message is one packet), the limit on
  * RDMA reads in flight (reads execute one at a time), CM timeouts other
  * than address resolution and the DREQ's, and the time things take on
  * hardware. It is what the provider's authors believe the libraries and
@@ -256,7 +270,9 @@ struct fcq {
 	int cap, head, n;
 	int armed; /* 0, 1: any completion, 2: solicited only */
 	int overrun;
+	int dead;             /* an injected IBV_EVENT_CQ_ERR: completions are lost from now on */
 	unsigned read, acked; /* events read from the channel and acked */
+	unsigned async_read, async_acked; /* its asynchronous events read and acked */
 	int users; /* QPs */
 	struct fcq *next;
 };
@@ -298,6 +314,7 @@ struct fqp {
 	int rd_atom, dest_rd_atom, retry_cnt, rnr_retry;
 	int64_t last_due; /* of the last send posted: they execute in order */
 	struct fid *id;
+	unsigned async_read, async_acked; /* its asynchronous events read and acked */
 	struct fqp *next;
 };
 
@@ -315,6 +332,7 @@ struct fevch {
 	struct fev *head, *tail;
 	int nids;
 	int sig;
+	int fail; /* fakeverbs_fail_cm_channel: rdma_get_cm_event fails with this errno */
 };
 
 struct fid {
@@ -507,6 +525,10 @@ static void chan_event(struct fcq *cq) {
 static struct fq *queue_of(struct fqp *qp, int sq) { return sq ? &qp->sq : &qp->rq; }
 
 static void cq_push(struct fcq *cq, struct fqp *qp, int sq, struct ibv_wc *wc, int solicited) {
+	if (cq->dead) {
+		queue_of(qp, sq)->used--;
+		return;
+	}
 	if (cq->n == cq->cap) {
 		if (!cq->overrun)
 			violation("CQ of %d entries overran: completions lost (the CQ is in error from now on)", cq->cap);
@@ -1121,7 +1143,9 @@ static struct ibv_context *context_locked(void) {
 	vctx.context.ops.poll_cq = fake_poll_cq;
 	vctx.context.ops.req_notify_cq = fake_req_notify_cq;
 	vctx.context.cmd_fd = -1;
-	vctx.context.async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK); /* never readable: no async events */
+	/* readable while asynchronous events are queued; blocking, as the
+	 * real one is until its user makes it non-blocking */
+	vctx.context.async_fd = eventfd(0, EFD_CLOEXEC);
 	vctx.context.num_comp_vectors = 1;
 	pthread_mutex_init(&vctx.context.mutex, NULL);
 	vctx.context.abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -1129,6 +1153,199 @@ static struct ibv_context *context_locked(void) {
 }
 
 static int is_ctx(struct ibv_context *c) { return c && c == &vctx.context; }
+
+/* ---- asynchronous events ---- */
+
+/* The context's asynchronous events, queued by fakeverbs_inject_async: the
+ * async_fd (an eventfd) is readable while one is queued. As in libibverbs,
+ * an event read and not yet acked holds up the destruction of its QP or CQ
+ * (ibv_destroy_qp and ibv_destroy_cq wait for the acks), and destroying the
+ * object drops its events not yet read. */
+struct fasync {
+	struct ibv_async_event ev;
+	struct fasync *next;
+};
+
+static struct fasync *aq_head, *aq_tail;
+static int aq_sig;
+static unsigned ctx_async_read, ctx_async_acked; /* events of no QP or CQ */
+
+static int async_on_qp(int type) {
+	switch (type) {
+	case IBV_EVENT_QP_FATAL:
+	case IBV_EVENT_QP_REQ_ERR:
+	case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST:
+	case IBV_EVENT_SQ_DRAINED:
+	case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR:
+	case IBV_EVENT_QP_LAST_WQE_REACHED:
+		return 1;
+	}
+	return 0;
+}
+
+/* drop_async removes the unread events of a QP or CQ being destroyed. */
+static void drop_async(void *obj) {
+	struct fasync **pp = &aq_head, *last = NULL;
+	while (*pp) {
+		struct fasync *a = *pp;
+		void *el = async_on_qp(a->ev.event_type) ? (void *)a->ev.element.qp
+			   : a->ev.event_type == IBV_EVENT_CQ_ERR ? (void *)a->ev.element.cq
+								 : NULL;
+		if (el != obj) {
+			last = a;
+			pp = &a->next;
+			continue;
+		}
+		*pp = a->next;
+		free(a);
+	}
+	aq_tail = last;
+	if (!aq_head)
+		fd_clear(vctx.context.async_fd, &aq_sig);
+}
+
+/* wait_async_acks waits, as ibv_destroy_qp and ibv_destroy_cq do, until
+ * every event of the object that was read has been acked. */
+static void wait_async_acks(unsigned *read, unsigned *acked, const char *what) {
+	int64_t start = now_ns();
+	int warned = 0;
+	while (*acked < *read)
+		wait_warn(start, &warned, what);
+}
+
+EXPORT int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event) {
+	lock();
+	if (!is_ctx(ctx) || !event) {
+		unlock();
+		return seterr(EINVAL);
+	}
+	while (!aq_head) {
+		if (nonblocking(ctx->async_fd)) {
+			unlock();
+			return seterr(EAGAIN);
+		}
+		pthread_cond_wait(&cv, &mu);
+	}
+	struct fasync *a = aq_head;
+	aq_head = a->next;
+	if (!aq_head) {
+		aq_tail = NULL;
+		fd_clear(ctx->async_fd, &aq_sig);
+	}
+	*event = a->ev;
+	free(a);
+	if (async_on_qp(event->event_type))
+		QP(event->element.qp)->async_read++;
+	else if (event->event_type == IBV_EVENT_CQ_ERR)
+		CQ(event->element.cq)->async_read++;
+	else
+		ctx_async_read++;
+	unlock();
+	return 0;
+}
+
+EXPORT void ibv_ack_async_event(struct ibv_async_event *event) {
+	lock();
+	unsigned *read = &ctx_async_read, *acked = &ctx_async_acked;
+	if (async_on_qp(event->event_type)) {
+		struct fqp *q = QP(event->element.qp);
+		if (!q) {
+			violation("ibv_ack_async_event: %s for a QP that is gone", ibv_event_type_str(event->event_type));
+			unlock();
+			return;
+		}
+		read = &q->async_read;
+		acked = &q->async_acked;
+	} else if (event->event_type == IBV_EVENT_CQ_ERR) {
+		struct fcq *c = CQ(event->element.cq);
+		if (!c) {
+			violation("ibv_ack_async_event: IBV_EVENT_CQ_ERR for a CQ that is gone");
+			unlock();
+			return;
+		}
+		read = &c->async_read;
+		acked = &c->async_acked;
+	}
+	if (*acked >= *read)
+		violation("ibv_ack_async_event: %s acked more often than it was read", ibv_event_type_str(event->event_type));
+	else
+		(*acked)++;
+	pthread_cond_broadcast(&cv);
+	unlock();
+}
+
+/* fakeverbs_inject_async queues an asynchronous event on ctx, for tests:
+ * element is the QP of a QP event or the CQ of IBV_EVENT_CQ_ERR, port the
+ * port of a port event (and of IBV_EVENT_DEVICE_FATAL, as the kernel sets
+ * it). What the event says happens to the object: a QP of QP_FATAL,
+ * QP_REQ_ERR or QP_ACCESS_ERR goes to ERR without flushing its work, and
+ * packets to it are dropped (the flush comes when its user moves it to ERR
+ * or destroys it); a CQ of CQ_ERR takes no completion from now on (they are
+ * lost, and no completion event comes), though ibv_poll_cq still returns
+ * those it held. The device itself keeps working after DEVICE_FATAL and
+ * the port after PORT_ERR: the event is what is modeled. Returns 0 or an
+ * errno. */
+EXPORT int fakeverbs_inject_async(struct ibv_context *ctx, int type, void *element, int port) {
+	lock();
+	struct ibv_async_event ev;
+	memset(&ev, 0, sizeof ev);
+	ev.event_type = type;
+	if (!is_ctx(ctx)) {
+		unlock();
+		return EINVAL;
+	}
+	if (async_on_qp(type)) {
+		struct fqp *q = QP(element);
+		if (!q) {
+			unlock();
+			return EINVAL;
+		}
+		if (type == IBV_EVENT_QP_FATAL || type == IBV_EVENT_QP_REQ_ERR || type == IBV_EVENT_QP_ACCESS_ERR)
+			q->qp.state = IBV_QPS_ERR;
+		ev.element.qp = &q->qp;
+	} else if (type == IBV_EVENT_CQ_ERR) {
+		struct fcq *c = CQ(element);
+		if (!c) {
+			unlock();
+			return EINVAL;
+		}
+		c->dead = 1;
+		ev.element.cq = &c->cq;
+	} else {
+		ev.element.port_num = port;
+	}
+	struct fasync *a = calloc(1, sizeof *a);
+	a->ev = ev;
+	if (aq_tail)
+		aq_tail->next = a;
+	else
+		aq_head = a;
+	aq_tail = a;
+	fd_set_ready(ctx->async_fd, &aq_sig);
+	pthread_cond_broadcast(&cv);
+	unlock();
+	return 0;
+}
+
+/* fakeverbs_async_counts reports, for tests, the asynchronous events
+ * queued and not read, and those read and not acked. */
+EXPORT void fakeverbs_async_counts(struct ibv_context *ctx, int *queued, int *unacked) {
+	lock();
+	int n = 0;
+	for (struct fasync *a = aq_head; a; a = a->next)
+		n++;
+	unsigned u = ctx_async_read - ctx_async_acked;
+	for (struct fqp *q = qps; q; q = q->next)
+		u += q->async_read - q->async_acked;
+	for (struct fcq *c = cqs; c; c = c->next)
+		u += c->async_read - c->async_acked;
+	(void)ctx;
+	*queued = n;
+	*unacked = (int)u;
+	unlock();
+}
 
 EXPORT const char *ibv_get_device_name(struct ibv_device *d) { return d ? d->name : NULL; }
 
@@ -1393,6 +1610,8 @@ EXPORT int ibv_destroy_cq(struct ibv_cq *cq) {
 		unlock();
 		return EBUSY;
 	}
+	drop_async(q);
+	wait_async_acks(&q->async_read, &q->async_acked, "ibv_destroy_cq (waiting for ibv_ack_async_event)");
 	struct fchan *ch = q->chan;
 	if (ch) {
 		/* events not yet read go with the CQ; those read must be acked */
@@ -1610,6 +1829,8 @@ static int fake_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_
 }
 
 static void destroy_qp_locked(struct fqp *q) {
+	drop_async(q);
+	wait_async_acks(&q->async_read, &q->async_acked, "ibv_destroy_qp (waiting for ibv_ack_async_event)");
 	purge(q->scq, q);
 	if (q->rcq != q->scq)
 		purge(q->rcq, q);
@@ -1670,6 +1891,34 @@ EXPORT const char *ibv_wc_status_str(enum ibv_wc_status status) {
 	};
 	if ((unsigned)status < sizeof s / sizeof s[0] && s[status])
 		return s[status];
+	return "unknown";
+}
+
+EXPORT const char *ibv_event_type_str(enum ibv_event_type event) {
+	static const char *const s[] = {
+		[IBV_EVENT_CQ_ERR] = "CQ error",
+		[IBV_EVENT_QP_FATAL] = "local work queue catastrophic error",
+		[IBV_EVENT_QP_REQ_ERR] = "invalid request local work queue error",
+		[IBV_EVENT_QP_ACCESS_ERR] = "local access violation work queue error",
+		[IBV_EVENT_COMM_EST] = "communication established",
+		[IBV_EVENT_SQ_DRAINED] = "send queue drained",
+		[IBV_EVENT_PATH_MIG] = "path migrated",
+		[IBV_EVENT_PATH_MIG_ERR] = "path migration request error",
+		[IBV_EVENT_DEVICE_FATAL] = "local catastrophic error",
+		[IBV_EVENT_PORT_ACTIVE] = "port active",
+		[IBV_EVENT_PORT_ERR] = "port error",
+		[IBV_EVENT_LID_CHANGE] = "LID change",
+		[IBV_EVENT_PKEY_CHANGE] = "P_Key change",
+		[IBV_EVENT_SM_CHANGE] = "SM change",
+		[IBV_EVENT_SRQ_ERR] = "SRQ catastrophic error",
+		[IBV_EVENT_SRQ_LIMIT_REACHED] = "SRQ limit reached",
+		[IBV_EVENT_QP_LAST_WQE_REACHED] = "last WQE reached",
+		[IBV_EVENT_CLIENT_REREGISTER] = "client reregistration",
+		[IBV_EVENT_GID_CHANGE] = "GID table change",
+		[IBV_EVENT_WQ_FATAL] = "WQ fatal",
+	};
+	if ((unsigned)event < sizeof s / sizeof s[0] && s[event])
+		return s[event];
 	return "unknown";
 }
 
@@ -2159,6 +2408,10 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *channel, struct rdma_cm_
 		unlock();
 		return seterr(EINVAL);
 	}
+	if (c->fail) {
+		unlock();
+		return seterr(c->fail);
+	}
 	for (;;) {
 		if (!c->head) {
 			if (nonblocking(c->ch.fd)) {
@@ -2253,4 +2506,46 @@ EXPORT const char *rdma_event_str(enum rdma_cm_event_type event) {
 	if ((unsigned)event < sizeof s / sizeof s[0] && s[event])
 		return s[event];
 	return "UNKNOWN EVENT";
+}
+
+/* rdma_notify is accepted and has no effect: a QP receives here only once
+ * both ends are connected, so COMM_EST never comes before ESTABLISHED. */
+EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event) {
+	lock();
+	struct fid *x = ID(id);
+	int rc = !x ? EINVAL : event != IBV_EVENT_COMM_EST ? EINVAL : x->state == CM_ESTABLISHED ? EISCONN : 0;
+	unlock();
+	return rc ? seterr(rc) : 0;
+}
+
+/* fakeverbs_inject_cm_event queues a connection manager event with no
+ * parameters (such as RDMA_CM_EVENT_DEVICE_REMOVAL) on id, for tests.
+ * Returns 0 or an errno. */
+EXPORT int fakeverbs_inject_cm_event(struct rdma_cm_id *id, int event) {
+	lock();
+	struct fid *x = ID(id);
+	if (!x) {
+		unlock();
+		return EINVAL;
+	}
+	post_ev(x, event, 0, NULL, x, NULL, 0, 0);
+	unlock();
+	return 0;
+}
+
+/* fakeverbs_fail_cm_channel makes every later rdma_get_cm_event on ch fail
+ * with err, and the channel's fd readable so a poller sees it, for tests.
+ * Returns 0 or an errno. */
+EXPORT int fakeverbs_fail_cm_channel(struct rdma_event_channel *ch, int err) {
+	lock();
+	struct fevch *c = EVCH(ch);
+	if (!c || err <= 0) {
+		unlock();
+		return EINVAL;
+	}
+	c->fail = err;
+	fd_set_ready(c->ch.fd, &c->sig);
+	pthread_cond_broadcast(&cv);
+	unlock();
+	return 0;
 }
