@@ -65,14 +65,20 @@ func job(t testing.TB, n int, opts ...adi.Option) []*adi.World {
 // loopJob runs over an in-memory subdevice with a small eager limit, so
 // rendezvous is exercised by modest sizes.
 func loopJob(t testing.TB, n int) []*adi.Comm {
-	f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered}})
-	ws := job(t, n, adi.WithSubDevice("loop", f.New),
-		adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}))
+	ws, _ := loopWorlds(t, n)
 	cs := make([]*adi.Comm, n)
 	for i, w := range ws {
 		cs[i] = w.Comm()
 	}
 	return cs
+}
+
+// loopWorlds is loopJob's job, with its fabric for tests that cut links.
+func loopWorlds(t testing.TB, n int) ([]*adi.World, *sditest.Fabric) {
+	f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered}})
+	ws := job(t, n, adi.WithSubDevice("loop", f.New),
+		adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}))
+	return ws, f
 }
 
 func TestPointToPoint(t *testing.T) {

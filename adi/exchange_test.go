@@ -10,9 +10,6 @@ import (
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
-	"github.com/hpc-multidevice/multidevice/multidevice"
-	"github.com/hpc-multidevice/multidevice/sdi"
-	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
 
 // TestSendrecvRing shifts a buffer around a ring in both directions with
@@ -192,9 +189,7 @@ func TestMatchedProbeRules(t *testing.T) {
 func TestProbeWakesOnLoss(t *testing.T) {
 	for _, matched := range []bool{false, true} {
 		t.Run(fmt.Sprintf("matched=%v", matched), func(t *testing.T) {
-			f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered}})
-			ws := job(t, 2, adi.WithSubDevice("loop", f.New),
-				adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}))
+			ws, f := loopWorlds(t, 2)
 			c := ws[0].Comm()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
