@@ -3,8 +3,10 @@ package multidevice
 import (
 	"encoding/binary"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -184,5 +186,44 @@ func TestSpecificSourceOverMatcher(t *testing.T) {
 	devs[0].Cancel(r)
 	if st, err := wait(t, r); !st.Cancelled || !errors.Is(err, ErrCanceled) {
 		t.Fatalf("cancel at the matching subdevice: %+v %v", st, err)
+	}
+}
+
+// TestImprobeMatchingSubDevice: a matched probe takes messages from the
+// multidevice's own queue, and says plainly that it cannot take one a
+// matching subdevice holds.
+func TestImprobeMatchingSubDevice(t *testing.T) {
+	devs := anyJob(t)
+	must(t)(devs[3].Isend([]byte("loop"), 0, 1, 0, false)) // over loop: queued here
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+		m, st, ok, err := devs[0].Improbe(AnySource, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ok {
+			buf := make([]byte, 4)
+			if st.Source != 3 || devs[0].MrecvRequest(new(Request), m, buf) != nil {
+				t.Fatalf("matched probe of rank 3's message: %+v", st)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rank 3's message never arrived")
+		}
+	}
+	must(t)(devs[1].Isend([]byte("tm"), 0, 2, 0, false)) // held by tm
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Millisecond) {
+		_, _, ok, err := devs[0].Improbe(1, 2, 0)
+		if errors.Is(err, errors.ErrUnsupported) && strings.Contains(err.Error(), `"tm"`) {
+			break
+		}
+		if ok || err != nil || time.Now().After(deadline) {
+			t.Fatalf("matched probe of a message tm holds: %v %v, want errors.ErrUnsupported naming tm", ok, err)
+		}
+	}
+	// The message is still there for a plain receive.
+	buf := make([]byte, 2)
+	if _, err := wait(t, must(t)(devs[0].Irecv(buf, 1, 2, 0))); err != nil || string(buf) != "tm" {
+		t.Fatalf("receive of the message tm holds: %q %v", buf, err)
 	}
 }
