@@ -130,33 +130,46 @@ func reusedRequests(n int) []*adi.Request {
 
 // BenchmarkShmAllreduce sums one float64 over two ranks of this process
 // over shm; ns/op is a call, allocs/op both ranks' allocations per call.
+// "nonblocking" is Iallreduce and Wait: what starting the collective on a
+// goroutine of its own costs over the blocking call.
 func BenchmarkShmAllreduce(b *testing.B) {
-	cs := shmJob(b, 2)
-	ctx := ctxT(b)
-	in, out := []float64{1}, []float64{0}
-	done := make(chan error)
-	b.ReportAllocs()
-	b.ResetTimer()
-	go func() {
-		in, out := []float64{2}, []float64{0}
-		for range b.N {
-			if err := adi.Allreduce(ctx, cs[1], in, out, adi.Sum); err != nil {
-				done <- err
-				return
+	for _, nb := range []bool{false, true} {
+		b.Run(map[bool]string{false: "blocking", true: "nonblocking"}[nb], func(b *testing.B) {
+			cs := shmJob(b, 2)
+			ctx := ctxT(b)
+			sum := func(c *adi.Comm, in, out []float64) error {
+				for range b.N {
+					if !nb {
+						if err := adi.Allreduce(ctx, c, in, out, adi.Sum); err != nil {
+							return err
+						}
+						continue
+					}
+					q, err := adi.Iallreduce(c, in, out, adi.Sum)
+					if err == nil {
+						_, err = q.Wait(ctx)
+					}
+					if err != nil {
+						return err
+					}
+				}
+				return nil
 			}
-		}
-		done <- nil
-	}()
-	for range b.N {
-		if err := adi.Allreduce(ctx, cs[0], in, out, adi.Sum); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-	if out[0] != 3 {
-		b.Fatalf("sum %v, want 3", out[0])
+			in, out := []float64{1}, []float64{0}
+			done := make(chan error)
+			b.ReportAllocs()
+			b.ResetTimer()
+			go func() { done <- sum(cs[1], []float64{2}, []float64{0}) }()
+			if err := sum(cs[0], in, out); err != nil {
+				b.Fatal(err)
+			}
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+			if out[0] != 3 {
+				b.Fatalf("sum %v, want 3", out[0])
+			}
+		})
 	}
 }
 
@@ -164,10 +177,11 @@ func BenchmarkShmAllreduce(b *testing.B) {
 // as a halo exchange does: Irecv, Isend, Wait both. "fresh" takes new
 // requests from Irecv and Isend, "reused" keeps two (IrecvInto,
 // IsendInto); the difference is what allocating a request per operation
-// costs.
+// costs. "sendrecv" is one Sendrecv call.
 func BenchmarkShmExchange(b *testing.B) {
-	for _, reuse := range []bool{false, true} {
-		b.Run(map[bool]string{false: "fresh", true: "reused"}[reuse], func(b *testing.B) {
+	for _, mode := range []string{"fresh", "reused", "sendrecv"} {
+		reuse := mode == "reused"
+		b.Run(mode, func(b *testing.B) {
 			cs := shmJob(b, 2)
 			ctx := ctxT(b)
 			swap := func(c *adi.Comm, peer int) error {
@@ -176,6 +190,12 @@ func BenchmarkShmExchange(b *testing.B) {
 				for range b.N {
 					r, s := &kept[0], &kept[1]
 					var err error
+					if mode == "sendrecv" {
+						if _, err := c.Sendrecv(ctx, sb, peer, 5, rb, peer, 5); err != nil {
+							return err
+						}
+						continue
+					}
 					if reuse {
 						err = errors.Join(c.IrecvInto(r, rb, peer, 5), c.IsendInto(s, sb, peer, 5))
 					} else {

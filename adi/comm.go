@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +72,7 @@ type Comm struct {
 	derived  atomic.Uint64 // communicators created from this one (Dup, Split)
 	collSeq  atomic.Uint64 // collective calls made on this one (collective.go)
 	coll     collState
+	copies   sync.Pool // of *Comm: nonblocking collectives run on them (nbcoll.go)
 }
 
 func newComm(w *World, context uint64, ranks []int) *Comm {
