@@ -149,6 +149,67 @@ func TestNonblockingAndWaitAny(t *testing.T) {
 	}
 }
 
+// TestWaitSomeTestAll: a loop over WaitSome that sets what it dealt with
+// to nil receives every message once; TestAll reports completion only once
+// all are done, and then every status.
+func TestWaitSomeTestAll(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	const n = 6
+	reqs := make([]*adi.Request, n)
+	bufs := make([][]byte, n)
+	for i := range reqs {
+		bufs[i] = make([]byte, 2000) // past the eager limit for some
+		reqs[i] = must(cs[1].Irecv(bufs[i], 0, i))
+	}
+	if idx, _, err := adi.TestSome(reqs...); len(idx) != 0 || err != nil {
+		t.Fatalf("TestSome before anything was sent: %v %v", idx, err)
+	}
+	sts := make([]adi.Status, n)
+	if ok, err := adi.TestAll(sts, reqs...); ok || err != nil {
+		t.Fatalf("TestAll before anything was sent: %v %v", ok, err)
+	}
+	sent := make(chan struct{})
+	defer func() { <-sent }()
+	go func() {
+		defer close(sent)
+		for _, i := range []int{3, 0, 5, 1, 4, 2} {
+			if err := cs[0].Send(ctx, pattern(0, i, 100*(i+1)), 1, i); err != nil {
+				t.Error(err)
+			}
+		}
+	}()
+	left := append([]*adi.Request(nil), reqs...)
+	seen := 0
+	for seen < n {
+		idx, got, err := adi.WaitSome(ctx, left...)
+		if err != nil || len(idx) == 0 || len(got) != len(idx) {
+			t.Fatalf("WaitSome: %v %v %v", idx, got, err)
+		}
+		for k, i := range idx {
+			if got[k].Tag != i || !bytes.Equal(bufs[i][:got[k].Count], pattern(0, i, 100*(i+1))) {
+				t.Errorf("request %d: status %+v or data wrong", i, got[k])
+			}
+			left[i] = nil
+			seen++
+		}
+	}
+	if idx, _, err := adi.WaitSome(ctx, left...); idx != nil || err != nil {
+		t.Errorf("WaitSome of nothing: %v %v", idx, err)
+	}
+	if ok, err := adi.TestAll(sts, reqs...); !ok || err != nil {
+		t.Fatalf("TestAll after all came: %v %v", ok, err)
+	}
+	for i, st := range sts {
+		if st.Tag != i || st.Count != 100*(i+1) {
+			t.Errorf("TestAll status %d: %+v", i, st)
+		}
+	}
+	if _, err := adi.TestAll(make([]adi.Status, 1), reqs...); err == nil {
+		t.Error("TestAll took one status for six requests")
+	}
+}
+
 func must(r *adi.Request, err error) *adi.Request {
 	if err != nil {
 		panic(err)

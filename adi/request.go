@@ -202,6 +202,38 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 // WaitAny waits until one of the requests completes and returns its index.
 // Nil entries are skipped; with none left it returns -1.
 func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
+	i := -1 // if no request is left
+	var st Status
+	var err error
+	if werr := await(ctx, "wait any", reqs, func() (ok bool) {
+		i, st, ok, err = TestAny(reqs...)
+		return ok
+	}); werr != nil {
+		return -1, Status{}, werr
+	}
+	return i, st, err
+}
+
+// WaitSome waits until at least one of the requests completes and returns
+// the indexes of all that have, with their statuses (MPI_Waitsome). Nil
+// entries are skipped, so a caller sets those it has dealt with to nil;
+// with none left it returns no index.
+func WaitSome(ctx context.Context, reqs ...*Request) ([]int, []Status, error) {
+	var idx []int
+	var sts []Status
+	var err error
+	if werr := await(ctx, "wait some", reqs, func() bool {
+		idx, sts, err = TestSome(reqs...)
+		return len(idx) > 0
+	}); werr != nil {
+		return nil, nil, werr
+	}
+	return idx, sts, err
+}
+
+// await drives progress and waits until done reports true, or no request
+// of reqs is left (it returns nil then too), or ctx ends.
+func await(ctx context.Context, what string, reqs []*Request, done func() bool) error {
 	for {
 		var changed <-chan struct{}
 		var dev *multidevice.Device
@@ -212,19 +244,16 @@ func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
 				break
 			}
 		}
-		if changed == nil {
-			return -1, Status{}, nil
+		if changed == nil || done() {
+			return nil
 		}
-		if i, st, ok, err := TestAny(reqs...); ok {
-			return i, st, err
-		}
-		if dev.Progress(func() bool { _, _, ok, _ := TestAny(reqs...); return ok }) {
-			continue
+		if dev.Progress(done) {
+			return nil
 		}
 		select {
 		case <-changed:
 		case <-ctx.Done():
-			return -1, Status{}, fmt.Errorf("adi: wait any: %w", ctx.Err())
+			return fmt.Errorf("adi: %s: %w", what, ctx.Err())
 		}
 	}
 }
@@ -240,4 +269,54 @@ func TestAny(reqs ...*Request) (int, Status, bool, error) {
 		}
 	}
 	return -1, Status{}, false, nil
+}
+
+// TestSome returns the indexes and statuses of the requests that have
+// completed, none if none has (MPI_Testsome), and their errors joined,
+// each naming its request's index. Nil entries are skipped.
+func TestSome(reqs ...*Request) ([]int, []Status, error) {
+	var idx []int
+	var sts []Status
+	var errs []error
+	for i, q := range reqs {
+		if q == nil {
+			continue
+		}
+		if st, ok, err := q.Test(); ok {
+			idx, sts = append(idx, i), append(sts, st)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+			}
+		}
+	}
+	return idx, sts, errors.Join(errs...)
+}
+
+// TestAll reports whether every request has completed (MPI_Testall); if
+// so, it writes their statuses into sts (one per request, or none kept
+// when sts is nil) and returns their errors joined, each naming its
+// request's index. Nil entries count as completed.
+func TestAll(sts []Status, reqs ...*Request) (bool, error) {
+	if sts != nil && len(sts) != len(reqs) {
+		return false, fmt.Errorf("adi: test all: %d statuses for %d requests", len(sts), len(reqs))
+	}
+	for _, q := range reqs {
+		if q != nil && q.c != nil && !q.done() {
+			return false, nil
+		}
+	}
+	var errs []error
+	for i, q := range reqs {
+		if q == nil {
+			continue
+		}
+		st, _, err := q.Test()
+		if sts != nil {
+			sts[i] = st
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+		}
+	}
+	return true, errors.Join(errs...)
 }
