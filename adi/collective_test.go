@@ -104,6 +104,36 @@ func TestBcast(t *testing.T) {
 	}
 }
 
+// TestBcastLarge: from 12 KiB and 8 ranks Bcast scatters and gathers
+// around a ring; lengths that do not divide into the ranks' blocks, and
+// every root, give every rank the root's buffer.
+func TestBcastLarge(t *testing.T) {
+	for _, n := range []int{7, 8, 9, 12} { // 7: still the tree
+		cs := loopJob(t, n)
+		ctx := ctxT(t)
+		for _, size := range []int{12 << 10, 12<<10 + 5, 100003} {
+			for root := range n {
+				t.Run(fmt.Sprintf("n=%d/len=%d/root=%d", n, size, root), func(t *testing.T) {
+					want := pattern(root, 1, size)
+					each(t, cs, func(c *adi.Comm) error {
+						buf := make([]byte, size)
+						if c.Rank() == root {
+							copy(buf, want)
+						}
+						if err := c.Bcast(ctx, buf, root); err != nil {
+							return err
+						}
+						if !bytes.Equal(buf, want) {
+							return fmt.Errorf("rank %d: %d bytes differ", c.Rank(), size)
+						}
+						return nil
+					})
+				})
+			}
+		}
+	}
+}
+
 func TestGatherScatter(t *testing.T) {
 	for _, n := range collSizes {
 		cs := loopJob(t, n)
