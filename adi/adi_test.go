@@ -30,7 +30,13 @@ func ctxT(t testing.TB) context.Context {
 // job starts n ranks in this process; each gets opts plus its bootstrap.
 func job(t testing.TB, n int, opts ...adi.Option) []*adi.World {
 	t.Helper()
-	boots, err := bootstrap.InProcess(n, nil)
+	return jobOn(t, n, nil, opts...)
+}
+
+// jobOn is job with the ranks on the hosts hostOf names (nil: one host).
+func jobOn(t testing.TB, n int, hostOf func(int) string, opts ...adi.Option) []*adi.World {
+	t.Helper()
+	boots, err := bootstrap.InProcess(n, hostOf)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,9 +81,16 @@ func loopJob(t testing.TB, n int) []*adi.Comm {
 
 // loopWorlds is loopJob's job, with its fabric for tests that cut links.
 func loopWorlds(t testing.TB, n int) ([]*adi.World, *sditest.Fabric) {
+	return loopWorldsOn(t, n, nil)
+}
+
+// loopWorldsOn is loopWorlds with the ranks on the hosts hostOf names,
+// all reaching each other over the loopback fabric.
+func loopWorldsOn(t testing.TB, n int, hostOf func(int) string) ([]*adi.World, *sditest.Fabric) {
 	f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered}})
-	ws := job(t, n, adi.WithSubDevice("loop", f.New),
-		adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}))
+	ws := jobOn(t, n, hostOf, adi.WithSubDevice("loop", f.New),
+		adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}),
+		adi.WithConnTable(&conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "loop"}}}}}}))
 	return ws, f
 }
 
@@ -454,4 +467,49 @@ func Example() {
 	st, _ := c.Recv(ctx, buf, adi.AnySource, adi.AnyTag)
 	fmt.Printf("%s from rank %d\n", buf[:st.Count], st.Source)
 	// Output: hello from rank 0
+}
+
+// TestSplitHost: ranks on hosts a, b, a, c, b, a get the communicators of
+// their hosts' ranks, in rank order, isolated from each other.
+func TestSplitHost(t *testing.T) {
+	hosts := []string{"a", "b", "a", "c", "b", "a"}
+	ws, _ := loopWorldsOn(t, len(hosts), func(r int) string { return hosts[r] })
+	cs := make([]*adi.Comm, len(ws))
+	for i, w := range ws {
+		cs[i] = w.Comm()
+	}
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		h, err := c.SplitHost(ctx)
+		if err != nil {
+			return err
+		}
+		var want []int
+		for r, name := range hosts {
+			if name == hosts[c.Rank()] {
+				want = append(want, r)
+			}
+		}
+		if h.Size() != len(want) {
+			return fmt.Errorf("host %s: %d ranks, want %v", hosts[c.Rank()], h.Size(), want)
+		}
+		for i, r := range want {
+			if wr, _ := h.WorldRank(i); wr != r {
+				return fmt.Errorf("host %s: rank %d is world rank %d, want %d", hosts[c.Rank()], i, wr, r)
+			}
+		}
+		// Each host's ranks sum their world ranks among themselves.
+		sum := []int64{int64(c.Rank())}
+		if err := adi.Allreduce(ctx, h, sum, sum, adi.Sum); err != nil {
+			return err
+		}
+		var wantSum int64
+		for _, r := range want {
+			wantSum += int64(r)
+		}
+		if sum[0] != wantSum {
+			return fmt.Errorf("host %s: sum %d, want %d", hosts[c.Rank()], sum[0], wantSum)
+		}
+		return nil
+	})
 }

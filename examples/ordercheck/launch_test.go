@@ -104,7 +104,7 @@ func runJob(t *testing.T, cmd *exec.Cmd) (int, string) {
 	return 0, string(out)
 }
 
-var okLine = regexp.MustCompile(`(?m)rank (\d+) of (\d+) on (\S+): ring ok, order ok, collectives ok, exchange ok \(\d+ messages to each peer; subdevices ([a-z,]+)\)`)
+var okLine = regexp.MustCompile(`(?m)rank (\d+) of (\d+) on (\S+): ring ok, order ok, collectives ok, exchange ok \(\d+ messages to each peer; subdevices ([a-z,]+); (\d+) ranks on this host\)`)
 
 // checkRanks checks that every rank reported success and that ranks sit on
 // the hosts wantHost names (ranks with equal names share a host), using
@@ -114,18 +114,29 @@ func checkRanks(t *testing.T, out string, wantHost []string) {
 	n := len(wantHost)
 	hostOf := map[string]string{} // rank -> host it reported
 	subs := map[string]string{}
+	onHost := map[string]string{} // rank -> the size of its SplitHost communicator
 	for _, m := range okLine.FindAllStringSubmatch(out, -1) {
 		if m[2] != fmt.Sprint(n) {
 			t.Errorf("rank %s reports a world of %s, want %d", m[1], m[2], n)
 		}
 		hostOf[m[1]] = m[3]
 		subs[m[1]] = m[4]
+		onHost[m[1]] = m[5]
 	}
 	if len(hostOf) != n {
 		t.Fatalf("%d of %d ranks reported success", len(hostOf), n)
 	}
 	multi := false
 	for a := range n {
+		mates := 0
+		for _, h := range wantHost {
+			if h == wantHost[a] {
+				mates++
+			}
+		}
+		if onHost[fmt.Sprint(a)] != fmt.Sprint(mates) {
+			t.Errorf("rank %d's SplitHost has %s ranks, want %d", a, onHost[fmt.Sprint(a)], mates)
+		}
 		for b := range n {
 			same := wantHost[a] == wantHost[b]
 			if got := hostOf[fmt.Sprint(a)] == hostOf[fmt.Sprint(b)]; got != same {

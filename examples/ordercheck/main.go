@@ -81,8 +81,13 @@ func run(ctx context.Context, per, maxSize int) error {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	fmt.Printf("rank %d of %d on %s: ring ok, order ok, collectives ok, exchange ok (%d messages to each peer; subdevices %s)\n",
-		c.Rank(), c.Size(), w.Host(), per, strings.Join(names, ","))
+	local, err := c.SplitHost(ctx)
+	if err != nil {
+		w.Abort(1, err.Error())
+		return err
+	}
+	fmt.Printf("rank %d of %d on %s: ring ok, order ok, collectives ok, exchange ok (%d messages to each peer; subdevices %s; %d ranks on this host)\n",
+		c.Rank(), c.Size(), w.Host(), per, strings.Join(names, ","), local.Size())
 	return w.Finalize(ctx)
 }
 
