@@ -54,6 +54,15 @@
 // [Request]; any number of those may be in flight at once, each in its
 // place in the order in which it was started.
 //
+// # One-sided communication
+//
+// [Comm.WinCreate] exposes a byte slice of every rank as a [Win]; between
+// the collective [Win.Fence] calls that separate epochs, ranks [Win.Put]
+// into, [Win.Get] from and [Accumulate] into other ranks' windows without
+// those ranks taking part: a goroutine of each rank, the window's server,
+// applies what comes. Fence completes every operation of the epoch on
+// every rank.
+//
 // # Usage
 //
 //	w, err := adi.Init(ctx)

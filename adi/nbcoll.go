@@ -19,22 +19,55 @@ import (
 // completes. A nonblocking collective cannot be cancelled; Finalize ends
 // those still running with ErrFinalized.
 
-// collGoroutines runs a world's nonblocking collectives and counts those
-// still running, so that Finalize returns only once they are over. The
-// goroutines that run them stay, waiting for the next, until Finalize: a
-// goroutine started for each grew its stack through the collective's
-// frames every time, which was a third of an 8-byte Iallreduce's cost.
-type collGoroutines struct {
-	mu     sync.Mutex
-	closed bool
-	tasks  chan func() // idle workers wait here; closed by finish
-	wg     sync.WaitGroup
+// background runs a world's goroutines of its own: nonblocking
+// collectives, and the servers of RMA windows (win.go). It counts them, so
+// that Finalize returns only once they are over. The goroutines that run
+// collectives stay, waiting for the next, until Finalize: a goroutine
+// started for each grew its stack through the collective's frames every
+// time, which was a third of an 8-byte Iallreduce's cost.
+type background struct {
+	mu      sync.Mutex
+	closed  bool
+	tasks   chan func() // idle workers wait here; closed by finish
+	servers map[*Win]context.CancelFunc
+	wg      sync.WaitGroup
+}
+
+// serve runs a window's server until Free (unserve) or Finalize.
+func (g *background) serve(w *Win, run func(ctx context.Context)) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return ErrFinalized
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if g.servers == nil {
+		g.servers = make(map[*Win]context.CancelFunc)
+	}
+	g.servers[w] = cancel
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		run(ctx)
+	}()
+	return nil
+}
+
+// unserve stops w's server.
+func (g *background) unserve(w *Win) {
+	g.mu.Lock()
+	cancel := g.servers[w]
+	delete(g.servers, w)
+	g.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }
 
 // nonblocking starts run, a blocking collective, as the next collective
 // of c, on a copy of c that has state of its own.
 func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) error) (*Request, error) {
-	g := &c.w.colls
+	g := &c.w.bg
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
@@ -68,18 +101,23 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 }
 
 // work runs task, then the tasks handed to it while idle, until finish.
-func (g *collGoroutines) work(task func()) {
+func (g *background) work(task func()) {
 	for ok := true; ok; task, ok = <-g.tasks {
 		task()
 	}
 }
 
-// finish waits for the nonblocking collectives still running, after the
-// device closed and failed their requests, or until ctx ends.
-func (g *collGoroutines) finish(ctx context.Context) error {
+// finish stops the window servers and waits for them and for the
+// nonblocking collectives still running, after the device closed and
+// failed their requests, or until ctx ends.
+func (g *background) finish(ctx context.Context) error {
 	g.mu.Lock()
 	if !g.closed && g.tasks != nil {
 		close(g.tasks) // idle workers end; nothing is sent once closed is set
+	}
+	for w, cancel := range g.servers {
+		cancel()
+		delete(g.servers, w)
 	}
 	g.closed = true // Finalize may be called again
 	g.mu.Unlock()
@@ -92,7 +130,7 @@ func (g *collGoroutines) finish(ctx context.Context) error {
 	case <-over:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("adi: finalize: nonblocking collectives still running: %w", ctx.Err())
+		return fmt.Errorf("adi: finalize: nonblocking collectives or window servers still running: %w", ctx.Err())
 	}
 }
 

@@ -174,7 +174,7 @@ func TestFinalizeEndsNonblockingCollectives(t *testing.T) {
 	if _, err := ws[0].Comm().Ibarrier(); !errors.Is(err, adi.ErrFinalized) {
 		t.Errorf("collective started after Finalize: %v, want ErrFinalized", err)
 	}
-	if g := leakcheck.Goroutines("adi.(*collGoroutines).work", "adi.(*Comm).nonblocking"); g != "" {
+	if g := leakcheck.Goroutines("adi.(*background).work", "adi.(*Comm).nonblocking"); g != "" {
 		t.Errorf("goroutines left:\n%s", g)
 	}
 }

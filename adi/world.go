@@ -18,10 +18,10 @@ import (
 // World is an initialized job as seen by one rank. It is safe for
 // concurrent use.
 type World struct {
-	dev   *multidevice.Device
-	boot  bootstrap.Bootstrap
-	comm  *Comm
-	colls collGoroutines // nonblocking collectives: nbcoll.go
+	dev  *multidevice.Device
+	boot bootstrap.Bootstrap
+	comm *Comm
+	bg   background // nonblocking collectives, window servers: nbcoll.go
 }
 
 type config struct {
@@ -177,7 +177,7 @@ func (w *World) Comm() *Comm { return w.comm }
 // ErrFinalized. It is idempotent.
 func (w *World) Finalize(ctx context.Context) error {
 	err := w.dev.Close(ctx)
-	return errors.Join(err, w.colls.finish(ctx), w.boot.Close())
+	return errors.Join(err, w.bg.finish(ctx), w.boot.Close())
 }
 
 // Abort ends the whole job with code, telling the launcher why.

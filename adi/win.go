@@ -1,0 +1,450 @@
+package adi
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+)
+
+// One-sided communication (MPI-2 RMA) with active-target
+// synchronization: every rank of a communicator exposes a byte slice as a
+// window; Put, Get and Accumulate read and write other ranks' windows
+// without their taking part; Fence, collective, separates epochs and
+// completes every operation of the one that ends.
+//
+// The operations travel as point-to-point messages on two contexts of the
+// window's own, requests on one and Get's replies on the other, so they
+// never match the program's messages. A goroutine of each rank, the
+// window's server, takes the requests addressed to it and applies them to
+// its window in the order each origin sent them. Fence counts: every rank
+// tells every other how many operations it sent it this epoch
+// (Alltoall), waits until its server has applied that many from each
+// origin, and passes a barrier, so that no rank starts the next epoch
+// while an operation of this one is still in flight anywhere.
+
+// AccOp is the operation Accumulate applies at the target: the target's
+// element becomes target ⊕ origin (MPI_Accumulate's predefined ops).
+type AccOp uint8
+
+// Accumulate operations. AccBAnd, AccBOr and AccBXor apply to integer
+// elements only.
+const (
+	AccReplace AccOp = iota + 1 // MPI_REPLACE: the origin's value
+	AccSum                      // MPI_SUM
+	AccProd                     // MPI_PROD
+	AccMax                      // MPI_MAX
+	AccMin                      // MPI_MIN
+	AccBAnd                     // MPI_BAND
+	AccBOr                      // MPI_BOR
+	AccBXor                     // MPI_BXOR
+)
+
+// Win is a window: memory of every rank of a communicator that the others
+// read and write with Put, Get and Accumulate between Fences. A Win is
+// safe for concurrent use by the goroutines of its rank, but its epochs
+// are collective: every rank calls Fence and Free in the same order.
+type Win struct {
+	c      *Comm // requests go on c, Get's replies on reply
+	reply  *Comm
+	base   []byte
+	sizes  []int // every rank's window length
+	nextID uint64
+
+	mu      sync.Mutex
+	pending []*Request // this epoch's sends and Get replies
+	sent    []int64    // operations sent to each rank this epoch
+
+	// The server's side, guarded by smu: operations applied from each
+	// origin since the window was made, and what the server met that it
+	// could not apply (returned by the next Fence).
+	smu       sync.Mutex
+	applied   []int64
+	expected  []int64 // what the Fences so far announced from each origin
+	arrived   chan struct{}
+	serverErr error
+	stopped   chan struct{}
+}
+
+// Request kinds on the wire.
+const (
+	rmaPut byte = iota + 1
+	rmaGet
+	rmaAcc
+)
+
+// rmaHeaderSize is an operation's header: kind, element kind, op, five
+// bytes of padding, the target offset, the length in bytes and, for Get,
+// the reply's tag.
+const rmaHeaderSize = 32
+
+const rmaTag = 0 // requests all use one tag: order per origin is the wire's
+
+// rmaHeader is a decoded operation header.
+type rmaHeader struct {
+	kind, elem byte
+	op         AccOp
+	offset     uint64
+	length     uint64
+	tag        uint64
+}
+
+func (h rmaHeader) encode(b []byte) []byte {
+	b = append(b, h.kind, h.elem, byte(h.op), 0, 0, 0, 0, 0)
+	b = binary.LittleEndian.AppendUint64(b, h.offset)
+	b = binary.LittleEndian.AppendUint64(b, h.length)
+	return binary.LittleEndian.AppendUint64(b, h.tag)
+}
+
+// decodeRMA checks an operation message against a window of size bytes
+// and returns its header and payload.
+func decodeRMA(msg []byte, size int) (rmaHeader, []byte, error) {
+	if len(msg) < rmaHeaderSize {
+		return rmaHeader{}, nil, fmt.Errorf("operation of %d bytes, shorter than its %d-byte header", len(msg), rmaHeaderSize)
+	}
+	h := rmaHeader{kind: msg[0], elem: msg[1], op: AccOp(msg[2]),
+		offset: binary.LittleEndian.Uint64(msg[8:]), length: binary.LittleEndian.Uint64(msg[16:]), tag: binary.LittleEndian.Uint64(msg[24:])}
+	payload := msg[rmaHeaderSize:]
+	if h.offset > uint64(size) || h.length > uint64(size)-h.offset {
+		return h, nil, fmt.Errorf("%d bytes at offset %d of a %d-byte window", h.length, h.offset, size)
+	}
+	switch h.kind {
+	case rmaPut, rmaAcc:
+		if uint64(len(payload)) != h.length {
+			return h, nil, fmt.Errorf("header says %d bytes, %d came", h.length, len(payload))
+		}
+		if h.kind == rmaAcc {
+			if err := checkAcc(reflect.Kind(h.elem), h.op, int(h.length)); err != nil {
+				return h, nil, err
+			}
+		}
+	case rmaGet:
+		if len(payload) != 0 || h.tag > MaxTag {
+			return h, nil, fmt.Errorf("get with %d bytes of payload or reply tag %d", len(payload), h.tag)
+		}
+	default:
+		return h, nil, fmt.Errorf("unknown operation %d", h.kind)
+	}
+	return h, payload, nil
+}
+
+// WinCreate makes a window of base on every rank of c (MPI_Win_create).
+// It is collective; ranks may expose different lengths, or none. base
+// belongs to the window until Free: between Fences only the window's
+// operations and, for the rank's own elements no operation targets in
+// that epoch, the rank itself may touch it.
+func (c *Comm) WinCreate(ctx context.Context, base []byte) (*Win, error) {
+	sizes := make([]int64, c.Size())
+	if err := c.Allgather(ctx, Bytes([]int64{int64(len(base))}), Bytes(sizes)); err != nil {
+		return nil, fmt.Errorf("adi: win create: %w", err)
+	}
+	req, err := c.Dup(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("adi: win create: %w", err)
+	}
+	reply, err := c.Dup(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("adi: win create: %w", err)
+	}
+	w := &Win{c: req, reply: reply, base: base, sizes: make([]int, len(sizes)),
+		sent: make([]int64, c.Size()), applied: make([]int64, c.Size()), expected: make([]int64, c.Size()),
+		arrived: make(chan struct{}), stopped: make(chan struct{})}
+	for r, n := range sizes {
+		w.sizes[r] = int(n)
+	}
+	if err := c.w.bg.serve(w, w.serve); err != nil {
+		return nil, fmt.Errorf("adi: win create: %w", err)
+	}
+	return w, nil
+}
+
+// Size is the length of rank r's window.
+func (w *Win) Size(r int) (int, error) {
+	if r < 0 || r >= len(w.sizes) {
+		return 0, fmt.Errorf("adi: win: %w: %d not in [0,%d)", ErrRank, r, len(w.sizes))
+	}
+	return w.sizes[r], nil
+}
+
+// check validates an operation of n bytes at offset of target's window.
+func (w *Win) check(what string, target, offset, n int) error {
+	size, err := w.Size(target)
+	if err != nil {
+		return err
+	}
+	if offset < 0 || n < 0 || offset > size || n > size-offset {
+		return fmt.Errorf("adi: %s: %d bytes at offset %d of rank %d's window of %d", what, n, offset, target, size)
+	}
+	return nil
+}
+
+// start sends an operation to target and counts it for the epoch.
+func (w *Win) start(h rmaHeader, payload []byte, target int) error {
+	msg := make([]byte, 0, rmaHeaderSize+len(payload))
+	msg = append(h.encode(msg), payload...)
+	q, err := w.c.Isend(msg, target, rmaTag)
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.pending = append(w.pending, q)
+	w.sent[target]++
+	w.mu.Unlock()
+	return nil
+}
+
+// Put writes origin into target's window at offset (bytes). It completes
+// by the next Fence; origin may change as soon as Put returns.
+func (w *Win) Put(origin []byte, target, offset int) error {
+	if err := w.check("put", target, offset, len(origin)); err != nil {
+		return err
+	}
+	return w.start(rmaHeader{kind: rmaPut, offset: uint64(offset), length: uint64(len(origin))}, origin, target)
+}
+
+// Get reads len(dst) bytes of target's window at offset into dst. dst
+// holds them after the next Fence, not before.
+func (w *Win) Get(dst []byte, target, offset int) error {
+	if err := w.check("get", target, offset, len(dst)); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.nextID++
+	tag := w.nextID % (MaxTag + 1)
+	w.mu.Unlock()
+	q, err := w.reply.Irecv(dst, target, int(tag))
+	if err != nil {
+		return err
+	}
+	w.mu.Lock()
+	w.pending = append(w.pending, q)
+	w.mu.Unlock()
+	return w.start(rmaHeader{kind: rmaGet, offset: uint64(offset), length: uint64(len(dst)), tag: tag}, nil, target)
+}
+
+// Accumulate combines origin into target's window at offset (bytes)
+// element by element with op, atomically with respect to other
+// Accumulates (MPI_Accumulate). It completes by the next Fence.
+func Accumulate[T Real](w *Win, origin []T, target, offset int, op AccOp) error {
+	kind := reflect.TypeFor[T]().Kind()
+	b := Bytes(origin)
+	if err := checkAcc(kind, op, len(b)); err != nil {
+		return fmt.Errorf("adi: accumulate: %w", err)
+	}
+	if err := w.check("accumulate", target, offset, len(b)); err != nil {
+		return err
+	}
+	return w.start(rmaHeader{kind: rmaAcc, elem: byte(kind), op: op, offset: uint64(offset), length: uint64(len(b))}, b, target)
+}
+
+// Fence ends the epoch (MPI_Win_fence): every operation this rank
+// started has completed, every operation that targets this rank has been
+// applied to its window, and every other rank has got that far too. It
+// is collective, and returns what the server met that it could not apply
+// since the last Fence.
+func (w *Win) Fence(ctx context.Context) error {
+	w.mu.Lock()
+	pending, sent := w.pending, append([]int64(nil), w.sent...)
+	w.pending = nil
+	clear(w.sent)
+	w.mu.Unlock()
+	if _, err := WaitAll(ctx, pending...); err != nil {
+		return fmt.Errorf("adi: fence: %w", err)
+	}
+	from := make([]int64, len(sent))
+	if err := w.c.Alltoall(ctx, Bytes(sent), Bytes(from)); err != nil {
+		return fmt.Errorf("adi: fence: %w", err)
+	}
+	w.smu.Lock()
+	for o, n := range from {
+		w.expected[o] += n
+	}
+	w.smu.Unlock()
+	for {
+		w.smu.Lock()
+		done := true
+		for o := range w.expected {
+			done = done && w.applied[o] >= w.expected[o]
+		}
+		arrived, stopped, serr := w.arrived, w.stopped, w.serverErr
+		if done {
+			w.serverErr = nil
+		}
+		w.smu.Unlock()
+		if done {
+			if err := w.c.Barrier(ctx); err != nil {
+				return fmt.Errorf("adi: fence: %w", err)
+			}
+			if serr != nil {
+				return fmt.Errorf("adi: fence: %w", serr)
+			}
+			return nil
+		}
+		select {
+		case <-arrived:
+		case <-stopped:
+			return fmt.Errorf("adi: fence: the window's server stopped: %w", errors.Join(serr, ErrFinalized))
+		case <-ctx.Done():
+			return fmt.Errorf("adi: fence: %w", ctx.Err())
+		}
+	}
+}
+
+// Free ends the window after a last Fence (MPI_Win_free). It is
+// collective.
+func (w *Win) Free(ctx context.Context) error {
+	err := w.Fence(ctx)
+	w.c.w.bg.unserve(w)
+	<-w.stopped
+	return err
+}
+
+// serve applies the operations that come to this rank's window until ctx
+// ends. It runs on a goroutine of its own.
+func (w *Win) serve(ctx context.Context) {
+	defer close(w.stopped)
+	var buf []byte
+	for {
+		m, st, err := w.c.Mprobe(ctx, AnySource, rmaTag)
+		if err != nil {
+			return // Free or Finalize
+		}
+		if cap(buf) < st.Count {
+			buf = make([]byte, st.Count)
+		}
+		msg := buf[:st.Count]
+		if _, err := m.Recv(ctx, msg); err != nil {
+			return
+		}
+		err = w.apply(ctx, st.Source, msg)
+		w.smu.Lock()
+		w.applied[st.Source]++
+		if err != nil && w.serverErr == nil {
+			w.serverErr = fmt.Errorf("operation from rank %d: %w", st.Source, err)
+		}
+		close(w.arrived)
+		w.arrived = make(chan struct{})
+		w.smu.Unlock()
+	}
+}
+
+// apply carries out one operation from rank src.
+func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
+	h, payload, err := decodeRMA(msg, len(w.base))
+	if err != nil {
+		return err
+	}
+	at := w.base[h.offset : h.offset+h.length]
+	switch h.kind {
+	case rmaPut:
+		copy(at, payload)
+	case rmaAcc:
+		accumulate(reflect.Kind(h.elem), h.op, at, payload)
+	case rmaGet:
+		if err := w.reply.Send(ctx, at, src, int(h.tag)); err != nil {
+			return fmt.Errorf("get reply: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkAcc checks that op applies to elements of kind and that n bytes
+// hold whole elements.
+func checkAcc(kind reflect.Kind, op AccOp, n int) error {
+	size, integer := 0, false
+	switch kind {
+	case reflect.Int8, reflect.Uint8:
+		size, integer = 1, true
+	case reflect.Int16, reflect.Uint16:
+		size, integer = 2, true
+	case reflect.Int32, reflect.Uint32:
+		size, integer = 4, true
+	case reflect.Int64, reflect.Uint64, reflect.Int, reflect.Uint, reflect.Uintptr:
+		size, integer = 8, true
+	case reflect.Float32:
+		size = 4
+	case reflect.Float64:
+		size = 8
+	default:
+		return fmt.Errorf("elements of kind %v cannot be accumulated", kind)
+	}
+	if (kind == reflect.Int || kind == reflect.Uint || kind == reflect.Uintptr) && reflect.TypeFor[int]().Size() != 8 {
+		return fmt.Errorf("elements of kind %v are not 8 bytes here", kind)
+	}
+	switch {
+	case op < AccReplace || op > AccBXor:
+		return fmt.Errorf("unknown accumulate operation %d", op)
+	case op >= AccBAnd && !integer:
+		return fmt.Errorf("bitwise accumulate of %v elements", kind)
+	case n%size != 0:
+		return fmt.Errorf("%d bytes are not whole %d-byte elements", n, size)
+	}
+	return nil
+}
+
+// accumulate applies op to the elements of kind in at (the window) and
+// in (the origin's), which checkAcc accepted. The elements are copied
+// into aligned slices: a window offset need not be aligned.
+func accumulate(kind reflect.Kind, op AccOp, at, in []byte) {
+	switch kind {
+	case reflect.Int8:
+		accInt[int8](op, at, in)
+	case reflect.Uint8:
+		accInt[uint8](op, at, in)
+	case reflect.Int16:
+		accInt[int16](op, at, in)
+	case reflect.Uint16:
+		accInt[uint16](op, at, in)
+	case reflect.Int32:
+		accInt[int32](op, at, in)
+	case reflect.Uint32:
+		accInt[uint32](op, at, in)
+	case reflect.Int64, reflect.Int:
+		accInt[int64](op, at, in)
+	case reflect.Uint64, reflect.Uint, reflect.Uintptr:
+		accInt[uint64](op, at, in)
+	case reflect.Float32:
+		accReal[float32](op, at, in)
+	case reflect.Float64:
+		accReal[float64](op, at, in)
+	}
+}
+
+func accInt[T Integer](op AccOp, at, in []byte) {
+	switch op {
+	case AccBAnd:
+		accWith(BAnd[T], at, in)
+	case AccBOr:
+		accWith(BOr[T], at, in)
+	case AccBXor:
+		accWith(BXor[T], at, in)
+	default:
+		accReal[T](op, at, in)
+	}
+}
+
+func accReal[T Real](op AccOp, at, in []byte) {
+	switch op {
+	case AccReplace:
+		copy(at, in)
+	case AccSum:
+		accWith(Sum[T], at, in)
+	case AccProd:
+		accWith(Prod[T], at, in)
+	case AccMax:
+		accWith(Max[T], at, in)
+	case AccMin:
+		accWith(Min[T], at, in)
+	}
+}
+
+func accWith[T Real](f Op[T], at, in []byte) {
+	n := len(in) / elemSize[T]()
+	a, b := make([]T, n), make([]T, n)
+	copy(Bytes(a), at)
+	copy(Bytes(b), in)
+	f(a, b)
+	copy(at, Bytes(a))
+}

@@ -1,0 +1,165 @@
+package adi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+	"github.com/hpc-multidevice/multidevice/internal/leakcheck"
+)
+
+func i64(b []byte, i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
+
+// TestWinEpochs: ranks put into, get from and accumulate into each
+// other's windows (and their own) over three epochs; after each Fence
+// every window holds what the epoch's operations make of it.
+func TestWinEpochs(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 5} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			cs := loopJob(t, n)
+			ctx := ctxT(t)
+			each(t, cs, func(c *adi.Comm) error {
+				me := c.Rank()
+				// Slots 0..n-1: what each rank put; n: a sum; n+1: a max;
+				// n+2: bitwise or; then a float64 at an odd offset; then
+				// a large region.
+				const large = 70000
+				base := make([]byte, 8*(n+3)+1+8+large)
+				fl := 8*(n+3) + 1
+				big := fl + 8
+				win, err := c.WinCreate(ctx, base)
+				if err != nil {
+					return err
+				}
+				if sz, _ := win.Size(n - 1); sz != len(base) {
+					return fmt.Errorf("rank %d's window: %d bytes, want %d", n-1, sz, len(base))
+				}
+				var mine [8]byte
+				binary.LittleEndian.PutUint64(mine[:], uint64(100+me))
+				for t := range n {
+					if err := win.Put(mine[:], t, 8*me); err != nil {
+						return err
+					}
+				}
+				if err := win.Put(bytes.Repeat([]byte{byte(me + 1)}, large), (me+1)%n, big); err != nil {
+					return err
+				}
+				if err := win.Fence(ctx); err != nil {
+					return err
+				}
+				for r := range n {
+					if got := i64(base, r); got != int64(100+r) {
+						return fmt.Errorf("epoch 1: slot %d holds %d, want %d", r, got, 100+r)
+					}
+				}
+				if !bytes.Equal(base[big:], bytes.Repeat([]byte{byte((me+n-1)%n + 1)}, large)) {
+					return fmt.Errorf("epoch 1: the large put from rank %d is wrong", (me+n-1)%n)
+				}
+
+				got := make([]byte, 8*n)
+				bigGot := make([]byte, large)
+				for t := range n {
+					if err := win.Get(got[8*t:8*t+8], t, 8*t); err != nil {
+						return err
+					}
+					if err := adi.Accumulate(win, []int64{int64(me + 1)}, t, 8*n, adi.AccSum); err != nil {
+						return err
+					}
+					if err := adi.Accumulate(win, []int64{int64(me * 7)}, t, 8*(n+1), adi.AccMax); err != nil {
+						return err
+					}
+					if err := adi.Accumulate(win, []uint64{1 << me}, t, 8*(n+2), adi.AccBOr); err != nil {
+						return err
+					}
+					if err := adi.Accumulate(win, []float64{0.5}, t, fl, adi.AccSum); err != nil {
+						return err
+					}
+				}
+				if err := win.Get(bigGot, (me+1)%n, big); err != nil {
+					return err
+				}
+				if err := win.Fence(ctx); err != nil {
+					return err
+				}
+				for r := range n {
+					if i64(got, r) != int64(100+r) {
+						return fmt.Errorf("epoch 2: get of rank %d's slot: %d", r, i64(got, r))
+					}
+				}
+				if !bytes.Equal(bigGot, bytes.Repeat([]byte{byte(me + 1)}, large)) {
+					return fmt.Errorf("epoch 2: the large get from rank %d is wrong", (me+1)%n)
+				}
+				if s, m, or := i64(base, n), i64(base, n+1), i64(base, n+2); s != int64(n*(n+1)/2) || m != int64(7*(n-1)) || or != 1<<n-1 {
+					return fmt.Errorf("epoch 2: sum %d, max %d, or %b", s, m, or)
+				}
+				if f := math.Float64frombits(binary.LittleEndian.Uint64(base[fl:])); f != 0.5*float64(n) {
+					return fmt.Errorf("epoch 2: float sum at an odd offset %v, want %v", f, 0.5*float64(n))
+				}
+				// Epoch 3: replace, then nothing: an empty epoch fences too.
+				if err := adi.Accumulate(win, []int32{-1}, (me+1)%n, 8*me, adi.AccReplace); err != nil {
+					return err
+				}
+				if err := win.Fence(ctx); err != nil {
+					return err
+				}
+				if got := int32(binary.LittleEndian.Uint32(base[8*((me+n-1)%n):])); got != -1 {
+					return fmt.Errorf("epoch 3: replace gave %d", got)
+				}
+				return win.Free(ctx)
+			})
+			if g := leakcheck.Goroutines("adi.(*Win).serve"); g != "" {
+				t.Errorf("window servers left after Free:\n%s", g)
+			}
+		})
+	}
+}
+
+func TestWinArguments(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	wins := make([]*adi.Win, 2)
+	each(t, cs, func(c *adi.Comm) error {
+		var err error
+		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 16*(c.Rank()+1)))
+		return err
+	})
+	w := wins[0]
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"put past the end", w.Put(make([]byte, 8), 0, 12)},
+		{"put to no rank", w.Put(nil, 2, 0)},
+		{"negative offset", w.Get(make([]byte, 1), 1, -1)},
+		{"get past the end", w.Get(make([]byte, 40), 1, 0)},
+		{"bitwise on floats", adi.Accumulate(w, []float64{1}, 1, 0, adi.AccBAnd)},
+		{"unknown op", adi.Accumulate(w, []int64{1}, 1, 0, adi.AccOp(99))},
+	} {
+		if tc.err == nil {
+			t.Errorf("%s: accepted", tc.name)
+		}
+	}
+	if err := w.Put(make([]byte, 8), 1, 24); err != nil { // rank 1's window is longer
+		t.Errorf("put within rank 1's window: %v", err)
+	}
+	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+}
+
+// TestWinFinalize: a window never freed ends with the world.
+func TestWinFinalize(t *testing.T) {
+	ws := job(t, 2)
+	each(t, []*adi.Comm{ws[0].Comm(), ws[1].Comm()}, func(c *adi.Comm) error {
+		_, err := c.WinCreate(ctxT(t), make([]byte, 8))
+		return err
+	})
+	each(t, []*adi.Comm{ws[0].Comm(), ws[1].Comm()}, func(c *adi.Comm) error {
+		return ws[c.Rank()].Finalize(context.Background())
+	})
+	if g := leakcheck.Goroutines("adi.(*Win).serve"); g != "" {
+		t.Errorf("window servers left after Finalize:\n%s", g)
+	}
+}
