@@ -16,9 +16,9 @@ import (
 // tcp subdevice of its own ("tcp" on the first, "tcpb", the built-in tcp
 // again, on the second), and a connection table that asks for failover
 // over both. Rank 0 streams to rank 1 over both; the first network fails
-// in the middle, either taken down (the senders' reads and writes fail at
-// once) or silently dropping everything with the link up (only tcp's
-// link_timeout notices). What the dead network carried goes again over
+// in the middle, either taken down or silently dropping everything with
+// the link up; either way tcp's link_timeout (2 s) is what notices (a
+// link taken down fails no read or write at once). What the dead network carried goes again over
 // the second, and every message arrives once, in order.
 func TestNetnsFailover(t *testing.T) {
 	tests := []struct {
@@ -40,11 +40,10 @@ func TestNetnsFailover(t *testing.T) {
 			// rank 0, or rank 1's answers (clear-to-sends, acknowledgments
 			// of synchronous sends). The first network is the faster, so
 			// it nearly always carries some; a run where it carried none
-			// at that moment is tried again. On a quiet machine a third to
-			// a half of the runs fail that way (measured 2026-11-26, before
-			// and after that day's changes alike), so three tries left the
-			// test inconclusive in about one run of 8 to 25; five leave it
-			// so in about one of 30 to 250.
+			// at that moment is tried again. When the receiver took one
+			// message at a time, a third to a half of the tries failed
+			// that way; with its receives posted ahead, blocks are nearly
+			// always on the wire.
 			const tries = 5
 			for try := 1; ; try++ {
 				if failover(t, tt.kill) {
