@@ -30,6 +30,7 @@ type outbox struct {
 	backlog []atomic.Int32
 	mu      sync.Mutex
 	items   []outItem
+	stopped bool // set by failRest: nothing queued from then on is sent
 	// Owned by the drainMu holder: the slices pass collects kept items in
 	// and the links found full, reused from pass to pass. A sender with a
 	// window of large messages finds the ring full on most passes, and
@@ -76,6 +77,19 @@ func (o *outbox) push(it outItem) {
 		o.backlog[it.frame.f.Peer].Add(1)
 	}
 	o.mu.Lock()
+	if o.stopped {
+		// Close ran while this send was on its way (a goroutine of the
+		// program still sending as another finalizes): fail the frame
+		// rather than queue it where nobody looks. On a goroutine of its
+		// own, since push may be called with d.mu held and a frame's
+		// completion may take it.
+		o.mu.Unlock()
+		if it.frame != nil {
+			o.backlog[it.frame.f.Peer].Add(-1)
+			go o.d.finishFrame(it.frame, ErrClosed)
+		}
+		return
+	}
 	o.items = append(o.items, it)
 	o.queued.Store(int64(len(o.items)))
 	o.mu.Unlock()
@@ -235,6 +249,7 @@ func (o *outbox) run(wg *sync.WaitGroup) {
 
 func (o *outbox) failRest() {
 	o.mu.Lock()
+	o.stopped = true
 	items := o.items
 	o.items = nil
 	o.queued.Store(0)

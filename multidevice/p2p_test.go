@@ -318,3 +318,29 @@ func TestRecvGivenUpWhilePlaced(t *testing.T) {
 		t.Fatalf("the placed message: %+v %v", r.st, r.err)
 	}
 }
+
+// TestQueuedAfterClose: a frame queued after Close stopped the outbox (a
+// goroutine still sending while another closes the device) fails its
+// request with ErrClosed instead of leaving it waiting for ever.
+func TestQueuedAfterClose(t *testing.T) {
+	devs := loopJob(t, 2, smallCaps)
+	d := devs[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	closeJob(t, devs)
+	r := d.newRequest(true, 1)
+	r.arm()
+	r.pending.Store(1)
+	of := r.eagerFrame()
+	of.req = r
+	of.f.Peer = 1
+	d.out.push(outItem{sub: d.subs[len(d.subs)-1], frame: of})
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+		t.Fatal("a frame queued after Close never completed")
+	}
+	if _, err := r.Result(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("frame queued after Close: %v, want ErrClosed", err)
+	}
+}
