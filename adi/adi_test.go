@@ -160,6 +160,15 @@ func TestNonblockingAndWaitAny(t *testing.T) {
 	if i, _, _ := adi.WaitAny(ctx, nil, nil); i != -1 {
 		t.Fatalf("WaitAny of nothing = %d", i)
 	}
+	// Nil entries (MPI_REQUEST_NULL) are skipped by WaitAll too.
+	s = must(cs[0].Isend([]byte("three"), 1, 3))
+	r3 := must(cs[1].Irecv(bufs[0], 0, 3))
+	if sts, err := adi.WaitAll(ctx, nil, s, nil, r3); err != nil || sts[3].Count != 5 || sts[0] != (adi.Status{}) {
+		t.Fatalf("WaitAll with nil entries: %+v %v", sts, err)
+	}
+	if _, err := adi.WaitAll(ctx, nil); err != nil {
+		t.Fatalf("WaitAll of nil: %v", err)
+	}
 }
 
 // TestWaitSomeTestAll: a loop over WaitSome that sets what it dealt with

@@ -117,7 +117,7 @@ func (t *Cart) Shift(dim, disp int) (source, dest int, err error) {
 // DimsCreate fills the zero entries of dims with numbers of ranks whose
 // product, with the non-zero entries, is n, as close to each other as
 // can be and in non-increasing order (MPI_Dims_create): 12 ranks in two
-// dimensions give [4 3], 8 in three [2 2 2].
+// dimensions give [4 3], 72 give [9 8], 8 in three [2 2 2].
 func DimsCreate(n int, dims []int) error {
 	if n <= 0 {
 		return fmt.Errorf("adi: dims create: %d ranks", n)
@@ -143,29 +143,67 @@ func DimsCreate(n int, dims []int) error {
 		}
 		return nil
 	}
-	// Largest prime factors first, each onto the smallest dimension yet.
-	var primes []int
-	for p := 2; p*p <= rest; p++ {
-		for rest%p == 0 {
-			primes = append(primes, p)
-			rest /= p
-		}
-	}
-	if rest > 1 {
-		primes = append(primes, rest)
-	}
-	got := make([]int, free)
-	for i := range got {
-		got[i] = 1
-	}
-	for _, p := range slices.Backward(primes) {
-		got[slices.Index(got, slices.Min(got))] *= p
-	}
-	slices.SortFunc(got, func(a, b int) int { return b - a })
+	got := balanced(rest, free)
 	for i := range dims {
 		if dims[i] == 0 {
 			dims[i], got = got[0], got[1:]
 		}
 	}
 	return nil
+}
+
+// balanced splits n into k factors in non-increasing order whose largest
+// and smallest are as close as can be, trying the divisors of n: a greedy
+// placement of prime factors gave 72 ranks as 12x6, where 9x8 is there.
+func balanced(n, k int) []int {
+	var divs []int // of n, largest first
+	for d := 1; d*d <= n; d++ {
+		if n%d == 0 {
+			divs = append(divs, d)
+			if d*d != n {
+				divs = append(divs, n/d)
+			}
+		}
+	}
+	slices.SortFunc(divs, func(a, b int) int { return b - a })
+	var best, cur []int
+	// atLeast reports whether d^k >= n: d can be the largest of k
+	// factors of n.
+	atLeast := func(d, k, n int) bool {
+		p := 1
+		for range k {
+			if p >= (n+d-1)/d {
+				return true
+			}
+			p *= d
+		}
+		return p >= n
+	}
+	var search func(n, k, most int)
+	search = func(n, k, most int) {
+		if k == 1 {
+			if n > most {
+				return
+			}
+			cur = append(cur, n)
+			if best == nil || cur[0]-n < best[0]-best[len(best)-1] {
+				best = slices.Clone(cur)
+			}
+			cur = cur[:len(cur)-1]
+			return
+		}
+		for _, d := range divs {
+			if d > most || n%d != 0 {
+				continue
+			}
+			if !atLeast(d, k, n) {
+				break // smaller divisors cannot be the largest factor either
+			}
+			cur = append(cur, d)
+			search(n/d, k-1, d)
+			cur = cur[:len(cur)-1]
+		}
+	}
+	search(n, k, n)
+	return best
 }

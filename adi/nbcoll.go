@@ -85,7 +85,9 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 	task := func() {
 		defer g.wg.Done()
 		op.err = run(context.Background(), own)
-		c.copies.Put(own)
+		if op.err == nil { // a failed one may have receives still in flight into its scratch
+			c.copies.Put(own)
+		}
 		close(op.done)
 		c.w.dev.Notify() // for WaitAny, which waits on Changed
 	}

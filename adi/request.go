@@ -144,7 +144,7 @@ func (q *Request) Cancel() {
 }
 
 // WaitAll waits for every request. It returns all statuses and the errors
-// joined, each naming the request's index.
+// joined, each naming the request's index. Nil entries are skipped.
 //
 // The calling goroutine drives progress for all of them at once before it
 // waits for each in turn, so that frames queued for several requests keep
@@ -162,11 +162,18 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 	if sts != nil && len(sts) != len(reqs) {
 		return fmt.Errorf("adi: wait all: %d statuses for %d requests", len(sts), len(reqs))
 	}
-	if len(reqs) > 0 && reqs[0].c != nil {
+	var dev *multidevice.Device
+	for _, q := range reqs {
+		if q != nil && q.c != nil {
+			dev = q.c.w.dev
+			break
+		}
+	}
+	if dev != nil {
 		next := 0
-		reqs[0].c.w.dev.Progress(func() bool {
+		dev.Progress(func() bool {
 			for next < len(reqs) {
-				if q := reqs[next]; q.c != nil && !q.done() {
+				if q := reqs[next]; q != nil && q.c != nil && !q.done() {
 					return false
 				}
 				next++
@@ -176,6 +183,12 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 	}
 	var errs []error
 	for i, q := range reqs {
+		if q == nil { // MPI_REQUEST_NULL: nothing to wait for
+			if sts != nil {
+				sts[i] = Status{}
+			}
+			continue
+		}
 		// Progress above leaves most requests done: read those directly,
 		// and translate a status only when the caller keeps it.
 		var st Status

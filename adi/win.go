@@ -56,6 +56,7 @@ type Win struct {
 	mu      sync.Mutex
 	pending []*Request // this epoch's sends and Get replies
 	sent    []int64    // operations sent to each rank this epoch
+	freed   bool
 
 	// The server's side, guarded by smu: operations applied from each
 	// origin since the window was made, and what the server met that it
@@ -168,8 +169,17 @@ func (w *Win) Size(r int) (int, error) {
 	return w.sizes[r], nil
 }
 
+// errWinFreed is what a window's calls return after Free.
+var errWinFreed = errors.New("adi: window freed")
+
 // check validates an operation of n bytes at offset of target's window.
 func (w *Win) check(what string, target, offset, n int) error {
+	w.mu.Lock()
+	freed := w.freed
+	w.mu.Unlock()
+	if freed {
+		return fmt.Errorf("adi: %s: %w", what, errWinFreed)
+	}
 	size, err := w.Size(target)
 	if err != nil {
 		return err
@@ -196,8 +206,12 @@ func (w *Win) start(h rmaHeader, payload []byte, target int) error {
 }
 
 // Put writes origin into target's window at offset (bytes). It completes
-// by the next Fence; origin may change as soon as Put returns.
+// by the next Fence; origin may change as soon as Put returns. Put,
+// Get and Accumulate with target ProcNull do nothing.
 func (w *Win) Put(origin []byte, target, offset int) error {
+	if target == ProcNull {
+		return nil
+	}
 	if err := w.check("put", target, offset, len(origin)); err != nil {
 		return err
 	}
@@ -207,6 +221,9 @@ func (w *Win) Put(origin []byte, target, offset int) error {
 // Get reads len(dst) bytes of target's window at offset into dst. dst
 // holds them after the next Fence, not before.
 func (w *Win) Get(dst []byte, target, offset int) error {
+	if target == ProcNull {
+		return nil
+	}
 	if err := w.check("get", target, offset, len(dst)); err != nil {
 		return err
 	}
@@ -218,16 +235,23 @@ func (w *Win) Get(dst []byte, target, offset int) error {
 	if err != nil {
 		return err
 	}
+	if err := w.start(rmaHeader{kind: rmaGet, offset: uint64(offset), length: uint64(len(dst)), tag: tag}, nil, target); err != nil {
+		q.Cancel() // no reply will come for it
+		return err
+	}
 	w.mu.Lock()
 	w.pending = append(w.pending, q)
 	w.mu.Unlock()
-	return w.start(rmaHeader{kind: rmaGet, offset: uint64(offset), length: uint64(len(dst)), tag: tag}, nil, target)
+	return nil
 }
 
 // Accumulate combines origin into target's window at offset (bytes)
 // element by element with op, atomically with respect to other
 // Accumulates (MPI_Accumulate). It completes by the next Fence.
 func Accumulate[T Real](w *Win, origin []T, target, offset int, op AccOp) error {
+	if target == ProcNull {
+		return nil
+	}
 	kind := reflect.TypeFor[T]().Kind()
 	b := Bytes(origin)
 	if err := checkAcc(kind, op, len(b)); err != nil {
@@ -246,6 +270,10 @@ func Accumulate[T Real](w *Win, origin []T, target, offset int, op AccOp) error 
 // since the last Fence.
 func (w *Win) Fence(ctx context.Context) error {
 	w.mu.Lock()
+	if w.freed {
+		w.mu.Unlock()
+		return fmt.Errorf("adi: fence: %w", errWinFreed)
+	}
 	pending, sent := w.pending, append([]int64(nil), w.sent...)
 	w.pending = nil
 	clear(w.sent)
@@ -285,7 +313,13 @@ func (w *Win) Fence(ctx context.Context) error {
 		select {
 		case <-arrived:
 		case <-stopped:
-			return fmt.Errorf("adi: fence: the window's server stopped: %w", errors.Join(serr, ErrFinalized))
+			w.smu.Lock()
+			serr = w.serverErr
+			w.smu.Unlock()
+			if serr == nil {
+				serr = fmt.Errorf("the window's server stopped: %w", ErrFinalized)
+			}
+			return fmt.Errorf("adi: fence: %w", serr)
 		case <-ctx.Done():
 			return fmt.Errorf("adi: fence: %w", ctx.Err())
 		}
@@ -296,6 +330,12 @@ func (w *Win) Fence(ctx context.Context) error {
 // collective.
 func (w *Win) Free(ctx context.Context) error {
 	err := w.Fence(ctx)
+	if errors.Is(err, errWinFreed) {
+		return fmt.Errorf("adi: free: %w", errWinFreed)
+	}
+	w.mu.Lock()
+	w.freed = true
+	w.mu.Unlock()
 	w.c.w.bg.unserve(w)
 	<-w.stopped
 	return err
@@ -306,16 +346,25 @@ func (w *Win) Free(ctx context.Context) error {
 func (w *Win) serve(ctx context.Context) {
 	defer close(w.stopped)
 	var buf []byte
+	stop := func(err error) {
+		if ctx.Err() == nil { // not Free or Finalize: Fence says why
+			w.smu.Lock()
+			w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window's server stopped: %w", err))
+			w.smu.Unlock()
+		}
+	}
 	for {
 		m, st, err := w.c.Mprobe(ctx, AnySource, rmaTag)
 		if err != nil {
-			return // Free or Finalize
+			stop(err)
+			return
 		}
 		if cap(buf) < st.Count {
 			buf = make([]byte, st.Count)
 		}
 		msg := buf[:st.Count]
 		if _, err := m.Recv(ctx, msg); err != nil {
+			stop(err)
 			return
 		}
 		err = w.apply(ctx, st.Source, msg)

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/adi"
@@ -146,7 +148,21 @@ func TestWinArguments(t *testing.T) {
 	if err := w.Put(make([]byte, 8), 1, 24); err != nil { // rank 1's window is longer
 		t.Errorf("put within rank 1's window: %v", err)
 	}
+	// ProcNull is nobody, as in point-to-point calls: nothing happens.
+	if err := errors.Join(w.Put(make([]byte, 8), adi.ProcNull, 0), w.Get(make([]byte, 8), adi.ProcNull, 0),
+		adi.Accumulate(w, []int64{1}, adi.ProcNull, 0, adi.AccSum)); err != nil {
+		t.Errorf("operations on ProcNull: %v", err)
+	}
 	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	// A freed window says so, and does not wait.
+	for name, err := range map[string]error{
+		"put": w.Put(make([]byte, 1), 1, 0), "get": w.Get(make([]byte, 1), 1, 0),
+		"accumulate": adi.Accumulate(w, []int64{1}, 1, 0, adi.AccSum), "fence": w.Fence(ctx), "free": w.Free(ctx),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "window freed") {
+			t.Errorf("%s after Free: %v", name, err)
+		}
+	}
 }
 
 // TestWinFinalize: a window never freed ends with the world.
