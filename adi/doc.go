@@ -61,7 +61,9 @@
 // into, [Win.Get] from and [Accumulate] into other ranks' windows without
 // those ranks taking part: a goroutine of each rank, the window's server,
 // applies what comes. Fence completes every operation of the epoch on
-// every rank.
+// every rank; or [Win.Lock] and [Win.Unlock] bracket one origin's
+// operations on one target, exclusive or shared, the others taking no
+// part.
 //
 // # Usage
 //

@@ -9,11 +9,13 @@ import (
 	"sync"
 )
 
-// One-sided communication (MPI-2 RMA) with active-target
-// synchronization: every rank of a communicator exposes a byte slice as a
-// window; Put, Get and Accumulate read and write other ranks' windows
-// without their taking part; Fence, collective, separates epochs and
-// completes every operation of the one that ends.
+// One-sided communication (MPI-2 RMA): every rank of a communicator
+// exposes a byte slice as a window; Put, Get and Accumulate read and
+// write other ranks' windows without their taking part. Fence, collective,
+// separates epochs and completes every operation of the one that ends
+// (active target); Lock and Unlock bracket one origin's operations on one
+// target, shared or exclusive, with no part taken by the others (passive
+// target).
 //
 // The operations travel as point-to-point messages on two contexts of the
 // window's own, requests on one and Get's replies on the other, so they
@@ -61,6 +63,13 @@ type Win struct {
 	// The server's side, guarded by smu: operations applied from each
 	// origin since the window was made, and what the server met that it
 	// could not apply (returned by the next Fence).
+	// Passive-target locks, owned by the server goroutine: the rank
+	// holding this window exclusively (-1: none), the origins holding it
+	// shared, and the requests waiting, first come first served.
+	exclusive int
+	shared    map[int]int
+	waiting   []rmaHeaderFrom
+
 	smu       sync.Mutex
 	applied   []int64
 	expected  []int64 // what the Fences so far announced from each origin
@@ -74,6 +83,14 @@ const (
 	rmaPut byte = iota + 1
 	rmaGet
 	rmaAcc
+	rmaLock   // op: lockExclusive or lockShared; the grant goes to tag
+	rmaUnlock // the acknowledgement goes to tag
+)
+
+// Lock types in a lock request's op byte.
+const (
+	lockExclusive AccOp = iota + 1
+	lockShared
 )
 
 // rmaHeaderSize is an operation's header: kind, element kind, op, five
@@ -125,6 +142,10 @@ func decodeRMA(msg []byte, size int) (rmaHeader, []byte, error) {
 		if len(payload) != 0 || h.tag > MaxTag {
 			return h, nil, fmt.Errorf("get with %d bytes of payload or reply tag %d", len(payload), h.tag)
 		}
+	case rmaLock, rmaUnlock:
+		if len(payload) != 0 || h.length != 0 || h.tag > MaxTag || h.kind == rmaLock && h.op != lockExclusive && h.op != lockShared {
+			return h, nil, fmt.Errorf("lock request with %d bytes, type %d or reply tag %d", len(payload), h.op, h.tag)
+		}
 	default:
 		return h, nil, fmt.Errorf("unknown operation %d", h.kind)
 	}
@@ -149,7 +170,7 @@ func (c *Comm) WinCreate(ctx context.Context, base []byte) (*Win, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adi: win create: %w", err)
 	}
-	w := &Win{c: req, reply: reply, base: base, sizes: make([]int, len(sizes)),
+	w := &Win{c: req, reply: reply, base: base, sizes: make([]int, len(sizes)), exclusive: -1, shared: map[int]int{},
 		sent: make([]int64, c.Size()), applied: make([]int64, c.Size()), expected: make([]int64, c.Size()),
 		arrived: make(chan struct{}), stopped: make(chan struct{})}
 	for r, n := range sizes {
@@ -227,10 +248,7 @@ func (w *Win) Get(dst []byte, target, offset int) error {
 	if err := w.check("get", target, offset, len(dst)); err != nil {
 		return err
 	}
-	w.mu.Lock()
-	w.nextID++
-	tag := w.nextID % (MaxTag + 1)
-	w.mu.Unlock()
+	tag := w.replyTag()
 	q, err := w.reply.Irecv(dst, target, int(tag))
 	if err != nil {
 		return err
@@ -395,6 +413,135 @@ func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
 		if err := w.reply.Send(ctx, at, src, int(h.tag)); err != nil {
 			return fmt.Errorf("get reply: %w", err)
 		}
+	case rmaLock:
+		w.waiting = append(w.waiting, rmaHeaderFrom{h, src})
+		return w.grant(ctx)
+	case rmaUnlock:
+		switch {
+		case w.exclusive == src:
+			w.exclusive = -1
+		case w.shared[src] > 0:
+			if w.shared[src]--; w.shared[src] == 0 {
+				delete(w.shared, src)
+			}
+		default:
+			err = fmt.Errorf("unlock by rank %d, which holds no lock", src)
+		}
+		// Acknowledged either way: the origin waits for it.
+		if serr := w.reply.Send(ctx, nil, src, int(h.tag)); serr != nil {
+			return errors.Join(err, fmt.Errorf("unlock acknowledgement: %w", serr))
+		}
+		return errors.Join(err, w.grant(ctx))
+	}
+	return nil
+}
+
+// rmaHeaderFrom is a lock request and the rank it came from.
+type rmaHeaderFrom struct {
+	h   rmaHeader
+	src int
+}
+
+// grant grants the waiting lock requests at the head of the queue that
+// the locks held allow: an exclusive one when nobody holds the window, a
+// shared one when nobody holds it exclusively. First come, first served,
+// so a waiting exclusive request is not starved by later shared ones.
+func (w *Win) grant(ctx context.Context) error {
+	for len(w.waiting) > 0 {
+		q := w.waiting[0]
+		excl := q.h.op == lockExclusive
+		if w.exclusive >= 0 || excl && len(w.shared) > 0 {
+			return nil
+		}
+		w.waiting = w.waiting[1:]
+		if excl {
+			w.exclusive = q.src
+		} else {
+			w.shared[q.src]++
+		}
+		if err := w.reply.Send(ctx, nil, q.src, int(q.h.tag)); err != nil {
+			return fmt.Errorf("lock grant to rank %d: %w", q.src, err)
+		}
+	}
+	return nil
+}
+
+// replyTag draws the tag of a reply this rank waits for.
+func (w *Win) replyTag() uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.nextID++
+	return w.nextID % (MaxTag + 1)
+}
+
+// Lock starts a passive-target epoch on target's window (MPI_Win_lock):
+// it returns once the lock is granted, exclusive or shared, while target
+// takes no part. Operations on target between Lock and Unlock are
+// complete at Unlock; Flush completes them sooner.
+func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
+	if target == ProcNull {
+		return nil
+	}
+	if err := w.check("lock", target, 0, 0); err != nil {
+		return err
+	}
+	op := lockShared
+	if exclusive {
+		op = lockExclusive
+	}
+	return w.roundTrip(ctx, "lock", rmaHeader{kind: rmaLock, op: op}, target)
+}
+
+// Unlock ends the passive-target epoch on target's window
+// (MPI_Win_unlock): the operations this rank started are complete, at
+// target too, and the lock is released.
+func (w *Win) Unlock(ctx context.Context, target int) error {
+	if target == ProcNull {
+		return nil
+	}
+	if err := w.check("unlock", target, 0, 0); err != nil {
+		return err
+	}
+	if err := w.Flush(ctx); err != nil {
+		return err
+	}
+	return w.roundTrip(ctx, "unlock", rmaHeader{kind: rmaUnlock}, target)
+}
+
+// Flush completes the operations this rank started on the window
+// (MPI_Win_flush_all): Get's data is in place, Put's and Accumulate's
+// buffers are the program's again, and since each target applies an
+// origin's operations in order, they are applied before anything this
+// rank sends it later.
+func (w *Win) Flush(ctx context.Context) error {
+	w.mu.Lock()
+	if w.freed {
+		w.mu.Unlock()
+		return fmt.Errorf("adi: flush: %w", errWinFreed)
+	}
+	pending := w.pending
+	w.pending = nil
+	w.mu.Unlock()
+	if _, err := WaitAll(ctx, pending...); err != nil {
+		return fmt.Errorf("adi: flush: %w", err)
+	}
+	return nil
+}
+
+// roundTrip sends a lock or unlock request to target and waits for its
+// answer.
+func (w *Win) roundTrip(ctx context.Context, what string, h rmaHeader, target int) error {
+	h.tag = w.replyTag()
+	q, err := w.reply.Irecv(nil, target, int(h.tag))
+	if err != nil {
+		return fmt.Errorf("adi: %s: %w", what, err)
+	}
+	if err := w.start(h, nil, target); err != nil {
+		q.Cancel()
+		return fmt.Errorf("adi: %s: %w", what, err)
+	}
+	if _, err := q.Wait(ctx); err != nil {
+		return fmt.Errorf("adi: %s of rank %d's window: %w", what, target, err)
 	}
 	return nil
 }

@@ -179,3 +179,53 @@ func TestWinFinalize(t *testing.T) {
 		t.Errorf("window servers left after Finalize:\n%s", g)
 	}
 }
+
+// TestWinLock: ranks increment a counter in rank 0's window with a read,
+// a flush and a write under an exclusive lock, and read it under shared
+// locks; no increment is lost, as one would be if two ranks held the
+// lock at once. Rank 0 takes no part but its Fence-free server.
+func TestWinLock(t *testing.T) {
+	const n, rounds = 4, 25
+	cs := loopJob(t, n)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		win, err := c.WinCreate(ctx, make([]byte, 8))
+		if err != nil {
+			return err
+		}
+		if c.Rank() > 0 {
+			var cur [8]byte
+			for range rounds {
+				if err := win.Lock(ctx, 0, true); err != nil {
+					return err
+				}
+				if err := errors.Join(win.Get(cur[:], 0, 0), win.Flush(ctx)); err != nil {
+					return err
+				}
+				binary.LittleEndian.PutUint64(cur[:], binary.LittleEndian.Uint64(cur[:])+1)
+				if err := errors.Join(win.Put(cur[:], 0, 0), win.Unlock(ctx, 0)); err != nil {
+					return err
+				}
+			}
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		var got [8]byte
+		if err := errors.Join(win.Lock(ctx, 0, false), win.Get(got[:], 0, 0), win.Unlock(ctx, 0)); err != nil {
+			return err
+		}
+		if v := binary.LittleEndian.Uint64(got[:]); v != (n-1)*rounds {
+			return fmt.Errorf("counter %d after %d locked increments", v, (n-1)*rounds)
+		}
+		if err := win.Unlock(ctx, 0); err != nil {
+			return fmt.Errorf("an unlock without a lock: %v", err) // acknowledged; reported at Fence
+		}
+		if err := win.Free(ctx); c.Rank() == 0 && err == nil {
+			return errors.New("rank 0's server did not report the unlocks without a lock")
+		} else if c.Rank() != 0 && err != nil {
+			return err
+		}
+		return nil
+	})
+}
