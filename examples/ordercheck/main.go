@@ -4,8 +4,9 @@
 // source's messages arrive in order, then collectives whose results every
 // rank checks, then exchanges: Sendrecv around the ring, and goroutines
 // receiving every rank's messages through matched probes while
-// nonblocking collectives run. Each rank prints one line naming its host
-// and the subdevices it used; the exit status is non-zero on any error.
+// nonblocking collectives run, and one-sided puts, accumulates and locked
+// increments. Each rank prints one line naming its host and the
+// subdevices it used; the exit status is non-zero on any error.
 //
 //	mdrun -n 4 ./ordercheck
 //	mpiexec -n 4 ./ordercheck            # MPICH's Hydra, over PMI
@@ -16,6 +17,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"math/rand/v2"
@@ -302,7 +304,42 @@ func exchange(ctx context.Context, c *adi.Comm, per, maxSize int) error {
 	if want := int64(n * (n - 1) / 2); sum[0] != want {
 		return fmt.Errorf("exchange: nonblocking allreduce gave %d, want %d", sum[0], want)
 	}
-	return nil
+	return window(ctx, c, maxSize)
+}
+
+// window checks one-sided communication: every rank puts a buffer into
+// its right neighbour's window and adds to a sum in rank 0's, fences,
+// then increments a counter in rank 0's window under an exclusive lock.
+func window(ctx context.Context, c *adi.Comm, maxSize int) error {
+	n, me := c.Size(), c.Rank()
+	right, left := (me+1)%n, (me+n-1)%n
+	base := make([]byte, 16+maxSize)
+	win, err := c.WinCreate(ctx, base)
+	if err != nil {
+		return fmt.Errorf("window: %w", err)
+	}
+	if err := errors.Join(win.Put(fill(me+7, maxSize), right, 16),
+		adi.Accumulate(win, []int64{int64(me)}, 0, 0, adi.AccSum), win.Fence(ctx)); err != nil {
+		return fmt.Errorf("window: %w", err)
+	}
+	if !bytes.Equal(base[16:], fill(left+7, maxSize)) {
+		return fmt.Errorf("window: the put from rank %d is wrong", left)
+	}
+	if got, want := int64(binary.LittleEndian.Uint64(base)), int64(n*(n-1)/2); me == 0 && got != want {
+		return fmt.Errorf("window: accumulated %d, want %d", got, want)
+	}
+	var cur [8]byte
+	if err := errors.Join(win.Lock(ctx, 0, true), win.Get(cur[:], 0, 8), win.Flush(ctx)); err != nil {
+		return fmt.Errorf("window: %w", err)
+	}
+	binary.LittleEndian.PutUint64(cur[:], binary.LittleEndian.Uint64(cur[:])+1)
+	if err := errors.Join(win.Put(cur[:], 0, 8), win.Unlock(ctx, 0), win.Fence(ctx)); err != nil {
+		return fmt.Errorf("window: %w", err)
+	}
+	if got := binary.LittleEndian.Uint64(base[8:]); me == 0 && got != uint64(n) {
+		return fmt.Errorf("window: %d locked increments counted, want %d", got, n)
+	}
+	return win.Free(ctx)
 }
 
 // fill is n bytes that depend on seed.
