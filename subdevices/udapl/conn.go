@@ -53,6 +53,8 @@ func (p *provider) Dial(ctx context.Context, card, private []byte, id uint32, se
 		return fail(ctx.Err())
 	case <-p.done:
 		return fail(sdi.ErrClosed)
+	case <-p.deadCh:
+		return fail(p.failure())
 	}
 }
 
@@ -129,6 +131,8 @@ func (r *request) Accept(id uint32, setup func(rdma.Endpoint) error) (rdma.Endpo
 		return fail(fmt.Errorf("no connection event %v after dat_cr_accept", acceptTimeout))
 	case <-p.done:
 		return fail(sdi.ErrClosed)
+	case <-p.deadCh:
+		return fail(p.failure())
 	}
 }
 
@@ -189,24 +193,30 @@ func (p *provider) pause() {
 
 // listen waits for connection requests on the CR EVD and delivers them,
 // until Close. It runs on its own goroutine and is the only user of the CR
-// EVD.
+// EVD. An EVD that keeps failing (loopFailures waits in a row) fails the
+// provider: the requests of peers would go unanswered.
 func (p *provider) listen() {
 	defer p.wg.Done()
-	failing := false
+	failing := 0
 	for !p.stopping() {
 		ev, st := cmWait(p.crEVD, uint32(loopSlice/time.Microsecond))
 		switch {
 		case st.idle():
+			failing = 0
 			continue
 		case !st.ok():
-			if !failing {
-				p.log.Error("dat_evd_wait on the connection request EVD failed; retrying", "error", st)
+			failing++
+			if failing == 1 {
+				p.log.Warn("dat_evd_wait on the connection request EVD failed; retrying", "ia", p.iaName, "error", st)
 			}
-			failing = true
+			if failing == loopFailures {
+				p.fail(&iaError{ia: p.iaName, what: "waiting for connection requests failed",
+					err: fmt.Errorf("dat_evd_wait on the connection request EVD, %d times in a row: %w", failing, st)})
+			}
 			p.pause()
 			continue
 		}
-		failing = false
+		failing = 0
 		if ev.number != evConnectionRequest {
 			p.log.Debug("event ignored on the connection request EVD", "event", ev.number)
 			continue
@@ -219,6 +229,12 @@ func (p *provider) listen() {
 // this subdevice's private data header comes from something else, and is
 // refused here.
 func (p *provider) deliver(cr datHandle) {
+	if err := p.failure(); err != nil {
+		if st := crReject(cr); !st.ok() {
+			p.log.Debug("dat_cr_reject of a request to a failed IA failed", "error", st)
+		}
+		return
+	}
 	var buf [crPrivateCap]byte
 	n, st := crPrivate(cr, buf[:])
 	n = min(n, len(buf))
@@ -239,30 +255,39 @@ func (p *provider) deliver(cr datHandle) {
 	}
 }
 
-// watch handles connection events, logs asynchronous errors and frees
-// closed endpoints, until Close. It runs on its own goroutine and is the
-// only user of the connection and async EVDs.
+// watch handles connection events and asynchronous errors (async.go),
+// cuts the endpoints of a failed provider and frees closed endpoints,
+// until Close. It runs on its own goroutine and is the only user of the
+// connection and async EVDs. A connection EVD that keeps failing
+// (loopFailures waits in a row) fails the provider: connections that end
+// would go unnoticed.
 func (p *provider) watch() {
 	defer p.wg.Done()
-	failing := false
+	failing := 0
 	for !p.stopping() {
 		p.breakFailed()
 		p.freeEndpoints()
+		p.cutAll()
 		ev, st := cmWait(p.connEVD, uint32(loopSlice/time.Microsecond))
 		switch {
 		case st.ok():
-			failing = false
+			failing = 0
 			p.onConnEvent(ev)
 		case st.idle():
-			failing = false
+			failing = 0
 		default:
-			if !failing {
-				p.log.Error("dat_evd_wait on the connection EVD failed; connection events may be lost", "error", st)
+			failing++
+			if failing == 1 {
+				p.log.Warn("dat_evd_wait on the connection EVD failed; retrying", "ia", p.iaName, "error", st)
 			}
-			failing = true
+			if failing == loopFailures {
+				p.fail(&iaError{ia: p.iaName, what: "waiting for connection events failed",
+					err: fmt.Errorf("dat_evd_wait on the connection EVD, %d times in a row: %w", failing, st)})
+			}
 			p.pause()
 		}
 		p.drainAsync()
+		p.cutAll()
 	}
 }
 
@@ -300,31 +325,6 @@ func (p *provider) drainConn() {
 			return // empty; a failing EVD is reported by watch's wait
 		}
 		p.onConnEvent(ev)
-	}
-}
-
-// drainAsync logs the asynchronous errors queued now, and ends the
-// connection of an endpoint that broke.
-func (p *provider) drainAsync() {
-	if p.asyncEVD == nil {
-		return
-	}
-	for {
-		ev, st := cmDequeue(p.asyncEVD)
-		if !st.ok() {
-			return
-		}
-		p.mu.Lock()
-		e := p.eps[ev.handle]
-		p.mu.Unlock()
-		if e == nil {
-			p.log.Error("uDAPL asynchronous error", "event", ev.number, "reason", ev.reason)
-			continue
-		}
-		p.log.Error("uDAPL asynchronous error", "event", ev.number, "reason", ev.reason, "endpoint", e.id)
-		if ev.number == evAsyncEPBroken {
-			e.ended(fmt.Errorf("endpoint broken: %v", ev.number))
-		}
 	}
 }
 
@@ -404,14 +404,19 @@ func (p *provider) freeEndpoint(e *endpoint) bool {
 			return false
 		}
 		// The endpoint stays until dat_ia_close frees it; it was
-		// disconnected, so the adapter flushes its work.
+		// disconnected, so the adapter flushes its work, unless the
+		// provider failed and no longer reads the DTO EVD.
 		p.log.Warn("dat_ep_free failed", "endpoint", e.id, "error", st)
+		if p.dead.Load() != nil {
+			p.pushPending(p.wrs.flushOwner(e.serial, flushedBy(e.causeOf()), nil)...)
+		}
 		return true
 	}
 	p.mu.Lock()
 	delete(p.eps, e.h)
+	delete(p.causes, e.serial)
 	p.mu.Unlock()
 	p.drainConn()
-	p.pushPending(p.wrs.flushOwner(e.serial, errFlushed, nil)...)
+	p.pushPending(p.wrs.flushOwner(e.serial, flushedBy(e.causeOf()), nil)...)
 	return true
 }

@@ -157,6 +157,15 @@ static DAT_RETURN ud_ep_create(DAT_HANDLE ia, DAT_HANDLE pz, DAT_HANDLE dto, DAT
 
 static DAT_RETURN ud_ep_free(DAT_HANDLE ep) { return dat_ep_free(ep); }
 
+// ud_ep_state reports the endpoint's DAT_EP_STATE.
+static DAT_RETURN ud_ep_state(DAT_HANDLE ep, uint32_t *state) {
+	DAT_EP_STATE s = 0;
+	DAT_BOOLEAN in_idle, out_idle;
+	DAT_RETURN rc = dat_ep_get_status(ep, &s, &in_idle, &out_idle);
+	*state = (uint32_t)s;
+	return rc;
+}
+
 static DAT_RETURN ud_ep_disconnect(DAT_HANDLE ep) { return dat_ep_disconnect(ep, DAT_CLOSE_ABRUPT_FLAG); }
 
 // ud_ep_connect dials addr (4 or 16 bytes, network order) at qualifier
@@ -398,11 +407,14 @@ var (
 	_ = [1]int{int(C.DAT_INVALID_STATE) - int(datInvalidState): 0}
 	_ = [1]int{int(C.DAT_PROVIDER_NOT_FOUND) - int(datProviderNotFound): 0}
 	_ = [1]int{int(C.DAT_TIMEOUT_EXPIRED) - int(datTimeoutExpired): 0}
+	_ = [1]int{int(C.DAT_QUEUE_EMPTY) - int(datQueueEmpty): 0}
 	_ = [1]int{int(C.DAT_INTERRUPTED_CALL) - int(datInterruptedCall): 0}
 	_ = [1]int{int(C.DAT_PORT_IN_USE) - int(datPortInUse): 0}
 	_ = [1]int{int(C.DAT_NOT_IMPLEMENTED) - int(datNotImplemented): 0}
 	_ = [1]int{int(C.DAT_COMM_NOT_SUPPORTED) - int(datLastContiguousType<<datTypeShift): 0}
 	_ = [1]int{int(C.DAT_THREAD_SAFETY_NOT_FOUND) - (len(datSubtypeNames) - 1): 0}
+	_ = [1]int{int(C.DAT_EP_STATE_ERROR) - datEPStateDisconnected: 0}
+	_ = [1]int{int(C.DAT_EP_STATE_DISCONNECTED) - datEPStateDisconnected: 0}
 	_ = [1]int{int(C.DAT_DTO_SUCCESS) - int(dtoSuccess): 0}
 	_ = [1]int{int(C.DAT_DTO_ERR_FLUSHED) - int(dtoFlushed): 0}
 	_ = [1]int{int(C.DAT_DTO_ERR_LOCAL_MM_ERROR) - (len(dtoStatusNames) - 1): 0}
@@ -561,7 +573,15 @@ func epCreate(ia, pz, dto, conn datHandle, a epAttrs) (ep datHandle, st datStatu
 	return ep, st
 }
 
-func epFree(ep datHandle) datStatus       { return datStatus(C.ud_ep_free(ep)) }
+func epFree(ep datHandle) datStatus { return datStatus(C.ud_ep_free(ep)) }
+
+// epDATState is the endpoint's DAT_EP_STATE, as dat_ep_get_status reports it.
+func epDATState(ep datHandle) (uint32, datStatus) {
+	var s C.uint32_t
+	st := datStatus(C.ud_ep_state(ep, &s))
+	return uint32(s), st
+}
+
 func epDisconnect(ep datHandle) datStatus { return datStatus(C.ud_ep_disconnect(ep)) }
 
 // epConnect dials ap's address at ap's port as connection qualifier.

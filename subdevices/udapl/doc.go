@@ -88,6 +88,34 @@
 // disconnects it and frees it shortly after on the connection goroutine;
 // its remaining work completes, flushed, then.
 //
+// # Asynchronous errors
+//
+// What no completion reports arrives on the IA's async EVD, which the
+// connection goroutine drains every slice (DAT has no acknowledgement;
+// an event dequeued is an event dealt with):
+//
+//   - DAT_ASYNC_ERROR_EP_BROKEN and _TIMED_OUT fail that connection only:
+//     the endpoint is disconnected, its work completes at once, flushed,
+//     with the event as the reason (the engine reports the peer down with
+//     it), and the peer is told when the endpoint is freed. dapl names
+//     the IA in these events, not the endpoint, so where the event names
+//     no endpoint the connected ones that dat_ep_get_status reports in
+//     DAT_EP_STATE_ERROR are taken for broken.
+//   - DAT_ASYNC_ERROR_IA_CATASTROPHIC, _PROVIDER_INTERNAL_ERROR and
+//     _EVD_OVERFLOW (of any EVD of the IA: completions or connection
+//     events were lost) fail the whole subdevice, as do a completion EVD
+//     that cannot be dequeued or waited on, and a connection, connection
+//     request or async EVD that keeps failing (three waits in a row). The
+//     completion EVD is not read again; every connection is disconnected
+//     and its work flushed; Connect, Send and Register return an error
+//     naming the IA and the event. Close still closes.
+//   - A connection EVD's DAT_CONNECTION_EVENT_BROKEN and _TIMED_OUT end
+//     that connection as a disconnect does.
+//
+// dapl maps a port going down (IBV_EVENT_PORT_ERR), and in some versions
+// a LID, P_Key or SM change, to DAT_ASYNC_ERROR_IA_CATASTROPHIC: there a
+// port flap fails the subdevice, and the multidevice routes around it.
+//
 // # Not verified here
 //
 // This package was written from the DAT 2.0 headers and the OFED dapl
@@ -103,8 +131,13 @@
 // does, not against a device. Unverified on hardware in particular: what
 // real providers do on disconnect (whether dat_ep_free drops completions;
 // the provider makes its own flushes so that it does not matter), the
-// private data sizes they deliver, and IPv6 IA addresses, which the cma
-// provider of OFED dapl 2.1 does not dial.
+// private data sizes they deliver, IPv6 IA addresses, which the cma
+// provider of OFED dapl 2.1 does not dial, and the asynchronous errors:
+// the fake injects them as dapl 2.1's source says it reports them, but
+// which events a device raises when, whether a broken endpoint's peer
+// hears of it when dat_ep_free destroys the connected CM id (the fake
+// assumes so), and whether dat_ep_disconnect and dat_ep_free still work
+// on an IA that reported itself dead, only hardware can tell.
 //
 // Known gaps, from a review against dapl 2.1's source:
 //   - The default IA is the registry's first entry; Debian's stock
@@ -118,5 +151,13 @@
 //     cannot change: a send that found no receive posted would hang rather
 //     than fail the connection. The engine's credits prevent such a send.
 //   - An idle provider wakes every 5 ms (Wait's slice) and its listener
-//     and connection goroutines every 20 ms: DAT has no pollable fd.
+//     and connection goroutines every 20 ms: DAT has no pollable fd. An
+//     asynchronous error is therefore acted on up to 20 ms after it came.
+//   - An asynchronous endpoint error that names the IA (dapl's way) when
+//     no connected endpoint is in DAT_EP_STATE_ERROR is only logged: the
+//     endpoint it concerns was still connecting (its Dial or Accept fails
+//     on its own) or its connection had ended already.
+//   - A flush the device reports before the asynchronous error that
+//     caused it fails the connection with a plain flush as the reason,
+//     not the event.
 package udapl

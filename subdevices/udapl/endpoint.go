@@ -38,8 +38,11 @@ type endpoint struct {
 
 	mu           sync.Mutex
 	state        epState
-	disconnected bool // dat_ep_disconnect was called
-	freeTries    int  // dat_ep_free refused for the state; touched by watch only
+	disconnected bool  // dat_ep_disconnect was called
+	wasUp        bool  // the connection was established once
+	cause        error // the asynchronous error that cut the endpoint (see cut), or nil
+	selfFlushed  bool  // cut completed its work, flushed; later posts complete so at once
+	freeTries    int   // dat_ep_free refused for the state; touched by watch only
 }
 
 var _ rdma.Endpoint = (*endpoint)(nil)
@@ -51,6 +54,9 @@ func (p *provider) newEndpoint(id uint32) (*endpoint, error) {
 	defer p.closeMu.RUnlock()
 	if p.closed.Load() {
 		return nil, fmt.Errorf("udapl: new endpoint: %w", sdi.ErrClosed)
+	}
+	if err := p.failure(); err != nil {
+		return nil, err
 	}
 	p.lifeMu.Lock()
 	defer p.lifeMu.Unlock()
@@ -90,10 +96,11 @@ func (e *endpoint) post(op rdma.Op, wr uint64, r rdma.Region, off, n int, raddr 
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.state == epClosed {
+	if e.state == epClosed || e.selfFlushed {
 		// Hardware takes work on a failed connection and flushes it; a
-		// closed endpoint does the same, without touching its handle.
-		e.p.pushPending(rdma.Completion{Endpoint: e.id, WR: wr, Op: op, Err: errFlushed})
+		// closed or cut endpoint does the same, without touching its
+		// handle.
+		e.p.pushPending(rdma.Completion{Endpoint: e.id, WR: wr, Op: op, Err: flushedBy(e.cause)})
 		return nil
 	}
 	cookie := e.p.wrs.add(e.serial, e.id, wr, op)
@@ -154,6 +161,7 @@ func (e *endpoint) established() {
 	e.mu.Lock()
 	if e.state == epConnecting {
 		e.state = epConnected
+		e.wasUp = true
 	}
 	e.mu.Unlock()
 	e.settle(nil)

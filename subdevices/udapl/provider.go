@@ -95,6 +95,11 @@ type provider struct {
 	done chan struct{}     // closed by Close: listen, watch and waiting Dials and Accepts stop
 	wg   sync.WaitGroup    // listen and watch
 
+	// dead is set once, by fail, when the IA or the provider's view of it
+	// is gone for good; deadCh is closed then. See fail.
+	dead   atomic.Pointer[iaError]
+	deadCh chan struct{}
+
 	closeOnce sync.Once
 	closeErr  error
 	closed    atomic.Bool
@@ -113,6 +118,7 @@ type provider struct {
 	freeq   []*endpoint             // closed, waiting for watch to free them
 	stuck   []*region               // dat_lmr_free refused: pinned until dat_ia_close
 	failed  []uint64                // serials of endpoints whose work failed, for watch to disconnect
+	causes  map[uint64]error        // by serial: why endpoints were cut (see endpoint.cut), until freed
 	serial  uint64                  // the last endpoint serial number given out
 
 	wrs wrTable
@@ -175,9 +181,11 @@ func openProvider(cfg config, log hclog.Logger) (*provider, error) {
 		asyncEVD: async,
 		reqs:     make(chan rdma.Request),
 		done:     make(chan struct{}),
+		deadCh:   make(chan struct{}),
 		eps:      make(map[datHandle]*endpoint),
 		regions:  make(map[*region]struct{}),
 		crs:      make(map[*request]struct{}),
+		causes:   make(map[uint64]error),
 	}
 	if err := p.setUp(cfg); err != nil {
 		return nil, errors.Join(err, p.release())
@@ -353,7 +361,7 @@ func (p *provider) Poll(cs []rdma.Completion) (int, error) {
 		return 0, nil
 	}
 	n := p.takePending(cs)
-	if n == len(cs) || !p.evMu.TryLock() {
+	if n == len(cs) || p.dead.Load() != nil || !p.evMu.TryLock() {
 		return n, nil
 	}
 	defer p.evMu.Unlock()
@@ -370,8 +378,14 @@ func (p *provider) Poll(cs []rdma.Completion) (int, error) {
 			}
 		}
 		if !st.ok() {
-			// dapl fails every dequeue once the EVD overflowed.
-			return n, fmt.Errorf("udapl: dat_evd_dequeue of the completion EVD (overrun?): %w", st)
+			// dapl fails every dequeue once the EVD overflowed, and
+			// the completions it lost would never come: the provider
+			// fails, and watch flushes the work still posted. No error
+			// is returned: the engine fails connections by their
+			// completions, and would only log it.
+			p.fail(&iaError{ia: p.iaName, what: "dequeuing its completions failed (the completion EVD overflowed?)",
+				err: fmt.Errorf("dat_evd_dequeue of the completion EVD: %w", st)})
+			return n, nil
 		}
 		if got < want {
 			break
@@ -401,9 +415,12 @@ func (p *provider) completion(ev *dtoEvent) (rdma.Completion, bool) {
 			c.Len = length
 		}
 	case dtoFlushed:
-		c.Err = errFlushed
+		c.Err = flushedBy(p.causeOwner(owner))
 	default:
 		c.Err = fmt.Errorf("udapl: %s on endpoint %d failed: %s", c.Op, c.Endpoint, status)
+		if cause := p.causeOwner(owner); cause != nil {
+			c.Err = fmt.Errorf("%w: %w", c.Err, cause)
+		}
 		// The queue pair is in error now and flushes the rest of its
 		// work, but the peer's flushes only when the connection ends;
 		// watch disconnects it.
@@ -433,6 +450,17 @@ func (p *provider) Wait(ctx context.Context) error {
 		if dl, ok := ctx.Deadline(); ok {
 			slice = max(min(slice, time.Until(dl)), time.Microsecond)
 		}
+		if p.dead.Load() != nil {
+			// Nothing completes any more but what watch flushes.
+			t := time.NewTimer(slice)
+			select {
+			case <-ctx.Done():
+			case <-p.done:
+			case <-t.C:
+			}
+			t.Stop()
+			return nil
+		}
 		p.evMu.Lock()
 		if p.evClosed {
 			p.evMu.Unlock()
@@ -449,7 +477,9 @@ func (p *provider) Wait(ctx context.Context) error {
 		case st.ok():
 			return nil
 		case !st.idle():
-			return fmt.Errorf("udapl: dat_evd_wait on the completion EVD: %w", st)
+			p.fail(&iaError{ia: p.iaName, what: "waiting for its completions failed (the completion EVD overflowed?)",
+				err: fmt.Errorf("dat_evd_wait on the completion EVD: %w", st)})
+			return nil
 		}
 	}
 }

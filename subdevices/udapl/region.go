@@ -44,6 +44,9 @@ func (p *provider) Register(buf []byte) (rdma.Region, error) {
 	if p.closed.Load() {
 		return nil, fmt.Errorf("udapl: register: %w", sdi.ErrClosed)
 	}
+	if err := p.failure(); err != nil {
+		return nil, fmt.Errorf("udapl: register: %w", err)
+	}
 	r := &region{p: p, buf: buf}
 	r.pin.Pin(&buf[0])
 	base := uintptr(unsafe.Pointer(&buf[0]))

@@ -17,6 +17,7 @@ const (
 	datConnQualInUse      datStatus = 0x00020000
 	datInvalidState       datStatus = 0x00070000
 	datProviderNotFound   datStatus = 0x000a0000
+	datQueueEmpty         datStatus = 0x000d0000
 	datTimeoutExpired     datStatus = 0x000f0000
 	datInterruptedCall    datStatus = 0x00130000
 	datPortInUse          datStatus = 0x00160000
@@ -137,6 +138,11 @@ func (s dtoStatus) String() string {
 	}
 	return fmt.Sprintf("DTO status %d", uint32(s))
 }
+
+// datEPStateDisconnected is DAT_EP_STATE_DISCONNECTED, which DAT 2.0 also
+// names DAT_EP_STATE_ERROR: the state dapl leaves an endpoint whose queue
+// pair broke in.
+const datEPStateDisconnected = 11
 
 // datEvent is a DAT_EVENT_NUMBER.
 type datEvent uint32

@@ -19,6 +19,18 @@
  * not yet made and frees the memory, so its address comes back; and
  * dat_ep_free refuses an endpoint in PASSIVE_CONNECTION_PENDING.
  *
+ * Asynchronous errors, which no DAT call provokes, are injected by the
+ * test-only fakedat_* functions at the end of this file (the tests reach
+ * them through internal/fakectl). They follow dapl 2.1 too: a broken
+ * queue pair is reported on the IA's async EVD naming the IA, not the
+ * endpoint (dapl_evd_qp_async_error_callback), and leaves the endpoint
+ * in DAT_EP_STATE_ERROR, which DAT 2.0 defines as DISCONNECTED; there
+ * dat_ep_disconnect does nothing, and only dat_ep_free (destroying the
+ * connected CM id) tells the peer. The broken queue pair does not flush
+ * the work posted on it here: a device may, and may not report it, so
+ * the provider flushes it itself. An overflowed EVD fails every wait and
+ * dequeue, as dapl's does.
+ *
  * It is what the provider's authors believe DAT and dapl do, so tests
  * passing against it show the provider consistent with that belief, not
  * with a device: run them on real hardware before relying on them.
@@ -38,14 +50,15 @@
 
 #define ERR(t, s) ((DAT_RETURN)(DAT_CLASS_ERROR | (t) | (s)))
 enum { T_IA = 0x1a1a, T_PZ, T_EVD, T_PSP, T_EP, T_CR, T_LMR };
-enum { S_UNCONN, S_ACTIVE, S_PASSIVE, S_CONN, S_DISC };
+enum { S_UNCONN, S_ACTIVE, S_PASSIVE, S_CONN, S_DISC, S_ERR };
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
 
-struct evd { int type; int flags; int qlen; DAT_EVENT *q; int head, count; int waiting; int overflow; };
+struct evd { int type; int flags; int qlen; DAT_EVENT *q; int head, count; int waiting; int overflow; DAT_RETURN fail; };
 struct rv { uint64_t cookie; uint64_t va; uint32_t len; };
-struct ep { int type; struct evd *dto, *conn; int state; struct ep *peer; struct rv *rq; int nr, maxr; int maxs; int qperr; };
+struct ia;
+struct ep { int type; struct ia *ia; struct evd *dto, *conn; int state; struct ep *peer; struct rv *rq; int nr, maxr; int maxs; int qperr; };
 struct psp { int type; uint64_t qual; struct evd *evd; struct psp *next; };
 struct cr { int type; struct ep *active; uint8_t pd[56]; };
 struct lmr { int type; uint64_t addr, len; uint32_t ctx; struct lmr *next; };
@@ -179,7 +192,8 @@ DAT_RETURN dat_evd_dequeue(DAT_EVD_HANDLE h, DAT_EVENT *ev) {
 	if (!e || e->type != T_EVD) return ERR(DAT_INVALID_HANDLE, 0);
 	pthread_mutex_lock(&mu);
 	DAT_RETURN rc;
-	if (e->waiting || e->overflow) rc = ERR(DAT_INVALID_STATE, 0); /* dapl's rule */
+	if (e->fail) rc = e->fail;
+	else if (e->waiting || e->overflow) rc = ERR(DAT_INVALID_STATE, 0); /* dapl's rule */
 	else rc = pop(e, ev);
 	pthread_mutex_unlock(&mu);
 	return rc;
@@ -193,12 +207,15 @@ DAT_RETURN dat_evd_wait(DAT_EVD_HANDLE h, DAT_TIMEOUT us, DAT_COUNT thr, DAT_EVE
 	dl.tv_sec += us / 1000000; dl.tv_nsec += (long)(us % 1000000) * 1000;
 	if (dl.tv_nsec >= 1000000000) { dl.tv_sec++; dl.tv_nsec -= 1000000000; }
 	pthread_mutex_lock(&mu);
+	if (e->fail) { DAT_RETURN rc = e->fail; pthread_mutex_unlock(&mu); return rc; }
 	if (e->waiting || e->overflow) { pthread_mutex_unlock(&mu); return ERR(DAT_INVALID_STATE, 0); }
 	e->waiting = 1;
 	DAT_RETURN rc = DAT_SUCCESS;
-	while (e->count == 0) {
+	while (e->count == 0 && !e->fail && !e->overflow) {
 		if (pthread_cond_timedwait(&cv, &mu, &dl) == ETIMEDOUT) { rc = ERR(DAT_TIMEOUT_EXPIRED, 0); break; }
 	}
+	if (rc == DAT_SUCCESS && e->fail) rc = e->fail;
+	else if (rc == DAT_SUCCESS && e->overflow) rc = ERR(DAT_INVALID_STATE, 0);
 	if (rc == DAT_SUCCESS) pop(e, ev);
 	*nmore = e->count;
 	e->waiting = 0;
@@ -229,7 +246,7 @@ DAT_RETURN dat_ep_create(DAT_IA_HANDLE ia, DAT_PZ_HANDLE pz, DAT_EVD_HANDLE recv
 		const DAT_EP_ATTR *a, DAT_EP_HANDLE *out) {
 	if (!a || a->max_recv_dtos > 1024 || a->max_request_dtos > 1024 || recv != req) return ERR(DAT_INVALID_PARAMETER, DAT_INVALID_ARG6);
 	struct ep *ep = calloc(1, sizeof *ep);
-	ep->type = T_EP; ep->dto = recv; ep->conn = conn; ep->maxr = a->max_recv_dtos; ep->maxs = a->max_request_dtos;
+	ep->type = T_EP; ep->ia = ia; ep->dto = recv; ep->conn = conn; ep->maxr = a->max_recv_dtos; ep->maxs = a->max_request_dtos;
 	ep->rq = calloc(ep->maxr, sizeof *ep->rq);
 	*out = ep;
 	return DAT_SUCCESS;
@@ -338,6 +355,12 @@ DAT_RETURN dat_ep_free(DAT_EP_HANDLE h) {
 	pthread_mutex_lock(&mu);
 	if (ep->state == S_PASSIVE) { pthread_mutex_unlock(&mu); return ERR(DAT_INVALID_STATE, DAT_INVALID_STATE_EP_PASSCONNPENDING); }
 	if (ep->state == S_CONN) break_ep(ep, 1);
+	if (ep->state == S_ERR && ep->peer && ep->peer->state == S_CONN) {
+		/* destroying the connected CM id sends the peer a DREQ */
+		post_conn(ep->peer, DAT_CONNECTION_EVENT_DISCONNECTED);
+		ep->peer->peer = NULL;
+	}
+	if (ep->peer && ep->peer->peer == ep) ep->peer->peer = NULL;
 	for (int i = 0; i < MAXPENDING; i++)
 		if (pending[i] == ep) pending[i] = NULL;
 	/* receives never flushed are dropped, as a device that cleans the
@@ -397,7 +420,11 @@ DAT_RETURN dat_ep_post_send(DAT_EP_HANDLE h, DAT_COUNT n, DAT_LMR_TRIPLET *iov, 
 	if (!find(iov->lmr_context, iov->virtual_address, iov->segment_length)) rc = ERR(DAT_PROTECTION_VIOLATION, 0);
 	else if (ep->state != S_CONN) rc = ERR(DAT_INVALID_STATE, DAT_INVALID_STATE_EP_DISCONNECTED);
 	else if (ep->qperr) post_dto(ep, c.as_64, DAT_DTO_ERR_FLUSHED, 0, DAT_DTO_SEND);
-	else if (!ep->peer || ep->peer->nr == 0 || ep->peer->rq[0].len < iov->segment_length) {
+	else if (ep->peer && ep->peer->state == S_ERR) {
+		/* the peer's QP is in error: the send's retries run out */
+		post_dto(ep, c.as_64, DAT_DTO_ERR_TRANSPORT, 0, DAT_DTO_SEND);
+		break_ep(ep, 1);
+	} else if (!ep->peer || ep->peer->nr == 0 || ep->peer->rq[0].len < iov->segment_length) {
 		post_dto(ep, c.as_64, DAT_DTO_ERR_RECEIVER_NOT_READY, 0, DAT_DTO_SEND);
 		break_ep(ep, 1);
 	} else {
@@ -433,4 +460,112 @@ DAT_RETURN dat_ep_post_rdma_read(DAT_EP_HANDLE h, DAT_COUNT n, DAT_LMR_TRIPLET *
 	}
 	pthread_mutex_unlock(&mu);
 	return rc;
+}
+
+DAT_RETURN dat_ep_get_status(DAT_EP_HANDLE h, DAT_EP_STATE *st, DAT_BOOLEAN *in_idle, DAT_BOOLEAN *out_idle) {
+	struct ep *ep = h;
+	if (!ep || ep->type != T_EP) return ERR(DAT_INVALID_HANDLE, DAT_INVALID_HANDLE_EP);
+	pthread_mutex_lock(&mu);
+	switch (ep->state) {
+	case S_UNCONN: *st = DAT_EP_STATE_UNCONNECTED; break;
+	case S_ACTIVE: *st = DAT_EP_STATE_ACTIVE_CONNECTION_PENDING; break;
+	case S_PASSIVE: *st = DAT_EP_STATE_PASSIVE_CONNECTION_PENDING; break;
+	case S_CONN: *st = DAT_EP_STATE_CONNECTED; break;
+	case S_ERR: *st = DAT_EP_STATE_ERROR; break;
+	default: *st = DAT_EP_STATE_DISCONNECTED; break;
+	}
+	if (in_idle) *in_idle = ep->nr == 0;
+	if (out_idle) *out_idle = DAT_TRUE;
+	pthread_mutex_unlock(&mu);
+	return DAT_SUCCESS;
+}
+
+/*
+ * Test-only entry points. None is part of DAT; the provider never calls
+ * them. Each returns 0, or an errno value for a handle of the wrong kind.
+ */
+
+static void post_async(struct ia *ia, DAT_EVENT_NUMBER n, DAT_HANDLE about, DAT_COUNT reason) {
+	DAT_EVENT ev; memset(&ev, 0, sizeof ev);
+	ev.event_number = n;
+	ev.event_data.asynch_error_event_data.dat_handle = about;
+	ev.event_data.asynch_error_event_data.reason = reason;
+	post(ia->async, &ev);
+}
+
+/* fakedat_break_ep breaks the queue pair of a connected endpoint as a
+ * device's QP_FATAL does (see the header), and reports n
+ * (DAT_ASYNC_ERROR_EP_BROKEN or _TIMED_OUT) on its IA's async EVD naming
+ * the IA, as dapl does, or the endpoint, as the DAT spec reads. */
+int fakedat_break_ep(DAT_EP_HANDLE h, DAT_EVENT_NUMBER n, int name_ep) {
+	struct ep *ep = h;
+	if (!ep || ep->type != T_EP) return EINVAL;
+	pthread_mutex_lock(&mu);
+	if (ep->state != S_CONN) { pthread_mutex_unlock(&mu); return EAGAIN; }
+	ep->state = S_ERR;
+	ep->qperr = 1;
+	post_async(ep->ia, n, name_ep ? (DAT_HANDLE)ep : (DAT_HANDLE)ep->ia, 0);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+/* fakedat_inject_async posts asynchronous error n about the handle about
+ * on the IA's async EVD, and does nothing else. */
+int fakedat_inject_async(DAT_IA_HANDLE h, DAT_EVENT_NUMBER n, DAT_HANDLE about) {
+	struct ia *ia = h;
+	if (!ia || ia->type != T_IA) return EINVAL;
+	pthread_mutex_lock(&mu);
+	post_async(ia, n, about, 0);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+/* fakedat_overflow_evd overflows the EVD as a full completion queue does:
+ * every later wait and dequeue on it fails, and the IA's async EVD gets
+ * DAT_ASYNC_ERROR_EVD_OVERFLOW naming the IA (dapl's
+ * dapl_evd_cq_async_error_callback does) or, with name_evd, the EVD. */
+int fakedat_overflow_evd(DAT_IA_HANDLE h, DAT_EVD_HANDLE eh, int name_evd) {
+	struct ia *ia = h; struct evd *e = eh;
+	if (!ia || ia->type != T_IA || !e || e->type != T_EVD) return EINVAL;
+	pthread_mutex_lock(&mu);
+	e->overflow = 1;
+	post_async(ia, DAT_ASYNC_ERROR_EVD_OVERFLOW, name_evd ? (DAT_HANDLE)e : (DAT_HANDLE)ia, 0);
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+/* fakedat_fail_evd makes every later wait and dequeue on the EVD return
+ * rc, and reports nothing. */
+int fakedat_fail_evd(DAT_EVD_HANDLE eh, DAT_RETURN rc) {
+	struct evd *e = eh;
+	if (!e || e->type != T_EVD || rc == DAT_SUCCESS) return EINVAL;
+	pthread_mutex_lock(&mu);
+	e->fail = rc;
+	pthread_cond_broadcast(&cv);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+/* fakedat_conn_event posts connection event n for the endpoint on its
+ * connection EVD, as the CM reports a connection that broke or timed out;
+ * the endpoint's state is left to the provider's dat_ep_disconnect. */
+int fakedat_conn_event(DAT_EP_HANDLE h, DAT_EVENT_NUMBER n) {
+	struct ep *ep = h;
+	if (!ep || ep->type != T_EP) return EINVAL;
+	pthread_mutex_lock(&mu);
+	post_conn(ep, n);
+	pthread_mutex_unlock(&mu);
+	return 0;
+}
+
+/* fakedat_queued reports the events queued on the EVD and not yet
+ * dequeued. */
+int fakedat_queued(DAT_EVD_HANDLE eh, int *n) {
+	struct evd *e = eh;
+	if (!e || e->type != T_EVD) return EINVAL;
+	pthread_mutex_lock(&mu);
+	*n = e->count;
+	pthread_mutex_unlock(&mu);
+	return 0;
 }
