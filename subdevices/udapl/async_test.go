@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -15,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/internal/rdma"
+	"github.com/hpc-multidevice/multidevice/internal/rdma/rdmatest"
 	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/subdevices/udapl/internal/fakectl"
@@ -26,88 +26,11 @@ import (
 // fail for good, and check that the engine over this provider sees the
 // connections concerned fail, and only those, instead of waiting.
 
-// recorder is the sdi.Handler of one test rank.
-type recorder struct {
-	mu      sync.Mutex
-	down    map[sdi.Rank]error
-	got     map[sdi.Rank][]string // payloads delivered, by sender
-	changed chan struct{}         // signalled on every call
-}
-
-func newRecorder() *recorder {
-	return &recorder{down: make(map[sdi.Rank]error), got: make(map[sdi.Rank][]string), changed: make(chan struct{}, 1)}
-}
-
-func (r *recorder) signal() {
-	select {
-	case r.changed <- struct{}{}:
-	default:
-	}
-}
-
-func (r *recorder) Deliver(from sdi.Rank, _, payload []byte) {
-	r.mu.Lock()
-	r.got[from] = append(r.got[from], string(payload))
-	r.mu.Unlock()
-	r.signal()
-}
-
-func (r *recorder) SendDone(uint64, error) {}
-
-func (r *recorder) PeerDown(peer sdi.Rank, err error) {
-	r.mu.Lock()
-	if _, ok := r.down[peer]; !ok {
-		r.down[peer] = err
-	}
-	r.mu.Unlock()
-	r.signal()
-}
-
-// await waits until cond, checked under r.mu, holds.
-func (r *recorder) await(ctx context.Context, t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for {
-		r.mu.Lock()
-		ok := cond()
-		r.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-r.changed:
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v", what, ctx.Err())
-		}
-	}
-}
-
-// downErr waits for the rank to report peer down, and returns the error.
-func (r *recorder) downErr(ctx context.Context, t *testing.T, self, peer sdi.Rank) error {
-	t.Helper()
-	var err error
-	r.await(ctx, t, fmt.Sprintf("rank %d to report rank %d down", self, peer), func() bool {
-		var ok bool
-		err, ok = r.down[peer]
-		return ok
-	})
-	return err
-}
-
-func (r *recorder) isDown(peer sdi.Rank) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.down[peer]
-	return ok
-}
-
 // testRank is one rank of a job in this process: the engine over a udapl
 // provider, whose DAT handles the tests reach through prov.
 type testRank struct {
-	rank sdi.Rank
-	sd   sdi.SubDevice
+	*rdmatest.Rank
 	prov *provider
-	rec  *recorder
-	card []byte
 }
 
 // asyncRanks opens n ranks of one job on the fake, which every test here
@@ -128,7 +51,7 @@ func asyncRanks(ctx context.Context, t *testing.T, n int) []*testRank {
 	})
 	ranks := make([]*testRank, n)
 	for i := range ranks {
-		r := &testRank{rank: sdi.Rank(i), rec: newRecorder()}
+		r := &testRank{}
 		log := hclog.New(&hclog.LoggerOptions{Name: fmt.Sprintf("udapl.rank%d", i), Level: hclog.Debug, Output: logs})
 		openRank := func(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
 			prov, set, err := open(ctx, p)
@@ -137,69 +60,17 @@ func asyncRanks(ctx context.Context, t *testing.T, n int) []*testRank {
 			}
 			return prov, set, err
 		}
-		r.sd = rdma.New(sdi.Info{Name: "udapl", Version: "test", APIVersions: []string{sdi.APIVersion}}, openRank, log)
-		loc, err := r.sd.Open(ctx, sdi.OpenParams{
-			Rank: r.rank, Size: n, JobID: t.Name(), Secret: []byte("async test secret"),
-			APIVersion: sdi.APIVersion, Handler: r.rec, Logger: log,
-		})
+		var err error
+		r.Rank, err = rdmatest.Open(ctx, t, "udapl", sdi.Rank(i), n, openRank, log)
 		if errors.Is(err, rdma.ErrNoDevice) {
 			t.Skipf("no uDAPL interface adapter opens here: %v", err)
 		}
 		if err != nil {
 			t.Fatalf("open rank %d: %v", i, err)
 		}
-		r.card = loc.Addr
-		t.Cleanup(func() {
-			// Bounded, so that a test that failed because something
-			// stalls does not stall the ones after it.
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			r.sd.Close(ctx)
-		})
 		ranks[i] = r
 	}
 	return ranks
-}
-
-func (r *testRank) connect(ctx context.Context, t *testing.T, to *testRank) {
-	t.Helper()
-	if err := r.sd.Connect(ctx, to.rank, to.card); err != nil {
-		t.Fatalf("rank %d connect to rank %d: %v", r.rank, to.rank, err)
-	}
-}
-
-// send sends one eager frame, waiting out backpressure.
-func (r *testRank) send(ctx context.Context, to sdi.Rank, payload string) error {
-	for {
-		_, err := r.sd.Send(&sdi.Frame{Peer: to, Header: []byte("h"), Payload: []byte(payload)})
-		if !errors.Is(err, sdi.ErrWouldBlock) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
-		}
-	}
-}
-
-// ping sends a frame from r to peer and waits for it to arrive. It
-// connects first: on the accepting side that waits for the connection to
-// be up, which its first frames may arrive before.
-func (r *testRank) ping(ctx context.Context, t *testing.T, to *testRank, payload string) {
-	t.Helper()
-	r.connect(ctx, t, to)
-	if err := r.send(ctx, to.rank, payload); err != nil {
-		t.Fatalf("rank %d send to rank %d: %v", r.rank, to.rank, err)
-	}
-	to.rec.await(ctx, t, fmt.Sprintf("rank %d to receive %q from rank %d", to.rank, payload, r.rank), func() bool {
-		for _, p := range to.rec.got[r.rank] {
-			if p == payload {
-				return true
-			}
-		}
-		return false
-	})
 }
 
 // onlyEndpoint returns the handle of the rank's one endpoint.
@@ -207,25 +78,12 @@ func (r *testRank) onlyEndpoint(t *testing.T) unsafe.Pointer {
 	t.Helper()
 	eps := r.prov.endpoints()
 	if len(eps) != 1 {
-		t.Fatalf("rank %d has %d endpoints, want 1", r.rank, len(eps))
+		t.Fatalf("rank %d has %d endpoints, want 1", r.ID, len(eps))
 	}
 	return unsafe.Pointer(eps[0].h)
 }
 
 func (r *testRank) ia() unsafe.Pointer { return unsafe.Pointer(r.prov.ia) }
-
-// wantMentions fails unless err says every one of words.
-func wantMentions(t *testing.T, what string, err error, words ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: no error, want one saying %q", what, words)
-	}
-	for _, w := range words {
-		if !strings.Contains(err.Error(), w) {
-			t.Fatalf("%s: %v\nwant it to say %q", what, err, w)
-		}
-	}
-}
 
 // asyncDrained checks that the rank's async EVD holds no event: every one
 // was dequeued, which is all DAT has of an acknowledgement.
@@ -241,7 +99,7 @@ func asyncDrained(ctx context.Context, t *testing.T, r *testRank) {
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("rank %d's async EVD still holds %d events: %v", r.rank, n, ctx.Err())
+			t.Fatalf("rank %d's async EVD still holds %d events: %v", r.ID, n, ctx.Err())
 		case <-time.After(time.Millisecond):
 		}
 	}
@@ -252,8 +110,8 @@ func asyncDrained(ctx context.Context, t *testing.T, r *testRank) {
 func closeAll(ctx context.Context, t *testing.T, ranks []*testRank) {
 	t.Helper()
 	for _, r := range ranks {
-		if err := r.sd.Close(ctx); err != nil {
-			t.Errorf("close rank %d: %v", r.rank, err)
+		if err := r.SD.Close(ctx); err != nil {
+			t.Errorf("close rank %d: %v", r.ID, err)
 		}
 	}
 	if s := leakedGoroutines(); s != "" {
@@ -283,30 +141,30 @@ func TestAsyncEndpointBroken(t *testing.T) {
 			defer cancel()
 			rs := asyncRanks(ctx, t, 3)
 			r0, r1, r2 := rs[0], rs[1], rs[2]
-			r0.connect(ctx, t, r1)
-			r0.connect(ctx, t, r2)
-			r0.ping(ctx, t, r1, "before 0>1")
-			r1.ping(ctx, t, r0, "before 1>0")
-			r0.ping(ctx, t, r2, "before 0>2")
+			r0.Connect(ctx, t, r1.Rank)
+			r0.Connect(ctx, t, r2.Rank)
+			r0.Ping(ctx, t, r1.Rank, "before 0>1")
+			r1.Ping(ctx, t, r0.Rank, "before 1>0")
+			r0.Ping(ctx, t, r2.Rank, "before 0>2")
 
 			if err := fakectl.BreakEP(r1.onlyEndpoint(t), tc.event, tc.nameEP); err != nil {
 				t.Fatal(err)
 			}
-			err := r1.rec.downErr(ctx, t, 1, 0)
-			wantMentions(t, "rank 1's report of rank 0 down", err, tc.want, r1.prov.iaName)
+			err := r1.Rec.DownErr(ctx, t, 1, 0)
+			rdmatest.WantMentions(t, "rank 1's report of rank 0 down", err, tc.want, r1.prov.iaName)
 			if !errors.Is(err, sdi.ErrPeerUnreachable) {
 				t.Fatalf("rank 1's report of rank 0 down: %v, want sdi.ErrPeerUnreachable", err)
 			}
-			r0.rec.downErr(ctx, t, 0, 1) // told when rank 1 frees the endpoint
-			wantMentions(t, "rank 1's send to rank 0", r1.send(ctx, 0, "after"), tc.want)
+			r0.Rec.DownErr(ctx, t, 0, 1) // told when rank 1 frees the endpoint
+			rdmatest.WantMentions(t, "rank 1's send to rank 0", r1.Send(ctx, 0, "after"), tc.want)
 
-			r0.ping(ctx, t, r2, "after 0>2")
-			r2.ping(ctx, t, r0, "after 2>0")
-			if r0.rec.isDown(2) || r2.rec.isDown(0) {
+			r0.Ping(ctx, t, r2.Rank, "after 0>2")
+			r2.Ping(ctx, t, r0.Rank, "after 2>0")
+			if r0.Rec.IsDown(2) || r2.Rec.IsDown(0) {
 				t.Fatal("the connection between ranks 0 and 2 failed too")
 			}
 			// The rank itself still works: it connects again.
-			r1.ping(ctx, t, r2, "after 1>2")
+			r1.Ping(ctx, t, r2.Rank, "after 1>2")
 			asyncDrained(ctx, t, r1)
 			closeAll(ctx, t, rs)
 		})
@@ -357,12 +215,12 @@ func TestAsyncIAFails(t *testing.T) {
 			defer cancel()
 			rs := asyncRanks(ctx, t, 3)
 			r0, r1, r2 := rs[0], rs[1], rs[2]
-			r0.connect(ctx, t, r1)
-			r0.connect(ctx, t, r2)
-			r1.connect(ctx, t, r2)
-			r1.ping(ctx, t, r0, "1>0")
-			r2.ping(ctx, t, r0, "2>0")
-			r1.ping(ctx, t, r2, "1>2")
+			r0.Connect(ctx, t, r1.Rank)
+			r0.Connect(ctx, t, r2.Rank)
+			r1.Connect(ctx, t, r2.Rank)
+			r1.Ping(ctx, t, r0.Rank, "1>0")
+			r2.Ping(ctx, t, r0.Rank, "2>0")
+			r1.Ping(ctx, t, r2.Rank, "1>2")
 
 			if err := tc.inject(r0); err != nil {
 				t.Fatal(err)
@@ -375,22 +233,22 @@ func TestAsyncIAFails(t *testing.T) {
 				return errors.New(strings.ToLower(err.Error()) + " " + err.Error())
 			}
 			for _, peer := range []*testRank{r1, r2} {
-				err := r0.rec.downErr(ctx, t, 0, peer.rank)
-				wantMentions(t, fmt.Sprintf("rank 0's report of rank %d down", peer.rank), lower(err), want...)
+				err := r0.Rec.DownErr(ctx, t, 0, peer.ID)
+				rdmatest.WantMentions(t, fmt.Sprintf("rank 0's report of rank %d down", peer.ID), lower(err), want...)
 				if !errors.Is(err, sdi.ErrPeerUnreachable) {
-					t.Fatalf("rank 0's report of rank %d down: %v, want sdi.ErrPeerUnreachable", peer.rank, err)
+					t.Fatalf("rank 0's report of rank %d down: %v, want sdi.ErrPeerUnreachable", peer.ID, err)
 				}
-				peer.rec.downErr(ctx, t, peer.rank, 0)
+				peer.Rec.DownErr(ctx, t, peer.ID, 0)
 			}
-			wantMentions(t, "rank 0's send to rank 2", lower(r0.send(ctx, 2, "after")), want...)
-			err := r0.sd.Connect(ctx, 1, r1.card)
-			wantMentions(t, "rank 0's connect to rank 1", lower(err), want...)
+			rdmatest.WantMentions(t, "rank 0's send to rank 2", lower(r0.Send(ctx, 2, "after")), want...)
+			err := r0.SD.Connect(ctx, 1, r1.Card)
+			rdmatest.WantMentions(t, "rank 0's connect to rank 1", lower(err), want...)
 			if !errors.Is(err, sdi.ErrPeerUnreachable) || !errors.Is(err, errIAFailed) {
 				t.Fatalf("rank 0's connect to rank 1: %v, want sdi.ErrPeerUnreachable and errIAFailed", err)
 			}
-			r1.ping(ctx, t, r2, "after 1>2")
-			r2.ping(ctx, t, r1, "after 2>1")
-			if r1.rec.isDown(2) || r2.rec.isDown(1) {
+			r1.Ping(ctx, t, r2.Rank, "after 1>2")
+			r2.Ping(ctx, t, r1.Rank, "after 2>1")
+			if r1.Rec.IsDown(2) || r2.Rec.IsDown(1) {
 				t.Fatal("the connection between ranks 1 and 2 failed too")
 			}
 			if tc.name != "AsyncEVDDies" {
@@ -418,22 +276,22 @@ func TestConnectionBroken(t *testing.T) {
 			defer cancel()
 			rs := asyncRanks(ctx, t, 3)
 			r0, r1, r2 := rs[0], rs[1], rs[2]
-			r0.connect(ctx, t, r1)
-			r0.connect(ctx, t, r2)
-			r0.ping(ctx, t, r1, "before 0>1")
-			r1.ping(ctx, t, r0, "before 1>0")
-			r0.ping(ctx, t, r2, "before 0>2")
+			r0.Connect(ctx, t, r1.Rank)
+			r0.Connect(ctx, t, r2.Rank)
+			r0.Ping(ctx, t, r1.Rank, "before 0>1")
+			r1.Ping(ctx, t, r0.Rank, "before 1>0")
+			r0.Ping(ctx, t, r2.Rank, "before 0>2")
 
 			if err := fakectl.ConnEvent(r1.onlyEndpoint(t), tc.event); err != nil {
 				t.Fatal(err)
 			}
-			if err := r1.rec.downErr(ctx, t, 1, 0); !errors.Is(err, sdi.ErrPeerUnreachable) {
+			if err := r1.Rec.DownErr(ctx, t, 1, 0); !errors.Is(err, sdi.ErrPeerUnreachable) {
 				t.Fatalf("rank 1's report of rank 0 down: %v, want sdi.ErrPeerUnreachable", err)
 			}
-			r0.rec.downErr(ctx, t, 0, 1)
-			r0.ping(ctx, t, r2, "after 0>2")
-			r2.ping(ctx, t, r0, "after 2>0")
-			if r0.rec.isDown(2) || r2.rec.isDown(0) {
+			r0.Rec.DownErr(ctx, t, 0, 1)
+			r0.Ping(ctx, t, r2.Rank, "after 0>2")
+			r2.Ping(ctx, t, r0.Rank, "after 2>0")
+			if r0.Rec.IsDown(2) || r2.Rec.IsDown(0) {
 				t.Fatal("the connection between ranks 0 and 2 failed too")
 			}
 			closeAll(ctx, t, rs)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/internal/rdma"
+	"github.com/hpc-multidevice/multidevice/internal/rdma/rdmatest"
 	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/subdevices/verbs/internal/fakectl"
@@ -28,88 +28,11 @@ import (
 // event channel, and check that the engine over this provider sees the
 // connections concerned fail, and only those, instead of waiting.
 
-// recorder is the sdi.Handler of one test rank.
-type recorder struct {
-	mu      sync.Mutex
-	down    map[sdi.Rank]error
-	got     map[sdi.Rank][]string // payloads delivered, by sender
-	changed chan struct{}         // signalled on every call
-}
-
-func newRecorder() *recorder {
-	return &recorder{down: make(map[sdi.Rank]error), got: make(map[sdi.Rank][]string), changed: make(chan struct{}, 1)}
-}
-
-func (r *recorder) signal() {
-	select {
-	case r.changed <- struct{}{}:
-	default:
-	}
-}
-
-func (r *recorder) Deliver(from sdi.Rank, _, payload []byte) {
-	r.mu.Lock()
-	r.got[from] = append(r.got[from], string(payload))
-	r.mu.Unlock()
-	r.signal()
-}
-
-func (r *recorder) SendDone(uint64, error) {}
-
-func (r *recorder) PeerDown(peer sdi.Rank, err error) {
-	r.mu.Lock()
-	if _, ok := r.down[peer]; !ok {
-		r.down[peer] = err
-	}
-	r.mu.Unlock()
-	r.signal()
-}
-
-// await waits until cond, checked under r.mu, holds.
-func (r *recorder) await(ctx context.Context, t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	for {
-		r.mu.Lock()
-		ok := cond()
-		r.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-r.changed:
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v", what, ctx.Err())
-		}
-	}
-}
-
-// downErr waits for the rank to report peer down, and returns the error.
-func (r *recorder) downErr(ctx context.Context, t *testing.T, self, peer sdi.Rank) error {
-	t.Helper()
-	var err error
-	r.await(ctx, t, fmt.Sprintf("rank %d to report rank %d down", self, peer), func() bool {
-		var ok bool
-		err, ok = r.down[peer]
-		return ok
-	})
-	return err
-}
-
-func (r *recorder) isDown(peer sdi.Rank) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	_, ok := r.down[peer]
-	return ok
-}
-
 // testRank is one rank of a job in this process: the engine over a verbs
 // provider, whose C handles the tests reach through prov.
 type testRank struct {
-	rank sdi.Rank
-	sd   sdi.SubDevice
+	*rdmatest.Rank
 	prov *provider
-	rec  *recorder
-	card []byte
 }
 
 // asyncRanks opens n ranks of one job on the fake, which every test here
@@ -131,7 +54,7 @@ func asyncRanks(ctx context.Context, t *testing.T, n int) ([]*testRank, *testlog
 	})
 	ranks := make([]*testRank, n)
 	for i := range ranks {
-		r := &testRank{rank: sdi.Rank(i), rec: newRecorder()}
+		r := &testRank{}
 		log := hclog.New(&hclog.LoggerOptions{Name: fmt.Sprintf("verbs.rank%d", i), Level: hclog.Debug, Output: logs})
 		open := func(ctx context.Context, p sdi.OpenParams) (rdma.Provider, rdma.Settings, error) {
 			prov, set, err := h.open(ctx, p)
@@ -140,66 +63,13 @@ func asyncRanks(ctx context.Context, t *testing.T, n int) ([]*testRank, *testlog
 			}
 			return prov, set, err
 		}
-		r.sd = rdma.New(sdi.Info{Name: "verbs", Version: "test", APIVersions: []string{sdi.APIVersion}}, open, log)
-		loc, err := r.sd.Open(ctx, sdi.OpenParams{
-			Rank: r.rank, Size: n, JobID: t.Name(), Secret: []byte("async test secret"),
-			APIVersion: sdi.APIVersion, Handler: r.rec, Logger: log,
-		})
-		if err != nil {
+		var err error
+		if r.Rank, err = rdmatest.Open(ctx, t, "verbs", sdi.Rank(i), n, open, log); err != nil {
 			t.Fatalf("open rank %d: %v", i, err)
 		}
-		r.card = loc.Addr
-		t.Cleanup(func() {
-			// Bounded, so that a test that failed because something
-			// stalls does not stall the ones after it.
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			r.sd.Close(ctx)
-		})
 		ranks[i] = r
 	}
 	return ranks, logs
-}
-
-func (r *testRank) connect(ctx context.Context, t *testing.T, to *testRank) {
-	t.Helper()
-	if err := r.sd.Connect(ctx, to.rank, to.card); err != nil {
-		t.Fatalf("rank %d connect to rank %d: %v", r.rank, to.rank, err)
-	}
-}
-
-// send sends one eager frame, waiting out backpressure.
-func (r *testRank) send(ctx context.Context, to sdi.Rank, payload string) error {
-	for {
-		_, err := r.sd.Send(&sdi.Frame{Peer: to, Header: []byte("h"), Payload: []byte(payload)})
-		if !errors.Is(err, sdi.ErrWouldBlock) {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(time.Millisecond):
-		}
-	}
-}
-
-// ping sends a frame from r to peer and waits for it to arrive. It
-// connects first: on the accepting side that waits for the connection to
-// be up, which its first frames may arrive before.
-func (r *testRank) ping(ctx context.Context, t *testing.T, to *testRank, payload string) {
-	t.Helper()
-	r.connect(ctx, t, to)
-	if err := r.send(ctx, to.rank, payload); err != nil {
-		t.Fatalf("rank %d send to rank %d: %v", r.rank, to.rank, err)
-	}
-	to.rec.await(ctx, t, fmt.Sprintf("rank %d to receive %q from rank %d", to.rank, payload, r.rank), func() bool {
-		for _, p := range to.rec.got[r.rank] {
-			if p == payload {
-				return true
-			}
-		}
-		return false
-	})
 }
 
 // onlyEndpoint returns the QP of the rank's one endpoint.
@@ -207,7 +77,7 @@ func (r *testRank) onlyEndpoint(t *testing.T) unsafe.Pointer {
 	t.Helper()
 	eps := r.prov.endpoints()
 	if len(eps) != 1 {
-		t.Fatalf("rank %d has %d endpoints, want 1", r.rank, len(eps))
+		t.Fatalf("rank %d has %d endpoints, want 1", r.ID, len(eps))
 	}
 	e := eps[0]
 	e.mu.Lock()
@@ -216,19 +86,6 @@ func (r *testRank) onlyEndpoint(t *testing.T) unsafe.Pointer {
 }
 
 func (r *testRank) ctx() unsafe.Pointer { return unsafe.Pointer(r.prov.ctx) }
-
-// wantMentions fails unless err says every one of words.
-func wantMentions(t *testing.T, what string, err error, words ...string) {
-	t.Helper()
-	if err == nil {
-		t.Fatalf("%s: no error, want one saying %q", what, words)
-	}
-	for _, w := range words {
-		if !strings.Contains(err.Error(), w) {
-			t.Fatalf("%s: %v\nwant it to say %q", what, err, w)
-		}
-	}
-}
 
 // eventsAcked checks that the device has no asynchronous event queued or
 // read and not acked.
@@ -249,8 +106,8 @@ func eventsAcked(t *testing.T, r *testRank) {
 func closeAll(ctx context.Context, t *testing.T, ranks []*testRank) {
 	t.Helper()
 	for _, r := range ranks {
-		if err := r.sd.Close(ctx); err != nil {
-			t.Errorf("close rank %d: %v", r.rank, err)
+		if err := r.SD.Close(ctx); err != nil {
+			t.Errorf("close rank %d: %v", r.ID, err)
 		}
 	}
 	if s := leakedGoroutines(); s != "" {
@@ -267,26 +124,26 @@ func TestAsyncQPFatal(t *testing.T) {
 	defer cancel()
 	rs, _ := asyncRanks(ctx, t, 3)
 	r0, r1, r2 := rs[0], rs[1], rs[2]
-	r0.connect(ctx, t, r1)
-	r0.connect(ctx, t, r2)
-	r0.ping(ctx, t, r1, "before 0>1")
-	r1.ping(ctx, t, r0, "before 1>0")
-	r0.ping(ctx, t, r2, "before 0>2")
+	r0.Connect(ctx, t, r1.Rank)
+	r0.Connect(ctx, t, r2.Rank)
+	r0.Ping(ctx, t, r1.Rank, "before 0>1")
+	r1.Ping(ctx, t, r0.Rank, "before 1>0")
+	r0.Ping(ctx, t, r2.Rank, "before 0>2")
 
 	if err := fakectl.InjectAsync(r1.ctx(), fakectl.EventQPFatal, r1.onlyEndpoint(t), 0); err != nil {
 		t.Fatal(err)
 	}
-	err := r1.rec.downErr(ctx, t, 1, 0)
-	wantMentions(t, "rank 1's report of rank 0 down", err, "IBV_EVENT_QP_FATAL")
+	err := r1.Rec.DownErr(ctx, t, 1, 0)
+	rdmatest.WantMentions(t, "rank 1's report of rank 0 down", err, "IBV_EVENT_QP_FATAL")
 	if !errors.Is(err, sdi.ErrPeerUnreachable) {
 		t.Fatalf("rank 1's report of rank 0 down: %v, want sdi.ErrPeerUnreachable", err)
 	}
-	r0.rec.downErr(ctx, t, 0, 1) // told by the disconnect
-	wantMentions(t, "rank 1's send to rank 0", r1.send(ctx, 0, "after"), "IBV_EVENT_QP_FATAL")
+	r0.Rec.DownErr(ctx, t, 0, 1) // told by the disconnect
+	rdmatest.WantMentions(t, "rank 1's send to rank 0", r1.Send(ctx, 0, "after"), "IBV_EVENT_QP_FATAL")
 
-	r0.ping(ctx, t, r2, "after 0>2")
-	r2.ping(ctx, t, r0, "after 2>0")
-	if r0.rec.isDown(2) || r2.rec.isDown(0) {
+	r0.Ping(ctx, t, r2.Rank, "after 0>2")
+	r2.Ping(ctx, t, r0.Rank, "after 2>0")
+	if r0.Rec.IsDown(2) || r2.Rec.IsDown(0) {
 		t.Fatal("the connection between ranks 0 and 2 failed too")
 	}
 	eventsAcked(t, r1)
@@ -309,19 +166,19 @@ func TestAsyncDeviceFatal(t *testing.T) {
 	defer cancel()
 	rs, _ := asyncRanks(ctx, t, 3)
 	r0, r1, r2 := rs[0], rs[1], rs[2]
-	r0.connect(ctx, t, r1)
-	r1.connect(ctx, t, r2)
-	r0.ping(ctx, t, r1, "0>1")
-	r2.ping(ctx, t, r1, "2>1")
+	r0.Connect(ctx, t, r1.Rank)
+	r1.Connect(ctx, t, r2.Rank)
+	r0.Ping(ctx, t, r1.Rank, "0>1")
+	r2.Ping(ctx, t, r1.Rank, "2>1")
 
 	if err := fakectl.InjectAsync(r0.ctx(), fakectl.EventDeviceFatal, nil, 1); err != nil {
 		t.Fatal(err)
 	}
 	named := 0
 	for _, d := range []struct{ self, peer *testRank }{{r0, r1}, {r1, r0}, {r1, r2}, {r2, r1}} {
-		err := d.self.rec.downErr(ctx, t, d.self.rank, d.peer.rank)
+		err := d.self.Rec.DownErr(ctx, t, d.self.ID, d.peer.ID)
 		if !errors.Is(err, sdi.ErrPeerUnreachable) {
-			t.Fatalf("rank %d's report of rank %d down: %v, want sdi.ErrPeerUnreachable", d.self.rank, d.peer.rank, err)
+			t.Fatalf("rank %d's report of rank %d down: %v, want sdi.ErrPeerUnreachable", d.self.ID, d.peer.ID, err)
 		}
 		if strings.Contains(err.Error(), fakeDevice) && strings.Contains(err.Error(), "IBV_EVENT_DEVICE_FATAL") {
 			named++
@@ -330,13 +187,13 @@ func TestAsyncDeviceFatal(t *testing.T) {
 	if named == 0 {
 		t.Fatal("no report of a peer down names the device and the event")
 	}
-	if err := r0.send(ctx, 1, "after"); err == nil {
+	if err := r0.Send(ctx, 1, "after"); err == nil {
 		t.Fatal("rank 0's send to rank 1 after the device died succeeded")
 	}
 	for _, d := range []struct{ self, peer *testRank }{{r0, r2}, {r2, r0}, {r1, r0}} {
-		err := d.self.sd.Connect(ctx, d.peer.rank, d.peer.card)
-		what := fmt.Sprintf("rank %d's connect to rank %d", d.self.rank, d.peer.rank)
-		wantMentions(t, what, err, fakeDevice, "IBV_EVENT_DEVICE_FATAL")
+		err := d.self.SD.Connect(ctx, d.peer.ID, d.peer.Card)
+		what := fmt.Sprintf("rank %d's connect to rank %d", d.self.ID, d.peer.ID)
+		rdmatest.WantMentions(t, what, err, fakeDevice, "IBV_EVENT_DEVICE_FATAL")
 		if !errors.Is(err, sdi.ErrPeerUnreachable) || !errors.Is(err, errDeviceFailed) {
 			t.Fatalf("%s: %v, want sdi.ErrPeerUnreachable and errDeviceFailed", what, err)
 		}
@@ -355,25 +212,25 @@ func TestAsyncCQErr(t *testing.T) {
 	defer cancel()
 	rs, _ := asyncRanks(ctx, t, 3)
 	r0, r1, r2 := rs[0], rs[1], rs[2]
-	r0.connect(ctx, t, r1)
-	r0.connect(ctx, t, r2)
-	r1.connect(ctx, t, r2)
-	r1.ping(ctx, t, r0, "1>0")
-	r2.ping(ctx, t, r0, "2>0")
-	r1.ping(ctx, t, r2, "1>2")
+	r0.Connect(ctx, t, r1.Rank)
+	r0.Connect(ctx, t, r2.Rank)
+	r1.Connect(ctx, t, r2.Rank)
+	r1.Ping(ctx, t, r0.Rank, "1>0")
+	r2.Ping(ctx, t, r0.Rank, "2>0")
+	r1.Ping(ctx, t, r2.Rank, "1>2")
 
 	if err := fakectl.InjectAsync(r0.ctx(), fakectl.EventCQErr, unsafe.Pointer(r0.prov.cq), 0); err != nil {
 		t.Fatal(err)
 	}
 	for _, peer := range []*testRank{r1, r2} {
-		err := r0.rec.downErr(ctx, t, 0, peer.rank)
-		wantMentions(t, fmt.Sprintf("rank 0's report of rank %d down", peer.rank), err, fakeDevice, "IBV_EVENT_CQ_ERR")
-		peer.rec.downErr(ctx, t, peer.rank, 0)
+		err := r0.Rec.DownErr(ctx, t, 0, peer.ID)
+		rdmatest.WantMentions(t, fmt.Sprintf("rank 0's report of rank %d down", peer.ID), err, fakeDevice, "IBV_EVENT_CQ_ERR")
+		peer.Rec.DownErr(ctx, t, peer.ID, 0)
 	}
-	wantMentions(t, "rank 0's send to rank 2", r0.send(ctx, 2, "after"), fakeDevice, "IBV_EVENT_CQ_ERR")
-	r1.ping(ctx, t, r2, "after 1>2")
-	r2.ping(ctx, t, r1, "after 2>1")
-	if r1.rec.isDown(2) || r2.rec.isDown(1) {
+	rdmatest.WantMentions(t, "rank 0's send to rank 2", r0.Send(ctx, 2, "after"), fakeDevice, "IBV_EVENT_CQ_ERR")
+	r1.Ping(ctx, t, r2.Rank, "after 1>2")
+	r2.Ping(ctx, t, r1.Rank, "after 2>1")
+	if r1.Rec.IsDown(2) || r2.Rec.IsDown(1) {
 		t.Fatal("the connection between ranks 1 and 2 failed too")
 	}
 	eventsAcked(t, r0)
@@ -388,15 +245,15 @@ func TestCMDeviceRemoval(t *testing.T) {
 	defer cancel()
 	rs, _ := asyncRanks(ctx, t, 3)
 	r0, r1, r2 := rs[0], rs[1], rs[2]
-	r0.connect(ctx, t, r1)
-	r0.ping(ctx, t, r1, "0>1")
+	r0.Connect(ctx, t, r1.Rank)
+	r0.Ping(ctx, t, r1.Rank, "0>1")
 
 	if err := fakectl.InjectCMEvent(unsafe.Pointer(r0.prov.listen), fakectl.CMEventDeviceRemoval); err != nil {
 		t.Fatal(err)
 	}
-	wantMentions(t, "rank 0's report of rank 1 down", r0.rec.downErr(ctx, t, 0, 1), fakeDevice, "RDMA_CM_EVENT_DEVICE_REMOVAL")
-	r1.rec.downErr(ctx, t, 1, 0)
-	wantMentions(t, "rank 0's connect to rank 2", r0.sd.Connect(ctx, 2, r2.card), fakeDevice, "RDMA_CM_EVENT_DEVICE_REMOVAL")
+	rdmatest.WantMentions(t, "rank 0's report of rank 1 down", r0.Rec.DownErr(ctx, t, 0, 1), fakeDevice, "RDMA_CM_EVENT_DEVICE_REMOVAL")
+	r1.Rec.DownErr(ctx, t, 1, 0)
+	rdmatest.WantMentions(t, "rank 0's connect to rank 2", r0.SD.Connect(ctx, 2, r2.Card), fakeDevice, "RDMA_CM_EVENT_DEVICE_REMOVAL")
 	closeAll(ctx, t, rs)
 }
 
@@ -408,18 +265,18 @@ func TestCMLoopFails(t *testing.T) {
 	defer cancel()
 	rs, _ := asyncRanks(ctx, t, 3)
 	r0, r1, r2 := rs[0], rs[1], rs[2]
-	r0.connect(ctx, t, r1)
-	r0.ping(ctx, t, r1, "0>1")
+	r0.Connect(ctx, t, r1.Rank)
+	r0.Ping(ctx, t, r1.Rank, "0>1")
 
 	if err := fakectl.FailCMChannel(unsafe.Pointer(r0.prov.ch), syscall.EIO); err != nil {
 		t.Fatal(err)
 	}
-	wantMentions(t, "rank 0's report of rank 1 down", r0.rec.downErr(ctx, t, 0, 1), fakeDevice, "connection manager", syscall.EIO.Error())
-	r1.rec.downErr(ctx, t, 1, 0)
-	wantMentions(t, "rank 0's connect to rank 2", r0.sd.Connect(ctx, 2, r2.card), fakeDevice, "connection manager")
+	rdmatest.WantMentions(t, "rank 0's report of rank 1 down", r0.Rec.DownErr(ctx, t, 0, 1), fakeDevice, "connection manager", syscall.EIO.Error())
+	r1.Rec.DownErr(ctx, t, 1, 0)
+	rdmatest.WantMentions(t, "rank 0's connect to rank 2", r0.SD.Connect(ctx, 2, r2.Card), fakeDevice, "connection manager")
 	// Rank 2 never hears from rank 0, and must not need to.
-	r1.connect(ctx, t, r2)
-	r1.ping(ctx, t, r2, "1>2")
+	r1.Connect(ctx, t, r2.Rank)
+	r1.Ping(ctx, t, r2.Rank, "1>2")
 	closeAll(ctx, t, rs)
 }
 
@@ -432,8 +289,8 @@ func TestAsyncBenign(t *testing.T) {
 	defer cancel()
 	rs, logs := asyncRanks(ctx, t, 2)
 	r0, r1 := rs[0], rs[1]
-	r0.connect(ctx, t, r1)
-	r0.ping(ctx, t, r1, "before")
+	r0.Connect(ctx, t, r1.Rank)
+	r0.Ping(ctx, t, r1.Rank, "before")
 
 	for _, ev := range []struct {
 		typ  int
@@ -472,9 +329,9 @@ func TestAsyncBenign(t *testing.T) {
 		case <-time.After(time.Millisecond):
 		}
 	}
-	r0.ping(ctx, t, r1, "after 0>1")
-	r1.ping(ctx, t, r0, "after 1>0")
-	if r0.rec.isDown(1) || r1.rec.isDown(0) {
+	r0.Ping(ctx, t, r1.Rank, "after 0>1")
+	r1.Ping(ctx, t, r0.Rank, "after 1>0")
+	if r0.Rec.IsDown(1) || r1.Rec.IsDown(0) {
 		t.Fatal("a benign event failed the connection")
 	}
 	if bytes.Contains([]byte(logs.String()), []byte("[ERROR]")) {
