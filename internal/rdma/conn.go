@@ -57,6 +57,9 @@ type conn struct {
 	epClosed    bool
 	byeSlot     int  // the send slot of the goodbye, whose completion closes the endpoint; -1 before one
 	quiet       bool // the end was a goodbye: finish reports no failure
+	up          bool // upLocked made it the peer's connection
+	spoke       bool // a frame of the peer's arrived on it, before or after up
+	finished    bool // finish has taken it out; p.c is not to become it
 	err         error
 	large       map[uint64]Region // by token: frames the peer is to read
 	// credits are the data slots the peer has posted for this rank and
@@ -178,11 +181,15 @@ func (c *conn) closeEPLocked() {
 	}
 }
 
-// retire ends a conn that never came up or was replaced.
+// retire ends a conn that never came up or was replaced. One the peer's
+// frames arrived on is a loss like any failed connection, reported once
+// its work has flushed; one that carried nothing ends quietly.
 func (s *SubDevice) retire(c *conn) {
 	p := c.p
 	p.mu.Lock()
-	c.quiet = true
+	if !c.spoke {
+		c.quiet = true
+	}
 	s.failLocked(p, c, errors.New("connection not used"))
 	s.unlockFinishing(p, c)
 }
@@ -191,7 +198,9 @@ func (s *SubDevice) retire(c *conn) {
 // frames the peer was to read (failed), the frames it was reading (dropped,
 // their places no longer written). It reports the peer down if c was the
 // peer's connection and did not end in a goodbye, and whenever a place was
-// being filled: the report is what ends a place.
+// being filled: the report is what ends a place. A conn that failed before
+// it came up is reported too if the peer's frames arrived on it: the
+// handler has heard from the peer there and may wait for what follows.
 func (s *SubDevice) finish(c *conn) {
 	s.mu.Lock()
 	if _, ok := s.conns[c.id]; !ok {
@@ -223,16 +232,16 @@ func (s *SubDevice) finish(c *conn) {
 	p.mu.Lock()
 	large := c.large
 	c.large = nil
-	current := p.c == c
-	if current {
+	c.finished = true
+	if p.c == c {
 		p.c = nil
 		if p.state == stateUp {
 			p.state = stateDown
 		}
 	}
 	err, quiet := c.err, c.quiet
+	report := !closing && ((c.up || c.spoke) && !quiet || placing)
 	p.mu.Unlock()
-	report := !closing && (current && !quiet || placing)
 
 	switch {
 	case closing:

@@ -118,6 +118,9 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 		s.unlockFinishing(p, c)
 		return
 	}
+	if m.kind == kindEager || m.kind == kindRTS {
+		c.spoke = true
+	}
 	p.mu.Unlock()
 
 	switch m.kind {

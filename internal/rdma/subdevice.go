@@ -429,6 +429,7 @@ func (s *SubDevice) answer(req Request) {
 		}
 		p.mu.Lock()
 		settleLocked(p, st)
+		s.holdLocked(p, c)
 		p.mu.Unlock()
 		if err != nil {
 			s.log.Warn("accepting a connection failed", "peer", from, "error", err)
@@ -447,15 +448,27 @@ func (s *SubDevice) upLocked(p *peer, c *conn) bool {
 	if c.failing {
 		p.downErr = c.err
 		settleLocked(p, stateDown)
+		s.holdLocked(p, c)
 		return false
 	}
 	p.c = c
+	c.up = true
 	settleLocked(p, stateUp)
 	// Frames that came before the connection was ours owe the peer
 	// their slots, and it may be out of credits and silent till it
 	// hears of them.
 	s.sendOwedLocked(p, c)
 	return true
+}
+
+// holdLocked keeps the peer on c, a conn that failed before it came up,
+// until c has finished: frames may have arrived on it, and its report of
+// the peer down must come before a new connection gives places for the
+// peer's frames, or the report would end those.
+func (s *SubDevice) holdLocked(p *peer, c *conn) {
+	if p.c == nil && !c.finished {
+		p.c = c
+	}
 }
 
 // Disconnect flushes the frames for peer, says goodbye and closes the
