@@ -211,3 +211,79 @@ func TestProbeWakesOnLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestPersistent: persistent requests made once carry a halo exchange
+// around the ring for several rounds, each round with the send buffer's
+// contents then; an inactive request waits for nothing, a busy one cannot
+// be started again, and ProcNull works as in Isend and Irecv.
+func TestPersistent(t *testing.T) {
+	const n, rounds = 3, 5
+	cs := loopJob(t, n)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		me := c.Rank()
+		out, in := make([]byte, 1000), make([]byte, 1000) // past the eager limit
+		send, err := c.SendInit(out, (me+1)%n, 4)
+		if err != nil {
+			return err
+		}
+		recv, err := c.RecvInit(in, (me+n-1)%n, 4)
+		if err != nil {
+			return err
+		}
+		null, err := c.RecvInit(nil, adi.ProcNull, 4)
+		if err != nil {
+			return err
+		}
+		if st, err := recv.Wait(ctx); err != nil || st != (adi.Status{}) {
+			return fmt.Errorf("wait on a request never started: %+v %v", st, err)
+		}
+		for round := range rounds {
+			copy(out, pattern(me, round, len(out)))
+			if err := adi.StartAll(recv, send, null); err != nil {
+				return err
+			}
+			sts, err := adi.WaitAll(ctx, recv, send, null)
+			if err != nil {
+				return err
+			}
+			if sts[0].Source != (me+n-1)%n || !bytes.Equal(in, pattern((me+n-1)%n, round, len(in))) {
+				return fmt.Errorf("round %d: status %+v or data wrong", round, sts[0])
+			}
+			if sts[2].Source != adi.ProcNull {
+				return fmt.Errorf("round %d: receive from ProcNull: %+v", round, sts[2])
+			}
+		}
+		return nil
+	})
+	if _, err := cs[0].RecvInit(nil, 1, -7); !errors.Is(err, adi.ErrTag) {
+		t.Errorf("RecvInit with a bad tag: %v", err)
+	}
+	if _, err := cs[0].SendInit(nil, 9, 1); !errors.Is(err, adi.ErrRank) {
+		t.Errorf("SendInit to no rank: %v", err)
+	}
+	var q adi.Request
+	if err := q.Start(); err == nil {
+		t.Error("Start of a request that is not persistent")
+	}
+	// Nobody sends tag 9: the receive stays in flight.
+	idle, err := cs[0].RecvInit(make([]byte, 1), 1, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := idle.Start(); !errors.Is(err, adi.ErrRequestBusy) {
+		t.Errorf("Start of a receive in flight: %v, want ErrRequestBusy", err)
+	}
+	idle.Cancel()
+	if st, err := idle.Wait(ctx); !errors.Is(err, adi.ErrCanceled) || !st.Cancelled {
+		t.Errorf("cancelled persistent receive: %+v %v", st, err)
+	}
+	if err := idle.Start(); err != nil { // and it starts again
+		t.Errorf("restart after a cancel: %v", err)
+	}
+	idle.Cancel()
+	idle.Wait(ctx)
+}

@@ -14,9 +14,11 @@ type Request struct {
 	r multidevice.Request // by value: one allocation per operation
 	c *Comm
 	// local is set for an operation that the multidevice does not carry
-	// (a nonblocking collective, nbcoll.go; one with ProcNull), which
-	// uses no r.
+	// (a nonblocking collective, nbcoll.go; one with ProcNull; a
+	// persistent request not started), which uses no r.
 	local *localOp
+	// persist is set for a persistent request: what Start starts.
+	persist *persistent
 }
 
 // localOp is an operation of this package's own: done is closed once st
@@ -332,4 +334,84 @@ func TestAll(sts []Status, reqs ...*Request) (bool, error) {
 		}
 	}
 	return true, errors.Join(errs...)
+}
+
+// persistent is what a persistent request starts each time: its
+// operation's arguments, fixed at SendInit or RecvInit.
+type persistent struct {
+	send, sync bool
+	buf        []byte
+	peer, tag  int
+}
+
+// inactive is the status of a persistent request between its operations:
+// Wait and Test return at once, with an empty status (as MPI's do).
+var inactive = doneOp(Status{})
+
+// SendInit makes a persistent standard-mode send of buf to dest with tag
+// (MPI_Send_init): Start sends it, as many times as the program likes,
+// each time with buf's contents then; Wait or Test completes each. Until
+// the first Start, Wait returns at once. SsendInit makes a synchronous
+// one, RecvInit a receive.
+func (c *Comm) SendInit(buf []byte, dest, tag int) (*Request, error) {
+	return c.persistent(&persistent{send: true, buf: buf, peer: dest, tag: tag})
+}
+
+// SsendInit makes a persistent synchronous-mode send; see SendInit.
+func (c *Comm) SsendInit(buf []byte, dest, tag int) (*Request, error) {
+	return c.persistent(&persistent{send: true, sync: true, buf: buf, peer: dest, tag: tag})
+}
+
+// RecvInit makes a persistent receive into buf from source (or
+// AnySource) with tag (or AnyTag) (MPI_Recv_init); see SendInit.
+func (c *Comm) RecvInit(buf []byte, source, tag int) (*Request, error) {
+	return c.persistent(&persistent{buf: buf, peer: source, tag: tag})
+}
+
+func (c *Comm) persistent(p *persistent) (*Request, error) {
+	var err error
+	switch {
+	case p.send && p.peer != ProcNull:
+		_, err = c.dest(p.peer)
+	case !p.send && p.peer != ProcNull:
+		_, err = c.source(p.peer)
+	}
+	if err == nil {
+		err = checkTag(p.tag, !p.send)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Request{c: c, local: inactive, persist: p}, nil
+}
+
+// Start starts a persistent request's operation (MPI_Start). A request
+// whose last operation has not completed is refused with ErrRequestBusy.
+func (q *Request) Start() error {
+	p, c := q.persist, q.c
+	if p == nil {
+		return errors.New("adi: start: not a persistent request (SendInit, SsendInit, RecvInit)")
+	}
+	var err error
+	if p.send {
+		err = c.isendInto(q, p.buf, p.peer, p.tag, p.sync)
+	} else {
+		err = c.IrecvInto(q, p.buf, p.peer, p.tag)
+	}
+	if err != nil && !errors.Is(err, ErrRequestBusy) {
+		q.c, q.local = c, inactive // still the program's persistent request
+	}
+	return err
+}
+
+// StartAll starts every request, as Start (MPI_Startall), and returns the
+// errors joined, each naming its request's index.
+func StartAll(reqs ...*Request) error {
+	var errs []error
+	for i, q := range reqs {
+		if err := q.Start(); err != nil {
+			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
 }
