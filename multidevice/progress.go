@@ -350,7 +350,7 @@ func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 		// placement its subdevice ends by delivering it or losing the
 		// peer.
 		if !r.isDone() && (d.abandonRecv(r, err) || r.atSub < 0 && r.claim == nil) {
-			<-r.Done()
+			r.Result() // not <-r.Done(): closed a moment before r counts as done
 		}
 		if r.isDone() && !r.status.Cancelled { // it matched after all
 			st, err = r.status, r.err
