@@ -244,29 +244,6 @@ func (m *mdRank) rate(ctx context.Context, size, window int) (float64, error) {
 	return total * 1e6 / float64(size), nil
 }
 
-// allreduce times lat's number of Allreduce calls summing size/8 float64s
-// (at least one) over every rank: µs per call on rank 0, as
-// baseline/osu.c times MPI_Allreduce.
-func (m *mdRank) allreduce(ctx context.Context, size int) (float64, error) {
-	elems := max(1, size/8)
-	n := latIters(size, m.scale)
-	warm := warmIters(n, 8*elems)
-	in, out := make([]float64, elems), make([]float64, elems)
-	var t0 time.Time
-	for i := range n + warm {
-		if i == warm {
-			if err := m.barrier(ctx); err != nil {
-				return 0, err
-			}
-			t0 = time.Now()
-		}
-		if err := adi.Allreduce(ctx, m.c, in, out, adi.Sum); err != nil {
-			return 0, err
-		}
-	}
-	return float64(time.Since(t0).Nanoseconds()) / 1e3 / float64(n), nil
-}
-
 // idle has rank 1 block in Recv for secs seconds and returns the share of
 // a core (in %) its process used meanwhile; rank 0 just sleeps and sends.
 func (m *mdRank) idle(ctx context.Context, secs float64) (float64, error) {

@@ -29,7 +29,7 @@ const resultPrefix = "MDBENCH "
 
 // childJob is what one launch of ranks measures.
 type childJob struct {
-	Tests       []string `json:"tests"` // lat, bw, bibw, mr, idle
+	Tests       []string `json:"tests"` // lat, bw, bibw, mr, idle, or collTests
 	Sizes       []int    `json:"sizes"`
 	Window      int      `json:"window"`
 	Scale       float64  `json:"scale"`
@@ -126,7 +126,7 @@ func runMultidevice(ctx context.Context, j childJob, logger hclog.Logger, emit f
 			}
 			continue
 		}
-		for _, size := range j.Sizes {
+		for _, size := range collSizes(test, j.Sizes) {
 			var v float64
 			switch test {
 			case "lat":
@@ -137,10 +137,9 @@ func runMultidevice(ctx context.Context, j childJob, logger hclog.Logger, emit f
 				v, err = m.stream(ctx, 0, 1, size, j.Window, true)
 			case "mr":
 				v, err = m.rate(ctx, size, j.Window)
-			case "allreduce":
-				v, err = m.allreduce(ctx, size)
 			default:
-				err = fmt.Errorf("unknown test %q", test)
+				// collective refuses a test it does not know.
+				v, err = m.collective(ctx, test, size)
 			}
 			if err != nil {
 				return fmt.Errorf("%s at %d bytes: %w", test, size, err)

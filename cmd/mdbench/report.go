@@ -24,7 +24,10 @@ var testInfo = map[string]struct {
 	"bibw":      {"MB/s", "bandwidth, both ways", false},
 	"mr":        {"msg/s", "message rate, all pairs", false},
 	"idle":      {"% core", "CPU of a rank blocked in Recv", true},
-	"allreduce": {"us", "Allreduce of size/8 float64 sums over all ranks, per call", true},
+	"allreduce": {"us", "Allreduce of size/8 float64 sums, per call, slowest rank's mean", true},
+	"bcast":     {"us", "Bcast of size bytes from rank 0, per call, slowest rank's mean", true},
+	"barrier":   {"us", "Barrier, per call, slowest rank's mean (no message: size 0)", true},
+	"alltoall":  {"us", "Alltoall of size bytes to every rank, per call, slowest rank's mean", true},
 }
 
 // stat summarizes the repetitions of one figure.

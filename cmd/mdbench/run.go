@@ -29,7 +29,14 @@ this host, OSU style. Tests (default: lat bw bibw):
   bibw   bandwidth both ways at once, MB/s
   mr     message rate of --pairs pairs streaming at once, messages/s
   idle   CPU share of a rank blocked in Recv for --seconds (runs once)
-  allreduce  Allreduce summing size/8 float64s over --ranks ranks, µs a call
+
+Collectives, on -n ranks, OSU style: µs a call, each rank's mean over
+its calls, the largest of the ranks' means reported:
+
+  allreduce  Allreduce summing size/8 float64s (at least one)
+  bcast      Bcast of size bytes from rank 0
+  barrier    Barrier (no message: runs once, reported at size 0)
+  alltoall   Alltoall of size bytes from every rank to every rank
 
 Every repetition launches the ranks afresh; with --direct, --baseline,
 --vs-plugins, --vs-conntable, --vs-env or --vs-build the series are
@@ -68,7 +75,7 @@ type options struct {
 	out       string
 }
 
-var allTests = []string{"lat", "bw", "bibw", "mr", "idle", "allreduce"}
+var allTests = slices.Concat([]string{"lat", "bw", "bibw", "mr", "idle"}, collTests)
 
 func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	o := &options{}
@@ -108,7 +115,8 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.reps, "reps", 10, "repetitions")
 	fs.IntVar(&o.window, "window", 64, "messages in flight per iteration of bw, bibw and mr")
 	fs.IntVar(&o.pairs, "pairs", 0, "pairs of ranks for mr; 0: as many as the cores mdbench may use hold, one rank a core (at least 1)")
-	fs.IntVar(&o.ranks, "ranks", 0, "ranks for allreduce; 0: one a core mdbench may use (at least 2)")
+	fs.IntVar(&o.ranks, "n", 0, "ranks for the collectives (allreduce, bcast, barrier, alltoall); 0: one a core mdbench may use (at least 2)")
+	fs.IntVar(&o.ranks, "ranks", 0, "the same as -n")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every iteration count (ours and the baseline's) by this")
 	fs.Float64Var(&o.seconds, "seconds", 10, "how long idle blocks")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up on a launch (ours or a baseline's) that runs longer than this")
@@ -163,7 +171,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	case o.pairs < 0:
 		return nil, fmt.Errorf("-pairs %d: want at least 1, or 0 for as many as the cores hold", o.pairs)
 	case o.ranks < 0 || o.ranks == 1:
-		return nil, fmt.Errorf("-ranks %d: want at least 2, or 0 for one a core", o.ranks)
+		return nil, fmt.Errorf("-n (-ranks) %d: want at least 2, or 0 for one a core", o.ranks)
 	case o.scale <= 0:
 		return nil, fmt.Errorf("-scale %g: want more than 0", o.scale)
 	case o.timeout <= 0:
@@ -178,6 +186,12 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	}
 	if o.ranks == 0 {
 		o.ranks = max(2, usableCores())
+	}
+	if slices.Contains(o.tests, "alltoall") {
+		if size := o.sizes[len(o.sizes)-1]; collBytes("alltoall", size, o.ranks) > maxRankBytes {
+			return nil, fmt.Errorf("alltoall at -sizes %s on %d ranks: each rank needs two buffers of %d x %s, more than %s; give smaller sizes or fewer ranks",
+				formatSize(size), o.ranks, o.ranks, formatSize(size), formatSize(maxRankBytes))
+		}
 	}
 	return o, nil
 }
@@ -274,10 +288,14 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	if cores := usableCores(); slices.Contains(o.tests, "mr") && 2*o.pairs > cores {
 		fmt.Fprintf(stderr, "mdbench: mr: %d ranks on %d cores share them unbound; its figures, the MPIs' above all, say little\n", 2*o.pairs, cores)
 	}
-	if cores := usableCores(); slices.Contains(o.tests, "allreduce") && o.ranks > cores {
-		fmt.Fprintf(stderr, "mdbench: allreduce: %d ranks on %d cores share them unbound; its figures, the MPIs' above all, say little\n", o.ranks, cores)
-	}
 	rep := &report{Route: o.route(), Reps: o.reps, CPUs: runtime.NumCPU(), LoadBefore: loadAvg()}
+	if cores := usableCores(); slices.ContainsFunc(o.tests, isCollective) && o.ranks > cores {
+		// The note goes into the report too: a table read later must say
+		// that its collectives ran oversubscribed.
+		note := fmt.Sprintf("collectives: %d ranks on %d cores share them unbound, and waiters that spin (the MPIs' above all) take the cores from the ranks they wait for; these figures say little", o.ranks, cores)
+		fmt.Fprintf(stderr, "mdbench: %s\n", note)
+		rep.Notes = append(rep.Notes, note)
+	}
 	cpu0, ok0 := readCPUTimes()
 	col := newCollector()
 
@@ -299,12 +317,12 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	job := childJob{Sizes: o.sizes, Window: o.window, Scale: o.scale, Sub: o.sub, Plugins: o.plugins, ConnTable: o.conntable, IdleSeconds: o.seconds}
 	var two, rate, coll []string // tests run on two ranks, message rate, collectives
 	for _, t := range o.tests {
-		switch t {
-		case "mr":
+		switch {
+		case t == "mr":
 			rate = append(rate, t)
-		case "allreduce":
+		case isCollective(t):
 			coll = append(coll, t)
-		case "idle":
+		case t == "idle":
 		default:
 			two = append(two, t)
 		}
@@ -371,16 +389,16 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			var all []sample
 			for _, t := range slices.Concat(two, rate, coll) {
 				n, args := 2, []string{t}
-				if t != "lat" && t != "allreduce" {
-					args = append(args, strconv.Itoa(o.window))
-				}
-				switch t {
-				case "mr":
+				switch {
+				case t == "mr":
 					n = 2 * o.pairs
-				case "allreduce":
+				case isCollective(t):
 					n = o.ranks
 				}
-				for _, s := range o.sizes {
+				if t != "lat" && !isCollective(t) {
+					args = append(args, strconv.Itoa(o.window))
+				}
+				for _, s := range collSizes(t, o.sizes) {
 					args = append(args, strconv.Itoa(s))
 				}
 				s, err := m.runBaseline(ctx, n, o.sub, o.bind, o.scale, args...)

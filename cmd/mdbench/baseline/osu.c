@@ -9,7 +9,13 @@
  *   osu mr   WINDOW SIZE...       all ranks: pairs (i, i+n/2) stream; messages/s
  *   osu idle SECONDS              rank 1 blocks in MPI_Recv; % of a core it used
  *   osu allreduce SIZE...         all ranks: MPI_Allreduce summing SIZE/8 doubles
- *                                 (at least one); microseconds per call on rank 0
+ *                                 (at least one)
+ *   osu bcast SIZE...             all ranks: MPI_Bcast of SIZE bytes from rank 0
+ *   osu barrier 0                 all ranks: MPI_Barrier
+ *   osu alltoall SIZE...          all ranks: MPI_Alltoall of SIZE bytes per rank
+ *
+ * The collectives report microseconds per call: each rank's mean over its
+ * timed calls, the largest of those means (see coll).
  *
  * Rank 0 prints one line per size: "<test> <size> <value>". Iteration counts
  * follow lat_iters and bw_iters below, which mdbench mirrors
@@ -65,23 +71,43 @@ static double lat(int rank, long size) {
 	return (MPI_Wtime() - t0) * 1e6 / (2.0 * n);
 }
 
-/* allreduce: as mdbench's, lat_iters calls of MPI_Allreduce after
- * warm_iters untimed ones, timed on rank 0. */
-static double allreduce(long size) {
+/* coll: as mdbench's (cmd/mdbench/collective.go), lat_iters calls of
+ * the collective after warm_iters untimed ones, each timed on its own and
+ * followed by an untimed MPI_Barrier so that every call starts with the
+ * ranks together (barrier itself runs back to back), as osu_allreduce,
+ * osu_bcast, osu_alltoall and osu_barrier do. Returns, on rank 0, the
+ * largest of the ranks' mean times per call, microseconds. */
+static double coll(const char *test, long size, int nranks) {
+	int allreduce = strcmp(test, "allreduce") == 0, bcast = strcmp(test, "bcast") == 0;
+	int barrier = strcmp(test, "barrier") == 0;
 	long elems = size / 8 < 1 ? 1 : size / 8;
-	long n = lat_iters(size), warm = warm_iters(n, elems * 8);
-	double *in = calloc(elems, sizeof(double)), *out = calloc(elems, sizeof(double)), t0 = 0;
+	long per_iter = allreduce ? elems * 8 : bcast ? size : barrier ? 0 : size * (nranks - 1);
+	long n = lat_iters(size), warm = warm_iters(n, per_iter);
+	size_t bytes = allreduce ? elems * sizeof(double) : bcast ? (size_t)size : (size_t)size * nranks;
+	char *a = calloc(bytes ? bytes : 1, 1), *b = calloc(bytes ? bytes : 1, 1);
+	double total = 0;
+	MPI_Barrier(MPI_COMM_WORLD);
 	for (long i = 0; i < n + warm; i++) {
-		if (i == warm) {
+		double t0 = MPI_Wtime();
+		if (allreduce)
+			MPI_Allreduce(a, b, elems, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+		else if (bcast)
+			MPI_Bcast(a, size, MPI_CHAR, 0, MPI_COMM_WORLD);
+		else if (barrier)
 			MPI_Barrier(MPI_COMM_WORLD);
-			t0 = MPI_Wtime();
-		}
-		MPI_Allreduce(in, out, elems, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+		else
+			MPI_Alltoall(a, size, MPI_CHAR, b, size, MPI_CHAR, MPI_COMM_WORLD);
+		double t = MPI_Wtime() - t0;
+		if (i >= warm)
+			total += t;
+		if (!barrier)
+			MPI_Barrier(MPI_COMM_WORLD);
 	}
-	double t = MPI_Wtime() - t0;
-	free(in);
-	free(out);
-	return t * 1e6 / n;
+	double mine = total * 1e6 / n, worst = 0;
+	MPI_Reduce(&mine, &worst, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
+	free(a);
+	free(b);
+	return worst;
 }
 
 /* stream: sender -> receiver, window messages per iteration and an ack. */
@@ -124,7 +150,7 @@ int main(int argc, char **argv) {
 	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
 	if (argc < 3) {
 		if (rank == 0)
-			fprintf(stderr, "usage: osu lat|allreduce SIZE... | osu bw|bibw|mr WINDOW SIZE... | osu idle SECONDS\n");
+			fprintf(stderr, "usage: osu lat|allreduce|bcast|alltoall SIZE... | osu barrier 0 | osu bw|bibw|mr WINDOW SIZE... | osu idle SECONDS\n");
 		MPI_Abort(MPI_COMM_WORLD, 2);
 	}
 	const char *test = argv[1];
@@ -152,7 +178,9 @@ int main(int argc, char **argv) {
 		MPI_Finalize();
 		return 0;
 	}
-	int lt = strcmp(test, "lat") == 0 || strcmp(test, "allreduce") == 0;
+	int collective = strcmp(test, "allreduce") == 0 || strcmp(test, "bcast") == 0 ||
+			 strcmp(test, "barrier") == 0 || strcmp(test, "alltoall") == 0;
+	int lt = strcmp(test, "lat") == 0 || collective;
 	int window = lt ? 1 : atoi(argv[2]);
 	if (window < 1) {
 		if (rank == 0)
@@ -171,8 +199,8 @@ int main(int argc, char **argv) {
 	for (int i = first; i < argc; i++) {
 		long size = atol(argv[i]);
 		double v;
-		if (strcmp(test, "allreduce") == 0) {
-			v = allreduce(size);
+		if (collective) {
+			v = coll(test, size, nranks);
 		} else if (lt) {
 			v = lat(rank, size);
 		} else if (strcmp(test, "bw") == 0) {
