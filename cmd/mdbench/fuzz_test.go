@@ -27,6 +27,7 @@ func FuzzParseOSU(f *testing.F) {
 	f.Add([]byte("bw 8 47.7\nwarning: something\nmr 8 1e7\n"))
 	f.Add([]byte("lat x 1\n"))
 	f.Add([]byte("idle 1 NaN\n"))
+	f.Add([]byte("allreduce 8 0.41\nbcast 1048576 43.02\nbarrier 0 0.25\nalltoall 65536 6.2\n"))
 	f.Fuzz(func(t *testing.T, out []byte) {
 		samples, err := parseOSU(out)
 		if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -96,7 +98,12 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-vs-build", "old:" + plain}, "", "not an executable file"},
 		{[]string{"-pairs", "-1", "mr"}, "", "-pairs -1"},
 		{[]string{"allreduce", "-ranks", "3"}, "allreduce", ""},
-		{[]string{"-ranks", "1", "allreduce"}, "", "-ranks 1"},
+		{[]string{"-ranks", "1", "allreduce"}, "", "-ranks) 1"},
+		{[]string{"bcast", "-n", "3", "barrier", "alltoall", "allreduce"}, "bcast barrier alltoall allreduce", ""},
+		{[]string{"-n", "1", "bcast"}, "", "-n (-ranks) 1: want at least 2"},
+		{[]string{"-n", "-2", "barrier"}, "", "-n (-ranks) -2"},
+		{[]string{"-n", "3", "-sizes", "8,256M", "alltoall"}, "", "alltoall at -sizes 256 MiB on 3 ranks"},
+		{[]string{"-n", "3", "-sizes", "8,256M", "bcast"}, "bcast", ""},
 	} {
 		o, err := parseArgs(tc.args, &bytes.Buffer{})
 		if tc.err != "" {
@@ -131,6 +138,36 @@ func TestPairsDefault(t *testing.T) {
 		}
 		if o.pairs != tc.want {
 			t.Errorf("parseArgs(%q) pairs %d, want %d", tc.args, o.pairs, tc.want)
+		}
+	}
+}
+
+// TestRanksDefault: the collectives' ranks default to one a core mdbench
+// may use, at least two; -n and -ranks set them.
+func TestRanksDefault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want int
+	}{
+		{[]string{"bcast"}, max(2, usableCores())},
+		{[]string{"-n", "3", "bcast"}, 3},
+		{[]string{"-ranks", "4", "alltoall"}, 4},
+	} {
+		o, err := parseArgs(tc.args, &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("parseArgs(%q): %v", tc.args, err)
+		}
+		if o.ranks != tc.want {
+			t.Errorf("parseArgs(%q) ranks %d, want %d", tc.args, o.ranks, tc.want)
+		}
+	}
+}
+
+// TestTestInfo: every test has a unit and a title for the reports.
+func TestTestInfo(t *testing.T) {
+	for _, test := range allTests {
+		if i, ok := testInfo[test]; !ok || i.unit == "" || i.title == "" {
+			t.Errorf("test %q has no unit or title in testInfo", test)
 		}
 	}
 }
@@ -232,6 +269,107 @@ func TestRunShm(t *testing.T) {
 	if b, err := os.ReadFile(svg); err != nil || !bytes.Contains(b, []byte("<svg")) {
 		t.Errorf("plot: %v", err)
 	}
+}
+
+// checkCollectives checks that r has a figure for every collective of
+// tests at every size it runs at (barrier at size 0 alone) in each of
+// series, from every one of reps repetitions, all positive, and a ratio
+// of ours to every other series.
+func checkCollectives(t *testing.T, r report, tests []string, sizes []int, series []string, reps int) {
+	t.Helper()
+	for _, test := range tests {
+		for _, size := range collSizes(test, sizes) {
+			for _, se := range series {
+				s, ok := r.stat(test, size, se)
+				if !ok || len(s.Values) != reps || s.Min <= 0 || s.Unit != "us" {
+					t.Errorf("%s %d %s: %+v (found %v)", test, size, se, s, ok)
+				}
+				if _, ok := r.ratio(test, size, se); se != ours && !ok {
+					t.Errorf("%s %d: no ratio of %s to %s", test, size, ours, se)
+				}
+			}
+		}
+	}
+	if _, ok := r.stat("barrier", sizes[0], ours); ok {
+		t.Errorf("barrier reported at size %d; it runs once, at size 0", sizes[0])
+	}
+}
+
+// TestRunCollectives runs every collective, briefly, on three ranks and
+// checks the report: figures for every size, and the table and CSV made
+// from it. It checks that figures exist and are positive, not how fast
+// they are; the ranks check one call of each collective for its result
+// before timing it, and fail the run if it is wrong. 70 KiB takes
+// Allreduce's reduce-scatter from 64 KiB.
+func TestRunCollectives(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sizes := []int{8, 20 << 10, 70 << 10}
+	r := runJSON(ctx, t, []string{"-n", "3", "-reps", "2", "-scale", "0.01", "-sizes", "8,20K,70K", "-format", "json", "allreduce", "bcast", "barrier", "alltoall"})
+	checkCollectives(t, r, collTests, sizes, []string{ours}, 2)
+	if oversubscribed := 3 > usableCores(); oversubscribed != slices.ContainsFunc(r.Notes, func(n string) bool {
+		return strings.Contains(n, "3 ranks on") && strings.Contains(n, "say little")
+	}) {
+		t.Errorf("notes %q: want one about oversubscribed cores exactly when 3 ranks outnumber the %d cores", r.Notes, usableCores())
+	}
+
+	var table bytes.Buffer
+	if err := r.writeTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"\nallreduce: ", "\nbcast: ", "\nbarrier: ", "\nalltoall: ", "\n0 B ", "\n70 KiB "} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	var out bytes.Buffer
+	if err := r.writeCSV(&out); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&out).ReadAll()
+	if err != nil {
+		t.Fatalf("CSV does not parse: %v", err)
+	}
+	if want := 1 + 3*len(sizes) + 1; len(rows) != want {
+		t.Errorf("CSV has %d rows, want %d (a header, 3 tests at %d sizes, barrier once):\n%v", len(rows), want, len(sizes), rows)
+	}
+	for _, row := range rows[1:] {
+		if v, err := strconv.ParseFloat(row[4], 64); !isCollective(row[0]) || row[1] != "us" || err != nil || v <= 0 {
+			t.Errorf("CSV row %q: want a collective in us with a positive median", row)
+		}
+	}
+}
+
+// TestRunBaselineCollectives runs the collectives against every MPI
+// installed here, interleaved, and checks both series and their ratios.
+func TestRunBaselineCollectives(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the baseline and launches ranks")
+	}
+	var series []string
+	for _, m := range mpis {
+		if _, err := exec.LookPath(m.cc); err == nil {
+			if _, err := exec.LookPath(m.run); err == nil {
+				series = append(series, m.name)
+			}
+		}
+	}
+	if len(series) == 0 {
+		t.Skip("no MPI to compare with: neither mpicc.mpich and mpiexec.mpich nor mpicc.openmpi and mpirun.openmpi are on PATH (Debian: apt-get install mpich libmpich-dev)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	sizes := []int{8, 20 << 10}
+	r := runJSON(ctx, t, []string{"-baseline", "-mpi", strings.Join(series, ","), "-n", "2", "-reps", "2", "-scale", "0.01", "-sizes", "8,20K", "-format", "json", "allreduce", "bcast", "barrier", "alltoall"})
+	for _, n := range r.Notes {
+		if strings.Contains(n, "baseline") {
+			t.Errorf("note %q: every MPI found here should build", n)
+		}
+	}
+	checkCollectives(t, r, collTests, sizes, append([]string{ours}, series...), 2)
 }
 
 // TestRunIdle runs `mdbench idle` and checks the figure it reports: a rank
