@@ -70,6 +70,7 @@ type Comm struct {
 	// look-up in index.
 	identity bool
 	derived  atomic.Uint64 // communicators created from this one (Dup, Split)
+	groupSeq atomic.Uint64 // CreateGroup calls this rank made on this one (group.go)
 	collSeq  atomic.Uint64 // collective calls made on this one (collective.go)
 	coll     collState
 	copies   sync.Pool // of *Comm: nonblocking collectives run on them (nbcoll.go)
@@ -438,13 +439,14 @@ func (c *Comm) SplitHost(ctx context.Context) (*Comm, error) {
 // deriveContext gives a child communicator an even context id that every
 // member computes alike from the parent's id, the creation count and the
 // color, without communication. 64-bit mixing makes a collision between
-// live communicators vanishingly unlikely.
+// live communicators vanishingly unlikely. Its ids have the top bit
+// clear: CreateGroup's have it set (group.go).
 func deriveContext(parent, n, color uint64) uint64 {
 	x := parent*0x9e3779b97f4a7c15 ^ n*0xbf58476d1ce4e5b9 ^ color*0x94d049bb133111eb
 	x ^= x >> 31
 	x *= 0xd6e8feb86659fd93
 	x ^= x >> 32
-	x &^= 1
+	x &^= 1 | groupContext
 	if x <= worldContext {
 		x += 4
 	}
