@@ -1,11 +1,13 @@
 package adi
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 )
 
@@ -26,6 +28,15 @@ import (
 // (Alltoall), waits until its server has applied that many from each
 // origin, and passes a barrier, so that no rank starts the next epoch
 // while an operation of this one is still in flight anywhere.
+//
+// MPI-3's additions live beside this file: the atomic operations
+// (GetAccumulate, FetchAndOp, CompareAndSwap) in win_atomic.go, LockAll,
+// UnlockAll, FlushAll and FlushLocal in win_sync.go, and the
+// request-based operations (Rput, Rget, ...) in win_request.go. A
+// fetching operation's reply, like Get's, is sent by the server once it
+// has applied the operation; FlushAll asks each target it wrote to for
+// an acknowledgement, which the server sends once it has applied
+// everything that origin sent before.
 
 // AccOp is the operation Accumulate applies at the target: the target's
 // element becomes target ⊕ origin (MPI_Accumulate's predefined ops).
@@ -42,6 +53,10 @@ const (
 	AccBAnd                     // MPI_BAND
 	AccBOr                      // MPI_BOR
 	AccBXor                     // MPI_BXOR
+	// AccNoOp (MPI_NO_OP) leaves the target as it is: GetAccumulate and
+	// FetchAndOp with it only read, atomically with respect to the other
+	// accumulates. Accumulate refuses it.
+	AccNoOp
 )
 
 // Win is a window: memory of every rank of a communicator that the others
@@ -56,9 +71,18 @@ type Win struct {
 	nextID uint64
 
 	mu      sync.Mutex
-	pending []*Request // this epoch's sends and Get replies
+	pending []*Request // sends and replies not yet waited for by a flush or Fence
 	sent    []int64    // operations sent to each rank this epoch
 	freed   bool
+	// This rank's passive-target epochs: its lock on each target, taken
+	// or being taken with Lock, and LockAll's. Per target, the puts and
+	// accumulates sent, and how many of them a flush, Unlock or Fence
+	// has seen applied: FlushAll asks only the targets where the two
+	// differ.
+	locks  map[int]lockState
+	all    lockState
+	writes []uint64
+	acked  []uint64
 
 	// The server's side, guarded by smu: operations applied from each
 	// origin since the window was made, and what the server met that it
@@ -69,6 +93,7 @@ type Win struct {
 	exclusive int
 	shared    map[int]int
 	waiting   []rmaHeaderFrom
+	scratch   []byte // a fetching operation's old contents, sent back
 
 	smu       sync.Mutex
 	applied   []int64
@@ -85,6 +110,9 @@ const (
 	rmaAcc
 	rmaLock   // op: lockExclusive or lockShared; the grant goes to tag
 	rmaUnlock // the acknowledgement goes to tag
+	rmaGetAcc // get accumulate: the old contents go to tag; no payload with AccNoOp
+	rmaCAS    // compare and swap of one integer: payload origin then compare; the old value goes to tag
+	rmaFlush  // the acknowledgement, once everything before it is applied, goes to tag
 )
 
 // Lock types in a lock request's op byte.
@@ -134,17 +162,35 @@ func decodeRMA(msg []byte, size int) (rmaHeader, []byte, error) {
 			return h, nil, fmt.Errorf("header says %d bytes, %d came", h.length, len(payload))
 		}
 		if h.kind == rmaAcc {
-			if err := checkAcc(reflect.Kind(h.elem), h.op, int(h.length)); err != nil {
+			if err := checkAcc(reflect.Kind(h.elem), h.op, int(h.length), false); err != nil {
 				return h, nil, err
 			}
+		}
+	case rmaGetAcc:
+		want := h.length
+		if h.op == AccNoOp {
+			want = 0
+		}
+		if uint64(len(payload)) != want || h.tag > MaxTag {
+			return h, nil, fmt.Errorf("get accumulate of %d bytes with %d bytes of payload, reply tag %d", h.length, len(payload), h.tag)
+		}
+		if err := checkAcc(reflect.Kind(h.elem), h.op, int(h.length), true); err != nil {
+			return h, nil, err
+		}
+	case rmaCAS:
+		if err := checkCAS(reflect.Kind(h.elem), int(h.length)); err != nil {
+			return h, nil, err
+		}
+		if uint64(len(payload)) != 2*h.length || h.tag > MaxTag {
+			return h, nil, fmt.Errorf("compare and swap of %d bytes with %d bytes of payload, reply tag %d", h.length, len(payload), h.tag)
 		}
 	case rmaGet:
 		if len(payload) != 0 || h.tag > MaxTag {
 			return h, nil, fmt.Errorf("get with %d bytes of payload or reply tag %d", len(payload), h.tag)
 		}
-	case rmaLock, rmaUnlock:
+	case rmaLock, rmaUnlock, rmaFlush:
 		if len(payload) != 0 || h.length != 0 || h.tag > MaxTag || h.kind == rmaLock && h.op != lockExclusive && h.op != lockShared {
-			return h, nil, fmt.Errorf("lock request with %d bytes, type %d or reply tag %d", len(payload), h.op, h.tag)
+			return h, nil, fmt.Errorf("%s request with %d bytes, type %d or reply tag %d", rmaName(h.kind), len(payload), h.op, h.tag)
 		}
 	default:
 		return h, nil, fmt.Errorf("unknown operation %d", h.kind)
@@ -172,6 +218,7 @@ func (c *Comm) WinCreate(ctx context.Context, base []byte) (*Win, error) {
 	}
 	w := &Win{c: req, reply: reply, base: base, sizes: make([]int, len(sizes)), exclusive: -1, shared: map[int]int{},
 		sent: make([]int64, c.Size()), applied: make([]int64, c.Size()), expected: make([]int64, c.Size()),
+		locks: map[int]lockState{}, writes: make([]uint64, c.Size()), acked: make([]uint64, c.Size()),
 		arrived: make(chan struct{}), stopped: make(chan struct{})}
 	for r, n := range sizes {
 		w.sizes[r] = int(n)
@@ -211,17 +258,61 @@ func (w *Win) check(what string, target, offset, n int) error {
 	return nil
 }
 
-// start sends an operation to target and counts it for the epoch.
-func (w *Win) start(h rmaHeader, payload []byte, target int) error {
+// start sends an operation to target and counts it for the epoch, and,
+// a put or an accumulate, for FlushAll. The send's request is returned
+// for Rput and Raccumulate; a flush waits for it too.
+func (w *Win) start(h rmaHeader, payload []byte, target int) (*Request, error) {
 	msg := make([]byte, 0, rmaHeaderSize+len(payload))
 	msg = append(h.encode(msg), payload...)
 	q, err := w.c.Isend(msg, target, rmaTag)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	w.mu.Lock()
 	w.pending = append(w.pending, q)
 	w.sent[target]++
+	if h.kind == rmaPut || h.kind == rmaAcc {
+		w.writes[target]++
+	}
+	w.mu.Unlock()
+	return q, nil
+}
+
+// fetch sends an operation whose reply brings len(dst) bytes into dst
+// (Get, GetAccumulate, CompareAndSwap) and returns the reply's request:
+// once it completes, dst holds the data and the target has applied the
+// operation.
+func (w *Win) fetch(h rmaHeader, payload, dst []byte, target int) (*Request, error) {
+	h.tag = w.replyTag()
+	q, err := w.reply.Irecv(dst, target, int(h.tag))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := w.start(h, payload, target); err != nil {
+		q.Cancel() // no reply will come for it
+		return nil, err
+	}
+	w.mu.Lock()
+	w.pending = append(w.pending, q)
+	w.mu.Unlock()
+	return q, nil
+}
+
+// wait waits for the requests of a flush or Fence, pending as it began,
+// and takes them off pending: others started meanwhile stay there, for
+// the flush that follows them. Two goroutines flushing at once both wait
+// for what either took.
+func (w *Win) wait(ctx context.Context, pending []*Request) error {
+	_, err := WaitAll(ctx, pending...)
+	if err != nil {
+		return err
+	}
+	waited := make(map[*Request]bool, len(pending))
+	for _, q := range pending {
+		waited[q] = true
+	}
+	w.mu.Lock()
+	w.pending = slices.DeleteFunc(w.pending, func(q *Request) bool { return waited[q] })
 	w.mu.Unlock()
 	return nil
 }
@@ -236,7 +327,8 @@ func (w *Win) Put(origin []byte, target, offset int) error {
 	if err := w.check("put", target, offset, len(origin)); err != nil {
 		return err
 	}
-	return w.start(rmaHeader{kind: rmaPut, offset: uint64(offset), length: uint64(len(origin))}, origin, target)
+	_, err := w.start(rmaHeader{kind: rmaPut, offset: uint64(offset), length: uint64(len(origin))}, origin, target)
+	return err
 }
 
 // Get reads len(dst) bytes of target's window at offset into dst. dst
@@ -248,19 +340,8 @@ func (w *Win) Get(dst []byte, target, offset int) error {
 	if err := w.check("get", target, offset, len(dst)); err != nil {
 		return err
 	}
-	tag := w.replyTag()
-	q, err := w.reply.Irecv(dst, target, int(tag))
-	if err != nil {
-		return err
-	}
-	if err := w.start(rmaHeader{kind: rmaGet, offset: uint64(offset), length: uint64(len(dst)), tag: tag}, nil, target); err != nil {
-		q.Cancel() // no reply will come for it
-		return err
-	}
-	w.mu.Lock()
-	w.pending = append(w.pending, q)
-	w.mu.Unlock()
-	return nil
+	_, err := w.fetch(rmaHeader{kind: rmaGet, offset: uint64(offset), length: uint64(len(dst))}, nil, dst, target)
+	return err
 }
 
 // Accumulate combines origin into target's window at offset (bytes)
@@ -272,13 +353,14 @@ func Accumulate[T Real](w *Win, origin []T, target, offset int, op AccOp) error 
 	}
 	kind := reflect.TypeFor[T]().Kind()
 	b := Bytes(origin)
-	if err := checkAcc(kind, op, len(b)); err != nil {
+	if err := checkAcc(kind, op, len(b), false); err != nil {
 		return fmt.Errorf("adi: accumulate: %w", err)
 	}
 	if err := w.check("accumulate", target, offset, len(b)); err != nil {
 		return err
 	}
-	return w.start(rmaHeader{kind: rmaAcc, elem: byte(kind), op: op, offset: uint64(offset), length: uint64(len(b))}, b, target)
+	_, err := w.start(rmaHeader{kind: rmaAcc, elem: byte(kind), op: op, offset: uint64(offset), length: uint64(len(b))}, b, target)
+	return err
 }
 
 // Fence ends the epoch (MPI_Win_fence): every operation this rank
@@ -292,11 +374,10 @@ func (w *Win) Fence(ctx context.Context) error {
 		w.mu.Unlock()
 		return fmt.Errorf("adi: fence: %w", errWinFreed)
 	}
-	pending, sent := w.pending, append([]int64(nil), w.sent...)
-	w.pending = nil
+	pending, sent, writes := slices.Clone(w.pending), slices.Clone(w.sent), slices.Clone(w.writes)
 	clear(w.sent)
 	w.mu.Unlock()
-	if _, err := WaitAll(ctx, pending...); err != nil {
+	if err := w.wait(ctx, pending); err != nil {
 		return fmt.Errorf("adi: fence: %w", err)
 	}
 	from := make([]int64, len(sent))
@@ -323,6 +404,7 @@ func (w *Win) Fence(ctx context.Context) error {
 			if err := w.c.Barrier(ctx); err != nil {
 				return fmt.Errorf("adi: fence: %w", err)
 			}
+			w.ack(writes) // every rank applied what it was sent
 			if serr != nil {
 				return fmt.Errorf("adi: fence: %w", serr)
 			}
@@ -405,10 +487,22 @@ func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
 	}
 	at := w.base[h.offset : h.offset+h.length]
 	switch h.kind {
-	case rmaPut:
-		copy(at, payload)
-	case rmaAcc:
-		accumulate(reflect.Kind(h.elem), h.op, at, payload)
+	case rmaPut, rmaAcc:
+		modify(h, at, payload, nil)
+	case rmaGetAcc, rmaCAS:
+		// The server applies nothing else between reading the old
+		// contents and changing them, so the two are one atomic step for
+		// every other operation on the window.
+		w.scratch = modify(h, at, payload, w.scratch[:0])
+		if err := w.reply.Send(ctx, w.scratch, src, int(h.tag)); err != nil {
+			return fmt.Errorf("%s reply: %w", rmaName(h.kind), err)
+		}
+	case rmaFlush:
+		// Everything src sent before has been applied: messages from one
+		// origin come in order.
+		if err := w.reply.Send(ctx, nil, src, int(h.tag)); err != nil {
+			return fmt.Errorf("flush acknowledgement: %w", err)
+		}
 	case rmaGet:
 		if err := w.reply.Send(ctx, at, src, int(h.tag)); err != nil {
 			return fmt.Errorf("get reply: %w", err)
@@ -434,6 +528,28 @@ func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
 		return errors.Join(err, w.grant(ctx))
 	}
 	return nil
+}
+
+// modify applies a put, accumulate, get accumulate or compare and swap
+// that decodeRMA accepted to at, the window's bytes it names, and
+// returns old with what at held before appended, for the two that send
+// it back.
+func modify(h rmaHeader, at, payload, old []byte) []byte {
+	switch h.kind {
+	case rmaPut:
+		copy(at, payload)
+	case rmaAcc:
+		accumulate(reflect.Kind(h.elem), h.op, at, payload)
+	case rmaGetAcc:
+		old = append(old, at...) // before the change
+		accumulate(reflect.Kind(h.elem), h.op, at, payload)
+	case rmaCAS:
+		old = append(old, at...)
+		if origin, compare := payload[:h.length], payload[h.length:]; bytes.Equal(at, compare) {
+			copy(at, origin)
+		}
+	}
+	return old
 }
 
 // rmaHeaderFrom is a lock request and the rank it came from.
@@ -477,7 +593,11 @@ func (w *Win) replyTag() uint64 {
 // Lock starts a passive-target epoch on target's window (MPI_Win_lock):
 // it returns once the lock is granted, exclusive or shared, while target
 // takes no part. Operations on target between Lock and Unlock are
-// complete at Unlock; Flush completes them sooner.
+// complete at Unlock; Flush completes them sooner. A rank holds at most
+// one lock on a target, and none beside LockAll's: a second is refused
+// with ErrRMASync (a second exclusive lock would wait for itself). If
+// ctx ends first, the request stays queued at target and may be granted
+// later, to nobody's use; the window is then fit only for Free.
 func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
 	if target == ProcNull {
 		return nil
@@ -485,16 +605,36 @@ func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
 	if err := w.check("lock", target, 0, 0); err != nil {
 		return err
 	}
+	w.mu.Lock()
+	switch {
+	case w.all != lockNone:
+		w.mu.Unlock()
+		return fmt.Errorf("adi: lock of rank %d's window: %w: this rank is in a LockAll epoch", target, ErrRMASync)
+	case w.locks[target] != lockNone:
+		w.mu.Unlock()
+		return fmt.Errorf("adi: lock of rank %d's window: %w: this rank has locked it already", target, ErrRMASync)
+	}
+	w.locks[target] = lockWanted
+	w.mu.Unlock()
 	op := lockShared
 	if exclusive {
 		op = lockExclusive
 	}
-	return w.roundTrip(ctx, "lock", rmaHeader{kind: rmaLock, op: op}, target)
+	err := w.roundTrips(ctx, "lock", rmaHeader{kind: rmaLock, op: op}, []int{target})
+	w.mu.Lock()
+	if err != nil {
+		delete(w.locks, target)
+	} else {
+		w.locks[target] = lockHeld
+	}
+	w.mu.Unlock()
+	return err
 }
 
 // Unlock ends the passive-target epoch on target's window
 // (MPI_Win_unlock): the operations this rank started are complete, at
-// target too, and the lock is released.
+// target too, and the lock is released. Without a lock on target from
+// Lock it fails with ErrRMASync and sends nothing.
 func (w *Win) Unlock(ctx context.Context, target int) error {
 	if target == ProcNull {
 		return nil
@@ -502,54 +642,89 @@ func (w *Win) Unlock(ctx context.Context, target int) error {
 	if err := w.check("unlock", target, 0, 0); err != nil {
 		return err
 	}
-	if err := w.Flush(ctx); err != nil {
+	w.mu.Lock()
+	if w.locks[target] != lockHeld {
+		w.mu.Unlock()
+		return fmt.Errorf("adi: unlock of rank %d's window: %w: this rank holds no lock on it from Lock", target, ErrRMASync)
+	}
+	delete(w.locks, target)
+	w.mu.Unlock()
+	return w.unlock(ctx, "unlock", []int{target})
+}
+
+// unlock completes this rank's operations on targets and releases its
+// locks there.
+func (w *Win) unlock(ctx context.Context, what string, targets []int) error {
+	if err := w.FlushLocal(ctx); err != nil {
+		return fmt.Errorf("adi: %s: %w", what, err)
+	}
+	w.mu.Lock()
+	writes := slices.Clone(w.writes)
+	w.mu.Unlock()
+	if err := w.roundTrips(ctx, what, rmaHeader{kind: rmaUnlock}, targets); err != nil {
 		return err
 	}
-	return w.roundTrip(ctx, "unlock", rmaHeader{kind: rmaUnlock}, target)
+	w.ack(writes) // the acknowledgements came after all of it was applied
+	return nil
 }
 
-// Flush completes the operations this rank started on the window
-// (MPI_Win_flush_all): Get's data is in place, Put's and Accumulate's
-// buffers are the program's again, and since each target applies an
-// origin's operations in order, they are applied before anything this
-// rank sends it later.
+// Flush is FlushAll. It is what the window had before FlushAll and
+// FlushLocal came, kept for the programs that call it.
 func (w *Win) Flush(ctx context.Context) error {
-	w.mu.Lock()
-	if w.freed {
-		w.mu.Unlock()
-		return fmt.Errorf("adi: flush: %w", errWinFreed)
+	return w.FlushAll(ctx)
+}
+
+// roundTrips sends a request h (lock, unlock, flush) to every target and
+// waits for every answer.
+func (w *Win) roundTrips(ctx context.Context, what string, h rmaHeader, targets []int) error {
+	answers := make([]*Request, 0, len(targets))
+	for _, t := range targets {
+		q, err := w.fetch(h, nil, nil, t)
+		if err != nil {
+			return fmt.Errorf("adi: %s of rank %d's window: %w", what, t, err)
+		}
+		answers = append(answers, q)
 	}
-	pending := w.pending
-	w.pending = nil
-	w.mu.Unlock()
-	if _, err := WaitAll(ctx, pending...); err != nil {
-		return fmt.Errorf("adi: flush: %w", err)
+	if _, err := WaitAll(ctx, answers...); err != nil {
+		return fmt.Errorf("adi: %s: %w", what, err)
 	}
 	return nil
 }
 
-// roundTrip sends a lock or unlock request to target and waits for its
-// answer.
-func (w *Win) roundTrip(ctx context.Context, what string, h rmaHeader, target int) error {
-	h.tag = w.replyTag()
-	q, err := w.reply.Irecv(nil, target, int(h.tag))
-	if err != nil {
-		return fmt.Errorf("adi: %s: %w", what, err)
+// ack records that the puts and accumulates counted in writes, a copy
+// of w.writes, are applied.
+func (w *Win) ack(writes []uint64) {
+	w.mu.Lock()
+	for t, n := range writes {
+		w.acked[t] = max(w.acked[t], n)
 	}
-	if err := w.start(h, nil, target); err != nil {
-		q.Cancel()
-		return fmt.Errorf("adi: %s: %w", what, err)
-	}
-	if _, err := q.Wait(ctx); err != nil {
-		return fmt.Errorf("adi: %s of rank %d's window: %w", what, target, err)
-	}
-	return nil
+	w.mu.Unlock()
 }
 
 // checkAcc checks that op applies to elements of kind and that n bytes
-// hold whole elements.
-func checkAcc(kind reflect.Kind, op AccOp, n int) error {
-	size, integer := 0, false
+// hold whole elements. AccNoOp is allowed only if fetch is set
+// (GetAccumulate, FetchAndOp).
+func checkAcc(kind reflect.Kind, op AccOp, n int, fetch bool) error {
+	size, integer, err := kindSize(kind)
+	if err != nil {
+		return err
+	}
+	switch {
+	case op < AccReplace || op > AccNoOp:
+		return fmt.Errorf("unknown accumulate operation %d", op)
+	case op == AccNoOp && !fetch:
+		return errors.New("AccNoOp is for GetAccumulate and FetchAndOp, not Accumulate")
+	case op >= AccBAnd && op <= AccBXor && !integer:
+		return fmt.Errorf("bitwise accumulate of %v elements", kind)
+	case n%size != 0:
+		return fmt.Errorf("%d bytes are not whole %d-byte elements", n, size)
+	}
+	return nil
+}
+
+// kindSize is the size of an element of kind, and whether it is an
+// integer, for the kinds that one-sided operations combine.
+func kindSize(kind reflect.Kind) (size int, integer bool, err error) {
 	switch kind {
 	case reflect.Int8, reflect.Uint8:
 		size, integer = 1, true
@@ -564,20 +739,12 @@ func checkAcc(kind reflect.Kind, op AccOp, n int) error {
 	case reflect.Float64:
 		size = 8
 	default:
-		return fmt.Errorf("elements of kind %v cannot be accumulated", kind)
+		return 0, false, fmt.Errorf("elements of kind %v cannot be accumulated", kind)
 	}
 	if (kind == reflect.Int || kind == reflect.Uint || kind == reflect.Uintptr) && reflect.TypeFor[int]().Size() != 8 {
-		return fmt.Errorf("elements of kind %v are not 8 bytes here", kind)
+		return 0, false, fmt.Errorf("elements of kind %v are not 8 bytes here", kind)
 	}
-	switch {
-	case op < AccReplace || op > AccBXor:
-		return fmt.Errorf("unknown accumulate operation %d", op)
-	case op >= AccBAnd && !integer:
-		return fmt.Errorf("bitwise accumulate of %v elements", kind)
-	case n%size != 0:
-		return fmt.Errorf("%d bytes are not whole %d-byte elements", n, size)
-	}
-	return nil
+	return size, integer, nil
 }
 
 // accumulate applies op to the elements of kind in at (the window) and

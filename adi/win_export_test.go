@@ -1,0 +1,20 @@
+package adi
+
+import "context"
+
+// Hooks into windows for the tests of package adi_test.
+
+// UnlockUnheld sends target an unlock request whether or not w holds a
+// lock there, as a broken or hostile origin could, and waits for its
+// acknowledgement.
+func UnlockUnheld(ctx context.Context, w *Win, target int) error {
+	return w.roundTrips(ctx, "unlock", rmaHeader{kind: rmaUnlock}, []int{target})
+}
+
+// SentTo is how many operations w sent target since the last Fence:
+// FlushAll's round trips among them.
+func SentTo(w *Win, target int) int64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.sent[target]
+}
