@@ -152,8 +152,11 @@ func (g Group) expand(op string, ranges []Range) ([]int, error) {
 				return nil, fmt.Errorf("adi: group %s: range %d %+v: %w: %d not in [0,%d)", op, i, rg, ErrRank, end, len(g.ranks))
 			}
 		}
-		for r := rg.First; rg.Stride > 0 && r <= rg.Last || rg.Stride < 0 && r >= rg.Last; r += rg.Stride {
-			ranks = append(ranks, r)
+		// Both ends are ranks of g, so neither the count nor a rank can
+		// overflow, whatever the stride; First + i*Stride could, if it
+		// were stepped past Last.
+		for i := range (rg.Last-rg.First)/rg.Stride + 1 {
+			ranks = append(ranks, rg.First+i*rg.Stride)
 		}
 	}
 	return ranks, nil
