@@ -10,40 +10,99 @@ import (
 // (MPI_Cart_create): rank r sits at the coordinates of r in row-major
 // order, the last dimension varying fastest. Its ranks are those of the
 // communicator it was made from, in the same order. All the methods of
-// Comm apply to it.
+// Comm apply to it, and the neighbour collectives (topo.go) exchange with
+// the ranks one step along each dimension.
 type Cart struct {
 	*Comm
 	dims     []int
 	periodic []bool
+	nb       neighbors
 }
 
 // CartCreate makes a Cartesian communicator of the first prod(dims) ranks
 // of c, with dimension i wrapping around where periodic[i] is set. It is
 // collective: every rank of c calls it with the same arguments; ranks
-// beyond the grid get nil. DimsCreate chooses balanced dims.
+// beyond the grid get nil. Ranks that pass other arguments than the rest
+// all get an error wrapping ErrMismatch. DimsCreate chooses balanced dims.
 func (c *Comm) CartCreate(ctx context.Context, dims []int, periodic []bool) (*Cart, error) {
-	if len(periodic) != len(dims) {
-		return nil, fmt.Errorf("adi: cart create: %d periodic flags for %d dimensions", len(periodic), len(dims))
-	}
-	n := 1
-	for i, d := range dims {
-		if d <= 0 {
-			return nil, fmt.Errorf("adi: cart create: dimension %d has %d ranks", i, d)
-		}
-		n *= d
-		if n > c.Size() {
-			return nil, fmt.Errorf("adi: cart create: a grid of %v needs more than the communicator's %d ranks", dims, c.Size())
-		}
-	}
+	n, bad := c.gridSize(dims, periodic)
 	color := 0
 	if c.Rank() >= n {
 		color = Undefined
 	}
-	sub, err := c.Split(ctx, color, c.Rank())
+	sub, err := c.splitAgreed(ctx, "cart create", color, c.Rank(), sumInts(dims, bits01(periodic)), bad)
 	if err != nil || sub == nil {
 		return nil, err
 	}
-	return &Cart{Comm: sub, dims: slices.Clone(dims), periodic: slices.Clone(periodic)}, nil
+	return newCart(sub, slices.Clone(dims), slices.Clone(periodic))
+}
+
+// gridSize checks CartCreate's arguments and returns the number of ranks
+// on the grid.
+func (c *Comm) gridSize(dims []int, periodic []bool) (int, error) {
+	if len(periodic) != len(dims) {
+		return 0, fmt.Errorf("adi: cart create: %d periodic flags for %d dimensions", len(periodic), len(dims))
+	}
+	n := 1
+	for i, d := range dims {
+		if d <= 0 {
+			return 0, fmt.Errorf("adi: cart create: dimension %d has %d ranks", i, d)
+		}
+		n *= d
+		if n > c.Size() {
+			return 0, fmt.Errorf("adi: cart create: a grid of %v needs more than the communicator's %d ranks", dims, c.Size())
+		}
+	}
+	return n, nil
+}
+
+// newCart lays sub out on a grid of dims, which it keeps.
+func newCart(sub *Comm, dims []int, periodic []bool) (*Cart, error) {
+	t := &Cart{Comm: sub, dims: dims, periodic: periodic}
+	nb, err := cartNeighbors(t)
+	if err != nil {
+		return nil, err
+	}
+	t.nb = nb
+	return t, nil
+}
+
+// Sub partitions t into grids of lower dimension (MPI_Cart_sub): the
+// dimensions where remain is set are kept, and the ranks that share their
+// coordinates in the others form one grid, of those dimensions, with
+// their periodicity, ranks in the same order as in t. With no dimension
+// kept every rank is a grid of its own, of no dimensions. It is
+// collective: every rank of t calls it with the same remain, and ranks
+// that pass another all get an error wrapping ErrMismatch.
+func (t *Cart) Sub(ctx context.Context, remain []bool) (*Cart, error) {
+	var bad error
+	if len(remain) != len(t.dims) {
+		bad = fmt.Errorf("adi: cart sub: %d remain flags for %d dimensions", len(remain), len(t.dims))
+	}
+	color := 0 // this rank's coordinates in the dropped dimensions, row-major
+	var dims []int
+	var periodic []bool
+	if bad == nil {
+		me, err := t.Coords(t.Rank())
+		if err != nil {
+			return nil, err
+		}
+		for i, keep := range remain {
+			if keep {
+				dims = append(dims, t.dims[i])
+				periodic = append(periodic, t.periodic[i])
+			} else {
+				color = color*t.dims[i] + me[i]
+			}
+		}
+	}
+	// Ordered by their rank in t, the ranks of one grid are in row-major
+	// order of the coordinates they keep, as the grid's ranks must be.
+	sub, err := t.splitAgreed(ctx, "cart sub", color, t.Rank(), sumInts(bits01(remain)), bad)
+	if err != nil {
+		return nil, err
+	}
+	return newCart(sub, dims, periodic)
 }
 
 // Dims returns the number of ranks along each dimension.

@@ -180,3 +180,137 @@ func TestProcNull(t *testing.T) {
 		t.Errorf("a bad tag to ProcNull: %v, want ErrTag", err)
 	}
 }
+
+// TestCartSub: MPI_Cart_sub keeps the chosen dimensions, with their
+// periodicity, and groups the ranks that share their coordinates in the
+// others, in the order they have in the grid.
+func TestCartSub(t *testing.T) {
+	dims, periodic := []int{3, 2, 2}, []bool{true, false, true}
+	cs := loopJob(t, 12)
+	ctx := ctxT(t)
+	for _, remain := range [][]bool{
+		{true, false, true},
+		{false, true, false},
+		{true, true, true},
+		{false, false, false},
+		{false, true, true},
+	} {
+		t.Run(fmt.Sprint(remain), func(t *testing.T) {
+			each(t, cs, func(c *adi.Comm) error {
+				grid, err := c.CartCreate(ctx, dims, periodic)
+				if err != nil {
+					return err
+				}
+				sub, err := grid.Sub(ctx, remain)
+				if err != nil {
+					return err
+				}
+				var wantDims []int
+				var wantPeriodic []bool
+				for i, keep := range remain {
+					if keep {
+						wantDims = append(wantDims, dims[i])
+						wantPeriodic = append(wantPeriodic, periodic[i])
+					}
+				}
+				size := 1
+				for _, d := range wantDims {
+					size *= d
+				}
+				if !slices.Equal(sub.Dims(), wantDims) || !slices.Equal(sub.Periodic(), wantPeriodic) || sub.Size() != size {
+					return fmt.Errorf("sub grid %v %v of %d ranks, want %v %v of %d", sub.Dims(), sub.Periodic(), sub.Size(), wantDims, wantPeriodic, size)
+				}
+				me, _ := grid.Coords(grid.Rank())
+				// Every rank of the sub grid shares this rank's coordinates
+				// in the dropped dimensions and has its sub coordinates in
+				// the kept ones.
+				for i, wr := range sub.Group().WorldRanks() {
+					theirs, err := grid.Coords(wr) // the grid's ranks are the world's
+					if err != nil {
+						return err
+					}
+					subCoords, err := sub.Coords(i)
+					if err != nil {
+						return err
+					}
+					var kept []int
+					for d, keep := range remain {
+						if !keep && theirs[d] != me[d] {
+							return fmt.Errorf("sub rank %d is at %v, this rank at %v", i, theirs, me)
+						}
+						if keep {
+							kept = append(kept, theirs[d])
+						}
+					}
+					if !slices.Equal(kept, subCoords) && !(len(kept) == 0 && len(subCoords) == 0) {
+						return fmt.Errorf("sub rank %d (grid %v) has sub coordinates %v, want %v", i, theirs, subCoords, kept)
+					}
+				}
+				// The sub grid is a communicator of its own.
+				sum := []int64{int64(c.Rank())}
+				if err := adi.Allreduce(ctx, sub.Comm, sum, sum, adi.Sum); err != nil {
+					return err
+				}
+				var want int64
+				for _, wr := range sub.Group().WorldRanks() {
+					want += int64(wr)
+				}
+				if sum[0] != want {
+					return fmt.Errorf("sum over the sub grid %d, want %d", sum[0], want)
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestCartArgumentsDisagree: ranks that pass other arguments to
+// CartCreate or Sub than the others all get an error instead of
+// communicators that do not fit together.
+func TestCartArgumentsDisagree(t *testing.T) {
+	cs := loopJob(t, 6)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		dims := []int{2, 3}
+		if c.Rank() == 4 {
+			dims = []int{3, 2}
+		}
+		if _, err := c.CartCreate(ctx, dims, []bool{false, true}); !errors.Is(err, adi.ErrMismatch) {
+			return fmt.Errorf("CartCreate with rank 4's dims reversed: %v, want ErrMismatch", err)
+		}
+		// A rank with wrong arguments gets its error; the others are
+		// told rather than left waiting.
+		dims = []int{2, 3}
+		if c.Rank() == 1 {
+			dims = []int{2, 4}
+		}
+		_, err := c.CartCreate(ctx, dims, []bool{false, true})
+		if c.Rank() == 1 && (err == nil || errors.Is(err, adi.ErrMismatch)) || c.Rank() != 1 && !errors.Is(err, adi.ErrMismatch) {
+			return fmt.Errorf("CartCreate with rank 1's grid too large: %v", err)
+		}
+		grid, err := c.CartCreate(ctx, []int{2, 3}, []bool{false, true})
+		if err != nil {
+			return err
+		}
+		remain := []bool{true, false}
+		if c.Rank() == 2 {
+			remain = []bool{false, true}
+		}
+		if _, err := grid.Sub(ctx, remain); !errors.Is(err, adi.ErrMismatch) {
+			return fmt.Errorf("Sub with rank 2's remain otherwise: %v, want ErrMismatch", err)
+		}
+		remain = []bool{true, false}
+		if c.Rank() == 0 {
+			remain = []bool{true}
+		}
+		_, err = grid.Sub(ctx, remain)
+		if c.Rank() == 0 && (err == nil || errors.Is(err, adi.ErrMismatch)) || c.Rank() != 0 && !errors.Is(err, adi.ErrMismatch) {
+			return fmt.Errorf("Sub with one flag on rank 0: %v", err)
+		}
+		// After all that the grid still works.
+		if _, err := grid.Sub(ctx, []bool{false, true}); err != nil {
+			return err
+		}
+		return grid.Barrier(ctx)
+	})
+}

@@ -1,0 +1,363 @@
+package adi_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+// block is what rank src puts in its block number slot of n bytes (slot
+// 255 for a neighbour allgather, which sends one block to all).
+func block(src, slot, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(src*37 + slot*11 + i)
+	}
+	return b
+}
+
+// untouched fills the slots of ProcNull neighbours, which must keep it.
+const untouched = 0xEE
+
+// cartNeighbors computes, from the coordinates alone, the neighbours MPI
+// gives rank r of a grid: for each dimension the rank at -1, then at +1,
+// ProcNull past an edge that does not wrap.
+func cartNeighbors(r int, dims []int, periodic []bool) []int {
+	coords := make([]int, len(dims))
+	for i, x := len(dims)-1, r; i >= 0; i-- {
+		coords[i], x = x%dims[i], x/dims[i]
+	}
+	var nb []int
+	for d := range dims {
+		for _, step := range []int{-1, 1} {
+			x := coords[d] + step
+			if x < 0 || x >= dims[d] {
+				if !periodic[d] {
+					nb = append(nb, adi.ProcNull)
+					continue
+				}
+				x = (x + dims[d]) % dims[d]
+			}
+			at := 0
+			for i := range dims {
+				c := coords[i]
+				if i == d {
+					c = x
+				}
+				at = at*dims[i] + c
+			}
+			nb = append(nb, at)
+		}
+	}
+	return nb
+}
+
+// neighborCalls runs the four neighbour collectives on topology t, whose
+// in-neighbours are in and out-neighbours out, and checks what each
+// receives against want(slot) = (the sending rank, its block number):
+// for MPI, the block of a Cart neighbour sent in the opposite direction,
+// the block of a graph's k-th edge from that rank. base is a block's
+// length in bytes; the v forms add its index to it.
+type neighborTopo interface {
+	NeighborAllgather(ctx context.Context, send, recv []byte) error
+	NeighborAllgatherv(ctx context.Context, send []byte, recv [][]byte) error
+	NeighborAlltoall(ctx context.Context, send, recv []byte) error
+	NeighborAlltoallv(ctx context.Context, send, recv [][]byte) error
+	Rank() int
+}
+
+func checkNeighborCalls(ctx context.Context, t neighborTopo, in, out []int, want func(slot int) (src, blk int), base int) error {
+	me := t.Rank()
+	// Allgather: every in-neighbour's one block.
+	recv := bytes.Repeat([]byte{untouched}, len(in)*base)
+	if err := t.NeighborAllgather(ctx, block(me, 255, base), recv); err != nil {
+		return err
+	}
+	for s, src := range in {
+		got, exp := recv[s*base:(s+1)*base], block(src, 255, base)
+		if src == adi.ProcNull {
+			exp = bytes.Repeat([]byte{untouched}, base)
+		}
+		if !bytes.Equal(got, exp) {
+			return fmt.Errorf("allgather slot %d from %d: %v, want %v", s, src, got, exp)
+		}
+	}
+	// Allgatherv: rank r sends base+r bytes.
+	vrecv := make([][]byte, len(in))
+	for s, src := range in {
+		vrecv[s] = []byte{}
+		if src != adi.ProcNull {
+			vrecv[s] = make([]byte, base+src)
+		}
+	}
+	if err := t.NeighborAllgatherv(ctx, block(me, 255, base+me), vrecv); err != nil {
+		return err
+	}
+	for s, src := range in {
+		if src != adi.ProcNull && !bytes.Equal(vrecv[s], block(src, 255, base+src)) {
+			return fmt.Errorf("allgatherv slot %d from %d: %v", s, src, vrecv[s])
+		}
+	}
+	// Alltoall: block s to out-neighbour s.
+	send := make([]byte, 0, len(out)*base)
+	for s := range out {
+		send = append(send, block(me, s, base)...)
+	}
+	recv = bytes.Repeat([]byte{untouched}, len(in)*base)
+	if err := t.NeighborAlltoall(ctx, send, recv); err != nil {
+		return err
+	}
+	for s, src := range in {
+		exp := bytes.Repeat([]byte{untouched}, base)
+		if src != adi.ProcNull {
+			from, blk := want(s)
+			exp = block(from, blk, base)
+		}
+		if got := recv[s*base : (s+1)*base]; !bytes.Equal(got, exp) {
+			return fmt.Errorf("alltoall slot %d from %d: %v, want %v", s, src, got, exp)
+		}
+	}
+	// Alltoallv: block s is base+s bytes long.
+	vsend := make([][]byte, len(out))
+	for s := range out {
+		vsend[s] = block(me, s, base+s)
+	}
+	for s, src := range in {
+		vrecv[s] = []byte{}
+		if src != adi.ProcNull {
+			_, blk := want(s)
+			vrecv[s] = make([]byte, base+blk)
+		}
+	}
+	if err := t.NeighborAlltoallv(ctx, vsend, vrecv); err != nil {
+		return err
+	}
+	for s, src := range in {
+		if src == adi.ProcNull {
+			continue
+		}
+		from, blk := want(s)
+		if exp := block(from, blk, base+blk); !bytes.Equal(vrecv[s], exp) {
+			return fmt.Errorf("alltoallv slot %d from %d: %v, want %v", s, src, vrecv[s], exp)
+		}
+	}
+	return nil
+}
+
+// TestCartNeighborCollectives checks the neighbour collectives on grids
+// against MPI: slots 2d and 2d+1 belong to the -1 and +1 neighbours along
+// dimension d, ProcNull slots are left alone, and the block a rank sends
+// towards -1 lands in its neighbour's +1 slot and the other way round
+// (block s in slot s^1), also where both neighbours are one rank: a
+// periodic dimension of 2, or of 1, where a rank is its own neighbour
+// twice over (mpi-forum/mpi-issues#153).
+func TestCartNeighborCollectives(t *testing.T) {
+	for _, tc := range []struct {
+		ranks    int
+		dims     []int
+		periodic []bool
+	}{
+		{1, []int{1}, []bool{true}},
+		{1, []int{1}, []bool{false}},
+		{2, []int{2}, []bool{true}},
+		{2, []int{2}, []bool{false}},
+		{3, []int{3}, []bool{true}},
+		{3, []int{3}, []bool{false}},
+		{4, []int{1, 4}, []bool{true, true}},
+		{4, []int{2, 2}, []bool{true, false}},
+		{6, []int{2, 3}, []bool{true, false}},
+		{6, []int{3, 2}, []bool{false, true}},
+		{5, []int{2, 1, 2}, []bool{true, true, false}}, // rank 4 is off the grid
+	} {
+		t.Run(fmt.Sprintf("%d/%v/%v", tc.ranks, tc.dims, tc.periodic), func(t *testing.T) {
+			cs := loopJob(t, tc.ranks)
+			ctx := ctxT(t)
+			each(t, cs, func(c *adi.Comm) error {
+				grid, err := c.CartCreate(ctx, tc.dims, tc.periodic)
+				if err != nil || grid == nil {
+					return err
+				}
+				nb := cartNeighbors(grid.Rank(), tc.dims, tc.periodic)
+				if got := grid.Neighbors(); !slices.Equal(got, nb) {
+					return fmt.Errorf("neighbours %v, want %v", got, nb)
+				}
+				for _, base := range []int{0, 5, 700} { // 700: by rendezvous
+					want := func(s int) (int, int) { return nb[s], s ^ 1 }
+					if err := checkNeighborCalls(ctx, grid, nb, nb, want, base); err != nil {
+						return fmt.Errorf("blocks of %d bytes: %w", base, err)
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// graphEdges is a multigraph on 5 ranks, in the order each source lists
+// its destinations: repeated edges (0->1 three times, 3->3 twice), self
+// loops, and rank 4 without any edge.
+var graphEdges = [][2]int{{0, 1}, {1, 2}, {0, 1}, {2, 0}, {3, 3}, {3, 0}, {2, 2}, {1, 0}, {0, 3}, {3, 3}, {0, 1}}
+
+// graphLists returns rank r's sources and destinations in graphEdges; the
+// sources are listed in reverse, so that the k-th edge between two ranks
+// is not the k-th in either list by accident.
+func graphLists(r int) (sources, dests []int) {
+	for _, e := range graphEdges {
+		if e[0] == r {
+			dests = append(dests, e[1])
+		}
+		if e[1] == r {
+			sources = append(sources, e[0])
+		}
+	}
+	slices.Reverse(sources)
+	return sources, dests
+}
+
+// TestDistGraphNeighborCollectives checks the neighbour collectives on a
+// distributed graph against MPI: slot j gets the block of the k-th edge
+// from its source to this rank, where this rank's source j is the k-th
+// time that source appears among its sources.
+func TestDistGraphNeighborCollectives(t *testing.T) {
+	cs := loopJob(t, 5)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		sources, dests := graphLists(c.Rank())
+		g, err := c.DistGraphCreateAdjacent(ctx, sources, dests)
+		if err != nil {
+			return err
+		}
+		if s, d := g.Neighbors(); !slices.Equal(s, sources) || !slices.Equal(d, dests) {
+			return fmt.Errorf("neighbours %v %v, want %v %v", s, d, sources, dests)
+		}
+		want := func(j int) (int, int) {
+			src := sources[j]
+			k := 0 // earlier appearances of src
+			for _, s := range sources[:j] {
+				if s == src {
+					k++
+				}
+			}
+			_, theirs := graphLists(src)
+			for i, d := range theirs {
+				if d == c.Rank() {
+					if k == 0 {
+						return src, i
+					}
+					k--
+				}
+			}
+			panic("no such edge") // the test's own graph is wrong
+		}
+		for _, base := range []int{0, 3, 700} {
+			if err := checkNeighborCalls(ctx, g, sources, dests, want, base); err != nil {
+				return fmt.Errorf("blocks of %d bytes: %w", base, err)
+			}
+		}
+		// The graph communicator is a communicator of its own.
+		return g.Barrier(ctx)
+	})
+}
+
+// TestDistGraphDisagree: lists that do not fit together, or name a rank
+// outside the communicator, fail on every rank.
+func TestDistGraphDisagree(t *testing.T) {
+	cs := loopJob(t, 4)
+	ctx := ctxT(t)
+	ring := func(r int) (sources, dests []int) { return []int{(r + 3) % 4}, []int{(r + 1) % 4} }
+	for _, tc := range []struct {
+		name  string
+		lists func(r int) (sources, dests []int)
+		own   int // the rank whose own lists are wrong, -1 for none
+	}{
+		{"edge not received", func(r int) ([]int, []int) {
+			s, d := ring(r)
+			if r == 0 {
+				d = append(d, 2) // rank 2 does not list 0 among its sources
+			}
+			return s, d
+		}, -1},
+		{"edge counted twice", func(r int) ([]int, []int) {
+			s, d := ring(r)
+			if r == 2 {
+				s = append(s, 1) // rank 1 sends to 2 only once
+			}
+			return s, d
+		}, -1},
+		{"rank outside", func(r int) ([]int, []int) {
+			s, d := ring(r)
+			if r == 3 {
+				d = append(d, 4)
+			}
+			return s, d
+		}, 3},
+		{"negative rank", func(r int) ([]int, []int) {
+			s, d := ring(r)
+			if r == 1 {
+				s = append(s, adi.ProcNull)
+			}
+			return s, d
+		}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			each(t, cs, func(c *adi.Comm) error {
+				s, d := tc.lists(c.Rank())
+				_, err := c.DistGraphCreateAdjacent(ctx, s, d)
+				switch {
+				case c.Rank() == tc.own && !errors.Is(err, adi.ErrRank):
+					return fmt.Errorf("own lists wrong: %v, want ErrRank", err)
+				case c.Rank() != tc.own && !errors.Is(err, adi.ErrMismatch):
+					return fmt.Errorf("%v, want ErrMismatch", err)
+				}
+				return nil
+			})
+		})
+	}
+	// The ring itself is fine, after all that.
+	each(t, cs, func(c *adi.Comm) error {
+		s, d := ring(c.Rank())
+		_, err := c.DistGraphCreateAdjacent(ctx, s, d)
+		return err
+	})
+}
+
+// TestNeighborArguments: buffers that do not fit the neighbourhood are
+// refused on every rank, and the next call goes through.
+func TestNeighborArguments(t *testing.T) {
+	cs := loopJob(t, 3)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		grid, err := c.CartCreate(ctx, []int{3}, []bool{true})
+		if err != nil {
+			return err
+		}
+		for name, call := range map[string]func() error{
+			"allgather short":   func() error { return grid.NeighborAllgather(ctx, make([]byte, 4), make([]byte, 7)) },
+			"alltoall uneven":   func() error { return grid.NeighborAlltoall(ctx, make([]byte, 5), make([]byte, 5)) },
+			"alltoall lengths":  func() error { return grid.NeighborAlltoall(ctx, make([]byte, 4), make([]byte, 6)) },
+			"allgatherv slots":  func() error { return grid.NeighborAllgatherv(ctx, nil, make([][]byte, 3)) },
+			"alltoallv blocks":  func() error { return grid.NeighborAlltoallv(ctx, make([][]byte, 1), make([][]byte, 2)) },
+			"alltoallv to many": func() error { return grid.NeighborAlltoallv(ctx, make([][]byte, 3), make([][]byte, 2)) },
+		} {
+			if err := call(); err == nil {
+				return fmt.Errorf("%s: no error", name)
+			}
+		}
+		// A rank that receives a block of another length than its slot
+		// says so.
+		n := 4
+		if c.Rank() == 1 {
+			n = 2
+		}
+		err = grid.NeighborAllgather(ctx, make([]byte, n), make([]byte, 2*n))
+		if !errors.Is(err, adi.ErrMismatch) {
+			return fmt.Errorf("blocks of %d bytes on rank 1, 4 elsewhere: %v, want ErrMismatch", n, err)
+		}
+		return grid.NeighborAllgather(ctx, []byte{byte(c.Rank())}, make([]byte, 2))
+	})
+}
