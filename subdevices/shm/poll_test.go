@@ -153,6 +153,15 @@ func TestDrainPassIsBounded(t *testing.T) {
 // that goroutine waits for the processor: a goroutine blocked in a system
 // call keeps its processor for up to 10 ms or more. It naps instead, and
 // sleeps again once nothing else wants to run.
+//
+// The goroutine computes until the progress goroutine has come to the
+// choice between napping and sleeping twice (after its doorbell sleep and
+// after a nap), not for a fixed time: each of the 64 yields before the
+// choice lets it run until the runtime preempts it, which takes 10 to
+// 20 ms (the runtime's monitor preempts after 10 ms and looks every 10 ms
+// when it has nothing else to do), so one round lasts ~1.3 s on an idle
+// machine and 2 s or more on a loaded one. A fixed 1.5 s failed there
+// for want of a round, not for a sleep.
 func TestNoSleepBesideRunnable(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
 	j := openJob(t, 1, jobOpts{sleepFor: 20 * time.Millisecond})
@@ -161,26 +170,38 @@ func TestNoSleepBesideRunnable(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	sleeps, naps := sd.sleeps.Load(), sd.naps.Load()
-	// Long enough for the progress goroutine to wake from its sleep and
-	// go through its polling and yielding rounds to the point where it
-	// would sleep again, twice: each of its 64 yields lets this
-	// goroutine run until the runtime preempts it, ~10 ms.
-	done := make(chan uint64)
+	// The progress goroutine's choices since then: its naps beside the
+	// computing goroutine and its sleeps. A sleep is counted before the
+	// futex wait, so the first wrong choice ends the computation. The
+	// computing goroutine reads them itself, while the processor is its
+	// own: once it stops, the progress goroutine may rightly sleep.
+	type counts struct {
+		sleeps, choices int64
+		x               uint64 // the computation's result, so that it is kept
+	}
+	look := func() counts {
+		s := sd.sleeps.Load() - sleeps
+		return counts{sleeps: s, choices: s + sd.naps.Load() - naps}
+	}
+	const watchdog = 60 * time.Second // a hang, not a performance assertion
+	done := make(chan counts)
 	go func() {
 		x := uint64(1)
-		for t0 := time.Now(); time.Since(t0) < 1500*time.Millisecond; {
+		c := look()
+		for t0 := time.Now(); c.sleeps == 0 && c.choices < 2 && time.Since(t0) < watchdog; c = look() {
 			for range 1000 {
 				x = x*6364136223846793005 + 1442695040888963407
 			}
 		}
-		done <- x
+		c.x = x
+		done <- c
 	}()
-	<-done
-	if got := sd.sleeps.Load() - sleeps; got != 0 {
-		t.Errorf("the progress goroutine went to sleep on the doorbell %d time(s) beside a runnable goroutine", got)
+	c := <-done
+	if c.sleeps != 0 {
+		t.Fatalf("the progress goroutine went to sleep on the doorbell beside a runnable goroutine, at its choice %d", c.choices)
 	}
-	if sd.naps.Load() == naps {
-		t.Errorf("the progress goroutine never came to the point of sleeping while the goroutine computed; the test proves nothing")
+	if c.choices < 2 {
+		t.Fatalf("the progress goroutine came to the choice between napping and sleeping %d time(s) within the watchdog, want 2", c.choices)
 	}
 	for sd.sleeps.Load() == sleeps {
 		time.Sleep(time.Millisecond) // idle again: it must sleep (the test timeout catches it if not)
