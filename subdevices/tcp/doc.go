@@ -30,8 +30,13 @@
 // overtaking the old stream. The receiver tells sessions apart by an id
 // each Connect draws, not by arrival order: connections of two Connects
 // that cross arrive interleaved, and each joins its own session, so a
-// session only ever waits for sessions begun before it. Deliver calls for
-// one rank are serialized across its connections.
+// session only ever waits for sessions begun before it. A connection
+// waiting for its turn is not read, but its socket is watched: one that
+// ends before carrying a byte (the loser of two crossing Connects closes
+// its connections as soon as the other installs its own) is closed at
+// once, not when the session before it ends, and a session begun later
+// still waits for every session begun before it. Deliver calls for one
+// rank are serialized across its connections.
 //
 // # Address selection
 //

@@ -55,11 +55,22 @@ type inbound struct {
 // interleaved, and a lane taken for a session of its own would wait behind
 // the other Connect's session, whose later lanes would wait behind it in
 // turn (see register in serveInbound).
+//
+// A session whose lanes all end before its turn (the losing Connect of two
+// that crossed closes its connections at once) carried nothing, so it
+// need not wait to be let go; but a session begun after it must still wait
+// for the ones begun before it (see sessionIdle).
+//
+// The fields other than key are guarded by subDevice.mu.
 type session struct {
 	key  sessionKey
 	prev *session // the rank's session before this one; nil once it ended
-	refs int      // lanes open; guarded by subDevice.mu
-	done chan struct{}
+	next *session // the rank's session begun right after this one, if any
+	refs int      // lanes open
+	// ended is set when done is closed: every lane of this session and
+	// of the sessions before it has ended.
+	ended bool
+	done  chan struct{}
 }
 
 // sessionKey names a session: the rank that connected and the id its
@@ -143,16 +154,55 @@ func (sd *subDevice) untrack(in *inbound) {
 	if s := in.sess; s != nil {
 		s.refs--
 		if s.refs == 0 {
-			close(s.done)
-			delete(sd.sessions, s.key)
-			if sd.latest[in.rank] == s {
-				delete(sd.latest, in.rank)
-			}
+			sd.sessionIdle(s)
 		}
 	}
 	sd.mu.Unlock()
 	in.conn.Close()
 	close(in.done)
+}
+
+// sessionIdle settles s, whose last open lane ended, and whatever that
+// settles in turn. The caller holds sd.mu.
+//
+// A session whose predecessor has ended ends: done is closed, so the
+// session after it may deliver, and that one, if its lanes all ended
+// while they waited for s, ends too. A session whose predecessor has not
+// ended carried nothing (its lanes ended waiting for their turn), yet the
+// session after it waits for that predecessor through it:
+//
+//	W (reading) <- L (lanes ended, waiting) <- N (waiting)
+//
+// If nobody waits for it (it is the rank's newest), it is dropped, and the
+// next session of the rank waits for W directly, as it would have through
+// L; otherwise it stays, ended only when W ends, so N never overtakes W.
+func (sd *subDevice) sessionIdle(s *session) {
+	for s != nil && s.refs == 0 && !s.ended {
+		rank := s.key.rank
+		if p := s.prev; p != nil && !p.ended {
+			if sd.latest[rank] != s {
+				return // s.next waits for p through s
+			}
+			if sd.sessions[s.key] == s {
+				delete(sd.sessions, s.key)
+			}
+			sd.latest[rank] = p
+			p.next, s.prev = nil, nil
+			s = p // it may be one that carried nothing as well
+			continue
+		}
+		s.ended = true
+		close(s.done)
+		if sd.sessions[s.key] == s {
+			delete(sd.sessions, s.key)
+		}
+		if sd.latest[rank] == s {
+			delete(sd.latest, rank)
+		}
+		next := s.next
+		s.next = nil
+		s = next
+	}
 }
 
 // serveInbound authenticates one accepted connection and delivers its
@@ -180,6 +230,9 @@ func (sd *subDevice) serveInbound(in *inbound) {
 		s := sd.sessions[key]
 		if s == nil {
 			s = &session{key: key, prev: sd.latest[rank], done: make(chan struct{})}
+			if s.prev != nil {
+				s.prev.next = s
+			}
 			sd.sessions[key] = s
 			sd.latest[rank] = s
 		}
@@ -195,15 +248,25 @@ func (sd *subDevice) serveInbound(in *inbound) {
 		return
 	}
 	in.conn.SetDeadline(time.Time{})
+	sd.log.Debug("accepted connection", "peer", rank, "remote_addr", remote, "local_addr", in.conn.LocalAddr(), "lane", lid.lane, "lanes", lid.lanes)
+	readable, err := sd.takeSocket(in)
+	if err != nil {
+		sd.log.Warn("dropping connection", "peer", in.rank, "remote_addr", remote, "error", err)
+		return
+	}
 	sd.mu.Lock()
 	s := in.sess
 	prev := s.prev
 	sd.mu.Unlock()
-	sd.log.Debug("accepted connection", "peer", rank, "remote_addr", remote, "local_addr", in.conn.LocalAddr(), "lane", lid.lane, "lanes", lid.lanes)
 	if prev != nil {
-		select {
-		case <-prev.done:
-		case <-sd.life.Done():
+		switch err := sd.awaitTurn(in, prev, readable); {
+		case errors.Is(err, sdi.ErrClosed):
+			return
+		case errors.Is(err, io.EOF):
+			sd.log.Debug("connection closed before its session's turn; it carried nothing", "peer", rank, "remote_addr", remote, "lane", lid.lane)
+			return
+		case err != nil:
+			sd.inboundEnded(rank, remote, err)
 			return
 		}
 		sd.mu.Lock()
@@ -211,7 +274,70 @@ func (sd *subDevice) serveInbound(in *inbound) {
 		sd.mu.Unlock()
 	}
 
-	sd.read(in, remote)
+	sd.read(in, remote, readable)
+}
+
+// takeSocket takes in's socket out of Go's netpoller (see rxfd) and
+// registers it, unarmed, with the idle waiter; it returns the channel
+// that tells in's reader the socket is readable once armed.
+func (sd *subDevice) takeSocket(in *inbound) (<-chan struct{}, error) {
+	in.ended = make(chan struct{})
+	rx, err := takeFD(in.conn)
+	if err != nil {
+		return nil, err
+	}
+	id, readable, err := sd.idle.add(rx.fd)
+	if err != nil {
+		rx.close()
+		return nil, err
+	}
+	in.mu.Lock()
+	in.rx, in.wid = rx, id
+	in.mu.Unlock()
+	return readable, nil
+}
+
+// awaitTurn waits until prev, the session begun before in's, has ended. It
+// reads nothing of in's stream meanwhile (that would deliver it ahead of
+// prev's), but it watches the socket: a connection that ends before it
+// carried a byte, as every connection of the loser of two crossing
+// Connects does, has nothing to deliver, and awaitTurn returns io.EOF (or
+// the error that ended it) at once, so that its socket is closed now and
+// not when prev ends, which may be at the end of the job. Once the stream
+// has bytes, it is a session with frames to deliver in its turn, and only
+// prev's end is awaited. It returns ErrClosed on Close.
+func (sd *subDevice) awaitTurn(in *inbound, prev *session, readable <-chan struct{}) error {
+	watch := readable
+	for {
+		if watch != nil {
+			in.mu.Lock()
+			err := sd.idle.arm(in.rx.fd, in.wid)
+			in.mu.Unlock()
+			if err != nil {
+				// Not fatal: the connection then waits for its turn
+				// unwatched, as one with bytes to deliver does.
+				sd.log.Debug("cannot watch a connection waiting for its session's turn", "peer", in.rank, "error", err)
+				watch = nil
+			}
+		}
+		select {
+		case <-prev.done:
+			return nil
+		case <-sd.life.Done():
+			return sdi.ErrClosed
+		case <-watch:
+		}
+		in.mu.Lock()
+		err := in.rx.peerEnded()
+		in.mu.Unlock()
+		switch {
+		case err == errAgain:
+		case err == nil:
+			watch = nil
+		default:
+			return err
+		}
+	}
 }
 
 // readerBudget bounds the frames the reader goroutine delivers before it
@@ -221,21 +347,10 @@ const readerBudget = 256
 // read delivers in's frames until its stream ends or Close. While nobody
 // polls, it waits for data (see awaitReadable) and parses it; while
 // pollers work, it stands by and leaves the connection to them.
-func (sd *subDevice) read(in *inbound, remote string) {
-	in.ended = make(chan struct{})
-	rx, err := takeFD(in.conn)
-	if err != nil {
-		sd.log.Warn("dropping connection", "peer", in.rank, "remote_addr", remote, "error", err)
-		return
-	}
-	id, readable, err := sd.idle.add(rx.fd)
-	if err != nil {
-		rx.close()
-		sd.log.Warn("dropping connection", "peer", in.rank, "remote_addr", remote, "error", err)
-		return
-	}
+func (sd *subDevice) read(in *inbound, remote string, readable <-chan struct{}) {
 	in.mu.Lock()
-	in.rx, in.wid = rx, id
+	rx := in.rx
+	rx.startPeeking()
 	in.fr = newFrameReader(rx.read, maxHeader, maxFrame)
 	in.fr.peek = rx.peek
 	if pl, ok := sd.h.(sdi.Placer); ok {

@@ -164,9 +164,26 @@ func takeFD(c net.Conn) (*rxfd, error) {
 		return nil, fmt.Errorf("duplicate the socket descriptor: %w", derr)
 	}
 	c.Close()
-	r := &rxfd{fd: nfd}
-	r.peekOff = peekAhead && unix.SetsockoptInt(nfd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0) == nil
-	return r, nil
+	return &rxfd{fd: nfd}, nil
+}
+
+// startPeeking lets peek read ahead where the kernel allows it (see
+// peekOff). It comes after the socket waited for its session's turn:
+// with SO_PEEK_OFF set, the one-byte peek of peerEnded would move the
+// offset the frame reader's peeks start from.
+func (r *rxfd) startPeeking() {
+	r.peekOff = peekAhead && r.fd >= 0 && unix.SetsockoptInt(r.fd, unix.SOL_SOCKET, unix.SO_PEEK_OFF, 0) == nil
+}
+
+// peerEnded tells, without taking a byte from the socket, whether the
+// stream has something to read (nil), nothing yet (errAgain), or ended
+// before carrying anything more: io.EOF when the peer closed it, or the
+// error that ended it. It is for a socket nobody reads yet, before
+// startPeeking.
+func (r *rxfd) peerEnded() error {
+	var b [1]byte
+	_, err := r.recv(b[:], unix.MSG_PEEK)
+	return err
 }
 
 // peekAhead lets sockets peek ahead where the kernel allows it; the tests
