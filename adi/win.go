@@ -668,10 +668,20 @@ func (w *Win) unlock(ctx context.Context, what string, targets []int) error {
 	return nil
 }
 
-// Flush is FlushAll. It is what the window had before FlushAll and
-// FlushLocal came, kept for the programs that call it.
-func (w *Win) Flush(ctx context.Context) error {
-	return w.FlushAll(ctx)
+// Flush completes every operation this rank started on the window
+// before the call as FlushAll does, but at one target only
+// (MPI_Win_flush): it asks target alone to acknowledge, if this rank
+// wrote to it since its last acknowledgement. The local part waits for
+// the operations on every target, which MPI allows: a flush may complete
+// more than it must.
+func (w *Win) Flush(ctx context.Context, target int) error {
+	if target == ProcNull {
+		return nil
+	}
+	if err := w.check("flush", target, 0, 0); err != nil {
+		return err
+	}
+	return w.flush(ctx, "flush", target)
 }
 
 // roundTrips sends a request h (lock, unlock, flush) to every target and

@@ -88,26 +88,36 @@ func (w *Win) UnlockAll(ctx context.Context) error {
 // acknowledge (one round trip to each, all at once), so it blocks; it
 // does not end the epoch. It may be called in any epoch, or none.
 func (w *Win) FlushAll(ctx context.Context) error {
+	return w.flush(ctx, "flush all", -1)
+}
+
+// flush is FlushAll (only < 0) or Flush of one target.
+func (w *Win) flush(ctx context.Context, what string, only int) error {
 	w.mu.Lock()
 	if w.freed {
 		w.mu.Unlock()
-		return fmt.Errorf("adi: flush: %w", errWinFreed)
+		return fmt.Errorf("adi: %s: %w", what, errWinFreed)
 	}
 	writes := slices.Clone(w.writes)
 	var targets []int
 	for t, n := range writes {
-		if n > w.acked[t] {
+		if n > w.acked[t] && (only < 0 || t == only) {
 			targets = append(targets, t)
 		}
 	}
 	w.mu.Unlock()
 	// The flush requests go out first, so that their round trips overlap
 	// the wait for this rank's own sends; the wait includes them.
-	if err := w.roundTrips(ctx, "flush", rmaHeader{kind: rmaFlush}, targets); err != nil {
+	if err := w.roundTrips(ctx, what, rmaHeader{kind: rmaFlush}, targets); err != nil {
 		return err
 	}
 	if err := w.FlushLocal(ctx); err != nil {
 		return err
+	}
+	for t := range writes {
+		if only >= 0 && t != only {
+			writes[t] = 0 // not acknowledged by this flush
+		}
 	}
 	w.ack(writes)
 	return nil

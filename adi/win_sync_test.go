@@ -84,7 +84,8 @@ func TestWinLockAll(t *testing.T) {
 }
 
 // TestWinFlushAllAsks: FlushAll asks for an acknowledgement only from
-// the targets written to since they last acknowledged, and Unlock's
+// the targets written to since they last acknowledged, Flush only from
+// the one it names, and Unlock's
 // acknowledgement counts as one. (Whether a put is applied when FlushAll
 // returns cannot be watched from outside without timing: on loopback it
 // almost always is anyway.)
@@ -116,7 +117,10 @@ func TestWinFlushAllAsks(t *testing.T) {
 		{"accumulate to 0 and 2", func() error {
 			return errors.Join(adi.Accumulate(w, []int64{1}, 0, 0, adi.AccSum), adi.Accumulate(w, []int64{1}, 2, 0, adi.AccSum))
 		}, [3]int64{2, 3, 3}},
-		{"flush asks 0 and 2", func() error { return w.FlushAll(ctx) }, [3]int64{3, 3, 4}},
+		{"flush of 2 asks 2 alone", func() error { return w.Flush(ctx, 2) }, [3]int64{2, 3, 4}},
+		{"flush of 2 again asks nobody", func() error { return w.Flush(ctx, 2) }, [3]int64{2, 3, 4}},
+		{"flush of ProcNull asks nobody", func() error { return w.Flush(ctx, adi.ProcNull) }, [3]int64{2, 3, 4}},
+		{"flush all asks 0 alone", func() error { return w.FlushAll(ctx) }, [3]int64{3, 3, 4}},
 		{"put to 1, unlock all", func() error { return errors.Join(w.Put(b[:], 1, 8), w.UnlockAll(ctx)) }, [3]int64{4, 5, 5}},
 		{"unlock acknowledged it", func() error { return w.FlushAll(ctx) }, [3]int64{4, 5, 5}},
 	} {
@@ -174,7 +178,7 @@ func TestWinSyncErrors(t *testing.T) {
 	}
 	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) }) // no stray unlock reached a server
 	for name, err := range map[string]error{
-		"lock all": w.LockAll(ctx), "unlock all": w.UnlockAll(ctx), "flush all": w.FlushAll(ctx), "flush local": w.FlushLocal(ctx),
+		"lock all": w.LockAll(ctx), "unlock all": w.UnlockAll(ctx), "flush all": w.FlushAll(ctx), "flush": w.Flush(ctx, 1), "flush local": w.FlushLocal(ctx),
 	} {
 		if err == nil || !strings.Contains(err.Error(), "window freed") {
 			t.Errorf("%s after Free: %v", name, err)

@@ -199,7 +199,7 @@ func TestWinLock(t *testing.T) {
 				if err := win.Lock(ctx, 0, true); err != nil {
 					return err
 				}
-				if err := errors.Join(win.Get(cur[:], 0, 0), win.Flush(ctx)); err != nil {
+				if err := errors.Join(win.Get(cur[:], 0, 0), win.Flush(ctx, 0)); err != nil {
 					return err
 				}
 				binary.LittleEndian.PutUint64(cur[:], binary.LittleEndian.Uint64(cur[:])+1)

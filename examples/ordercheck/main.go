@@ -329,7 +329,7 @@ func window(ctx context.Context, c *adi.Comm, maxSize int) error {
 		return fmt.Errorf("window: accumulated %d, want %d", got, want)
 	}
 	var cur [8]byte
-	if err := errors.Join(win.Lock(ctx, 0, true), win.Get(cur[:], 0, 8), win.Flush(ctx)); err != nil {
+	if err := errors.Join(win.Lock(ctx, 0, true), win.Get(cur[:], 0, 8), win.Flush(ctx, 0)); err != nil {
 		return fmt.Errorf("window: %w", err)
 	}
 	binary.LittleEndian.PutUint64(cur[:], binary.LittleEndian.Uint64(cur[:])+1)
