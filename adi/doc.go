@@ -13,9 +13,15 @@
 // and then receive from the same sources need them, since between a
 // [Comm.Probe] and its receive another goroutine may take the message.
 // [Comm.Dup] and [Comm.Split] make communicators with isolated contexts;
-// [Comm.CartCreate] lays ranks out on a grid ([DimsCreate] picks its
-// shape), whose [Cart.Shift] names the neighbours of a halo exchange,
-// [ProcNull] past an edge that does not wrap.
+// so do [Comm.Create] and [Comm.CreateGroup], from a [Group] built with
+// set operations on [Comm.Group]. [Comm.CartCreate] lays ranks out on a
+// grid ([DimsCreate] picks its shape), whose [Cart.Shift] names the
+// neighbours of a halo exchange, [ProcNull] past an edge that does not
+// wrap, and [Cart.Sub] keeps some of its dimensions;
+// [Comm.DistGraphCreateAdjacent] describes any graph. On both, the
+// neighbour collectives ([Cart.NeighborAllgather],
+// [DistGraph.NeighborAlltoall], ...) exchange with each rank's
+// neighbours only, in MPI's slot order.
 //
 // A program that streams nonblocking messages starts them in requests it
 // keeps and reuses ([Comm.IsendInto], [Comm.IrecvInto]) instead of
@@ -60,10 +66,17 @@
 // the collective [Win.Fence] calls that separate epochs, ranks [Win.Put]
 // into, [Win.Get] from and [Accumulate] into other ranks' windows without
 // those ranks taking part: a goroutine of each rank, the window's server,
-// applies what comes. Fence completes every operation of the epoch on
-// every rank; or [Win.Lock] and [Win.Unlock] bracket one origin's
-// operations on one target, exclusive or shared, the others taking no
-// part.
+// applies what comes, one operation at a time. Fence completes every
+// operation of the epoch on every rank; or [Win.Lock] and [Win.Unlock]
+// bracket one origin's operations on one target, exclusive or shared, the
+// others taking no part, and [Win.LockAll] takes a shared lock on every
+// rank. Inside those passive-target epochs, [Win.Flush], [Win.FlushAll]
+// and [Win.FlushLocal] complete operations without ending the epoch, and
+// [Win.Rput], [Win.Rget] and [Raccumulate] return a [Request] of their
+// own. [FetchAndOp], [GetAccumulate] and [CompareAndSwap] read and change
+// a target's elements in one step: many ranks drawing tickets from one
+// counter each get a different one. A synchronization call made in the
+// wrong epoch fails with [ErrRMASync] and sends nothing.
 //
 // # Usage
 //
