@@ -2,6 +2,7 @@ package tcp
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net"
 	"os"
 	"path/filepath"
@@ -257,16 +258,30 @@ func TestCrossingConnectsHoldNoSockets(t *testing.T) {
 }
 
 // A session that waits for its turn while its frames arrive is watched
-// for its end with a peek of one byte; that peek must take nothing from
-// the stream its frame reader later reads (with SO_PEEK_OFF, a peek
-// moves the offset the next one starts from). Here the session before
-// is a connection of the test's, ended once the new session's frames
-// have been sent.
-func TestWaitingSessionDeliversIntact(t *testing.T) {
+// for its end with a peek of one byte. The frames must stay where they
+// are until the session before has ended, and then arrive intact: the
+// peek takes nothing from the stream (with SO_PEEK_OFF, a peek would also
+// move the offset the frame reader's peeks start from). The session
+// before is a connection of the test's, which delivers a frame before
+// the new session's frames are sent and more after, and then ends.
+func TestWaitingSessionKeepsItsFrames(t *testing.T) {
 	o := jobOpts{size: 2, config: `{"listen": "127.0.0.1:0"}`}
 	a, b := openNode(t, 0, o), openNode(t, 1, o)
 	before := dialLane(t, a, b, laneID{session: 7, lanes: 1})
 	defer before.Close()
+	// Frames of the session before carry tokens from 100 on.
+	writeFrame := func(token uint64) {
+		t.Helper()
+		f := tokenFrame(b.rank, token, 100)
+		w := make([]byte, sdi.WireHeaderSize)
+		sdi.WireHeader{HeaderLen: uint16(len(f.Header)), PayloadLen: uint32(len(f.Payload))}.Put(w)
+		if _, err := before.Write(append(append(w, f.Header...), f.Payload...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFrame(100)
+	b.rec.waitFor(t, "the first frame of the session before", func() bool { return len(b.rec.delivered[a.rank]) == 1 })
+
 	if err := a.sd.Connect(t.Context(), b.rank, b.local.Addr); err != nil {
 		t.Fatal(err)
 	}
@@ -274,12 +289,35 @@ func TestWaitingSessionDeliversIntact(t *testing.T) {
 	for i := range n {
 		send(t, a, tokenFrame(b.rank, uint64(i), 100))
 	}
-	a.rec.waitFor(t, "the frames written", func() bool { return len(a.rec.done) == n })
+	a.rec.waitFor(t, "the new session's frames written", func() bool { return len(a.rec.done) == n })
+	// The new session's frames are in b's socket. Frames of the session
+	// before, one at a time, give a reader that took them out of turn
+	// every chance to show it.
+	const later = 50
+	for i := range later {
+		writeFrame(101 + uint64(i))
+		b.rec.waitFor(t, "a frame of the session before", func() bool {
+			ds := b.rec.delivered[a.rank]
+			return len(ds) > 0 && binary.LittleEndian.Uint64(ds[len(ds)-1].header) == 101+uint64(i)
+		})
+	}
+	if got := b.rec.count(a.rank); got != 1+later {
+		t.Fatalf("%d frames delivered while the session before was open, want its %d", got, 1+later)
+	}
+
 	before.Close()
-	b.rec.waitFor(t, "the frames delivered", func() bool { return len(b.rec.delivered[a.rank]) == n })
+	b.rec.waitFor(t, "the new session's frames", func() bool { return len(b.rec.delivered[a.rank]) == 1+later+n })
+	var want []uint64
+	for i := range 1 + later {
+		want = append(want, 100+uint64(i))
+	}
+	for i := range n {
+		want = append(want, uint64(i))
+	}
 	for i, d := range b.rec.frames(a.rank) {
-		if !bytes.Equal(d.payload, pattern(100, byte(i))) {
-			t.Fatalf("frame %d arrived damaged", i)
+		token := binary.LittleEndian.Uint64(d.header)
+		if token != want[i] || !bytes.Equal(d.payload, pattern(100, byte(token))) {
+			t.Fatalf("frame %d: token %d (want %d), payload intact %v", i, token, want[i], bytes.Equal(d.payload, pattern(100, byte(token))))
 		}
 	}
 }
