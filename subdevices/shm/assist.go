@@ -52,12 +52,21 @@ import (
 // sender took for as long as the sender's process runs, and reports it
 // down, its place ended ([sdi.Placer]), only once it has exited; not at
 // the receiver's Close either, after which the multidevice hands the
-// buffers back. A sender that takes longer than assistPatience (a
-// process stopped mid-copy, a garbled claim word) is logged, and checked
-// on every millisecond instead of spun on. Giving up sooner let a
-// stopped sender, once resumed, write its chunk into a buffer the
-// application had been given back, or count it done in the next epoch's
-// word, where the receiver took it for a chunk of the next payload.
+// buffers back: Close waits for them. Giving up sooner let a stopped
+// sender, once resumed, write its chunk into a buffer the application
+// had been given back, or count it done in the next epoch's word, where
+// the receiver took it for a chunk of the next payload.
+//
+// It waits without holding the receive lock. A read whose sender's
+// chunks are not in shortly after the receiver's own is parked
+// (parkedRead): the record stays at the ring's head, so nothing that
+// sender sent later is delivered first, and whoever holds the lock next
+// looks again, while the other rings are drained as usual. A sender
+// stopped mid-chunk (SIGSTOP, a debugger) thus holds up its own frames
+// only. The sender rings the receiver's doorbell after each chunk it
+// counts, so a receiver asleep meanwhile wakes for it; its process is
+// checked at most once a millisecond while polled and at every liveness
+// check while idle, and a stall past assistPatience is logged once.
 //
 // Revocation (singlecopy.go) still holds: the receiver waits for the
 // sender's chunks before it loads the revoked word, so a chunk copied from
@@ -89,31 +98,47 @@ const (
 	// before it logs the stall and checks on the sender every millisecond
 	// instead of spinning; it waits on while the sender's process runs.
 	assistPatience = 2 * time.Second
+	// assistSpin is how many times a receiver that copied its own chunks
+	// looks whether the sender's are done before it parks the read
+	// (parkedRead): a chunk takes ~15 us, and a sender that is not
+	// copying is not helped by the receiver waiting with the lock held.
+	assistSpin = 1 << 12
 )
 
 // chunks returns the number of assistChunk pieces of an n-byte payload.
 func chunks(n int) int { return (n + assistChunk - 1) / assistChunk }
 
 // readAssisted fills dst from addr in process pr (sender rank r, record
-// at cursor head), with the sender's help if it gives it. The caller
+// at cursor head), with the sender's help if it gives it, and returns
+// once every byte is there or the sender's process exited. The caller
 // checked that pr runs.
 func (rc *receiver) readAssisted(r int, pr *peerProc, dst []byte, addr, head uint64) error {
+	parked, err := rc.startAssisted(r, pr, dst, addr, head)
+	if err != nil || !parked {
+		return err
+	}
+	err = rc.finishParked(r, true)
+	rc.parked[r] = parkedRead{} // the caller has dst
+	return err
+}
+
+// startAssisted starts filling dst from addr in process pr (sender rank
+// r, record at cursor head) and copies its own part. It reports parked
+// when chunks the sender took are still being copied a little later:
+// then rc.parked[r] holds the read, and finishParked ends it. The caller
+// checked that pr runs.
+func (rc *receiver) startAssisted(r int, pr *peerProc, dst []byte, addr, head uint64) (parked bool, err error) {
 	n := len(dst)
 	nc := chunks(n)
 	pid := pr.pid
 	if nc < 2 || rc.noAssist[r] || rc.sendingTo(r) {
-		return rc.vm.read(pid, dst, addr)
+		return false, rc.vm.read(pid, dst, addr)
 	}
 	// The wait below asks pr whether the sender still runs; a
 	// reconnect may release it meanwhile, which would leave no answer.
 	if !pr.hold() {
-		return fmt.Errorf("connection to process %d released: %w", pid, sdi.ErrPeerUnreachable)
+		return false, fmt.Errorf("connection to process %d released: %w", pid, sdi.ErrPeerUnreachable)
 	}
-	defer func() {
-		if err := pr.release(); err != nil {
-			rc.sd.log.Warn("releasing the process of peer", "peer", r, "error", err)
-		}
-	}()
 	aw := rc.sd.inbound[r].assist
 	rc.epoch[r]++
 	e := uint64(rc.epoch[r]) << 32
@@ -123,7 +148,6 @@ func (rc *receiver) readAssisted(r int, pr *peerProc, dst []byte, addr, head uin
 	aw.n.Store(uint64(n))
 	aw.claim.Store(e) // opens the epoch: the request above is complete
 	took := 0         // chunks this side took, copied or not
-	var err error
 	for {
 		k := int(uint32(aw.claim.Add(1))) - 1
 		if k >= nc || k < 0 {
@@ -139,18 +163,117 @@ func (rc *receiver) readAssisted(r int, pr *peerProc, dst []byte, addr, head uin
 	// Closing with a swap tells exactly how many chunks were taken: no
 	// swap of the sender's succeeds after it.
 	taken := min(int(uint32(aw.claim.Swap(e|assistClosed))), nc)
-	failed, werr := rc.awaitSender(r, pr, aw.done, taken-took)
+	rc.parked[r] = parkedRead{pr: pr, dst: dst, addr: addr, head: head, want: taken - took, err: err}
+	for range assistSpin {
+		if rc.sendersDone(r) {
+			err := rc.finishParked(r, false)
+			rc.parked[r] = parkedRead{} // the caller has dst
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// parkedRead is a payload read of one ring whose sender still copies
+// chunks it took into dst. The receiver leaves it there rather than
+// wait with the receive lock held, so that a sender stopped mid-chunk
+// (SIGSTOP, a debugger) holds up its own ring only, not the others:
+// drain delivers nothing more of that ring until the read ends. dst
+// stays the read's, neither delivered nor given up, until every chunk
+// is copied or the sender's process exited (see the top of this file).
+// Once the chunks are in, ready says that dst holds the payload of the
+// record at head, for fetch to deliver on the next pass.
+type parkedRead struct {
+	pr      *peerProc // held while parked; nil when no read is parked
+	ready   bool      // the read ended well; dst is the payload
+	dst     []byte
+	addr    uint64    // the payload's address in the sender
+	head    uint64    // cursor of the descriptor record
+	want    int       // chunks the sender took
+	err     error     // from this side's own reads
+	since   time.Time // when the read was first found parked
+	looked  time.Time // when the sender's process was last checked
+	stalled bool      // the stall was logged
+}
+
+// sendersDone reports whether the sender of ring r copied, or failed,
+// every chunk it took of the read parked there. The done word's load is
+// the acquire that pairs with the sender's Add after its write.
+func (rc *receiver) sendersDone(r int) bool {
+	d := rc.sd.inbound[r].assist.done.Load()
+	return int(uint32(d))+int(d>>32) >= rc.parked[r].want
+}
+
+// errParked says that a read is parked (parkedRead): the frame is
+// delivered by a later pass.
+var errParked = errors.New("shm: payload read waits for its sender's chunks")
+
+// finishParked ends the read parked on ring r once the sender copied
+// every chunk it took, reading the payload alone if one failed. With
+// wait it waits for them, for as long as the sender's process runs;
+// without, it returns errParked while they are still being copied. It
+// returns an error wrapping [sdi.ErrPeerUnreachable] once the process
+// exited: no chunk can come any more, and the place may be given up.
+func (rc *receiver) finishParked(r int, wait bool) error {
+	pk := rc.parked[r]
+	done := rc.sd.inbound[r].assist.done
+	var err error
+	if !rc.sendersDone(r) {
+		if wait {
+			err = rc.awaitSender(r, pk.pr, done, pk.want)
+		} else if err = rc.checkParked(r, false); err == nil {
+			return errParked
+		}
+	}
+	rc.parked[r] = parkedRead{}
+	defer func() {
+		if rerr := pk.pr.release(); rerr != nil {
+			rc.sd.log.Warn("releasing the process of peer", "peer", r, "error", rerr)
+		}
+	}()
 	switch {
-	case werr != nil:
-		return werr
 	case err != nil:
 		return err
-	case failed:
+	case pk.err != nil:
+		return pk.err
+	case done.Load()>>32 != 0:
 		// The sender could not write (it may lack permission to write
 		// here): read it all, and stop asking this sender.
 		rc.noAssist[r] = true
 		rc.sd.log.Debug("peer failed to write its part of a payload; reading its payloads alone", "peer", r)
-		return rc.vm.read(pid, dst, addr)
+		if err := pk.pr.guard(); err != nil {
+			return err
+		}
+		if err := rc.vm.read(pk.pr.pid, pk.dst, pk.addr); err != nil {
+			return err
+		}
+	}
+	rc.parked[r] = parkedRead{ready: true, dst: pk.dst, head: pk.head}
+	return nil
+}
+
+// checkParked returns an error wrapping [sdi.ErrPeerUnreachable] once the
+// process of ring r's sender, whose read is parked, exited. It looks at
+// most once a millisecond unless forced, and logs a sender that took
+// longer than assistPatience once.
+func (rc *receiver) checkParked(r int, force bool) error {
+	pk := &rc.parked[r]
+	now := time.Now()
+	if pk.since.IsZero() {
+		pk.since, pk.looked = now, now
+	}
+	if !force && now.Sub(pk.looked) < time.Millisecond {
+		return nil
+	}
+	pk.looked = now
+	if err := pk.pr.check(); err != nil {
+		return fmt.Errorf("rank %d stopped while copying a payload: %w", r, err)
+	}
+	if !pk.stalled && now.Sub(pk.since) > rc.sd.assistPatience {
+		pk.stalled = true
+		rc.sd.assistStalls.Add(1)
+		rc.sd.log.Warn("peer took part of a payload and has not copied it; its frames wait while its process runs, since it may still write into the place",
+			"peer", r, "waited", rc.sd.assistPatience, "chunks_outstanding", pk.want-int(uint32(rc.sd.inbound[r].assist.done.Load())))
 	}
 	return nil
 }
@@ -167,17 +290,17 @@ func (rc *receiver) sendingTo(r int) bool {
 }
 
 // awaitSender waits until the done word counts want chunks copied or
-// failed, and reports whether one failed. It gives up only when the
-// sender's process pr exited: until then the sender may still write a
-// chunk it took into the place (see the top of this file). The caller
-// holds pr.
-func (rc *receiver) awaitSender(r int, pr *peerProc, done *atomic.Uint64, want int) (bool, error) {
+// failed. It gives up only when the sender's process pr exited: until
+// then the sender may still write a chunk it took into the place (see
+// the top of this file). The caller holds pr. Only a read that must end
+// now waits here (Close's, and tests'); drain parks its reads instead.
+func (rc *receiver) awaitSender(r int, pr *peerProc, done *atomic.Uint64, want int) error {
 	var start time.Time
 	stalled := false
 	for i := 0; ; i++ {
 		d := done.Load()
 		if int(uint32(d))+int(d>>32) >= want {
-			return d>>32 != 0, nil
+			return nil
 		}
 		if i < 1024 {
 			continue
@@ -195,7 +318,7 @@ func (rc *receiver) awaitSender(r int, pr *peerProc, done *atomic.Uint64, want i
 			continue
 		}
 		if err := pr.check(); err != nil {
-			return false, fmt.Errorf("rank %d stopped while copying a payload: %w", r, err)
+			return fmt.Errorf("rank %d stopped while copying a payload: %w", r, err)
 		}
 		if !stalled && time.Since(start) > rc.sd.assistPatience {
 			stalled = true
@@ -261,9 +384,14 @@ func (p *peer) assistOne(checked *bool) bool {
 			p.canWrite.Store(false)
 			p.sd.log.Debug("writing part of a payload into the peer's memory failed; it reads them alone", "peer", p.rank, "error", err)
 			aw.done.Add(assistFailed)
+			p.wake()
 			return false
 		}
 		aw.done.Add(1)
+		// A receiver that parked the read may sleep on its doorbell
+		// meanwhile (device.sleep re-checks parked reads after
+		// announcing the sleep, so this cannot be lost).
+		p.wake()
 		return true
 	}
 }

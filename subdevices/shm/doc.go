@@ -259,7 +259,8 @@
 // process_vm_writev under way in another process cannot be called
 // back, so the receiver waits for every chunk the sender took for as
 // long as the sender's process runs (even past a Close), and reports it
-// down only once it exited. A read that fails (EFAULT, ESRCH, a
+// down only once it exited; it waits without the receive lock, and
+// delivers nothing of that sender's meanwhile. A read that fails (EFAULT, ESRCH, a
 // revoked descriptor) reports the sender down, as does the death of a
 // sender the receiver is placing a frame of, through its connection or,
 // after Disconnect, through the process it keeps for that frame; the
@@ -281,8 +282,9 @@
 // buffer on a peer's word, but a peer allowed process_vm_writev into it
 // (same user, the permission the single copy needs anyway) could write
 // anywhere in it regardless of this protocol. A helping sender stopped
-// in the middle of a chunk (SIGSTOP, a debugger) holds the receive lock,
-// and so every ring of the receiver, until it goes on or exits. A rank
+// in the middle of a chunk (SIGSTOP, a debugger) holds up its own frames
+// to the receiver, and the receiver's Close, until it goes on or exits;
+// the receiver's other rings are drained meanwhile. A rank
 // whose process dies without Close is noticed by its pidfd (its pid where
 // there is none), within a sleep timeout; its segment file is left behind.
 package shm

@@ -71,9 +71,11 @@ type receiver struct {
 	// (fast.go).
 	fastNext []uint64
 	// Sender-assisted copies (assist.go): the last epoch opened per ring,
-	// and the senders that failed to help and are no longer asked.
+	// the senders that failed to help and are no longer asked, and the
+	// reads that wait for a sender's chunks.
 	epoch    []uint32
 	noAssist []bool
+	parked   []parkedRead
 	// out[r] and desc[r] time this rank's copies out of ring r and its
 	// reads of r's payloads (choose.go); wholes[r] counts the whole
 	// frames of ring r that could have been timed.
@@ -84,7 +86,7 @@ type receiver struct {
 func newReceiver(sd *device) *receiver {
 	n := len(sd.inbound)
 	return &receiver{sd: sd, heads: make([]uint64, n), dead: make([]bool, n), reported: make([]bool, n), parts: make([]partial, n), watch: make([]*peerProc, n),
-		epoch: make([]uint32, n), noAssist: make([]bool, n), fastNext: make([]uint64, n), out: make([]rateWindow, n), desc: make([]rateWindow, n), wholes: make([]int, n)}
+		epoch: make([]uint32, n), noAssist: make([]bool, n), parked: make([]parkedRead, n), fastNext: make([]uint64, n), out: make([]rateWindow, n), desc: make([]rateWindow, n), wholes: make([]int, n)}
 }
 
 // Poll implements [sdi.Poller]: it drains the inbound rings once on the
@@ -281,6 +283,16 @@ func (rc *receiver) drain(r int) int {
 	// the outbox goroutine's pauses (bibw at 64 KiB fell to ~1.7 GB/s in
 	// most runs after a test of 4 MiB messages).
 	read := 0
+	if rc.parked[r].pr != nil {
+		// A payload of this ring waits for chunks its sender took
+		// (parkedRead): nothing after it goes first.
+		if err := rc.finishParked(r, false); err != nil {
+			if !errors.Is(err, errParked) {
+				rc.fail(r, err)
+			}
+			return 0
+		}
+	}
 	// published is the acquire that pairs with the sender's stamp, so
 	// every byte of the record is visible. A sender that rewrites a
 	// record after stamping it breaks its own frames, nothing else:
@@ -289,7 +301,7 @@ func (rc *receiver) drain(r int) int {
 	for !sd.stop.Load() && read < drainBudget {
 		// The fast slots first: a frame there was sent after every
 		// record the ring holds was taken (fast.go).
-		if rc.fastThere(r) {
+		if !rc.parked[r].ready && rc.fastThere(r) {
 			if err := rc.takeFast(r, &rec); err != nil {
 				rc.fail(r, err)
 				break
@@ -301,6 +313,9 @@ func (rc *receiver) drain(r int) int {
 			break
 		}
 		err := parseRecord(&rec, rg.data, head, maxHeader, sd.caps.MaxFrame)
+		if err == nil && rc.parked[r].ready && !rec.isDesc {
+			err = fmt.Errorf("%w: descriptor record at cursor %d changed while its payload was read", sdi.ErrBadFrame, head)
+		}
 		if err == nil && rc.fastDue(r, &rec) {
 			if rc.fastThere(r) {
 				continue // it goes first, at the top of the loop
@@ -309,6 +324,9 @@ func (rc *receiver) drain(r int) int {
 		}
 		if err == nil {
 			err = rc.handle(r, head, &rec, &read)
+		}
+		if errors.Is(err, errParked) {
+			break // the record stays at head for a later pass
 		}
 		if err != nil {
 			rc.fail(r, err)
@@ -409,7 +427,10 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 		}
 	case rec.isDesc:
 		var start time.Duration
-		if sd.copyWant == copyAuto {
+		// A read that was parked is not timed: its time is the
+		// sender's stall, not the path's.
+		timed := sd.copyWant == copyAuto && !rc.parked[r].ready
+		if timed {
 			start = monoNow()
 		}
 		var err error
@@ -417,7 +438,7 @@ func (rc *receiver) handle(r int, head uint64, rec *record, read *int) error {
 			return err
 		}
 		*read += len(payload)
-		if sd.copyWant == copyAuto {
+		if timed {
 			rc.sample(r, pathDesc, len(payload), monoNow()-start)
 		}
 	}
@@ -445,7 +466,18 @@ func (rc *receiver) pending() bool {
 		return true
 	}
 	for _, r := range rc.active {
-		if !rc.dead[r] && (rc.fastThere(r) || published(rc.sd.inbound[r].data, rc.heads[r])) {
+		if rc.dead[r] {
+			continue
+		}
+		if pk := &rc.parked[r]; pk.pr != nil {
+			// The record at head waits for the sender's chunks; the
+			// sender rings the doorbell after each (peer.assistOne).
+			if rc.sendersDone(r) {
+				return true
+			}
+			continue
+		}
+		if rc.fastThere(r) || published(rc.sd.inbound[r].data, rc.heads[r]) {
 			return true
 		}
 	}
@@ -475,6 +507,18 @@ func (rc *receiver) checkPeers() {
 	rc.polls = 0
 	for r := range rc.sd.peers {
 		if rc.reported[r] {
+			continue
+		}
+		if rc.parked[r].pr != nil {
+			// The sender may still write a chunk into the place of the
+			// read parked on its ring for as long as its process runs,
+			// whatever else it did meanwhile (closed its segment, for
+			// one): it is reported down only once its process exited.
+			// Its frames after that read are not delivered, as when a
+			// read fails: they would overtake the read's.
+			if err := rc.checkParked(r, true); err != nil {
+				rc.fail(r, err)
+			}
 			continue
 		}
 		p := rc.sd.peers[r].Load()
@@ -533,6 +577,20 @@ func (rc *receiver) checkWatched(r int) {
 	rc.unwatch(r)
 }
 
+// unpark drops the read parked on ring r, if any, with its place. Only
+// reportDown calls it, and a parked read is reported down only once its
+// sender's process exited (checkPeers): before, the sender may still
+// write into the place.
+func (rc *receiver) unpark(r int) {
+	pk := rc.parked[r]
+	rc.parked[r] = parkedRead{}
+	if pk.pr != nil {
+		if err := pk.pr.release(); err != nil {
+			rc.sd.log.Warn("releasing the process of peer", "peer", r, "error", err)
+		}
+	}
+}
+
 // unwatch lets go of the process kept for rank r, if any.
 func (rc *receiver) unwatch(r int) {
 	if w := rc.watch[r]; w != nil {
@@ -568,6 +626,7 @@ func (rc *receiver) reportDown(r int, err error) {
 	rc.dead[r] = true
 	part := &rc.parts[r]
 	part.active, part.dst, part.got, part.placed = false, nil, 0, false
+	rc.unpark(r)
 	rc.unwatch(r)
 	if rc.reported[r] || rc.sd.stop.Load() {
 		return

@@ -392,34 +392,52 @@ func (rc *receiver) reapPending() bool {
 
 // fetch reads the payload a descriptor record from rank r points at,
 // into the place the Handler gives or a buffer of the receiver's, and
-// returns it. head is the record's cursor.
+// returns it. head is the record's cursor. It returns errParked when the
+// read waits for chunks the sender took (parkedRead); the caller calls
+// it again for the same record once finishParked ended the wait.
 func (rc *receiver) fetch(r int, rec *record, head uint64) ([]byte, error) {
 	sd := rc.sd
 	pr := sd.srcProc[r].Load()
 	if pr == nil {
 		return nil, fmt.Errorf("%w: descriptor record at cursor %d, but this rank never agreed to read rank %d's memory", sdi.ErrBadFrame, head, r)
 	}
-	// Not one byte is read from a process that exited: its pid may name
-	// another by now (pidfd.go).
-	if err := pr.guard(); err != nil {
-		return nil, err
-	}
-	n := rec.desc.n
 	var dst []byte
-	if sd.placer != nil {
-		dst = sd.placer.Place(sdi.Rank(r), rec.header, n)
-		if dst != nil && len(dst) != n {
-			return nil, fmt.Errorf("shm: handler placed a %d-byte payload in %d bytes", n, len(dst))
+	if pk := rc.parked[r]; pk.ready {
+		// The read of this record, parked before, has ended.
+		dst = pk.dst
+		rc.parked[r] = parkedRead{}
+		if pk.head != head || len(dst) != rec.desc.n {
+			return nil, fmt.Errorf("%w: descriptor record at cursor %d changed while its payload was read", sdi.ErrBadFrame, head)
 		}
-	}
-	if dst == nil {
-		if cap(rc.scratch) < n {
-			rc.scratch = make([]byte, sd.caps.MaxFrame)
+	} else {
+		// Not one byte is read from a process that exited: its pid may
+		// name another by now (pidfd.go).
+		if err := pr.guard(); err != nil {
+			return nil, err
 		}
-		dst = rc.scratch[:n:n]
-	}
-	if err := rc.readAssisted(r, pr, dst, rec.desc.addr, head); err != nil {
-		return nil, err
+		n := rec.desc.n
+		if sd.placer != nil {
+			dst = sd.placer.Place(sdi.Rank(r), rec.header, n)
+			if dst != nil && len(dst) != n {
+				return nil, fmt.Errorf("shm: handler placed a %d-byte payload in %d bytes", n, len(dst))
+			}
+		}
+		if dst == nil {
+			if cap(rc.scratch) < n {
+				rc.scratch = make([]byte, sd.caps.MaxFrame)
+			}
+			dst = rc.scratch[:n:n]
+		}
+		parked, err := rc.startAssisted(r, pr, dst, rec.desc.addr, head)
+		if err != nil {
+			return nil, err
+		}
+		if parked {
+			if unsafe.SliceData(dst) == unsafe.SliceData(rc.scratch) {
+				rc.scratch = nil // the parked read keeps it; other rings get another
+			}
+			return nil, errParked
+		}
 	}
 	// After the read: a sender that gave up on this record before the read
 	// ended may have reused the payload (see the comment at the top).

@@ -261,8 +261,9 @@ const flushPoll = 100 * time.Microsecond
 // Close stops the progress goroutine, tells peers this rank is gone, unmaps
 // every segment and unlinks this rank's own. It is idempotent; later calls
 // wait for the first to finish and return nil. If ctx ends while a Handler
-// call is still running, Close returns ctx's error and the teardown finishes
-// in the background when the Handler returns.
+// call is still running, or while a sender still copies chunks of a
+// payload into a place (assist.go), Close returns ctx's error and the
+// teardown finishes in the background when they are done.
 func (sd *device) Close(ctx context.Context) error {
 	first := false
 	sd.closeOnce.Do(func() {
@@ -308,6 +309,17 @@ func (sd *device) teardown() error {
 	var errs []error
 	for r := range sd.rx.watch {
 		sd.rx.unwatch(r)
+	}
+	// A read parked on a sender's chunks ends before the multidevice may
+	// hand its place back, which it does once Close returns: this waits
+	// for the chunks while the sender's process runs (assist.go).
+	for r := range sd.rx.parked {
+		if pk := &sd.rx.parked[r]; pk.pr != nil {
+			if err := sd.rx.awaitSender(r, pk.pr, sd.inbound[r].assist.done, pk.want); err != nil {
+				sd.log.Debug("sender went away while a payload of its was read", "peer", r, "error", err)
+			}
+		}
+		sd.rx.unpark(r)
 	}
 	for r := range sd.peers {
 		if p := sd.peers[r].Swap(nil); p != nil {
