@@ -19,6 +19,11 @@ type Request struct {
 	local *localOp
 	// persist is set for a persistent request: what Start starts.
 	persist *persistent
+	// window is set for a one-sided operation's request (win.go): the
+	// window's flushes wait for it as well, so it can be neither
+	// cancelled, which would leave a target's reply with nowhere to go,
+	// nor restarted.
+	window bool
 }
 
 // localOp is an operation of this package's own: done is closed once st
@@ -45,6 +50,9 @@ func doneOp(st Status) *localOp {
 // start readies q for a new point-to-point operation: one that held a
 // local operation may take it once that is over.
 func (q *Request) start() error {
+	if q.window {
+		return errWindowRequest
+	}
 	if q.local != nil {
 		if !q.local.over() {
 			return fmt.Errorf("adi: %w", ErrRequestBusy)
@@ -57,6 +65,9 @@ func (q *Request) start() error {
 // startLocal puts o, a local operation, into q, unless q's own operation
 // is still in flight.
 func (q *Request) startLocal(c *Comm, o *localOp) error {
+	if q.window {
+		return errWindowRequest
+	}
 	if q.c != nil && !q.done() {
 		return fmt.Errorf("adi: %w", ErrRequestBusy)
 	}
@@ -136,11 +147,16 @@ func (q *Request) Test() (Status, bool, error) {
 	return q.c.status(st), true, err
 }
 
+// errWindowRequest: a one-sided operation's request given to IsendInto
+// or IrecvInto.
+var errWindowRequest = fmt.Errorf("adi: %w: the request is a one-sided operation's, kept by its window", ErrRequestBusy)
+
 // Cancel asks to cancel the request. A receive that has not matched yet
 // completes with ErrCanceled and Status.Cancelled; a matched receive, a
-// send or a collective completes normally (as MPI allows).
+// send, a collective or a one-sided operation completes normally (as MPI
+// allows).
 func (q *Request) Cancel() {
-	if q.c != nil && q.local == nil {
+	if q.c != nil && q.local == nil && !q.window {
 		q.c.w.dev.Cancel(&q.r)
 	}
 }

@@ -79,10 +79,16 @@ type Win struct {
 	// accumulates sent, and how many of them a flush, Unlock or Fence
 	// has seen applied: FlushAll asks only the targets where the two
 	// differ.
-	locks  map[int]lockState
-	all    lockState
-	writes []uint64
-	acked  []uint64
+	// A Lock or LockAll whose ctx ended leaves its requests queued at
+	// the targets: their grants, and LockAll's targets, are kept here for
+	// Unlock and UnlockAll, which wait for them before they release.
+	locks      map[int]lockState
+	all        lockState
+	lockGrants map[int]*Request
+	allGrants  []*Request
+	allTargets []int
+	writes     []uint64
+	acked      []uint64
 
 	// The server's side, guarded by smu: operations applied from each
 	// origin since the window was made, and what the server met that it
@@ -218,7 +224,7 @@ func (c *Comm) WinCreate(ctx context.Context, base []byte) (*Win, error) {
 	}
 	w := &Win{c: req, reply: reply, base: base, sizes: make([]int, len(sizes)), exclusive: -1, shared: map[int]int{},
 		sent: make([]int64, c.Size()), applied: make([]int64, c.Size()), expected: make([]int64, c.Size()),
-		locks: map[int]lockState{}, writes: make([]uint64, c.Size()), acked: make([]uint64, c.Size()),
+		locks: map[int]lockState{}, lockGrants: map[int]*Request{}, writes: make([]uint64, c.Size()), acked: make([]uint64, c.Size()),
 		arrived: make(chan struct{}), stopped: make(chan struct{})}
 	for r, n := range sizes {
 		w.sizes[r] = int(n)
@@ -268,6 +274,7 @@ func (w *Win) start(h rmaHeader, payload []byte, target int) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	q.window = true
 	w.mu.Lock()
 	w.pending = append(w.pending, q)
 	w.sent[target]++
@@ -279,9 +286,12 @@ func (w *Win) start(h rmaHeader, payload []byte, target int) (*Request, error) {
 }
 
 // fetch sends an operation whose reply brings len(dst) bytes into dst
-// (Get, GetAccumulate, CompareAndSwap) and returns the reply's request:
-// once it completes, dst holds the data and the target has applied the
-// operation.
+// (Get, GetAccumulate, CompareAndSwap; lock, unlock and flush, with no
+// bytes) and returns the reply's request: once it completes, dst holds
+// the data and the target has applied the operation. The flushes wait
+// for the replies of operations on data, not for those of lock, unlock
+// and flush requests, which their callers wait for: a Lock waiting for
+// its grant must not hold up another goroutine's flush.
 func (w *Win) fetch(h rmaHeader, payload, dst []byte, target int) (*Request, error) {
 	h.tag = w.replyTag()
 	q, err := w.reply.Irecv(dst, target, int(h.tag))
@@ -292,9 +302,12 @@ func (w *Win) fetch(h rmaHeader, payload, dst []byte, target int) (*Request, err
 		q.Cancel() // no reply will come for it
 		return nil, err
 	}
-	w.mu.Lock()
-	w.pending = append(w.pending, q)
-	w.mu.Unlock()
+	q.window = true
+	if h.kind != rmaLock && h.kind != rmaUnlock && h.kind != rmaFlush {
+		w.mu.Lock()
+		w.pending = append(w.pending, q)
+		w.mu.Unlock()
+	}
 	return q, nil
 }
 
@@ -404,7 +417,7 @@ func (w *Win) Fence(ctx context.Context) error {
 			if err := w.c.Barrier(ctx); err != nil {
 				return fmt.Errorf("adi: fence: %w", err)
 			}
-			w.ack(writes) // every rank applied what it was sent
+			w.ack(writes, w.ranks()) // every rank applied what it was sent
 			if serr != nil {
 				return fmt.Errorf("adi: fence: %w", serr)
 			}
@@ -596,8 +609,9 @@ func (w *Win) replyTag() uint64 {
 // complete at Unlock; Flush completes them sooner. A rank holds at most
 // one lock on a target, and none beside LockAll's: a second is refused
 // with ErrRMASync (a second exclusive lock would wait for itself). If
-// ctx ends first, the request stays queued at target and may be granted
-// later, to nobody's use; the window is then fit only for Free.
+// ctx ends first, the request stays queued at target and holds it once
+// granted; Unlock withdraws it, waiting for the grant first, so that the
+// other ranks can lock target again.
 func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
 	if target == ProcNull {
 		return nil
@@ -620,21 +634,31 @@ func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
 	if exclusive {
 		op = lockExclusive
 	}
-	err := w.roundTrips(ctx, "lock", rmaHeader{kind: rmaLock, op: op}, []int{target})
-	w.mu.Lock()
-	if err != nil {
-		delete(w.locks, target)
-	} else {
-		w.locks[target] = lockHeld
+	grants, err := w.ask(rmaHeader{kind: rmaLock, op: op}, []int{target})
+	if err == nil {
+		_, err = WaitAll(ctx, grants...)
 	}
-	w.mu.Unlock()
-	return err
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err == nil:
+		w.locks[target] = lockHeld
+		return nil
+	case len(grants) > 0 && ctx.Err() != nil:
+		w.lockGrants[target] = grants[0]
+		return fmt.Errorf("adi: lock of rank %d's window: %w (the request stays queued there: Unlock withdraws it)", target, err)
+	default:
+		delete(w.locks, target)
+		return fmt.Errorf("adi: lock of rank %d's window: %w", target, err)
+	}
 }
 
 // Unlock ends the passive-target epoch on target's window
 // (MPI_Win_unlock): the operations this rank started are complete, at
 // target too, and the lock is released. Without a lock on target from
-// Lock it fails with ErrRMASync and sends nothing.
+// Lock it fails with ErrRMASync and sends nothing. If it fails before
+// the release is sent (ctx ended), the lock is still held and Unlock may
+// be called again.
 func (w *Win) Unlock(ctx context.Context, target int) error {
 	if target == ProcNull {
 		return nil
@@ -643,29 +667,54 @@ func (w *Win) Unlock(ctx context.Context, target int) error {
 		return err
 	}
 	w.mu.Lock()
-	if w.locks[target] != lockHeld {
+	was, grant := w.locks[target], w.lockGrants[target]
+	if was != lockHeld && grant == nil {
 		w.mu.Unlock()
 		return fmt.Errorf("adi: unlock of rank %d's window: %w: this rank holds no lock on it from Lock", target, ErrRMASync)
 	}
-	delete(w.locks, target)
+	w.locks[target] = lockReleasing
+	delete(w.lockGrants, target)
 	w.mu.Unlock()
-	return w.unlock(ctx, "unlock", []int{target})
+	var grants []*Request
+	if grant != nil {
+		grants = []*Request{grant}
+	}
+	sent, err := w.release(ctx, "unlock", []int{target}, grants)
+	w.mu.Lock()
+	if err != nil && !sent {
+		w.locks[target] = was
+		if grant != nil {
+			w.lockGrants[target] = grant
+		}
+	} else {
+		delete(w.locks, target)
+	}
+	w.mu.Unlock()
+	return err
 }
 
-// unlock completes this rank's operations on targets and releases its
-// locks there.
-func (w *Win) unlock(ctx context.Context, what string, targets []int) error {
+// release waits for the grants of locks on targets still coming, if any,
+// completes this rank's operations and releases its locks on targets. It
+// reports whether it sent a release: if not, the locks are still held.
+func (w *Win) release(ctx context.Context, what string, targets []int, grants []*Request) (sent bool, err error) {
+	if _, err := WaitAll(ctx, grants...); err != nil {
+		return false, fmt.Errorf("adi: %s: waiting for the lock's grant: %w", what, err)
+	}
 	if err := w.FlushLocal(ctx); err != nil {
-		return fmt.Errorf("adi: %s: %w", what, err)
+		return false, fmt.Errorf("adi: %s: %w", what, err)
 	}
 	w.mu.Lock()
 	writes := slices.Clone(w.writes)
 	w.mu.Unlock()
-	if err := w.roundTrips(ctx, what, rmaHeader{kind: rmaUnlock}, targets); err != nil {
-		return err
+	answers, err := w.ask(rmaHeader{kind: rmaUnlock}, targets)
+	if err == nil {
+		_, err = WaitAll(ctx, answers...)
 	}
-	w.ack(writes) // the acknowledgements came after all of it was applied
-	return nil
+	if err != nil {
+		return len(answers) > 0, fmt.Errorf("adi: %s: %w", what, err)
+	}
+	w.ack(writes, targets) // the acknowledgements came after all of it was applied
+	return true, nil
 }
 
 // Flush completes every operation this rank started on the window
@@ -684,29 +733,41 @@ func (w *Win) Flush(ctx context.Context, target int) error {
 	return w.flush(ctx, "flush", target)
 }
 
-// roundTrips sends a request h (lock, unlock, flush) to every target and
-// waits for every answer.
+// roundTrips sends a request h to every target and waits for every
+// answer.
 func (w *Win) roundTrips(ctx context.Context, what string, h rmaHeader, targets []int) error {
-	answers := make([]*Request, 0, len(targets))
-	for _, t := range targets {
-		q, err := w.fetch(h, nil, nil, t)
-		if err != nil {
-			return fmt.Errorf("adi: %s of rank %d's window: %w", what, t, err)
-		}
-		answers = append(answers, q)
+	answers, err := w.ask(h, targets)
+	if err == nil {
+		_, err = WaitAll(ctx, answers...)
 	}
-	if _, err := WaitAll(ctx, answers...); err != nil {
+	if err != nil {
 		return fmt.Errorf("adi: %s: %w", what, err)
 	}
 	return nil
 }
 
-// ack records that the puts and accumulates counted in writes, a copy
-// of w.writes, are applied.
-func (w *Win) ack(writes []uint64) {
+// ask sends a request h (lock, unlock, flush) to every target and
+// returns the requests of their answers. If a send fails, it returns
+// the answers of those sent before, with the error.
+func (w *Win) ask(h rmaHeader, targets []int) ([]*Request, error) {
+	answers := make([]*Request, 0, len(targets))
+	for _, t := range targets {
+		q, err := w.fetch(h, nil, nil, t)
+		if err != nil {
+			return answers, fmt.Errorf("to rank %d: %w", t, err)
+		}
+		answers = append(answers, q)
+	}
+	return answers, nil
+}
+
+// ack records that the puts and accumulates to targets counted in
+// writes, a copy of w.writes, are applied: targets acknowledged after
+// all of them.
+func (w *Win) ack(writes []uint64, targets []int) {
 	w.mu.Lock()
-	for t, n := range writes {
-		w.acked[t] = max(w.acked[t], n)
+	for _, t := range targets {
+		w.acked[t] = max(w.acked[t], writes[t])
 	}
 	w.mu.Unlock()
 }

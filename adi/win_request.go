@@ -21,9 +21,9 @@ import (
 //   - Rget, RgetAccumulate: the result is in place, and so the target has
 //     applied the operation.
 //
-// The requests' Status says nothing of use, and they cannot be
-// cancelled. They must not be reused with IsendInto or IrecvInto: the
-// window's flushes wait for them too. The operations also complete, as
+// The requests' Status says nothing of use. The window's flushes wait
+// for them too, so Cancel leaves them be and IsendInto and IrecvInto
+// refuse them (ErrRequestBusy). The operations also complete, as
 // the plain ones do, at FlushLocal, FlushAll, Unlock and UnlockAll.
 
 // Rput is Put that returns a Request (MPI_Rput).

@@ -144,3 +144,42 @@ func TestWinRequestErrors(t *testing.T) {
 	}
 	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
 }
+
+// TestWinRequestKept: a one-sided operation's request can be neither
+// cancelled (the target's reply would have nowhere to go, and the
+// window's flushes would fail) nor restarted.
+func TestWinRequestKept(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	wins := make([]*adi.Win, 2)
+	each(t, cs, func(c *adi.Comm) error {
+		var err error
+		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 4096))
+		return err
+	})
+	w := wins[0]
+	if err := w.Lock(ctx, 1, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{8, 4096} { // eager and rendezvous replies
+		dst := make([]byte, n)
+		q, err := w.Rget(dst, 1, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		q.Cancel()
+		if st, err := q.Wait(ctx); err != nil || st.Cancelled {
+			t.Errorf("Rget of %d bytes after Cancel: %+v, %v; want it complete", n, st, err)
+		}
+		if err := cs[0].IrecvInto(q, dst, 1, 0); !errors.Is(err, adi.ErrRequestBusy) {
+			t.Errorf("IrecvInto with an Rget's request: %v, want ErrRequestBusy", err)
+		}
+		if err := w.FlushLocal(ctx); err != nil {
+			t.Errorf("FlushLocal after a cancelled Rget of %d bytes: %v", n, err)
+		}
+	}
+	if err := w.Unlock(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+}

@@ -25,6 +25,7 @@ const (
 	lockNone   lockState = iota
 	lockWanted           // requested, not yet granted
 	lockHeld
+	lockReleasing // Unlock or UnlockAll under way
 )
 
 // LockAll starts a passive-target epoch on every rank's window
@@ -35,8 +36,9 @@ const (
 // exclusive lock while it waits for one elsewhere can deadlock with a
 // LockAll, and avoiding that is the program's part, as in MPI. A rank
 // inside LockAll may not Lock, and one holding a Lock may not LockAll
-// (ErrRMASync). If ctx ends first, some locks may be granted later, to
-// nobody's use; the window is then fit only for Free.
+// (ErrRMASync). If ctx ends first, the requests stay queued at the
+// targets and hold them once granted; UnlockAll withdraws them, waiting
+// for the grants first.
 func (w *Win) LockAll(ctx context.Context) error {
 	w.mu.Lock()
 	if w.freed {
@@ -49,34 +51,60 @@ func (w *Win) LockAll(ctx context.Context) error {
 	}
 	w.all = lockWanted
 	w.mu.Unlock()
-	err := w.roundTrips(ctx, "lock all", rmaHeader{kind: rmaLock, op: lockShared}, w.ranks())
-	w.mu.Lock()
-	if err != nil {
-		w.all = lockNone
-	} else {
-		w.all = lockHeld
+	targets := w.ranks()
+	grants, err := w.ask(rmaHeader{kind: rmaLock, op: lockShared}, targets)
+	if err == nil {
+		_, err = WaitAll(ctx, grants...)
 	}
-	w.mu.Unlock()
-	return err
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err == nil:
+		w.all = lockHeld
+		return nil
+	case len(grants) > 0:
+		// Some requests are queued at their targets (ctx ended, or a
+		// send failed after the first): UnlockAll withdraws those.
+		w.allGrants, w.allTargets = grants, targets[:len(grants)]
+		return fmt.Errorf("adi: lock all: %w (the requests sent stay queued: UnlockAll withdraws them)", err)
+	default:
+		w.all = lockNone
+		return fmt.Errorf("adi: lock all: %w", err)
+	}
 }
 
 // UnlockAll ends the epoch LockAll started (MPI_Win_unlock_all): the
 // operations this rank started are complete, at their targets too, and
 // every rank's shared lock is released. Without LockAll it fails with
-// ErrRMASync and sends nothing.
+// ErrRMASync and sends nothing. If it fails before the release is sent
+// (ctx ended), the locks are still held and UnlockAll may be called
+// again.
 func (w *Win) UnlockAll(ctx context.Context) error {
 	w.mu.Lock()
 	if w.freed {
 		w.mu.Unlock()
 		return fmt.Errorf("adi: unlock all: %w", errWinFreed)
 	}
-	if w.all != lockHeld {
+	was, grants, kept := w.all, w.allGrants, w.allTargets
+	if was != lockHeld && grants == nil {
 		w.mu.Unlock()
 		return fmt.Errorf("adi: unlock all: %w: this rank is in no LockAll epoch", ErrRMASync)
 	}
-	w.all = lockNone
+	targets := kept // those LockAll asked, when its ctx ended
+	if grants == nil {
+		targets = w.ranks()
+	}
+	w.all, w.allGrants, w.allTargets = lockReleasing, nil, nil
 	w.mu.Unlock()
-	return w.unlock(ctx, "unlock all", w.ranks())
+	sent, err := w.release(ctx, "unlock all", targets, grants)
+	w.mu.Lock()
+	if err != nil && !sent {
+		w.all, w.allGrants, w.allTargets = was, grants, kept
+	} else {
+		w.all = lockNone
+	}
+	w.mu.Unlock()
+	return err
 }
 
 // FlushAll completes every operation this rank started on the window
@@ -114,12 +142,7 @@ func (w *Win) flush(ctx context.Context, what string, only int) error {
 	if err := w.FlushLocal(ctx); err != nil {
 		return err
 	}
-	for t := range writes {
-		if only >= 0 && t != only {
-			writes[t] = 0 // not acknowledged by this flush
-		}
-	}
-	w.ack(writes)
+	w.ack(writes, targets)
 	return nil
 }
 

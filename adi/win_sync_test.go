@@ -1,11 +1,13 @@
 package adi_test
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 )
@@ -184,4 +186,127 @@ func TestWinSyncErrors(t *testing.T) {
 			t.Errorf("%s after Free: %v", name, err)
 		}
 	}
+}
+
+// TestWinUnlockAcksItsTarget: Unlock's acknowledgement covers its own
+// target only, so a later Flush of another target still asks that one.
+func TestWinUnlockAcksItsTarget(t *testing.T) {
+	cs := loopJob(t, 3)
+	ctx := ctxT(t)
+	wins := make([]*adi.Win, 3)
+	each(t, cs, func(c *adi.Comm) error {
+		var err error
+		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 8))
+		return err
+	})
+	w := wins[0]
+	var b [8]byte
+	if err := errors.Join(w.Lock(ctx, 1, false), w.Lock(ctx, 2, false), w.Put(b[:], 2, 0), w.Unlock(ctx, 1)); err != nil {
+		t.Fatal(err)
+	}
+	before := adi.SentTo(w, 2)
+	if err := errors.Join(w.Flush(ctx, 2), w.Unlock(ctx, 2)); err != nil {
+		t.Fatal(err)
+	}
+	// The flush's request, then the unlock's.
+	if got := adi.SentTo(w, 2) - before; got != 2 {
+		t.Errorf("Flush and Unlock of rank 2 sent it %d requests, want 2 (Unlock of rank 1 acknowledged the put to 2)", got)
+	}
+	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+}
+
+// TestWinLockWaitAside: a goroutine waiting for a lock holds up neither
+// another goroutine's epoch on another target nor its flushes; a Lock
+// whose ctx ended is withdrawn by Unlock, after which the target can be
+// locked again; an Unlock whose ctx ended before it released can be
+// called again.
+func TestWinLockWaitAside(t *testing.T) {
+	cs := loopJob(t, 3)
+	ctx := ctxT(t)
+	wins := make([]*adi.Win, 3)
+	each(t, cs, func(c *adi.Comm) error {
+		var err error
+		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 8))
+		return err
+	})
+	w0, w1 := wins[0], wins[1]
+	if err := w1.Lock(ctx, 2, true); err != nil {
+		t.Fatal(err)
+	}
+
+	// Rank 0 waits for rank 2's lock in one goroutine and works on rank
+	// 1 in another.
+	locked := make(chan error, 1)
+	go func() { locked <- w0.Lock(ctx, 2, true) }()
+	aside, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var b [8]byte
+	if err := errors.Join(w0.Lock(aside, 1, true), w0.Put(b[:], 1, 0), w0.Flush(aside, 1), w0.FlushLocal(aside), w0.Unlock(aside, 1)); err != nil {
+		t.Fatalf("epoch on rank 1 beside a Lock waiting for rank 2: %v", err)
+	}
+	select {
+	case err := <-locked:
+		t.Fatalf("Lock of rank 2 returned while rank 1 held it exclusively: %v", err)
+	default:
+	}
+	if err := w1.Unlock(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-locked; err != nil {
+		t.Fatal(err)
+	}
+	if err := w0.Unlock(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+
+	// A Lock given up while rank 1 holds rank 2: Unlock, the next call on
+	// rank 2, withdraws it once granted.
+	if err := w1.Lock(ctx, 2, true); err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 20*time.Millisecond)
+	if err := w0.Lock(short, 2, true); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Lock while rank 1 held it: %v, want the deadline", err)
+	}
+	cancelShort()
+	if err := w0.Lock(ctx, 2, false); !errors.Is(err, adi.ErrRMASync) {
+		t.Errorf("a second Lock while the first is queued: %v, want ErrRMASync", err)
+	}
+	gone, cancelGone := context.WithCancel(ctx)
+	cancelGone()
+	if err := w0.Unlock(gone, 2); !errors.Is(err, context.Canceled) {
+		t.Errorf("Unlock with its ctx done, the grant not in: %v, want context.Canceled", err)
+	}
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- w0.Unlock(ctx, 2) }() // waits for the grant
+	if err := w1.Unlock(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-unlocked; err != nil {
+		t.Fatalf("Unlock of a Lock given up: %v", err)
+	}
+	if err := errors.Join(w1.Lock(aside, 2, true), w1.Unlock(aside, 2)); err != nil {
+		t.Fatalf("rank 2 could not be locked again after the withdrawn Lock: %v", err)
+	}
+
+	// The same for LockAll, given up while rank 1 holds rank 2.
+	if err := w1.Lock(ctx, 2, true); err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort = context.WithTimeout(ctx, 20*time.Millisecond)
+	if err := w0.LockAll(short); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("LockAll while rank 1 held rank 2: %v, want the deadline", err)
+	}
+	cancelShort()
+	go func() { unlocked <- w0.UnlockAll(ctx) }()
+	if err := w1.Unlock(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-unlocked; err != nil {
+		t.Fatalf("UnlockAll of a LockAll given up: %v", err)
+	}
+	if err := errors.Join(w1.Lock(aside, 2, true), w1.Unlock(aside, 2)); err != nil {
+		t.Fatalf("rank 2 could not be locked again after the withdrawn LockAll: %v", err)
+	}
+	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
 }
