@@ -109,5 +109,5 @@ func (g *DistGraph) NeighborAlltoall(ctx context.Context, send, recv []byte) err
 // from source i (MPI_Neighbor_alltoallv), each as long as its
 // counterpart.
 func (g *DistGraph) NeighborAlltoallv(ctx context.Context, send, recv [][]byte) error {
-	return g.nb.exchange(ctx, g.Comm, "neighbor_alltoallv", send, recv)
+	return g.nb.exchange(ctx, g.Comm, "neighbor_alltoallv", send, recv, nil)
 }

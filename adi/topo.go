@@ -42,13 +42,18 @@ type neighbors struct {
 }
 
 // exchange runs a neighbour collective: send[i] to dests[i], recv[i] from
-// sources[i].
-func (nb neighbors) exchange(ctx context.Context, c *Comm, name string, send, recv [][]byte) error {
+// sources[i]. A caller that found its buffers wrong passes why as bad:
+// the collective still takes its tag, as every rank's does, so that this
+// rank's later collectives keep in step with the others'.
+func (nb neighbors) exchange(ctx context.Context, c *Comm, name string, send, recv [][]byte, bad error) error {
 	k, err := c.begin(ctx, name)
 	if err != nil {
 		return err
 	}
 	defer k.done()
+	if bad != nil {
+		return k.errorf("%w", bad)
+	}
 	if len(send) != len(nb.dests) || len(recv) != len(nb.sources) {
 		return k.errorf("%d send blocks for %d out-neighbours and %d receive slots for %d in-neighbours", len(send), len(nb.dests), len(recv), len(nb.sources))
 	}
@@ -79,13 +84,13 @@ func (nb neighbors) allgather(ctx context.Context, c *Comm, send, recv []byte) e
 	const name = "neighbor_allgather"
 	in := len(nb.sources)
 	if len(recv) != in*len(send) {
-		return fmt.Errorf("adi: %s: receive buffer of %d bytes for %d in-neighbours of %d bytes", name, len(recv), in, len(send))
+		return nb.exchange(ctx, c, name, nil, nil, fmt.Errorf("receive buffer of %d bytes for %d in-neighbours of %d bytes", len(recv), in, len(send)))
 	}
 	out := make([][]byte, len(nb.dests))
 	for i := range out {
 		out[i] = send
 	}
-	return nb.exchange(ctx, c, name, out, cut(recv, in, len(send)))
+	return nb.exchange(ctx, c, name, out, cut(recv, in, len(send)), nil)
 }
 
 // allgatherv sends send to every out-neighbour and receives into recv[i]
@@ -95,7 +100,7 @@ func (nb neighbors) allgatherv(ctx context.Context, c *Comm, send []byte, recv [
 	for i := range out {
 		out[i] = send
 	}
-	return nb.exchange(ctx, c, "neighbor_allgatherv", out, recv)
+	return nb.exchange(ctx, c, "neighbor_allgatherv", out, recv, nil)
 }
 
 // alltoall cuts send and recv into blocks of one length, one per out- and
@@ -111,9 +116,9 @@ func (nb neighbors) alltoall(ctx context.Context, c *Comm, send, recv []byte) er
 		n = len(recv) / in
 	}
 	if len(send) != out*n || len(recv) != in*n {
-		return fmt.Errorf("adi: %s: buffers of %d and %d bytes do not hold blocks of one length for %d out- and %d in-neighbours", name, len(send), len(recv), out, in)
+		return nb.exchange(ctx, c, name, nil, nil, fmt.Errorf("buffers of %d and %d bytes do not hold blocks of one length for %d out- and %d in-neighbours", len(send), len(recv), out, in))
 	}
-	return nb.exchange(ctx, c, name, cut(send, out, n), cut(recv, in, n))
+	return nb.exchange(ctx, c, name, cut(send, out, n), cut(recv, in, n), nil)
 }
 
 // cut cuts b into k blocks of n bytes; b holds k*n.
@@ -160,7 +165,7 @@ func (t *Cart) NeighborAlltoall(ctx context.Context, send, recv []byte) error {
 // NeighborAlltoallv sends send[i] to neighbour i and receives recv[i]
 // from it (MPI_Neighbor_alltoallv), each as long as its counterpart.
 func (t *Cart) NeighborAlltoallv(ctx context.Context, send, recv [][]byte) error {
-	return t.nb.exchange(ctx, t.Comm, "neighbor_alltoallv", send, recv)
+	return t.nb.exchange(ctx, t.Comm, "neighbor_alltoallv", send, recv, nil)
 }
 
 // cartNeighbors lists t's neighbours in the order of Neighbors.

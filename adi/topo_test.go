@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 )
@@ -358,6 +359,28 @@ func TestNeighborArguments(t *testing.T) {
 		if !errors.Is(err, adi.ErrMismatch) {
 			return fmt.Errorf("blocks of %d bytes on rank 1, 4 elsewhere: %v, want ErrMismatch", n, err)
 		}
-		return grid.NeighborAllgather(ctx, []byte{byte(c.Rank())}, make([]byte, 2))
+		if err := grid.NeighborAllgather(ctx, []byte{byte(c.Rank())}, make([]byte, 2)); err != nil {
+			return err
+		}
+		// Rank 0 alone passes buffers that do not fit; the others give up
+		// waiting for it. Its call still counts as a collective, so the
+		// next one finds every rank in step.
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		recv := 2
+		if c.Rank() == 0 {
+			recv = 3
+		}
+		if err := grid.NeighborAllgather(short, []byte{1}, make([]byte, recv)); err == nil {
+			return errors.New("neighbour allgather with rank 0's buffers wrong: no error")
+		}
+		all := make([]byte, 3)
+		if err := grid.Allgather(ctx, []byte{byte(c.Rank())}, all); err != nil {
+			return fmt.Errorf("allgather after a neighbour collective that failed: %w", err)
+		}
+		if !bytes.Equal(all, []byte{0, 1, 2}) {
+			return fmt.Errorf("allgather after a neighbour collective that failed: %v", all)
+		}
+		return nil
 	})
 }
