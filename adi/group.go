@@ -243,6 +243,9 @@ func (g Group) Difference(h Group) (Group, error) {
 // for one that is not in to (MPI_Group_translate_ranks). ProcNull
 // translates to ProcNull.
 func (g Group) TranslateRanks(ranks []int, to Group) ([]int, error) {
+	if _, err := g.with("translate ranks", to); err != nil {
+		return nil, err
+	}
 	out := make([]int, len(ranks))
 	for i, r := range ranks {
 		switch {
@@ -263,9 +266,9 @@ func (g Group) TranslateRanks(ranks []int, to Group) ([]int, error) {
 
 // Compare reports whether g and h hold the same world ranks in the same
 // order (Ident), in another order (Similar), or not the same ranks
-// (Unequal) (MPI_Group_compare).
+// (Unequal) (MPI_Group_compare). Groups of two Worlds are Unequal.
 func (g Group) Compare(h Group) Comparison {
-	if len(g.ranks) != len(h.ranks) {
+	if _, err := g.with("compare", h); err != nil || len(g.ranks) != len(h.ranks) {
 		return Unequal
 	}
 	if slices.Equal(g.ranks, h.ranks) {

@@ -111,7 +111,6 @@ func TestGroupOperations(t *testing.T) {
 			{a, must(world.Incl([]int{5, 1, 3})), adi.Unequal},
 			{must(world.Incl([]int{5, 1, 3, 0})), a, adi.Unequal}, // same size, one rank differs
 			{adi.Group{}, must(world.Incl(nil)), adi.Ident},
-			{world, cs[4].Group(), adi.Ident}, // the same ranks seen from elsewhere
 		} {
 			if got := tc.g.Compare(tc.h); got != tc.want {
 				t.Errorf("Compare(%v, %v) = %v, want %v", tc.g.WorldRanks(), tc.h.WorldRanks(), got, tc.want)
@@ -387,4 +386,24 @@ func TestCommCreateGroupArguments(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestGroupOtherWorld: groups of two Worlds (two ranks in one process)
+// are never taken for one another: Compare finds them Unequal and
+// TranslateRanks refuses, as the set operations do.
+func TestGroupOtherWorld(t *testing.T) {
+	cs := loopJob(t, 2)
+	g, h := cs[0].Group(), cs[1].Group() // the same world ranks
+	if got := g.Compare(h); got != adi.Unequal {
+		t.Errorf("Compare of two Worlds' groups: %v, want Unequal", got)
+	}
+	if got, err := g.TranslateRanks([]int{0, 1}, h); err == nil {
+		t.Errorf("TranslateRanks into another World's group: %v, want an error", got)
+	}
+	if _, err := g.Union(h); err == nil {
+		t.Error("Union of two Worlds' groups: no error")
+	}
+	if got := g.Compare(cs[0].Group()); got != adi.Ident {
+		t.Errorf("Compare of one World's groups: %v, want Ident", got)
+	}
 }
