@@ -217,12 +217,7 @@ func TestWinCompareAndSwap(t *testing.T) {
 func TestWinAtomicArguments(t *testing.T) {
 	cs := loopJob(t, 2)
 	ctx := ctxT(t)
-	wins := make([]*adi.Win, 2)
-	each(t, cs, func(c *adi.Comm) error {
-		var err error
-		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 16))
-		return err
-	})
+	wins := windows(t, ctx, cs, 16)
 	w := wins[0]
 	var r64 int64
 	var f64 float64
@@ -254,7 +249,7 @@ func TestWinAtomicArguments(t *testing.T) {
 		adi.GetAccumulate(w, nil, []int64{0}, adi.ProcNull, 0, adi.AccNoOp), w.FlushLocal(ctx)); err != nil || r64 != 7 {
 		t.Errorf("atomics on ProcNull: %v, result %d", err, r64)
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	freeWindows(t, ctx, cs, wins)
 	if err := adi.FetchAndOp(w, 1, &r64, 1, 0, adi.AccSum); err == nil || !strings.Contains(err.Error(), "window freed") {
 		t.Errorf("fetch and op after Free: %v", err)
 	}

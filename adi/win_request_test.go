@@ -99,12 +99,7 @@ func TestWinRequests(t *testing.T) {
 func TestWinRequestErrors(t *testing.T) {
 	cs := loopJob(t, 3)
 	ctx := ctxT(t)
-	wins := make([]*adi.Win, 3)
-	each(t, cs, func(c *adi.Comm) error {
-		var err error
-		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 16))
-		return err
-	})
+	wins := windows(t, ctx, cs, 16)
 	w := wins[0]
 	b := make([]byte, 8)
 	try := func(q *adi.Request, err error) error {
@@ -142,7 +137,7 @@ func TestWinRequestErrors(t *testing.T) {
 	if err := w.Unlock(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	freeWindows(t, ctx, cs, wins)
 }
 
 // TestWinRequestKept: a one-sided operation's request can be neither
@@ -151,12 +146,7 @@ func TestWinRequestErrors(t *testing.T) {
 func TestWinRequestKept(t *testing.T) {
 	cs := loopJob(t, 2)
 	ctx := ctxT(t)
-	wins := make([]*adi.Win, 2)
-	each(t, cs, func(c *adi.Comm) error {
-		var err error
-		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 4096))
-		return err
-	})
+	wins := windows(t, ctx, cs, 4096)
 	w := wins[0]
 	if err := w.Lock(ctx, 1, false); err != nil {
 		t.Fatal(err)
@@ -181,5 +171,5 @@ func TestWinRequestKept(t *testing.T) {
 	if err := w.Unlock(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	freeWindows(t, ctx, cs, wins)
 }

@@ -94,12 +94,7 @@ func TestWinLockAll(t *testing.T) {
 func TestWinFlushAllAsks(t *testing.T) {
 	cs := loopJob(t, 3)
 	ctx := ctxT(t)
-	wins := make([]*adi.Win, 3)
-	each(t, cs, func(c *adi.Comm) error {
-		var err error
-		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 16))
-		return err
-	})
+	wins := windows(t, ctx, cs, 16)
 	w := wins[0]
 	var b [8]byte
 	for _, step := range []struct {
@@ -135,7 +130,7 @@ func TestWinFlushAllAsks(t *testing.T) {
 			}
 		}
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	freeWindows(t, ctx, cs, wins)
 }
 
 // TestWinSyncErrors: synchronization calls in the wrong state fail with
@@ -144,12 +139,7 @@ func TestWinFlushAllAsks(t *testing.T) {
 func TestWinSyncErrors(t *testing.T) {
 	cs := loopJob(t, 2)
 	ctx := ctxT(t)
-	wins := make([]*adi.Win, 2)
-	each(t, cs, func(c *adi.Comm) error {
-		var err error
-		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 8))
-		return err
-	})
+	wins := windows(t, ctx, cs, 8)
 	w := wins[0]
 	for _, step := range []struct {
 		name string
@@ -178,7 +168,7 @@ func TestWinSyncErrors(t *testing.T) {
 			t.Errorf("%s: %v", step.name, err)
 		}
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) }) // no stray unlock reached a server
+	freeWindows(t, ctx, cs, wins) // no stray unlock reached a server
 	for name, err := range map[string]error{
 		"lock all": w.LockAll(ctx), "unlock all": w.UnlockAll(ctx), "flush all": w.FlushAll(ctx), "flush": w.Flush(ctx, 1), "flush local": w.FlushLocal(ctx),
 	} {
@@ -193,12 +183,7 @@ func TestWinSyncErrors(t *testing.T) {
 func TestWinUnlockAcksItsTarget(t *testing.T) {
 	cs := loopJob(t, 3)
 	ctx := ctxT(t)
-	wins := make([]*adi.Win, 3)
-	each(t, cs, func(c *adi.Comm) error {
-		var err error
-		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 8))
-		return err
-	})
+	wins := windows(t, ctx, cs, 8)
 	w := wins[0]
 	var b [8]byte
 	if err := errors.Join(w.Lock(ctx, 1, false), w.Lock(ctx, 2, false), w.Put(b[:], 2, 0), w.Unlock(ctx, 1)); err != nil {
@@ -212,7 +197,7 @@ func TestWinUnlockAcksItsTarget(t *testing.T) {
 	if got := adi.SentTo(w, 2) - before; got != 2 {
 		t.Errorf("Flush and Unlock of rank 2 sent it %d requests, want 2 (Unlock of rank 1 acknowledged the put to 2)", got)
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	freeWindows(t, ctx, cs, wins)
 }
 
 // TestWinLockWaitAside: a goroutine waiting for a lock holds up neither
@@ -223,12 +208,7 @@ func TestWinUnlockAcksItsTarget(t *testing.T) {
 func TestWinLockWaitAside(t *testing.T) {
 	cs := loopJob(t, 3)
 	ctx := ctxT(t)
-	wins := make([]*adi.Win, 3)
-	each(t, cs, func(c *adi.Comm) error {
-		var err error
-		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, 8))
-		return err
-	})
+	wins := windows(t, ctx, cs, 8)
 	w0, w1 := wins[0], wins[1]
 	if err := w1.Lock(ctx, 2, true); err != nil {
 		t.Fatal(err)
@@ -308,5 +288,5 @@ func TestWinLockWaitAside(t *testing.T) {
 	if err := errors.Join(w1.Lock(aside, 2, true), w1.Unlock(aside, 2)); err != nil {
 		t.Fatalf("rank 2 could not be locked again after the withdrawn LockAll: %v", err)
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	freeWindows(t, ctx, cs, wins)
 }

@@ -153,7 +153,7 @@ func TestWinArguments(t *testing.T) {
 		adi.Accumulate(w, []int64{1}, adi.ProcNull, 0, adi.AccSum)); err != nil {
 		t.Errorf("operations on ProcNull: %v", err)
 	}
-	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+	freeWindows(t, ctx, cs, wins)
 	// A freed window says so, and does not wait.
 	for name, err := range map[string]error{
 		"put": w.Put(make([]byte, 1), 1, 0), "get": w.Get(make([]byte, 1), 1, 0),
@@ -234,4 +234,23 @@ func TestWinLock(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// windows makes a window of size bytes on every rank of cs, returned in
+// rank order.
+func windows(t *testing.T, ctx context.Context, cs []*adi.Comm, size int) []*adi.Win {
+	t.Helper()
+	wins := make([]*adi.Win, len(cs))
+	each(t, cs, func(c *adi.Comm) error {
+		var err error
+		wins[c.Rank()], err = c.WinCreate(ctx, make([]byte, size))
+		return err
+	})
+	return wins
+}
+
+// freeWindows frees the windows windows made, every rank at once.
+func freeWindows(t *testing.T, ctx context.Context, cs []*adi.Comm, wins []*adi.Win) {
+	t.Helper()
+	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
 }
