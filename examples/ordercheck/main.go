@@ -4,8 +4,8 @@
 // source's messages arrive in order, then collectives whose results every
 // rank checks, then exchanges: Sendrecv around the ring, and goroutines
 // receiving every rank's messages through matched probes while
-// nonblocking collectives run, and one-sided puts, accumulates and locked
-// increments. Each rank prints one line naming its host and the
+// nonblocking collectives run, and one-sided puts, accumulates, locked
+// increments and fetch-and-add tickets. Each rank prints one line naming its host and the
 // subdevices it used; the exit status is non-zero on any error.
 //
 //	mdrun -n 4 ./ordercheck
@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -200,6 +201,19 @@ func collectives(ctx context.Context, c *adi.Comm) error {
 			}
 		}
 	}
+	// Neighbour allgather on the ranks as a ring: slot 0 from the left,
+	// slot 1 from the right, the same rank twice on a ring of two.
+	ring, err := c.CartCreate(ctx, []int{n}, []bool{true})
+	if err != nil {
+		return fmt.Errorf("collectives: %w", err)
+	}
+	got := make([]int64, 2)
+	if err := ring.NeighborAllgather(ctx, adi.Bytes([]int64{int64(me)}), adi.Bytes(got)); err != nil {
+		return fmt.Errorf("collectives: %w", err)
+	}
+	if want := []int64{int64((me + n - 1) % n), int64((me + 1) % n)}; got[0] != want[0] || got[1] != want[1] {
+		return fmt.Errorf("collectives: neighbour allgather gave %v, want %v", got, want)
+	}
 	if err := c.Barrier(ctx); err != nil {
 		return fmt.Errorf("collectives: %w", err)
 	}
@@ -309,20 +323,22 @@ func exchange(ctx context.Context, c *adi.Comm, per, maxSize int) error {
 
 // window checks one-sided communication: every rank puts a buffer into
 // its right neighbour's window and adds to a sum in rank 0's, fences,
-// then increments a counter in rank 0's window under an exclusive lock.
+// then increments a counter in rank 0's window under an exclusive lock,
+// and draws a ticket from another with an atomic fetch-and-add.
 func window(ctx context.Context, c *adi.Comm, maxSize int) error {
 	n, me := c.Size(), c.Rank()
 	right, left := (me+1)%n, (me+n-1)%n
-	base := make([]byte, 16+maxSize)
+	const putAt = 24 // after the sum, the counter and the tickets
+	base := make([]byte, putAt+maxSize)
 	win, err := c.WinCreate(ctx, base)
 	if err != nil {
 		return fmt.Errorf("window: %w", err)
 	}
-	if err := errors.Join(win.Put(fill(me+7, maxSize), right, 16),
+	if err := errors.Join(win.Put(fill(me+7, maxSize), right, putAt),
 		adi.Accumulate(win, []int64{int64(me)}, 0, 0, adi.AccSum), win.Fence(ctx)); err != nil {
 		return fmt.Errorf("window: %w", err)
 	}
-	if !bytes.Equal(base[16:], fill(left+7, maxSize)) {
+	if !bytes.Equal(base[putAt:], fill(left+7, maxSize)) {
 		return fmt.Errorf("window: the put from rank %d is wrong", left)
 	}
 	if got, want := int64(binary.LittleEndian.Uint64(base)), int64(n*(n-1)/2); me == 0 && got != want {
@@ -338,6 +354,20 @@ func window(ctx context.Context, c *adi.Comm, maxSize int) error {
 	}
 	if got := binary.LittleEndian.Uint64(base[8:]); me == 0 && got != uint64(n) {
 		return fmt.Errorf("window: %d locked increments counted, want %d", got, n)
+	}
+	var ticket int64
+	if err := errors.Join(win.LockAll(ctx), adi.FetchAndOp(win, 1, &ticket, 0, 16, adi.AccSum), win.UnlockAll(ctx)); err != nil {
+		return fmt.Errorf("window: %w", err)
+	}
+	tickets := make([]int64, n)
+	if err := c.Allgather(ctx, adi.Bytes([]int64{ticket}), adi.Bytes(tickets)); err != nil {
+		return fmt.Errorf("window: %w", err)
+	}
+	slices.Sort(tickets)
+	for i, tk := range tickets {
+		if tk != int64(i) {
+			return fmt.Errorf("window: fetch-and-add tickets %v, want 0 to %d once each", tickets, n-1)
+		}
 	}
 	return win.Free(ctx)
 }
