@@ -540,6 +540,10 @@ func (d *Device) Notify() { d.notifyAll() }
 
 // Close flushes, waits for every rank to reach Close (so nobody tears down a
 // link a peer still uses), and closes the subdevices. It is idempotent.
+// Requests still outstanding fail with ErrClosed, except receives whose
+// buffer a subdevice whose Close failed (its ctx ended first, a transfer
+// still under way) may yet write into: those never complete, since
+// completing them would hand back a buffer still being written.
 func (d *Device) Close(ctx context.Context) error {
 	d.closeMu.Lock()
 	defer d.closeMu.Unlock()
@@ -587,29 +591,47 @@ func (d *Device) shutdown(ctx context.Context) error {
 	d.closed.Store(true)
 	d.fwd.end()
 	var errs []error
-	for _, s := range d.subs {
+	var unclosed map[int]bool
+	for i, s := range d.subs {
 		if err := s.sd.Close(ctx); err != nil && !errors.Is(err, sdi.ErrClosed) {
 			errs = append(errs, fmt.Errorf("multidevice: close %q: %w", s.name, err))
+			if unclosed == nil {
+				unclosed = map[int]bool{}
+			}
+			unclosed[i] = true
 		}
 	}
 	d.out.stop()
 	d.wg.Wait()
-	d.failAll(ErrClosed)
+	d.failAll(ErrClosed, unclosed)
 	return errors.Join(errs...)
 }
 
-// failAll completes every outstanding request with err.
-func (d *Device) failAll(err error) {
+// failAll completes every outstanding request with err, but for the
+// receives whose buffers the subdevices in unclosed were given as places:
+// a subdevice whose Close failed may still be filling them (sdi.Placer
+// ends a place only at its Deliver or a report of the peer down).
+func (d *Device) failAll(err error, unclosed map[int]bool) {
 	d.mu.Lock()
 	var reqs []*Request
 	reqs = append(reqs, d.posted.take()...)
 	for _, p := range d.placing {
-		reqs = append(reqs, p.r)
+		if !unclosed[p.sub] {
+			reqs = append(reqs, p.r)
+		}
 	}
-	d.placing, d.filling = nil, nil // the subdevices are closed: nothing fills them any more
+	held := map[*Request]bool{}
+	for _, p := range d.filling {
+		if unclosed[p.sub] {
+			held[p.r] = true
+		}
+	}
+	d.placing, d.filling = nil, nil // the subdevices are closed: nothing delivers them any more
 	for _, m := range []map[uint64]*Request{d.rndvSend, d.rndvRecv, d.syncSend} {
 		for id, r := range m {
-			reqs = append(reqs, r)
+			if !held[r] {
+				reqs = append(reqs, r)
+			}
 			delete(m, id)
 		}
 	}

@@ -344,3 +344,43 @@ func TestQueuedAfterClose(t *testing.T) {
 		t.Fatalf("frame queued after Close: %v, want ErrClosed", err)
 	}
 }
+
+// TestCloseHoldsPlacesOfUnclosed: when Close fails the receives a
+// subdevice was given as places, their buffers go back to the program
+// only if that subdevice closed: one whose Close failed (its ctx ended
+// with a transfer under way) may still write into them.
+func TestCloseHoldsPlacesOfUnclosed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		unclosed map[int]bool
+		done     bool
+	}{
+		{"subdevice closed", nil, true},
+		{"another subdevice unclosed", map[int]bool{0: true}, true},
+		{"placing subdevice unclosed", map[int]bool{1: true}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := loopJob(t, 2, smallCaps)[1]
+			h := &handler{d: d, sub: 1}
+			r, err := d.Irecv(make([]byte, 300), 0, 3, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hb := make([]byte, shortHeaderSize)
+			putShort(hb, 3, 0, 0)
+			if h.Place(0, hb, 200) == nil {
+				t.Fatal("no place for a message a posted receive takes")
+			}
+			d.failAll(ErrClosed, tc.unclosed)
+			if done := r.isDone(); done != tc.done {
+				t.Fatalf("receive being placed done after failAll: %v, want %v", done, tc.done)
+			}
+			if !tc.done {
+				return
+			}
+			if _, err := r.Result(); !errors.Is(err, ErrClosed) {
+				t.Fatalf("receive being placed: %v, want ErrClosed", err)
+			}
+		})
+	}
+}

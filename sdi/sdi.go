@@ -260,7 +260,10 @@ type Placer interface {
 	// report. A report of the peer down, for whatever reason, ends every
 	// place given for the peer's frames: from then on the subdevice
 	// writes nothing more into them and delivers none of those frames
-	// (it reads the rest of such a frame elsewhere and drops it). The usual
+	// (it reads the rest of such a frame elsewhere and drops it). A Close
+	// that returns nil ends every place too; one that fails (its ctx
+	// ended with a place still being filled) may leave such a place
+	// being written, and the handler then never reuses it. The usual
 	// Handler rules hold: Place does not block, it is called where Deliver
 	// would be, and the Deliver that follows keeps its place in the order
 	// of the peer's frames.

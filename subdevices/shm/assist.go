@@ -52,7 +52,9 @@ import (
 // sender took for as long as the sender's process runs, and reports it
 // down, its place ended ([sdi.Placer]), only once it has exited; not at
 // the receiver's Close either, after which the multidevice hands the
-// buffers back: Close waits for them. Giving up sooner let a stopped
+// buffers back: Close waits for them, and a Close whose ctx ends first
+// returns its error while the chunks are still due, so that the
+// multidevice keeps those buffers (see [sdi.Placer]). Giving up sooner let a stopped
 // sender, once resumed, write its chunk into a buffer the application
 // had been given back, or count it done in the next epoch's word, where
 // the receiver took it for a chunk of the next payload.

@@ -153,8 +153,8 @@ func TestParkedReadLetsOtherRingsGo(t *testing.T) {
 				return
 			}
 			if tt.close {
-				// The multidevice hands places back once Close returned:
-				// it must not before the chunk is in.
+				// The multidevice hands places back once Close returned
+				// nil: it must not before the chunk is in.
 				ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 				defer cancel()
 				if err := rx.Close(ctx); !errors.Is(err, context.DeadlineExceeded) {
