@@ -21,7 +21,8 @@
 // [Comm.DistGraphCreateAdjacent] describes any graph. On both, the
 // neighbour collectives ([Cart.NeighborAllgather],
 // [DistGraph.NeighborAlltoall], ...) exchange with each rank's
-// neighbours only, in MPI's slot order.
+// neighbours only, in MPI's slot order, blocking or not
+// ([Cart.IneighborAllgather], ...).
 //
 // A program that streams nonblocking messages starts them in requests it
 // keeps and reuses ([Comm.IsendInto], [Comm.IrecvInto]) instead of

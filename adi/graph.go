@@ -111,3 +111,26 @@ func (g *DistGraph) NeighborAlltoall(ctx context.Context, send, recv []byte) err
 func (g *DistGraph) NeighborAlltoallv(ctx context.Context, send, recv [][]byte) error {
 	return g.nb.exchange(ctx, g.Comm, "neighbor_alltoallv", send, recv, nil)
 }
+
+// IneighborAllgather starts a NeighborAllgather (MPI_Ineighbor_allgather):
+// see the nonblocking collectives in nbcoll.go.
+func (g *DistGraph) IneighborAllgather(send, recv []byte) (*Request, error) {
+	return g.Comm.nonblocking("neighbor_allgather", func(ctx context.Context, c *Comm) error { return g.nb.allgather(ctx, c, send, recv) })
+}
+
+// IneighborAllgatherv starts a NeighborAllgatherv.
+func (g *DistGraph) IneighborAllgatherv(send []byte, recv [][]byte) (*Request, error) {
+	return g.Comm.nonblocking("neighbor_allgatherv", func(ctx context.Context, c *Comm) error { return g.nb.allgatherv(ctx, c, send, recv) })
+}
+
+// IneighborAlltoall starts a NeighborAlltoall.
+func (g *DistGraph) IneighborAlltoall(send, recv []byte) (*Request, error) {
+	return g.Comm.nonblocking("neighbor_alltoall", func(ctx context.Context, c *Comm) error { return g.nb.alltoall(ctx, c, send, recv) })
+}
+
+// IneighborAlltoallv starts a NeighborAlltoallv.
+func (g *DistGraph) IneighborAlltoallv(send, recv [][]byte) (*Request, error) {
+	return g.Comm.nonblocking("neighbor_alltoallv", func(ctx context.Context, c *Comm) error {
+		return g.nb.exchange(ctx, c, "neighbor_alltoallv", send, recv, nil)
+	})
+}

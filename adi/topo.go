@@ -234,3 +234,26 @@ func bits01(flags []bool) []int {
 	}
 	return out
 }
+
+// IneighborAllgather starts a NeighborAllgather (MPI_Ineighbor_allgather):
+// see the nonblocking collectives in nbcoll.go.
+func (t *Cart) IneighborAllgather(send, recv []byte) (*Request, error) {
+	return t.Comm.nonblocking("neighbor_allgather", func(ctx context.Context, c *Comm) error { return t.nb.allgather(ctx, c, send, recv) })
+}
+
+// IneighborAllgatherv starts a NeighborAllgatherv.
+func (t *Cart) IneighborAllgatherv(send []byte, recv [][]byte) (*Request, error) {
+	return t.Comm.nonblocking("neighbor_allgatherv", func(ctx context.Context, c *Comm) error { return t.nb.allgatherv(ctx, c, send, recv) })
+}
+
+// IneighborAlltoall starts a NeighborAlltoall.
+func (t *Cart) IneighborAlltoall(send, recv []byte) (*Request, error) {
+	return t.Comm.nonblocking("neighbor_alltoall", func(ctx context.Context, c *Comm) error { return t.nb.alltoall(ctx, c, send, recv) })
+}
+
+// IneighborAlltoallv starts a NeighborAlltoallv.
+func (t *Cart) IneighborAlltoallv(send, recv [][]byte) (*Request, error) {
+	return t.Comm.nonblocking("neighbor_alltoallv", func(ctx context.Context, c *Comm) error {
+		return t.nb.exchange(ctx, c, "neighbor_alltoallv", send, recv, nil)
+	})
+}

@@ -72,6 +72,48 @@ type neighborTopo interface {
 	Rank() int
 }
 
+// started is a topology whose neighbour collectives are its nonblocking
+// ones, each started and waited for.
+type started struct {
+	t interface {
+		IneighborAllgather(send, recv []byte) (*adi.Request, error)
+		IneighborAllgatherv(send []byte, recv [][]byte) (*adi.Request, error)
+		IneighborAlltoall(send, recv []byte) (*adi.Request, error)
+		IneighborAlltoallv(send, recv [][]byte) (*adi.Request, error)
+		Rank() int
+	}
+}
+
+func wait(ctx context.Context, q *adi.Request, err error) error {
+	if err != nil {
+		return err
+	}
+	_, err = q.Wait(ctx)
+	return err
+}
+
+func (s started) NeighborAllgather(ctx context.Context, send, recv []byte) error {
+	q, err := s.t.IneighborAllgather(send, recv)
+	return wait(ctx, q, err)
+}
+
+func (s started) NeighborAllgatherv(ctx context.Context, send []byte, recv [][]byte) error {
+	q, err := s.t.IneighborAllgatherv(send, recv)
+	return wait(ctx, q, err)
+}
+
+func (s started) NeighborAlltoall(ctx context.Context, send, recv []byte) error {
+	q, err := s.t.IneighborAlltoall(send, recv)
+	return wait(ctx, q, err)
+}
+
+func (s started) NeighborAlltoallv(ctx context.Context, send, recv [][]byte) error {
+	q, err := s.t.IneighborAlltoallv(send, recv)
+	return wait(ctx, q, err)
+}
+
+func (s started) Rank() int { return s.t.Rank() }
+
 func checkNeighborCalls(ctx context.Context, t neighborTopo, in, out []int, want func(slot int) (src, blk int), base int) error {
 	me := t.Rank()
 	// Allgather: every in-neighbour's one block.
@@ -192,6 +234,9 @@ func TestCartNeighborCollectives(t *testing.T) {
 					if err := checkNeighborCalls(ctx, grid, nb, nb, want, base); err != nil {
 						return fmt.Errorf("blocks of %d bytes: %w", base, err)
 					}
+					if err := checkNeighborCalls(ctx, started{grid}, nb, nb, want, base); err != nil {
+						return fmt.Errorf("nonblocking, blocks of %d bytes: %w", base, err)
+					}
 				}
 				return nil
 			})
@@ -258,6 +303,9 @@ func TestDistGraphNeighborCollectives(t *testing.T) {
 		for _, base := range []int{0, 3, 700} {
 			if err := checkNeighborCalls(ctx, g, sources, dests, want, base); err != nil {
 				return fmt.Errorf("blocks of %d bytes: %w", base, err)
+			}
+			if err := checkNeighborCalls(ctx, started{g}, sources, dests, want, base); err != nil {
+				return fmt.Errorf("nonblocking, blocks of %d bytes: %w", base, err)
 			}
 		}
 		// The graph communicator is a communicator of its own.
@@ -380,6 +428,35 @@ func TestNeighborArguments(t *testing.T) {
 		}
 		if !bytes.Equal(all, []byte{0, 1, 2}) {
 			return fmt.Errorf("allgather after a neighbour collective that failed: %v", all)
+		}
+		return nil
+	})
+}
+
+// TestNeighborNonblockingTogether: nonblocking neighbour collectives in
+// flight together each get their own blocks.
+func TestNeighborNonblockingTogether(t *testing.T) {
+	cs := loopJob(t, 3)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		ring, err := c.CartCreate(ctx, []int{3}, []bool{true})
+		if err != nil {
+			return err
+		}
+		me := byte(c.Rank())
+		left, right := (me+2)%3, (me+1)%3
+		gathered, swapped := make([]byte, 2), make([]byte, 2)
+		q1, err1 := ring.IneighborAllgather([]byte{me}, gathered)
+		q2, err2 := ring.IneighborAlltoall([]byte{10 + me, 20 + me}, swapped) // to the left, to the right
+		if err := errors.Join(err1, err2); err != nil {
+			return err
+		}
+		if _, err := adi.WaitAll(ctx, q2, q1); err != nil {
+			return err
+		}
+		// From the left its block for the right, from the right its block for the left.
+		if want := []byte{left, right, 20 + left, 10 + right}; !bytes.Equal(append(gathered, swapped...), want) {
+			return fmt.Errorf("allgather %v and alltoall %v, want %v", gathered, swapped, want)
 		}
 		return nil
 	})
