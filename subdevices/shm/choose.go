@@ -64,7 +64,8 @@ const (
 	copyAuto
 )
 
-// exploreEvery is how long the path not preferred goes untried.
+// exploreEvery is how long the path not preferred goes untried, the
+// default of device.exploreEvery.
 const exploreEvery = 20 * time.Millisecond
 
 // slowWrites is how many times slower the sender's copies into the ring
@@ -179,19 +180,19 @@ const (
 // when the ring's writes are slowWrites times slower than its reads and
 // the receiver's reads beat the ring's slower copy.
 //
-// The path not preferred is put on trial for a window of payloads, so
-// that its rate is the median of samples all taken now: a single payload
-// through a ring left alone for a while finds the receiver's cache
-// emptied of the ring's lines and is copied in several times as fast as
-// the next ones.
-func (c *chooser) byDesc(now time.Duration, outRate, descRate uint32) bool {
+// The path not preferred is put on trial for a window of payloads once it
+// has gone untried for every (exploreEvery but in tests), so that its
+// rate is the median of samples all taken now: a single payload through a
+// ring left alone for a while finds the receiver's cache emptied of the
+// ring's lines and is copied in several times as fast as the next ones.
+func (c *chooser) byDesc(now, every time.Duration, outRate, descRate uint32) bool {
 	in, out := c.in.rate()*1000, float64(outRate)
 	best, other := pathRing, pathDesc
 	if in > 0 && out > in*slowWrites && float64(descRate) > in {
 		best, other = pathDesc, pathRing
 	}
 	c.best = best
-	if c.left == 0 && (!c.ever[other] || now-c.tried[other] >= exploreEvery) {
+	if c.left == 0 && (!c.ever[other] || now-c.tried[other] >= every) {
 		c.trial, c.left = other, window
 	}
 	path := best
@@ -225,7 +226,7 @@ func (p *peer) byDescriptor(n, chunk int) (desc, chosen bool) {
 			return c.best == pathDesc, true
 		}
 		out, desc, was := p.ring.outRate.Load(), p.ring.descRate.Load(), p.choose.best
-		d := p.choose.byDesc(monoNow(), out, desc)
+		d := p.choose.byDesc(monoNow(), p.sd.exploreEvery, out, desc)
 		if p.choose.best != was && p.sd.log.IsDebug() {
 			p.sd.log.Debug("large payloads to peer change path", "peer", int(p.rank), "path", pathNames[p.choose.best],
 				"ring_in_mbps", int(p.choose.in.rate()*1000), "ring_out_mbps", out, "single_copy_mbps", desc)

@@ -93,7 +93,7 @@ func TestChooser(t *testing.T) {
 				if s.in > 0 {
 					c.in.add(n, time.Duration(float64(n)/s.in))
 				}
-				if got := c.byDesc(s.at, s.out, s.desc); got != (s.want == pathDesc) {
+				if got := c.byDesc(s.at, exploreEvery, s.out, s.desc); got != (s.want == pathDesc) {
 					t.Fatalf("step %d at %v (ring in %.1f GB/s, out %d MB/s, reads %d MB/s): single copy %v, want %v",
 						i, s.at, c.in.rate(), s.out, s.desc, got, s.want == pathDesc)
 				}

@@ -136,7 +136,10 @@ type jobOpts struct {
 	noSleepBound bool
 	// sleepFor, if set, bounds doorbell sleeps instead of sleepTimeout.
 	sleepFor time.Duration
-	host     func(r int) string
+	// exploreEvery, if set, is how long every rank's choosers leave the
+	// path they do not prefer untried, instead of exploreEvery.
+	exploreEvery time.Duration
+	host         func(r int) string
 	// handler, if set, makes rank r's Handler from its recorder (a
 	// wrapper that places payloads, say); j.hs still holds the recorder.
 	handler func(r int, rec *recorder) sdi.Handler
@@ -156,6 +159,9 @@ func openJob(t testing.TB, n int, o jobOpts) *job {
 		}
 		if o.sleepFor != 0 {
 			sd.(*device).sleepFor = o.sleepFor
+		}
+		if o.exploreEvery != 0 {
+			sd.(*device).exploreEvery = o.exploreEvery
 		}
 		host := "host-a"
 		if o.host != nil {

@@ -86,6 +86,11 @@ type device struct {
 	// shorten it. assistStalls counts such waits; tests read it.
 	assistPatience time.Duration
 	assistStalls   atomic.Int64
+	// exploreEvery is how long a sender's chooser leaves the path it does
+	// not prefer untried (choose.go); tests that check every frame's path
+	// raise it so that no trial comes between their frames however slowly
+	// they run.
+	exploreEvery time.Duration
 	// sleeps counts the progress goroutine's doorbell sleeps, and naps
 	// those it napped instead because another goroutine was runnable
 	// (progress.go). Tests read them.
@@ -120,7 +125,7 @@ func New(logger hclog.Logger) sdi.SubDevice {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	return &device{logger: logger, sleepFor: sleepTimeout, assistPatience: assistPatience, pidfdOpen: unix.PidfdOpen, stopping: make(chan struct{}), closed: make(chan struct{})}
+	return &device{logger: logger, sleepFor: sleepTimeout, assistPatience: assistPatience, exploreEvery: exploreEvery, pidfdOpen: unix.PidfdOpen, stopping: make(chan struct{}), closed: make(chan struct{})}
 }
 
 // Info implements [sdi.SubDevice.Info].
