@@ -173,6 +173,10 @@ func (rc *receiver) startAssisted(r int, pr *peerProc, dst []byte, addr, head ui
 			return false, err
 		}
 	}
+	// The wait that assistPatience bounds starts now, not at the first
+	// checkParked, which may come a liveness check later.
+	now := time.Now()
+	rc.parked[r].since, rc.parked[r].looked = now, now
 	return true, nil
 }
 
@@ -193,8 +197,8 @@ type parkedRead struct {
 	head    uint64    // cursor of the descriptor record
 	want    int       // chunks the sender took
 	err     error     // from this side's own reads
-	since   time.Time // when the read was first found parked
-	looked  time.Time // when the sender's process was last checked
+	since   time.Time // when the read was parked
+	looked  time.Time // when the sender's process was last checked, since at first
 	stalled bool      // the stall was logged
 }
 
@@ -261,9 +265,6 @@ func (rc *receiver) finishParked(r int, wait bool) error {
 func (rc *receiver) checkParked(r int, force bool) error {
 	pk := &rc.parked[r]
 	now := time.Now()
-	if pk.since.IsZero() {
-		pk.since, pk.looked = now, now
-	}
 	if !force && now.Sub(pk.looked) < time.Millisecond {
 		return nil
 	}

@@ -288,6 +288,57 @@ func TestReadAssisted(t *testing.T) {
 	}
 }
 
+// TestParkedSince checks that a read parked on a sender's chunk dates its
+// wait, which assistPatience bounds, from when it was parked: the stall
+// warning used to count from the first checkParked, up to a liveness
+// check later.
+func TestParkedSince(t *testing.T) {
+	const n = 256 * assistChunk // 16 MiB: the helper has time to join in
+	g := newAssistRig(t, n)
+	rc := g.rx.rx
+	// Hold the receive lock: the test is the receiver's owner.
+	g.rx.rxMu.Lock()
+	defer g.rx.rxMu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if attempt == 20 {
+			if runtime.GOMAXPROCS(0) == 1 {
+				t.Skip("the helper never got a chunk in 20 attempts, on one processor")
+			}
+			t.Fatal("the helper never got a chunk in 20 attempts")
+		}
+		dst := make([]byte, n)
+		took := make(chan int)
+		go func() { took <- g.take() }()
+		before := time.Now()
+		parked, err := rc.startAssisted(0, g.proc, dst, descriptorOf(g.payload).addr, fakeAt)
+		after := time.Now()
+		k := <-took
+		if err != nil {
+			t.Fatal(err)
+		}
+		if k < 0 {
+			continue // the receiver took every chunk first
+		}
+		if !parked {
+			t.Fatalf("the read returned while the helper holds chunk %d", k)
+		}
+		pk := rc.parked[0]
+		g.write(k, dst)
+		err = rc.finishParked(0, true)
+		rc.parked[0] = parkedRead{}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pk.since.Before(before) || pk.since.After(after) {
+			t.Fatalf("parked read dated %v, want within the call that parked it (%v to %v)", pk.since, before, after)
+		}
+		if !pk.looked.Equal(pk.since) {
+			t.Fatalf("sender's process last checked at %v, want when the read was parked (%v)", pk.looked, pk.since)
+		}
+		return
+	}
+}
+
 // liveProc returns, as the sender's process, one that runs until the
 // function returned with it kills it. Its memory is not read: the reads
 // go to the pid, which is this process's.
