@@ -34,6 +34,18 @@ var mpis = []mpi{
 	{name: "openmpi", cc: "mpicc.openmpi", run: "mpirun.openmpi"},
 }
 
+// missing says what of m's compiler and launcher is not on PATH, with
+// the Debian packages that bring them; "" when both are there.
+func (m mpi) missing() string {
+	if _, err := exec.LookPath(m.cc); err != nil {
+		return fmt.Sprintf("%s not found (Debian: apt-get install %s)", m.cc, map[string]string{"mpich": "mpich libmpich-dev", "openmpi": "openmpi-bin libopenmpi-dev"}[m.name])
+	}
+	if _, err := exec.LookPath(m.run); err != nil {
+		return fmt.Sprintf("%s not found", m.run)
+	}
+	return ""
+}
+
 // buildBaselines compiles baseline/osu.c with every requested MPI found on
 // this machine into dir. It returns those it built and a note for each it
 // could not.
@@ -48,12 +60,8 @@ func buildBaselines(ctx context.Context, want []string, dir string) ([]mpi, []st
 		if !contains(want, m.name) {
 			continue
 		}
-		if _, err := exec.LookPath(m.cc); err != nil {
-			notes = append(notes, fmt.Sprintf("baseline %s skipped: %s not found (Debian: apt-get install %s)", m.name, m.cc, map[string]string{"mpich": "mpich libmpich-dev", "openmpi": "openmpi-bin libopenmpi-dev"}[m.name]))
-			continue
-		}
-		if _, err := exec.LookPath(m.run); err != nil {
-			notes = append(notes, fmt.Sprintf("baseline %s skipped: %s not found", m.name, m.run))
+		if missing := m.missing(); missing != "" {
+			notes = append(notes, fmt.Sprintf("baseline %s skipped: %s", m.name, missing))
 			continue
 		}
 		m.binary = filepath.Join(dir, "osu_"+m.name)

@@ -30,19 +30,6 @@ func collSizes(test string, sizes []int) []int {
 // at size s on p ranks needs two buffers of s*p bytes.
 const maxRankBytes = 1 << 30
 
-// collBytes is what one rank allocates for test at size on p ranks.
-func collBytes(test string, size, p int) int {
-	switch test {
-	case "alltoall":
-		return 2 * size * p
-	case "allreduce":
-		return 2 * 8 * max(1, size/8)
-	case "bcast":
-		return size
-	}
-	return 0
-}
-
 // collective times test at size OSU style: after untimed warm-up calls,
 // latIters(size) calls, each timed on its own and followed by an untimed
 // Barrier so that every call starts with the ranks together (without it a
@@ -90,11 +77,12 @@ func (m *mdRank) collective(ctx context.Context, test string, size int) (float64
 		buf := make([]byte, size)
 		call = func() error { return c.Bcast(ctx, buf, 0) }
 		check = func() error {
-			for i := range buf {
-				buf[i] = byte(i*7 + 1)
-				if me != 0 {
-					buf[i] = 0
+			if me == 0 {
+				for i := range buf {
+					buf[i] = byte(i*7 + 1)
 				}
+			} else {
+				clear(buf)
 			}
 			if err := call(); err != nil {
 				return err

@@ -351,10 +351,8 @@ func TestRunBaselineCollectives(t *testing.T) {
 	}
 	var series []string
 	for _, m := range mpis {
-		if _, err := exec.LookPath(m.cc); err == nil {
-			if _, err := exec.LookPath(m.run); err == nil {
-				series = append(series, m.name)
-			}
+		if m.missing() == "" {
+			series = append(series, m.name)
 		}
 	}
 	if len(series) == 0 {

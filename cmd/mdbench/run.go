@@ -188,7 +188,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 		o.ranks = max(2, usableCores())
 	}
 	if slices.Contains(o.tests, "alltoall") {
-		if size := o.sizes[len(o.sizes)-1]; collBytes("alltoall", size, o.ranks) > maxRankBytes {
+		if size := o.sizes[len(o.sizes)-1]; 2*size*o.ranks > maxRankBytes {
 			return nil, fmt.Errorf("alltoall at -sizes %s on %d ranks: each rank needs two buffers of %d x %s, more than %s; give smaller sizes or fewer ranks",
 				formatSize(size), o.ranks, o.ranks, formatSize(size), formatSize(maxRankBytes))
 		}
@@ -327,6 +327,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			two = append(two, t)
 		}
 	}
+	// Each kind of test runs on its own number of ranks.
+	groups := []struct {
+		tests []string
+		ranks int
+	}{{two, 2}, {rate, 2 * o.pairs}, {coll, o.ranks}}
 	if o.direct && (len(rate) > 0 || len(coll) > 0) {
 		rep.Notes = append(rep.Notes, "direct mode measures lat, bw and bibw only")
 	}
@@ -341,10 +346,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	jobOf := func(base childJob) func(ctx context.Context) ([]sample, error) {
 		return func(ctx context.Context) ([]sample, error) {
 			var all []sample
-			for _, run := range []struct {
-				tests []string
-				ranks int
-			}{{two, 2}, {rate, 2 * o.pairs}, {coll, o.ranks}} {
+			for _, run := range groups {
 				if len(run.tests) == 0 {
 					continue
 				}
@@ -387,25 +389,21 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	for _, m := range mpis {
 		steps = append(steps, step{m.name, func(ctx context.Context) ([]sample, error) {
 			var all []sample
-			for _, t := range slices.Concat(two, rate, coll) {
-				n, args := 2, []string{t}
-				switch {
-				case t == "mr":
-					n = 2 * o.pairs
-				case isCollective(t):
-					n = o.ranks
+			for _, g := range groups {
+				for _, t := range g.tests {
+					args := []string{t}
+					if t != "lat" && !isCollective(t) {
+						args = append(args, strconv.Itoa(o.window))
+					}
+					for _, s := range collSizes(t, o.sizes) {
+						args = append(args, strconv.Itoa(s))
+					}
+					s, err := m.runBaseline(ctx, g.ranks, o.sub, o.bind, o.scale, args...)
+					if err != nil {
+						return nil, err
+					}
+					all = append(all, s...)
 				}
-				if t != "lat" && !isCollective(t) {
-					args = append(args, strconv.Itoa(o.window))
-				}
-				for _, s := range collSizes(t, o.sizes) {
-					args = append(args, strconv.Itoa(s))
-				}
-				s, err := m.runBaseline(ctx, n, o.sub, o.bind, o.scale, args...)
-				if err != nil {
-					return nil, err
-				}
-				all = append(all, s...)
 			}
 			return all, nil
 		}})
