@@ -2,9 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
@@ -76,8 +74,6 @@ const (
 	tagLat = 1
 	tagBW  = 2
 	tagAck = 3
-	tagBar = 4
-	tagSum = 5
 	tagIdl = 6
 )
 
@@ -90,28 +86,6 @@ type mdRank struct {
 	rbuf  []byte
 }
 
-func (m *mdRank) barrier(ctx context.Context) error {
-	c := m.c
-	if c.Rank() != 0 {
-		if err := c.Send(ctx, nil, 0, tagBar); err != nil {
-			return err
-		}
-		_, err := c.Recv(ctx, nil, 0, tagBar)
-		return err
-	}
-	for r := 1; r < c.Size(); r++ {
-		if _, err := c.Recv(ctx, nil, adi.AnySource, tagBar); err != nil {
-			return err
-		}
-	}
-	for r := 1; r < c.Size(); r++ {
-		if err := c.Send(ctx, nil, r, tagBar); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // lat is the OSU latency loop between ranks 0 and 1: half a round trip, µs.
 func (m *mdRank) lat(ctx context.Context, size int) (float64, error) {
 	c := m.c
@@ -121,7 +95,7 @@ func (m *mdRank) lat(ctx context.Context, size int) (float64, error) {
 	var t0 time.Time
 	for i := range n + warm {
 		if i == warm {
-			if err := m.barrier(ctx); err != nil {
+			if err := m.c.Barrier(ctx); err != nil {
 				return 0, err
 			}
 			t0 = time.Now()
@@ -163,7 +137,7 @@ func (m *mdRank) stream(ctx context.Context, sender, receiver, size, window int,
 	var t0 time.Time
 	for i := range n + warm {
 		if i == warm {
-			if err := m.barrier(ctx); err != nil {
+			if err := m.c.Barrier(ctx); err != nil {
 				return 0, err
 			}
 			t0 = time.Now()
@@ -229,19 +203,11 @@ func (m *mdRank) rate(ctx context.Context, size, window int) (float64, error) {
 	if me >= pairs {
 		mbs = 0 // count each pair once, at its sender
 	}
-	if me != 0 {
-		b := binary.LittleEndian.AppendUint64(nil, math.Float64bits(mbs))
-		return 0, c.Send(ctx, b, 0, tagSum)
+	total := make([]float64, 1)
+	if err := adi.Reduce(ctx, c, []float64{mbs}, total, adi.Sum, 0); err != nil {
+		return 0, err
 	}
-	total := mbs
-	b := make([]byte, 8)
-	for r := 1; r < c.Size(); r++ {
-		if _, err := c.Recv(ctx, b, r, tagSum); err != nil {
-			return 0, err
-		}
-		total += math.Float64frombits(binary.LittleEndian.Uint64(b))
-	}
-	return total * 1e6 / float64(size), nil
+	return total[0] * 1e6 / float64(size), nil
 }
 
 // idle has rank 1 block in Recv for secs seconds and returns the share of
