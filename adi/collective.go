@@ -288,11 +288,24 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 	if p >= bcastScatterRanks && len(buf) >= bcastScatterFrom {
 		return k.bcastScatter(buf, root)
 	}
-	vr := (c.Rank() - root + p) % p // rank relative to the root
+	if err := k.binomial(root, func(int, int) []byte { return buf }); err != nil {
+		return err
+	}
+	return k.end()
+}
+
+// binomial sends down a binomial tree from root: each rank receives from
+// its parent, then sends to its children, the farthest first. part(v, m)
+// is what goes to rank v (relative to the root) for itself and the m-1
+// ranks of its subtree after it: the whole buffer for a broadcast, their
+// blocks for a scatter.
+func (k *collective) binomial(root int, part func(v, m int) []byte) error {
+	p := k.c.Size()
+	vr := (k.c.Rank() - root + p) % p // rank relative to the root
 	mask := 1
 	for ; mask < p; mask <<= 1 {
 		if vr&mask != 0 {
-			if err := k.recv(buf, (vr-mask+root)%p); err != nil {
+			if err := k.recv(part(vr, mask), (vr-mask+root)%p); err != nil {
 				return err
 			}
 			if err := k.wait(); err != nil {
@@ -303,12 +316,12 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 	}
 	for mask >>= 1; mask > 0; mask >>= 1 {
 		if vr+mask < p {
-			if err := k.send(buf, (vr+mask+root)%p); err != nil {
+			if err := k.send(part(vr+mask, mask), (vr+mask+root)%p); err != nil {
 				return err
 			}
 		}
 	}
-	return k.end()
+	return nil
 }
 
 // From bcastScatterFrom bytes and bcastScatterRanks ranks Bcast scatters
@@ -330,30 +343,12 @@ const (
 // brings every block to every rank.
 func (k *collective) bcastScatter(buf []byte, root int) error {
 	p, n := k.c.Size(), len(buf)
-	vr := (k.c.Rank() - root + p) % p
 	size := (n + p - 1) / p
 	blocks := func(v, m int) []byte { // blocks v to v+m-1, relative
 		return buf[min(v*size, n):min((v+m)*size, n)]
 	}
-	abs := func(v int) int { return (v + root) % p }
-	mask := 1
-	for ; mask < p; mask <<= 1 {
-		if vr&mask != 0 {
-			if err := k.recv(blocks(vr, mask), abs(vr-mask)); err != nil {
-				return err
-			}
-			if err := k.wait(); err != nil {
-				return err
-			}
-			break
-		}
-	}
-	for mask >>= 1; mask > 0; mask >>= 1 {
-		if vr+mask < p {
-			if err := k.send(blocks(vr+mask, mask), abs(vr+mask)); err != nil {
-				return err
-			}
-		}
+	if err := k.binomial(root, blocks); err != nil {
+		return err
 	}
 	// The ring writes blocks this rank is still sending to its subtree,
 	// the same bytes, but not while a subdevice may be reading them.
