@@ -360,17 +360,7 @@ func TestCloseHoldsPlacesOfUnclosed(t *testing.T) {
 		{"placing subdevice unclosed", map[int]bool{1: true}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := loopJob(t, 2, smallCaps)[1]
-			h := &handler{d: d, sub: 1}
-			r, err := d.Irecv(make([]byte, 300), 0, 3, 0)
-			if err != nil {
-				t.Fatal(err)
-			}
-			hb := make([]byte, shortHeaderSize)
-			putShort(hb, 3, 0, 0)
-			if h.Place(0, hb, 200) == nil {
-				t.Fatal("no place for a message a posted receive takes")
-			}
+			d, _, r, _, _ := placeEagerJob(t)
 			d.failAll(ErrClosed, tc.unclosed)
 			if done := r.isDone(); done != tc.done {
 				t.Fatalf("receive being placed done after failAll: %v, want %v", done, tc.done)

@@ -297,18 +297,7 @@ func TestPlaceEager(t *testing.T) {
 // fill to the one that placed it.
 func TestPlacedEagerPeerDown(t *testing.T) {
 	for _, sameSub := range []bool{true, false} {
-		d := loopJob(t, 2, smallCaps)[1]
-		h := &handler{d: d, sub: 1}
-		r, err := d.Irecv(make([]byte, 300), 0, 3, 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hb := make([]byte, shortHeaderSize)
-		putShort(hb, 3, 0, 0)
-		dst := h.Place(0, hb, 200)
-		if dst == nil {
-			t.Fatal("no place")
-		}
+		d, h, r, hb, dst := placeEagerJob(t)
 		if sameSub {
 			h.PeerDown(0, errors.New("read failed"))
 			if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
@@ -323,6 +312,27 @@ func TestPlacedEagerPeerDown(t *testing.T) {
 			t.Fatalf("receive placed on another subdevice ended with %v", err)
 		}
 	}
+}
+
+// placeEagerJob starts a job of two with small eager frames and, on rank 1,
+// posts a receive from rank 0 with tag 3 and has subdevice 1 place the
+// 200-byte eager message that matches it: the device, that subdevice's
+// handler, the receive, the message's header and its place.
+func placeEagerJob(t *testing.T) (*Device, *handler, *Request, []byte, []byte) {
+	t.Helper()
+	d := loopJob(t, 2, smallCaps)[1]
+	h := &handler{d: d, sub: 1}
+	r, err := d.Irecv(make([]byte, 300), 0, 3, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb := make([]byte, shortHeaderSize)
+	putShort(hb, 3, 0, 0)
+	dst := h.Place(0, hb, 200)
+	if dst == nil {
+		t.Fatal("no place for a message a posted receive takes")
+	}
+	return d, h, r, hb, dst
 }
 
 // fwdData is the header of a forwarded block sent split: block seq of the
