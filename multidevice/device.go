@@ -64,6 +64,8 @@ type Device struct {
 	size int // ranks in the job, relays included
 	// appSize is the world applications see: the ranks before the relays.
 	appSize int
+	// hosts names each rank's host, as its launcher did; set by Open.
+	hosts []string
 	isRelay bool
 
 	subs     []*subdev // subs[0] is the built-in self path
@@ -256,6 +258,7 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		}
 		hosts[r] = string(h)
 	}
+	d.hosts = hosts
 	if err := d.noteHosts(ctx, hosts); err != nil { // progress.go
 		return err
 	}
@@ -473,6 +476,15 @@ func (d *Device) Rank() int { return int(d.rank) }
 // Size is the number of ranks in the world applications see; dedicated
 // relays (relay.go) are not counted.
 func (d *Device) Size() int { return d.appSize }
+
+// Host is the launcher's name for the host of world rank r (ranks with
+// the same name share a machine), or "" for a rank outside the world.
+func (d *Device) Host(r int) string {
+	if r < 0 || r >= len(d.hosts) {
+		return ""
+	}
+	return d.hosts[r]
+}
 
 // Route names the subdevice that carries a message of n bytes to peer.
 func (d *Device) Route(peer, n int) (string, error) {
