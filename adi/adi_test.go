@@ -85,12 +85,12 @@ func loopWorlds(t testing.TB, n int) ([]*adi.World, *sditest.Fabric) {
 }
 
 // loopWorldsOn is loopWorlds with the ranks on the hosts hostOf names,
-// all reaching each other over the loopback fabric.
-func loopWorldsOn(t testing.TB, n int, hostOf func(int) string) ([]*adi.World, *sditest.Fabric) {
+// all reaching each other over the loopback fabric, and opts.
+func loopWorldsOn(t testing.TB, n int, hostOf func(int) string, opts ...adi.Option) ([]*adi.World, *sditest.Fabric) {
 	f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered}})
-	ws := jobOn(t, n, hostOf, adi.WithSubDevice("loop", f.New),
+	ws := jobOn(t, n, hostOf, append([]adi.Option{adi.WithSubDevice("loop", f.New),
 		adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}),
-		adi.WithConnTable(&conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "loop"}}}}}}))
+		adi.WithConnTable(&conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "loop"}}}}}})}, opts...)...)
 	return ws, f
 }
 

@@ -38,6 +38,10 @@ import (
 //	Allgather  ring: p-1 steps of one block to the right neighbour (Allgatherv too)
 //	Alltoall   every pair at once, each rank starting with its next neighbour (Alltoallv too)
 //
+// On communicators that span hosts, Barrier, Bcast, Reduce and Allreduce
+// run these algorithms within hosts and among hosts' leaders
+// (hostcoll.go).
+//
 // Ranks that pass disagreeing lengths get ErrMismatch wherever a message
 // arrives with another length than its receiver expects, and so does every
 // rank whose part of the result depends on such a rank: once a rank has
@@ -136,6 +140,15 @@ func (k *collective) start(op func(r *multidevice.Request) error) (*multidevice.
 	return r, nil
 }
 
+// who is rank r of the collective's communicator as its caller knows
+// it: the same rank, or on a view (hostcoll.go) the rank it stands for.
+func (k *collective) who(r int) int {
+	if k.c.of != nil {
+		return k.c.of[r]
+	}
+	return r
+}
+
 // poison is what a rank that met a mismatch sends in place of an empty
 // message; in place of any other, it sends an empty one. Small, so that it
 // goes eagerly and the sender need not wait for a receiver that may have
@@ -156,7 +169,7 @@ func (k *collective) send(buf []byte, r int) error {
 		return k.c.w.dev.IsendRequest(q, buf, k.c.ranks[r], k.tag, k.c.context|1, false)
 	})
 	if err != nil {
-		return k.fail(k.errorf("send to rank %d: %w", r, err))
+		return k.fail(k.errorf("send to rank %d: %w", k.who(r), err))
 	}
 	k.reqs = append(k.reqs, pending{r: req})
 	return nil
@@ -169,9 +182,9 @@ func (k *collective) recv(buf []byte, r int) error {
 		return k.c.w.dev.IrecvRequest(q, buf, k.c.ranks[r], k.tag, k.c.context|1)
 	})
 	if err != nil {
-		return k.fail(k.errorf("receive from rank %d: %w", r, err))
+		return k.fail(k.errorf("receive from rank %d: %w", k.who(r), err))
 	}
-	k.reqs = append(k.reqs, pending{r: req, recv: true, from: r, want: len(buf)})
+	k.reqs = append(k.reqs, pending{r: req, recv: true, from: k.who(r), want: len(buf)})
 	return nil
 }
 
@@ -267,13 +280,27 @@ func (c *Comm) Barrier(ctx context.Context) error {
 		return err
 	}
 	defer k.done()
-	p, r := c.Size(), c.Rank()
+	if c.hosts != nil {
+		err = k.hostBarrier()
+	} else {
+		err = k.dissemination()
+	}
+	if err != nil {
+		return err
+	}
+	return k.end()
+}
+
+// dissemination is the barrier's algorithm: in round i every rank
+// signals the rank 2^i after it and waits for the one 2^i before it.
+func (k *collective) dissemination() error {
+	p, r := k.c.Size(), k.c.Rank()
 	for dist := 1; dist < p; dist *= 2 {
 		if err := k.exchange(nil, (r+dist)%p, nil, (r-dist+p)%p); err != nil {
 			return err
 		}
 	}
-	return k.end()
+	return nil
 }
 
 // Bcast copies buf of rank root into buf of every other rank of c. Every
@@ -284,14 +311,23 @@ func (c *Comm) Bcast(ctx context.Context, buf []byte, root int) error {
 		return err
 	}
 	defer k.done()
-	p := c.Size()
-	if p >= bcastScatterRanks && len(buf) >= bcastScatterFrom {
-		return k.bcastScatter(buf, root)
+	if c.hosts != nil {
+		err = k.hostBcast(buf, root)
+	} else {
+		err = k.bcast(buf, root)
 	}
-	if err := k.binomial(root, func(int, int) []byte { return buf }); err != nil {
+	if err != nil {
 		return err
 	}
 	return k.end()
+}
+
+// bcast is Bcast's algorithm, chosen by the ranks and bytes it moves.
+func (k *collective) bcast(buf []byte, root int) error {
+	if k.c.Size() >= bcastScatterRanks && len(buf) >= bcastScatterFrom {
+		return k.bcastScatter(buf, root)
+	}
+	return k.binomial(root, func(int, int) []byte { return buf })
 }
 
 // binomial sends down a binomial tree from root: each rank receives from
@@ -477,7 +513,10 @@ func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 	if err != nil {
 		return err
 	}
-	return k.allgatherv(send, parts)
+	if err := k.allgatherv(send, parts); err != nil {
+		return err
+	}
+	return k.end()
 }
 
 // Allgatherv collects send of every rank r of c into recv[r] of every
@@ -492,7 +531,10 @@ func (c *Comm) Allgatherv(ctx context.Context, send []byte, recv [][]byte) error
 	if len(recv) != c.Size() {
 		return k.errorf("%d receive slices for %d ranks", len(recv), c.Size())
 	}
-	return k.allgatherv(send, recv)
+	if err := k.allgatherv(send, recv); err != nil {
+		return err
+	}
+	return k.end()
 }
 
 // allgatherv passes the blocks around the ring: in each step a rank sends
@@ -507,7 +549,7 @@ func (k *collective) allgatherv(send []byte, recv [][]byte) error {
 			return err
 		}
 	}
-	return k.end()
+	return nil
 }
 
 // Alltoall sends the r-th block of send, send[r*n:(r+1)*n] with n =
@@ -612,26 +654,40 @@ func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root
 	if c.Rank() == root && len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	if foldingOf(c.Size()).halves(len(send), elemSize[T]()) {
+	if c.hosts != nil && c.hosts.blocks {
+		err = hostReduce(k, send, recv, op, root)
+	} else {
+		err = reduce(k, send, recv, op, root)
+	}
+	if err != nil {
+		return err
+	}
+	return k.end()
+}
+
+// reduce is Reduce's algorithm, chosen by the ranks and bytes it moves.
+// The result is in recv on the root when it returns; other ranks' sends
+// may still be in flight.
+func reduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error {
+	if foldingOf(k.c.Size()).halves(len(send), elemSize[T]()) {
 		return reduceLarge(k, send, recv, op, root)
 	}
 	acc, err := reduceToZero(k, send, op)
 	if err != nil {
 		return err
 	}
-	switch r := c.Rank(); {
+	switch r := k.c.Rank(); {
 	case root == 0 && r == 0:
 		copy(recv, acc)
 	case r == 0:
-		if err := k.send(Bytes(acc), root); err != nil {
-			return err
-		}
+		return k.send(Bytes(acc), root)
 	case r == root:
 		if err := k.recv(Bytes(recv), 0); err != nil {
 			return err
 		}
+		return k.wait()
 	}
-	return k.end()
+	return nil
 }
 
 // reduceToZero combines send of every rank into rank 0's result on a
@@ -726,8 +782,9 @@ func reduceLarge[T Elem](k *collective, send, recv []T, op Op[T], root int) erro
 		if err := k.recv(Bytes(recv), zero); err != nil {
 			return err
 		}
+		return k.wait()
 	}
-	return k.end()
+	return nil
 }
 
 // Allreduce combines send of every rank of c into recv of every rank:
@@ -744,10 +801,24 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 	if len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	r, n := c.Rank(), len(send)
+	if c.hosts != nil && c.hosts.blocks {
+		err = hostAllreduce(k, send, recv, op)
+	} else {
+		err = allreduce(k, send, recv, op)
+	}
+	if err != nil {
+		return err
+	}
+	return k.end()
+}
+
+// allreduce is Allreduce's algorithm, chosen by the ranks and bytes it
+// moves; messages may still be in flight when it returns.
+func allreduce[T Elem](k *collective, send, recv []T, op Op[T]) error {
+	r, n := k.c.Rank(), len(send)
 	// Both algorithms run on a power of two ranks; the ranks beyond it
 	// fold in (folding).
-	f := foldingOf(c.Size())
+	f := foldingOf(k.c.Size())
 	mine, nr := send, f.newRank(r) // this rank's part as it stands, its new rank
 	if f.folds(r) {
 		if nr < 0 {
@@ -757,10 +828,7 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 			if err := k.wait(); err != nil {
 				return err
 			}
-			if err := k.recv(Bytes(recv), r+1); err != nil {
-				return err
-			}
-			return k.end()
+			return k.recv(Bytes(recv), r+1)
 		}
 		mine = scratch[T](k, 1, n)
 		if err := k.recv(Bytes(mine), r-1); err != nil {
@@ -771,6 +839,7 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 		}
 		op(mine, send)
 	}
+	var err error
 	if f.halves(n, elemSize[T]()) {
 		err = halve(k, mine, recv, scratch[T](k, 0, n), nr, f, op)
 	} else {
@@ -780,11 +849,9 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 		return err
 	}
 	if f.folds(r) {
-		if err := k.send(Bytes(recv), r-1); err != nil {
-			return err
-		}
+		return k.send(Bytes(recv), r-1)
 	}
-	return k.end()
+	return nil
 }
 
 // double is recursive doubling among p2 ranks (new ranks, old maps them to

@@ -74,6 +74,14 @@ type Comm struct {
 	collSeq  atomic.Uint64 // collective calls made on this one (collective.go)
 	coll     collState
 	copies   sync.Pool // of *Comm: nonblocking collectives run on them (nbcoll.go)
+	// hosts is where the ranks live, for collectives that go by hosts
+	// (hostcoll.go); nil when they would not. hviews are their views,
+	// made by the first one; like coll, owned by the running collective.
+	hosts  *hostMap
+	hviews *hostViews
+	// of maps a view's ranks to those of the communicator it is a view
+	// of, for error messages; nil on a communicator.
+	of []int
 }
 
 func newComm(w *World, context uint64, ranks []int) *Comm {
@@ -84,6 +92,7 @@ func newComm(w *World, context uint64, ranks []int) *Comm {
 		c.identity = c.identity && r == i
 	}
 	c.rank = c.index[w.dev.Rank()]
+	c.hosts = newHostMap(w, ranks)
 	return c
 }
 

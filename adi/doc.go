@@ -61,6 +61,15 @@
 // [Request]; any number of those may be in flight at once, each in its
 // place in the order in which it was started.
 //
+// On a communicator whose ranks span several hosts (as the launcher
+// names them, [World.Host]), Barrier, Bcast, Reduce and Allreduce work
+// host by host: within each host over shared memory, then among one
+// leader per host, then within each host again, so that only the
+// leaders send between hosts. Reductions do so only where every host's
+// ranks are consecutive (block placement, mdrun's default), which keeps
+// rank order. [WithHostCollectives] or MD_HOST_COLLECTIVES=0 turn this
+// off.
+//
 // # One-sided communication
 //
 // [Comm.WinCreate] exposes a byte slice of every rank as a [Win]; between

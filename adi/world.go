@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -22,6 +23,8 @@ type World struct {
 	boot bootstrap.Bootstrap
 	comm *Comm
 	bg   background // nonblocking collectives, window servers: nbcoll.go
+	// hostColl lets collectives go by hosts (hostcoll.go).
+	hostColl bool
 }
 
 type config struct {
@@ -33,6 +36,7 @@ type config struct {
 	table       *conntable.Table
 	factories   map[string]sdi.Factory
 	relay       bool // RunRelay: a dedicated relay, no application rank
+	hostColl    *bool
 }
 
 // Option changes how Init sets the world up.
@@ -71,6 +75,14 @@ func WithSubDevice(name string, f sdi.Factory) Option {
 	}
 }
 
+// WithHostCollectives chooses whether collectives on communicators that
+// span several hosts work host by host (the default): within each host,
+// then among one rank per host, then within each host again, so that
+// fewer and larger messages cross between hosts. It overrides
+// MD_HOST_COLLECTIVES (0 or 1 in the environment). The package
+// documentation's section on collectives says which ones do.
+func WithHostCollectives(on bool) Option { return func(c *config) { c.hostColl = &on } }
+
 // Init joins the job: it finds the launcher (mdrun, or none for a world of
 // one), loads the subdevices, exchanges business cards and connects routes.
 func Init(ctx context.Context, opts ...Option) (*World, error) {
@@ -103,6 +115,16 @@ func Init(ctx context.Context, opts ...Option) (*World, error) {
 }
 
 func initWorld(ctx context.Context, c *config) (*World, error) {
+	hostColl := true
+	if c.hostColl != nil {
+		hostColl = *c.hostColl
+	} else if v := os.Getenv("MD_HOST_COLLECTIVES"); v != "" {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return nil, fmt.Errorf("adi: init: MD_HOST_COLLECTIVES=%q: want 0 or 1", v)
+		}
+		hostColl = on
+	}
 	plugins := c.plugins
 	if plugins == nil {
 		var err error
@@ -135,7 +157,7 @@ func initWorld(ctx context.Context, c *config) (*World, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adi: init: %w", err)
 	}
-	w := &World{dev: dev, boot: c.boot}
+	w := &World{dev: dev, boot: c.boot, hostColl: hostColl}
 	if c.relay {
 		return w, nil // a relay has no rank in the world, hence no communicator
 	}

@@ -1,0 +1,324 @@
+package adi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+	"github.com/hpc-multidevice/multidevice/bootstrap"
+)
+
+// hostJob starts a loopback job with rank r on the host named by the
+// r-th letter of hosts.
+func hostJob(t *testing.T, hosts string, opts ...adi.Option) ([]*adi.World, []*adi.Comm) {
+	t.Helper()
+	ws, _ := loopWorldsOn(t, len(hosts), func(r int) string { return hosts[r : r+1] }, opts...)
+	cs := make([]*adi.Comm, len(ws))
+	for r, w := range ws {
+		cs[r] = w.Comm()
+	}
+	return ws, cs
+}
+
+// TestHostCollectives checks the results of the collectives that go by
+// hosts, on placements where hosts' ranks are consecutive (reductions go
+// by hosts) and where they are not (reductions stay flat), with every
+// root, lengths eager, by rendezvous and past the large-message
+// algorithms' thresholds, and a non-commutative operation that any
+// combination out of rank order gets wrong.
+func TestHostCollectives(t *testing.T) {
+	for _, pl := range []struct{ name, hosts string }{
+		{"2 hosts of 3", "aaabbb"},
+		{"uneven blocks", "abbbbcc"},
+		{"round robin", "ababab"},
+		{"interleaved", "abaab"},
+		{"2 hosts of 8", "aaaaaaaabbbbbbbb"}, // hosts of 8 ranks: the scatter broadcast within a host
+	} {
+		_, cs := hostJob(t, pl.hosts)
+		n := len(cs)
+		ctx := ctxT(t)
+		t.Run(pl.name+"/barrier", func(t *testing.T) {
+			// The last rank comes late: no rank may leave before it came.
+			var in atomic.Int32
+			each(t, cs, func(c *adi.Comm) error {
+				if c.Rank() == n-1 {
+					time.Sleep(20 * time.Millisecond)
+				}
+				in.Add(1)
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				if got := in.Load(); got != int32(n) {
+					return fmt.Errorf("left the barrier when %d of %d ranks had come", got, n)
+				}
+				return nil
+			})
+		})
+		for _, size := range []int{0, 1, 3000, 20000} {
+			for root := range n {
+				t.Run(fmt.Sprintf("%s/bcast/len=%d/root=%d", pl.name, size, root), func(t *testing.T) {
+					want := pattern(root, 0, size)
+					each(t, cs, func(c *adi.Comm) error {
+						buf := make([]byte, size)
+						if c.Rank() == root {
+							copy(buf, want)
+						}
+						if err := c.Bcast(ctx, buf, root); err != nil {
+							return err
+						}
+						if string(buf) != string(want) {
+							return fmt.Errorf("%d bytes differ", size)
+						}
+						return nil
+					})
+				})
+			}
+		}
+		for _, elems := range []int{0, 1, 700, 9000} {
+			want := contribution(0, elems)
+			for r := 1; r < n; r++ {
+				affine(want, contribution(r, elems))
+			}
+			for root := range n {
+				t.Run(fmt.Sprintf("%s/reduce/elems=%d/root=%d", pl.name, elems, root), func(t *testing.T) {
+					each(t, cs, func(c *adi.Comm) error {
+						send := contribution(c.Rank(), elems)
+						var got []uint64
+						if c.Rank() == root {
+							got = send // in place on the root
+						}
+						if err := adi.Reduce(ctx, c, send, got, affine, root); err != nil {
+							return err
+						}
+						if c.Rank() == root && !equal(got, want) {
+							return fmt.Errorf("got %x, want %x", got, want)
+						}
+						return nil
+					})
+				})
+			}
+			t.Run(fmt.Sprintf("%s/allreduce/elems=%d", pl.name, elems), func(t *testing.T) {
+				each(t, cs, func(c *adi.Comm) error {
+					got := contribution(c.Rank(), elems)
+					if err := adi.Allreduce(ctx, c, got, got, affine); err != nil {
+						return err
+					}
+					if !equal(got, want) {
+						return fmt.Errorf("got %x, want %x", got, want)
+					}
+					return nil
+				})
+			})
+		}
+		t.Run(pl.name+"/nonblocking", func(t *testing.T) {
+			// Three at once, each on a copy of the communicator with views
+			// of its own.
+			want := contribution(0, 700)
+			for r := 1; r < n; r++ {
+				affine(want, contribution(r, 700))
+			}
+			each(t, cs, func(c *adi.Comm) error {
+				sum := contribution(c.Rank(), 700)
+				buf := make([]byte, 3000)
+				if c.Rank() == 1 {
+					copy(buf, pattern(1, 0, 3000))
+				}
+				qa, err := adi.Iallreduce(c, sum, sum, affine)
+				if err != nil {
+					return err
+				}
+				qb, err := c.Ibcast(buf, 1)
+				if err != nil {
+					return err
+				}
+				qc, err := c.Ibarrier()
+				if err != nil {
+					return err
+				}
+				if _, err := adi.WaitAll(ctx, qa, qb, qc); err != nil {
+					return err
+				}
+				if !equal(sum, want) || string(buf) != string(pattern(1, 0, 3000)) {
+					return errors.New("wrong result")
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestHostCollectivesSplit: a communicator split from the world maps its
+// own ranks onto hosts: world ranks 1, 3, 4 and 5 of "aabbbb" are ranks 0
+// to 3 of the odd-or-above-two half, on hosts a, b, b, b.
+func TestHostCollectivesSplit(t *testing.T) {
+	ws, cs := hostJob(t, "aabbbb")
+	ctx := ctxT(t)
+	subs := make([]*adi.Comm, len(cs))
+	each(t, cs, func(c *adi.Comm) error {
+		r := c.Rank()
+		var err error
+		subs[r], err = c.Split(ctx, boolInt(r%2 == 1 || r > 2), 0)
+		return err
+	})
+	half := []*adi.Comm{subs[1], subs[3], subs[4], subs[5]}
+	want := contribution(0, 13)
+	for r := 1; r < 4; r++ {
+		affine(want, contribution(r, 13))
+	}
+	before := crossFrames(ws, "aabbbb")
+	each(t, half, func(c *adi.Comm) error {
+		got := contribution(c.Rank(), 13)
+		if err := adi.Allreduce(ctx, c, got, got, affine); err != nil {
+			return err
+		}
+		if !equal(got, want) {
+			return fmt.Errorf("got %x, want %x", got, want)
+		}
+		return nil
+	})
+	// The two leaders (world ranks 1 and 3) exchange their hosts' parts.
+	if got := crossFrames(ws, "aabbbb") - before; got != 2 {
+		t.Errorf("allreduce of the split communicator: %d frames between hosts, want 2", got)
+	}
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// crossFrames counts the frames the ranks of a job sent to ranks on
+// other hosts.
+func crossFrames(ws []*adi.World, hosts string) uint64 {
+	var n uint64
+	for r, w := range ws {
+		for _, s := range w.Stats() {
+			if hosts[s.Peer] != hosts[r] {
+				n += s.Frames
+			}
+		}
+	}
+	return n
+}
+
+// TestHostCollectivesCross counts what crosses between hosts: by hosts,
+// only the leaders send across, once per step of their algorithm; flat,
+// more ranks do. Reductions on a placement whose hosts' ranks are not
+// consecutive stay flat. MD_HOST_COLLECTIVES=0 and
+// WithHostCollectives(false) both keep everything flat.
+func TestHostCollectivesCross(t *testing.T) {
+	calls := []struct {
+		name string
+		f    func(ctx context.Context, c *adi.Comm) error
+	}{
+		{"barrier", func(ctx context.Context, c *adi.Comm) error { return c.Barrier(ctx) }},
+		{"bcast from 0", func(ctx context.Context, c *adi.Comm) error { return c.Bcast(ctx, make([]byte, 8), 0) }},
+		{"bcast from 4", func(ctx context.Context, c *adi.Comm) error { return c.Bcast(ctx, make([]byte, 8), 4) }},
+		{"reduce to 4", func(ctx context.Context, c *adi.Comm) error {
+			return adi.Reduce(ctx, c, make([]int64, 1), make([]int64, 1), adi.Sum, 4)
+		}},
+		{"allreduce", func(ctx context.Context, c *adi.Comm) error {
+			return adi.Allreduce(ctx, c, make([]int64, 1), make([]int64, 1), adi.Sum)
+		}},
+	}
+	count := func(t *testing.T, hosts string, opts ...adi.Option) map[string]uint64 {
+		ws, cs := hostJob(t, hosts, opts...)
+		ctx := ctxT(t)
+		out := make(map[string]uint64)
+		for _, call := range calls {
+			before := crossFrames(ws, hosts)
+			each(t, cs, func(c *adi.Comm) error { return call.f(ctx, c) })
+			out[call.name] = crossFrames(ws, hosts) - before
+		}
+		return out
+	}
+	// Leaders 0 and 3: a barrier, an allreduce and a reduce (to leader 0,
+	// then on to 3) are an exchange; a broadcast one message.
+	byHosts := count(t, "aaabbb")
+	flat := count(t, "aaabbb", adi.WithHostCollectives(false))
+	t.Setenv("MD_HOST_COLLECTIVES", "0")
+	flatEnv := count(t, "aaabbb")
+	for name, want := range map[string]uint64{"barrier": 2, "bcast from 0": 1, "bcast from 4": 1, "reduce to 4": 2, "allreduce": 2} {
+		if byHosts[name] != want {
+			t.Errorf("%s by hosts: %d frames between hosts, want %d", name, byHosts[name], want)
+		}
+		if flat[name] <= want || flatEnv[name] != flat[name] {
+			t.Errorf("%s flat: %d frames between hosts with the option, %d with the environment; want as many, more than %d", name, flat[name], flatEnv[name], want)
+		}
+	}
+	t.Setenv("MD_HOST_COLLECTIVES", "")
+	mixed := count(t, "ababab")
+	mixedFlat := count(t, "ababab", adi.WithHostCollectives(false))
+	for _, name := range []string{"reduce to 4", "allreduce"} {
+		if mixed[name] != mixedFlat[name] {
+			t.Errorf("%s with hosts' ranks apart: %d frames between hosts, %d flat; want it flat", name, mixed[name], mixedFlat[name])
+		}
+	}
+	if mixed["barrier"] >= mixedFlat["barrier"] {
+		t.Errorf("barrier with hosts' ranks apart: %d frames between hosts, %d flat; want fewer", mixed["barrier"], mixedFlat["barrier"])
+	}
+}
+
+func TestHostCollectivesEnv(t *testing.T) {
+	t.Setenv("MD_HOST_COLLECTIVES", "sometimes")
+	boots, err := bootstrap.InProcess(1, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = adi.Init(ctxT(t), adi.WithBootstrap(boots[0]))
+	if err == nil || !strings.Contains(err.Error(), `MD_HOST_COLLECTIVES="sometimes"`) {
+		t.Fatalf("Init with MD_HOST_COLLECTIVES=sometimes: %v, want an error naming it", err)
+	}
+}
+
+// TestHostCollectivesMismatch: a rank that passes another length is
+// found out by hosts too, and the ranks whose results depend on it hear
+// of it; every rank returns.
+func TestHostCollectivesMismatch(t *testing.T) {
+	_, cs := hostJob(t, "aaabbb")
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		odd  int
+		f    func(c *adi.Comm, size int) error
+		want []bool
+	}{
+		// Rank 4 short: host b's leader 3 finds out, tells leader 0, and
+		// each leader its host.
+		{"allreduce", 4, func(c *adi.Comm, size int) error {
+			v := make([]byte, size)
+			return adi.Allreduce(ctx, c, v, v, adi.BOr)
+		}, []bool{true, true, true, true, true, true}},
+		// From 1: host a first (1 -> 0, 1 -> 2 down a tree from 1), then
+		// 0 -> 3, then 3 -> 4, 3 -> 5. Rank 2 short hears nothing wrong
+		// from 1 but sends nothing on.
+		{"bcast", 2, func(c *adi.Comm, size int) error { return c.Bcast(ctx, make([]byte, size), 1) },
+			[]bool{false, false, true, false, false, false}},
+		{"bcast", 0, func(c *adi.Comm, size int) error { return c.Bcast(ctx, make([]byte, size), 1) },
+			[]bool{true, false, false, true, true, true}},
+	} {
+		for _, size := range []int{64, 4096} {
+			errs := make([]error, len(cs))
+			each(t, cs, func(c *adi.Comm) error {
+				s := size
+				if c.Rank() == tc.odd {
+					s = size / 2
+				}
+				errs[c.Rank()] = tc.f(c, s)
+				return nil
+			})
+			for r, want := range tc.want {
+				if got := errors.Is(errs[r], adi.ErrMismatch); got != want || !want && errs[r] != nil {
+					t.Errorf("%s of %d bytes, rank %d short: rank %d: %v; want ErrMismatch: %v", tc.name, size, tc.odd, r, errs[r], want)
+				}
+			}
+		}
+	}
+}
