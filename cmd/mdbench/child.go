@@ -38,6 +38,10 @@ type childJob struct {
 	ConnTable   string   `json:"conntable,omitempty"` // connection table path
 	Direct      bool     `json:"direct,omitempty"`    // drive Sub through sdi alone
 	IdleSeconds float64  `json:"idle_seconds,omitempty"`
+	// Hosts above 1 says the ranks run on that many pretend hosts (see
+	// placement), so that tcp is opened under the machine's host name
+	// (see machineHost).
+	Hosts int `json:"hosts,omitempty"`
 	// Env is added to the ranks' environment (-vs-env); the ranks get it
 	// as environment, not in this description.
 	Env []string `json:"-"`
@@ -90,11 +94,24 @@ func childMain() int {
 // runMultidevice runs the job's tests through adi.
 func runMultidevice(ctx context.Context, j childJob, logger hclog.Logger, emit func(sample)) error {
 	opts := []adi.Option{adi.WithLogger(logger)}
+	var plugins *multidevice.PluginsConfig // nil: adi's default or MD_PLUGINS
 	switch {
 	case j.Sub != "":
-		opts = append(opts, adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: j.Sub, Enabled: true}}}))
+		plugins = &multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: j.Sub, Enabled: true}}}
+		opts = append(opts, adi.WithPlugins(plugins))
 	case j.Plugins != "":
+		var err error
+		if plugins, err = multidevice.LoadPlugins(j.Plugins); err != nil {
+			return err
+		}
 		opts = append(opts, adi.WithPluginsFile(j.Plugins))
+	}
+	if j.Hosts > 1 {
+		more, err := machineHostFactories(plugins)
+		if err != nil {
+			return fmt.Errorf("pretend hosts: %w", err)
+		}
+		opts = append(opts, more...)
 	}
 	if j.ConnTable != "" {
 		opts = append(opts, adi.WithConnTableFile(j.ConnTable))
@@ -149,6 +166,14 @@ func runMultidevice(ctx context.Context, j childJob, logger hclog.Logger, emit f
 			}
 		}
 	}
+	// What the subdevices carried, for the launcher to check the placement
+	// on pretend hosts with: counted before Finalize, which closes them.
+	rl := rankLinks{Rank: c.Rank(), Host: w.Host(), Links: []link{}}
+	for _, l := range w.Stats() {
+		rl.Links = append(rl.Links, link{Peer: l.Peer, SubDevice: l.SubDevice, Frames: l.Frames, Bytes: l.Bytes})
+	}
+	b, _ := json.Marshal(rl) // plain fields always marshal
+	fmt.Printf("%s%s\n", linksPrefix, b)
 	return w.Finalize(ctx)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync/atomic"
 	"syscall"
@@ -140,6 +141,14 @@ func runDirect(ctx context.Context, j childJob, logger hclog.Logger, emit func(s
 	factory, err := sdi.Lookup(j.Sub)
 	if err != nil {
 		return err
+	}
+	if j.Hosts > 1 && j.Sub == "tcp" {
+		// As the multidevice's tcp on pretend hosts (see machineHost).
+		host, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("pretend hosts: host name: %w", err)
+		}
+		factory = machineHostFactory(factory, host)
 	}
 	maxSize := 8
 	for _, s := range j.Sizes {

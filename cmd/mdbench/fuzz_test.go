@@ -44,8 +44,42 @@ func FuzzParseOSU(f *testing.F) {
 func FuzzReadSamples(f *testing.F) {
 	f.Add([]byte(resultPrefix + `{"test":"lat","size":8,"value":1.5}` + "\n"))
 	f.Add([]byte(resultPrefix + "{\n"))
+	f.Add([]byte(linksPrefix + `{"rank":1,"host":"mdbench-h0","links":[{"peer":0,"subdevice":"shm","frames":3,"bytes":24}]}` + "\n"))
 	f.Fuzz(func(t *testing.T, out []byte) {
-		_, _ = readSamples(bytes.NewReader(out), io.Discard)
+		_, _ = readRankOutput(bytes.NewReader(out), io.Discard)
+	})
+}
+
+// FuzzLinks feeds arbitrary links lines of a launch of 1 to 8 ranks on 1
+// to 4 pretend hosts: parsing and classifying them never panics, and what
+// is classified adds up to what the ranks reported to other ranks.
+func FuzzLinks(f *testing.F) {
+	f.Add(`{"rank":1,"host":"mdbench-h0","links":[{"peer":0,"subdevice":"shm","frames":3,"bytes":24},{"peer":3,"subdevice":"tcp","frames":1,"bytes":8}]}`, uint8(4), uint8(2))
+	f.Add(`{"rank":9,"host":"x","links":null}`, uint8(2), uint8(2))
+	f.Add(`{"rank":0,"host":"mdbench-h0","links":[{"peer":-1}]}`, uint8(2), uint8(1))
+	f.Fuzz(func(t *testing.T, line string, ranks, hosts uint8) {
+		rl, err := parseLinks(line)
+		if err != nil {
+			return
+		}
+		p := placement{ranks: 1 + int(ranks)%8}
+		p.hosts = 1 + int(hosts)%p.ranks
+		fl, err := p.flows([]rankLinks{rl})
+		if err != nil {
+			return
+		}
+		var want, got uint64
+		for _, l := range rl.Links {
+			if l.Peer != rl.Rank {
+				want += l.Frames
+			}
+		}
+		for _, x := range fl {
+			got += x.Frames
+		}
+		if got != want {
+			t.Fatalf("flows %+v count %d frames, the ranks reported %d to others", fl, got, want)
+		}
 	})
 }
 

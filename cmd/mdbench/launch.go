@@ -18,8 +18,20 @@ import (
 	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
+// launched is what the ranks of one launch printed.
+type launched struct {
+	samples []sample
+	// flows is what the subdevices carried between the ranks, within
+	// pretend hosts and between them; nil unless the ranks ran on pretend
+	// hosts and reported their traffic (-vs-build ranks of an older
+	// mdbench, and direct mode, do not).
+	flows []flow
+}
+
 // launch starts n ranks of this program for job j, with a rendezvous
-// service of its own (as mdrun does), and returns the samples they printed.
+// service of its own (as mdrun does), and returns what they printed. With
+// hosts above 1 the ranks are placed on that many pretend hosts (see
+// placement).
 // With bind set and no more ranks than cores, rank r is bound to the r-th
 // core mdbench may use (see rankCores):
 // freshly started processes otherwise often share a CPU until the kernel
@@ -29,22 +41,26 @@ import (
 // would run its first second or so with a processor per CPU of the
 // machine, until the runtime noticed, and would not see what a bound
 // rank of a user's job sees.
-func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logger) ([]sample, error) {
+func launch(ctx context.Context, n int, j childJob, bind bool, hosts int, logger hclog.Logger) (launched, error) {
+	if hosts < 1 || hosts > n {
+		return launched{}, fmt.Errorf("%d ranks on %d hosts: want from 1 to %d hosts", n, hosts, n)
+	}
+	place := placement{ranks: n, hosts: hosts}
 	self := j.Exe
 	if self == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return nil, fmt.Errorf("find own executable: %w", err)
+			return launched{}, fmt.Errorf("find own executable: %w", err)
 		}
 		self = exe
 	}
 	cfg, err := json.Marshal(j)
 	if err != nil {
-		return nil, err
+		return launched{}, err
 	}
 	srv, err := bootstrap.NewServer(n, logger.Named("rendezvous"))
 	if err != nil {
-		return nil, err
+		return launched{}, err
 	}
 	serveCtx, stopServe := context.WithCancel(ctx)
 	served := make(chan error, 1)
@@ -61,6 +77,7 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 	var (
 		mu      sync.Mutex
 		samples []sample
+		links   []rankLinks
 	)
 	exits := make(chan exit, n)
 	cmds := make([]*exec.Cmd, 0, n)
@@ -71,12 +88,16 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 	}
 	cores, err := rankCores(n, bind)
 	if err != nil {
-		return nil, err
+		return launched{}, err
 	}
 	for r := range n {
 		cmd := exec.CommandContext(ctx, self)
 		// j.Env after ours: exec keeps the last of duplicate keys.
-		cmd.Env = append(append(append(os.Environ(), j.Env...), srv.Env(r)...), childEnv+"="+string(cfg))
+		env := srv.Env(r)
+		if place.pretend() {
+			env = srv.HostEnv(r, place.hostName(r))
+		}
+		cmd.Env = append(append(append(os.Environ(), j.Env...), env...), childEnv+"="+string(cfg))
 		cmd.Stderr = os.Stderr // ranks are quiet unless MD_LOG_LEVEL says otherwise
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		out, err := cmd.StdoutPipe()
@@ -92,13 +113,14 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 			for range cmds {
 				<-exits
 			}
-			return nil, fmt.Errorf("start rank %d: %w", r, err)
+			return launched{}, fmt.Errorf("start rank %d: %w", r, err)
 		}
 		cmds = append(cmds, cmd)
 		go func() {
-			got, perr := readSamples(out, os.Stderr)
+			got, perr := readRankOutput(out, os.Stderr)
 			mu.Lock()
-			samples = append(samples, got...)
+			samples = append(samples, got.samples...)
+			links = append(links, got.links...)
 			mu.Unlock()
 			err := cmd.Wait()
 			if err == nil {
@@ -118,18 +140,42 @@ func launch(ctx context.Context, n int, j childJob, bind bool, logger hclog.Logg
 		}
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("%s (the ranks' messages are above)", strings.Join(errs, "; "))
+		return launched{}, fmt.Errorf("%s (the ranks' messages are above)", strings.Join(errs, "; "))
 	}
-	return samples, nil
+	res := launched{samples: samples}
+	if place.pretend() && len(links) > 0 {
+		if len(links) != n {
+			return launched{}, fmt.Errorf("%d of %d ranks reported their traffic", len(links), n)
+		}
+		if res.flows, err = place.flows(links); err != nil {
+			return launched{}, fmt.Errorf("placement on %d pretend hosts: %w", hosts, err)
+		}
+	}
+	return res, nil
 }
 
-// readSamples parses the result lines of a rank's stdout and passes other
-// lines on to other.
-func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
-	var out []sample
+// rankOutput is what one rank printed for the launcher.
+type rankOutput struct {
+	samples []sample
+	links   []rankLinks
+}
+
+// readRankOutput parses the result and links lines of a rank's stdout and
+// passes other lines on to other.
+func readRankOutput(r io.Reader, other io.Writer) (rankOutput, error) {
+	var out rankOutput
 	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 16<<20) // a links line grows with the ranks
 	for sc.Scan() {
 		line := sc.Text()
+		if rest, ok := strings.CutPrefix(line, linksPrefix); ok {
+			rl, err := parseLinks(rest)
+			if err != nil {
+				return out, fmt.Errorf("bad links line %q: %w", line, err)
+			}
+			out.links = append(out.links, rl)
+			continue
+		}
 		rest, ok := strings.CutPrefix(line, resultPrefix)
 		if !ok {
 			fmt.Fprintln(other, line)
@@ -139,7 +185,7 @@ func readSamples(r io.Reader, other io.Writer) ([]sample, error) {
 		if err := json.Unmarshal([]byte(rest), &s); err != nil {
 			return out, fmt.Errorf("bad result line %q: %w", line, err)
 		}
-		out = append(out, s)
+		out.samples = append(out.samples, s)
 	}
 	return out, sc.Err()
 }

@@ -71,9 +71,87 @@ type report struct {
 	Steal     float64  `json:"steal_percent"`
 	LoadAfter string   `json:"load_after"`
 	Series    []string `json:"series"`
-	Stats     []stat   `json:"results"`
-	Ratios    []ratio  `json:"ratios"`
-	Notes     []string `json:"notes,omitempty"`
+	// Hosts is the number of hosts the ranks of every launch were placed
+	// on: 1, the real one, or that many pretend ones (-hosts).
+	Hosts int `json:"hosts"`
+	// Ranks is how many ranks each test ran on.
+	Ranks  map[string]int `json:"ranks"`
+	Stats  []stat         `json:"results"`
+	Ratios []ratio        `json:"ratios"`
+	// Traffic is what the subdevices carried within pretend hosts and
+	// between them; only with -hosts.
+	Traffic []traffic `json:"traffic,omitempty"`
+	Notes   []string  `json:"notes,omitempty"`
+}
+
+// traffic is what the subdevices carried in the launches of one series
+// that ran one group of tests (those that share a number of ranks) on
+// pretend hosts.
+type traffic struct {
+	Series   string   `json:"series"`
+	Tests    []string `json:"tests"`
+	Ranks    int      `json:"ranks"`
+	Launches int      `json:"launches"`
+	Flows    []flow   `json:"flows"` // summed over the launches
+}
+
+// addTraffic adds t's launches to those of the same series and tests.
+func (r *report) addTraffic(t traffic) {
+	for i := range r.Traffic {
+		old := &r.Traffic[i]
+		if old.Series != t.Series || !slices.Equal(old.Tests, t.Tests) || old.Ranks != t.Ranks {
+			continue
+		}
+		old.Launches += t.Launches
+		for _, f := range t.Flows {
+			j := slices.IndexFunc(old.Flows, func(o flow) bool { return o.SubDevice == f.SubDevice && o.Between == f.Between })
+			if j < 0 {
+				old.Flows = append(old.Flows, f)
+				continue
+			}
+			old.Flows[j].Frames += f.Frames
+			old.Flows[j].Bytes += f.Bytes
+		}
+		return
+	}
+	t.Flows = slices.Clone(t.Flows)
+	r.Traffic = append(r.Traffic, t)
+}
+
+// placement returns how test's ranks were placed, and false where the
+// report does not say (one written before -hosts).
+func (r *report) placement(test string) (placement, bool) {
+	n, ok := r.Ranks[test]
+	if !ok || n < 1 {
+		return placement{}, false
+	}
+	return placement{ranks: n, hosts: max(1, r.Hosts)}, true
+}
+
+// writeTraffic prints, per series and group of tests, what the subdevices
+// carried in a launch (the mean over its launches), within pretend hosts
+// and between them.
+func (r *report) writeTraffic(w io.Writer) {
+	for _, t := range r.Traffic {
+		var within, between []string
+		for _, f := range t.Flows {
+			n := uint64(max(1, t.Launches))
+			s := fmt.Sprintf("%s %s in %d frames", f.SubDevice, formatBytes(f.Bytes/n), f.Frames/n)
+			if f.Between {
+				between = append(between, s)
+			} else {
+				within = append(within, s)
+			}
+		}
+		none := func(l []string) string {
+			if len(l) == 0 {
+				return "nothing"
+			}
+			return strings.Join(l, ", ")
+		}
+		fmt.Fprintf(w, "traffic: %s, %s on %s, a launch: within hosts %s; between hosts %s\n",
+			t.Series, strings.Join(t.Tests, " "), placement{ranks: t.Ranks, hosts: max(1, r.Hosts)}, none(within), none(between))
+	}
 }
 
 // collector gathers samples by (test, size, series), and the repetition
@@ -217,6 +295,7 @@ func (r *report) writeTable(w io.Writer) error {
 	for _, n := range r.Notes {
 		fmt.Fprintf(w, "note: %s\n", n)
 	}
+	r.writeTraffic(w)
 	var tests []string
 	var sizes []int
 	for _, s := range r.Stats {
@@ -234,7 +313,11 @@ func (r *report) writeTable(w io.Writer) error {
 		if info.lowerBetter {
 			better = "lower is better"
 		}
-		fmt.Fprintf(w, "\n%s: %s (%s, %s)\n", test, info.title, info.unit, better)
+		where := ""
+		if p, ok := r.placement(test); ok {
+			where = "; " + p.String()
+		}
+		fmt.Fprintf(w, "\n%s: %s (%s, %s%s)\n", test, info.title, info.unit, better, where)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		head := []string{"size"}
 		head = append(head, r.Series...)
@@ -286,15 +369,19 @@ func shortName(series string) string {
 
 func (r *report) writeCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"test", "unit", "size", "series", "median", "min", "max", "reps", "ratio_md_to_series"})
+	_ = cw.Write([]string{"test", "unit", "size", "series", "median", "min", "max", "reps", "ratio_md_to_series", "ranks", "hosts"})
 	for _, s := range r.Stats {
 		x := ""
 		if v, ok := r.ratio(s.Test, s.Size, s.Series); ok {
 			x = strconv.FormatFloat(v, 'f', 4, 64)
 		}
+		ranks, hosts := "", ""
+		if p, ok := r.placement(s.Test); ok {
+			ranks, hosts = strconv.Itoa(p.ranks), strconv.Itoa(p.hosts)
+		}
 		_ = cw.Write([]string{s.Test, s.Unit, strconv.Itoa(s.Size), s.Series,
 			strconv.FormatFloat(s.Median, 'g', 6, 64), strconv.FormatFloat(s.Min, 'g', 6, 64),
-			strconv.FormatFloat(s.Max, 'g', 6, 64), strconv.Itoa(len(s.Values)), x})
+			strconv.FormatFloat(s.Max, 'g', 6, 64), strconv.Itoa(len(s.Values)), x, ranks, hosts})
 	}
 	cw.Flush()
 	return cw.Error()
@@ -329,6 +416,20 @@ func formatSize(n int) string {
 		return strconv.Itoa(n>>10) + " KiB"
 	}
 	return strconv.Itoa(n) + " B"
+}
+
+// formatBytes prints a byte count with a binary prefix and three
+// significant digits or so.
+func formatBytes(n uint64) string {
+	switch {
+	case n >= 1<<30:
+		return num(float64(n)/(1<<30)) + " GiB"
+	case n >= 1<<20:
+		return num(float64(n)/(1<<20)) + " MiB"
+	case n >= 1<<10:
+		return num(float64(n)/(1<<10)) + " KiB"
+	}
+	return strconv.FormatUint(n, 10) + " B"
 }
 
 // parseSize reads "8", "4K", "64KiB", "1M", "1MiB".

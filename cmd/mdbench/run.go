@@ -38,6 +38,11 @@ its calls, the largest of the ranks' means reported:
   barrier    Barrier (no message: runs once, reported at size 0)
   alltoall   Alltoall of size bytes from every rank to every rank
 
+With -hosts K the ranks of every launch are placed in blocks on K
+pretend hosts of this machine (mdbench-h0, ...): shm carries what stays
+within one, tcp what goes between them (over loopback: tcp is told the
+real host name), and the table counts the bytes each carried.
+
 Every repetition launches the ranks afresh; with --direct, --baseline,
 --vs-plugins, --vs-conntable, --vs-env or --vs-build the series are
 interleaved within each repetition (their order alternates) and the
@@ -67,6 +72,7 @@ type options struct {
 	window    int
 	pairs     int
 	ranks     int
+	hosts     int
 	scale     float64
 	seconds   float64
 	timeout   time.Duration
@@ -117,6 +123,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.pairs, "pairs", 0, "pairs of ranks for mr; 0: as many as the cores mdbench may use hold, one rank a core (at least 1)")
 	fs.IntVar(&o.ranks, "n", 0, "ranks for the collectives (allreduce, bcast, barrier, alltoall); 0: one a core mdbench may use (at least 2)")
 	fs.IntVar(&o.ranks, "ranks", 0, "the same as -n")
+	fs.IntVar(&o.hosts, "hosts", 1, "place every launch's ranks on this many pretend hosts of this machine, in blocks as mpiexec places them (rank r of n on host mdbench-h<r*hosts/n>): ranks of one host talk over shm, of different hosts over tcp (the default subdevices; -sub shm cannot reach across). The collectives' -n ranks span them; lat, bw, bibw and idle put their two ranks on two hosts (-hosts 2), so they measure the path between hosts, and mr puts each pair's ends on two. A test with fewer ranks than hosts is refused, and so is -baseline: the MPIs cannot pretend hosts")
 	fs.Float64Var(&o.scale, "scale", 1, "multiply every iteration count (ours and the baseline's) by this")
 	fs.Float64Var(&o.seconds, "seconds", 10, "how long idle blocks")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up on a launch (ours or a baseline's) that runs longer than this")
@@ -156,7 +163,7 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	slices.Sort(o.sizes)
 	o.mpis = strings.Split(*mpiList, ",")
 	switch {
-	case o.sub == "" && o.plugins == "" && o.conntable == "":
+	case o.sub == "" && o.plugins == "" && o.conntable == "" && o.hosts <= 1:
 		o.sub = "shm"
 	case o.sub != "" && o.plugins != "":
 		return nil, errors.New("-sub and -plugins both choose the subdevices; give one")
@@ -172,6 +179,8 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-pairs %d: want at least 1, or 0 for as many as the cores hold", o.pairs)
 	case o.ranks < 0 || o.ranks == 1:
 		return nil, fmt.Errorf("-n (-ranks) %d: want at least 2, or 0 for one a core", o.ranks)
+	case o.hosts < 1:
+		return nil, fmt.Errorf("-hosts %d: want at least 1", o.hosts)
 	case o.scale <= 0:
 		return nil, fmt.Errorf("-scale %g: want more than 0", o.scale)
 	case o.timeout <= 0:
@@ -187,6 +196,9 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	if o.ranks == 0 {
 		o.ranks = max(2, usableCores())
 	}
+	if err := o.checkHosts(); err != nil {
+		return nil, err
+	}
 	if slices.Contains(o.tests, "alltoall") {
 		if size := o.sizes[len(o.sizes)-1]; 2*size*o.ranks > maxRankBytes {
 			return nil, fmt.Errorf("alltoall at -sizes %s on %d ranks: each rank needs two buffers of %d x %s, more than %s; give smaller sizes or fewer ranks",
@@ -194,6 +206,46 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 		}
 	}
 	return o, nil
+}
+
+// checkHosts refuses -hosts where it cannot hold: more hosts than a
+// test has ranks, shm alone (it reaches only ranks on its own host), and
+// -baseline (the MPIs run on the one real host, so their figures would
+// be of another placement than ours).
+func (o *options) checkHosts() error {
+	if o.hosts <= 1 {
+		return nil
+	}
+	for _, t := range o.tests {
+		if n := o.testRanks(t); o.hosts > n {
+			how := "its two ranks"
+			switch {
+			case isCollective(t):
+				how = "-n"
+			case t == "mr":
+				how = "twice -pairs"
+			}
+			return fmt.Errorf("-hosts %d: %s runs on %d ranks (%s), too few for %d hosts; give at most -hosts %d with it, or more ranks", o.hosts, t, n, how, o.hosts, n)
+		}
+	}
+	if o.sub == "shm" {
+		return fmt.Errorf("-hosts %d with -sub shm: shm reaches only ranks on its own host; leave -sub out for shm within hosts and tcp between them, or give -sub tcp", o.hosts)
+	}
+	if o.baseline {
+		return fmt.Errorf("-hosts %d with -baseline: the MPIs cannot pretend hosts, so they would run on one host against our %d; compare with them without -hosts", o.hosts, o.hosts)
+	}
+	return nil
+}
+
+// testRanks is how many ranks test runs on.
+func (o *options) testRanks(test string) int {
+	switch {
+	case isCollective(test):
+		return o.ranks
+	case test == "mr":
+		return 2 * o.pairs
+	}
+	return 2 // lat, bw, bibw, idle
 }
 
 // usableCores counts the cores mdbench may run on (1 if unknown).
@@ -220,6 +272,12 @@ func (o *options) route() string {
 	}
 	if o.conntable != "" {
 		parts = append(parts, "conntable "+o.conntable)
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "default subdevices shm and tcp")
+	}
+	if o.hosts > 1 {
+		parts = append(parts, fmt.Sprintf("ranks in blocks on %d pretend hosts %s0..%d", o.hosts, hostPrefix, o.hosts-1))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -288,7 +346,10 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	if cores := usableCores(); slices.Contains(o.tests, "mr") && 2*o.pairs > cores {
 		fmt.Fprintf(stderr, "mdbench: mr: %d ranks on %d cores share them unbound; its figures, the MPIs' above all, say little\n", 2*o.pairs, cores)
 	}
-	rep := &report{Route: o.route(), Reps: o.reps, CPUs: runtime.NumCPU(), LoadBefore: loadAvg()}
+	rep := &report{Route: o.route(), Reps: o.reps, CPUs: runtime.NumCPU(), LoadBefore: loadAvg(), Hosts: o.hosts, Ranks: map[string]int{}}
+	for _, t := range o.tests {
+		rep.Ranks[t] = o.testRanks(t)
+	}
 	if cores := usableCores(); slices.ContainsFunc(o.tests, isCollective) && o.ranks > cores {
 		// The note goes into the report too: a table read later must say
 		// that its collectives ran oversubscribed.
@@ -314,7 +375,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		}
 	}
 
-	job := childJob{Sizes: o.sizes, Window: o.window, Scale: o.scale, Sub: o.sub, Plugins: o.plugins, ConnTable: o.conntable, IdleSeconds: o.seconds}
+	job := childJob{Sizes: o.sizes, Window: o.window, Scale: o.scale, Sub: o.sub, Plugins: o.plugins, ConnTable: o.conntable, IdleSeconds: o.seconds, Hosts: o.hosts}
 	var two, rate, coll []string // tests run on two ranks, message rate, collectives
 	for _, t := range o.tests {
 		switch {
@@ -339,26 +400,30 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	// steps are the launches of one repetition; their order alternates.
 	type step struct {
 		name string
-		fn   func(ctx context.Context) ([]sample, error)
+		fn   func(ctx context.Context) ([]sample, []traffic, error)
 	}
-	// jobOf runs the two-rank tests, then message rate on its pairs, as
-	// one job described by base.
-	jobOf := func(base childJob) func(ctx context.Context) ([]sample, error) {
-		return func(ctx context.Context) ([]sample, error) {
+	// jobOf runs the two-rank tests, then message rate on its pairs, then
+	// the collectives, as one job described by base.
+	jobOf := func(base childJob) func(ctx context.Context) ([]sample, []traffic, error) {
+		return func(ctx context.Context) ([]sample, []traffic, error) {
 			var all []sample
+			var tr []traffic
 			for _, run := range groups {
 				if len(run.tests) == 0 {
 					continue
 				}
 				j := base
 				j.Tests = run.tests
-				s, err := launch(ctx, run.ranks, j, o.bind, logger)
+				l, err := launch(ctx, run.ranks, j, o.bind, o.hosts, logger)
 				if err != nil {
-					return nil, err
+					return nil, nil, err
 				}
-				all = append(all, s...)
+				all = append(all, l.samples...)
+				if l.flows != nil {
+					tr = append(tr, traffic{Tests: run.tests, Ranks: run.ranks, Launches: 1, Flows: l.flows})
+				}
 			}
-			return all, nil
+			return all, tr, nil
 		}
 	}
 	steps := []step{{ours, jobOf(job)}}
@@ -379,15 +444,16 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	}
 	if o.direct {
 		if d := slices.DeleteFunc(slices.Clone(two), func(t string) bool { return t == "mr" }); len(d) > 0 {
-			steps = append(steps, step{"direct", func(ctx context.Context) ([]sample, error) {
+			steps = append(steps, step{"direct", func(ctx context.Context) ([]sample, []traffic, error) {
 				j := job
 				j.Tests, j.Direct = d, true
-				return launch(ctx, 2, j, o.bind, logger)
+				l, err := launch(ctx, 2, j, o.bind, o.hosts, logger)
+				return l.samples, nil, err
 			}})
 		}
 	}
 	for _, m := range mpis {
-		steps = append(steps, step{m.name, func(ctx context.Context) ([]sample, error) {
+		steps = append(steps, step{m.name, func(ctx context.Context) ([]sample, []traffic, error) {
 			var all []sample
 			for _, g := range groups {
 				for _, t := range g.tests {
@@ -400,12 +466,12 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 					}
 					s, err := m.runBaseline(ctx, g.ranks, o.sub, o.bind, o.scale, args...)
 					if err != nil {
-						return nil, err
+						return nil, nil, err
 					}
 					all = append(all, s...)
 				}
 			}
-			return all, nil
+			return all, nil, nil
 		}})
 	}
 	for i := range o.reps {
@@ -423,7 +489,7 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 				break
 			}
 			sctx, cancel := context.WithTimeout(ctx, o.timeout)
-			s, err := st.fn(sctx)
+			s, tr, err := st.fn(sctx)
 			if sctx.Err() == context.DeadlineExceeded {
 				err = fmt.Errorf("gave up after -timeout %v: %w", o.timeout, err)
 			}
@@ -432,6 +498,10 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 				return nil, fmt.Errorf("repetition %d, %s: %w", i+1, st.name, err)
 			}
 			col.add(st.name, i, s)
+			for _, t := range tr {
+				t.Series = st.name
+				rep.addTraffic(t)
+			}
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -441,11 +511,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		fmt.Fprintf(stderr, "mdbench: idle: a rank blocks in Recv for %gs\n", o.seconds)
 		j := job
 		j.Tests = []string{"idle"}
-		s, err := launch(ctx, 2, j, o.bind, logger)
+		l, err := launch(ctx, 2, j, o.bind, o.hosts, logger)
 		if err != nil {
 			return nil, fmt.Errorf("idle: %w", err)
 		}
-		col.add(ours, 0, s)
+		col.add(ours, 0, l.samples)
 		for _, m := range mpis {
 			s, err := m.runBaseline(ctx, 2, o.sub, o.bind, 1, "idle", strconv.FormatFloat(o.seconds, 'f', 0, 64))
 			if err != nil {
