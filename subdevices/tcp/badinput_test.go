@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"cmp"
 	"errors"
 	"io"
 	"net"
@@ -54,9 +55,17 @@ func wireHeader(mutate func(b []byte)) []byte {
 // TestStrangers writes bad input to a listening port and checks that each
 // connection is dropped with the reason logged, and that the job's own
 // traffic is untouched afterwards.
+//
+// Strangers that send something are refused because of what they send, so
+// the job uses a connect_timeout that load cannot trip. It also bounds the
+// job's own handshakes and the valid ones the strangers make. Silent
+// strangers can only be dropped by the deadline, which is what their rows
+// check, so they go to quiet, an instance of their own with a short
+// connect_timeout on which nothing has to beat the clock.
 func TestStrangers(t *testing.T) {
-	nodes := newJob(t, 2, jobOpts{size: 3, config: `{"listen": "127.0.0.1:0", "connect_timeout": "300ms"}`})
+	nodes := newJob(t, 2, jobOpts{size: 3, config: loopbackConfig("connect_timeout", patientTimeout.String())})
 	a, b := nodes[0], nodes[1]
+	quiet := openNode(t, 2, jobOpts{size: 3, config: loopbackConfig("connect_timeout", "300ms")})
 	jobID := "job-" + t.Name()
 	valid := auth{secret: []byte(testSecret), jobID: jobID, rank: 2, size: 3}
 	handshake := func(au auth) func(t *testing.T, c net.Conn) {
@@ -96,38 +105,48 @@ func TestStrangers(t *testing.T) {
 	badRank.rank = 3
 	negRank.rank = -1
 
+	silent := func(*testing.T, net.Conn) {}
+	truncated := func(first func(*testing.T, net.Conn)) func(*testing.T, net.Conn) {
+		return func(t *testing.T, c net.Conn) {
+			first(t, c)
+			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+
 	tests := []struct {
 		name    string
 		act     func(t *testing.T, c net.Conn)
 		wantLog string
+		to      *node // the instance the stranger connects to; nil means b
 	}{
-		{"garbage", write(strings.Repeat("\xab", replyLen)), "bad reply magic"},
-		{"http request", write("GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: probe/1.0\r\nAccept: */*\r\nConnection: close\r\n\r\n"), "bad reply magic"},
-		{"silent", func(*testing.T, net.Conn) {}, "i/o timeout"},
-		{"short reply", write("mdth\x02rank"), "reading reply"},
-		{"old version", write("mdth\x01rank"), "reply version 1, this build speaks 2"},
-		{"wrong secret", refused(wrongSecret), "authentication failed for claimed rank 2"},
-		{"wrong job", refused(wrongJob), "authentication failed for claimed rank 2"},
-		{"rank beyond job", refused(badRank), "claimed rank 3 out of range [0,3)"},
-		{"negative rank", refused(negRank), "claimed rank -1 out of range"},
-		{"wrong magic", then(handshake(valid), wireHeader(func(b []byte) { b[0] ^= 0xff })), "bad magic"},
-		{"wrong version", then(handshake(valid), wireHeader(func(b []byte) { b[2] = 9 })), "wire version 9"},
-		{"reserved bits", then(handshake(valid), wireHeader(func(b []byte) { b[6] = 1 })), "reserved field"},
-		{"flags", then(handshake(valid), wireHeader(func(b []byte) { b[3] = 0x80 })), "flags 0x80"},
-		{"oversized payload", then(handshake(valid), wireHeader(func(b []byte) { copy(b[8:], "\xff\xff\xff\xff") })), "payload length 4294967295 exceeds limit"},
-		{"oversized header", then(handshake(valid), wireHeader(func(b []byte) { copy(b[4:], "\xff\xff") })), "header length 65535 exceeds limit 256"},
-		{"truncated frame", then(handshake(valid), append(wireHeader(func([]byte) {}), 1, 2, 3)), "stream ended inside a 8-byte frame"},
+		{"garbage", write(strings.Repeat("\xab", replyLen)), "bad reply magic", nil},
+		{"http request", write("GET / HTTP/1.1\r\nHost: x\r\nUser-Agent: probe/1.0\r\nAccept: */*\r\nConnection: close\r\n\r\n"), "bad reply magic", nil},
+		{"silent", silent, "i/o timeout", quiet},
+		{"short reply then silent", write("mdth\x02rank"), "i/o timeout", quiet},
+		{"short reply", truncated(write("mdth\x02rank")), "reading reply: unexpected EOF", nil},
+		{"old version", write("mdth\x01rank"), "reply version 1, this build speaks 2", nil},
+		{"wrong secret", refused(wrongSecret), "authentication failed for claimed rank 2", nil},
+		{"wrong job", refused(wrongJob), "authentication failed for claimed rank 2", nil},
+		{"rank beyond job", refused(badRank), "claimed rank 3 out of range [0,3)", nil},
+		{"negative rank", refused(negRank), "claimed rank -1 out of range", nil},
+		{"wrong magic", then(handshake(valid), wireHeader(func(b []byte) { b[0] ^= 0xff })), "bad magic", nil},
+		{"wrong version", then(handshake(valid), wireHeader(func(b []byte) { b[2] = 9 })), "wire version 9", nil},
+		{"reserved bits", then(handshake(valid), wireHeader(func(b []byte) { b[6] = 1 })), "reserved field", nil},
+		{"flags", then(handshake(valid), wireHeader(func(b []byte) { b[3] = 0x80 })), "flags 0x80", nil},
+		{"oversized payload", then(handshake(valid), wireHeader(func(b []byte) { copy(b[8:], "\xff\xff\xff\xff") })), "payload length 4294967295 exceeds limit", nil},
+		{"oversized header", then(handshake(valid), wireHeader(func(b []byte) { copy(b[4:], "\xff\xff") })), "header length 65535 exceeds limit 256", nil},
+		{"truncated frame", truncated(then(handshake(valid), append(wireHeader(func([]byte) {}), 1, 2, 3))), "stream ended inside a 8-byte frame", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := dialRaw(t, b)
+			to := cmp.Or(tt.to, b)
+			c := dialRaw(t, to)
 			tt.act(t, c)
-			if tc, ok := c.(*net.TCPConn); ok && strings.HasPrefix(tt.name, "truncated") {
-				tc.CloseWrite()
-			}
 			awaitDrop(t, c)
 			var line string
-			for _, l := range strings.Split(b.log.String(), "\n") {
+			for _, l := range strings.Split(to.log.String(), "\n") {
 				if strings.Contains(l, "remote_addr="+c.LocalAddr().String()) && strings.Contains(l, "[WARN]") {
 					line = l
 				}

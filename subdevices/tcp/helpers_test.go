@@ -20,6 +20,14 @@ import (
 // performance assertion: on a healthy run every wait ends far sooner.
 const watchdog = 30 * time.Second
 
+// patientTimeout is a connect_timeout that load cannot trip. It is longer
+// than the watchdog, so a handshake that never finishes is reported by the
+// watchdog as a hang, not as a timeout. Tests whose handshakes must
+// succeed, or must fail because of what they send, use it. A test that
+// wants a handshake to time out gives an instance of its own a short
+// connect_timeout, and nothing on that instance has to beat the clock.
+const patientTimeout = 2 * watchdog
+
 const testSecret = "test-secret"
 
 func TestMain(m *testing.M) {
