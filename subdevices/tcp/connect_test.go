@@ -1,6 +1,7 @@
 package tcp
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net"
@@ -150,9 +151,20 @@ func silentListener(t *testing.T) uint16 {
 // lo is a card's loopback interface with addrs.
 func lo(addrs ...netip.Prefix) []cardIface { return []cardIface{{Name: "lo", Addrs: addrs}} }
 
+// TestConnectErrors checks that Connect reports each way a peer can be
+// unreachable with ErrPeerUnreachable and a reason naming the cause, and
+// that none of them disturbs a working connection.
+//
+// Only the silent listener must make a handshake time out. That row
+// connects from quick, an instance of its own with a short connect_timeout.
+// Every other handshake (the job's own, and the one refused by the peer
+// with another secret) ends because of what the peer sends, so it runs
+// under a connect_timeout that load cannot trip.
 func TestConnectErrors(t *testing.T) {
-	nodes := newJob(t, 2, jobOpts{size: 3, config: `{"listen": "127.0.0.1:0", "connect_timeout": "200ms"}`})
+	patient := loopbackConfig("connect_timeout", patientTimeout.String())
+	nodes := newJob(t, 2, jobOpts{size: 3, config: patient})
 	a, b := nodes[0], nodes[1]
+	quick := openNode(t, 0, jobOpts{size: 3, config: loopbackConfig("connect_timeout", "200ms")})
 	job := jobTag("job-" + t.Name())
 	loop4 := netip.MustParsePrefix("127.0.0.1/8")
 	loop6 := netip.MustParsePrefix("::1/128")
@@ -163,7 +175,7 @@ func TestConnectErrors(t *testing.T) {
 		}
 		return b
 	}
-	other := openNode(t, 2, jobOpts{size: 3, secret: "another secret", config: `{"listen": "127.0.0.1:0"}`})
+	other := openNode(t, 2, jobOpts{size: 3, secret: "another secret", config: patient})
 	closed := closedPort(t)
 	silent := silentListener(t)
 
@@ -172,23 +184,35 @@ func TestConnectErrors(t *testing.T) {
 		peer sdi.Rank
 		card []byte
 		want []string // substrings of the error, which must wrap ErrPeerUnreachable
+		from *node    // the instance that connects; nil means a
 	}{
-		{"garbage card", 1, []byte("not a card at all, certainly"), []string{"bad business card", "magic"}},
-		{"empty card", 1, nil, []string{"bad business card"}},
-		{"card of another rank", 2, b.local.Addr, []string{"belongs to rank 1"}},
-		{"card of another job", 1, mustEncode(card{Rank: 1, Port: 9, Ifaces: lo(loop4)}), []string{"another job"}},
-		{"rank outside the job", 7, b.local.Addr, []string{"out of range"}},
+		{"garbage card", 1, []byte("not a card at all, certainly"), []string{"bad business card", "magic"}, nil},
+		{"empty card", 1, nil, []string{"bad business card"}, nil},
+		{"card of another rank", 2, b.local.Addr, []string{"belongs to rank 1"}, nil},
+		{"card of another job", 1, mustEncode(card{Rank: 1, Port: 9, Ifaces: lo(loop4)}), []string{"another job"}, nil},
+		{"rank outside the job", 7, b.local.Addr, []string{"out of range"}, nil},
 		{"closed port", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "testhost", Ifaces: lo(loop4, loop6)}),
-			[]string{"lo 127.0.0.1 -> lo 127.0.0.1:" + itoa(closed), "refused"}},
+			[]string{"lo 127.0.0.1 -> lo 127.0.0.1:" + itoa(closed), "refused"}, nil},
 		{"silent listener times out", 2, mustEncode(card{Rank: 2, JobTag: job, Port: silent, Host: "testhost", Ifaces: lo(loop4)}),
-			[]string{"127.0.0.1:" + itoa(silent), "timeout"}},
+			[]string{"127.0.0.1:" + itoa(silent), "timeout"}, quick},
 		{"loopback card from another host", 2, mustEncode(card{Rank: 2, JobTag: job, Port: closed, Host: "elsewhere", Ifaces: lo(loop4)}),
-			[]string{"no usable interface pair", `host "elsewhere"`, "lo - lo: 127.0.0.1/8 - 127.0.0.1/8: loopback reaches only its own host"}},
-		{"peer with another secret", 2, other.local.Addr, []string{"refused the handshake"}},
+			[]string{"no usable interface pair", `host "elsewhere"`, "lo - lo: 127.0.0.1/8 - 127.0.0.1/8: loopback reaches only its own host"}, nil},
+		{"peer with another secret", 2, other.local.Addr, []string{"refused the handshake"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := a.sd.Connect(context.Background(), tt.peer, tt.card)
+			// The watchdog turns a Connect that nothing else ends (a
+			// connect_timeout not applied) into a failure, not a hang.
+			// It cancels rather than sets a deadline: a deadline would
+			// be handed on to the connection, whose read could then
+			// time out just before ctx reports it is done.
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			defer time.AfterFunc(watchdog, cancel).Stop()
+			err := cmp.Or(tt.from, a).sd.Connect(ctx, tt.peer, tt.card)
+			if ctx.Err() != nil {
+				t.Fatalf("watchdog: Connect() returned only when cancelled: %v", err)
+			}
 			if !errors.Is(err, sdi.ErrPeerUnreachable) {
 				t.Fatalf("Connect() error = %v, want ErrPeerUnreachable", err)
 			}
