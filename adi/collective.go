@@ -38,9 +38,9 @@ import (
 //	Allgather  ring: p-1 steps of one block to the right neighbour (Allgatherv too)
 //	Alltoall   every pair at once, each rank starting with its next neighbour (Alltoallv too)
 //
-// On communicators that span hosts, Barrier, Bcast, Reduce and Allreduce
-// run these algorithms within hosts and among hosts' leaders
-// (hostcoll.go).
+// On communicators that span hosts, Barrier and Bcast run these
+// algorithms within hosts and among hosts' leaders (hostcoll.go), and so
+// do Reduce and Allreduce where each host's ranks are consecutive.
 //
 // Ranks that pass disagreeing lengths get ErrMismatch wherever a message
 // arrives with another length than its receiver expects, and so does every

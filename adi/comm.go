@@ -420,29 +420,23 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 // rank's host, in their order in c (MPI_Comm_split_type with
 // MPI_COMM_TYPE_SHARED): the ranks that shared memory reaches, for
 // algorithms that work within a host first. Hosts are the launcher's
-// names for them (World.Host). It is collective: every rank of c calls
-// it.
+// names for them (World.Host). Every rank of c calls it, in the same order
+// relative to Dup and Split on c, as for Split; it sends nothing, since
+// every rank knows every rank's host since Init.
 func (c *Comm) SplitHost(ctx context.Context) (*Comm, error) {
+	n := c.derived.Add(1)
 	host := c.w.Host()
-	lens := make([]int64, c.Size())
-	if err := c.Allgather(ctx, Bytes([]int64{int64(len(host))}), Bytes(lens)); err != nil {
-		return nil, fmt.Errorf("adi: split by host: %w", err)
-	}
-	names := make([][]byte, c.Size())
-	for r, n := range lens {
-		if n < 0 || n > 1<<16 {
-			return nil, fmt.Errorf("adi: split by host: rank %d's host name has %d bytes", r, n)
+	color := -1 // the first rank on this host
+	var ranks []int
+	for r, wr := range c.ranks {
+		if c.w.dev.Host(wr) == host {
+			if color < 0 {
+				color = r
+			}
+			ranks = append(ranks, wr)
 		}
-		names[r] = make([]byte, n)
 	}
-	if err := c.Allgatherv(ctx, []byte(host), names); err != nil {
-		return nil, fmt.Errorf("adi: split by host: %w", err)
-	}
-	color := 0 // the first rank on this host
-	for color < c.Rank() && string(names[color]) != host {
-		color++
-	}
-	return c.Split(ctx, color, c.Rank())
+	return newComm(c.w, deriveContext(c.context, n, uint64(color)+1), ranks), nil
 }
 
 // deriveContext gives a child communicator an even context id that every

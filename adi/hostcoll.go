@@ -21,23 +21,30 @@ package adi
 // only then, and are flat otherwise. Barrier and Bcast go by hosts
 // whatever the placement.
 //
-// Every phase runs on the collective's own tag and context: the phases of
-// a call follow one another on each rank, between any two ranks they
-// send in the order they receive, and the three phases' views (the ranks
-// of this rank's host; the leaders) are lists of the communicator's
-// ranks, not communicators of their own, so they draw no sequence number
-// and need no agreement. Hosts are the launcher's names (World.Host);
-// the views are computed from them without communication.
+// The phases' views (the ranks of this rank's host; the leaders) are
+// lists of the communicator's ranks, not communicators of their own: they
+// draw no sequence number and need no agreement, and every phase runs on
+// the collective's own tag and context. That is safe because no two ranks
+// share both a host and the leaders' view (leaders are on different
+// hosts), and a rank ends each phase, its sends included, before it
+// starts the next: between two ranks of a host, the messages of the first
+// and the last phase follow one another in the order both post them, and
+// the device keeps each sender's messages in order. Which ranks take part
+// in a phase every rank works out alike. Hosts are the launcher's names
+// (World.Host), known to every rank since Init: the views need no
+// communication.
 //
 // MD_HOST_COLLECTIVES=0 in the environment, or WithHostCollectives(false),
-// keeps every collective flat, to compare the two.
+// keeps every collective flat, to compare the two. Every rank of a job
+// must have the same setting: ranks that go by hosts and ranks that do not
+// wait for each other's messages until their ctx ends.
 
 // hostMap is where a communicator's ranks live: computed once when the
 // communicator is made, shared by the copies its nonblocking collectives
 // run on, never changed. A communicator has none when going by hosts
 // would change nothing: all its ranks on one host, or each on its own.
 type hostMap struct {
-	node    []int // communicator rank -> its host, numbered in order of each host's first rank
+	host    []int // communicator rank -> its host, numbered in order of each host's first rank
 	local   []int // communicator rank -> its rank among its host's ranks
 	leaders []int // host -> its first rank
 	// blocks is set when every host's ranks are consecutive: reductions
@@ -51,7 +58,7 @@ func newHostMap(w *World, ranks []int) *hostMap {
 	if !w.hostColl || len(ranks) < 3 {
 		return nil
 	}
-	m := &hostMap{node: make([]int, len(ranks)), local: make([]int, len(ranks)), blocks: true}
+	m := &hostMap{host: make([]int, len(ranks)), local: make([]int, len(ranks)), blocks: true}
 	ids := make(map[string]int)
 	var counts []int
 	for i, r := range ranks {
@@ -63,11 +70,11 @@ func newHostMap(w *World, ranks []int) *hostMap {
 			m.leaders = append(m.leaders, i)
 			counts = append(counts, 0)
 		}
-		m.node[i], m.local[i] = id, counts[id]
+		m.host[i], m.local[i] = id, counts[id]
 		counts[id]++
 		// Hosts are numbered as first met, so consecutive ranks per host
 		// means a host number never falls back.
-		m.blocks = m.blocks && (i == 0 || id >= m.node[i-1])
+		m.blocks = m.blocks && (i == 0 || id >= m.host[i-1])
 	}
 	if len(m.leaders) < 2 || len(m.leaders) == len(ranks) {
 		return nil
@@ -83,7 +90,7 @@ func newHostMap(w *World, ranks []int) *hostMap {
 // collective's copy too) has its own views, used by the goroutine running
 // its collective.
 type hostViews struct {
-	node    *Comm
+	host    *Comm
 	leaders *Comm // nil on a rank that leads no host
 }
 
@@ -93,15 +100,15 @@ func (c *Comm) views() *hostViews {
 		return c.hviews
 	}
 	m, me := c.hosts, c.rank
-	var node []int
-	for r, h := range m.node {
-		if h == m.node[me] {
-			node = append(node, r)
+	var host []int
+	for r, h := range m.host {
+		if h == m.host[me] {
+			host = append(host, r)
 		}
 	}
-	v := &hostViews{node: c.view(node, m.local[me])}
-	if m.leaders[m.node[me]] == me {
-		v.leaders = c.view(m.leaders, m.node[me])
+	v := &hostViews{host: c.view(host, m.local[me])}
+	if m.leaders[m.host[me]] == me {
+		v.leaders = c.view(m.leaders, m.host[me])
 	}
 	c.hviews = v
 	return v
@@ -137,7 +144,7 @@ func (k *collective) phase(v *Comm, run func(s *collective) error) error {
 // releases its host's ranks down the tree.
 func (k *collective) hostBarrier() error {
 	v := k.c.views()
-	if err := k.phase(v.node, (*collective).fanIn); err != nil {
+	if err := k.phase(v.host, (*collective).fanIn); err != nil {
 		return err
 	}
 	if v.leaders != nil {
@@ -145,7 +152,7 @@ func (k *collective) hostBarrier() error {
 			return err
 		}
 	}
-	return k.phase(v.node, func(s *collective) error {
+	return k.phase(v.host, func(s *collective) error {
 		return s.binomial(0, func(int, int) []byte { return nil })
 	})
 }
@@ -171,16 +178,23 @@ func (k *collective) fanIn() error {
 	return k.send(nil, r-mask)
 }
 
-// hostBcast: the root's host gets the buffer first when the root does not
-// lead it, then the leaders, then every other host from its leader. The
-// root is never sent its own buffer.
+// hostBcast: a root that does not lead its host hands the buffer to its
+// leader first, the leaders broadcast it, and each host gets it from its
+// leader, the root's from the root (its leader gets it twice: the other
+// hosts need not wait for the root's host, as MPICH's SMP broadcast
+// does it).
 func (k *collective) hostBcast(buf []byte, root int) error {
 	m, v, me := k.c.hosts, k.c.views(), k.c.rank
-	home := m.node[root]
-	atHome := m.node[me] == home
-	led := m.leaders[home] == root
-	if atHome && !led {
-		if err := k.phase(v.node, func(s *collective) error { return s.bcast(buf, m.local[root]) }); err != nil {
+	home := m.host[root]
+	leader := m.leaders[home]
+	if root != leader && (me == root || me == leader) {
+		err := k.phase(v.host, func(s *collective) error {
+			if me == root {
+				return s.send(buf, 0)
+			}
+			return s.recv(buf, m.local[root])
+		})
+		if err != nil {
 			return err
 		}
 	}
@@ -189,10 +203,11 @@ func (k *collective) hostBcast(buf []byte, root int) error {
 			return err
 		}
 	}
-	if atHome && !led {
-		return nil
+	from := 0
+	if m.host[me] == home {
+		from = m.local[root]
 	}
-	return k.phase(v.node, func(s *collective) error { return s.bcast(buf, 0) })
+	return k.phase(v.host, func(s *collective) error { return s.bcast(buf, from) })
 }
 
 // hostReduce: each host combines its ranks' vectors at its leader, the
@@ -201,7 +216,7 @@ func (k *collective) hostBcast(buf []byte, root int) error {
 // (hostMap.blocks) for this to combine in rank order.
 func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error {
 	m, v, me := k.c.hosts, k.c.views(), k.c.rank
-	home := m.node[root]
+	home := m.host[root]
 	// part is this rank's host's result, on its leader; whole is every
 	// host's, on the root's leader.
 	var part, whole []T
@@ -210,11 +225,11 @@ func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error
 		whole = part
 		if me == root {
 			whole = recv
-		} else if m.node[me] == home {
+		} else if m.host[me] == home {
 			whole = scratch[T](k, 1, len(send))
 		}
 	}
-	if err := k.phase(v.node, func(s *collective) error { return reduce(s, send, part, op, 0) }); err != nil {
+	if err := k.phase(v.host, func(s *collective) error { return reduce(s, send, part, op, 0) }); err != nil {
 		return err
 	}
 	if v.leaders != nil {
@@ -222,10 +237,11 @@ func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error
 			return err
 		}
 	}
-	if leader := m.leaders[home]; leader == root || m.node[me] != home || me != root && me != leader {
-		return nil
+	leader := m.leaders[home]
+	if leader == root || me != root && me != leader {
+		return nil // the result is where it belongs, or this rank has no part of it
 	}
-	return k.phase(v.node, func(s *collective) error {
+	return k.phase(v.host, func(s *collective) error {
 		if me == root {
 			return s.recv(Bytes(recv), 0)
 		}
@@ -238,7 +254,7 @@ func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error
 // host. Hosts' ranks must be consecutive (hostMap.blocks).
 func hostAllreduce[T Elem](k *collective, send, recv []T, op Op[T]) error {
 	v := k.c.views()
-	if err := k.phase(v.node, func(s *collective) error { return reduce(s, send, recv, op, 0) }); err != nil {
+	if err := k.phase(v.host, func(s *collective) error { return reduce(s, send, recv, op, 0) }); err != nil {
 		return err
 	}
 	if v.leaders != nil {
@@ -246,5 +262,5 @@ func hostAllreduce[T Elem](k *collective, send, recv []T, op Op[T]) error {
 			return err
 		}
 	}
-	return k.phase(v.node, func(s *collective) error { return s.bcast(Bytes(recv), 0) })
+	return k.phase(v.host, func(s *collective) error { return s.bcast(Bytes(recv), 0) })
 }

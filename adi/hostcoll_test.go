@@ -38,6 +38,8 @@ func TestHostCollectives(t *testing.T) {
 		{"round robin", "ababab"},
 		{"interleaved", "abaab"},
 		{"2 hosts of 8", "aaaaaaaabbbbbbbb"}, // hosts of 8 ranks: the scatter broadcast within a host
+		{"8 hosts of 2", "aabbccddeeffgghh"}, // 8 leaders: the scatter broadcast and halving among them
+		{"a host of 9 and one of 1", "aaaaaaaaab"},
 	} {
 		_, cs := hostJob(t, pl.hosts)
 		n := len(cs)
@@ -152,25 +154,88 @@ func TestHostCollectives(t *testing.T) {
 	}
 }
 
-// TestHostCollectivesSplit: a communicator split from the world maps its
-// own ranks onto hosts: world ranks 1, 3, 4 and 5 of "aabbbb" are ranks 0
-// to 3 of the odd-or-above-two half, on hosts a, b, b, b.
-func TestHostCollectivesSplit(t *testing.T) {
-	ws, cs := hostJob(t, "aabbbb")
+// TestHostCollectivesDerived: communicators made from the world map
+// their own ranks onto hosts, consecutive or not.
+func TestHostCollectivesDerived(t *testing.T) {
+	const hosts = "aaabbbcc"
+	ws, cs := hostJob(t, hosts)
 	ctx := ctxT(t)
-	subs := make([]*adi.Comm, len(cs))
+	n := len(cs)
+	kinds := []string{"split in reverse", "group rotated", "cart", "split in halves"}
+	derived := make([][]*adi.Comm, len(kinds)) // by kind, then by rank in the derived communicator
+	for i := range derived {
+		derived[i] = make([]*adi.Comm, n)
+	}
 	each(t, cs, func(c *adi.Comm) error {
 		r := c.Rank()
-		var err error
-		subs[r], err = c.Split(ctx, boolInt(r%2 == 1 || r > 2), 0)
-		return err
+		rev, err := c.Split(ctx, 0, n-r) // hosts c c b b b a a a
+		if err != nil {
+			return err
+		}
+		g, err := c.Group().Incl([]int{7, 0, 1, 2, 3, 4, 5, 6}) // hosts c a a a b b b c: not consecutive
+		if err != nil {
+			return err
+		}
+		rot, err := c.CreateGroup(ctx, g, 5)
+		if err != nil {
+			return err
+		}
+		cart, err := c.CartCreate(ctx, []int{2, 4}, []bool{true, false})
+		if err != nil {
+			return err
+		}
+		odd := r%2 == 1 || r > 4 // 1 3 5 6 7: hosts a b b c c
+		half, err := c.Split(ctx, boolInt(odd), 0)
+		if err != nil {
+			return err
+		}
+		for i, d := range []*adi.Comm{rev, rot, cart.Comm, half} {
+			if d != half || odd {
+				derived[i][d.Rank()] = d
+			}
+		}
+		return nil
 	})
-	half := []*adi.Comm{subs[1], subs[3], subs[4], subs[5]}
+	derived[3] = derived[3][:5]
+	for i, sub := range derived {
+		m := len(sub)
+		want := contribution(0, 9000)
+		for r := 1; r < m; r++ {
+			affine(want, contribution(r, 9000))
+		}
+		for root := range m {
+			t.Run(fmt.Sprintf("%s/root=%d", kinds[i], root), func(t *testing.T) {
+				each(t, sub, func(c *adi.Comm) error {
+					got := contribution(c.Rank(), 9000)
+					if err := adi.Reduce(ctx, c, got, got, affine, root); err != nil {
+						return err
+					}
+					if c.Rank() == root && !equal(got, want) {
+						return errors.New("reduce: wrong result")
+					}
+					b := make([]byte, 20000)
+					if c.Rank() == root {
+						copy(b, pattern(root, 1, 20000))
+					}
+					if err := c.Bcast(ctx, b, root); err != nil {
+						return err
+					}
+					if string(b) != string(pattern(root, 1, 20000)) {
+						return errors.New("bcast: wrong result")
+					}
+					return c.Barrier(ctx)
+				})
+			})
+		}
+	}
+	// The odd half's leaders (world ranks 1, 3 and 6) combine what their
+	// hosts hold: a recursive doubling over three ranks, 4 frames.
+	half := derived[3]
 	want := contribution(0, 13)
-	for r := 1; r < 4; r++ {
+	for r := 1; r < len(half); r++ {
 		affine(want, contribution(r, 13))
 	}
-	before := crossFrames(ws, "aabbbb")
+	before := crossFrames(ws, hosts)
 	each(t, half, func(c *adi.Comm) error {
 		got := contribution(c.Rank(), 13)
 		if err := adi.Allreduce(ctx, c, got, got, affine); err != nil {
@@ -181,9 +246,8 @@ func TestHostCollectivesSplit(t *testing.T) {
 		}
 		return nil
 	})
-	// The two leaders (world ranks 1 and 3) exchange their hosts' parts.
-	if got := crossFrames(ws, "aabbbb") - before; got != 2 {
-		t.Errorf("allreduce of the split communicator: %d frames between hosts, want 2", got)
+	if got := crossFrames(ws, hosts) - before; got != 4 {
+		t.Errorf("allreduce of a split communicator: %d frames between hosts, want 4", got)
 	}
 }
 

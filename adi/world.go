@@ -80,7 +80,9 @@ func WithSubDevice(name string, f sdi.Factory) Option {
 // then among one rank per host, then within each host again, so that
 // fewer and larger messages cross between hosts. It overrides
 // MD_HOST_COLLECTIVES (0 or 1 in the environment). The package
-// documentation's section on collectives says which ones do.
+// documentation's section on collectives says which ones do. Every rank
+// of a job must choose alike: ranks that go by hosts and ranks that do
+// not wait for each other's messages until their ctx ends.
 func WithHostCollectives(on bool) Option { return func(c *config) { c.hostColl = &on } }
 
 // Init joins the job: it finds the launcher (mdrun, or none for a world of
@@ -121,7 +123,7 @@ func initWorld(ctx context.Context, c *config) (*World, error) {
 	} else if v := os.Getenv("MD_HOST_COLLECTIVES"); v != "" {
 		on, err := strconv.ParseBool(v)
 		if err != nil {
-			return nil, fmt.Errorf("adi: init: MD_HOST_COLLECTIVES=%q: want 0 or 1", v)
+			return nil, fmt.Errorf("adi: init: MD_HOST_COLLECTIVES=%q: want 0 or 1 (or false or true)", v)
 		}
 		hostColl = on
 	}

@@ -477,8 +477,9 @@ func (d *Device) Rank() int { return int(d.rank) }
 // relays (relay.go) are not counted.
 func (d *Device) Size() int { return d.appSize }
 
-// Host is the launcher's name for the host of world rank r (ranks with
-// the same name share a machine), or "" for a rank outside the world.
+// Host is the launcher's name for the host of rank r (ranks with the
+// same name share a machine): a world rank, or a dedicated relay's rank
+// after them; "" for any other r.
 func (d *Device) Host(r int) string {
 	if r < 0 || r >= len(d.hosts) {
 		return ""
