@@ -77,6 +77,25 @@ func TestBarrier(t *testing.T) {
 	}
 }
 
+// checkBcast broadcasts size bytes of a pattern from root and checks that
+// the rank got them.
+func checkBcast(ctx context.Context, size, root int) func(c *adi.Comm) error {
+	want := pattern(root, 0, size)
+	return func(c *adi.Comm) error {
+		buf := make([]byte, size)
+		if c.Rank() == root {
+			copy(buf, want)
+		}
+		if err := c.Bcast(ctx, buf, root); err != nil {
+			return err
+		}
+		if !bytes.Equal(buf, want) {
+			return fmt.Errorf("rank %d: %d bytes differ", c.Rank(), size)
+		}
+		return nil
+	}
+}
+
 // TestBcast: every rank gets the root's buffer, from every root. The
 // second set of cases reaches van de Geijn's broadcast (from 12 KiB and
 // 8 ranks; 7 ranks still take the tree) with lengths that do not divide
@@ -92,20 +111,7 @@ func TestBcast(t *testing.T) {
 			for _, size := range tc.lengths {
 				for root := range n {
 					t.Run(fmt.Sprintf("n=%d/len=%d/root=%d", n, size, root), func(t *testing.T) {
-						want := pattern(root, 0, size)
-						each(t, cs, func(c *adi.Comm) error {
-							buf := make([]byte, size)
-							if c.Rank() == root {
-								copy(buf, want)
-							}
-							if err := c.Bcast(ctx, buf, root); err != nil {
-								return err
-							}
-							if !bytes.Equal(buf, want) {
-								return fmt.Errorf("rank %d: %d bytes differ", c.Rank(), size)
-							}
-							return nil
-						})
+						each(t, cs, checkBcast(ctx, size, root))
 					})
 				}
 			}

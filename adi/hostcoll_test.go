@@ -64,20 +64,7 @@ func TestHostCollectives(t *testing.T) {
 		for _, size := range []int{0, 1, 3000, 20000} {
 			for root := range n {
 				t.Run(fmt.Sprintf("%s/bcast/len=%d/root=%d", pl.name, size, root), func(t *testing.T) {
-					want := pattern(root, 0, size)
-					each(t, cs, func(c *adi.Comm) error {
-						buf := make([]byte, size)
-						if c.Rank() == root {
-							copy(buf, want)
-						}
-						if err := c.Bcast(ctx, buf, root); err != nil {
-							return err
-						}
-						if string(buf) != string(want) {
-							return fmt.Errorf("%d bytes differ", size)
-						}
-						return nil
-					})
+					each(t, cs, checkBcast(ctx, size, root))
 				})
 			}
 		}

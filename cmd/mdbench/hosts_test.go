@@ -42,15 +42,8 @@ func TestParseArgsHosts(t *testing.T) {
 		{[]string{"-hosts", "2", "-baseline", "-n", "4", "allreduce"}, 0, "", "-hosts 2 with -baseline: the MPIs cannot pretend hosts"},
 		{[]string{"-hosts", "2", "-plugins", "p.hcl", "lat"}, 2, "", ""},
 	} {
-		o, err := parseArgs(tc.args, &bytes.Buffer{})
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("parseArgs(%q) error %v, want one containing %q", tc.args, err, tc.err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("parseArgs(%q): %v", tc.args, err)
+		o, ok := parseCase(t, tc.args, tc.err)
+		if !ok {
 			continue
 		}
 		if o.hosts != tc.hosts || o.sub != tc.sub {

@@ -105,21 +105,33 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-n", "3", "-sizes", "8,256M", "alltoall"}, "", "alltoall at -sizes 256 MiB on 3 ranks"},
 		{[]string{"-n", "3", "-sizes", "8,256M", "bcast"}, "bcast", ""},
 	} {
-		o, err := parseArgs(tc.args, &bytes.Buffer{})
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("parseArgs(%q) error %v, want one containing %q", tc.args, err, tc.err)
-			}
-			continue
-		}
-		if err != nil {
-			t.Errorf("parseArgs(%q): %v", tc.args, err)
+		o, ok := parseCase(t, tc.args, tc.err)
+		if !ok {
 			continue
 		}
 		if got := strings.Join(o.tests, " "); got != tc.tests {
 			t.Errorf("parseArgs(%q) tests %q, want %q", tc.args, got, tc.tests)
 		}
 	}
+}
+
+// parseCase parses args and checks the error: one containing wantErr,
+// or none when wantErr is empty. It returns the options when parsing
+// succeeded as it should, ok false otherwise (the case is then over).
+func parseCase(t *testing.T, args []string, wantErr string) (o *options, ok bool) {
+	t.Helper()
+	o, err := parseArgs(args, &bytes.Buffer{})
+	switch {
+	case wantErr != "":
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("parseArgs(%q) error %v, want one containing %q", args, err, wantErr)
+		}
+		return nil, false
+	case err != nil:
+		t.Errorf("parseArgs(%q): %v", args, err)
+		return nil, false
+	}
+	return o, true
 }
 
 // TestPairsDefault: mr's pairs default to a rank per core mdbench may
