@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"encoding/csv"
 	"slices"
 	"strings"
 	"testing"
@@ -152,23 +150,7 @@ func TestRunHosts(t *testing.T) {
 		t.Errorf("within hosts %v, between hosts %v; want shm alone within, tcp alone between (%+v)", within, between, tr.Flows)
 	}
 
-	var table bytes.Buffer
-	if err := r.writeTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"2 pretend hosts mdbench-h0..1", "(us, lower is better; 4 ranks on 2 pretend hosts)", "traffic: multidevice, allreduce barrier on 4 ranks on 2 pretend hosts, a launch: within hosts shm ", "; between hosts tcp "} {
-		if !strings.Contains(table.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, table.String())
-		}
-	}
-	var out bytes.Buffer
-	if err := r.writeCSV(&out); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := csv.NewReader(&out).ReadAll()
-	if err != nil {
-		t.Fatal(err)
-	}
+	rows := checkOutputs(t, &r, "2 pretend hosts mdbench-h0..1", "(us, lower is better; 4 ranks on 2 pretend hosts)", "traffic: multidevice, allreduce barrier on 4 ranks on 2 pretend hosts, a launch: within hosts shm ", "; between hosts tcp ")
 	if h := rows[0]; h[len(h)-2] != "ranks" || h[len(h)-1] != "hosts" {
 		t.Fatalf("CSV header %q: want ranks and hosts last", h)
 	}

@@ -115,6 +115,30 @@ func TestParseArgs(t *testing.T) {
 	}
 }
 
+// checkOutputs writes r as a table, which must contain each of wants, and
+// as CSV, whose rows it returns.
+func checkOutputs(t *testing.T, r *report, wants ...string) [][]string {
+	t.Helper()
+	var table bytes.Buffer
+	if err := r.writeTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range wants {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+	var out bytes.Buffer
+	if err := r.writeCSV(&out); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&out).ReadAll()
+	if err != nil {
+		t.Fatalf("CSV does not parse: %v", err)
+	}
+	return rows
+}
+
 // parseCase parses args and checks the error: one containing wantErr,
 // or none when wantErr is empty. It returns the options when parsing
 // succeeded as it should, ok false otherwise (the case is then over).
@@ -328,23 +352,7 @@ func TestRunCollectives(t *testing.T) {
 		t.Errorf("notes %q: want one about oversubscribed cores exactly when 3 ranks outnumber the %d cores", r.Notes, usableCores())
 	}
 
-	var table bytes.Buffer
-	if err := r.writeTable(&table); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"\nallreduce: ", "\nbcast: ", "\nbarrier: ", "\nalltoall: ", "\n0 B ", "\n70 KiB "} {
-		if !strings.Contains(table.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, table.String())
-		}
-	}
-	var out bytes.Buffer
-	if err := r.writeCSV(&out); err != nil {
-		t.Fatal(err)
-	}
-	rows, err := csv.NewReader(&out).ReadAll()
-	if err != nil {
-		t.Fatalf("CSV does not parse: %v", err)
-	}
+	rows := checkOutputs(t, &r, "\nallreduce: ", "\nbcast: ", "\nbarrier: ", "\nalltoall: ", "\n0 B ", "\n70 KiB ")
 	if want := 1 + 3*len(sizes) + 1; len(rows) != want {
 		t.Errorf("CSV has %d rows, want %d (a header, 3 tests at %d sizes, barrier once):\n%v", len(rows), want, len(sizes), rows)
 	}
