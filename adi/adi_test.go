@@ -36,6 +36,12 @@ func job(t testing.TB, n int, opts ...adi.Option) []*adi.World {
 // jobOn is job with the ranks on the hosts hostOf names (nil: one host).
 func jobOn(t testing.TB, n int, hostOf func(int) string, opts ...adi.Option) []*adi.World {
 	t.Helper()
+	return jobEach(t, n, hostOf, func(int) []adi.Option { return opts })
+}
+
+// jobEach is jobOn with options of each rank's own.
+func jobEach(t testing.TB, n int, hostOf func(int) string, optsOf func(r int) []adi.Option) []*adi.World {
+	t.Helper()
 	boots, err := bootstrap.InProcess(n, hostOf)
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +51,7 @@ func jobOn(t testing.TB, n int, hostOf func(int) string, opts ...adi.Option) []*
 	var wg sync.WaitGroup
 	for r := range n {
 		wg.Go(func() {
-			ws[r], errs[r] = adi.Init(ctxT(t), append([]adi.Option{adi.WithBootstrap(boots[r])}, opts...)...)
+			ws[r], errs[r] = adi.Init(ctxT(t), append([]adi.Option{adi.WithBootstrap(boots[r])}, optsOf(r)...)...)
 		})
 	}
 	wg.Wait()
@@ -87,10 +93,17 @@ func loopWorlds(t testing.TB, n int) ([]*adi.World, *sditest.Fabric) {
 // loopWorldsOn is loopWorlds with the ranks on the hosts hostOf names,
 // all reaching each other over the loopback fabric, and opts.
 func loopWorldsOn(t testing.TB, n int, hostOf func(int) string, opts ...adi.Option) ([]*adi.World, *sditest.Fabric) {
+	return loopWorldsEach(t, n, hostOf, func(int) []adi.Option { return opts })
+}
+
+// loopWorldsEach is loopWorldsOn with options of each rank's own.
+func loopWorldsEach(t testing.TB, n int, hostOf func(int) string, optsOf func(r int) []adi.Option) ([]*adi.World, *sditest.Fabric) {
 	f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: sdi.Caps{MaxHeader: 128, MaxEager: 512, MaxFrame: 4096, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered}})
-	ws := jobOn(t, n, hostOf, append([]adi.Option{adi.WithSubDevice("loop", f.New),
-		adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}),
-		adi.WithConnTable(&conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "loop"}}}}}})}, opts...)...)
+	ws := jobEach(t, n, hostOf, func(r int) []adi.Option {
+		return append([]adi.Option{adi.WithSubDevice("loop", f.New),
+			adi.WithPlugins(&multidevice.PluginsConfig{SubDevices: []multidevice.SubDeviceSpec{{Name: "loop", Enabled: true}}}),
+			adi.WithConnTable(&conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "loop"}}}}}})}, optsOf(r)...)
+	})
 	return ws, f
 }
 

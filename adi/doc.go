@@ -67,8 +67,10 @@
 // leader per host, then within each host again, so that only the
 // leaders send between hosts. Reductions do so only where every host's
 // ranks are consecutive (block placement, mdrun's default), which keeps
-// rank order. [WithHostCollectives] or MD_HOST_COLLECTIVES=0 turn this
-// off.
+// rank order. Where ranks name the sites (clusters) their hosts belong to
+// ([WithSite], MD_SITE), the hosts' leaders do the same by sites, so that
+// only one rank per site sends between sites. [WithHostCollectives] or
+// MD_HOST_COLLECTIVES=0 turn this off.
 //
 // # One-sided communication
 //

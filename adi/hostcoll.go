@@ -1,5 +1,7 @@
 package adi
 
+import "slices"
+
 // Host-aware collectives. Between hosts a message costs one or two orders
 // of magnitude more than over shared memory within one (tcp over a
 // network, or a gateway between clusters, against a ring in memory), and
@@ -7,29 +9,37 @@ package adi
 // hosts of eight ranks, every one of the sixteen ranks sends its whole
 // vector across in one step of a recursive-doubling allreduce. When a
 // communicator spans several hosts and some host holds more than one of
-// its ranks, Barrier, Bcast, Reduce and Allreduce work in three phases,
-// as MPICH's SMP-aware collectives and IMPI's "short" algorithms between
+// its ranks, Barrier, Bcast, Reduce and Allreduce work in phases, as
+// MPICH's SMP-aware collectives and IMPI's "short" algorithms between
 // clusters (Takano et al.) do: within each host towards its leader (its
 // first rank in the communicator), among the leaders, and within each host
 // from its leader. Only leaders send between hosts, and each leader's
 // share of the flat algorithm's traffic is what it moves.
 //
+// Where ranks name the sites (clusters) their hosts are in (WithSite,
+// MD_SITE), the hosts' leaders do the same by sites: within each site
+// towards the site's leader (its first host's leader), among the sites'
+// leaders, and back; only they then send between sites. Each grouping is
+// a level, kept only where it changes something: at least two groups,
+// and fewer groups than members.
+//
 // Reductions promise rank order (op need not commute). Combining within
 // each host first keeps that order only when every host's ranks are
 // consecutive in the communicator, as block placement makes them
-// (mdrun's, and most launchers' default); Reduce and Allreduce go by hosts
-// only then, and are flat otherwise. Barrier and Bcast go by hosts
+// (mdrun's, and most launchers' default), and each site's hosts too;
+// Reduce and Allreduce go by hosts only then, and are flat otherwise. Barrier and Bcast go by hosts
 // whatever the placement.
 //
-// The phases' views (the ranks of this rank's host; the leaders) are
-// lists of the communicator's ranks, not communicators of their own: they
-// draw no sequence number and need no agreement, and every phase runs on
-// the collective's own tag and context. That is safe because no two ranks
-// share both a host and the leaders' view (leaders are on different
-// hosts), and a rank ends each phase, its sends included, before it
-// starts the next: between two ranks of a host, the messages of the first
-// and the last phase follow one another in the order both post them, and
-// the device keeps each sender's messages in order. Which ranks take part
+// The phases' views (the ranks of this rank's host; the leaders of its
+// site's hosts; the leaders at the top) are lists of the communicator's
+// ranks, not communicators of their own: they draw no sequence number and
+// need no agreement, and every phase runs on the collective's own tag and
+// context. That is safe because no two ranks share two kinds of view (a
+// level's members lead different groups of the level below, so they share
+// none of its groups), and a rank ends each phase, its sends included,
+// before it starts the next: between two ranks of one group, the messages
+// of the phase up and the phase down follow one another in the order both
+// post them, and the device keeps each sender's messages in order. Which ranks take part
 // in a phase every rank works out alike. Hosts are the launcher's names
 // (World.Host), known to every rank since Init: the views need no
 // communication.
@@ -42,56 +52,92 @@ package adi
 // hostMap is where a communicator's ranks live: computed once when the
 // communicator is made, shared by the copies its nonblocking collectives
 // run on, never changed. A communicator has none when going by hosts
-// would change nothing: all its ranks on one host, or each on its own.
+// would change nothing: all its ranks on one host, or each on its own,
+// and as many sites.
 type hostMap struct {
-	host    []int // communicator rank -> its host, numbered in order of each host's first rank
-	local   []int // communicator rank -> its rank among its host's ranks
-	leaders []int // host -> its first rank
-	// blocks is set when every host's ranks are consecutive: reductions
-	// by hosts then combine in rank order.
+	// levels group the members of each level, from hosts outwards; the
+	// members of the first are every rank, those of each next one the
+	// leaders of the groups of the one before.
+	levels []level
+	top    []int // the last level's leaders, who run the flat algorithm
+	// blocks is set when every group's members are consecutive:
+	// reductions by groups then combine in rank order.
 	blocks bool
 }
 
+// level is one grouping of a hostMap. Its slices are indexed by the
+// communicator's ranks; for ranks that are not members, group is -1.
+type level struct {
+	group   []int // member -> its group, numbered in order of each group's first member
+	local   []int // member -> its index among its group's members
+	leaders []int // group -> its first member
+}
+
 // newHostMap maps the ranks (world ranks, in communicator order) onto
-// their hosts, or returns nil when that would change nothing.
+// their hosts and sites, or returns nil when that would change nothing.
 func newHostMap(w *World, ranks []int) *hostMap {
 	if !w.hostColl || len(ranks) < 3 {
 		return nil
 	}
-	m := &hostMap{host: make([]int, len(ranks)), local: make([]int, len(ranks)), blocks: true}
-	ids := make(map[string]int)
-	var counts []int
-	for i, r := range ranks {
-		h := w.dev.Host(r)
-		id, ok := ids[h]
-		if !ok {
-			id = len(m.leaders)
-			ids[h] = id
-			m.leaders = append(m.leaders, i)
-			counts = append(counts, 0)
-		}
-		m.host[i], m.local[i] = id, counts[id]
-		counts[id]++
-		// Hosts are numbered as first met, so consecutive ranks per host
-		// means a host number never falls back.
-		m.blocks = m.blocks && (i == 0 || id >= m.host[i-1])
+	m := &hostMap{blocks: true}
+	members := make([]int, len(ranks))
+	for i := range members {
+		members[i] = i
 	}
-	if len(m.leaders) < 2 || len(m.leaders) == len(ranks) {
+	for _, where := range []func(r int) string{w.dev.Host, w.dev.Site} {
+		l := level{group: make([]int, len(ranks)), local: make([]int, len(ranks))}
+		for i := range l.group {
+			l.group[i] = -1
+		}
+		ids := make(map[string]int)
+		var counts []int
+		for j, i := range members {
+			key := where(ranks[i])
+			id, ok := ids[key]
+			if !ok {
+				id = len(l.leaders)
+				ids[key] = id
+				l.leaders = append(l.leaders, i)
+				counts = append(counts, 0)
+			}
+			l.group[i], l.local[i] = id, counts[id]
+			counts[id]++
+			// Groups are numbered as first met, so consecutive members
+			// per group means a group number never falls back.
+			m.blocks = m.blocks && (j == 0 || id >= l.group[members[j-1]])
+		}
+		if len(l.leaders) >= 2 && len(l.leaders) < len(members) {
+			m.levels = append(m.levels, l)
+			members = l.leaders
+		}
+	}
+	if len(m.levels) == 0 {
 		return nil
 	}
+	m.top = members
 	return m
 }
 
+// up returns the rank that stands for rank r at level i: r itself at
+// level 0, at each next level the leader of its group at the one before;
+// at len(levels), its member of top.
+func (m *hostMap) up(r, i int) int {
+	for _, l := range m.levels[:i] {
+		r = l.leaders[l.group[r]]
+	}
+	return r
+}
+
 // hostViews are the communicator's ranks as a collective's phases see
-// them: this rank's host, and the leaders if this rank is one. A view is
-// a Comm only so that the algorithms run on it unchanged; it shares the
-// communicator's context, sends on the tag of the call it serves, and
-// keeps requests and scratch space of its own. Each Comm (a nonblocking
-// collective's copy too) has its own views, used by the goroutine running
-// its collective.
+// them: this rank's group at each level it is a member of (nil at the
+// others), and the top if it is one of it. A view is a Comm only so that
+// the algorithms run on it unchanged; it shares the communicator's
+// context, sends on the tag of the call it serves, and keeps requests and
+// scratch space of its own. Each Comm (a nonblocking collective's copy
+// too) has its own views, used by the goroutine running its collective.
 type hostViews struct {
-	host    *Comm
-	leaders *Comm // nil on a rank that leads no host
+	levels []*Comm
+	top    *Comm // nil on a rank that is not one of the top
 }
 
 // views returns c's views, making them the first time.
@@ -100,15 +146,21 @@ func (c *Comm) views() *hostViews {
 		return c.hviews
 	}
 	m, me := c.hosts, c.rank
-	var host []int
-	for r, h := range m.host {
-		if h == m.host[me] {
-			host = append(host, r)
+	v := &hostViews{levels: make([]*Comm, len(m.levels))}
+	for i, l := range m.levels {
+		if l.group[me] < 0 {
+			break // not a member here, nor above
 		}
+		var group []int
+		for r, g := range l.group {
+			if g == l.group[me] {
+				group = append(group, r)
+			}
+		}
+		v.levels[i] = c.view(group, l.local[me])
 	}
-	v := &hostViews{host: c.view(host, m.local[me])}
-	if m.leaders[m.host[me]] == me {
-		v.leaders = c.view(m.leaders, m.host[me])
+	if i := slices.Index(m.top, me); i >= 0 {
+		v.top = c.view(m.top, i)
 	}
 	c.hviews = v
 	return v
@@ -139,20 +191,39 @@ func (k *collective) phase(v *Comm, run func(s *collective) error) error {
 	return err
 }
 
-// hostBarrier: each host's ranks report to their leader up a binomial
-// tree, the leaders run the dissemination barrier, and each leader
-// releases its host's ranks down the tree.
-func (k *collective) hostBarrier() error {
+// climb runs up on this rank's group at each level it is a member of,
+// from hosts outwards, then top on the top if this rank is one of it,
+// then down on its groups from the outermost level in.
+func (k *collective) climb(up, top, down func(s *collective) error) error {
 	v := k.c.views()
-	if err := k.phase(v.host, (*collective).fanIn); err != nil {
-		return err
-	}
-	if v.leaders != nil {
-		if err := k.phase(v.leaders, (*collective).dissemination); err != nil {
+	for _, g := range v.levels {
+		if g == nil {
+			break
+		}
+		if err := k.phase(g, up); err != nil {
 			return err
 		}
 	}
-	return k.phase(v.host, func(s *collective) error {
+	if v.top != nil {
+		if err := k.phase(v.top, top); err != nil {
+			return err
+		}
+	}
+	for i := len(v.levels) - 1; i >= 0; i-- {
+		if g := v.levels[i]; g != nil {
+			if err := k.phase(g, down); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// hostBarrier: each group's members report to their leader up a binomial
+// tree, level by level, the top runs the dissemination barrier, and each
+// leader releases its group's members down the tree.
+func (k *collective) hostBarrier() error {
+	return k.climb((*collective).fanIn, (*collective).dissemination, func(s *collective) error {
 		return s.binomial(0, func(int, int) []byte { return nil })
 	})
 }
@@ -178,89 +249,116 @@ func (k *collective) fanIn() error {
 	return k.send(nil, r-mask)
 }
 
-// hostBcast: a root that does not lead its host hands the buffer to its
-// leader first, the leaders broadcast it, and each host gets it from its
-// leader, the root's from the root (its leader gets it twice: the other
-// hosts need not wait for the root's host, as MPICH's SMP broadcast
-// does it).
+// hostBcast: the buffer climbs from the root to the rank that stands for
+// it at the top, one message per level where the two differ (the root to
+// its host's leader, that to its site's leader), the top broadcasts it,
+// and each group gets it from the member that has it: its leader, or in
+// the groups on the root's way up, the root's stand-in (so the leaders
+// on that way get it twice, and no other group waits for the root's).
+// MPICH's SMP broadcast goes the same way.
 func (k *collective) hostBcast(buf []byte, root int) error {
 	m, v, me := k.c.hosts, k.c.views(), k.c.rank
-	home := m.host[root]
-	leader := m.leaders[home]
-	if root != leader && (me == root || me == leader) {
-		err := k.phase(v.host, func(s *collective) error {
-			if me == root {
+	for i, l := range m.levels {
+		from, to := m.up(root, i), m.up(root, i+1)
+		if from == to || me != from && me != to {
+			continue
+		}
+		err := k.phase(v.levels[i], func(s *collective) error {
+			if me == from {
 				return s.send(buf, 0)
 			}
-			return s.recv(buf, m.local[root])
+			return s.recv(buf, l.local[from])
 		})
 		if err != nil {
 			return err
 		}
 	}
-	if v.leaders != nil {
-		if err := k.phase(v.leaders, func(s *collective) error { return s.bcast(buf, home) }); err != nil {
+	if v.top != nil {
+		top := slices.Index(m.top, m.up(root, len(m.levels)))
+		if err := k.phase(v.top, func(s *collective) error { return s.bcast(buf, top) }); err != nil {
 			return err
 		}
 	}
-	from := 0
-	if m.host[me] == home {
-		from = m.local[root]
+	for i := len(m.levels) - 1; i >= 0; i-- {
+		l := m.levels[i]
+		if v.levels[i] == nil {
+			continue
+		}
+		from := 0
+		if stand := m.up(root, i); l.group[stand] == l.group[me] {
+			from = l.local[stand]
+		}
+		if err := k.phase(v.levels[i], func(s *collective) error { return s.bcast(buf, from) }); err != nil {
+			return err
+		}
 	}
-	return k.phase(v.host, func(s *collective) error { return s.bcast(buf, from) })
+	return nil
 }
 
-// hostReduce: each host combines its ranks' vectors at its leader, the
-// leaders combine theirs at the root's leader, which hands the result to
-// the root if it is not the root. Hosts' ranks must be consecutive
-// (hostMap.blocks) for this to combine in rank order.
+// hostReduce: each group combines its members' vectors at its leader,
+// level by level, the top combines its members' at the root's stand-in,
+// and the result goes down the root's way to the root. Groups' members
+// must be consecutive (hostMap.blocks) for this to combine in rank
+// order.
 func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error {
 	m, v, me := k.c.hosts, k.c.views(), k.c.rank
-	home := m.host[root]
-	// part is this rank's host's result, on its leader; whole is every
-	// host's, on the root's leader.
-	var part, whole []T
-	if v.leaders != nil {
-		part = scratch[T](k, 0, len(send))
-		whole = part
-		if me == root {
-			whole = recv
-		} else if m.host[me] == home {
-			whole = scratch[T](k, 1, len(send))
+	// in is what this rank contributes at a level: its send, then what
+	// its group combined; each level's result goes to the other scratch
+	// slot (recv need not exist on ranks other than the root).
+	in := send
+	slot := 0
+	for _, g := range v.levels {
+		if g == nil {
+			break
 		}
+		out := scratch[T](k, slot, len(send))
+		if err := k.phase(g, func(s *collective) error { return reduce(s, in, out, op, 0) }); err != nil {
+			return err
+		}
+		in, slot = out, 1-slot
 	}
-	if err := k.phase(v.host, func(s *collective) error { return reduce(s, send, part, op, 0) }); err != nil {
-		return err
+	// The result, on the root's stand-in at each level from the top in.
+	res := scratch[T](k, slot, len(send))
+	if me == root {
+		res = recv
 	}
-	if v.leaders != nil {
-		if err := k.phase(v.leaders, func(s *collective) error { return reduce(s, part, whole, op, home) }); err != nil {
+	if v.top != nil {
+		top := slices.Index(m.top, m.up(root, len(m.levels)))
+		if err := k.phase(v.top, func(s *collective) error { return reduce(s, in, res, op, top) }); err != nil {
 			return err
 		}
 	}
-	leader := m.leaders[home]
-	if leader == root || me != root && me != leader {
-		return nil // the result is where it belongs, or this rank has no part of it
-	}
-	return k.phase(v.host, func(s *collective) error {
-		if me == root {
-			return s.recv(Bytes(recv), 0)
+	for i := len(m.levels) - 1; i >= 0; i-- {
+		holder, to := m.up(root, i+1), m.up(root, i)
+		if holder == to || me != holder && me != to {
+			continue
 		}
-		return s.send(Bytes(whole), m.local[root])
-	})
+		err := k.phase(v.levels[i], func(s *collective) error {
+			if me == holder {
+				return s.send(Bytes(res), m.levels[i].local[to])
+			}
+			return s.recv(Bytes(res), 0)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
-// hostAllreduce: each host combines its ranks' vectors at its leader, the
-// leaders combine theirs, and each leader broadcasts the result to its
-// host. Hosts' ranks must be consecutive (hostMap.blocks).
+// hostAllreduce: each group combines its members' vectors at its leader,
+// level by level, the top combines theirs, and each leader broadcasts the
+// result to its group, from the outermost level in. Groups' members must
+// be consecutive (hostMap.blocks).
 func hostAllreduce[T Elem](k *collective, send, recv []T, op Op[T]) error {
-	v := k.c.views()
-	if err := k.phase(v.host, func(s *collective) error { return reduce(s, send, recv, op, 0) }); err != nil {
+	in := send // what this rank contributes: its send, then its group's result in recv
+	return k.climb(func(s *collective) error {
+		err := reduce(s, in, recv, op, 0)
+		in = recv
 		return err
-	}
-	if v.leaders != nil {
-		if err := k.phase(v.leaders, func(s *collective) error { return allreduce(s, recv, recv, op) }); err != nil {
-			return err
-		}
-	}
-	return k.phase(v.host, func(s *collective) error { return s.bcast(Bytes(recv), 0) })
+	}, func(s *collective) error {
+		return allreduce(s, recv, recv, op)
+	}, func(s *collective) error {
+		return s.bcast(Bytes(recv), 0)
+	})
 }

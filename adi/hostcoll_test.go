@@ -17,7 +17,19 @@ import (
 // r-th letter of hosts.
 func hostJob(t *testing.T, hosts string, opts ...adi.Option) ([]*adi.World, []*adi.Comm) {
 	t.Helper()
-	ws, _ := loopWorldsOn(t, len(hosts), func(r int) string { return hosts[r : r+1] }, opts...)
+	return siteJob(t, hosts, "", opts...)
+}
+
+// siteJob is hostJob with rank r naming the site of the r-th letter of
+// sites (none if sites is empty).
+func siteJob(t *testing.T, hosts, sites string, opts ...adi.Option) ([]*adi.World, []*adi.Comm) {
+	t.Helper()
+	ws, _ := loopWorldsEach(t, len(hosts), func(r int) string { return hosts[r : r+1] }, func(r int) []adi.Option {
+		if sites == "" {
+			return opts
+		}
+		return append([]adi.Option{adi.WithSite(sites[r : r+1])}, opts...)
+	})
 	cs := make([]*adi.Comm, len(ws))
 	for r, w := range ws {
 		cs[r] = w.Comm()
@@ -32,16 +44,21 @@ func hostJob(t *testing.T, hosts string, opts ...adi.Option) ([]*adi.World, []*a
 // algorithms' thresholds, and a non-commutative operation that any
 // combination out of rank order gets wrong.
 func TestHostCollectives(t *testing.T) {
-	for _, pl := range []struct{ name, hosts string }{
-		{"2 hosts of 3", "aaabbb"},
-		{"uneven blocks", "abbbbcc"},
-		{"round robin", "ababab"},
-		{"interleaved", "abaab"},
-		{"2 hosts of 8", "aaaaaaaabbbbbbbb"}, // hosts of 8 ranks: the scatter broadcast within a host
-		{"8 hosts of 2", "aabbccddeeffgghh"}, // 8 leaders: the scatter broadcast and halving among them
-		{"a host of 9 and one of 1", "aaaaaaaaab"},
+	for _, pl := range []struct{ name, hosts, sites string }{
+		{"2 hosts of 3", "aaabbb", ""},
+		{"uneven blocks", "abbbbcc", ""},
+		{"round robin", "ababab", ""},
+		{"interleaved", "abaab", ""},
+		{"2 hosts of 8", "aaaaaaaabbbbbbbb", ""}, // hosts of 8 ranks: the scatter broadcast within a host
+		{"8 hosts of 2", "aabbccddeeffgghh", ""}, // 8 leaders: the scatter broadcast and halving among them
+		{"a host of 9 and one of 1", "aaaaaaaaab", ""},
+		{"2 sites of 2 hosts of 2", "aabbccdd", "XXXXYYYY"},
+		{"3 sites, uneven", "aaabbcdddd", "XXXXXYZZZZ"},
+		{"sites interleaved", "aabbccdd", "XXYYXXYY"}, // reductions flat
+		{"sites of single hosts", "abcdef", "XXXYYY"},
+		{"a site of 1", "aabbbc", "XXXXXY"},
 	} {
-		_, cs := hostJob(t, pl.hosts)
+		_, cs := siteJob(t, pl.hosts, pl.sites)
 		n := len(cs)
 		ctx := ctxT(t)
 		t.Run(pl.name+"/barrier", func(t *testing.T) {
@@ -314,6 +331,64 @@ func TestHostCollectivesCross(t *testing.T) {
 	}
 	if mixed["barrier"] >= mixedFlat["barrier"] {
 		t.Errorf("barrier with hosts' ranks apart: %d frames between hosts, %d flat; want fewer", mixed["barrier"], mixedFlat["barrier"])
+	}
+}
+
+// TestSiteCollectivesCross counts what crosses between sites: with sites
+// named, only the sites' leaders send across; by hosts alone, every host's
+// leader does.
+func TestSiteCollectivesCross(t *testing.T) {
+	const hosts, sites = "aabbccdd", "XXXXYYYY" // site leaders: ranks 0 and 4
+	count := func(sites string) map[string]uint64 {
+		ws, cs := siteJob(t, hosts, sites)
+		ctx := ctxT(t)
+		across := func() uint64 {
+			var n uint64
+			for r, w := range ws {
+				for _, s := range w.Stats() {
+					if s.Peer < 4 != (r < 4) {
+						n += s.Frames
+					}
+				}
+			}
+			return n
+		}
+		out := make(map[string]uint64)
+		for _, call := range []struct {
+			name string
+			f    func(c *adi.Comm) error
+		}{
+			{"barrier", func(c *adi.Comm) error { return c.Barrier(ctx) }},
+			{"bcast from 5", func(c *adi.Comm) error { return c.Bcast(ctx, make([]byte, 8), 5) }},
+			{"reduce to 7", func(c *adi.Comm) error {
+				return adi.Reduce(ctx, c, make([]int64, 1), make([]int64, 1), adi.Sum, 7)
+			}},
+			{"allreduce", func(c *adi.Comm) error {
+				return adi.Allreduce(ctx, c, make([]int64, 1), make([]int64, 1), adi.Sum)
+			}},
+		} {
+			before := across()
+			each(t, cs, call.f)
+			out[call.name] = across() - before
+		}
+		return out
+	}
+	// By hosts alone, the hosts' leaders' binomial trees happen to cross
+	// once for a broadcast and a reduce too.
+	bySites, byHosts := count(sites), count("")
+	for name, want := range map[string][2]uint64{"barrier": {2, 6}, "bcast from 5": {1, 1}, "reduce to 7": {2, 2}, "allreduce": {2, 4}} {
+		if bySites[name] != want[0] || byHosts[name] != want[1] {
+			t.Errorf("%s: %d frames between sites by sites, %d by hosts alone; want %d and %d", name, bySites[name], byHosts[name], want[0], want[1])
+		}
+	}
+	for _, bad := range []string{"X\x00Y", strings.Repeat("x", 256)} {
+		boots, err := bootstrap.InProcess(1, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := adi.Init(ctxT(t), adi.WithBootstrap(boots[0]), adi.WithSite(bad)); err == nil || !strings.Contains(err.Error(), "site") {
+			t.Errorf("Init with site %q: %v, want an error about the site", bad, err)
+		}
 	}
 }
 

@@ -37,6 +37,7 @@ type config struct {
 	factories   map[string]sdi.Factory
 	relay       bool // RunRelay: a dedicated relay, no application rank
 	hostColl    *bool
+	site        *string
 }
 
 // Option changes how Init sets the world up.
@@ -84,6 +85,14 @@ func WithSubDevice(name string, f sdi.Factory) Option {
 // of a job must choose alike: ranks that go by hosts and ranks that do
 // not wait for each other's messages until their ctx ends.
 func WithHostCollectives(on bool) Option { return func(c *config) { c.hostColl = &on } }
+
+// WithSite names the cluster of hosts this rank's host belongs to, in a
+// job that spans clusters (joined by gateways, or by a network slower
+// than each cluster's own), instead of MD_SITE. Collectives then go by
+// sites too: within each host, among the hosts of each site, then among
+// the sites. A host is in the site its first rank (in the communicator)
+// names.
+func WithSite(name string) Option { return func(c *config) { c.site = &name } }
 
 // Init joins the job: it finds the launcher (mdrun, or none for a world of
 // one), loads the subdevices, exchanges business cards and connects routes.
@@ -147,7 +156,12 @@ func initWorld(ctx context.Context, c *config) (*World, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adi: init: %w", err)
 	}
+	site := os.Getenv("MD_SITE")
+	if c.site != nil {
+		site = *c.site
+	}
 	dev, err := multidevice.Open(ctx, multidevice.Options{
+		Site:      site,
 		Forward:   fwd,
 		Bootstrap: c.boot,
 		Plugins:   plugins,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 
@@ -35,6 +36,10 @@ type Options struct {
 	// Relay makes this rank a dedicated relay: it takes no application
 	// rank and only forwards for others (relay.go).
 	Relay bool
+	// Site names the cluster of hosts this rank's host belongs to, in a
+	// job that spans clusters; "" when the job does not say. Every rank
+	// learns every rank's (Device.Site).
+	Site string
 }
 
 // subdev is one loaded subdevice. idx is its position in Device.subs.
@@ -64,9 +69,10 @@ type Device struct {
 	size int // ranks in the job, relays included
 	// appSize is the world applications see: the ranks before the relays.
 	appSize int
-	// hosts names each rank's host, as its launcher did; set by Open.
-	hosts []string
-	isRelay bool
+	// hosts names each rank's host, as its launcher did, and sites its
+	// cluster, as Options.Site did; set by Open.
+	hosts, sites []string
+	isRelay      bool
 
 	subs     []*subdev // subs[0] is the built-in self path
 	table    *conntable.Resolved
@@ -139,6 +145,9 @@ func claimSub(idx int) int64 { return int64(idx) + 2 }
 func Open(ctx context.Context, o Options) (*Device, error) {
 	if o.Bootstrap == nil {
 		return nil, errors.New("multidevice: Options.Bootstrap is required")
+	}
+	if strings.IndexByte(o.Site, 0) >= 0 || len(o.Site) > maxSiteLen {
+		return nil, fmt.Errorf("multidevice: site %q: want at most %d bytes and no NUL", o.Site, maxSiteLen)
 	}
 	log := o.Logger
 	if log == nil {
@@ -234,8 +243,14 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		}
 	}
 
-	// Publish the host and every card, then learn everybody's.
-	if err := d.boot.Put("host", []byte(d.boot.Host())); err != nil {
+	// Publish the host (and site) and every card, then learn everybody's.
+	// The site rides with the host, after a NUL, so that learning both
+	// costs one look-up per rank.
+	where := d.boot.Host()
+	if o.Site != "" {
+		where += "\x00" + o.Site
+	}
+	if err := d.boot.Put("host", []byte(where)); err != nil {
 		return fmt.Errorf("multidevice: publish host: %w", err)
 	}
 	if err := d.publishCPUs(); err != nil { // progress.go
@@ -250,15 +265,15 @@ func (d *Device) open(ctx context.Context, o Options) error {
 	if err := d.learnRoles(ctx); err != nil {
 		return err
 	}
-	hosts := make([]string, d.size)
+	hosts, sites := make([]string, d.size), make([]string, d.size)
 	for r := range hosts {
 		h, err := d.boot.Get(ctx, r, "host")
 		if err != nil {
 			return fmt.Errorf("multidevice: host of rank %d: %w", r, err)
 		}
-		hosts[r] = string(h)
+		hosts[r], sites[r], _ = strings.Cut(string(h), "\x00")
 	}
-	d.hosts = hosts
+	d.hosts, d.sites = hosts, sites
 	if err := d.noteHosts(ctx, hosts); err != nil { // progress.go
 		return err
 	}
@@ -485,6 +500,19 @@ func (d *Device) Host(r int) string {
 		return ""
 	}
 	return d.hosts[r]
+}
+
+// maxSiteLen bounds a site's name.
+const maxSiteLen = 255
+
+// Site is the name of the cluster of hosts rank r's host belongs to, as
+// that rank's Options.Site gave it ("" where it gave none; see Host for
+// which r).
+func (d *Device) Site(r int) string {
+	if r < 0 || r >= len(d.sites) {
+		return ""
+	}
+	return d.sites[r]
 }
 
 // Route names the subdevice that carries a message of n bytes to peer.
