@@ -17,12 +17,57 @@ import (
 type hostSpec struct {
 	name  string
 	slots int
+	// site names the cluster of hosts the host is in, passed to its ranks
+	// as MD_SITE; "" is none.
+	site string
 }
 
 // maxSlots bounds one host's slots, so a typo cannot ask for billions.
 const maxSlots = 1 << 16
 
 var hostName = regexp.MustCompile(`^[A-Za-z0-9_.:%-]+$`)
+
+// maxSiteLen is the longest site name the library takes (MD_SITE).
+const maxSiteLen = 255
+
+// siteName is the characters a site name may use: fewer than MD_SITE
+// allows (any bytes but NUL), so that a name needs no quoting on the
+// launcher's command line and means the same in every locale.
+var siteName = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
+
+// checkSite reports what is wrong with site as a site name.
+func checkSite(site string) error {
+	switch {
+	case site == "":
+		return errors.New("the site is empty")
+	case len(site) > maxSiteLen:
+		return fmt.Errorf("the site is %d bytes long, at most %d may be", len(site), maxSiteLen)
+	case !siteName.MatchString(site):
+		return fmt.Errorf("site %q: use only letters, digits, '_', '.' and '-'", site)
+	}
+	return nil
+}
+
+// sameSite checks that h names the site its host had in the entries
+// before it (seen, by host name; it adds h's): all the ranks of a host
+// are in one site, or in none.
+func sameSite(seen map[string]string, h hostSpec) error {
+	before, ok := seen[h.name]
+	if !ok {
+		seen[h.name] = h.site
+		return nil
+	}
+	if before == h.site {
+		return nil
+	}
+	where := func(site string) string {
+		if site == "" {
+			return "in no site"
+		}
+		return "in site " + site
+	}
+	return fmt.Errorf("host %s is %s here and %s before: a host is in one site or in none", h.name, where(h.site), where(before))
+}
 
 // parseHostEntry reads "name" or "name:slots".
 // An IPv6 address with slots is written "[addr]:slots".
@@ -63,11 +108,24 @@ func parseHostSlots(s string) (hostSpec, bool, error) {
 	return h, slots != "", nil
 }
 
-// parseHosts reads -hosts: "h1,h2:2,...".
+// parseHosts reads -hosts: "h1,h2:2,...", each entry optionally with
+// "@site" after it ("h1:2@A", "[fd00::1]:2@A").
 func parseHosts(s string) ([]hostSpec, error) {
 	var hosts []hostSpec
+	seen := map[string]string{}
 	for _, e := range strings.Split(s, ",") {
-		h, err := parseHostEntry(strings.TrimSpace(e))
+		e = strings.TrimSpace(e)
+		entry, site, withSite := strings.Cut(e, "@")
+		h, err := parseHostEntry(entry)
+		if err == nil && withSite {
+			if err = checkSite(site); err != nil {
+				err = fmt.Errorf("host %q: %w", e, err)
+			}
+			h.site = site
+		}
+		if err == nil {
+			err = sameSite(seen, h)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("-hosts: %w", err)
 		}
@@ -77,7 +135,8 @@ func parseHosts(s string) ([]hostSpec, error) {
 }
 
 // parseHostfile reads a hostfile: one host per line, as "name",
-// "name:slots" or "name slots=N"; '#' starts a comment.
+// "name:slots" or "name slots=N", optionally with "site=NAME";
+// '#' starts a comment.
 func parseHostfile(path string) ([]hostSpec, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -91,6 +150,7 @@ func parseHostfile(path string) ([]hostSpec, error) {
 // path, and the line.
 func readHostfile(r io.Reader, path string) ([]hostSpec, error) {
 	var hosts []hostSpec
+	seen := map[string]string{}
 	sc := bufio.NewScanner(r)
 	line := 1
 	for ; sc.Scan(); line++ {
@@ -99,20 +159,9 @@ func readHostfile(r io.Reader, path string) ([]hostSpec, error) {
 		if len(fields) == 0 {
 			continue
 		}
-		h, given, err := parseHostSlots(fields[0])
-		if err == nil && len(fields) > 1 {
-			v, ok := strings.CutPrefix(fields[1], "slots=")
-			n, aerr := strconv.Atoi(v)
-			switch {
-			case len(fields) > 2 || !ok:
-				err = fmt.Errorf("want \"host\", \"host:slots\" or \"host slots=N\", got %q", strings.TrimSpace(text))
-			case given:
-				err = fmt.Errorf("%q gives the slots twice", strings.TrimSpace(text))
-			case aerr != nil || n < 1 || n > maxSlots:
-				err = fmt.Errorf("slots=%q is not a number from 1 to %d", v, maxSlots)
-			default:
-				h.slots = n
-			}
+		h, err := hostLine(fields, strings.TrimSpace(text))
+		if err == nil {
+			err = sameSite(seen, h)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("%s:%d: %w", path, line, err)
@@ -126,6 +175,47 @@ func readHostfile(r io.Reader, path string) ([]hostSpec, error) {
 		return nil, fmt.Errorf("%s: no hosts", path)
 	}
 	return hosts, nil
+}
+
+// hostLine reads the fields of one hostfile line, text: the host, then
+// slots=N and site=NAME in any order, each at most once.
+func hostLine(fields []string, text string) (hostSpec, error) {
+	if strings.Contains(fields[0], "@") {
+		return hostSpec{}, fmt.Errorf("%q: a hostfile names the site with site=NAME, not with @", fields[0])
+	}
+	h, slotsGiven, err := parseHostSlots(fields[0])
+	if err != nil {
+		return h, err
+	}
+	siteGiven := false
+	for _, f := range fields[1:] {
+		key, v, ok := strings.Cut(f, "=")
+		if !ok {
+			key = "" // "slots" alone is no field
+		}
+		switch key {
+		case "slots":
+			n, err := strconv.Atoi(v)
+			switch {
+			case slotsGiven:
+				return h, fmt.Errorf("%q gives the slots twice", text)
+			case err != nil || n < 1 || n > maxSlots:
+				return h, fmt.Errorf("slots=%q is not a number from 1 to %d", v, maxSlots)
+			}
+			h.slots, slotsGiven = n, true
+		case "site":
+			if siteGiven {
+				return h, fmt.Errorf("%q gives the site twice", text)
+			}
+			if err := checkSite(v); err != nil {
+				return h, err
+			}
+			h.site, siteGiven = v, true
+		default:
+			return h, fmt.Errorf("want \"host\", \"host:slots\" or \"host slots=N\", each optionally with site=NAME, got %q", text)
+		}
+	}
+	return h, nil
 }
 
 // placeRanks gives each rank a host: every host in turn takes as many

@@ -12,15 +12,29 @@ import (
 	"github.com/hpc-multidevice/multidevice/internal/sched"
 )
 
+// show writes hosts as "name:slots" or "name:slots@site", space-separated.
+func show(hosts []hostSpec) string {
+	var es []string
+	for _, h := range hosts {
+		e := h.name + ":" + strconv.Itoa(h.slots)
+		if h.site != "" {
+			e += "@" + h.site
+		}
+		es = append(es, e)
+	}
+	return strings.Join(es, " ")
+}
+
 func TestParseHosts(t *testing.T) {
+	long := strings.Repeat("s", maxSiteLen)
 	tests := []struct {
 		in   string
 		want string
 		err  string
 	}{
-		{"a", "[{a 1}]", ""},
-		{"a,b:2, c:3", "[{a 1} {b 2} {c 3}]", ""},
-		{"10.0.0.1:4,fd00::1,[fd00::2]:2,[fd00::3]", "[{10.0.0.1 4} {fd00::1 1} {fd00::2 2} {fd00::3 1}]", ""},
+		{"a", "a:1", ""},
+		{"a,b:2, c:3", "a:1 b:2 c:3", ""},
+		{"10.0.0.1:4,fd00::1,[fd00::2]:2,[fd00::3]", "10.0.0.1:4 fd00::1:1 fd00::2:2 fd00::3:1", ""},
 		{"a:x", "", `slots "x" is not a number`},
 		{"a:70000", "", `slots "70000"`},
 		{"[fd00::1", "", "want [address] or [address]:slots"},
@@ -29,6 +43,25 @@ func TestParseHosts(t *testing.T) {
 		{"a;rm", "", "is not a host name"},
 		{"-Elog", "", `host "-Elog" is not a host name`},
 		{"[-v]:2", "", `host "[-v]:2" is not a host name`},
+		// Sites.
+		{"h1:2@A,h2:2@A,h3:2@B", "h1:2@A h2:2@A h3:2@B", ""},
+		{"[fd00::1]:2@A,[fd00::2]@B,fd00::3@C", "fd00::1:2@A fd00::2:1@B fd00::3:1@C", ""},
+		{"h1@a.b-c_9, h2", "h1:1@a.b-c_9 h2:1", ""},
+		{"h1@A,h2,h1:3@A,h2:2", "h1:1@A h2:1 h1:3@A h2:2", ""},
+		{"h1@" + long, "h1:1@" + long, ""},
+		{"h1@", "", `-hosts: host "h1@": the site is empty`},
+		{"h1:2@", "", `host "h1:2@": the site is empty`},
+		{"h1@" + long + "s", "", "the site is 256 bytes long, at most 255 may be"},
+		{"h1@A/B", "", `-hosts: host "h1@A/B": site "A/B": use only letters, digits, '_', '.' and '-'`},
+		{"h1@A@B", "", `site "A@B": use only`},
+		{"h1@A B", "", `site "A B": use only`},
+		{"h1@Ä", "", `site "Ä": use only`},
+		{"@A", "", `host "" is not a host name`},
+		{"h1:x@A", "", `slots "x" is not a number`},
+		{"[fd00::1@A]:2", "", "want [address] or [address]:slots"},
+		{"h1@A,h1@B", "", "-hosts: host h1 is in site B here and in site A before: a host is in one site or in none"},
+		{"h1@A,h2,h1", "", "host h1 is in no site here and in site A before"},
+		{"h1,h1@A", "", "host h1 is in site A here and in no site before"},
 	}
 	for _, tt := range tests {
 		got, err := parseHosts(tt.in)
@@ -38,8 +71,8 @@ func TestParseHosts(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || fmt.Sprint(got) != tt.want {
-			t.Errorf("parseHosts(%q) = %v, %v; want %s", tt.in, got, err, tt.want)
+		if err != nil || show(got) != tt.want {
+			t.Errorf("parseHosts(%q) = %s, %v; want %s", tt.in, show(got), err, tt.want)
 		}
 	}
 }
@@ -50,17 +83,33 @@ func TestParseHostfile(t *testing.T) {
 		want string
 		err  string
 	}{
-		{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "[{n1 1} {n2 2} {n3 4}]", ""},
+		{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "n1:1 n2:2 n3:4", ""},
 		{"n1\nn2 slots=0\n", "", ":2: slots=\"0\" is not a number"},
-		{"n1 cpus=4\n", "", `:1: want "host", "host:slots" or "host slots=N"`},
+		{"n1 cpus=4\n", "", `:1: want "host", "host:slots" or "host slots=N", each optionally with site=NAME, got "n1 cpus=4"`},
 		{"n1 slots=1 x\n", "", ":1: want"},
+		{"n1 slots\n", "", ":1: want"},
 		{"# nothing\n", "", "no hosts"},
 		{"bad!host\n", "", `:1: host "bad!host" is not a host name`},
 		{"n1\n-v\n", "", `:2: host "-v" is not a host name`},
 		{"n1:2 slots=3\n", "", `:1: "n1:2 slots=3" gives the slots twice`},
 		{"[fd00::2]:2 slots=3\n", "", "gives the slots twice"},
-		{"[fd00::2] slots=3\nfd00::3 slots=2\n", "[{fd00::2 3} {fd00::3 2}]", ""},
+		{"[fd00::2] slots=3\nfd00::3 slots=2\n", "fd00::2:3 fd00::3:2", ""},
 		{"n1\n" + strings.Repeat("x", 70000) + "\n", "", ":2: bufio.Scanner: token too long"},
+		// Sites.
+		{"h1 slots=4 site=A\nh2 site=A slots=2\nh3:4 site=B # far\nh4\n", "h1:4@A h2:2@A h3:4@B h4:1", ""},
+		{"[fd00::2]:2 site=x.y\nfd00::3 site=x.y\n", "fd00::2:2@x.y fd00::3:1@x.y", ""},
+		{"h1 site=A\nh1:2 site=A\n", "h1:1@A h1:2@A", ""},
+		{"h1 site=A site=B\n", "", `:1: "h1 site=A site=B" gives the site twice`},
+		{"h1 site=A site=A\n", "", "gives the site twice"},
+		{"h1 slots=2 site=A slots=3\n", "", `:1: "h1 slots=2 site=A slots=3" gives the slots twice`},
+		{"h1:2 site=A slots=3\n", "", "gives the slots twice"},
+		{"n1\nh1 site=\n", "", ":2: the site is empty"},
+		{"h1 site=a/b\n", "", `:1: site "a/b": use only letters, digits, '_', '.' and '-'`},
+		{"h1 site=" + strings.Repeat("s", 256) + "\n", "", ":1: the site is 256 bytes long"},
+		{"h1 site\n", "", ":1: want"},
+		{"h1@A\n", "", `:1: "h1@A": a hostfile names the site with site=NAME, not with @`},
+		{"h1 site=A\nh2\nh1 site=B\n", "", ":3: host h1 is in site B here and in site A before"},
+		{"h1\nh1 site=B\n", "", ":2: host h1 is in site B here and in no site before"},
 	}
 	for i, tt := range tests {
 		path := filepath.Join(t.TempDir(), fmt.Sprintf("hosts%d", i))
@@ -74,8 +123,8 @@ func TestParseHostfile(t *testing.T) {
 			}
 			continue
 		}
-		if err != nil || fmt.Sprint(got) != tt.want {
-			t.Errorf("hostfile %q = %v, %v; want %s", tt.text, got, err, tt.want)
+		if err != nil || show(got) != tt.want {
+			t.Errorf("hostfile %q = %s, %v; want %s", tt.text, show(got), err, tt.want)
 		}
 	}
 }
@@ -86,10 +135,10 @@ func TestPlaceRanks(t *testing.T) {
 		hosts []hostSpec
 		want  string
 	}{
-		{4, []hostSpec{{"a", 1}, {"b", 1}}, "[a b a b]"},
-		{4, []hostSpec{{"a", 2}, {"b", 2}}, "[a a b b]"},
-		{5, []hostSpec{{"a", 2}, {"b", 1}}, "[a a b a a]"},
-		{1, []hostSpec{{"a", 3}, {"b", 1}}, "[a]"},
+		{4, []hostSpec{{name: "a", slots: 1}, {name: "b", slots: 1}}, "[a b a b]"},
+		{4, []hostSpec{{name: "a", slots: 2}, {name: "b", slots: 2}}, "[a a b b]"},
+		{5, []hostSpec{{name: "a", slots: 2}, {name: "b", slots: 1}}, "[a a b a a]"},
+		{1, []hostSpec{{name: "a", slots: 3}, {name: "b", slots: 1}}, "[a]"},
 	}
 	for _, tt := range tests {
 		if got := fmt.Sprint(placeRanks(tt.n, tt.hosts)); got != tt.want {
@@ -206,9 +255,9 @@ func TestListenAddr(t *testing.T) {
 
 // checkParse checks one parse of in by parse, whose errors must start
 // with prefix: a successful one must name hosts a launcher can take, with
-// slot counts in range, and read back the same when written out as
-// entries joined by sep.
-func checkParse(t *testing.T, in string, parse func(string) ([]hostSpec, error), prefix, sep string) {
+// slot counts in range and valid sites, one site (or none) per host, and
+// read back the same when written out by write as entries joined by sep.
+func checkParse(t *testing.T, in string, parse func(string) ([]hostSpec, error), write func(hostSpec) string, prefix, sep string) {
 	t.Helper()
 	hosts, err := parse(in)
 	if err != nil {
@@ -218,19 +267,27 @@ func checkParse(t *testing.T, in string, parse func(string) ([]hostSpec, error),
 		return
 	}
 	var es []string
+	siteOf := map[string]string{}
 	for _, h := range hosts {
 		if h.name == "" || h.name[0] == '-' || !hostName.MatchString(h.name) || h.slots < 1 || h.slots > maxSlots {
 			t.Fatalf("%q: parsed host %+v", in, h)
 		}
-		es = append(es, entry(h))
+		if h.site != "" && checkSite(h.site) != nil {
+			t.Fatalf("%q: parsed host %+v with a bad site", in, h)
+		}
+		if site, ok := siteOf[h.name]; ok && site != h.site {
+			t.Fatalf("%q: host %s in sites %q and %q", in, h.name, site, h.site)
+		}
+		siteOf[h.name] = h.site
+		es = append(es, write(h))
 	}
 	again, err := parse(strings.Join(es, sep))
-	if err != nil || fmt.Sprint(again) != fmt.Sprint(hosts) {
-		t.Fatalf("%q parsed as %v, which written out reads back as %v, %v", in, hosts, again, err)
+	if err != nil || show(again) != show(hosts) {
+		t.Fatalf("%q parsed as %s, which written out reads back as %s, %v", in, show(hosts), show(again), err)
 	}
 }
 
-// entry writes h as -hosts and hostfile entries read it.
+// entry writes h as -hosts and hostfile entries read it, without its site.
 func entry(h hostSpec) string {
 	if strings.Contains(h.name, ":") {
 		return fmt.Sprintf("[%s]:%d", h.name, h.slots)
@@ -238,19 +295,37 @@ func entry(h hostSpec) string {
 	return fmt.Sprintf("%s:%d", h.name, h.slots)
 }
 
+// hostsEntry writes h as -hosts reads it.
+func hostsEntry(h hostSpec) string {
+	if h.site != "" {
+		return entry(h) + "@" + h.site
+	}
+	return entry(h)
+}
+
+// hostfileLine writes h as a hostfile line.
+func hostfileLine(h hostSpec) string {
+	if h.site != "" {
+		return entry(h) + " site=" + h.site
+	}
+	return entry(h)
+}
+
 func FuzzParseHosts(f *testing.F) {
-	for _, s := range []string{"a", "a,b:2, c:3", "10.0.0.1:4,fd00::1,[fd00::2]:2", "[fd00::1", "a:70000", "-x", "[a:b]:3"} {
+	for _, s := range []string{"a", "a,b:2, c:3", "10.0.0.1:4,fd00::1,[fd00::2]:2", "[fd00::1", "a:70000", "-x", "[a:b]:3",
+		"h1:2@A,h2:2@A,h3:2@B", "[fd00::1]:2@x.y", "h1@", "h1@A,h1@B", "h1@A,h1"} {
 		f.Add(s)
 	}
-	f.Fuzz(func(t *testing.T, s string) { checkParse(t, s, parseHosts, "-hosts: ", ",") })
+	f.Fuzz(func(t *testing.T, s string) { checkParse(t, s, parseHosts, hostsEntry, "-hosts: ", ",") })
 }
 
 func FuzzReadHostfile(f *testing.F) {
-	for _, s := range []string{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "n1 slots=0\n", "n1:2 slots=3", "[fd00::2] slots=3\r\n", "\n\n#\n"} {
+	for _, s := range []string{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "n1 slots=0\n", "n1:2 slots=3", "[fd00::2] slots=3\r\n", "\n\n#\n",
+		"h1 slots=4 site=A\nh2:2 site=B\n", "h1 site=A site=B", "h1 site=A\nh1\n", "h1@A"} {
 		f.Add(s)
 	}
 	read := func(text string) ([]hostSpec, error) { return readHostfile(strings.NewReader(text), "hf") }
-	f.Fuzz(func(t *testing.T, text string) { checkParse(t, text, read, "hf:", "\n") })
+	f.Fuzz(func(t *testing.T, text string) { checkParse(t, text, read, hostfileLine, "hf:", "\n") })
 }
 
 // pickCore finds a host's k-th core from its sysfs whether the threads
