@@ -42,6 +42,9 @@ type job struct {
 	self   string   // this machine's host name, with -hosts
 	hostOf []string // per rank, with -hosts
 	remote bool     // some rank runs on another host
+	// siteOf is the site of each host that -hosts or -hostfile put in
+	// one, by host name; the ranks on it get MD_SITE.
+	siteOf map[string]string
 
 	status      int // exit status, decided by the first failure
 	terminating bool
@@ -171,6 +174,12 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 	j.self = self
 	if j.cfg.hosts != nil {
 		j.hostOf = placeRanks(j.cfg.n, j.cfg.hosts)
+		j.siteOf = map[string]string{}
+		for _, h := range j.cfg.hosts {
+			if h.site != "" {
+				j.siteOf[h.name] = h.site
+			}
+		}
 	} else {
 		for range j.cfg.n {
 			j.hostOf = append(j.hostOf, self)
@@ -222,15 +231,26 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 	if j.cfg.conntable != "" {
 		env = append(env, "MD_CONNTABLE="+j.cfg.conntable)
 	}
+	// The site is the host's, and it replaces mdrun's own MD_SITE: a
+	// local rank's variables come after mdrun's environment, and the last
+	// of a name counts. A relay on the host gets it too.
+	site := ""
+	if j.hostOf != nil {
+		site = j.siteOf[j.hostOf[r]]
+	}
+	if site != "" {
+		env = append(env, "MD_SITE="+site)
+	}
 	if remote {
 		// A remote rank sees only what the command line carries.
 		for _, kv := range os.Environ() {
-			if strings.HasPrefix(kv, "MD_") && !strings.HasPrefix(kv, "MD_PLUGINS=") && !strings.HasPrefix(kv, "MD_CONNTABLE=") {
+			if strings.HasPrefix(kv, "MD_") && !strings.HasPrefix(kv, "MD_PLUGINS=") && !strings.HasPrefix(kv, "MD_CONNTABLE=") &&
+				(site == "" || !strings.HasPrefix(kv, "MD_SITE=")) {
 				env = append(env, kv)
 			}
 		}
 		for _, name := range j.cfg.exports {
-			if v, ok := os.LookupEnv(name); ok {
+			if v, ok := os.LookupEnv(name); ok && (site == "" || name != "MD_SITE") {
 				env = append(env, name+"="+v)
 			}
 		}

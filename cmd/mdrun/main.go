@@ -7,17 +7,19 @@
 //
 // It runs N copies of prog, each with the environment the bootstrap package
 // reads (MDRUN_ADDR, MDRUN_RANK, MDRUN_SIZE, MDRUN_JOBID, MDRUN_SECRET,
-// MDRUN_HOST, and MD_PLUGINS and MD_CONNTABLE when -plugins and -conntable
-// are given), serves their rendezvous, and forwards their output line by
-// line with a "[rank] " prefix (lines over 64 KiB are split). The ranks'
-// standard input is /dev/null. Each rank runs in its own process group, so
-// SIGINT and SIGTERM reach it once, passed on by mdrun, together with any
-// process it started; a second signal kills the ranks at once.
+// MDRUN_HOST, MD_PLUGINS and MD_CONNTABLE when -plugins and -conntable
+// are given, and MD_SITE on a host given a site), serves their rendezvous,
+// and forwards their output line by line with a "[rank] " prefix (lines
+// over 64 KiB are split). The ranks' standard input is /dev/null. Each
+// rank runs in its own process group, so SIGINT and SIGTERM reach it once,
+// passed on by mdrun, together with any process it started; a second
+// signal kills the ranks at once.
 //
 // # Several hosts
 //
 // -hosts (h1,h2:2,[fd00::3]:4) or -hostfile (one host per line: host,
-// host:slots or host slots=N; '#' starts a comment) place the ranks: each
+// host:slots or host slots=N; '#' starts a comment; see Sites below for
+// the optional site of each) place the ranks: each
 // host in turn takes as many consecutive ranks as it has slots (1 if not
 // given), and the list starts over until every rank has a host, as Hydra
 // does. Ranks on "localhost" or on this machine's host name start here;
@@ -51,6 +53,28 @@
 // mdrun also closes the rendezvous service when the job fails, and remote
 // ranks that have not finished end themselves when it closes
 // (MDRUN_EXIT_WITH_SERVICE=1).
+//
+// # Sites
+//
+// A job that spans clusters of hosts (joined by gateways, or by a network
+// slower than each cluster's own) names each host's cluster, its site:
+// "@site" after a -hosts entry, "site=NAME" on a hostfile line, in any
+// order with slots=N:
+//
+//	mdrun -hosts a1:4@A,a2:4@A,b1:4@B,[fd00::7]:4@B -n 16 prog
+//
+//	# hosts.txt
+//	a1 slots=4 site=A
+//	b1:4 site=B
+//
+// Every rank on a host with a site, relays included, gets MD_SITE=site,
+// here and on other hosts, and the library's collectives then go by sites
+// as well as by hosts (go doc adi.WithSite). A site name is 1 to 255
+// letters, digits, '_', '.' or '-'. Hosts with a site and hosts without
+// may be mixed: the ranks of the latter are in no site, and mdrun gives
+// them no MD_SITE; they see the one of mdrun's environment, if any, as
+// any MD_* variable. A host listed twice must name the same site (or
+// none) both times.
 //
 // # Binding
 //

@@ -93,6 +93,11 @@ func rankMain(args []string) int {
 	case "env":
 		wd, _ := os.Getwd()
 		fmt.Printf("MD_PLUGINS=%s\nMD_CONNTABLE=%s\nMDRUN_SECRET=%s\nPWD=%s\n", os.Getenv("MD_PLUGINS"), os.Getenv("MD_CONNTABLE"), os.Getenv("MDRUN_SECRET"), wd)
+		site, ok := os.LookupEnv("MD_SITE")
+		if !ok {
+			site = "(unset)"
+		}
+		fmt.Printf("MD_SITE=%s\n", site)
 		return 0
 	}
 	ctx := context.Background()
@@ -263,6 +268,15 @@ func TestJobs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// What a rank on a host without a site sees: mdrun's own MD_SITE.
+	mySite, ok := os.LookupEnv("MD_SITE")
+	if !ok {
+		mySite = "(unset)"
+	}
+	hostfile := filepath.Join(dir, "hosts")
+	if err := os.WriteFile(hostfile, []byte("localhost slots=1 site=A\nfar:1 site=B\nnear\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name      string
 		flags     []string
@@ -382,6 +396,25 @@ func TestJobs(t *testing.T) {
 			},
 		},
 		{
+			// Each rank gets its host's site, here and through the
+			// launcher; a host without one leaves mdrun's own.
+			name: "sites", flags: remoteFlags("localhost:1@A,far:2@B,near:1"), n: 4, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] MD_SITE=A$`),
+				regexp.MustCompile(`(?m)^\[1\] MD_SITE=B$`),
+				regexp.MustCompile(`(?m)^\[2\] MD_SITE=B$`),
+				regexp.MustCompile(`(?m)^\[3\] MD_SITE=` + regexp.QuoteMeta(mySite) + `$`),
+			},
+		},
+		{
+			name: "sites from a hostfile", flags: []string{"-hostfile", hostfile, "-launcher", fakeSSH, "-listen", "127.0.0.1:0"}, n: 3, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] MD_SITE=A$`),
+				regexp.MustCompile(`(?m)^\[1\] MD_SITE=B$`),
+				regexp.MustCompile(`(?m)^\[2\] MD_SITE=` + regexp.QuoteMeta(mySite) + `$`),
+			},
+		},
+		{
 			name: "unbound", n: 1, behaviour: "cpus", status: 0,
 			stdout: []*regexp.Regexp{regexp.MustCompile(`(?m)^\[0\] cpus ` + regexp.QuoteMeta(allowed.String()) + ` gomaxprocs ` + strconv.Itoa(allowed.Count()) + `$`)},
 		},
@@ -494,6 +527,8 @@ func TestUsageErrors(t *testing.T) {
 		{"bad export", []string{"-x", "A=1", "-n", "1", helper}, `-x "A=1": want a variable name`},
 		{"hostfile missing", []string{"-hostfile", "/nonexistent/hosts", "-n", "1", helper}, "-hostfile: open /nonexistent/hosts"},
 		{"relay program missing", []string{"-relay", "localhost", "-relay-cmd", "no-such-mdrelay", "-n", "1", helper}, `-relay-cmd: relay program "no-such-mdrelay" not found`},
+		{"empty site", []string{"-hosts", "a:2@,b", "-n", "1", helper}, `-hosts: host "a:2@": the site is empty`},
+		{"two sites for a host", []string{"-hosts", "a@A,b@A,a@B", "-n", "1", helper}, "-hosts: host a is in site B here and in site A before"},
 		{"bad relay host", []string{"-relay", "a,,b", "-n", "1", helper}, `-relay: host "" is not a host name`},
 	}
 	for _, tt := range tests {

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// lastValue is what a process whose environment is env sees for name: the
+// last value given, as exec.Cmd and env(1) keep it, or absent.
+func lastValue(env []string, name string) (string, bool) {
+	v, ok := "", false
+	for _, kv := range env {
+		if k, val, _ := strings.Cut(kv, "="); k == name {
+			v, ok = val, true
+		}
+	}
+	return v, ok
+}
+
+// count is how often env gives name.
+func count(env []string, name string) int {
+	n := 0
+	for _, kv := range env {
+		if k, _, _ := strings.Cut(kv, "="); k == name {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRankEnvSite checks MD_SITE per rank: the site of the rank's host
+// where it has one (relays included, here and through the launcher, in
+// place of mdrun's own MD_SITE), and otherwise whatever mdrun's
+// environment holds, as for any MD_* variable.
+func TestRankEnvSite(t *testing.T) {
+	self, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self == "far" || self == "near" || self == "gw" {
+		t.Skipf("this machine is called %s, a remote host of this test", self)
+	}
+	// Ranks 0 (localhost) and 4 (self) start here, 1 to 3 remotely;
+	// relays 5 (far) and 6 (gw) remotely.
+	hosts, err := parseHosts("localhost:1@A,far:2@B,near:1," + self + ":1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const none = "(none)"
+	tests := []struct {
+		name string
+		mine string // mdrun's own MD_SITE; none: unset
+		want []string
+	}{
+		{"mdrun has none", none, []string{"A", "B", "B", none, none, "B", none}},
+		{"mdrun has one", "mine", []string{"A", "B", "B", "mine", "mine", "B", "mine"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("MD_SITE", tt.mine) // restored afterwards
+			if tt.mine == none {
+				os.Unsetenv("MD_SITE")
+			}
+			t.Setenv("MD_OTHER", "passes")
+			j := &job{
+				cfg: config{
+					n: 5, hosts: hosts, relays: []string{"far", "gw"},
+					launcher: []string{"ssh"}, listen: "127.0.0.1:0", exports: []string{"MD_SITE"},
+				},
+				logger: hclog.NewNullLogger(),
+			}
+			srv, err := j.newServer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			for r, want := range tt.want {
+				remote := !isLocal(j.hostOf[r], j.self)
+				env := j.rankEnv(r, srv, remote)
+				seen := env
+				if !remote {
+					// A local rank starts with mdrun's environment and env after it.
+					seen = append(os.Environ(), env...)
+				} else if n := count(env, "MD_SITE"); n > 1 && j.siteOf[j.hostOf[r]] != "" {
+					// mdrun's own (even with -x MD_SITE) must not be there too.
+					t.Errorf("rank %d on %s: MD_SITE %d times on the command line: %q", r, j.hostOf[r], n, env)
+				}
+				got, ok := lastValue(seen, "MD_SITE")
+				if !ok {
+					got = none
+				}
+				if got != want {
+					t.Errorf("rank %d on %s (remote %v): MD_SITE %s, want %s; its variables: %q", r, j.hostOf[r], remote, got, want, env)
+				}
+				if v, _ := lastValue(seen, "MD_OTHER"); v != "passes" {
+					t.Errorf("rank %d on %s: MD_OTHER=%q, want it passed on", r, j.hostOf[r], v)
+				}
+			}
+		})
+	}
+}
