@@ -234,3 +234,7 @@ func (w *World) Route(peer, n int) (string, error) { return w.dev.Route(peer, n)
 
 // Host is the launcher's name for this rank's host.
 func (w *World) Host() string { return w.boot.Host() }
+
+// Site is the name of the cluster of hosts this rank is in, as WithSite or
+// MD_SITE gave it ("" when neither did).
+func (w *World) Site() string { return w.dev.Site(w.dev.Rank()) }

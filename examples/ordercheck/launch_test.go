@@ -227,18 +227,26 @@ func TestHydraAbort(t *testing.T) {
 	}
 }
 
-// twoHosts builds a test bed: hosts h1 (10.77.0.1) and h2 (10.77.0.2) and a
-// head node (10.77.0.10) on one switch, and a launch script that enters a
-// host's namespace the way ssh enters a host.
+// twoHosts is lanHosts with two hosts.
 func twoHosts(t *testing.T) (head *netns.Host, script string) {
+	t.Helper()
+	return lanHosts(t, 2)
+}
+
+// lanHosts makes a head node and n hosts, 10.77.0.1 to 10.77.0.n, on one
+// switch, and a launch script that runs a command on a host as ssh would.
+func lanHosts(t *testing.T, n int) (head *netns.Host, script string) {
 	t.Helper()
 	bed := netns.New(t)
 	head = bed.Host("head")
-	h1, h2 := bed.Host("h1"), bed.Host("h2")
 	sw := bed.Switch("lan")
 	bed.Attach(head, "eth0", sw, "10.77.0.10/24")
-	bed.Attach(h1, "eth0", sw, "10.77.0.1/24")
-	bed.Attach(h2, "eth0", sw, "10.77.0.2/24")
+	var cases strings.Builder
+	for i := 1; i <= n; i++ {
+		h := bed.Host(fmt.Sprintf("h%d", i))
+		bed.Attach(h, "eth0", sw, fmt.Sprintf("10.77.0.%d/24", i))
+		fmt.Fprintf(&cases, "  10.77.0.%d) ns=%s ;;\n", i, h.Name())
+	}
 	script = filepath.Join(t.TempDir(), "launch")
 	body := fmt.Sprintf(`#!/bin/sh
 # launch [options] HOST COMMAND...: like ssh, run COMMAND (a shell command
@@ -246,14 +254,12 @@ func twoHosts(t *testing.T) (head *netns.Host, script string) {
 while [ "${1#-}" != "$1" ]; do shift; done
 host=$1; shift
 case "$host" in
-  10.77.0.1) ns=%s ;;
-  10.77.0.2) ns=%s ;;
-  *) echo "launch: unknown host $host" >&2; exit 255 ;;
+%s  *) echo "launch: unknown host $host" >&2; exit 255 ;;
 esac
 # A session of its own, as under sshd: a signal to this script does not
 # reach the command.
 exec ip netns exec "$ns" setsid -w sh -c "$*"
-`, h1.Name(), h2.Name())
+`, cases.String())
 	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -398,6 +404,29 @@ func helperProcs() []string {
 		}
 	}
 	return procs
+}
+
+// TestMdrunSites: mdrun starts 2 ranks on each of three hosts, the first
+// two in site A and the third in B, so that the collectives ordercheck
+// checks go by hosts and then by sites, across processes and tcp.
+func TestMdrunSites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mdrun and starts a job on namespace hosts")
+	}
+	head, script := lanHosts(t, 3)
+	cmd := head.Command(context.Background(), buildMdrun(t), "-hosts", "10.77.0.1:2@A,10.77.0.2:2@A,10.77.0.3:2@B",
+		"-launcher", script, "-n", "6", helper, "-messages", "30")
+	cmd.Env = cleanEnv()
+	status, out := runJob(t, cmd)
+	if status != 0 {
+		t.Fatalf("mdrun exited %d", status)
+	}
+	checkRanks(t, out, []string{"h1", "h1", "h2", "h2", "h3", "h3"})
+	for r, site := range "AAAABB" {
+		if !regexp.MustCompile(fmt.Sprintf(`(?m)\brank %d of 6 on \S+: .* in site %c$`, r, site)).MatchString(out) {
+			t.Errorf("rank %d does not report site %c", r, site)
+		}
+	}
 }
 
 // TestMdrunTwoHosts: mdrun on a head node starts 2 ranks on each of two

@@ -89,8 +89,12 @@ func run(ctx context.Context, per, maxSize int) error {
 		w.Abort(1, err.Error())
 		return err
 	}
-	fmt.Printf("rank %d of %d on %s: ring ok, order ok, collectives ok, exchange ok (%d messages to each peer; subdevices %s; %d ranks on this host)\n",
-		c.Rank(), c.Size(), w.Host(), per, strings.Join(names, ","), local.Size())
+	site := ""
+	if w.Site() != "" {
+		site = " in site " + w.Site()
+	}
+	fmt.Printf("rank %d of %d on %s: ring ok, order ok, collectives ok, exchange ok (%d messages to each peer; subdevices %s; %d ranks on this host)%s\n",
+		c.Rank(), c.Size(), w.Host(), per, strings.Join(names, ","), local.Size(), site)
 	return w.Finalize(ctx)
 }
 
