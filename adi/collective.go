@@ -654,7 +654,7 @@ func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root
 	if c.Rank() == root && len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	if c.hosts != nil && c.hosts.blocks {
+	if c.ordered != nil {
 		err = hostReduce(k, send, recv, op, root)
 	} else {
 		err = reduce(k, send, recv, op, root)
@@ -801,7 +801,7 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 	if len(recv) != len(send) {
 		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 	}
-	if c.hosts != nil && c.hosts.blocks {
+	if c.ordered != nil {
 		err = hostAllreduce(k, send, recv, op)
 	} else {
 		err = allreduce(k, send, recv, op)

@@ -74,11 +74,13 @@ type Comm struct {
 	collSeq  atomic.Uint64 // collective calls made on this one (collective.go)
 	coll     collState
 	copies   sync.Pool // of *Comm: nonblocking collectives run on them (nbcoll.go)
-	// hosts is where the ranks live, for collectives that go by hosts
-	// (hostcoll.go); nil when they would not. hviews are their views,
-	// made by the first one; like coll, owned by the running collective.
-	hosts  *hostMap
-	hviews *hostViews
+	// hosts and ordered are where the ranks live, for the collectives
+	// that go by hosts and for the reductions among them (hostcoll.go);
+	// nil when they would not. hviews and oviews are their views, made
+	// by the first collective that needs them; like coll, owned by the
+	// running collective.
+	hosts, ordered *hostMap
+	hviews, oviews *hostViews
 	// of maps a view's ranks to those of the communicator it is a view
 	// of, for error messages; nil on a communicator.
 	of []int
@@ -92,7 +94,7 @@ func newComm(w *World, context uint64, ranks []int) *Comm {
 		c.identity = c.identity && r == i
 	}
 	c.rank = c.index[w.dev.Rank()]
-	c.hosts = newHostMap(w, ranks)
+	c.hosts, c.ordered = hostMaps(w, ranks)
 	return c
 }
 

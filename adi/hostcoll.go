@@ -26,9 +26,10 @@ import "slices"
 // Reductions promise rank order (op need not commute). Combining within
 // each host first keeps that order only when every host's ranks are
 // consecutive in the communicator, as block placement makes them
-// (mdrun's, and most launchers' default), and each site's hosts too;
-// Reduce and Allreduce go by hosts only then, and are flat otherwise. Barrier and Bcast go by hosts
-// whatever the placement.
+// (mdrun's, and most launchers' default), and within each site only when
+// its hosts are. Reduce and Allreduce go by the levels up to the first
+// that is not so: by hosts and sites, by hosts alone, or flat. Barrier
+// and Bcast go by every level whatever the placement.
 //
 // The phases' views (the ranks of this rank's host; the leaders of its
 // site's hosts; the leaders at the top) are lists of the communicator's
@@ -53,16 +54,15 @@ import "slices"
 // communicator is made, shared by the copies its nonblocking collectives
 // run on, never changed. A communicator has none when going by hosts
 // would change nothing: all its ranks on one host, or each on its own,
-// and as many sites.
+// and as many sites. It has two: one for Barrier and Bcast, and one for
+// the reductions, whose levels stop before the first whose groups'
+// members are not consecutive (hostsMaps).
 type hostMap struct {
 	// levels group the members of each level, from hosts outwards; the
 	// members of the first are every rank, those of each next one the
 	// leaders of the groups of the one before.
 	levels []level
 	top    []int // the last level's leaders, who run the flat algorithm
-	// blocks is set when every group's members are consecutive:
-	// reductions by groups then combine in rank order.
-	blocks bool
 }
 
 // level is one grouping of a hostMap. Its slices are indexed by the
@@ -71,21 +71,34 @@ type level struct {
 	group   []int // member -> its group, numbered in order of each group's first member
 	local   []int // member -> its index among its group's members
 	leaders []int // group -> its first member
+	// blocks is set when every group's members are consecutive among
+	// the level's members.
+	blocks bool
 }
 
-// newHostMap maps the ranks (world ranks, in communicator order) onto
-// their hosts and sites, or returns nil when that would change nothing.
-func newHostMap(w *World, ranks []int) *hostMap {
+// hostMaps maps the ranks (world ranks, in communicator order) onto their
+// hosts and sites, for Barrier and Bcast and for the reductions; either is
+// nil where going by hosts would change nothing. A host's site is the one
+// its first rank names.
+func hostMaps(w *World, ranks []int) (any, ordered *hostMap) {
 	if !w.hostColl || len(ranks) < 3 {
-		return nil
+		return nil, nil
 	}
-	m := &hostMap{blocks: true}
+	siteOf := make(map[string]string) // host -> its first rank's site
+	for _, r := range ranks {
+		h := w.dev.Host(r)
+		if _, ok := siteOf[h]; !ok {
+			siteOf[h] = w.dev.Site(r)
+		}
+	}
+	site := func(r int) string { return siteOf[w.dev.Host(r)] }
+	var levels []level
 	members := make([]int, len(ranks))
 	for i := range members {
 		members[i] = i
 	}
-	for _, where := range []func(r int) string{w.dev.Host, w.dev.Site} {
-		l := level{group: make([]int, len(ranks)), local: make([]int, len(ranks))}
+	for _, where := range []func(r int) string{w.dev.Host, site} {
+		l := level{group: make([]int, len(ranks)), local: make([]int, len(ranks)), blocks: true}
 		for i := range l.group {
 			l.group[i] = -1
 		}
@@ -104,18 +117,30 @@ func newHostMap(w *World, ranks []int) *hostMap {
 			counts[id]++
 			// Groups are numbered as first met, so consecutive members
 			// per group means a group number never falls back.
-			m.blocks = m.blocks && (j == 0 || id >= l.group[members[j-1]])
+			l.blocks = l.blocks && (j == 0 || id >= l.group[members[j-1]])
 		}
 		if len(l.leaders) >= 2 && len(l.leaders) < len(members) {
-			m.levels = append(m.levels, l)
+			levels = append(levels, l)
 			members = l.leaders
 		}
 	}
-	if len(m.levels) == 0 {
+	n := 0 // levels whose groups are consecutive, from the first
+	for n < len(levels) && levels[n].blocks {
+		n++
+	}
+	any, ordered = newHostMap(levels), newHostMap(levels[:n])
+	if n == len(levels) {
+		ordered = any
+	}
+	return any, ordered
+}
+
+// newHostMap makes a hostMap of levels, nil if there are none.
+func newHostMap(levels []level) *hostMap {
+	if len(levels) == 0 {
 		return nil
 	}
-	m.top = members
-	return m
+	return &hostMap{levels: levels, top: levels[len(levels)-1].leaders}
 }
 
 // up returns the rank that stands for rank r at level i: r itself at
@@ -126,6 +151,16 @@ func (m *hostMap) up(r, i int) int {
 		r = l.leaders[l.group[r]]
 	}
 	return r
+}
+
+// stands reports whether r stands for root at some level.
+func (m *hostMap) stands(root, r int) bool {
+	for i := range len(m.levels) + 1 {
+		if m.up(root, i) == r {
+			return true
+		}
+	}
+	return false
 }
 
 // hostViews are the communicator's ranks as a collective's phases see
@@ -140,12 +175,17 @@ type hostViews struct {
 	top    *Comm // nil on a rank that is not one of the top
 }
 
-// views returns c's views, making them the first time.
-func (c *Comm) views() *hostViews {
-	if c.hviews != nil {
-		return c.hviews
+// views returns c's views of m (c.hosts or c.ordered), making them the
+// first time.
+func (c *Comm) views(m *hostMap) *hostViews {
+	cache := &c.hviews
+	if m != c.hosts {
+		cache = &c.oviews
 	}
-	m, me := c.hosts, c.rank
+	if *cache != nil {
+		return *cache
+	}
+	me := c.rank
 	v := &hostViews{levels: make([]*Comm, len(m.levels))}
 	for i, l := range m.levels {
 		if l.group[me] < 0 {
@@ -162,7 +202,7 @@ func (c *Comm) views() *hostViews {
 	if i := slices.Index(m.top, me); i >= 0 {
 		v.top = c.view(m.top, i)
 	}
-	c.hviews = v
+	*cache = v
 	return v
 }
 
@@ -194,8 +234,8 @@ func (k *collective) phase(v *Comm, run func(s *collective) error) error {
 // climb runs up on this rank's group at each level it is a member of,
 // from hosts outwards, then top on the top if this rank is one of it,
 // then down on its groups from the outermost level in.
-func (k *collective) climb(up, top, down func(s *collective) error) error {
-	v := k.c.views()
+func (k *collective) climb(m *hostMap, up, top, down func(s *collective) error) error {
+	v := k.c.views(m)
 	for _, g := range v.levels {
 		if g == nil {
 			break
@@ -223,7 +263,7 @@ func (k *collective) climb(up, top, down func(s *collective) error) error {
 // tree, level by level, the top runs the dissemination barrier, and each
 // leader releases its group's members down the tree.
 func (k *collective) hostBarrier() error {
-	return k.climb((*collective).fanIn, (*collective).dissemination, func(s *collective) error {
+	return k.climb(k.c.hosts, (*collective).fanIn, (*collective).dissemination, func(s *collective) error {
 		return s.binomial(0, func(int, int) []byte { return nil })
 	})
 }
@@ -257,7 +297,8 @@ func (k *collective) fanIn() error {
 // on that way get it twice, and no other group waits for the root's).
 // MPICH's SMP broadcast goes the same way.
 func (k *collective) hostBcast(buf []byte, root int) error {
-	m, v, me := k.c.hosts, k.c.views(), k.c.rank
+	m, me := k.c.hosts, k.c.rank
+	v := k.c.views(m)
 	for i, l := range m.levels {
 		from, to := m.up(root, i), m.up(root, i+1)
 		if from == to || me != from && me != to {
@@ -298,10 +339,11 @@ func (k *collective) hostBcast(buf []byte, root int) error {
 // hostReduce: each group combines its members' vectors at its leader,
 // level by level, the top combines its members' at the root's stand-in,
 // and the result goes down the root's way to the root. Groups' members
-// must be consecutive (hostMap.blocks) for this to combine in rank
-// order.
+// must be consecutive (c.ordered's levels are) for this to combine in
+// rank order.
 func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error {
-	m, v, me := k.c.hosts, k.c.views(), k.c.rank
+	m, me := k.c.ordered, k.c.rank
+	v := k.c.views(m)
 	// in is what this rank contributes at a level: its send, then what
 	// its group combined; each level's result goes to the other scratch
 	// slot (recv need not exist on ranks other than the root).
@@ -317,10 +359,12 @@ func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error
 		}
 		in, slot = out, 1-slot
 	}
-	// The result, on the root's stand-in at each level from the top in.
-	res := scratch[T](k, slot, len(send))
+	// The result, on the root's stand-ins from the top in.
+	var res []T
 	if me == root {
 		res = recv
+	} else if v.top != nil || m.stands(root, me) {
+		res = scratch[T](k, slot, len(send))
 	}
 	if v.top != nil {
 		top := slices.Index(m.top, m.up(root, len(m.levels)))
@@ -349,10 +393,10 @@ func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error
 // hostAllreduce: each group combines its members' vectors at its leader,
 // level by level, the top combines theirs, and each leader broadcasts the
 // result to its group, from the outermost level in. Groups' members must
-// be consecutive (hostMap.blocks).
+// be consecutive (c.ordered's levels are).
 func hostAllreduce[T Elem](k *collective, send, recv []T, op Op[T]) error {
 	in := send // what this rank contributes: its send, then its group's result in recv
-	return k.climb(func(s *collective) error {
+	return k.climb(k.c.ordered, func(s *collective) error {
 		err := reduce(s, in, recv, op, 0)
 		in = recv
 		return err

@@ -392,6 +392,42 @@ func TestSiteCollectivesCross(t *testing.T) {
 	}
 }
 
+// TestSiteRules: sites group hosts, never a host's ranks, and a host's
+// site is its first rank's; sites whose hosts are not consecutive leave
+// the reductions going by hosts. Each case's reductions must send the
+// frames (between hosts, and in all) of the equivalent naming.
+func TestSiteRules(t *testing.T) {
+	frames := func(hosts, sites string) (across, all uint64) {
+		ws, cs := siteJob(t, hosts, sites)
+		ctx := ctxT(t)
+		each(t, cs, func(c *adi.Comm) error {
+			v := make([]int64, 1)
+			if err := adi.Allreduce(ctx, c, v, v, adi.Sum); err != nil {
+				return err
+			}
+			return adi.Reduce(ctx, c, v, v, adi.Sum, 1)
+		})
+		for _, w := range ws {
+			for _, s := range w.Stats() {
+				all += s.Frames
+			}
+		}
+		return crossFrames(ws, hosts), all
+	}
+	for _, tc := range []struct{ name, hosts, sites, same string }{
+		{"one host in two sites", "aaaaaa", "XXXYYY", ""},
+		{"a host's ranks disagree", "aabbcc", "XYXYYY", "XXXXYY"},
+		// Reductions by hosts, as without sites.
+		{"sites interleaved", "aaaabbbbccccdddd", "XXXXYYYYXXXXYYYY", ""},
+	} {
+		gotAcross, gotAll := frames(tc.hosts, tc.sites)
+		wantAcross, wantAll := frames(tc.hosts, tc.same)
+		if gotAcross != wantAcross || gotAll != wantAll {
+			t.Errorf("%s: %d frames between hosts, %d in all; want %d and %d, as with sites %q", tc.name, gotAcross, gotAll, wantAcross, wantAll, tc.same)
+		}
+	}
+}
+
 func TestHostCollectivesEnv(t *testing.T) {
 	t.Setenv("MD_HOST_COLLECTIVES", "sometimes")
 	boots, err := bootstrap.InProcess(1, nil)

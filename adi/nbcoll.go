@@ -77,7 +77,7 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 	// keep, are recycled: a fresh one per call cost twice the allocations.
 	own, _ := c.copies.Get().(*Comm)
 	if own == nil {
-		own = &Comm{w: c.w, context: c.context, rank: c.rank, ranks: c.ranks, index: c.index, identity: c.identity, hosts: c.hosts}
+		own = &Comm{w: c.w, context: c.context, rank: c.rank, ranks: c.ranks, index: c.index, identity: c.identity, hosts: c.hosts, ordered: c.ordered}
 	}
 	own.collSeq.Store(c.collSeq.Add(1) - 1) // its begin draws the number drawn here
 	op := &localOp{done: make(chan struct{})}

@@ -149,6 +149,9 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	if strings.IndexByte(o.Site, 0) >= 0 || len(o.Site) > maxSiteLen {
 		return nil, fmt.Errorf("multidevice: site %q: want at most %d bytes and no NUL", o.Site, maxSiteLen)
 	}
+	if strings.IndexByte(o.Bootstrap.Host(), 0) >= 0 { // the host key's separator
+		return nil, fmt.Errorf("multidevice: host name %q has a NUL", o.Bootstrap.Host())
+	}
 	log := o.Logger
 	if log == nil {
 		log = hclog.NewNullLogger()
