@@ -40,10 +40,10 @@ import "slices"
 // none of its groups), and a rank ends each phase, its sends included,
 // before it starts the next: between two ranks of one group, the messages
 // of the phase up and the phase down follow one another in the order both
-// post them, and the device keeps each sender's messages in order. Which ranks take part
-// in a phase every rank works out alike. Hosts are the launcher's names
-// (World.Host), known to every rank since Init: the views need no
-// communication.
+// post them, and the device keeps each sender's messages in order.
+// Which ranks take part in a phase every rank works out alike. Hosts are
+// the launcher's names (World.Host) and sites the ranks' (World.Site),
+// known to every rank since Init: the views need no communication.
 //
 // MD_HOST_COLLECTIVES=0 in the environment, or WithHostCollectives(false),
 // keeps every collective flat, to compare the two. Every rank of a job
