@@ -54,9 +54,9 @@ import "slices"
 // communicator is made, shared by the copies its nonblocking collectives
 // run on, never changed. A communicator has none when going by hosts
 // would change nothing: all its ranks on one host, or each on its own,
-// and as many sites. It has two: one for Barrier and Bcast, and one for
-// the reductions, whose levels stop before the first whose groups'
-// members are not consecutive (hostsMaps).
+// and as many sites. A communicator has two: one for Barrier and Bcast,
+// and one for the reductions, whose levels stop before the first whose
+// groups' members are not consecutive (hostMaps).
 type hostMap struct {
 	// levels group the members of each level, from hosts outwards; the
 	// members of the first are every rank, those of each next one the
@@ -80,7 +80,7 @@ type level struct {
 // hosts and sites, for Barrier and Bcast and for the reductions; either is
 // nil where going by hosts would change nothing. A host's site is the one
 // its first rank names.
-func hostMaps(w *World, ranks []int) (any, ordered *hostMap) {
+func hostMaps(w *World, ranks []int) (all, ordered *hostMap) {
 	if !w.hostColl || len(ranks) < 3 {
 		return nil, nil
 	}
@@ -128,11 +128,11 @@ func hostMaps(w *World, ranks []int) (any, ordered *hostMap) {
 	for n < len(levels) && levels[n].blocks {
 		n++
 	}
-	any, ordered = newHostMap(levels), newHostMap(levels[:n])
+	all, ordered = newHostMap(levels), newHostMap(levels[:n])
 	if n == len(levels) {
-		ordered = any
+		ordered = all
 	}
-	return any, ordered
+	return all, ordered
 }
 
 // newHostMap makes a hostMap of levels, nil if there are none.
