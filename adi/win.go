@@ -634,10 +634,7 @@ func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
 	if exclusive {
 		op = lockExclusive
 	}
-	grants, err := w.ask(rmaHeader{kind: rmaLock, op: op}, []int{target})
-	if err == nil {
-		_, err = WaitAll(ctx, grants...)
-	}
+	grants, err := w.roundTrips(ctx, rmaHeader{kind: rmaLock, op: op}, []int{target})
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
@@ -706,10 +703,7 @@ func (w *Win) release(ctx context.Context, what string, targets []int, grants []
 	w.mu.Lock()
 	writes := slices.Clone(w.writes)
 	w.mu.Unlock()
-	answers, err := w.ask(rmaHeader{kind: rmaUnlock}, targets)
-	if err == nil {
-		_, err = WaitAll(ctx, answers...)
-	}
+	answers, err := w.roundTrips(ctx, rmaHeader{kind: rmaUnlock}, targets)
 	if err != nil {
 		return len(answers) > 0, fmt.Errorf("adi: %s: %w", what, err)
 	}
@@ -734,16 +728,14 @@ func (w *Win) Flush(ctx context.Context, target int) error {
 }
 
 // roundTrips sends a request h to every target and waits for every
-// answer.
-func (w *Win) roundTrips(ctx context.Context, what string, h rmaHeader, targets []int) error {
+// answer. It returns the answers' requests even when it fails: those
+// sent may still be answered (a lock granted later must be withdrawn).
+func (w *Win) roundTrips(ctx context.Context, h rmaHeader, targets []int) ([]*Request, error) {
 	answers, err := w.ask(h, targets)
 	if err == nil {
 		_, err = WaitAll(ctx, answers...)
 	}
-	if err != nil {
-		return fmt.Errorf("adi: %s: %w", what, err)
-	}
-	return nil
+	return answers, err
 }
 
 // ask sends a request h (lock, unlock, flush) to every target and

@@ -8,7 +8,8 @@ import "context"
 // lock there, as a broken or hostile origin could, and waits for its
 // acknowledgement.
 func UnlockUnheld(ctx context.Context, w *Win, target int) error {
-	return w.roundTrips(ctx, "unlock", rmaHeader{kind: rmaUnlock}, []int{target})
+	_, err := w.roundTrips(ctx, rmaHeader{kind: rmaUnlock}, []int{target})
+	return err
 }
 
 // SentTo is how many operations w sent target since the last Fence:

@@ -52,10 +52,7 @@ func (w *Win) LockAll(ctx context.Context) error {
 	w.all = lockWanted
 	w.mu.Unlock()
 	targets := w.ranks()
-	grants, err := w.ask(rmaHeader{kind: rmaLock, op: lockShared}, targets)
-	if err == nil {
-		_, err = WaitAll(ctx, grants...)
-	}
+	grants, err := w.roundTrips(ctx, rmaHeader{kind: rmaLock, op: lockShared}, targets)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
@@ -136,8 +133,8 @@ func (w *Win) flush(ctx context.Context, what string, only int) error {
 	w.mu.Unlock()
 	// The flush requests go out first, so that their round trips overlap
 	// the wait for this rank's own sends; the wait includes them.
-	if err := w.roundTrips(ctx, what, rmaHeader{kind: rmaFlush}, targets); err != nil {
-		return err
+	if _, err := w.roundTrips(ctx, rmaHeader{kind: rmaFlush}, targets); err != nil {
+		return fmt.Errorf("adi: %s: %w", what, err)
 	}
 	if err := w.FlushLocal(ctx); err != nil {
 		return err
