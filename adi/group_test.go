@@ -119,6 +119,19 @@ func TestGroupOperations(t *testing.T) {
 	})
 }
 
+// disjoint is the group rank r of six passes in TestCommCreate's case of
+// disjoint groups, and the ranks of the communicator it gets: the even
+// ranks [4 2 0], the odd ones but 5 [1 3], rank 5 none.
+func disjoint(r int) []int {
+	switch {
+	case r == 5:
+		return nil
+	case r%2 == 0:
+		return []int{4, 2, 0}
+	}
+	return []int{1, 3}
+}
+
 // TestCommCreate: MPI_Comm_create with one group for all, with disjoint
 // groups, and with groups that disagree; the communicators made carry
 // their own messages.
@@ -136,23 +149,7 @@ func TestCommCreate(t *testing.T) {
 			}
 			return nil
 		}, false},
-		{"disjoint", func(r int) []int {
-			switch {
-			case r == 5:
-				return nil
-			case r%2 == 0:
-				return []int{4, 2, 0}
-			}
-			return []int{1, 3}
-		}, func(r int) []int {
-			switch {
-			case r == 5:
-				return nil
-			case r%2 == 0:
-				return []int{4, 2, 0}
-			}
-			return []int{1, 3}
-		}, false},
+		{"disjoint", disjoint, disjoint, false},
 		{"everyone", func(int) []int { return []int{5, 4, 3, 2, 1, 0} }, func(int) []int { return []int{5, 4, 3, 2, 1, 0} }, false},
 		// Rank 1 orders the same members otherwise: its communicator would
 		// number them differently.

@@ -153,6 +153,9 @@ func (m *hostMap) up(r, i int) int {
 	return r
 }
 
+// topOf is the index in top of the rank that stands for root there.
+func (m *hostMap) topOf(root int) int { return slices.Index(m.top, m.up(root, len(m.levels))) }
+
 // stands reports whether r stands for root at some level.
 func (m *hostMap) stands(root, r int) bool {
 	for i := range len(m.levels) + 1 {
@@ -315,7 +318,7 @@ func (k *collective) hostBcast(buf []byte, root int) error {
 		}
 	}
 	if v.top != nil {
-		top := slices.Index(m.top, m.up(root, len(m.levels)))
+		top := m.topOf(root)
 		if err := k.phase(v.top, func(s *collective) error { return s.bcast(buf, top) }); err != nil {
 			return err
 		}
@@ -367,7 +370,7 @@ func hostReduce[T Elem](k *collective, send, recv []T, op Op[T], root int) error
 		res = scratch[T](k, slot, len(send))
 	}
 	if v.top != nil {
-		top := slices.Index(m.top, m.up(root, len(m.levels)))
+		top := m.topOf(root)
 		if err := k.phase(v.top, func(s *collective) error { return reduce(s, in, res, op, top) }); err != nil {
 			return err
 		}
