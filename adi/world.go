@@ -25,6 +25,7 @@ type World struct {
 	bg   background // nonblocking collectives, window servers: nbcoll.go
 	// hostColl lets collectives go by hosts (hostcoll.go).
 	hostColl bool
+	appNum   int
 }
 
 type config struct {
@@ -38,6 +39,7 @@ type config struct {
 	relay       bool // RunRelay: a dedicated relay, no application rank
 	hostColl    *bool
 	site        *string
+	appNum      *int
 }
 
 // Option changes how Init sets the world up.
@@ -94,6 +96,11 @@ func WithHostCollectives(on bool) Option { return func(c *config) { c.hostColl =
 // names.
 func WithSite(name string) Option { return func(c *config) { c.site = &name } }
 
+// WithAppNum sets the number of the program this rank runs in a job of
+// several programs, instead of MD_APPNUM (which mdrun sets for each
+// program of `mdrun -n 2 a : -n 3 b`). It must not be negative.
+func WithAppNum(n int) Option { return func(c *config) { c.appNum = &n } }
+
 // Init joins the job: it finds the launcher (mdrun, or none for a world of
 // one), loads the subdevices, exchanges business cards and connects routes.
 func Init(ctx context.Context, opts ...Option) (*World, error) {
@@ -136,6 +143,10 @@ func initWorld(ctx context.Context, c *config) (*World, error) {
 		}
 		hostColl = on
 	}
+	appNum, err := appNumber(c.appNum)
+	if err != nil {
+		return nil, err
+	}
 	plugins := c.plugins
 	if plugins == nil {
 		var err error
@@ -173,7 +184,7 @@ func initWorld(ctx context.Context, c *config) (*World, error) {
 	if err != nil {
 		return nil, fmt.Errorf("adi: init: %w", err)
 	}
-	w := &World{dev: dev, boot: c.boot, hostColl: hostColl}
+	w := &World{dev: dev, boot: c.boot, hostColl: hostColl, appNum: appNum}
 	if c.relay {
 		return w, nil // a relay has no rank in the world, hence no communicator
 	}
@@ -183,6 +194,26 @@ func initWorld(ctx context.Context, c *config) (*World, error) {
 	}
 	w.comm = newComm(w, worldContext, ranks)
 	return w, nil
+}
+
+// appNumber is the program number WithAppNum or MD_APPNUM gives, 0 when
+// neither does.
+func appNumber(opt *int) (int, error) {
+	if opt != nil {
+		if *opt < 0 {
+			return 0, fmt.Errorf("adi: init: WithAppNum(%d): want a number from 0", *opt)
+		}
+		return *opt, nil
+	}
+	v := os.Getenv("MD_APPNUM")
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("adi: init: MD_APPNUM=%q: want a number from 0", v)
+	}
+	return n, nil
 }
 
 // loadTable reads a table file, or <dir>/<host>.json from a directory.
@@ -238,3 +269,11 @@ func (w *World) Host() string { return w.boot.Host() }
 // Site is the name of the cluster of hosts this rank is in, as WithSite or
 // MD_SITE gave it ("" when neither did).
 func (w *World) Site() string { return w.dev.Site(w.dev.Rank()) }
+
+// AppNum is the number, from 0, of the program this rank runs in a job of
+// several programs (MPI's MPI_APPNUM): mdrun numbers the programs of
+// `mdrun -n 2 ocean : -n 3 atmos` 0 and 1, in order, and their ranks are
+// consecutive in the world. A job of one program is program 0. Coupled
+// programs usually split the world by it and join the halves with
+// Comm.IntercommCreate.
+func (w *World) AppNum() int { return w.appNum }
