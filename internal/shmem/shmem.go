@@ -82,7 +82,15 @@ func ValidName(name string) error {
 // Create makes a new zero-filled segment of size bytes and maps it. It fails
 // if a segment with that name exists. The caller owns the segment: it
 // holds the segment's lock until Close, which unlinks it.
-func Create(name string, size int) (*Segment, error) {
+func Create(name string, size int) (*Segment, error) { return create(name, size, false) }
+
+// CreateReserved is Create with the segment's memory allocated at once.
+// tmpfs allocates a page when it is first touched, and a touch that finds
+// Dir full kills the process with SIGBUS; a segment its creator will fill
+// (a shared window) fails here instead, with an error that says so.
+func CreateReserved(name string, size int) (*Segment, error) { return create(name, size, true) }
+
+func create(name string, size int, reserve bool) (*Segment, error) {
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
@@ -108,6 +116,11 @@ func Create(name string, size int) (*Segment, error) {
 	if err := f.Truncate(int64(size)); err != nil {
 		return fail("size", err)
 	}
+	if reserve {
+		if err := fallocate(f, int64(size)); err != nil {
+			return fail("reserve memory for", err)
+		}
+	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		return fail("map", err)
@@ -117,6 +130,17 @@ func Create(name string, size int) (*Segment, error) {
 		return fail("create", err)
 	}
 	return &Segment{name: name, mem: mem, lock: f}, nil
+}
+
+// fallocate allocates f's first size bytes, retrying when a signal
+// interrupts it (a large tmpfs allocation takes long enough to meet one).
+func fallocate(f *os.File, size int64) error {
+	for {
+		err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+		if !errors.Is(err, unix.EINTR) {
+			return err
+		}
+	}
 }
 
 // lockFile takes flock(2) how on f, retrying when a signal interrupts it.

@@ -7,6 +7,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestValidName(t *testing.T) {
@@ -172,5 +174,50 @@ func TestCreateLeavesNoTemporary(t *testing.T) {
 	}
 	if tmps, _ := filepath.Glob(filepath.Join(Dir, "."+name+"*")); len(tmps) != 0 {
 		t.Fatalf("temporary files left: %v", tmps)
+	}
+}
+
+// TestCreateReserved: a reserved segment has its memory allocated before
+// anything touches it; a plain one has none. A reservation Dir has no
+// room for fails at creation.
+func TestCreateReserved(t *testing.T) {
+	const size = 1 << 20
+	for _, tc := range []struct {
+		name   string
+		create func(string, int) (*Segment, error)
+		want   int64 // bytes allocated at least (reserved) or at most (plain)
+	}{
+		{"plain", Create, 0},
+		{"reserved", CreateReserved, size},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			name := fmt.Sprintf("shmem-test-%s-%d", tc.name, os.Getpid())
+			s, err := tc.create(name, size)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var st unix.Stat_t
+			if err := unix.Stat(filepath.Join(Dir, name), &st); err != nil {
+				t.Fatal(err)
+			}
+			got := st.Blocks * 512
+			if tc.want == 0 && got != 0 || tc.want > 0 && got < tc.want {
+				t.Fatalf("%d bytes allocated, want %s %d", got, map[bool]string{true: "at least", false: "exactly"}[tc.want > 0], tc.want)
+			}
+		})
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(Dir, &fs); err != nil {
+		t.Fatal(err)
+	}
+	// Beyond the whole file system, so that tmpfs refuses before it
+	// allocates a page rather than filling Dir first.
+	tooBig := int(fs.Blocks*uint64(fs.Bsize)) + 1<<30
+	if s, err := CreateReserved(fmt.Sprintf("shmem-test-full-%d", os.Getpid()), tooBig); err == nil {
+		s.Close()
+		t.Fatalf("CreateReserved of %d bytes, more than %s holds, succeeded", tooBig, Dir)
+	} else if !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("CreateReserved beyond %s's size: %v, want ENOSPC", Dir, err)
 	}
 }
