@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,6 +58,7 @@ type rank struct {
 	id     int
 	remote bool   // started through the launcher
 	host   string // the remote host, for messages
+	prog   string // the program's name in an MPMD job, for messages
 	cmd    *exec.Cmd
 	out    *lineWriter
 	errOut *lineWriter
@@ -225,6 +228,11 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 	default:
 		env = srv.HostEnv(r, j.hostOf[r])
 	}
+	// Its program's index (MPI_APPNUM); a relay is in no program.
+	appNum, a := j.appOf(r)
+	if a != nil {
+		env = append(env, "MD_APPNUM="+strconv.Itoa(appNum))
+	}
 	if j.cfg.plugins != "" {
 		env = append(env, "MD_PLUGINS="+j.cfg.plugins)
 	}
@@ -242,20 +250,46 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 		env = append(env, "MD_SITE="+site)
 	}
 	if remote {
-		// A remote rank sees only what the command line carries.
-		for _, kv := range os.Environ() {
-			if strings.HasPrefix(kv, "MD_") && !strings.HasPrefix(kv, "MD_PLUGINS=") && !strings.HasPrefix(kv, "MD_CONNTABLE=") &&
-				(site == "" || !strings.HasPrefix(kv, "MD_SITE=")) {
-				env = append(env, kv)
+		// A remote rank sees only what the command line carries: the
+		// MD_* variables of mdrun's environment and those -x names, each
+		// once, except where mdrun set the name itself above (from a
+		// flag, the host's site, the job), which wins. MD_APPNUM is
+		// always mdrun's to give: a relay gets none.
+		set := map[string]bool{"MD_APPNUM": true}
+		for _, kv := range env {
+			name, _, _ := strings.Cut(kv, "=")
+			set[name] = true
+		}
+		pass := func(name, v string) {
+			if !set[name] {
+				env = append(env, name+"="+v)
+				set[name] = true
 			}
 		}
-		for _, name := range j.cfg.exports {
-			if v, ok := os.LookupEnv(name); ok && (site == "" || name != "MD_SITE") {
-				env = append(env, name+"="+v)
+		for _, kv := range os.Environ() {
+			if name, v, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "MD_") {
+				pass(name, v)
+			}
+		}
+		exports := j.cfg.exports
+		if a != nil {
+			exports = append(slices.Clone(exports), a.exports...)
+		}
+		for _, name := range exports {
+			if v, ok := os.LookupEnv(name); ok {
+				pass(name, v)
 			}
 		}
 	}
 	return env
+}
+
+// localEnv is the environment of a rank started here: mdrun's, without
+// its own MD_APPNUM (a relay is in no program; a rank of one gets its
+// own in add), then add, whose variables win.
+func localEnv(add []string) []string {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "MD_APPNUM=") })
+	return append(env, add...)
 }
 
 // ordinal spells n as "1st", "2nd", "3rd", "4th"...
@@ -277,22 +311,26 @@ func ordinal(n int) string {
 func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 	remote := j.hostOf != nil && !isLocal(j.hostOf[r], j.self)
 	env := j.rankEnv(r, srv, remote)
-	prog, args := j.cfg.prog, j.cfg.args
-	if r >= j.cfg.n {
-		prog, args = j.cfg.relayCmd[0], j.cfg.relayCmd[1:]
+	var prog, wdir string
+	var args []string
+	wdirSet := false
+	if _, a := j.appOf(r); a != nil {
+		prog, args, wdir, wdirSet = a.prog, a.args, a.wdir, a.wdirSet
+	} else {
+		prog, args, wdir, wdirSet = j.cfg.relayCmd[0], j.cfg.relayCmd[1:], j.cfg.wdir, j.cfg.wdirSet
 	}
 	var cmd *exec.Cmd
 	if remote {
-		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], j.cfg.wdir, j.cfg.wdirSet, b.remote, env, prog, args)
+		argv := remoteCommand(j.cfg.launcher, j.hostOf[r], wdir, wdirSet, b.remote, env, prog, args)
 		cmd = exec.Command(argv[0], argv[1:]...)
-		cmd.Env = os.Environ()
+		cmd.Env = localEnv(nil) // a launcher that passes it on passes no stale MD_APPNUM
 		// The secret goes through the launcher's standard input: its
 		// command line is visible to every user of both hosts.
 		cmd.Stdin = bytes.NewReader(srv.SecretLine())
 	} else {
 		cmd = exec.Command(prog, args...)
-		cmd.Env = append(os.Environ(), env...)
-		cmd.Dir = j.cfg.wdir
+		cmd.Env = localEnv(env)
+		cmd.Dir = wdir
 	}
 	prefix := ""
 	if j.cfg.prefix {
@@ -317,6 +355,10 @@ func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 	}
 	if remote {
 		rk.host = j.hostOf[r]
+	}
+	if len(j.cfg.apps) > 1 {
+		// Which program failed matters as much as which rank.
+		rk.prog = filepath.Base(prog)
 	}
 	start := cmd.Start
 	if b.cpus != nil && !remote {
@@ -405,10 +447,14 @@ func (j *job) signalled(sig os.Signal) {
 
 // describe names a rank in messages.
 func (rk *rank) describe(pid int) string {
-	if rk.remote {
-		return fmt.Sprintf("rank %d on %s (launcher pid %d)", rk.id, rk.host, pid)
+	prog := ""
+	if rk.prog != "" {
+		prog = rk.prog + ", "
 	}
-	return fmt.Sprintf("rank %d (pid %d)", rk.id, pid)
+	if rk.remote {
+		return fmt.Sprintf("rank %d on %s (%slauncher pid %d)", rk.id, rk.host, prog, pid)
+	}
+	return fmt.Sprintf("rank %d (%spid %d)", rk.id, prog, pid)
 }
 
 // fail ends the job because of the first failure; later ones, often caused

@@ -4,11 +4,13 @@
 //	mdrun [flags] -n N prog [args...]
 //	mdrun -hosts h1:2,h2:2 [-launcher ssh] [-listen addr:port] -n 4 prog [args...]
 //	mdrun -hostfile hosts.txt -n 64 prog [args...]
+//	mdrun [flags] -n N prog [args...] : -n M prog2 [args...] [: ...]
 //
 // It runs N copies of prog, each with the environment the bootstrap package
 // reads (MDRUN_ADDR, MDRUN_RANK, MDRUN_SIZE, MDRUN_JOBID, MDRUN_SECRET,
-// MDRUN_HOST, MD_PLUGINS and MD_CONNTABLE when -plugins and -conntable
-// are given, and MD_SITE on a host given a site), serves their rendezvous,
+// MDRUN_HOST, MD_APPNUM, MD_PLUGINS and MD_CONNTABLE when -plugins and
+// -conntable are given, and MD_SITE on a host given a site), serves their
+// rendezvous,
 // and forwards their output line by line with a "[rank] " prefix (lines
 // over 64 KiB are split). The ranks' standard input is /dev/null. Each
 // rank runs in its own process group, so SIGINT and SIGTERM reach it once,
@@ -36,7 +38,9 @@
 // launcher does (ssh: the home directory). -wdir DIR names the directory
 // instead, and a host without that one fails the rank ("cd -- DIR &&").
 // Remote ranks see only the MDRUN_* variables, the MD_* variables of
-// mdrun's environment and those named with -x.
+// mdrun's environment and those named with -x; where mdrun sets a variable
+// itself (MD_PLUGINS from -plugins, MD_CONNTABLE from -conntable, MD_SITE,
+// MD_APPNUM), its value takes the place of mdrun's own.
 //
 // The rendezvous service then listens on TCP at -listen, by default on this
 // machine's address on the route to the first remote host, any port. It
@@ -53,6 +57,33 @@
 // mdrun also closes the rendezvous service when the job fails, and remote
 // ranks that have not finished end themselves when it closes
 // (MDRUN_EXIT_WITH_SERVICE=1).
+//
+// # Several programs
+//
+// One job may run several programs (MPMD), coupled codes such as an ocean
+// and an atmosphere model, as mpiexec runs them: sections separated by ':'
+// words, each after the first with its own -n:
+//
+//	mdrun -hosts h1:2,h2:3 -n 2 ocean -c o.cfg : -n 3 atmos -v
+//
+// The ranks share one world and are numbered across the sections in order
+// (ocean 0-1, atmos 2-4); -hosts, -hostfile, -bind and relays place that
+// one list as they place a single program's ranks, and output, exit
+// statuses, signals and -timeout cover every program alike, a failing
+// rank being named with its program ("rank 3 (atmos, pid 1234)"). Every
+// rank gets MD_APPNUM, the index of its section from 0, which MPI calls
+// the rank's MPI_APPNUM (go doc adi.World.AppNum); a job of one program
+// gets MD_APPNUM=0 too, as MPI does, and relays get none.
+//
+// The flags before the first program are the job's. A section after ':'
+// takes -n M (required), and may take -x NAME, adding variables for its
+// own remote ranks to the job's, and -wdir DIR, in place of the job's
+// directory for its own ranks; any other flag there is an error. Each
+// section's program is looked up before any rank starts, and one that is
+// not found is a usage error naming the section. As in Hydra and Open
+// MPI, a word that is exactly ':' always separates sections, wherever it
+// is: to hand one to a program, put it inside a longer word, e.g. through
+// a shell: mdrun -n 2 sh -c 'exec prog a : b'.
 //
 // # Sites
 //

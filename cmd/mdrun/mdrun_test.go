@@ -26,8 +26,13 @@ import (
 // by an environment variable keeps the tests free to run in parallel.
 const helperName = "mdrun-test-rank"
 
-// helper is the path of a symlink to the test binary named helperName.
-var helper string
+// helperName2 is a second name for a rank, the other program of an MPMD
+// test job.
+const helperName2 = "mdrun-test-other"
+
+// helper and helper2 are the paths of symlinks to the test binary named
+// helperName and helperName2.
+var helper, helper2 string
 
 // fakeSSH is a launcher that runs the command line on this machine the way
 // ssh runs it on a remote one: through a shell, in a session of its own,
@@ -39,8 +44,17 @@ shift # the host
 exec setsid -w sh -c "$*"
 `
 
+// cleanSSH is fakeSSH that, as ssh, passes on none of the launcher's
+// environment: the rank sees only what its command line sets.
+var cleanSSH string
+
+const cleanSSHScript = `#!/bin/sh
+shift # the host
+exec env -i PATH="$PATH" HOME="$HOME" setsid -w sh -c "$*"
+`
+
 func TestMain(m *testing.M) {
-	if filepath.Base(os.Args[0]) == helperName {
+	if b := filepath.Base(os.Args[0]); b == helperName || b == helperName2 {
 		os.Exit(rankMain(os.Args[1:]))
 	}
 	os.Exit(runTests(m))
@@ -63,10 +77,18 @@ func runTests(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	helper = filepath.Join(dir, helperName)
-	if err := os.Symlink(exe, helper); err != nil {
+	cleanSSH = filepath.Join(dir, "clean-ssh")
+	if err := os.WriteFile(cleanSSH, []byte(cleanSSHScript), 0o755); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	helper = filepath.Join(dir, helperName)
+	helper2 = filepath.Join(dir, helperName2)
+	for _, link := range []string{helper, helper2} {
+		if err := os.Symlink(exe, link); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
 	}
 	return m.Run()
 }
@@ -132,6 +154,17 @@ func rankMain(args []string) int {
 		return 1
 	}
 	switch args[0] {
+	case "appnum":
+		// Which program this is, where the world put it, and what it
+		// was told.
+		wd, _ := os.Getwd()
+		fmt.Printf("rank %d of %d: %s appnum %s args %q plugins %s x %s wd %s\n", rank, size, filepath.Base(os.Args[0]),
+			envOr("MD_APPNUM"), args[1:], envOr("MD_PLUGINS"), envOr("MDRUN_TEST_X"), wd)
+		if err := bs.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
 	case "exchange":
 		fmt.Printf("rank %d has all %d cards\n", rank, size)
 		if err := bs.Close(); err != nil {
@@ -166,6 +199,14 @@ func rankMain(args []string) int {
 	// Blocks until mdrun ends the job; the test's watchdog ends it otherwise.
 	time.Sleep(time.Hour)
 	return 0
+}
+
+// envOr is the variable's value, or "(unset)".
+func envOr(name string) string {
+	if v, ok := os.LookupEnv(name); ok {
+		return v
+	}
+	return "(unset)"
 }
 
 // lockedBuffer is a goroutine-safe buffer that can announce how many lines

@@ -24,25 +24,28 @@ const (
 
 // config is the parsed command line.
 type config struct {
-	n         int
+	// n is the number of the application's ranks, those of all apps.
+	n int
+	// apps are the programs, one per section of the command line, in
+	// rank order; a single-program job has one.
+	apps      []app
 	plugins   string // absolute path or ""
 	conntable string // absolute path or ""
 	prefix    bool
 	timeout   time.Duration
 	verbose   bool
-	prog      string // resolved path of the program
-	args      []string
 	// hosts places the ranks, from -hosts or -hostfile; nil runs every
 	// rank on this machine.
 	hosts    []hostSpec
 	launcher []string // remote-exec command, host and command line follow
 	listen   string   // -listen: the rendezvous address for remote ranks
-	exports  []string // -x: variables passed to remote ranks
+	exports  []string // -x: variables passed to remote ranks of every app
 	// relays are the hosts of dedicated relays, ranks n.. of the job.
 	relays   []string
 	relayCmd []string // the relay program (absolute) and its arguments
-	// wdir is where ranks start (-wdir, or mdrun's own directory);
-	// wdirSet says -wdir named it, so a host without it is an error.
+	// wdir is where ranks start (-wdir, or mdrun's own directory), unless
+	// their app names another; wdirSet says -wdir named it, so a host
+	// without it is an error.
 	wdir    string
 	wdirSet bool
 	// bind is what each rank is bound to before it starts (-bind).
@@ -72,7 +75,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, sigs <-ch
 	if err != nil {
 		var ue *usageError
 		if errors.As(err, &ue) {
-			fmt.Fprintf(errw, "mdrun: %v\nusage: mdrun [flags] -n N prog [args...]; mdrun -h lists the flags\n", err)
+			fmt.Fprintf(errw, "mdrun: %v\nusage: %s; mdrun -h lists the flags\n", err, usageLine)
 			return exitUsage
 		}
 		fmt.Fprintf(errw, "mdrun: %v\n", err)
@@ -92,41 +95,97 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, sigs <-ch
 	return j.run(ctx, sigs)
 }
 
-// parseArgs reads the command line; flag's own messages go to errw.
-func parseArgs(args []string, errw io.Writer) (config, error) {
-	var cfg config
+// usageLine is the synopsis, for -h and usage errors.
+const usageLine = "mdrun [flags] -n N prog [args...] [: -n M [-x NAME] [-wdir DIR] prog2 [args...]]..."
+
+// usageMPMD follows the flags in -h.
+const usageMPMD = `
+Several programs (MPMD): separate them with ':' words, each after the first
+with its own -n and optionally -x NAME (on top of the job's) and -wdir DIR
+(in place of the job's); the other flags are the job's and come first:
+
+  mdrun -hosts h1:2,h2:3 -n 2 ocean -c o.cfg : -n 3 atmos
+
+Ranks are numbered across the programs in order (ocean 0-1, atmos 2-4) and
+placed on the hosts as one list. Every rank gets MD_APPNUM, the index of its
+program from 0 (0 in a job of one program). A ':' word always separates, as
+in mpiexec; pass one to a program inside a single word, e.g. through a
+shell: sh -c 'exec prog a : b'.
+`
+
+// rawFlags are the job's flags that parseArgs checks and converts after
+// flag has read them.
+type rawFlags struct {
+	n                                                 int
+	hosts, hostfile, launcher, relays, relayCmd, bind string
+	exports                                           stringList
+}
+
+// jobFlags is the flag set of the job's flags, those before the first
+// program; it reads them into cfg and raw, and writes flag's messages and
+// -h to errw.
+func jobFlags(cfg *config, raw *rawFlags, errw io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("mdrun", flag.ContinueOnError)
 	fs.SetOutput(errw)
-	fs.IntVar(&cfg.n, "n", 0, "number of ranks to start (required)")
+	fs.IntVar(&raw.n, "n", 0, "number of ranks of the (first) program (required; each program after ':' gives its own)")
 	fs.StringVar(&cfg.plugins, "plugins", "", "plugins.hcl for the ranks, passed as MD_PLUGINS")
 	fs.StringVar(&cfg.conntable, "conntable", "", "connection table file, or directory of per-host tables, passed as MD_CONNTABLE")
 	fs.BoolVar(&cfg.prefix, "prefix", true, `prefix each line of output with "[rank] "`)
 	fs.DurationVar(&cfg.timeout, "timeout", 0, "end the job after this wall-clock time, e.g. 10m (0: no limit)")
 	fs.BoolVar(&cfg.verbose, "v", false, "log what the launcher does to stderr")
-	hosts := fs.String("hosts", "", "comma-separated hosts to place ranks on, each `host[:slots][@site]` (default: all on this machine); a host's ranks get MD_SITE=site, naming the cluster it is in")
-	hostfile := fs.String("hostfile", "", "file naming the hosts, one per line: host, host:slots or host slots=N, each optionally with site=NAME (as @site in -hosts)")
-	launcher := fs.String("launcher", "ssh", "command that runs a command line on a remote host, called as: launcher host command...")
+	fs.StringVar(&raw.hosts, "hosts", "", "comma-separated hosts to place ranks on, each `host[:slots][@site]` (default: all on this machine); a host's ranks get MD_SITE=site, naming the cluster it is in")
+	fs.StringVar(&raw.hostfile, "hostfile", "", "file naming the hosts, one per line: host, host:slots or host slots=N, each optionally with site=NAME (as @site in -hosts)")
+	fs.StringVar(&raw.launcher, "launcher", "ssh", "command that runs a command line on a remote host, called as: launcher host command...")
 	fs.StringVar(&cfg.listen, "listen", "", "host:port where remote ranks reach the rendezvous service (default: this machine's address towards the first remote host, any port)")
-	relays := fs.String("relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count]`): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
-	relayCmd := fs.String("relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
-	fs.StringVar(&cfg.wdir, "wdir", "", "directory ranks start in, on every host (default: mdrun's own; a remote host without that one starts them where the launcher does)")
-	bind := fs.String("bind", "none", "`none`, core or hwthread: bind each rank before it starts to a core of its own (all its hardware threads) or to one hardware thread, in order on each host (here: of the CPUs mdrun may use; elsewhere: from CPU 0, through taskset), as mpiexec -bind-to does")
-	var exports stringList
-	fs.Var(&exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass)")
+	fs.StringVar(&raw.relays, "relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count]`): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
+	fs.StringVar(&raw.relayCmd, "relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
+	fs.StringVar(&cfg.wdir, "wdir", "", "directory ranks start in, on every host (default: mdrun's own; a remote host without that one starts them where the launcher does); a program after ':' may give its own")
+	fs.StringVar(&raw.bind, "bind", "none", "`none`, core or hwthread: bind each rank before it starts to a core of its own (all its hardware threads) or to one hardware thread, in order on each host (here: of the CPUs mdrun may use; elsewhere: from CPU 0, through taskset), as mpiexec -bind-to does")
+	fs.Var(&raw.exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass); a program after ':' may add its own")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: mdrun [flags] -n N prog [args...]\n")
+		fmt.Fprintf(fs.Output(), "usage: %s\n", usageLine)
 		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), usageMPMD)
 	}
-	if err := fs.Parse(args); err != nil {
+	return fs
+}
+
+// parseArgs reads the command line; flag's own messages go to errw.
+func parseArgs(args []string, errw io.Writer) (config, error) {
+	var cfg config
+	var raw rawFlags
+	fs := jobFlags(&cfg, &raw, errw)
+	sections := splitSections(args)
+	if len(sections) > 1 {
+		for k, sec := range sections {
+			if len(sec) == 0 {
+				return cfg, &usageError{emptySection(k, len(sections))}
+			}
+		}
+	}
+	if err := fs.Parse(sections[0]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return cfg, err
 		}
 		return cfg, &usageError{err.Error()}
 	}
-	if cfg.n < 1 {
-		return cfg, &usageError{fmt.Sprintf("-n %d: need at least 1 rank", cfg.n)}
+	later := make([]section, 0, len(sections)-1)
+	for k, words := range sections[1:] {
+		sec, err := parseSection(words, fs)
+		if errors.Is(err, flag.ErrHelp) {
+			fs.Usage()
+			return cfg, err
+		}
+		if err != nil {
+			return cfg, &usageError{sectionPrefix(k+1) + err.Error()}
+		}
+		later = append(later, sec)
 	}
-	mode, err := parseBind(*bind)
+	n := raw.n
+	if err := checkRanks(n); err != nil {
+		return cfg, &usageError{err.Error()}
+	}
+	mode, err := parseBind(raw.bind)
 	if err != nil {
 		return cfg, &usageError{err.Error()}
 	}
@@ -137,14 +196,14 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 	if fs.NArg() == 0 {
 		return cfg, &usageError{"no program to run"}
 	}
-	if *hosts != "" && *hostfile != "" {
+	if raw.hosts != "" && raw.hostfile != "" {
 		return cfg, &usageError{"give -hosts or -hostfile, not both"}
 	}
 	switch {
-	case *hosts != "":
-		cfg.hosts, err = parseHosts(*hosts)
-	case *hostfile != "":
-		cfg.hosts, err = parseHostfile(*hostfile)
+	case raw.hosts != "":
+		cfg.hosts, err = parseHosts(raw.hosts)
+	case raw.hostfile != "":
+		cfg.hosts, err = parseHostfile(raw.hostfile)
 	}
 	if err != nil {
 		return cfg, &usageError{err.Error()}
@@ -154,47 +213,41 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		if cfg.wdir, err = os.Getwd(); err != nil {
 			return cfg, fmt.Errorf("the current directory: %w", err)
 		}
-	} else {
-		// Relative to this directory here; on remote hosts, the same path.
-		if cfg.wdir, err = filepath.Abs(cfg.wdir); err != nil {
-			return cfg, &usageError{fmt.Sprintf("-wdir: %v", err)}
-		}
-		// Every rank starts here without -hosts: say so now, not as a
-		// failed start of rank 0.
-		if fi, err := os.Stat(cfg.wdir); cfg.hosts == nil && (err != nil || !fi.IsDir()) {
-			var pe *os.PathError
-			switch {
-			case err == nil:
-				err = errors.New("not a directory")
-			case errors.As(err, &pe):
-				err = pe.Err // the path is in the message already
-			}
-			return cfg, &usageError{fmt.Sprintf("-wdir %s: %v", cfg.wdir, err)}
-		}
+	} else if cfg.wdir, err = absWdir(cfg.wdir, cfg.hosts == nil); err != nil {
+		return cfg, &usageError{err.Error()}
 	}
-	if cfg.launcher = strings.Fields(*launcher); len(cfg.launcher) == 0 {
+	if cfg.launcher = strings.Fields(raw.launcher); len(cfg.launcher) == 0 {
 		return cfg, &usageError{"-launcher is empty"}
 	}
-	for _, name := range exports {
-		if name == "" || strings.Contains(name, "=") {
-			return cfg, &usageError{fmt.Sprintf("-x %q: want a variable name", name)}
-		}
+	if err := checkExports(raw.exports); err != nil {
+		return cfg, &usageError{err.Error()}
 	}
-	cfg.exports = exports
-	prog, err := exec.LookPath(fs.Arg(0))
+	cfg.exports = raw.exports
+	prog, err := lookProgram(fs.Arg(0))
 	if err != nil {
-		return cfg, &usageError{fmt.Sprintf("program %q not found: %v", fs.Arg(0), err)}
+		return cfg, &usageError{err.Error()}
 	}
-	// Absolute, so remote hosts (which share the path) and ranks that
-	// change directory find it.
-	if prog, err = filepath.Abs(prog); err != nil {
-		return cfg, &usageError{fmt.Sprintf("program %q: %v", fs.Arg(0), err)}
+	cfg.apps = []app{{n: n, prog: prog, args: fs.Args()[1:], wdir: cfg.wdir, wdirSet: cfg.wdirSet}}
+	cfg.n = n
+	for k, sec := range later {
+		a := app{n: sec.n, args: sec.argv[1:], exports: sec.exports, wdir: cfg.wdir, wdirSet: cfg.wdirSet}
+		if a.prog, err = lookProgram(sec.argv[0]); err == nil && sec.wdir != "" {
+			a.wdir, err = absWdir(sec.wdir, cfg.hosts == nil)
+			a.wdirSet = true
+		}
+		if err == nil && a.n > maxRanks-cfg.n {
+			err = fmt.Errorf("-n %d: a job has at most %d ranks, and the programs before have %d", a.n, maxRanks, cfg.n)
+		}
+		if err != nil {
+			return cfg, &usageError{sectionPrefix(k+1) + err.Error()}
+		}
+		cfg.apps = append(cfg.apps, a)
+		cfg.n += a.n
 	}
-	cfg.prog, cfg.args = prog, fs.Args()[1:]
-	if *relays != "" {
+	if raw.relays != "" {
 		var specs []hostSpec
 		count := 0
-		for _, e := range strings.Split(*relays, ",") {
+		for _, e := range strings.Split(raw.relays, ",") {
 			h, err := parseHostEntry(strings.TrimSpace(e))
 			if err != nil {
 				return cfg, &usageError{fmt.Sprintf("-relay: %v", err)}
@@ -202,7 +255,7 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 			specs, count = append(specs, h), count+h.slots
 		}
 		cfg.relays = placeRanks(count, specs)
-		if cfg.relayCmd, err = relayCommand(*relayCmd); err != nil {
+		if cfg.relayCmd, err = relayCommand(raw.relayCmd); err != nil {
 			return cfg, &usageError{fmt.Sprintf("-relay-cmd: %v", err)}
 		}
 	}
@@ -224,6 +277,44 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		*p.path = abs
 	}
 	return cfg, nil
+}
+
+// lookProgram finds a program as the shell would, and makes its path
+// absolute, so remote hosts (which share the path) and ranks that change
+// directory find it.
+func lookProgram(name string) (string, error) {
+	prog, err := exec.LookPath(name)
+	if err != nil {
+		return "", fmt.Errorf("program %q not found: %v", name, err)
+	}
+	if prog, err = filepath.Abs(prog); err != nil {
+		return "", fmt.Errorf("program %q: %v", name, err)
+	}
+	return prog, nil
+}
+
+// absWdir makes a -wdir absolute: relative to this directory here, and
+// the same path on remote hosts. When every rank starts here (here), it
+// must be a directory: say so now, not as a failed start of a rank.
+func absWdir(dir string, here bool) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("-wdir: %v", err)
+	}
+	if !here {
+		return abs, nil
+	}
+	if fi, err := os.Stat(abs); err != nil || !fi.IsDir() {
+		var pe *os.PathError
+		switch {
+		case err == nil:
+			err = errors.New("not a directory")
+		case errors.As(err, &pe):
+			err = pe.Err // the path is in the message already
+		}
+		return "", fmt.Errorf("-wdir %s: %v", abs, err)
+	}
+	return abs, nil
 }
 
 // relayCommand resolves the relay program: a bare name next to mdrun's own
