@@ -67,7 +67,8 @@ type Win struct {
 	c      *Comm // requests go on c, Get's replies on reply
 	reply  *Comm
 	base   []byte
-	sizes  []int // every rank's window length
+	sizes  []int      // every rank's window length
+	shm    *sharedMem // WinAllocateShared's segment; nil for WinCreate's windows
 	nextID uint64
 
 	mu      sync.Mutex
@@ -451,6 +452,12 @@ func (w *Win) Free(ctx context.Context) error {
 	w.mu.Unlock()
 	w.c.w.bg.unserve(w)
 	<-w.stopped
+	if w.shm != nil && w.shm.seg != nil {
+		// Only now: the server wrote into it until it stopped.
+		w.mu.Lock()
+		err = errors.Join(err, w.shm.seg.Close())
+		w.mu.Unlock()
+	}
 	return err
 }
 

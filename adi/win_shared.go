@@ -1,0 +1,219 @@
+package adi
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+
+	"github.com/hpc-multidevice/multidevice/internal/shmem"
+)
+
+// ErrNotShared: WinAllocateShared was called on a communicator whose ranks
+// are not all on one host, or SharedQuery on a window it did not make.
+var ErrNotShared = errors.New("adi: not a shared-memory window")
+
+// sharedAlign is where each rank's part of a shared window starts: on its
+// own cache line, so that one rank's stores do not slow its neighbour's,
+// and aligned for any atomic operation on it.
+const sharedAlign = 64
+
+// sharedMem is the shared-memory segment of a window from
+// WinAllocateShared, mapped in this process.
+type sharedMem struct {
+	seg   *shmem.Segment
+	start []int // where each rank's part begins in the segment
+}
+
+// WinAllocateShared allocates size bytes on every rank of c in one
+// shared-memory segment that every rank of c maps
+// (MPI_Win_allocate_shared), and returns the window and this rank's part
+// of it. Every rank of c must be on one host: split the world with
+// SplitHost first. Other ranks' parts are reached through SharedQuery and
+// then read and written directly, with loads and stores, as well as
+// through the window's Put, Get and Accumulate.
+//
+// The parts lie in rank order, each starting on a 64-byte boundary, and
+// start zeroed. Their memory is allocated at once, so a window larger
+// than the host's shared memory (/dev/shm) fails here rather than when it
+// is first touched. Ranks may ask for different sizes, or 0.
+//
+// Direct access follows the usual rule of shared memory: a rank must not
+// read what another writes at the same time. Writes are seen by a rank
+// that synchronizes with the writer after them: a Barrier or Fence, a
+// message the writer sends after writing, or an atomic operation of
+// sync/atomic on the shared memory itself. The slices are valid until
+// Free, which unmaps them: a use after Free crashes the process.
+//
+// It is collective. It fails on every rank with ErrNotShared when c spans
+// hosts, and on every rank when one asks for a negative size or cannot
+// map the segment.
+func (c *Comm) WinAllocateShared(ctx context.Context, size int) (*Win, []byte, error) {
+	for _, r := range c.ranks {
+		if h := c.w.dev.Host(r); h != c.w.dev.Host(c.ranks[0]) {
+			return nil, nil, fmt.Errorf("adi: win allocate shared: %w: rank %d is on host %q, rank 0 on %q (SplitHost gives the ranks of one host)",
+				ErrNotShared, c.index[r], h, c.w.dev.Host(c.ranks[0]))
+		}
+	}
+	sizes := make([]int64, c.Size())
+	if err := c.Allgather(ctx, Bytes([]int64{int64(size)}), Bytes(sizes)); err != nil {
+		return nil, nil, fmt.Errorf("adi: win allocate shared: %w", err)
+	}
+	start, total, err := sharedLayout(sizes)
+	if err != nil {
+		return nil, nil, fmt.Errorf("adi: win allocate shared: %w", err)
+	}
+	var seg *shmem.Segment
+	if total > 0 {
+		if seg, err = c.mapShared(ctx, total); err != nil {
+			return nil, nil, fmt.Errorf("adi: win allocate shared: %w", err)
+		}
+	}
+	var base []byte
+	if seg != nil {
+		at := start[c.rank]
+		base = seg.Bytes()[at : at+size : at+size]
+	}
+	w, err := c.WinCreate(ctx, base)
+	if err != nil {
+		if seg != nil {
+			seg.Close()
+		}
+		return nil, nil, fmt.Errorf("adi: win allocate shared: %w", err)
+	}
+	w.shm = &sharedMem{seg: seg, start: start}
+	return w, base, nil
+}
+
+// sharedLayout places the parts of sizes one after the other, each on a
+// sharedAlign boundary, and returns where each begins and the total.
+func sharedLayout(sizes []int64) ([]int, int, error) {
+	start := make([]int, len(sizes))
+	total := int64(0)
+	for r, n := range sizes {
+		if n < 0 {
+			return nil, 0, fmt.Errorf("rank %d asked for %d bytes", r, n)
+		}
+		total = (total + sharedAlign - 1) &^ (sharedAlign - 1)
+		if n > math.MaxInt-total {
+			return nil, 0, fmt.Errorf("the parts up to rank %d's add up to more than %d bytes", r, math.MaxInt)
+		}
+		start[r] = int(total)
+		total += n
+	}
+	return start, int(total), nil
+}
+
+// mapShared has rank 0 of c create a segment of total bytes and every
+// rank map it. Rank 0 unlinks its name once every rank has mapped it, so
+// nothing is left behind however the ranks end. Every rank returns an
+// error if one could not map it.
+func (c *Comm) mapShared(ctx context.Context, total int) (*shmem.Segment, error) {
+	// Rank 0 broadcasts "1" and the name, or "0" and why it failed.
+	msg := make([]byte, 1+shmem.MaxNameLen)
+	var seg *shmem.Segment
+	var err error
+	if c.rank == 0 {
+		var nonce [8]byte
+		rand.Read(nonce[:])
+		name := fmt.Sprintf("mdshm.win.%d.%s", os.Getpid(), hex.EncodeToString(nonce[:]))
+		if seg, err = shmem.CreateReserved(name, total); err != nil {
+			copy(msg[1:], err.Error())
+		} else {
+			msg[0] = 1
+			copy(msg[1:], name)
+		}
+	}
+	if err := c.Bcast(ctx, msg, 0); err != nil {
+		if seg != nil {
+			seg.Close()
+		}
+		return nil, err
+	}
+	if msg[0] != 1 {
+		if err != nil {
+			return nil, err
+		}
+		return nil, fmt.Errorf("rank 0 could not create the segment: %s", trimNUL(msg[1:]))
+	}
+	if c.rank != 0 {
+		if seg, err = shmem.Open(string(trimNUL(msg[1:]))); err == nil && len(seg.Bytes()) != total {
+			err = fmt.Errorf("segment %s holds %d bytes, want %d", trimNUL(msg[1:]), len(seg.Bytes()), total)
+			seg.Close()
+			seg = nil
+		}
+	}
+	mapped := make([]byte, c.Size())
+	mine := []byte{0}
+	if err == nil {
+		mine[0] = 1
+	}
+	aerr := c.Allgather(ctx, mine, mapped)
+	if c.rank == 0 && seg != nil {
+		aerr = errors.Join(aerr, seg.Unlink())
+	}
+	if err == nil && aerr == nil {
+		for r, ok := range mapped {
+			if ok != 1 {
+				err = fmt.Errorf("rank %d could not map the segment", r)
+				break
+			}
+		}
+	}
+	if err = errors.Join(err, aerr); err != nil {
+		if seg != nil {
+			seg.Close()
+		}
+		return nil, err
+	}
+	return seg, nil
+}
+
+// trimNUL is b up to its first NUL byte.
+func trimNUL(b []byte) []byte {
+	for i, x := range b {
+		if x == 0 {
+			return b[:i]
+		}
+	}
+	return b
+}
+
+// SharedQuery returns rank r's part of a window from WinAllocateShared,
+// as this process maps it (MPI_Win_shared_query), to read and write
+// directly. ProcNull gives the part of the lowest rank whose part is not
+// empty (nil if none). It fails with ErrNotShared on a window WinCreate
+// made. The slice is valid until Free.
+func (w *Win) SharedQuery(r int) ([]byte, error) {
+	if w.shm == nil {
+		return nil, fmt.Errorf("adi: shared query: %w: the window was made by WinCreate", ErrNotShared)
+	}
+	// Under the lock, so that Free cannot unmap the segment meanwhile.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.freed {
+		return nil, fmt.Errorf("adi: shared query: %w", errWinFreed)
+	}
+	if r == ProcNull {
+		for q, n := range w.sizes {
+			if n > 0 {
+				r = q
+				break
+			}
+		}
+		if r == ProcNull {
+			return nil, nil
+		}
+	}
+	if r < 0 || r >= len(w.sizes) {
+		return nil, fmt.Errorf("adi: shared query: %w: %d not in [0,%d)", ErrRank, r, len(w.sizes))
+	}
+	if w.shm.seg == nil {
+		return []byte{}, nil
+	}
+	at, n := w.shm.start[r], w.sizes[r]
+	return w.shm.seg.Bytes()[at : at+n : at+n], nil
+}

@@ -1,0 +1,244 @@
+package adi_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+func TestWinShared(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 4} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			cs := loopJob(t, n)
+			each(t, cs, func(c *adi.Comm) error { return sharedWindowCheck(ctxT(t), c) })
+		})
+	}
+}
+
+// sharedSize is what rank r of n asks WinAllocateShared for: rank 1 of
+// three or more asks for nothing, and no size is a multiple of 64.
+func sharedSize(r, n int) int {
+	if r == 1 && n > 2 {
+		return 0
+	}
+	return 64*(r+1) + 8
+}
+
+// sharedWindowCheck: the ranks of c, on one host, share a window. Each
+// fills its part, all add to a counter in rank 0's part with atomic
+// operations, and each then reads every part directly; Put and Get reach
+// the same memory; after Free nothing is left in /dev/shm. In one process
+// each rank maps the segment anew, so this checks the sharing of the
+// mappings as well as it does across processes.
+func sharedWindowCheck(ctx context.Context, c *adi.Comm) error {
+	n, me := c.Size(), c.Rank()
+	const adds = 1000
+	win, mine, err := c.WinAllocateShared(ctx, sharedSize(me, n))
+	if err != nil {
+		return err
+	}
+	if len(mine) != sharedSize(me, n) || cap(mine) != len(mine) {
+		return fmt.Errorf("rank %d: part of len %d cap %d, want %d", me, len(mine), cap(mine), sharedSize(me, n))
+	}
+	if me == 0 {
+		// Rank 0 unlinked the segment's name before returning.
+		if left, _ := filepath.Glob(fmt.Sprintf("/dev/shm/mdshm.win.%d.*", os.Getpid())); len(left) > 0 {
+			return fmt.Errorf("segments left in /dev/shm: %v", left)
+		}
+	}
+	for i := range mine {
+		if mine[i] != 0 {
+			return fmt.Errorf("rank %d: part not zeroed at %d", me, i)
+		}
+		mine[i] = byte(me + 1)
+	}
+	zero, err := win.SharedQuery(0)
+	if err != nil {
+		return err
+	}
+	if err := c.Barrier(ctx); err != nil { // rank 0 filled its part first
+		return err
+	}
+	counter := (*int64)(unsafe.Pointer(&zero[0]))
+	for range adds {
+		atomic.AddInt64(counter, 1)
+	}
+	if err := c.Barrier(ctx); err != nil {
+		return err
+	}
+	if got, want := atomic.LoadInt64(counter), int64(0x0101010101010101+n*adds); got != want {
+		return fmt.Errorf("rank %d: counter %#x, want %#x", me, got, want)
+	}
+	for r := range n {
+		part, err := win.SharedQuery(r)
+		if err != nil {
+			return err
+		}
+		if len(part) != sharedSize(r, n) {
+			return fmt.Errorf("rank %d: rank %d's part has %d bytes, want %d", me, r, len(part), sharedSize(r, n))
+		}
+		if len(part) > 0 && uintptr(unsafe.Pointer(&part[0]))%64 != 0 {
+			return fmt.Errorf("rank %d: rank %d's part at %p, not on a 64-byte boundary", me, r, &part[0])
+		}
+		from := 0
+		if r == 0 {
+			from = 8
+		}
+		if want := bytes.Repeat([]byte{byte(r + 1)}, len(part)-from); !bytes.Equal(part[from:], want) {
+			return fmt.Errorf("rank %d: rank %d's part reads %v, want %v", me, r, part[from:], want)
+		}
+	}
+	if first, err := win.SharedQuery(adi.ProcNull); err != nil || len(first) == 0 || &first[0] != &zero[0] {
+		return fmt.Errorf("rank %d: SharedQuery(ProcNull) = %p, %v; want rank 0's part at %p", me, first, err, zero)
+	}
+	// A Put lands in the target's shared part, and a Get reads what a
+	// rank stored directly.
+	last := n - 1
+	if err := win.Fence(ctx); err != nil {
+		return err
+	}
+	if me == 0 {
+		if err := win.Put([]byte("put"), last, 8); err != nil {
+			return err
+		}
+	}
+	if err := win.Fence(ctx); err != nil {
+		return err
+	}
+	lastPart, err := win.SharedQuery(last)
+	if err != nil {
+		return err
+	}
+	if got := string(lastPart[8:11]); got != "put" {
+		return fmt.Errorf("rank %d: rank %d's part holds %q after a Put, want \"put\"", me, last, got)
+	}
+	if me == last {
+		copy(mine[16:], "stored")
+	}
+	if err := win.Fence(ctx); err != nil {
+		return err
+	}
+	got := make([]byte, 6)
+	if err := win.Get(got, last, 16); err != nil {
+		return err
+	}
+	if err := win.Fence(ctx); err != nil {
+		return err
+	}
+	if string(got) != "stored" {
+		return fmt.Errorf("rank %d: Get from rank %d's part gave %q, want \"stored\"", me, last, got)
+	}
+	if err := win.Free(ctx); err != nil {
+		return err
+	}
+	if _, err := win.SharedQuery(0); err == nil {
+		return fmt.Errorf("rank %d: SharedQuery after Free succeeded", me)
+	}
+	return nil
+}
+
+// TestWinSharedErrors: every rank fails alike, and none waits for the
+// others, when the ranks span hosts, one asks for a negative size, or the
+// window is larger than /dev/shm; a WinCreate window has no shared parts.
+func TestWinSharedErrors(t *testing.T) {
+	ctx := ctxT(t)
+	t.Run("hosts", func(t *testing.T) {
+		ws, _ := loopWorldsOn(t, 3, func(r int) string { return []string{"a", "a", "b"}[r] })
+		errs := make([]error, 3)
+		each(t, comms(ws), func(c *adi.Comm) error {
+			_, _, errs[c.Rank()] = c.WinAllocateShared(ctx, 64)
+			return nil
+		})
+		for r, err := range errs {
+			if !errors.Is(err, adi.ErrNotShared) || !strings.Contains(err.Error(), `rank 2 is on host "b"`) {
+				t.Errorf("rank %d: %v, want ErrNotShared naming rank 2's host", r, err)
+			}
+		}
+		// SplitHost gives communicators that can.
+		each(t, comms(ws), func(c *adi.Comm) error {
+			h, err := c.SplitHost(ctx)
+			if err != nil {
+				return err
+			}
+			win, _, err := h.WinAllocateShared(ctx, 64)
+			if err != nil {
+				return err
+			}
+			return win.Free(ctx)
+		})
+	})
+	for _, tc := range []struct {
+		name string
+		size func(r int) int
+		want []string // each rank's error contains it
+	}{
+		{"negative", func(r int) int { return []int{8, -1, 8}[r] }, []string{"rank 1 asked for -1 bytes", "rank 1 asked for -1 bytes", "rank 1 asked for -1 bytes"}},
+		{"beyond /dev/shm", func(r int) int { return []int{shmBytes(t) + 1<<30, 0, 8}[r] },
+			[]string{"reserve memory", "rank 0 could not create the segment", "rank 0 could not create the segment"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := loopJob(t, 3)
+			errs := make([]error, 3)
+			each(t, cs, func(c *adi.Comm) error {
+				_, _, errs[c.Rank()] = c.WinAllocateShared(ctx, tc.size(c.Rank()))
+				return nil
+			})
+			for r, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), tc.want[r]) {
+					t.Errorf("rank %d: %v, want an error with %q", r, err, tc.want[r])
+				}
+			}
+		})
+	}
+	t.Run("not shared", func(t *testing.T) {
+		cs := loopJob(t, 2)
+		each(t, cs, func(c *adi.Comm) error {
+			win, _, err := c.WinAllocateShared(ctx, 8)
+			if err != nil {
+				return err
+			}
+			if _, err := win.SharedQuery(2); !errors.Is(err, adi.ErrRank) {
+				return fmt.Errorf("SharedQuery(2) of 2 ranks: %v, want ErrRank", err)
+			}
+			if err := win.Free(ctx); err != nil {
+				return err
+			}
+			plain, err := c.WinCreate(ctx, make([]byte, 8))
+			if err != nil {
+				return err
+			}
+			if _, err := plain.SharedQuery(0); !errors.Is(err, adi.ErrNotShared) {
+				return fmt.Errorf("SharedQuery on WinCreate's window: %v, want ErrNotShared", err)
+			}
+			return plain.Free(ctx)
+		})
+	})
+}
+
+func comms(ws []*adi.World) []*adi.Comm {
+	cs := make([]*adi.Comm, len(ws))
+	for i, w := range ws {
+		cs[i] = w.Comm()
+	}
+	return cs
+}
+
+// shmBytes is /dev/shm's size.
+func shmBytes(t *testing.T) int {
+	var fs unix.Statfs_t
+	if err := unix.Statfs("/dev/shm", &fs); err != nil {
+		t.Skipf("no /dev/shm: %v", err)
+	}
+	return int(fs.Blocks * uint64(fs.Bsize))
+}
