@@ -90,6 +90,13 @@
 // counter each get a different one. A synchronization call made in the
 // wrong epoch fails with [ErrRMASync] and sends nothing.
 //
+// [Comm.WinAllocateShared] makes a window whose memory the ranks of one
+// host share (MPI-3's shared-memory windows): one segment every rank
+// maps, each rank's part found with [Win.SharedQuery] and read and
+// written directly, with loads, stores and sync/atomic, as well as
+// through the window's operations. A large table each host needs once,
+// rather than once per rank, is the usual use.
+//
 // # Usage
 //
 //	w, err := adi.Init(ctx)
@@ -118,6 +125,8 @@
 //     <host>.json per host (as mdconfig writes them); default: derived
 //     (same host: shm, else tcp).
 //   - MD_LOG_LEVEL: trace, debug, info, warn (default), error, off.
+//   - MD_APPNUM: which program of a job of several this rank runs
+//     ([World.AppNum]); mdrun sets it.
 //   - MD_FORWARD_BLOCK, MD_FORWARD_WINDOW: bytes per forwarded block
 //     (default 65536) and the credit window per virtual line through
 //     gateways (default 4194304), which bounds what a gateway buffers
