@@ -17,9 +17,15 @@
 // creator holds a shared flock(2) on its segment for as long as it lives
 // (the kernel drops it when the process dies, however it dies), and
 // [RemoveStale] unlinks the segments whose lock nobody holds. A segment
-// gets its name only once it is locked (it is made under a hidden
-// temporary name and linked), so a sweep never mistakes one that is being
-// created for a stale one.
+// gets its name only once it is locked, sized and mapped, so a sweep
+// never mistakes one that is being created for a stale one. Until then it
+// is an unnamed file (O_TMPFILE), which dies with its process however
+// that ends, even in the middle of reserving a large segment's memory;
+// where the kernel has no O_TMPFILE it is made under a hidden temporary
+// name instead, which a kill at that moment leaves behind.
+//
+// [JobPrefix] starts the names of a job's segments, so that a launcher
+// can remove what its crashed ranks left (shm.RemoveJobSegments).
 //
 // # Usage
 //
@@ -31,6 +37,8 @@
 package shmem
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -79,6 +87,15 @@ func ValidName(name string) error {
 	return nil
 }
 
+// JobPrefix starts the name of every segment of job jobID, whichever
+// part of the library makes it: "mdshm.", 12 hex digits of the job's
+// SHA-256, ".". A launcher that outlives the job removes them all
+// (shm.RemoveJobSegments), and RemoveStale("mdshm.") finds them too.
+func JobPrefix(jobID string) string {
+	h := sha256.Sum256([]byte(jobID))
+	return "mdshm." + hex.EncodeToString(h[:6]) + "."
+}
+
 // Create makes a new zero-filled segment of size bytes and maps it. It fails
 // if a segment with that name exists. The caller owns the segment: it
 // holds the segment's lock until Close, which unlinks it.
@@ -98,14 +115,11 @@ func create(name string, size int, reserve bool) (*Segment, error) {
 		return nil, fmt.Errorf("shmem: create %s: size %d must be > 0", name, size)
 	}
 	path := filepath.Join(Dir, name)
-	// Made, locked and sized under a hidden name that no sweep matches,
-	// then linked to its name, which fails if that exists (as O_EXCL).
-	f, err := os.CreateTemp(Dir, "."+name+"-")
+	f, link, discard, err := unnamed(name)
 	if err != nil {
 		return nil, fmt.Errorf("shmem: create %s: %w", path, err)
 	}
-	tmp := f.Name()
-	defer os.Remove(tmp)
+	defer discard()
 	fail := func(what string, err error) (*Segment, error) {
 		f.Close()
 		return nil, fmt.Errorf("shmem: %s %s: %w", what, path, err)
@@ -125,11 +139,32 @@ func create(name string, size int, reserve bool) (*Segment, error) {
 	if err != nil {
 		return fail("map", err)
 	}
-	if err := os.Link(tmp, path); err != nil {
+	// Linking fails if the name exists, as O_EXCL would.
+	if err := link(path); err != nil {
 		unix.Munmap(mem)
 		return fail("create", err)
 	}
 	return &Segment{name: name, mem: mem, lock: f}, nil
+}
+
+// unnamed opens a new file in Dir that has no name yet, the function
+// that gives it one, and the one that removes what is left of it once it
+// has its name or failed. The file is unnamed (O_TMPFILE) where the
+// kernel allows it, and otherwise a hidden temporary that no sweep
+// matches.
+func unnamed(name string) (f *os.File, link func(path string) error, discard func(), err error) {
+	fd, err := unix.Open(Dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
+	if err == nil {
+		f := os.NewFile(uintptr(fd), filepath.Join(Dir, name))
+		return f, func(path string) error {
+			return unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
+		}, func() {}, nil
+	}
+	if f, err = os.CreateTemp(Dir, "."+name+"-"); err != nil {
+		return nil, nil, nil, err
+	}
+	tmp := f.Name()
+	return f, func(path string) error { return os.Link(tmp, path) }, func() { os.Remove(tmp) }, nil
 }
 
 // fallocate allocates f's first size bytes, retrying when a signal

@@ -6,7 +6,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -79,7 +82,15 @@ func TestOpenMissing(t *testing.T) {
 // names and exits without closing it, as a killed rank would.
 const crashEnv = "SHMEM_TEST_CREATE_AND_DIE"
 
+// reserveEnv makes the test binary reserve a 1 GiB segment of that name
+// and wait to be killed.
+const reserveEnv = "SHMEM_TEST_RESERVE_AND_WAIT"
+
 func TestMain(m *testing.M) {
+	if name := os.Getenv(reserveEnv); name != "" {
+		CreateReserved(name, 1<<30)
+		select {}
+	}
 	if name := os.Getenv(crashEnv); name != "" {
 		if _, err := Create(name, 4096); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -219,5 +230,67 @@ func TestCreateReserved(t *testing.T) {
 		t.Fatalf("CreateReserved of %d bytes, more than %s holds, succeeded", tooBig, Dir)
 	} else if !errors.Is(err, unix.ENOSPC) {
 		t.Fatalf("CreateReserved beyond %s's size: %v, want ENOSPC", Dir, err)
+	}
+}
+
+// TestTermWhileReserving: a process killed the usual way (SIGTERM, as
+// mdrun ends the ranks of a failed job) while it reserves a large
+// segment leaves nothing in Dir, named or hidden: until it is named the
+// segment is a file of the process alone. Its memory goes with it.
+func TestTermWhileReserving(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reserves 1 GiB of " + Dir)
+	}
+	var fs unix.Statfs_t
+	if err := unix.Statfs(Dir, &fs); err != nil || fs.Bavail*uint64(fs.Bsize) < 4<<30 {
+		t.Skipf("%s has less than 4 GiB free (%v)", Dir, err)
+	}
+	name := fmt.Sprintf("shmem-test-term-%d", os.Getpid())
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), reserveEnv+"="+name)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, p := range leftIn(name) {
+			os.Remove(p)
+		}
+	}()
+	// Once the process has a file of Dir open, it is making the segment:
+	// let it reserve a little, then end it.
+	fds := fmt.Sprintf("/proc/%d/fd", cmd.Process.Pid)
+	for opened := false; !opened; {
+		links, _ := os.ReadDir(fds)
+		for _, l := range links {
+			if to, _ := os.Readlink(filepath.Join(fds, l.Name())); strings.HasPrefix(to, Dir+"/") {
+				opened = true
+			}
+		}
+		if !opened {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	time.Sleep(20 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+	if left := leftIn(name); len(left) > 0 {
+		t.Fatalf("left in %s after SIGTERM: %v", Dir, left)
+	}
+}
+
+// leftIn lists the files of Dir whose names hold name, hidden ones too
+// (Glob's * matches a leading dot).
+func leftIn(name string) []string {
+	left, _ := filepath.Glob(filepath.Join(Dir, "*"+name+"*"))
+	return left
+}
+
+func TestJobPrefix(t *testing.T) {
+	a, b := JobPrefix("job-1"), JobPrefix("job-2")
+	if a == b || a != JobPrefix("job-1") || !strings.HasPrefix(a, "mdshm.") || !strings.HasSuffix(a, ".") {
+		t.Fatalf("JobPrefix: %q and %q", a, b)
+	}
+	if err := ValidName(a + "win.1"); err != nil {
+		t.Fatal(err)
 	}
 }

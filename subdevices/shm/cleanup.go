@@ -1,7 +1,6 @@
 package shm
 
 import (
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -19,8 +18,7 @@ import (
 // (mdrun does); calling it while ranks of the job still run would break
 // their later connections. It returns how many segments it removed.
 func RemoveJobSegments(jobID string) (int, error) {
-	h := hash16([]byte(jobID))
-	pattern := filepath.Join(shmem.Dir, segmentPrefix(h)+"*")
+	pattern := filepath.Join(shmem.Dir, shmem.JobPrefix(jobID)+"*")
 	names, err := filepath.Glob(pattern)
 	if err != nil {
 		return 0, fmt.Errorf("shm: remove segments of job %q: %w", jobID, err)
@@ -38,10 +36,4 @@ func RemoveJobSegments(jobID string) (int, error) {
 		return removed, fmt.Errorf("shm: remove segments of job %q: %w", jobID, err)
 	}
 	return removed, nil
-}
-
-// segmentPrefix is the part of a segment's name that every rank of one job
-// shares: "mdshm.<first 6 bytes of sha256(job) in hex>.".
-func segmentPrefix(jobHash [16]byte) string {
-	return "mdshm." + hex.EncodeToString(jobHash[:6]) + "."
 }

@@ -13,7 +13,7 @@ func TestRemoveJobSegments(t *testing.T) {
 	crashed := openJob(t, 2, jobOpts{})
 	other := openJob(t, 2, jobOpts{})
 	segs := func(j *job) []string {
-		names, err := filepath.Glob(filepath.Join(shmem.Dir, segmentPrefix(hash16([]byte(j.id)))+"*"))
+		names, err := filepath.Glob(filepath.Join(shmem.Dir, shmem.JobPrefix(j.id)+"*"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -192,7 +192,7 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	// several instances of one rank exist (tests); the card carries the name.
 	var nonce [8]byte
 	_, _ = rand.Read(nonce[:]) // crypto/rand.Read never fails on Linux
-	name := fmt.Sprintf("%sr%d.%s", segmentPrefix(sd.jobHash), p.Rank, hex.EncodeToString(nonce[:]))
+	name := fmt.Sprintf("%sr%d.%s", shmem.JobPrefix(p.JobID), p.Rank, hex.EncodeToString(nonce[:]))
 	addr, err := card{Host: p.Host, JobID: p.JobID, Rank: p.Rank, Segment: name}.encode()
 	if err != nil {
 		sd.state.Store(devNew)
