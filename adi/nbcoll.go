@@ -2,6 +2,7 @@ package adi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 )
@@ -117,9 +118,11 @@ func (g *background) finish(ctx context.Context) error {
 	if !g.closed && g.tasks != nil {
 		close(g.tasks) // idle workers end; nothing is sent once closed is set
 	}
+	var unfreed []*Win
 	for w, cancel := range g.servers {
 		cancel()
 		delete(g.servers, w)
+		unfreed = append(unfreed, w)
 	}
 	g.closed = true // Finalize may be called again
 	g.mu.Unlock()
@@ -130,7 +133,13 @@ func (g *background) finish(ctx context.Context) error {
 	}()
 	select {
 	case <-over:
-		return nil
+		// Windows not freed give their shared memory back now that
+		// their servers stopped.
+		var errs []error
+		for _, w := range unfreed {
+			errs = append(errs, w.unmap())
+		}
+		return errors.Join(errs...)
 	case <-ctx.Done():
 		return fmt.Errorf("adi: finalize: nonblocking collectives or window servers still running: %w", ctx.Err())
 	}

@@ -452,13 +452,7 @@ func (w *Win) Free(ctx context.Context) error {
 	w.mu.Unlock()
 	w.c.w.bg.unserve(w)
 	<-w.stopped
-	if w.shm != nil && w.shm.seg != nil {
-		// Only now: the server wrote into it until it stopped.
-		w.mu.Lock()
-		err = errors.Join(err, w.shm.seg.Close())
-		w.mu.Unlock()
-	}
-	return err
+	return errors.Join(err, w.unmap())
 }
 
 // serve applies the operations that come to this rank's window until ctx

@@ -37,7 +37,10 @@ type sharedMem struct {
 // through the window's Put, Get and Accumulate.
 //
 // The parts lie in rank order, each starting on a 64-byte boundary, and
-// start zeroed. Their memory is allocated at once, so a window larger
+// start zeroed. Unlike MPI's default they are not contiguous: a rank's
+// part ends at its own length (the slices' capacity too), so code that
+// walks past its part into the next one, as C code may, must ask
+// SharedQuery for the next instead. Their memory is allocated at once, so a window larger
 // than the host's shared memory (/dev/shm) fails here rather than when it
 // is first touched. Ranks may ask for different sizes, or 0.
 //
@@ -46,7 +49,8 @@ type sharedMem struct {
 // that synchronizes with the writer after them: a Barrier or Fence, a
 // message the writer sends after writing, or an atomic operation of
 // sync/atomic on the shared memory itself. The slices are valid until
-// Free, which unmaps them: a use after Free crashes the process.
+// Free or Finalize, which unmap them: a use after that is as undefined as
+// in C, and may read or write whatever is mapped there next.
 //
 // It is collective. It fails on every rank with ErrNotShared when c spans
 // hosts, and on every rank when one asks for a negative size or cannot
@@ -119,7 +123,9 @@ func (c *Comm) mapShared(ctx context.Context, total int) (*shmem.Segment, error)
 	if c.rank == 0 {
 		var nonce [8]byte
 		rand.Read(nonce[:])
-		name := fmt.Sprintf("mdshm.win.%d.%s", os.Getpid(), hex.EncodeToString(nonce[:]))
+		// Under the job's prefix: if a rank dies before the name is
+		// unlinked, mdrun removes the segment with the job's others.
+		name := fmt.Sprintf("%swin.%d.%s", shmem.JobPrefix(c.w.boot.JobID()), os.Getpid(), hex.EncodeToString(nonce[:]))
 		if seg, err = shmem.CreateReserved(name, total); err != nil {
 			copy(msg[1:], err.Error())
 		} else {
@@ -153,7 +159,9 @@ func (c *Comm) mapShared(ctx context.Context, total int) (*shmem.Segment, error)
 	}
 	aerr := c.Allgather(ctx, mine, mapped)
 	if c.rank == 0 && seg != nil {
-		aerr = errors.Join(aerr, seg.Unlink())
+		// Rank 0 alone would fail if this did, leaving the others
+		// waiting in WinCreate; Close unlinks again, and reports.
+		_ = seg.Unlink()
 	}
 	if err == nil && aerr == nil {
 		for r, ok := range mapped {
@@ -216,4 +224,16 @@ func (w *Win) SharedQuery(r int) ([]byte, error) {
 	}
 	at, n := w.shm.start[r], w.sizes[r]
 	return w.shm.seg.Bytes()[at : at+n : at+n], nil
+}
+
+// unmap unmaps a shared window's segment once its server, which wrote
+// into it, has stopped (Free, Finalize), and makes SharedQuery refuse.
+func (w *Win) unmap() error {
+	if w.shm == nil || w.shm.seg == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.freed = true
+	return w.shm.seg.Close()
 }

@@ -53,7 +53,7 @@ func sharedWindowCheck(ctx context.Context, c *adi.Comm) error {
 	}
 	if me == 0 {
 		// Rank 0 unlinked the segment's name before returning.
-		if left, _ := filepath.Glob(fmt.Sprintf("/dev/shm/mdshm.win.%d.*", os.Getpid())); len(left) > 0 {
+		if left, _ := filepath.Glob(fmt.Sprintf("/dev/shm/mdshm.*.win.%d.*", os.Getpid())); len(left) > 0 {
 			return fmt.Errorf("segments left in /dev/shm: %v", left)
 		}
 	}
@@ -224,6 +224,54 @@ func TestWinSharedErrors(t *testing.T) {
 			return plain.Free(ctx)
 		})
 	})
+}
+
+// TestWinSharedFinalize: Finalize unmaps the shared windows nobody freed,
+// as it stops their servers.
+func TestWinSharedFinalize(t *testing.T) {
+	ctx := ctxT(t)
+	ws, _ := loopWorlds(t, 2)
+	wins := make([]*adi.Win, 2)
+	each(t, comms(ws), func(c *adi.Comm) error {
+		var err error
+		wins[c.Rank()], _, err = c.WinAllocateShared(ctx, 4096)
+		return err
+	})
+	// Mappings of the segment's inode: rank 0 mapped it before it had a
+	// name, so /proc/self/maps shows it by inode alone.
+	inode := ""
+	mapped := func() int {
+		maps, err := os.ReadFile("/proc/self/maps")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var lines [][]string
+		for _, l := range strings.Split(string(maps), "\n") {
+			if f := strings.Fields(l); len(f) >= 6 && strings.HasPrefix(f[5], "/dev/shm/") {
+				lines = append(lines, f)
+				if inode == "" && strings.Contains(f[5], fmt.Sprintf(".win.%d.", os.Getpid())) {
+					inode = f[4]
+				}
+			}
+		}
+		n := 0
+		for _, f := range lines {
+			if f[4] == inode {
+				n++
+			}
+		}
+		return n
+	}
+	if n := mapped(); n != 2 {
+		t.Fatalf("%d mappings of the window's segment, want one per rank", n)
+	}
+	each(t, comms(ws), func(c *adi.Comm) error { return ws[c.Rank()].Finalize(ctx) })
+	if n := mapped(); n != 0 {
+		t.Fatalf("%d mappings of the window's segment left after Finalize", n)
+	}
+	if _, err := wins[0].SharedQuery(0); err == nil {
+		t.Fatal("SharedQuery after Finalize succeeded")
+	}
 }
 
 func comms(ws []*adi.World) []*adi.Comm {
