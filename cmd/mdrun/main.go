@@ -9,7 +9,8 @@
 // It runs N copies of prog, each with the environment the bootstrap package
 // reads (MDRUN_ADDR, MDRUN_RANK, MDRUN_SIZE, MDRUN_JOBID, MDRUN_SECRET,
 // MDRUN_HOST, MD_APPNUM, MD_PLUGINS and MD_CONNTABLE when -plugins and
-// -conntable are given, and MD_SITE on a host given a site), serves their
+// -conntable are given or mdrun's environment has them, as absolute
+// paths, and MD_SITE on a host given a site), serves their
 // rendezvous,
 // and forwards their output line by line with a "[rank] " prefix (lines
 // over 64 KiB are split). The ranks' standard input is /dev/null. Each

@@ -260,10 +260,21 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		}
 	}
 	for _, p := range []struct {
-		flag string
-		path *string
-	}{{"-plugins", &cfg.plugins}, {"-conntable", &cfg.conntable}} {
+		flag, env string
+		path      *string
+	}{{"-plugins", "MD_PLUGINS", &cfg.plugins}, {"-conntable", "MD_CONNTABLE", &cfg.conntable}} {
 		if *p.path == "" {
+			// mdrun's own variable, made absolute as the flag is: with
+			// -wdir, or on a remote host, a relative path would name
+			// another file. It need not exist here, as on a remote host
+			// it may be a path of that host's only.
+			if v := os.Getenv(p.env); v != "" {
+				abs, err := filepath.Abs(v)
+				if err != nil {
+					return cfg, &usageError{fmt.Sprintf("%s=%s: %v", p.env, v, err)}
+				}
+				*p.path = abs
+			}
 			continue
 		}
 		// Absolute, so a rank that changes directory still finds it.
