@@ -80,9 +80,8 @@ type Device struct {
 	matchSub []int   // [peer] -> matching subdevice carrying all traffic to peer, or -1
 	matchers []int   // indexes of subdevices with FlagMatching
 
-	nextID     atomic.Uint64
-	sendSeq    []atomic.Uint64 // [peer] next sequence number to stamp
-	spareFrame spare[outFrame] // tried by sendNow before framePool
+	nextID atomic.Uint64
+	lanes  []lane // [peer] sequence numbers and sendNow's frame: lane.go
 	// down holds, per peer, why a subdevice lost it. Atomic so that every
 	// send can check it without taking the matching lock.
 	down []atomic.Pointer[error]
@@ -172,7 +171,10 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		syncSend:  make(map[uint64]*Request),
 		gen:       make(chan struct{}),
 	}
-	d.sendSeq = make([]atomic.Uint64, d.size)
+	d.lanes = make([]lane, d.size)
+	for i := range d.lanes {
+		d.lanes[i].short = -1 // no lane route until initLanes
+	}
 	d.down = make([]atomic.Pointer[error], d.size)
 	d.recvSeq = make([]uint64, d.size)
 	d.ooo = make([]map[uint64]*inMsg, d.size)
@@ -194,6 +196,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		d.shutdown(context.Background())
 		return nil, err
 	}
+	d.initLanes()
 	d.fwdStart()
 	return d, nil
 }
@@ -541,7 +544,7 @@ func (d *Device) Stats() []LinkStats {
 	var out []LinkStats
 	for peer := range d.size {
 		for _, s := range d.subs {
-			if f, b := s.sent[peer].load(); f > 0 {
+			if f, b := d.sentTo(s, peer); f > 0 {
 				out = append(out, LinkStats{Peer: peer, SubDevice: s.name, Frames: f, Bytes: b})
 			}
 		}
@@ -609,7 +612,7 @@ func (d *Device) Close(ctx context.Context) error {
 			continue
 		}
 		for _, s := range d.subs[1:] {
-			if f, _ := s.sent[peer].load(); f == 0 {
+			if f, _ := d.sentTo(s, peer); f == 0 {
 				continue
 			}
 			if err := s.sd.Flush(ctx, sdi.Rank(peer)); err != nil && !errors.Is(err, sdi.ErrClosed) {

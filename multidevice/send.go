@@ -44,7 +44,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	}
 	class := d.table.Class(len(buf))
 	s := d.subs[d.routes[dst][class]]
-	seq := d.sendSeq[dst].Add(1) - 1
+	seq := d.lanes[dst].next()
 	if len(buf) <= d.eagerMax(int32(dst), class, s) {
 		of := r.eagerFrame()
 		if !sync && !d.indirect(int32(dst), class) && !d.out.behind(int32(dst)) {
@@ -286,36 +286,63 @@ func (d *Device) sent(s *subdev, of *outFrame, complete bool, err error, direct 
 // sendNow is the blocking Send of a standard-mode eager message that goes
 // straight to its destination. When the subdevice takes the frame at once
 // (shm copies it into its ring) no request is involved: no pool, no
-// completion, none of their atomics. When it keeps or refuses the frame, a
-// request waits for it as Isend's would. It reports false, having done
-// nothing, for any other message (and for bad arguments, which isend
-// reports).
+// completion, none of their atomics; a sender that holds the peer's lane
+// (lane.go) uses its frame and counts there. When the subdevice keeps or
+// refuses the frame, a request waits for it as Isend's would. It reports
+// false, having done nothing, for any other message (and for bad
+// arguments, which isend reports).
 func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context uint64) (bool, error) {
-	if d.closed.Load() || uint(dst) >= uint(d.appSize) || uint(tag) > maxTag ||
-		d.down[dst].Load() != nil || d.matchSub[dst] >= 0 {
+	if d.closed.Load() || uint(dst) >= uint(d.appSize) || uint(tag) > maxTag || d.down[dst].Load() != nil {
 		return false, nil
 	}
-	class := d.table.Class(len(buf))
-	if d.indirect(int32(dst), class) {
+	l := &d.lanes[dst]
+	s := l.sub
+	if len(buf) > l.short {
+		// Not in the lane's class: the route by size, as isend finds it.
+		if d.matchSub[dst] >= 0 {
+			return false, nil
+		}
+		class := d.table.Class(len(buf))
+		if d.indirect(int32(dst), class) {
+			return false, nil
+		}
+		s = d.subs[d.routes[dst][class]]
+		if len(buf) > s.caps.MaxEager {
+			return false, nil
+		}
+	}
+	if d.out.behind(int32(dst)) {
 		return false, nil
 	}
-	s := d.subs[d.routes[dst][class]]
-	if len(buf) > s.caps.MaxEager || d.out.behind(int32(dst)) {
-		return false, nil
-	}
-	seq := d.sendSeq[dst].Add(1) - 1
-	of := d.spareFrame.take()
-	if of == nil {
+	seq, held := l.hold(1)
+	of := l.of
+	switch {
+	case !held:
+		seq = l.next()
 		of = framePool.Get().(*outFrame)
+	case of == nil:
+		of = framePool.Get().(*outFrame)
+		l.of = of
 	}
 	of.setShort(int32(dst), int32(tag), context, seq, buf)
 	complete, err := s.sd.Send(&of.f)
-	if err == nil && complete {
-		s.sent[dst].add(len(buf))
-		of.f.Payload = nil
-		if !d.spareFrame.give(of) {
-			recycleFrame(of)
+	if held {
+		if err == nil && complete {
+			if s == l.sub {
+				l.frames++
+				l.bytes += uint64(len(buf))
+			} else {
+				s.sent[dst].add(len(buf))
+			}
+			of.f.Payload = nil
+			l.release()
+			return true, nil
 		}
+		l.of = nil // the subdevice or the request below has it now
+		l.release()
+	} else if err == nil && complete {
+		s.sent[dst].add(len(buf))
+		recycleFrame(of)
 		return true, nil
 	}
 	r := d.getRequest(true, int32(dst))
