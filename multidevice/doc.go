@@ -28,9 +28,9 @@
 // subdevice may do more of the transfer there: shm's sender, polled while
 // it waits for a large payload's SendDone, copies part of that payload
 // into the receiver's buffer while the receiver copies the rest. While
-// a goroutine polls like this (after its first round, which most waits on
-// a busy link do not outlast), queuing a frame does not wake the outbox
-// goroutine.
+// a goroutine polls like this (once its wait handled a frame or lasted a
+// few rounds, which most waits for a small message on a busy link do
+// not), queuing a frame does not wake the outbox goroutine.
 //
 // When a rank sleeps. Counting from the last frame it delivered or sent,
 // the loop polls back to back for 100 µs, then yields

@@ -178,23 +178,33 @@ func (d *Device) spin(pollers []*polled, done func() bool) bool {
 	}
 	var sch schedule
 	sch.load(&d.prog.sched, pollers, d.prog.crowded)
-	// Most waits on a busy link end in the first round. It runs before
-	// this goroutine counts as a spinner, which saves two locked
-	// instructions per wait; a frame a handler queues meanwhile wakes the
-	// outbox goroutine, and is sent here anyway if that one is not at it.
-	if _, ok := d.round(pollers, &sch, done); ok {
-		sch.save()
-		return true
+	var spinner bool
+	ok := d.rounds(pollers, &sch, done, &spinner)
+	sch.save()
+	if spinner {
+		d.stopSpinning()
 	}
-	d.prog.spinners.Add(1)
-	defer d.stopSpinning()
-	defer sch.save()
+	return ok
+}
+
+// rounds is spin's loop. This goroutine counts as a spinner (*spinner
+// set) only once the wait lasted spinCheckEvery rounds or a round
+// handled something: most waits on a busy link, a small message's
+// ping-pong among them, end before either, and counting costs two locked
+// instructions, one of them between the arrival and the caller's next
+// step. A frame a handler queues before that wakes the outbox goroutine,
+// and is sent here anyway if that one is not at it.
+func (d *Device) rounds(pollers []*polled, sch *schedule, done func() bool, spinner *bool) bool {
 	var start time.Time
 	yield := d.prog.crowded
 	for i := 0; ; i++ {
-		n, ok := d.round(pollers, &sch, done)
+		n, ok := d.round(pollers, sch, done)
 		if ok {
 			return true
+		}
+		if !*spinner && (n > 0 || i%spinCheckEvery == spinCheckEvery-1) {
+			d.prog.spinners.Add(1)
+			*spinner = true
 		}
 		if n > 0 && !start.IsZero() {
 			start, yield = time.Time{}, d.prog.crowded // restart the clock at the next check

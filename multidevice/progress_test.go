@@ -67,3 +67,61 @@ func TestCrowdedFromJob(t *testing.T) {
 		closeJob(t, devs)
 	}
 }
+
+// A waiter counts as a spinner, which keeps the outbox goroutine asleep
+// and costs two locked instructions, only once its wait lasted
+// spinCheckEvery rounds or a round handled something; it stops counting
+// when the wait ends.
+func TestSpinnerCounted(t *testing.T) {
+	tests := []struct {
+		name   string
+		arrive int // polls before the one that ends the wait
+		frames int // the first polls each handle a frame that does not end it
+		from   int // the round at whose end the waiter counts from; -1: never
+	}{
+		{"first round", 0, 0, -1},
+		{"a few quiet rounds", 4, 0, -1},
+		{"just short of the check", spinCheckEvery - 1, 0, -1},
+		{"long quiet wait", 3 * spinCheckEvery, 0, spinCheckEvery - 1},
+		{"frames flowing", 6, 2, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := loopJob(t, 1, smallCaps)[0]
+			p := &scriptPoller{arrive: tt.arrive, frames: tt.frames}
+			p.check = func(poll int) { // poll k is made in round k-1
+				counted := d.prog.spinners.Load() != 0
+				if want := tt.from >= 0 && poll-1 > tt.from; counted != want {
+					t.Errorf("round %d: counted as a spinner %v, want %v", poll-1, counted, want)
+				}
+			}
+			if !d.spin([]*polled{{p: p}}, func() bool { return p.arrive < 0 }) {
+				t.Skip("the wait outlasted the spin budget: this goroutine was descheduled for long")
+			}
+			if n := d.prog.spinners.Load(); n != 0 {
+				t.Errorf("%d spinners after the wait ended", n)
+			}
+		})
+	}
+}
+
+// scriptPoller handles a frame in each of its first frames polls, then
+// nothing until arrive polls have passed, when it handles the one that
+// ends the wait (arrive then becomes -1). check sees each poll first.
+type scriptPoller struct {
+	arrive, frames, polls int
+	check                 func(poll int)
+}
+
+func (p *scriptPoller) Poll() int {
+	p.polls++
+	p.check(p.polls)
+	switch {
+	case p.arrive >= 0 && p.polls > p.arrive:
+		p.arrive = -1
+		return 1
+	case p.polls <= p.frames:
+		return 1
+	}
+	return 0
+}
