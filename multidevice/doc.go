@@ -71,8 +71,9 @@
 // 24-byte header (header.go), so that with shm an 8-byte message is a
 // 48-byte record, less than a cache line (shm aligns records to 64 bytes,
 // so the receiver reads one line per such message). A blocking Send of such a
-// message that the subdevice completes at once (done=true) uses a pooled
-// frame and no request at all; an Isend completes its request in place
+// message that the subdevice completes at once (done=true) uses the
+// peer's send lane (or, when another sender holds it, a pooled frame)
+// and no request at all; an Isend completes its request in place
 // with one store (none for a reused request, which stays done), and
 // registers nothing. On arrival, an in-order eager message is matched
 // against the posted receives, copied into the user's buffer and its
@@ -87,8 +88,14 @@
 // nonblocking operations started in requests the caller reuses
 // (IsendRequest, IrecvRequest; adi's IsendInto, IrecvInto): see adi's
 // allocation tests. What is left per message is mostly locked
-// instructions: the sequence number, two link counters (Stats), the
-// matching lock and the completion, besides the subdevice's own.
+// instructions (in Go on amd64 every atomic write is one, atomic Store
+// included): the send lane's take and release (lane.go: sequence number,
+// frame and link counts in one), the matching lock, the completion and
+// the request pool's take and give, besides the subdevice's own. A
+// lock-free match would save none of them: besides the completion it
+// would need one to claim the receive and, since a peer's frames may come
+// through several subdevices at once, one to publish the next expected
+// sequence number, the two the lock costs.
 //
 // # Indirect communication
 //
