@@ -24,6 +24,14 @@
 // neighbours only, in MPI's slot order, blocking or not
 // ([Cart.IneighborAllgather], ...).
 //
+// Two groups of ranks talk group to group through an [Intercomm], as
+// coupled codes do (two programs of one job, [World.AppNum], split the
+// world by it): [Comm.IntercommCreate] joins this rank's group to
+// another through their leaders, sends and receives on it name ranks of
+// the other group, its collectives carry data from one group to the
+// other ([Intercomm.Bcast] from a root with [Root], [InterAllreduce],
+// ...), and [Intercomm.Merge] makes one communicator of both.
+//
 // A program that streams nonblocking messages starts them in requests it
 // keeps and reuses ([Comm.IsendInto], [Comm.IrecvInto]) instead of
 // getting a new one from every Isend and Irecv; then a steady stream of
