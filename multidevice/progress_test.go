@@ -70,8 +70,8 @@ func TestCrowdedFromJob(t *testing.T) {
 
 // A waiter counts as a spinner, which keeps the outbox goroutine asleep
 // and costs two locked instructions, only once its wait lasted
-// spinCheckEvery rounds or a round handled something; it stops counting
-// when the wait ends.
+// spinCheckEvery rounds after the first or a round after the first
+// handled something; it stops counting when the wait ends.
 func TestSpinnerCounted(t *testing.T) {
 	tests := []struct {
 		name   string
@@ -81,9 +81,10 @@ func TestSpinnerCounted(t *testing.T) {
 	}{
 		{"first round", 0, 0, -1},
 		{"a few quiet rounds", 4, 0, -1},
-		{"just short of the check", spinCheckEvery - 1, 0, -1},
-		{"long quiet wait", 3 * spinCheckEvery, 0, spinCheckEvery - 1},
-		{"frames flowing", 6, 2, 0},
+		{"just short of the check", spinCheckEvery, 0, -1},
+		{"long quiet wait", 3 * spinCheckEvery, 0, spinCheckEvery},
+		{"a frame in the first round", 6, 1, -1},
+		{"frames flowing", 6, 2, 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
