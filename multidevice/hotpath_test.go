@@ -61,9 +61,11 @@ func BenchmarkRecvPostedFirst(b *testing.B) {
 }
 
 // TestLaneSends sends small messages to one peer from several goroutines
-// at once, so that they take the peer's lane in turn and find it held,
-// while Stats reads its counts: every message arrives, each goroutine's in
-// order, and Stats counts each frame once, whichever way it went.
+// at once, which take the peer's lane in turn (finding it held only when
+// they meet: TestLaneHeld makes sure of that case), while Stats reads its
+// counts: every message arrives, each goroutine's in order, and Stats
+// counts each frame once. Run with -race, it checks that the lane's
+// frame and counts pass from holder to holder.
 func TestLaneSends(t *testing.T) {
 	const senders, msgs, size = 4, 300, 8
 	ds := shmDevices(t, 2)
