@@ -35,6 +35,8 @@ func TestCouplingUnderMdrun(t *testing.T) {
 			`coupling: 1 solver ranks, 1 monitor ranks: stopped after step \d+, every check matched`, false},
 		{"4+1 to the last step", []string{"-n", "4", prog, "-steps", "333", "-every", "100", ":", "-n", "1", prog, "-steps", "333", "-every", "100"},
 			`(?s)step 300: .*coupling: 4 solver ranks, 1 monitor ranks: stopped after step 333, every check matched`, false},
+		{"programs disagree", []string{"-n", "2", prog, "-cells", "10", ":", "-n", "1", prog, "-cells", "12"},
+			`rank 2 runs with -cells 12 -steps 20000 -every 500, rank 0 with -cells 10 .*: give both programs the same`, true},
 		{"one program", []string{"-n", "2", prog}, `one program only: run it as mdrun -n S coupling : -n M coupling`, true},
 		{"three programs", []string{"-n", "1", prog, ":", "-n", "1", prog, ":", "-n", "1", prog},
 			`rank 2 runs program 2: this job couples two programs`, true},

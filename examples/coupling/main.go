@@ -65,19 +65,27 @@ func run(ctx context.Context, cells, steps, every int, even float64) error {
 	defer w.Finalize(ctx)
 	world := w.Comm()
 	app := w.AppNum()
-	// Every rank learns every rank's program, so that all refuse alike a
-	// job that is not two programs, and each finds the other program's
+	// Every rank learns every rank's program and settings, so that all
+	// refuse alike a job that is not two programs, or whose programs were
+	// given different -cells, -steps or -every (each program of an MPMD
+	// job takes flags of its own); and each finds the other program's
 	// first rank in the world: its leader in the intercommunicator.
-	apps := make([]int64, world.Size())
-	if err := world.Allgather(ctx, adi.Bytes([]int64{int64(app)}), adi.Bytes(apps)); err != nil {
+	mine := []int64{int64(app), int64(cells), int64(steps), int64(every)}
+	settings := make([]int64, len(mine)*world.Size())
+	if err := world.Allgather(ctx, adi.Bytes(mine), adi.Bytes(settings)); err != nil {
 		return err
 	}
 	remoteLeader := -1
-	for r, a := range apps {
-		if a > 1 {
-			return fmt.Errorf("rank %d runs program %d: this job couples two programs, run it as mdrun -n S coupling : -n M coupling", r, a)
+	for r := range world.Size() {
+		got := settings[len(mine)*r : len(mine)*(r+1)]
+		if got[0] > 1 {
+			return fmt.Errorf("rank %d runs program %d: this job couples two programs, run it as mdrun -n S coupling : -n M coupling", r, got[0])
 		}
-		if int(a) != app && remoteLeader < 0 {
+		if got[1] != settings[1] || got[2] != settings[2] || got[3] != settings[3] {
+			return fmt.Errorf("rank %d runs with -cells %d -steps %d -every %d, rank 0 with -cells %d -steps %d -every %d: give both programs the same",
+				r, got[1], got[2], got[3], settings[1], settings[2], settings[3])
+		}
+		if int(got[0]) != app && remoteLeader < 0 {
 			remoteLeader = r
 		}
 	}
@@ -235,11 +243,17 @@ func monitor(ctx context.Context, c *adi.Comm, ic *adi.Intercomm, cells, steps, 
 		if s%every != 0 && s != steps {
 			continue
 		}
-		if err := ic.Gather(ctx, nil, got, adi.Root); err != nil {
-			return err
-		}
 		verdict, hottest, coldest := goOn, math.Inf(-1), math.Inf(1)
+		// A failed Gather is a verdict too: the solver and the other
+		// monitor ranks wait for one.
+		gerr := ic.Gather(ctx, nil, got, adi.Root)
+		if gerr != nil {
+			verdict = wrong
+		}
 		for i := range n {
+			if gerr != nil {
+				break
+			}
 			x := math.Float64frombits(binary.LittleEndian.Uint64(got[8*i:]))
 			if x != ref[1+i] {
 				verdict = wrong
@@ -255,10 +269,13 @@ func monitor(ctx context.Context, c *adi.Comm, ic *adi.Intercomm, cells, steps, 
 			}
 		}
 		if err := ic.Bcast(ctx, []byte{verdict}, adi.Root); err != nil {
-			return err
+			return errors.Join(gerr, err)
 		}
 		if err := c.Bcast(ctx, []byte{verdict}, 0); err != nil {
-			return err
+			return errors.Join(gerr, err)
+		}
+		if gerr != nil {
+			return fmt.Errorf("the solver's rod after step %d: %w", s, gerr)
 		}
 		switch verdict {
 		case wrong:
