@@ -56,7 +56,7 @@ func (k *collective) carry(err error) error {
 		return nil
 	case errors.Is(err, ErrMismatch):
 		if k.mismatch == nil {
-			k.mismatch = err
+			k.mismatch = k.errorf("local group: %w", err)
 		}
 		return nil
 	}
@@ -67,7 +67,8 @@ func (k *collective) carry(err error) error {
 // k's mismatch, so that a rank that met one sends poison in it, and hands
 // the mismatch it ends with back to k.
 func (ic *Intercomm) localPhase(k *collective, run func(lk *collective) error) error {
-	lk, err := ic.coll.begin(k.ctx, k.name)
+	// Its errors name ranks of the local group, the others' remote ones.
+	lk, err := ic.coll.begin(k.ctx, k.name+" (local group)")
 	if err != nil {
 		return err
 	}
