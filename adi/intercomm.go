@@ -230,13 +230,15 @@ func outcomeErr(code int) error {
 		return ErrGroupsOverlap
 	case createMismatch:
 		return ErrMismatch
+	case createOther:
+		return errCreateArgs
 	}
 	return nil
 }
 
 // errCreateArgs marks a local leader's argument errors that have no
 // sentinel of their own, so that outcome tells them from failures.
-var errCreateArgs = errors.New("bad argument")
+var errCreateArgs = errors.New("bad peer communicator")
 
 // leaderHandshake is the local leader's part of IntercommCreate: it
 // checks its arguments, exchanges a handshake and its group with the
@@ -249,7 +251,7 @@ func (c *Comm) leaderHandshake(ctx context.Context, n uint64, peer *Comm, remote
 	}
 	switch {
 	case peer == nil:
-		return fail("%w: the local leader needs a peer communicator", errCreateArgs)
+		return fail("%w: nil, and the local leader needs one", errCreateArgs)
 	case peer.w != c.w:
 		return fail("peer: %w: %w", errCreateArgs, errOtherWorld)
 	case remoteLeader < 0 || remoteLeader >= peer.Size():

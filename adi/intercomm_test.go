@@ -677,26 +677,27 @@ func TestIntercommCreateErrors(t *testing.T) {
 		name string
 		// create is what rank x of group 0 calls; group 1 calls nothing.
 		create func(ctx context.Context, x *icRank) (*adi.Intercomm, error)
-		want   error // on every rank of group 0; nil: any error
+		want   error  // on every rank of group 0; nil: any error
+		text   string // in every rank's error
 	}{
 		{"local leader out of range", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
 			return x.group.IntercommCreate(ctx, 2, x.world, 2, 77)
-		}, adi.ErrRank},
+		}, adi.ErrRank, ""},
 		{"remote leader out of range", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
 			return x.group.IntercommCreate(ctx, 0, x.world, n, 77)
-		}, adi.ErrRank},
+		}, adi.ErrRank, ""},
 		{"remote leader is the local leader", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
 			return x.group.IntercommCreate(ctx, 1, x.world, 1, 77)
-		}, adi.ErrRank},
+		}, adi.ErrRank, ""},
 		{"remote leader in the local group", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
 			return x.group.IntercommCreate(ctx, 0, x.world, 1, 77)
-		}, adi.ErrGroupsOverlap},
+		}, adi.ErrGroupsOverlap, ""},
 		{"bad tag", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
 			return x.group.IntercommCreate(ctx, 0, x.world, 2, -5)
-		}, adi.ErrTag},
+		}, adi.ErrTag, ""},
 		{"no peer", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
 			return x.group.IntercommCreate(ctx, 0, nil, 2, 77)
-		}, nil},
+		}, nil, "bad peer communicator"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			xs := intercomms(t, s)
@@ -708,6 +709,8 @@ func TestIntercommCreateErrors(t *testing.T) {
 					return fmt.Errorf("no error (%v)", ic)
 				case tc.want != nil && !errors.Is(err, tc.want):
 					return fmt.Errorf("%v, want %v", err, tc.want)
+				case !strings.Contains(err.Error(), tc.text):
+					return fmt.Errorf("%v, want it to say %q", err, tc.text)
 				}
 				return nil
 			})
