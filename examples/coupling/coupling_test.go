@@ -1,11 +1,14 @@
 package main
 
 import (
+	"context"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/hpc-multidevice/multidevice/internal/netns"
 )
 
 // TestCouplingUnderMdrun runs the two programs as one job through mdrun
@@ -16,13 +19,7 @@ func TestCouplingUnderMdrun(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds mdrun and the example")
 	}
-	dir := t.TempDir()
-	for _, pkg := range []string{"../../cmd/mdrun", "."} {
-		if out, err := exec.Command("go", "build", "-o", dir+"/", pkg).CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-		}
-	}
-	prog := filepath.Join(dir, "coupling")
+	mdrun, prog := build(t)
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -42,7 +39,7 @@ func TestCouplingUnderMdrun(t *testing.T) {
 			`rank 2 runs program 2: this job couples two programs`, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			out, err := exec.Command(filepath.Join(dir, "mdrun"), tc.args...).CombinedOutput()
+			out, err := exec.Command(mdrun, tc.args...).CombinedOutput()
 			if (err != nil) != tc.fail {
 				t.Fatalf("mdrun %s: %v, want failure %v\n%s", strings.Join(tc.args, " "), err, tc.fail, out)
 			}
@@ -51,4 +48,35 @@ func TestCouplingUnderMdrun(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestCouplingAcrossSites runs the solver on the hosts of one cluster
+// and the monitor on another's, namespace hosts that reach each other
+// over tcp: the intercommunicator's traffic crosses between the sites,
+// and the solver's own collectives go host by host.
+func TestCouplingAcrossSites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mdrun and the example and starts a job on namespace hosts")
+	}
+	head, launch := netns.LAN(t, 3)
+	mdrun, prog := build(t)
+	cmd := head.Command(context.Background(), mdrun, "-hosts", "10.77.0.1:2@A,10.77.0.2:2@A,10.77.0.3:2@B", "-launcher", launch,
+		"-n", "4", prog, ":", "-n", "2", prog)
+	out, err := cmd.CombinedOutput()
+	want := regexp.MustCompile(`\[4\] coupling: 4 solver ranks, 2 monitor ranks: stopped after step \d+, every check matched the serial run`)
+	if err != nil || !want.Match(out) {
+		t.Fatalf("mdrun: %v, want the monitor (rank 4, on the second site) to report a match\n%s", err, out)
+	}
+}
+
+// build builds mdrun and the example, and returns their paths.
+func build(t *testing.T) (mdrun, prog string) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, pkg := range []string{"../../cmd/mdrun", "."} {
+		if out, err := exec.Command("go", "build", "-o", dir+"/", pkg).CombinedOutput(); err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	return filepath.Join(dir, "mdrun"), filepath.Join(dir, "coupling")
 }

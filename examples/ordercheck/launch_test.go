@@ -227,43 +227,10 @@ func TestHydraAbort(t *testing.T) {
 	}
 }
 
-// twoHosts is lanHosts with two hosts.
+// twoHosts is netns.LAN with two hosts.
 func twoHosts(t *testing.T) (head *netns.Host, script string) {
 	t.Helper()
-	return lanHosts(t, 2)
-}
-
-// lanHosts makes a head node and n hosts, 10.77.0.1 to 10.77.0.n, on one
-// switch, and a launch script that runs a command on a host as ssh would.
-func lanHosts(t *testing.T, n int) (head *netns.Host, script string) {
-	t.Helper()
-	bed := netns.New(t)
-	head = bed.Host("head")
-	sw := bed.Switch("lan")
-	bed.Attach(head, "eth0", sw, "10.77.0.10/24")
-	var cases strings.Builder
-	for i := 1; i <= n; i++ {
-		h := bed.Host(fmt.Sprintf("h%d", i))
-		bed.Attach(h, "eth0", sw, fmt.Sprintf("10.77.0.%d/24", i))
-		fmt.Fprintf(&cases, "  10.77.0.%d) ns=%s ;;\n", i, h.Name())
-	}
-	script = filepath.Join(t.TempDir(), "launch")
-	body := fmt.Sprintf(`#!/bin/sh
-# launch [options] HOST COMMAND...: like ssh, run COMMAND (a shell command
-# line) on HOST, here the network namespace that stands for it.
-while [ "${1#-}" != "$1" ]; do shift; done
-host=$1; shift
-case "$host" in
-%s  *) echo "launch: unknown host $host" >&2; exit 255 ;;
-esac
-# A session of its own, as under sshd: a signal to this script does not
-# reach the command.
-exec ip netns exec "$ns" setsid -w sh -c "$*"
-`, cases.String())
-	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return head, script
+	return netns.LAN(t, 2)
 }
 
 // TestHydraTwoHosts: mpiexec on a head node starts 2 ranks on each of two
@@ -413,7 +380,7 @@ func TestMdrunSites(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds mdrun and starts a job on namespace hosts")
 	}
-	head, script := lanHosts(t, 3)
+	head, script := netns.LAN(t, 3)
 	cmd := head.Command(context.Background(), buildMdrun(t), "-hosts", "10.77.0.1:2@A,10.77.0.2:2@A,10.77.0.3:2@B",
 		"-launcher", script, "-n", "6", helper, "-messages", "30")
 	cmd.Env = cleanEnv()

@@ -37,6 +37,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -468,4 +469,39 @@ func (i *Iface) setLink(state string) error {
 		return fmt.Errorf("netns: ip -n %s link set %s %s: %w: %s", i.host.ns, i.name, state, err, out)
 	}
 	return nil
+}
+
+// LAN makes a head node and n hosts, 10.77.0.1 to 10.77.0.n, on one
+// switch, and a launch script that runs a command on a host as ssh would:
+// `launch [options] HOST COMMAND...`, for mdrun's -launcher or Hydra's
+// -launcher-exec. Jobs start from the head node (head.Command).
+func LAN(t testing.TB, n int) (head *Host, script string) {
+	t.Helper()
+	bed := New(t)
+	head = bed.Host("head")
+	sw := bed.Switch("lan")
+	bed.Attach(head, "eth0", sw, "10.77.0.10/24")
+	var cases strings.Builder
+	for i := 1; i <= n; i++ {
+		h := bed.Host(fmt.Sprintf("h%d", i))
+		bed.Attach(h, "eth0", sw, fmt.Sprintf("10.77.0.%d/24", i))
+		fmt.Fprintf(&cases, "  10.77.0.%d) ns=%s ;;\n", i, h.Name())
+	}
+	script = filepath.Join(t.TempDir(), "launch")
+	body := fmt.Sprintf(`#!/bin/sh
+# launch [options] HOST COMMAND...: like ssh, run COMMAND (a shell command
+# line) on HOST, here the network namespace that stands for it.
+while [ "${1#-}" != "$1" ]; do shift; done
+host=$1; shift
+case "$host" in
+%s  *) echo "launch: unknown host $host" >&2; exit 255 ;;
+esac
+# A session of its own, as under sshd: a signal to this script does not
+# reach the command.
+exec ip netns exec "$ns" setsid -w sh -c "$*"
+`, cases.String())
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return head, script
 }
