@@ -96,12 +96,21 @@ func (ic *Intercomm) localBcast(k *collective, buf []byte) error {
 	})
 }
 
-// checkRoot checks a rooted collective's root argument.
-func (ic *Intercomm) checkRoot(k *collective, root int) error {
-	if root == Root || root == ProcNull || root >= 0 && root < ic.RemoteSize() {
-		return nil
-	}
-	return k.errorf("root: %w: %d is neither Root, ProcNull nor a remote rank in [0,%d)", ErrRank, root, ic.RemoteSize())
+// rooted runs a rooted collective of ic: atRoot on its root (Root),
+// nothing on the other ranks of the root's group (ProcNull), and other on
+// the ranks of the other group, which name the root's remote rank.
+func (ic *Intercomm) rooted(ctx context.Context, name string, root int, atRoot, other func(k *collective) error) error {
+	return ic.collective(ctx, name, func(k *collective) error {
+		switch {
+		case root == Root:
+			return atRoot(k)
+		case root == ProcNull:
+			return nil
+		case root >= 0 && root < ic.RemoteSize():
+			return other(k)
+		}
+		return k.errorf("root: %w: %d is neither Root, ProcNull nor a remote rank in [0,%d)", ErrRank, root, ic.RemoteSize())
+	})
 }
 
 // Barrier returns once every rank of both groups has called it.
@@ -124,16 +133,7 @@ func (ic *Intercomm) Barrier(ctx context.Context) error {
 // is not used), and the ranks of the other group the root's remote rank,
 // each with a buffer as long as the root's.
 func (ic *Intercomm) Bcast(ctx context.Context, buf []byte, root int) error {
-	return ic.collective(ctx, "intercomm bcast", func(k *collective) error {
-		if err := ic.checkRoot(k, root); err != nil {
-			return err
-		}
-		switch root {
-		case Root:
-			return k.send(buf, 0)
-		case ProcNull:
-			return nil
-		}
+	return ic.rooted(ctx, "intercomm bcast", root, func(k *collective) error { return k.send(buf, 0) }, func(k *collective) error {
 		if ic.leader() {
 			if err := k.recv(buf, root); err != nil {
 				return err
@@ -151,16 +151,7 @@ func (ic *Intercomm) Bcast(ctx context.Context, buf []byte, root int) error {
 // other group's ranks pass send buffers of the same length; the root's
 // recv holds RemoteSize() of them.
 func (ic *Intercomm) Gather(ctx context.Context, send, recv []byte, root int) error {
-	return ic.collective(ctx, "intercomm gather", func(k *collective) error {
-		if err := ic.checkRoot(k, root); err != nil {
-			return err
-		}
-		switch root {
-		case Root:
-			return k.recv(recv, 0)
-		case ProcNull:
-			return nil
-		}
+	return ic.rooted(ctx, "intercomm gather", root, func(k *collective) error { return k.recv(recv, 0) }, func(k *collective) error {
 		var all []byte
 		if ic.leader() {
 			all = scratch[byte](k, 0, ic.Size()*len(send))
@@ -180,16 +171,7 @@ func (ic *Intercomm) Gather(ctx context.Context, send, recv []byte, root int) er
 // for Bcast. The other group's ranks pass receive buffers of the same
 // length; the root's send holds RemoteSize() of them.
 func (ic *Intercomm) Scatter(ctx context.Context, send, recv []byte, root int) error {
-	return ic.collective(ctx, "intercomm scatter", func(k *collective) error {
-		if err := ic.checkRoot(k, root); err != nil {
-			return err
-		}
-		switch root {
-		case Root:
-			return k.send(send, 0)
-		case ProcNull:
-			return nil
-		}
+	return ic.rooted(ctx, "intercomm scatter", root, func(k *collective) error { return k.send(send, 0) }, func(k *collective) error {
 		var all []byte
 		if ic.leader() {
 			all = scratch[byte](k, 0, ic.Size()*len(recv))
@@ -273,16 +255,7 @@ func (ic *Intercomm) Alltoall(ctx context.Context, send, recv []byte) error {
 // its recv is as long as the other group's sends. Byte order as for
 // [Reduce].
 func InterReduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T], root int) error {
-	return ic.collective(ctx, "intercomm reduce", func(k *collective) error {
-		if err := ic.checkRoot(k, root); err != nil {
-			return err
-		}
-		switch root {
-		case Root:
-			return k.recv(Bytes(recv), 0)
-		case ProcNull:
-			return nil
-		}
+	return ic.rooted(ctx, "intercomm reduce", root, func(k *collective) error { return k.recv(Bytes(recv), 0) }, func(k *collective) error {
 		var acc []T
 		if ic.leader() {
 			acc = scratch[T](k, 0, len(send))
