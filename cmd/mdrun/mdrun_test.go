@@ -541,11 +541,7 @@ func remoteFlags(hosts string) []string {
 }
 
 func TestUsageErrors(t *testing.T) {
-	tests := []struct {
-		name string
-		args []string
-		want string
-	}{
+	checkUsageErrors(t, []usageCase{
 		{"nothing", nil, "-n 0: need at least 1 rank"},
 		{"n missing", []string{helper}, "-n 0: need at least 1 rank"},
 		{"n zero", []string{"-n", "0", helper}, "-n 0"},
@@ -571,7 +567,20 @@ func TestUsageErrors(t *testing.T) {
 		{"empty site", []string{"-hosts", "a:2@,b", "-n", "1", helper}, `-hosts: host "a:2@": the site is empty`},
 		{"two sites for a host", []string{"-hosts", "a@A,b@A,a@B", "-n", "1", helper}, "-hosts: host a is in site B here and in site A before"},
 		{"bad relay host", []string{"-relay", "a,,b", "-n", "1", helper}, `-relay: host "" is not a host name`},
-	}
+	})
+}
+
+// usageCase is a command line mdrun must refuse, and what it must say.
+type usageCase struct {
+	name string
+	args []string
+	want string
+}
+
+// checkUsageErrors runs mdrun on each case: it must exit with the usage
+// status, say what is wrong, show the usage and print nothing else.
+func checkUsageErrors(t *testing.T, tests []usageCase) {
+	t.Helper()
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			status, stdout, stderr := runMdrun(t, tt.args, nil, nil)

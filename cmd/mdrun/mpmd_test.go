@@ -101,11 +101,7 @@ func TestParseMPMD(t *testing.T) {
 func TestMPMDUsageErrors(t *testing.T) {
 	ok := []string{"-n", "1", helper}
 	then := func(more ...string) []string { return append(append([]string{}, ok...), more...) }
-	tests := []struct {
-		name string
-		args []string
-		want string
-	}{
+	checkUsageErrors(t, []usageCase{
 		{"nothing after", then(":"), `mdrun: nothing after the 1st ":"`},
 		{"nothing before", []string{":", "-n", "1", helper}, `mdrun: nothing before the 1st ":"`},
 		{"nothing between", then(":", ":", "-n", "1", helper), `mdrun: nothing between the 1st and the 2nd ":"`},
@@ -136,21 +132,7 @@ func TestMPMDUsageErrors(t *testing.T) {
 		{"empty export", then(":", "-n", "1", "-x", "", helper2), `after the 1st ":": -x "": want a variable name`},
 		{"wdir missing", then(":", "-n", "1", "-wdir", "/nonexistent/wdir", helper2), `mdrun: after the 1st ":": -wdir /nonexistent/wdir: no such file or directory`},
 		{"wdir a file", then(":", "-n", "1", "-wdir", "/etc/hostname", helper2), `after the 1st ":": -wdir /etc/hostname: not a directory`},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			status, stdout, stderr := runMdrun(t, tt.args, nil, nil)
-			if status != exitUsage {
-				t.Errorf("exit status %d, want %d", status, exitUsage)
-			}
-			if !strings.Contains(stderr, tt.want) || !strings.Contains(stderr, "usage: mdrun") {
-				t.Errorf("stderr %q does not say %q and show the usage", stderr, tt.want)
-			}
-			if stdout != "" {
-				t.Errorf("stdout %q, want nothing", stdout)
-			}
-		})
-	}
+	})
 }
 
 // TestHelp checks -h before the first program and after a ':': both
