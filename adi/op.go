@@ -1,6 +1,9 @@
 package adi
 
-import "unsafe"
+import (
+	"fmt"
+	"unsafe"
+)
 
 // Elem is a type whose values travel as the bytes they occupy in memory:
 // fixed-size, holding no pointers. Collectives take slices of it.
@@ -110,6 +113,33 @@ func Bytes[T Elem](s []T) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*elemSize[T]())
+}
+
+// Elems views b as the elements of type T it holds, without copying: the
+// inverse of [Bytes]. It is how a program reads and writes a shared
+// window's memory ([Win.SharedQuery]) as numbers, and applies sync/atomic
+// to them:
+//
+//	part, err := win.SharedQuery(0)
+//	counts, err := adi.Elems[int64](part)
+//	atomic.AddInt64(&counts[3], 1)
+//
+// b must hold a whole number of elements and start where a T may (a
+// window's parts start on 64-byte boundaries); otherwise Elems fails and
+// says which.
+func Elems[T Elem](b []byte) ([]T, error) {
+	var zero T
+	size, align := elemSize[T](), int(unsafe.Alignof(zero))
+	if len(b)%size != 0 {
+		return nil, fmt.Errorf("adi: elems: %d bytes are not a whole number of %T, %d bytes each", len(b), zero, size)
+	}
+	if len(b) == 0 {
+		return nil, nil
+	}
+	if p := uintptr(unsafe.Pointer(unsafe.SliceData(b))); p%uintptr(align) != 0 {
+		return nil, fmt.Errorf("adi: elems: bytes at %#x are not aligned for %T, which needs a multiple of %d", p, zero, align)
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/size), nil
 }
 
 // elemSize is the size of a T in bytes.

@@ -33,8 +33,9 @@ type sharedMem struct {
 // (MPI_Win_allocate_shared), and returns the window and this rank's part
 // of it. Every rank of c must be on one host: split the world with
 // SplitHost first. Other ranks' parts are reached through SharedQuery and
-// then read and written directly, with loads and stores, as well as
-// through the window's Put, Get and Accumulate.
+// then read and written directly, with loads and stores (as numbers
+// through Elems), as well as through the window's Put, Get and
+// Accumulate.
 //
 // The parts lie in rank order, each starting on a 64-byte boundary, and
 // start zeroed. Unlike MPI's default they are not contiguous: a rank's

@@ -70,7 +70,11 @@ func sharedWindowCheck(ctx context.Context, c *adi.Comm) error {
 	if err := c.Barrier(ctx); err != nil { // rank 0 filled its part first
 		return err
 	}
-	counter := (*int64)(unsafe.Pointer(&zero[0]))
+	words, err := adi.Elems[int64](zero[:8])
+	if err != nil {
+		return err
+	}
+	counter := &words[0]
 	for range adds {
 		atomic.AddInt64(counter, 1)
 	}
@@ -289,4 +293,34 @@ func shmBytes(t *testing.T) int {
 		t.Skipf("no /dev/shm: %v", err)
 	}
 	return int(fs.Blocks * uint64(fs.Bsize))
+}
+
+// TestElems: Elems views bytes as numbers where they are whole and
+// aligned, sharing the memory, and refuses them otherwise.
+func TestElems(t *testing.T) {
+	buf := make([]int64, 4) // 8-byte aligned
+	b := adi.Bytes(buf)
+	xs, err := adi.Elems[int64](b)
+	if err != nil || len(xs) != 4 || &xs[0] != &buf[0] {
+		t.Fatalf("Elems[int64] of 32 aligned bytes: %d elements at %p, %v; want 4 at %p", len(xs), xs, err, buf)
+	}
+	if hs, err := adi.Elems[uint16](b[2:10]); err != nil || len(hs) != 4 {
+		t.Fatalf("Elems[uint16] of 8 bytes at an even address: %v, %v", hs, err)
+	}
+	if zs, err := adi.Elems[float64](b[:0]); err != nil || zs != nil {
+		t.Fatalf("Elems of no bytes: %v, %v; want nil, nil", zs, err)
+	}
+	for _, tc := range []struct {
+		name string
+		f    func() error
+		want string
+	}{
+		{"not whole", func() error { _, err := adi.Elems[int64](b[:12]); return err }, "12 bytes are not a whole number of int64, 8 bytes each"},
+		{"misaligned", func() error { _, err := adi.Elems[int64](b[4:12]); return err }, "not aligned for int64, which needs a multiple of 8"},
+		{"complex", func() error { _, err := adi.Elems[complex128](b[:24]); return err }, "not a whole number of complex128, 16 bytes each"},
+	} {
+		if err := tc.f(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
+		}
+	}
 }
