@@ -225,3 +225,77 @@ func BenchmarkShmExchange(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkShmWindowRead is rank 0 reading 64 KiB of rank 1's window per
+// op, both ranks of this process on one host: "get" through Get between
+// two Fences, "shared" from a shared window's part with copy between two
+// Barriers, as a program that shares a host's memory does.
+func BenchmarkShmWindowRead(b *testing.B) {
+	const size = 64 << 10
+	for _, tc := range []struct {
+		name string
+		make func(c *adi.Comm) (*adi.Win, error)
+		// read is rank 0's op; sync is rank 1's part in it.
+		read func(ctx context.Context, w *adi.Win, c *adi.Comm, buf []byte) error
+		sync func(ctx context.Context, w *adi.Win, c *adi.Comm) error
+	}{
+		{"get", func(c *adi.Comm) (*adi.Win, error) { return c.WinCreate(ctxT(b), make([]byte, size)) },
+			func(ctx context.Context, w *adi.Win, c *adi.Comm, buf []byte) error {
+				return errors.Join(w.Fence(ctx), w.Get(buf, 1, 0), w.Fence(ctx))
+			},
+			func(ctx context.Context, w *adi.Win, c *adi.Comm) error { return errors.Join(w.Fence(ctx), w.Fence(ctx)) }},
+		{"shared", func(c *adi.Comm) (*adi.Win, error) {
+			w, _, err := c.WinAllocateShared(ctxT(b), size)
+			return w, err
+		},
+			func(ctx context.Context, w *adi.Win, c *adi.Comm, buf []byte) error {
+				part, err := w.SharedQuery(1)
+				if err != nil {
+					return err
+				}
+				if err := c.Barrier(ctx); err != nil {
+					return err
+				}
+				copy(buf, part)
+				return c.Barrier(ctx)
+			},
+			func(ctx context.Context, w *adi.Win, c *adi.Comm) error { return errors.Join(c.Barrier(ctx), c.Barrier(ctx)) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			cs := shmJob(b, 2)
+			ctx := ctxT(b)
+			wins := make([]*adi.Win, 2)
+			errs := make(chan error, 2)
+			for r := range 2 {
+				go func() {
+					var err error
+					wins[r], err = tc.make(cs[r])
+					errs <- err
+				}()
+			}
+			for range 2 {
+				if err := <-errs; err != nil {
+					b.Fatal(err)
+				}
+			}
+			go func() {
+				var err error
+				for i := 0; i < b.N && err == nil; i++ {
+					err = tc.sync(ctx, wins[1], cs[1])
+				}
+				errs <- errors.Join(err, wins[1].Free(ctx))
+			}()
+			buf := make([]byte, size)
+			b.SetBytes(size)
+			b.ResetTimer()
+			var err error
+			for i := 0; i < b.N && err == nil; i++ {
+				err = tc.read(ctx, wins[0], cs[0], buf)
+			}
+			b.StopTimer()
+			if err := errors.Join(err, wins[0].Free(ctx), <-errs); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
