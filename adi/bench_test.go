@@ -243,7 +243,9 @@ func BenchmarkShmWindowRead(b *testing.B) {
 			func(ctx context.Context, w *adi.Win, c *adi.Comm, buf []byte) error {
 				return errors.Join(w.Fence(ctx), w.Get(buf, 1, 0), w.Fence(ctx))
 			},
-			func(ctx context.Context, w *adi.Win, c *adi.Comm) error { return errors.Join(w.Fence(ctx), w.Fence(ctx)) }},
+			func(ctx context.Context, w *adi.Win, c *adi.Comm) error {
+				return errors.Join(w.Fence(ctx), w.Fence(ctx))
+			}},
 		{"shared", func(c *adi.Comm) (*adi.Win, error) {
 			w, _, err := c.WinAllocateShared(ctxT(b), size)
 			return w, err
@@ -259,7 +261,9 @@ func BenchmarkShmWindowRead(b *testing.B) {
 				copy(buf, part)
 				return c.Barrier(ctx)
 			},
-			func(ctx context.Context, w *adi.Win, c *adi.Comm) error { return errors.Join(c.Barrier(ctx), c.Barrier(ctx)) }},
+			func(ctx context.Context, w *adi.Win, c *adi.Comm) error {
+				return errors.Join(c.Barrier(ctx), c.Barrier(ctx))
+			}},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			cs := shmJob(b, 2)

@@ -68,27 +68,41 @@ func (g *background) unserve(w *Win) {
 // nonblocking starts run, a blocking collective, as the next collective
 // of c, on a copy of c that has state of its own.
 func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) error) (*Request, error) {
-	g := &c.w.bg
+	var own *Comm
+	draw := func() {
+		// The copies, with the requests and scratch space their
+		// collectives keep, are recycled: a fresh one per call cost twice
+		// the allocations.
+		own, _ = c.copies.Get().(*Comm)
+		if own == nil {
+			own = &Comm{w: c.w, context: c.context, rank: c.rank, ranks: c.ranks, index: c.index, identity: c.identity, hosts: c.hosts, ordered: c.ordered}
+		}
+		own.collSeq.Store(c.collSeq.Add(1) - 1) // its begin draws the number drawn here
+	}
+	return c.w.bg.launch(c, name, draw, func(ctx context.Context) error {
+		err := run(ctx, own)
+		if err == nil { // a failed one may have receives still in flight into its scratch
+			c.copies.Put(own)
+		}
+		return err
+	})
+}
+
+// launch starts run on a worker and returns the request that completes
+// with it, on c. draw, called first under the lock that orders the
+// launches, takes what run needs to be the next collective.
+func (g *background) launch(c *Comm, name string, draw func(), run func(ctx context.Context) error) (*Request, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return nil, fmt.Errorf("adi: %s: %w", name, ErrFinalized)
 	}
-	// The copies, with the requests and scratch space their collectives
-	// keep, are recycled: a fresh one per call cost twice the allocations.
-	own, _ := c.copies.Get().(*Comm)
-	if own == nil {
-		own = &Comm{w: c.w, context: c.context, rank: c.rank, ranks: c.ranks, index: c.index, identity: c.identity, hosts: c.hosts, ordered: c.ordered}
-	}
-	own.collSeq.Store(c.collSeq.Add(1) - 1) // its begin draws the number drawn here
+	draw()
 	op := &localOp{done: make(chan struct{})}
 	g.wg.Add(1)
 	task := func() {
 		defer g.wg.Done()
-		op.err = run(context.Background(), own)
-		if op.err == nil { // a failed one may have receives still in flight into its scratch
-			c.copies.Put(own)
-		}
+		op.err = run(context.Background())
 		close(op.done)
 		c.w.dev.Notify() // for WaitAny, which waits on Changed
 	}
