@@ -80,9 +80,13 @@ type collective struct {
 	c    *Comm
 	ctx  context.Context
 	name string
-	tag  int
-	reqs []pending
-	used int // requests of c.coll.reqs this call has started
+	// where follows name in errors: " (local group)" in an
+	// intercommunicator's local phases, whose ranks are not the remote
+	// ones its other errors name.
+	where string
+	tag   int
+	reqs  []pending
+	used  int // requests of c.coll.reqs this call has started
 	// mismatch is the first receive of the wrong length; from then on
 	// this rank sends poison (see above).
 	mismatch error
@@ -116,7 +120,7 @@ func (k *collective) done() {
 }
 
 func (k *collective) errorf(format string, args ...any) error {
-	return fmt.Errorf("adi: %s: "+format, append([]any{k.name}, args...)...)
+	return fmt.Errorf("adi: %s%s: "+format, append([]any{k.name, k.where}, args...)...)
 }
 
 // start starts an operation in the next of the communicator's requests.

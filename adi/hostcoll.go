@@ -224,7 +224,7 @@ func (c *Comm) view(in []int, rank int) *Comm {
 // phase completes them. A mismatch met in the phase carries on to k.
 func (k *collective) phase(v *Comm, run func(s *collective) error) error {
 	s := &v.coll.k
-	*s = collective{c: v, ctx: k.ctx, name: k.name, tag: k.tag, reqs: s.reqs[:0], mismatch: k.mismatch}
+	*s = collective{c: v, ctx: k.ctx, name: k.name, where: k.where, tag: k.tag, reqs: s.reqs[:0], mismatch: k.mismatch}
 	err := run(s)
 	if err == nil {
 		err = s.wait()

@@ -67,11 +67,11 @@ func (k *collective) carry(err error) error {
 // k's mismatch, so that a rank that met one sends poison in it, and hands
 // the mismatch it ends with back to k.
 func (ic *Intercomm) localPhase(k *collective, run func(lk *collective) error) error {
-	// Its errors name ranks of the local group, the others' remote ones.
-	lk, err := ic.coll.begin(k.ctx, k.name+" (local group)")
+	lk, err := ic.coll.begin(k.ctx, k.name)
 	if err != nil {
 		return err
 	}
+	lk.where = " (local group)" // its errors name local ranks, k's remote ones
 	defer lk.done()
 	lk.mismatch = k.mismatch
 	// A run that ends lk itself (scatterv) returns the mismatch lk
