@@ -2,6 +2,7 @@ package adi
 
 import (
 	"encoding/binary"
+	"math"
 	"testing"
 )
 
@@ -12,7 +13,7 @@ import (
 func FuzzIntercommHandshake(f *testing.F) {
 	f.Add(encodeHandshake(42, 2), encodeGroup([]int{3, 1}), 4)
 	f.Add(make([]byte, 24), make([]byte, 16), 4)
-	f.Add(encodeHandshake(1, 1<<40), []byte{1, 2, 3}, 1)
+	f.Add(encodeHandshake(1, math.MaxInt), []byte{1, 2, 3}, 1)
 	f.Fuzz(func(t *testing.T, hdr, group []byte, worldSize int) {
 		if worldSize < 1 || worldSize > 1<<16 {
 			return

@@ -115,7 +115,7 @@ func Bytes[T Elem](s []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(s))), len(s)*elemSize[T]())
 }
 
-// Elems views b as the elements of type T it holds, without copying: the
+// Elems views b as the numbers of type T it holds, without copying: the
 // inverse of [Bytes]. It is how a program reads and writes a shared
 // window's memory ([Win.SharedQuery]) as numbers, and applies sync/atomic
 // to them:
@@ -124,12 +124,15 @@ func Bytes[T Elem](s []T) []byte {
 //	counts, err := adi.Elems[int64](part)
 //	atomic.AddInt64(&counts[3], 1)
 //
-// b must hold a whole number of elements and start where a T may (a
-// window's parts start on 64-byte boundaries); otherwise Elems fails and
-// says which.
-func Elems[T Elem](b []byte) ([]T, error) {
+// b must hold a whole number of elements and start on a multiple of
+// their size (of 8 for complex types), which is what sync/atomic needs
+// on every platform; a window's parts start on 64-byte boundaries.
+// Otherwise Elems fails and says which. It takes no bool: another rank
+// could store a byte that is neither false nor true.
+func Elems[T Number](b []byte) ([]T, error) {
 	var zero T
-	size, align := elemSize[T](), int(unsafe.Alignof(zero))
+	size := elemSize[T]()
+	align := max(int(unsafe.Alignof(zero)), min(size, 8))
 	if len(b)%size != 0 {
 		return nil, fmt.Errorf("adi: elems: %d bytes are not a whole number of %T, %d bytes each", len(b), zero, size)
 	}

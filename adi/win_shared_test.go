@@ -81,7 +81,7 @@ func sharedWindowCheck(ctx context.Context, c *adi.Comm) error {
 	if err := c.Barrier(ctx); err != nil {
 		return err
 	}
-	if got, want := atomic.LoadInt64(counter), int64(0x0101010101010101+n*adds); got != want {
+	if got, want := atomic.LoadInt64(counter), int64(0x0101010101010101)+int64(n*adds); got != want {
 		return fmt.Errorf("rank %d: counter %#x, want %#x", me, got, want)
 	}
 	for r := range n {
@@ -318,6 +318,10 @@ func TestElems(t *testing.T) {
 		{"not whole", func() error { _, err := adi.Elems[int64](b[:12]); return err }, "12 bytes are not a whole number of int64, 8 bytes each"},
 		{"misaligned", func() error { _, err := adi.Elems[int64](b[4:12]); return err }, "not aligned for int64, which needs a multiple of 8"},
 		{"complex", func() error { _, err := adi.Elems[complex128](b[:24]); return err }, "not a whole number of complex128, 16 bytes each"},
+		// Aligned as Go needs for a uint32 on 32-bit platforms, but not as
+		// sync/atomic needs for an int64 there.
+		{"aligned for 4 only", func() error { _, err := adi.Elems[uint64](b[4:12]); return err }, "needs a multiple of 8"},
+		{"complex64", func() error { _, err := adi.Elems[complex64](b[4:12]); return err }, "needs a multiple of 8"},
 	} {
 		if err := tc.f(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v, want an error saying %q", tc.name, err, tc.want)
