@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/internal/netns"
 )
@@ -60,8 +62,17 @@ func TestCouplingAcrossSites(t *testing.T) {
 	}
 	head, launch := netns.LAN(t, 3)
 	mdrun, prog := build(t)
-	cmd := head.Command(context.Background(), mdrun, "-hosts", "10.77.0.1:2@A,10.77.0.2:2@A,10.77.0.3:2@B", "-launcher", launch,
+	// A job that hangs is killed rather than left to go test's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := head.Command(ctx, mdrun, "-hosts", "10.77.0.1:2@A,10.77.0.2:2@A,10.77.0.3:2@B", "-launcher", launch,
 		"-n", "4", prog, ":", "-n", "2", prog)
+	// Not this process's launcher variables, if a launcher started it.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "MD_") && !strings.HasPrefix(kv, "MDRUN_") && !strings.HasPrefix(kv, "PMI_") && !strings.HasPrefix(kv, "SLURM_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
 	out, err := cmd.CombinedOutput()
 	want := regexp.MustCompile(`\[4\] coupling: 4 solver ranks, 2 monitor ranks: stopped after step \d+, every check matched the serial run`)
 	if err != nil || !want.Match(out) {
