@@ -170,3 +170,43 @@ func TestLaneHeld(t *testing.T) {
 		t.Errorf("Stats: %d frames, %d bytes to rank 1; want 4, 4", f, b)
 	}
 }
+
+// TestLaneFrameOwnedByHolder: a sender that finds a peer's lane held
+// touches nothing of the lane but its word: the holder may be setting
+// the lane's frame meanwhile (as when the subdevice keeps the frame).
+// Under -race a read of the frame by the other sender is reported.
+func TestLaneFrameOwnedByHolder(t *testing.T) {
+	ds := shmDevices(t, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l := &ds[0].lanes[1]
+	if err := ds[0].Send(ctx, []byte{0}, 1, 0, 0, false); err != nil { // the lane now has a frame
+		t.Fatal(err)
+	}
+	held, release, gone := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	go func() { // a holder, as sendNow is between hold and release
+		defer close(gone)
+		if _, ok := l.hold(0); !ok {
+			t.Error("the lane is held already")
+			close(held)
+			return
+		}
+		close(held)
+		l.of = nil // as sendNow does when the subdevice keeps the frame
+		<-release
+		l.release()
+	}()
+	<-held
+	time.Sleep(20 * time.Millisecond) // no happens-before edge from the holder's write
+	if err := ds[0].Send(ctx, []byte{1}, 1, 0, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	<-gone
+	buf := make([]byte, 8)
+	for i := range 2 {
+		if _, err := ds[1].Recv(ctx, buf, 0, 0, 0); err != nil || buf[0] != byte(i) {
+			t.Fatalf("message %d: %v, got %d", i, err, buf[0])
+		}
+	}
+}

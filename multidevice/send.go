@@ -315,14 +315,16 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 		return false, nil
 	}
 	seq, held := l.hold(1)
-	of := l.of
+	var of *outFrame
 	switch {
 	case !held:
 		seq = l.next()
 		of = framePool.Get().(*outFrame)
-	case of == nil:
+	case l.of == nil:
 		of = framePool.Get().(*outFrame)
 		l.of = of
+	default:
+		of = l.of
 	}
 	of.setShort(int32(dst), int32(tag), context, seq, buf)
 	complete, err := s.sd.Send(&of.f)
