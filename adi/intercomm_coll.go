@@ -152,11 +152,8 @@ func (ic *Intercomm) Bcast(ctx context.Context, buf []byte, root int) error {
 // recv holds RemoteSize() of them.
 func (ic *Intercomm) Gather(ctx context.Context, send, recv []byte, root int) error {
 	return ic.rooted(ctx, "intercomm gather", root, func(k *collective) error { return k.recv(recv, 0) }, func(k *collective) error {
-		var all []byte
-		if ic.leader() {
-			all = scratch[byte](k, 0, ic.Size()*len(send))
-		}
-		if err := k.carry(ic.coll.Gather(ctx, send, all, 0)); err != nil {
+		all, err := ic.gatherLocal(ctx, k, send)
+		if err != nil {
 			return err
 		}
 		if ic.leader() {
@@ -164,6 +161,16 @@ func (ic *Intercomm) Gather(ctx context.Context, send, recv []byte, root int) er
 		}
 		return nil
 	})
+}
+
+// gatherLocal gathers send of every rank of the local group into the
+// leader's scratch space of k, which it returns (nil on the others).
+func (ic *Intercomm) gatherLocal(ctx context.Context, k *collective, send []byte) ([]byte, error) {
+	var all []byte
+	if ic.leader() {
+		all = scratch[byte](k, 0, ic.Size()*len(send))
+	}
+	return all, k.carry(ic.coll.Gather(ctx, send, all, 0))
 }
 
 // Scatter sends the r-th block of the root's send, send[r*len(recv):],
@@ -202,11 +209,8 @@ func (ic *Intercomm) Allgather(ctx context.Context, send, recv []byte) error {
 		if len(recv)%ic.RemoteSize() != 0 {
 			return k.errorf("receive buffer of %d bytes for %d remote ranks", len(recv), ic.RemoteSize())
 		}
-		var all []byte
-		if ic.leader() {
-			all = scratch[byte](k, 0, ic.Size()*len(send))
-		}
-		if err := k.carry(ic.coll.Gather(ctx, send, all, 0)); err != nil {
+		all, err := ic.gatherLocal(ctx, k, send)
+		if err != nil {
 			return err
 		}
 		if ic.leader() {
