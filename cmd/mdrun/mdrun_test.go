@@ -512,16 +512,7 @@ func TestJobs(t *testing.T) {
 			if status != tt.status {
 				t.Errorf("exit status %d, want %d", status, tt.status)
 			}
-			for _, re := range tt.stdout {
-				if !re.MatchString(stdout) {
-					t.Errorf("stdout does not match %v", re)
-				}
-			}
-			for _, re := range tt.stderr {
-				if !re.MatchString(stderr) {
-					t.Errorf("stderr does not match %v", re)
-				}
-			}
+			matchOutput(t, stdout, stderr, tt.stdout, tt.stderr)
 			if tt.notStdout != nil && tt.notStdout.MatchString(stdout) {
 				t.Errorf("stdout matches %v", tt.notStdout)
 			}
@@ -568,6 +559,22 @@ func TestUsageErrors(t *testing.T) {
 		{"two sites for a host", []string{"-hosts", "a@A,b@A,a@B", "-n", "1", helper}, "-hosts: host a is in site B here and in site A before"},
 		{"bad relay host", []string{"-relay", "a,,b", "-n", "1", helper}, `-relay: host "" is not a host name`},
 	})
+}
+
+// matchOutput fails t for each of outREs that stdout does not match and
+// each of errREs that stderr does not.
+func matchOutput(t *testing.T, stdout, stderr string, outREs, errREs []*regexp.Regexp) {
+	t.Helper()
+	for _, re := range outREs {
+		if !re.MatchString(stdout) {
+			t.Errorf("stdout does not match %v", re)
+		}
+	}
+	for _, re := range errREs {
+		if !re.MatchString(stderr) {
+			t.Errorf("stderr does not match %v", re)
+		}
+	}
 }
 
 // usageCase is a command line mdrun must refuse, and what it must say.

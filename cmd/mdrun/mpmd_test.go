@@ -371,16 +371,7 @@ func TestMPMDJobs(t *testing.T) {
 			if status != tt.status {
 				t.Errorf("exit status %d, want %d", status, tt.status)
 			}
-			for _, re := range tt.stdout {
-				if !re.MatchString(out) {
-					t.Errorf("stdout does not match %v", re)
-				}
-			}
-			for _, re := range tt.stderr {
-				if !re.MatchString(stderr) {
-					t.Errorf("stderr does not match %v", re)
-				}
-			}
+			matchOutput(t, out, stderr, tt.stdout, tt.stderr)
 			if got := pids(t, out); len(got) != tt.pidsPrint {
 				t.Errorf("%d ranks printed their pid, want %d", len(got), tt.pidsPrint)
 			} else {
