@@ -260,11 +260,8 @@ func (ic *Intercomm) Alltoall(ctx context.Context, send, recv []byte) error {
 // [Reduce].
 func InterReduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T], root int) error {
 	return ic.rooted(ctx, "intercomm reduce", root, func(k *collective) error { return k.recv(Bytes(recv), 0) }, func(k *collective) error {
-		var acc []T
-		if ic.leader() {
-			acc = scratch[T](k, 0, len(send))
-		}
-		if err := k.carry(Reduce(ctx, ic.coll, send, acc, op, 0)); err != nil {
+		acc, err := reduceLocal(ctx, ic, k, send, op)
+		if err != nil {
 			return err
 		}
 		if ic.leader() {
@@ -272,6 +269,17 @@ func InterReduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op 
 		}
 		return nil
 	})
+}
+
+// reduceLocal reduces send of every rank of the local group, in its rank
+// order, into the leader's scratch space of k, which it returns (nil on
+// the others).
+func reduceLocal[T Elem](ctx context.Context, ic *Intercomm, k *collective, send []T, op Op[T]) ([]T, error) {
+	var acc []T
+	if ic.leader() {
+		acc = scratch[T](k, 0, len(send))
+	}
+	return acc, k.carry(Reduce(ctx, ic.coll, send, acc, op, 0))
 }
 
 // InterAllreduce combines send of every rank of the other group, in its
@@ -285,11 +293,8 @@ func InterAllreduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, 
 		if len(recv) != len(send) {
 			return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
 		}
-		var acc []T
-		if ic.leader() {
-			acc = scratch[T](k, 0, len(send))
-		}
-		if err := k.carry(Reduce(ctx, ic.coll, send, acc, op, 0)); err != nil {
+		acc, err := reduceLocal(ctx, ic, k, send, op)
+		if err != nil {
 			return err
 		}
 		if ic.leader() {
