@@ -23,11 +23,13 @@ import (
 // window's own, requests on one and Get's replies on the other, so they
 // never match the program's messages. A goroutine of each rank, the
 // window's server, takes the requests addressed to it and applies them to
-// its window in the order each origin sent them. Fence counts: every rank
+// its window in the order each origin sent them; a rank waiting in Fence
+// applies them itself meanwhile, one at a time with the server, which
+// saves the wake-ups of handing each to it. Fence counts: every rank
 // tells every other how many operations it sent it this epoch
-// (Alltoall), waits until its server has applied that many from each
-// origin, and passes a barrier, so that no rank starts the next epoch
-// while an operation of this one is still in flight anywhere.
+// (Alltoall), waits until that many from each origin have been applied,
+// and passes a barrier, so that no rank starts the next epoch while an
+// operation of this one is still in flight anywhere.
 //
 // MPI-3's additions live beside this file: the atomic operations
 // (GetAccumulate, FetchAndOp, CompareAndSwap) in win_atomic.go, LockAll,
@@ -91,16 +93,24 @@ type Win struct {
 	writes     []uint64
 	acked      []uint64
 
-	// The server's side, guarded by smu: operations applied from each
-	// origin since the window was made, and what the server met that it
-	// could not apply (returned by the next Fence).
-	// Passive-target locks, owned by the server goroutine: the rank
-	// holding this window exclusively (-1: none), the origins holding it
-	// shared, and the requests waiting, first come first served.
+	// The target's side. Operations that come to this window are taken
+	// off the matching queue and applied under amu, by the server or by a
+	// rank waiting in Fence (applyNext): one at a time, so each origin's
+	// are applied in the order it sent them. Owned by amu's holder:
+	// passive-target locks (the rank holding this window exclusively, -1
+	// for none; the origins holding it shared; the requests waiting,
+	// first come first served), and buffers for a message and for a
+	// fetching operation's old contents, sent back.
+	amu       sync.Mutex
 	exclusive int
 	shared    map[int]int
 	waiting   []rmaHeaderFrom
-	scratch   []byte // a fetching operation's old contents, sent back
+	msg       []byte
+	scratch   []byte
+
+	// Guarded by smu: operations applied from each origin since the
+	// window was made, and what applying met that it could not apply
+	// (returned by the next Fence).
 
 	smu       sync.Mutex
 	applied   []int64
@@ -391,9 +401,10 @@ func (w *Win) Fence(ctx context.Context) error {
 	pending, sent, writes := slices.Clone(w.pending), slices.Clone(w.sent), slices.Clone(w.writes)
 	clear(w.sent)
 	w.mu.Unlock()
-	if err := w.wait(ctx, pending); err != nil {
-		return fmt.Errorf("adi: fence: %w", err)
-	}
+	// The counts go first, and this rank's own operations are waited for
+	// only once it has applied what targets it: a Get's reply needs its
+	// target to apply the Get, and a target that is waiting for the counts
+	// cannot, so the server would have to, with a wake-up each way.
 	from := make([]int64, len(sent))
 	if err := w.c.Alltoall(ctx, Bytes(sent), Bytes(from)); err != nil {
 		return fmt.Errorf("adi: fence: %w", err)
@@ -405,16 +416,36 @@ func (w *Win) Fence(ctx context.Context) error {
 	w.smu.Unlock()
 	for {
 		w.smu.Lock()
-		done := true
-		for o := range w.expected {
-			done = done && w.applied[o] >= w.expected[o]
-		}
+		done := w.caughtUp()
 		arrived, stopped, serr := w.arrived, w.stopped, w.serverErr
 		if done {
 			w.serverErr = nil
 		}
 		w.smu.Unlock()
+		if !done {
+			// Apply what comes on this goroutine, polling, before parking:
+			// the server is likely parked, and each handoff to it and back
+			// costs a wake-up.
+			// Not ctx: an operation taken off the queue is applied
+			// whole, as the server would, even if this Fence gives up.
+			var aerr error
+			whole := context.WithoutCancel(ctx)
+			if w.c.w.dev.Progress(func() bool {
+				_, aerr = w.applyNext(whole)
+				w.smu.Lock()
+				defer w.smu.Unlock()
+				return aerr != nil || w.caughtUp()
+			}) {
+				if aerr != nil {
+					return fmt.Errorf("adi: fence: %w", aerr)
+				}
+				continue
+			}
+		}
 		if done {
+			if err := w.wait(ctx, pending); err != nil {
+				return fmt.Errorf("adi: fence: %w", err)
+			}
 			if err := w.c.Barrier(ctx); err != nil {
 				return fmt.Errorf("adi: fence: %w", err)
 			}
@@ -440,6 +471,17 @@ func (w *Win) Fence(ctx context.Context) error {
 	}
 }
 
+// caughtUp reports whether every operation the Fences announced has been
+// applied. smu must be held.
+func (w *Win) caughtUp() bool {
+	for o := range w.expected {
+		if w.applied[o] < w.expected[o] {
+			return false
+		}
+	}
+	return true
+}
+
 // Free ends the window after a last Fence (MPI_Win_free). It is
 // collective.
 func (w *Win) Free(ctx context.Context) error {
@@ -456,41 +498,52 @@ func (w *Win) Free(ctx context.Context) error {
 }
 
 // serve applies the operations that come to this rank's window until ctx
-// ends. It runs on a goroutine of its own.
+// ends. It runs on a goroutine of its own, and parks while none come.
 func (w *Win) serve(ctx context.Context) {
 	defer close(w.stopped)
-	var buf []byte
-	stop := func(err error) {
-		if ctx.Err() == nil { // not Free or Finalize: Fence says why
-			w.smu.Lock()
-			w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window's server stopped: %w", err))
-			w.smu.Unlock()
-		}
-	}
 	for {
-		m, st, err := w.c.Mprobe(ctx, AnySource, rmaTag)
+		_, err := w.c.Probe(ctx, AnySource, rmaTag)
+		if err == nil {
+			_, err = w.applyNext(ctx) // none if a rank in Fence took it first
+		}
 		if err != nil {
-			stop(err)
+			if ctx.Err() == nil { // not Free or Finalize: Fence says why
+				w.smu.Lock()
+				w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window's server stopped: %w", err))
+				w.smu.Unlock()
+			}
 			return
 		}
-		if cap(buf) < st.Count {
-			buf = make([]byte, st.Count)
-		}
-		msg := buf[:st.Count]
-		if _, err := m.Recv(ctx, msg); err != nil {
-			stop(err)
-			return
-		}
-		err = w.apply(ctx, st.Source, msg)
-		w.smu.Lock()
-		w.applied[st.Source]++
-		if err != nil && w.serverErr == nil {
-			w.serverErr = fmt.Errorf("operation from rank %d: %w", st.Source, err)
-		}
-		close(w.arrived)
-		w.arrived = make(chan struct{})
-		w.smu.Unlock()
 	}
+}
+
+// applyNext applies the next operation waiting for this rank's window, if
+// one is, and reports whether one was. An error is one of receiving it;
+// what applying it meets goes to the next Fence.
+func (w *Win) applyNext(ctx context.Context) (bool, error) {
+	w.amu.Lock()
+	defer w.amu.Unlock()
+	m, st, ok, err := w.c.Improbe(AnySource, rmaTag)
+	if err != nil || !ok {
+		return false, err
+	}
+	if cap(w.msg) < st.Count {
+		w.msg = make([]byte, st.Count)
+	}
+	msg := w.msg[:st.Count]
+	if _, err := m.Recv(ctx, msg); err != nil {
+		return true, err
+	}
+	err = w.apply(ctx, st.Source, msg)
+	w.smu.Lock()
+	w.applied[st.Source]++
+	if err != nil && w.serverErr == nil {
+		w.serverErr = fmt.Errorf("operation from rank %d: %w", st.Source, err)
+	}
+	close(w.arrived)
+	w.arrived = make(chan struct{})
+	w.smu.Unlock()
+	return true, nil
 }
 
 // apply carries out one operation from rank src.
@@ -504,7 +557,7 @@ func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
 	case rmaPut, rmaAcc:
 		modify(h, at, payload, nil)
 	case rmaGetAcc, rmaCAS:
-		// The server applies nothing else between reading the old
+		// Nothing else is applied between reading the old
 		// contents and changing them, so the two are one atomic step for
 		// every other operation on the window.
 		w.scratch = modify(h, at, payload, w.scratch[:0])

@@ -7,8 +7,8 @@ import (
 )
 
 // Atomic one-sided operations (MPI-3): each reads elements of a target's
-// window and changes them in one step. The window's server applies one
-// operation at a time, so each is atomic with respect to every other
+// window and changes them in one step. A window's operations are applied
+// one at a time, so each is atomic with respect to every other
 // operation on the window (Put, Accumulate and these alike), element by
 // element and indeed as a whole. A window's own rank changing its memory
 // directly is not covered, as in MPI.
