@@ -226,10 +226,11 @@ func BenchmarkShmExchange(b *testing.B) {
 	}
 }
 
-// BenchmarkShmWindowRead is rank 0 reading 64 KiB of rank 1's window per
-// op, both ranks of this process on one host: "get" through Get between
-// two Fences, "shared" from a shared window's part with copy between two
-// Barriers, as a program that shares a host's memory does.
+// BenchmarkShmWindowRead is rank 0 reading rank 1's window per op, both
+// ranks of this process on one host: "get" 64 KiB and "get8" 8 bytes
+// through Get between two Fences, "shared" 64 KiB from a shared window's
+// part with copy between two Barriers, as a program that shares a host's
+// memory does.
 func BenchmarkShmWindowRead(b *testing.B) {
 	const size = 64 << 10
 	for _, tc := range []struct {
@@ -242,6 +243,13 @@ func BenchmarkShmWindowRead(b *testing.B) {
 		{"get", func(c *adi.Comm) (*adi.Win, error) { return c.WinCreate(ctxT(b), make([]byte, size)) },
 			func(ctx context.Context, w *adi.Win, c *adi.Comm, buf []byte) error {
 				return errors.Join(w.Fence(ctx), w.Get(buf, 1, 0), w.Fence(ctx))
+			},
+			func(ctx context.Context, w *adi.Win, c *adi.Comm) error {
+				return errors.Join(w.Fence(ctx), w.Fence(ctx))
+			}},
+		{"get8", func(c *adi.Comm) (*adi.Win, error) { return c.WinCreate(ctxT(b), make([]byte, size)) },
+			func(ctx context.Context, w *adi.Win, c *adi.Comm, buf []byte) error {
+				return errors.Join(w.Fence(ctx), w.Get(buf[:8], 1, 0), w.Fence(ctx))
 			},
 			func(ctx context.Context, w *adi.Win, c *adi.Comm) error {
 				return errors.Join(w.Fence(ctx), w.Fence(ctx))
@@ -290,7 +298,6 @@ func BenchmarkShmWindowRead(b *testing.B) {
 				errs <- errors.Join(err, wins[1].Free(ctx))
 			}()
 			buf := make([]byte, size)
-			b.SetBytes(size)
 			b.ResetTimer()
 			var err error
 			for i := 0; i < b.N && err == nil; i++ {
