@@ -87,7 +87,8 @@
 // the collective [Win.Fence] calls that separate epochs, ranks [Win.Put]
 // into, [Win.Get] from and [Accumulate] into other ranks' windows without
 // those ranks taking part: a goroutine of each rank, the window's server,
-// applies what comes, one operation at a time. Fence completes every
+// applies what comes, one operation at a time (and a rank waiting in
+// Fence does so itself meanwhile). Fence completes every
 // operation of the epoch on every rank; or [Win.Lock] and [Win.Unlock]
 // bracket one origin's operations on one target, exclusive or shared, the
 // others taking no part, and [Win.LockAll] takes a shared lock on every

@@ -35,10 +35,10 @@ import (
 // (GetAccumulate, FetchAndOp, CompareAndSwap) in win_atomic.go, LockAll,
 // UnlockAll, FlushAll and FlushLocal in win_sync.go, and the
 // request-based operations (Rput, Rget, ...) in win_request.go. A
-// fetching operation's reply, like Get's, is sent by the server once it
-// has applied the operation; FlushAll asks each target it wrote to for
-// an acknowledgement, which the server sends once it has applied
-// everything that origin sent before.
+// fetching operation's reply, like Get's, is sent by whichever goroutine
+// applied the operation (the server, or the rank in Fence), once it has;
+// FlushAll asks each target it wrote to for an acknowledgement, sent once
+// everything that origin sent before has been applied.
 
 // AccOp is the operation Accumulate applies at the target: the target's
 // element becomes target ⊕ origin (MPI_Accumulate's predefined ops).
@@ -390,7 +390,7 @@ func Accumulate[T Real](w *Win, origin []T, target, offset int, op AccOp) error 
 // Fence ends the epoch (MPI_Win_fence): every operation this rank
 // started has completed, every operation that targets this rank has been
 // applied to its window, and every other rank has got that far too. It
-// is collective, and returns what the server met that it could not apply
+// is collective, and returns what applying met that it could not apply
 // since the last Fence.
 func (w *Win) Fence(ctx context.Context) error {
 	w.mu.Lock()
@@ -422,25 +422,22 @@ func (w *Win) Fence(ctx context.Context) error {
 			w.serverErr = nil
 		}
 		w.smu.Unlock()
-		if !done {
-			// Apply what comes on this goroutine, polling, before parking:
-			// the server is likely parked, and each handoff to it and back
-			// costs a wake-up.
-			// Not ctx: an operation taken off the queue is applied
-			// whole, as the server would, even if this Fence gives up.
-			var aerr error
-			whole := context.WithoutCancel(ctx)
-			if w.c.w.dev.Progress(func() bool {
-				_, aerr = w.applyNext(whole)
-				w.smu.Lock()
-				defer w.smu.Unlock()
-				return aerr != nil || w.caughtUp()
-			}) {
-				if aerr != nil {
-					return fmt.Errorf("adi: fence: %w", aerr)
-				}
-				continue
+		if !done && w.c.w.dev.Progress(func() bool {
+			// Polls until operations are waiting, and only looks:
+			// applying one may block, which Progress's done must not.
+			w.smu.Lock()
+			up := w.caughtUp()
+			w.smu.Unlock()
+			_, waiting, _ := w.c.Iprobe(AnySource, rmaTag)
+			return up || waiting
+		}) {
+			// Apply them on this goroutine rather than park: the server is
+			// likely parked, and each handoff to it and back costs a
+			// wake-up.
+			if err := w.applyWaiting(ctx); err != nil {
+				return fmt.Errorf("adi: fence: %w", err)
 			}
+			continue
 		}
 		if done {
 			if err := w.wait(ctx, pending); err != nil {
@@ -469,6 +466,29 @@ func (w *Win) Fence(ctx context.Context) error {
 			return fmt.Errorf("adi: fence: %w", ctx.Err())
 		}
 	}
+}
+
+// applyWaiting applies the operations waiting for this rank's window
+// until none are, or ctx ends. One is applied whole once taken, whatever
+// ctx does, as the server would. One this rank could not receive is lost,
+// so the window can no longer count its epochs: its server is stopped
+// with the error, and every later Fence fails with it.
+func (w *Win) applyWaiting(ctx context.Context) error {
+	whole := context.WithoutCancel(ctx)
+	for ctx.Err() == nil {
+		took, err := w.applyNext(whole)
+		if err != nil {
+			w.smu.Lock()
+			w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window stopped: %w", err))
+			w.smu.Unlock()
+			w.c.w.bg.unserve(w)
+			return err
+		}
+		if !took {
+			return nil
+		}
+	}
+	return ctx.Err()
 }
 
 // caughtUp reports whether every operation the Fences announced has been

@@ -228,11 +228,14 @@ func (w *Win) SharedQuery(r int) ([]byte, error) {
 }
 
 // unmap unmaps a shared window's segment once its server, which wrote
-// into it, has stopped (Free, Finalize), and makes SharedQuery refuse.
+// into it, has stopped (Free, Finalize) and no rank in Fence is applying
+// an operation, and makes SharedQuery refuse.
 func (w *Win) unmap() error {
 	if w.shm == nil || w.shm.seg == nil {
 		return nil
 	}
+	w.amu.Lock() // nor a rank in Fence applying an operation
+	defer w.amu.Unlock()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.freed = true
