@@ -200,7 +200,7 @@ func (k *collective) wait() error {
 		st, err := p.r.Wait(k.ctx)
 		if p.recv && (err == nil && st.Count != p.want || err != nil && errors.Is(err, ErrTruncated)) {
 			if k.mismatch == nil {
-				k.mismatch = k.errorf("from rank %d: %w: %d bytes where %d were expected", p.from, ErrMismatch, st.Count, p.want)
+				k.mismatch = k.mismatchFrom(p, st.Count, err != nil)
 			}
 			continue
 		}
@@ -214,6 +214,21 @@ func (k *collective) wait() error {
 	}
 	k.reqs, k.used = k.reqs[:0], 0
 	return nil
+}
+
+// mismatchFrom describes a receive from p.from that brought count bytes
+// where p.want were expected, or more than that (truncated). A message of
+// poison's shape may be poison, and then the sender only passes on a
+// mismatch it met from another rank: the error says so rather than
+// blaming the sender's arguments.
+func (k *collective) mismatchFrom(p pending, count int, truncated bool) error {
+	switch {
+	case truncated:
+		return k.errorf("from rank %d: %w: more than the %d bytes expected", p.from, ErrMismatch, p.want)
+	case count == 0 || p.want == 0 && count == len(poison):
+		return k.errorf("from rank %d: %w: %d bytes where %d were expected (rank %d passed another length, or passes on a mismatch it met)", p.from, ErrMismatch, count, p.want, p.from)
+	}
+	return k.errorf("from rank %d: %w: %d bytes where %d were expected", p.from, ErrMismatch, count, p.want)
 }
 
 // end completes the collective: it waits for what is outstanding and

@@ -328,6 +328,46 @@ func TestOps(t *testing.T) {
 	}
 }
 
+// TestCollectiveMismatchText: a mismatch's error says what arrived: a
+// longer message than expected, a shorter one, or one of poison's shape,
+// which may only pass on a mismatch its sender met elsewhere.
+func TestCollectiveMismatchText(t *testing.T) {
+	const n = 5
+	cs := loopJob(t, n)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		odd  int // the rank that passes 32 bytes where the rest pass 64
+		f    func(c *adi.Comm, size int) error
+		want map[int]string // rank -> what its error must say
+	}{
+		// The tree from 0: 0 sends to 4, 2, 1; 2 passes poison on to 3.
+		{"bcast", 2, func(c *adi.Comm, size int) error { return c.Bcast(ctx, make([]byte, size), 0) },
+			map[int]string{2: "from rank 0: " + adi.ErrMismatch.Error() + ": more than the 32 bytes expected",
+				3: "from rank 2: " + adi.ErrMismatch.Error() + ": 0 bytes where 64 were expected (rank 2 passed another length, or passes on a mismatch it met)"}},
+		{"gather", 1, func(c *adi.Comm, size int) error { return c.Gather(ctx, make([]byte, size), make([]byte, n*size), 0) },
+			map[int]string{0: "from rank 1: " + adi.ErrMismatch.Error() + ": 32 bytes where 64 were expected"}},
+	} {
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for r, c := range cs {
+			wg.Go(func() {
+				s := 64
+				if r == tc.odd {
+					s = 32
+				}
+				errs[r] = tc.f(c, s)
+			})
+		}
+		wg.Wait()
+		for r, want := range tc.want {
+			if errs[r] == nil || !strings.HasSuffix(errs[r].Error(), want) {
+				t.Errorf("%s: rank %d: %v; want it to end %q", tc.name, r, errs[r], want)
+			}
+		}
+	}
+}
+
 // TestCollectiveMismatch: ranks that disagree on a length get ErrMismatch,
 // and so does every rank whose result depends on theirs; every rank
 // returns.
