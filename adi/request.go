@@ -353,11 +353,13 @@ func TestAll(sts []Status, reqs ...*Request) (bool, error) {
 }
 
 // persistent is what a persistent request starts each time: its
-// operation's arguments, fixed at SendInit or RecvInit.
+// operation's arguments, fixed at SendInit or RecvInit, or for a
+// persistent collective (collinit.go) the nonblocking collective to start.
 type persistent struct {
 	send, sync bool
 	buf        []byte
 	peer, tag  int
+	coll       func() (*Request, error)
 }
 
 // inactive is the status of a persistent request between its operations:
@@ -406,7 +408,10 @@ func (c *Comm) persistent(p *persistent) (*Request, error) {
 func (q *Request) Start() error {
 	p, c := q.persist, q.c
 	if p == nil {
-		return errors.New("adi: start: not a persistent request (SendInit, SsendInit, RecvInit)")
+		return errors.New("adi: start: not a persistent request (SendInit, SsendInit, RecvInit, or a collective's Init)")
+	}
+	if p.coll != nil {
+		return q.startCollective()
 	}
 	var err error
 	if p.send {
@@ -418,6 +423,20 @@ func (q *Request) Start() error {
 		q.c, q.local = c, inactive // still the program's persistent request
 	}
 	return err
+}
+
+// startCollective starts q's persistent collective as the next
+// collective of its communicator.
+func (q *Request) startCollective() error {
+	if !q.local.over() {
+		return fmt.Errorf("adi: start: %w", ErrRequestBusy)
+	}
+	r, err := q.persist.coll()
+	if err != nil {
+		return fmt.Errorf("adi: start: %w", err)
+	}
+	q.local = r.local
+	return nil
 }
 
 // StartAll starts every request, as Start (MPI_Startall), and returns the

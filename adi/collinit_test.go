@@ -1,0 +1,158 @@
+package adi_test
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+// TestPersistentCollectives: persistent collectives started again and
+// again, with new buffer contents each time and a blocking collective
+// between the starts, give each time what their blocking forms give.
+func TestPersistentCollectives(t *testing.T) {
+	for _, n := range []int{1, 3, 4} {
+		t.Run(fmt.Sprintf("ranks=%d", n), func(t *testing.T) {
+			cs := loopJob(t, n)
+			ctx := ctxT(t)
+			each(t, cs, func(c *adi.Comm) error {
+				me := c.Rank()
+				root := n - 1
+				x := make([]int64, 3)
+				sum := make([]int64, 3)
+				bc := make([]byte, 700) // past loopJob's eager limit
+				gathered := make([]byte, n)
+				allred, err := adi.AllreduceInit(c, x, sum, adi.Sum)
+				if err != nil {
+					return err
+				}
+				bcast, err := c.BcastInit(bc, root)
+				if err != nil {
+					return err
+				}
+				gather, err := c.GatherInit([]byte{byte(me)}, gathered, 0)
+				if err != nil {
+					return err
+				}
+				for it := range 5 {
+					for i := range x {
+						x[i] = int64(100*it + 10*me + i)
+					}
+					if me == root {
+						for i := range bc {
+							bc[i] = byte(it + i)
+						}
+					}
+					if err := adi.StartAll(allred, bcast); err != nil {
+						return err
+					}
+					if err := c.Barrier(ctx); err != nil {
+						return err
+					}
+					if err := gather.Start(); err != nil {
+						return err
+					}
+					if _, err := adi.WaitAll(ctx, allred, bcast, gather); err != nil {
+						return fmt.Errorf("iteration %d: %w", it, err)
+					}
+					for i := range sum {
+						want := int64(n*(100*it+i) + 10*n*(n-1)/2)
+						if sum[i] != want {
+							return fmt.Errorf("iteration %d: allreduce[%d] = %d, want %d", it, i, sum[i], want)
+						}
+					}
+					for i := range bc {
+						if bc[i] != byte(it+i) {
+							return fmt.Errorf("iteration %d: bcast[%d] = %d, want %d", it, i, bc[i], byte(it+i))
+						}
+					}
+					if me == 0 {
+						for r := range n {
+							if gathered[r] != byte(r) {
+								return fmt.Errorf("iteration %d: gathered %v", it, gathered)
+							}
+						}
+					}
+				}
+				return nil
+			})
+		})
+	}
+}
+
+// TestPersistentCollectiveRules: a persistent collective's request is
+// inactive until started, refuses a second Start while it runs, reports
+// disagreeing arguments at Wait, and a bad root at Init.
+func TestPersistentCollectiveRules(t *testing.T) {
+	cs := loopJob(t, 3)
+	ctx := ctxT(t)
+	if _, err := cs[0].BcastInit(nil, 3); !errors.Is(err, adi.ErrRank) {
+		t.Errorf("BcastInit with root 3 of 3: %v, want ErrRank", err)
+	}
+	if _, err := adi.ReduceInit(cs[0], []int64{1}, []int64{0}, adi.Sum, -1); !errors.Is(err, adi.ErrRank) {
+		t.Errorf("ReduceInit with root -1: %v, want ErrRank", err)
+	}
+	reqs := make([]*adi.Request, 3)
+	bufs := make([][]byte, 3)
+	for r, c := range cs {
+		bufs[r] = make([]byte, 8)
+		q, err := c.BcastInit(bufs[r], 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.Wait(ctx); err != nil {
+			t.Fatalf("Wait before the first Start: %v", err)
+		}
+		reqs[r] = q
+	}
+	// Rank 0 waits for the root, which has not started: its request is
+	// active, and a second Start is refused.
+	if err := reqs[0].Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := reqs[0].Start(); !errors.Is(err, adi.ErrRequestBusy) {
+		t.Errorf("Start of a running persistent collective: %v, want ErrRequestBusy", err)
+	}
+	copy(bufs[2], "persist!")
+	for _, q := range reqs[1:] {
+		if err := q.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := adi.WaitAll(ctx, reqs...); err != nil {
+		t.Fatal(err)
+	}
+	for r, b := range bufs {
+		if string(b) != "persist!" {
+			t.Errorf("rank %d got %q", r, b)
+		}
+	}
+
+	// Rank 1's block is short: its Allgather reports the mismatch at Wait,
+	// and so do the ranks that receive from it.
+	errs := make([]error, 3)
+	each(t, cs, func(c *adi.Comm) error {
+		send := make([]byte, 4)
+		if c.Rank() == 1 {
+			send = send[:2]
+		}
+		q, err := c.AllgatherInit(send, make([]byte, 12))
+		if err != nil {
+			return err
+		}
+		if err := q.Start(); err != nil {
+			return err
+		}
+		_, errs[c.Rank()] = q.Wait(ctx)
+		return nil
+	})
+	if !slices.ContainsFunc(errs, func(err error) bool { return errors.Is(err, adi.ErrMismatch) }) {
+		t.Errorf("allgather with a short block: %v, want ErrMismatch", errs)
+	}
+	var sendReq adi.Request
+	if err := sendReq.Start(); err == nil {
+		t.Error("Start of a request that is not persistent: no error")
+	}
+}
