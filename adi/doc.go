@@ -68,7 +68,9 @@
 // disagreeing lengths get [ErrMismatch]. Each has a nonblocking form
 // ([Comm.Ibarrier], [Comm.Ibcast], ..., [Iallreduce]) that returns a
 // [Request]; any number of those may be in flight at once, each in its
-// place in the order in which it was started.
+// place in the order in which it was started. A persistent form
+// ([Comm.BarrierInit], ..., [AllreduceInit]) states a collective once and
+// starts it as often as the program likes ([Request.Start]).
 //
 // On a communicator whose ranks span several hosts (as the launcher
 // names them, [World.Host]), Barrier, Bcast, Reduce and Allreduce work
