@@ -17,6 +17,9 @@ import (
 type hostSpec struct {
 	name  string
 	slots int
+	// slotsGiven says the entry gave the slots; otherwise slots is 1,
+	// or -ppn's.
+	slotsGiven bool
 	// site names the cluster of hosts the host is in, passed to its ranks
 	// as MD_SITE; "" is none.
 	site string
@@ -105,7 +108,8 @@ func parseHostSlots(s string) (hostSpec, bool, error) {
 	if h.name == "" || h.name[0] == '-' || !hostName.MatchString(h.name) {
 		return h, false, fmt.Errorf("host %q is not a host name", s)
 	}
-	return h, slots != "", nil
+	h.slotsGiven = slots != ""
+	return h, h.slotsGiven, nil
 }
 
 // parseHosts reads -hosts: "h1,h2:2,...", each entry optionally with
@@ -202,7 +206,7 @@ func hostLine(fields []string, text string) (hostSpec, error) {
 			case err != nil || n < 1 || n > maxSlots:
 				return h, fmt.Errorf("slots=%q is not a number from 1 to %d", v, maxSlots)
 			}
-			h.slots, slotsGiven = n, true
+			h.slots, slotsGiven, h.slotsGiven = n, true, true
 		case "site":
 			if siteGiven {
 				return h, fmt.Errorf("%q gives the site twice", text)
@@ -220,7 +224,7 @@ func hostLine(fields []string, text string) (hostSpec, error) {
 
 // placeRanks gives each rank a host: every host in turn takes as many
 // consecutive ranks as it has slots, and the list starts over until all n
-// ranks are placed (Hydra's rule).
+// ranks are placed (Hydra's rule; -map-by slot). hosts must not be empty.
 func placeRanks(n int, hosts []hostSpec) []string {
 	out := make([]string, 0, n)
 	for len(out) < n {

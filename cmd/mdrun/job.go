@@ -176,7 +176,7 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 	}
 	j.self = self
 	if j.cfg.hosts != nil {
-		j.hostOf = placeRanks(j.cfg.n, j.cfg.hosts)
+		j.hostOf = place(j.cfg.n, j.cfg.hosts, j.cfg.mapBy)
 		j.siteOf = map[string]string{}
 		for _, h := range j.cfg.hosts {
 			if h.site != "" {

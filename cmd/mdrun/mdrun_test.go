@@ -120,6 +120,8 @@ func rankMain(args []string) int {
 			site = "(unset)"
 		}
 		fmt.Printf("MD_SITE=%s\n", site)
+		// Where placement put it.
+		fmt.Printf("MDRUN_RANK=%s MDRUN_HOST=%s\n", os.Getenv("MDRUN_RANK"), os.Getenv("MDRUN_HOST"))
 		return 0
 	}
 	ctx := context.Background()
@@ -314,6 +316,10 @@ func TestJobs(t *testing.T) {
 	if !ok {
 		mySite = "(unset)"
 	}
+	// host says rank r landed on host h.
+	host := func(r int, h string) *regexp.Regexp {
+		return regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\] MDRUN_RANK=%d MDRUN_HOST=%s$`, r, r, h))
+	}
 	hostfile := filepath.Join(dir, "hosts")
 	if err := os.WriteFile(hostfile, []byte("localhost slots=1 site=A\nfar:1 site=B\nnear\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -331,6 +337,7 @@ func TestJobs(t *testing.T) {
 		minCPUs   int    // CPUs this test may use that the case needs
 		minCores  int    // cores of those that the case needs
 		needs     string // a program the case needs in PATH
+		cpus01    bool   // the case binds a rank to CPU 0 and one to CPU 1
 	}{
 		{
 			name: "exchange", n: 4, behaviour: "exchange", status: 0,
@@ -448,6 +455,27 @@ func TestJobs(t *testing.T) {
 			},
 		},
 		{
+			// Block placement (the default): each host's slots in turn.
+			name: "map by slot", flags: remoteFlags("localhost:2,far:1,near:2"), n: 5, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{host(0, "localhost"), host(1, "localhost"), host(2, "far"), host(3, "near"), host(4, "near")},
+		},
+		{
+			// Round-robin: one rank per host in turn, far being full
+			// after rank 1.
+			name: "map by node", flags: append(remoteFlags("localhost:2,far:1,near:2"), "-map-by", "node"), n: 5, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{host(0, "localhost"), host(1, "far"), host(2, "near"), host(3, "localhost"), host(4, "near")},
+		},
+		{
+			// More ranks than the 3 slots: the hosts start over.
+			name: "map by node beyond the slots", flags: append(remoteFlags("localhost:2,far:1"), "-map-by", "node"), n: 5, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{host(0, "localhost"), host(1, "far"), host(2, "localhost"), host(3, "localhost"), host(4, "far")},
+		},
+		{
+			// -ppn gives hosts without slots that many.
+			name: "ppn", flags: append(remoteFlags("localhost,far"), "-ppn", "2"), n: 4, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{host(0, "localhost"), host(1, "localhost"), host(2, "far"), host(3, "far")},
+		},
+		{
 			name: "sites from a hostfile", flags: []string{"-hostfile", hostfile, "-launcher", fakeSSH, "-listen", "127.0.0.1:0"}, n: 3, behaviour: "env", status: 0,
 			stdout: []*regexp.Regexp{
 				regexp.MustCompile(`(?m)^\[0\] MD_SITE=A$`),
@@ -485,6 +513,18 @@ func TestJobs(t *testing.T) {
 			},
 		},
 		{
+			// Each host's ranks take its CPUs in their order on it,
+			// whatever the placement: here ranks 0 and 2, on far 1 and 3.
+			name: "bound remote by node", flags: append(remoteFlags("localhost:2,far:2"), "-map-by", "node", "-bind", "hwthread"), n: 4, behaviour: "cpus", status: 0,
+			needs: "taskset", minCPUs: 2, cpus01: true,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] cpus ` + cpu(0) + ` gomaxprocs 1$`),
+				regexp.MustCompile(`(?m)^\[1\] cpus 0 gomaxprocs 1$`),
+				regexp.MustCompile(`(?m)^\[2\] cpus ` + cpu(1) + ` gomaxprocs 1$`),
+				regexp.MustCompile(`(?m)^\[3\] cpus 1 gomaxprocs 1$`),
+			},
+		},
+		{
 			name: "too many to bind", flags: []string{"-bind", "core"}, n: len(cores) + 1, behaviour: "plain", status: exitFailed,
 			stderr: []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: -bind core: rank ` + strconv.Itoa(len(cores)) + ` would be the \d+(st|nd|rd|th) rank on this host, and mdrun may use ` + strconv.Itoa(len(cores)) + ` cores \(CPUs ` + regexp.QuoteMeta(allowed.String()) + `\)$`)},
 		},
@@ -506,6 +546,9 @@ func TestJobs(t *testing.T) {
 			}
 			if _, err := exec.LookPath(tt.needs); tt.needs != "" && err != nil {
 				t.Skipf("needs %s in PATH", tt.needs)
+			}
+			if tt.cpus01 && !(allowed.Has(0) && allowed.Has(1)) {
+				t.Skipf("needs CPUs 0 and 1, this test may use %v", allowed)
 			}
 			args := append(append([]string{}, tt.flags...), "-n", strconv.Itoa(tt.n), helper, tt.behaviour)
 			status, stdout, stderr := runMdrun(t, args, nil, nil)
@@ -553,12 +596,30 @@ func TestUsageErrors(t *testing.T) {
 		{"wdir missing", []string{"-wdir", "/nonexistent/wdir", "-n", "1", helper}, "-wdir /nonexistent/wdir: no such file or directory"},
 		{"wdir a file", []string{"-wdir", "/etc/hostname", "-n", "1", helper}, "-wdir /etc/hostname: not a directory"},
 		{"bad export", []string{"-x", "A=1", "-n", "1", helper}, `-x "A=1": want a variable name`},
+		{"map by what", []string{"-map-by", "socket", "-n", "1", helper}, `-map-by "socket": want slot or node`},
+		{"map by nothing", []string{"-map-by", "", "-n", "1", helper}, `-map-by "": want slot or node`},
+		{"ppn zero", []string{"-hosts", "a", "-ppn", "0", "-n", "1", helper}, "-ppn 0: want a number of ranks per host from 1 to 65536"},
+		{"ppn negative", []string{"-hosts", "a", "-ppn", "-1", "-n", "1", helper}, "-ppn -1: want a number"},
+		{"ppn too many", []string{"-hosts", "a", "-ppn", "65537", "-n", "1", helper}, "-ppn 65537: want a number of ranks per host from 1 to 65536"},
+		{"ppn not a number", []string{"-hosts", "a", "-ppn", "two", "-n", "1", helper}, `invalid value "two" for flag -ppn`},
+		{"ppn without hosts", []string{"-ppn", "2", "-n", "1", helper}, "-ppn 2: give -hosts or -hostfile too"},
+		{"ppn and slots", []string{"-hosts", "a,b:3", "-ppn", "2", "-n", "1", helper}, "-ppn 2: host b gives its own slots (3); give the slots there or -ppn, not both"},
+		{"ppn and a hostfile's slots", []string{"-hostfile", slotsFile(t), "-ppn", "2", "-n", "1", helper}, "-ppn 2: host b gives its own slots (4)"},
 		{"hostfile missing", []string{"-hostfile", "/nonexistent/hosts", "-n", "1", helper}, "-hostfile: open /nonexistent/hosts"},
 		{"relay program missing", []string{"-relay", "localhost", "-relay-cmd", "no-such-mdrelay", "-n", "1", helper}, `-relay-cmd: relay program "no-such-mdrelay" not found`},
 		{"empty site", []string{"-hosts", "a:2@,b", "-n", "1", helper}, `-hosts: host "a:2@": the site is empty`},
 		{"two sites for a host", []string{"-hosts", "a@A,b@A,a@B", "-n", "1", helper}, "-hosts: host a is in site B here and in site A before"},
 		{"bad relay host", []string{"-relay", "a,,b", "-n", "1", helper}, `-relay: host "" is not a host name`},
 	})
+}
+
+// slotsFile writes a hostfile whose second host gives its slots.
+func slotsFile(t *testing.T) string {
+	path := filepath.Join(t.TempDir(), "hosts")
+	if err := os.WriteFile(path, []byte("a\nb slots=4\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // matchOutput fails t for each of outREs that stdout does not match and

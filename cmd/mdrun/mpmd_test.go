@@ -130,6 +130,8 @@ func TestMPMDUsageErrors(t *testing.T) {
 		{"relay after", then(":", "-relay", "h", "-n", "1", helper2), `after the 1st ":": -relay applies to the whole job`},
 		{"bad export", then(":", "-n", "1", "-x", "A=1", helper2), `mdrun: after the 1st ":": -x "A=1": want a variable name`},
 		{"empty export", then(":", "-n", "1", "-x", "", helper2), `after the 1st ":": -x "": want a variable name`},
+		{"map-by after", then(":", "-n", "1", "-map-by", "node", helper2), `after the 1st ":": -map-by applies to the whole job`},
+		{"ppn after", then(":", "-ppn", "2", "-n", "1", helper2), `after the 1st ":": -ppn applies to the whole job`},
 		{"wdir missing", then(":", "-n", "1", "-wdir", "/nonexistent/wdir", helper2), `mdrun: after the 1st ":": -wdir /nonexistent/wdir: no such file or directory`},
 		{"wdir a file", then(":", "-n", "1", "-wdir", "/etc/hostname", helper2), `after the 1st ":": -wdir /etc/hostname: not a directory`},
 	})
@@ -326,6 +328,20 @@ func TestMPMDJobs(t *testing.T) {
 			pidsPrint: 5,
 		},
 		{
+			// Placed round-robin, the programs' ranks as one list: 0 and
+			// 2 here, 1 and 3 on far.
+			name: "programs by node",
+			args: []string{"-hosts", "localhost:2,far:2", "-map-by", "node", "-launcher", cleanSSH, "-listen", "127.0.0.1:0",
+				"-n", "1", helper, "appnum", ":", "-n", "3", "-x", "MDRUN_TEST_X", helper2, "appnum"}, status: 0,
+			stdout: []*regexp.Regexp{
+				line(0, 4, one, 0, `[]`, p, "exported", wd),
+				line(1, 4, other, 1, `[]`, p, "exported", wd),
+				line(2, 4, other, 1, `[]`, p, "exported", wd),
+				line(3, 4, other, 1, `[]`, p, "exported", wd),
+			},
+			pidsPrint: 4,
+		},
+		{
 			name: "second program fails", args: []string{"-n", "1", helper, "block", ":", "-n", "2", helper2, "exit3"}, status: 3,
 			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 1 \(` + other + `, pid \d+\) exited with status 3; terminating the job$`)},
 			pidsPrint: 3,
@@ -391,6 +407,7 @@ func FuzzSections(f *testing.F) {
 		":\x00:", "-n\x001\x00p\x00:", ":\x00-n\x001\x00-x\x00A\x00-wdir\x00d\x00p\x00:\x00x",
 		":\x00-v\x00-n\x001\x00p", ":\x00-n\x001\x00--\x00-p\x00:\x00", ":\x00-n=2\x00-x=B\x00p\x00a:b",
 		":\x00-hosts\x00h\x00-n\x001\x00p", ":\x00-n\x00-1\x00p", ":\x00-h",
+		":\x00-n\x001\x00-map-by\x00node\x00p",
 	} {
 		f.Add(s)
 	}

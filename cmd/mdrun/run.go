@@ -36,7 +36,9 @@ type config struct {
 	verbose   bool
 	// hosts places the ranks, from -hosts or -hostfile; nil runs every
 	// rank on this machine.
-	hosts    []hostSpec
+	hosts []hostSpec
+	// mapBy is how the ranks are placed on hosts (-map-by).
+	mapBy    mapBy
 	launcher []string // remote-exec command, host and command line follow
 	listen   string   // -listen: the rendezvous address for remote ranks
 	exports  []string // -x: variables passed to remote ranks of every app
@@ -116,9 +118,9 @@ shell: sh -c 'exec prog a : b'.
 // rawFlags are the job's flags that parseArgs checks and converts after
 // flag has read them.
 type rawFlags struct {
-	n                                                 int
-	hosts, hostfile, launcher, relays, relayCmd, bind string
-	exports                                           stringList
+	n, ppn                                                   int
+	hosts, hostfile, launcher, relays, relayCmd, bind, mapBy string
+	exports                                                  stringList
 }
 
 // jobFlags is the flag set of the job's flags, those before the first
@@ -134,6 +136,8 @@ func jobFlags(cfg *config, raw *rawFlags, errw io.Writer) *flag.FlagSet {
 	fs.DurationVar(&cfg.timeout, "timeout", 0, "end the job after this wall-clock time, e.g. 10m (0: no limit)")
 	fs.BoolVar(&cfg.verbose, "v", false, "log what the launcher does to stderr")
 	fs.StringVar(&raw.hosts, "hosts", "", "comma-separated hosts to place ranks on, each `host[:slots][@site]` (default: all on this machine); a host's ranks get MD_SITE=site, naming the cluster it is in")
+	fs.StringVar(&raw.mapBy, "map-by", "slot", "`policy` placing ranks on the hosts: slot fills each host's slots with consecutive ranks before the next host's; node puts one rank on each host in turn, skipping full ones, as mpirun --map-by node (beyond the slots of all hosts both start over)")
+	fs.IntVar(&raw.ppn, "ppn", 0, "ranks per host: each host of -hosts or -hostfile that gives no slots gets `N`, as mpiexec -ppn (without it: 1)")
 	fs.StringVar(&raw.hostfile, "hostfile", "", "file naming the hosts, one per line: host, host:slots or host slots=N, each optionally with site=NAME (as @site in -hosts)")
 	fs.StringVar(&raw.launcher, "launcher", "ssh", "command that runs a command line on a remote host, called as: launcher host command...")
 	fs.StringVar(&cfg.listen, "listen", "", "host:port where remote ranks reach the rendezvous service (default: this machine's address towards the first remote host, any port)")
@@ -190,6 +194,9 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		return cfg, &usageError{err.Error()}
 	}
 	cfg.bind = mode
+	if cfg.mapBy, err = parseMapBy(raw.mapBy); err != nil {
+		return cfg, &usageError{err.Error()}
+	}
 	if cfg.timeout < 0 {
 		return cfg, &usageError{fmt.Sprintf("-timeout %v is negative", cfg.timeout)}
 	}
@@ -206,6 +213,11 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		cfg.hosts, err = parseHostfile(raw.hostfile)
 	}
 	if err != nil {
+		return cfg, &usageError{err.Error()}
+	}
+	ppnGiven := false
+	fs.Visit(func(f *flag.Flag) { ppnGiven = ppnGiven || f.Name == "ppn" })
+	if err := checkPPN(raw.ppn, ppnGiven, cfg.hosts); err != nil {
 		return cfg, &usageError{err.Error()}
 	}
 	cfg.wdirSet = cfg.wdir != ""
