@@ -218,17 +218,19 @@ func (k *collective) wait() error {
 
 // mismatchFrom describes a receive from p.from that brought count bytes
 // where p.want were expected, or more than that (truncated). A message of
-// poison's shape may be poison, and then the sender only passes on a
-// mismatch it met from another rank: the error says so rather than
-// blaming the sender's arguments.
+// poison's shape (empty, or poison itself: more than an empty buffer
+// holds) may be poison, and then its sender only passes on a mismatch it
+// met from another rank: the error says so rather than blaming the
+// sender's arguments.
 func (k *collective) mismatchFrom(p pending, count int, truncated bool) error {
-	switch {
-	case truncated:
-		return k.errorf("from rank %d: %w: more than the %d bytes expected", p.from, ErrMismatch, p.want)
-	case count == 0 || p.want == 0 && count == len(poison):
-		return k.errorf("from rank %d: %w: %d bytes where %d were expected (rank %d passed another length, or passes on a mismatch it met)", p.from, ErrMismatch, count, p.want, p.from)
+	what := fmt.Sprintf("%d bytes where %d were expected", count, p.want)
+	if truncated {
+		what = fmt.Sprintf("more than the %d bytes expected", p.want)
 	}
-	return k.errorf("from rank %d: %w: %d bytes where %d were expected", p.from, ErrMismatch, count, p.want)
+	if !truncated && (count == 0 || count == len(poison)) || truncated && p.want == 0 {
+		what += fmt.Sprintf(" (rank %d passed another length, or passes on a mismatch it met)", p.from)
+	}
+	return k.errorf("from rank %d: %w: %s", p.from, ErrMismatch, what)
 }
 
 // end completes the collective: it waits for what is outstanding and

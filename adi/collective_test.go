@@ -335,26 +335,33 @@ func TestCollectiveMismatchText(t *testing.T) {
 	const n = 5
 	cs := loopJob(t, n)
 	ctx := ctxT(t)
+	mm := adi.ErrMismatch.Error()
+	bcast := func(c *adi.Comm, size int) error { return c.Bcast(ctx, make([]byte, size), 0) }
 	for _, tc := range []struct {
-		name string
-		odd  int // the rank that passes 32 bytes where the rest pass 64
-		f    func(c *adi.Comm, size int) error
-		want map[int]string // rank -> what its error must say
+		name  string
+		odd   int    // the rank that passes sizes[0] bytes
+		sizes [2]int // sizes[1]: what the others pass
+		f     func(c *adi.Comm, size int) error
+		want  map[int]string // rank -> what its error must say
 	}{
 		// The tree from 0: 0 sends to 4, 2, 1; 2 passes poison on to 3.
-		{"bcast", 2, func(c *adi.Comm, size int) error { return c.Bcast(ctx, make([]byte, size), 0) },
-			map[int]string{2: "from rank 0: " + adi.ErrMismatch.Error() + ": more than the 32 bytes expected",
-				3: "from rank 2: " + adi.ErrMismatch.Error() + ": 0 bytes where 64 were expected (rank 2 passed another length, or passes on a mismatch it met)"}},
-		{"gather", 1, func(c *adi.Comm, size int) error { return c.Gather(ctx, make([]byte, size), make([]byte, n*size), 0) },
-			map[int]string{0: "from rank 1: " + adi.ErrMismatch.Error() + ": 32 bytes where 64 were expected"}},
+		{"bcast, one short", 2, [2]int{32, 64}, bcast, map[int]string{
+			2: "from rank 0: " + mm + ": more than the 32 bytes expected",
+			3: "from rank 2: " + mm + ": 0 bytes where 64 were expected (rank 2 passed another length, or passes on a mismatch it met)"}},
+		{"bcast, one empty", 2, [2]int{0, 64}, bcast, map[int]string{
+			3: "from rank 2: " + mm + ": 1 bytes where 64 were expected (rank 2 passed another length, or passes on a mismatch it met)"}},
+		{"bcast, all empty but the root", 0, [2]int{64, 0}, bcast, map[int]string{
+			3: "from rank 2: " + mm + ": more than the 0 bytes expected (rank 2 passed another length, or passes on a mismatch it met)"}},
+		{"gather", 1, [2]int{32, 64}, func(c *adi.Comm, size int) error { return c.Gather(ctx, make([]byte, size), make([]byte, n*64), 0) },
+			map[int]string{0: "from rank 1: " + mm + ": 32 bytes where 64 were expected"}},
 	} {
 		errs := make([]error, n)
 		var wg sync.WaitGroup
 		for r, c := range cs {
 			wg.Go(func() {
-				s := 64
+				s := tc.sizes[1]
 				if r == tc.odd {
-					s = 32
+					s = tc.sizes[0]
 				}
 				errs[r] = tc.f(c, s)
 			})

@@ -1,6 +1,9 @@
 package adi
 
-import "fmt"
+import (
+	"context"
+	"fmt"
+)
 
 // Persistent collectives (MPI 4.0's MPI_Barrier_init, MPI_Bcast_init and
 // the rest). Each Init call fixes a collective's arguments and returns an
@@ -9,19 +12,28 @@ import "fmt"
 // then, and Wait or Test completes it, as with SendInit. A program that
 // repeats a collective in a loop states it once.
 //
-// Init is local: it checks what one rank can (the root), and takes no
-// place in the communicator's sequence of collectives. Start does: every
-// rank starts its persistent collectives in the same order relative to
-// its other collectives, as MPI requires, and each Start is one
-// collective call on every rank. The buffers belong to the collective
-// from Start until its request completes. Arguments that disagree between
-// ranks surface at Wait, as a nonblocking collective's do. A persistent
-// collective cannot be cancelled, and Start of one still running is
-// refused with ErrRequestBusy.
+// As in MPI, the Init calls are the collective ones: every rank makes
+// them in the same order as its other calls that make communicators from
+// c (Dup, Split, Create, ...). Each persistent collective runs on a
+// context of its own, made at Init without a message, so the ranks may
+// start different ones in different orders; the n-th Start of one is one
+// collective with the n-th Start of it on every other rank. The buffers
+// belong to the collective from Start until its request completes.
+//
+// Init checks the root. The other arguments are checked at each Start as
+// a nonblocking collective's are: a rank whose own arguments are wrong
+// (a receive slice shorter than its send slice, say) gets the error from
+// Wait while the others wait for it, as with the blocking forms; ranks
+// whose arguments disagree get ErrMismatch. A persistent collective
+// cannot be cancelled, and Start of one still running is refused with
+// ErrRequestBusy.
 
-// collInit makes the persistent request whose Start calls start.
-func (c *Comm) collInit(start func() (*Request, error)) *Request {
-	return &Request{c: c, local: inactive, persist: &persistent{coll: start}}
+// collInit makes the persistent request whose Start calls start on a
+// duplicate of c, made now, so that its messages match only those of the
+// same persistent collective on the other ranks.
+func (c *Comm) collInit(start func(own *Comm) (*Request, error)) *Request {
+	own, _ := c.Dup(context.Background()) // local: it draws a context id, sends nothing
+	return &Request{c: c, local: inactive, persist: &persistent{coll: func() (*Request, error) { return start(own) }}}
 }
 
 // rootInit checks a persistent rooted collective's root.
@@ -34,7 +46,7 @@ func (c *Comm) rootInit(name string, root int) error {
 
 // BarrierInit makes a persistent Barrier (MPI_Barrier_init).
 func (c *Comm) BarrierInit() (*Request, error) {
-	return c.collInit(c.Ibarrier), nil
+	return c.collInit((*Comm).Ibarrier), nil
 }
 
 // BcastInit makes a persistent Bcast of buf from root (MPI_Bcast_init).
@@ -42,7 +54,7 @@ func (c *Comm) BcastInit(buf []byte, root int) (*Request, error) {
 	if err := c.rootInit("bcast", root); err != nil {
 		return nil, err
 	}
-	return c.collInit(func() (*Request, error) { return c.Ibcast(buf, root) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Ibcast(buf, root) }), nil
 }
 
 // GatherInit makes a persistent Gather (MPI_Gather_init).
@@ -50,7 +62,7 @@ func (c *Comm) GatherInit(send, recv []byte, root int) (*Request, error) {
 	if err := c.rootInit("gather", root); err != nil {
 		return nil, err
 	}
-	return c.collInit(func() (*Request, error) { return c.Igather(send, recv, root) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Igather(send, recv, root) }), nil
 }
 
 // GathervInit makes a persistent Gatherv (MPI_Gatherv_init).
@@ -58,7 +70,7 @@ func (c *Comm) GathervInit(send []byte, recv [][]byte, root int) (*Request, erro
 	if err := c.rootInit("gatherv", root); err != nil {
 		return nil, err
 	}
-	return c.collInit(func() (*Request, error) { return c.Igatherv(send, recv, root) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Igatherv(send, recv, root) }), nil
 }
 
 // ScatterInit makes a persistent Scatter (MPI_Scatter_init).
@@ -66,7 +78,7 @@ func (c *Comm) ScatterInit(send, recv []byte, root int) (*Request, error) {
 	if err := c.rootInit("scatter", root); err != nil {
 		return nil, err
 	}
-	return c.collInit(func() (*Request, error) { return c.Iscatter(send, recv, root) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Iscatter(send, recv, root) }), nil
 }
 
 // ScattervInit makes a persistent Scatterv (MPI_Scatterv_init).
@@ -74,27 +86,27 @@ func (c *Comm) ScattervInit(send [][]byte, recv []byte, root int) (*Request, err
 	if err := c.rootInit("scatterv", root); err != nil {
 		return nil, err
 	}
-	return c.collInit(func() (*Request, error) { return c.Iscatterv(send, recv, root) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Iscatterv(send, recv, root) }), nil
 }
 
 // AllgatherInit makes a persistent Allgather (MPI_Allgather_init).
 func (c *Comm) AllgatherInit(send, recv []byte) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return c.Iallgather(send, recv) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Iallgather(send, recv) }), nil
 }
 
 // AllgathervInit makes a persistent Allgatherv (MPI_Allgatherv_init).
 func (c *Comm) AllgathervInit(send []byte, recv [][]byte) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return c.Iallgatherv(send, recv) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Iallgatherv(send, recv) }), nil
 }
 
 // AlltoallInit makes a persistent Alltoall (MPI_Alltoall_init).
 func (c *Comm) AlltoallInit(send, recv []byte) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return c.Ialltoall(send, recv) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Ialltoall(send, recv) }), nil
 }
 
 // AlltoallvInit makes a persistent Alltoallv (MPI_Alltoallv_init).
 func (c *Comm) AlltoallvInit(send, recv [][]byte) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return c.Ialltoallv(send, recv) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return own.Ialltoallv(send, recv) }), nil
 }
 
 // ReduceInit makes a persistent Reduce (MPI_Reduce_init).
@@ -102,32 +114,32 @@ func ReduceInit[T Elem](c *Comm, send, recv []T, op Op[T], root int) (*Request, 
 	if err := c.rootInit("reduce", root); err != nil {
 		return nil, err
 	}
-	return c.collInit(func() (*Request, error) { return Ireduce(c, send, recv, op, root) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return Ireduce(own, send, recv, op, root) }), nil
 }
 
 // AllreduceInit makes a persistent Allreduce (MPI_Allreduce_init).
 func AllreduceInit[T Elem](c *Comm, send, recv []T, op Op[T]) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return Iallreduce(c, send, recv, op) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return Iallreduce(own, send, recv, op) }), nil
 }
 
 // ScanInit makes a persistent Scan (MPI_Scan_init).
 func ScanInit[T Elem](c *Comm, send, recv []T, op Op[T]) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return Iscan(c, send, recv, op) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return Iscan(own, send, recv, op) }), nil
 }
 
 // ExscanInit makes a persistent Exscan (MPI_Exscan_init).
 func ExscanInit[T Elem](c *Comm, send, recv []T, op Op[T]) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return Iexscan(c, send, recv, op) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return Iexscan(own, send, recv, op) }), nil
 }
 
 // ReduceScatterInit makes a persistent ReduceScatter
 // (MPI_Reduce_scatter_init).
 func ReduceScatterInit[T Elem](c *Comm, send, recv []T, counts []int, op Op[T]) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return IreduceScatter(c, send, recv, counts, op) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return IreduceScatter(own, send, recv, counts, op) }), nil
 }
 
 // ReduceScatterBlockInit makes a persistent ReduceScatterBlock
 // (MPI_Reduce_scatter_block_init).
 func ReduceScatterBlockInit[T Elem](c *Comm, send, recv []T, op Op[T]) (*Request, error) {
-	return c.collInit(func() (*Request, error) { return IreduceScatterBlock(c, send, recv, op) }), nil
+	return c.collInit(func(own *Comm) (*Request, error) { return IreduceScatterBlock(own, send, recv, op) }), nil
 }

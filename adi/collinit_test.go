@@ -156,3 +156,66 @@ func TestPersistentCollectiveRules(t *testing.T) {
 		t.Error("Start of a request that is not persistent: no error")
 	}
 }
+
+// TestPersistentStartOrder: ranks may start different persistent
+// collectives in different orders (MPI 4.0 orders the Init calls, not the
+// starts); each still meets its own kind on the other ranks.
+func TestPersistentStartOrder(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		a, b := []int64{1}, []int64{100}
+		sa, sb := make([]int64, 1), make([]int64, 1)
+		qa, err := adi.AllreduceInit(c, a, sa, adi.Sum)
+		if err != nil {
+			return err
+		}
+		qb, err := adi.AllreduceInit(c, b, sb, adi.Sum)
+		if err != nil {
+			return err
+		}
+		for it := range 3 {
+			order := []*adi.Request{qa, qb}
+			if (c.Rank()+it)%2 == 1 {
+				order = []*adi.Request{qb, qa}
+			}
+			if err := adi.StartAll(order...); err != nil {
+				return err
+			}
+			if _, err := adi.WaitAll(ctx, qa, qb); err != nil {
+				return err
+			}
+			if sa[0] != 2 || sb[0] != 200 {
+				return fmt.Errorf("iteration %d: sums %d and %d, want 2 and 200", it, sa[0], sb[0])
+			}
+		}
+		return nil
+	})
+}
+
+// TestPersistentFailedStart: a Start that fails leaves the request
+// inactive, not holding the last round's result.
+func TestPersistentFailedStart(t *testing.T) {
+	ws, _ := loopWorlds(t, 1)
+	c := ws[0].Comm()
+	ctx := ctxT(t)
+	q, err := c.AllgatherInit(make([]byte, 4), make([]byte, 2)) // a receive buffer too short
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Wait(ctx); err == nil {
+		t.Fatal("allgather of 4 bytes into 2: no error")
+	}
+	if err := ws[0].Finalize(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Start(); !errors.Is(err, adi.ErrFinalized) {
+		t.Fatalf("Start after Finalize: %v, want ErrFinalized", err)
+	}
+	if _, err := q.Wait(ctx); err != nil {
+		t.Errorf("Wait after a failed Start: %v, want an inactive request's nil", err)
+	}
+}

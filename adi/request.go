@@ -9,7 +9,7 @@ import (
 )
 
 // Request is a nonblocking operation. Its methods are safe for concurrent
-// use.
+// use, except Start, which changes the request.
 type Request struct {
 	r multidevice.Request // by value: one allocation per operation
 	c *Comm
@@ -405,6 +405,8 @@ func (c *Comm) persistent(p *persistent) (*Request, error) {
 
 // Start starts a persistent request's operation (MPI_Start). A request
 // whose last operation has not completed is refused with ErrRequestBusy.
+// Start changes the request, so it must not run concurrently with any
+// other method of the same request (as MPI says for MPI_Start too).
 func (q *Request) Start() error {
 	p, c := q.persist, q.c
 	if p == nil {
@@ -428,11 +430,12 @@ func (q *Request) Start() error {
 // startCollective starts q's persistent collective as the next
 // collective of its communicator.
 func (q *Request) startCollective() error {
-	if !q.local.over() {
+	if !q.done() {
 		return fmt.Errorf("adi: start: %w", ErrRequestBusy)
 	}
 	r, err := q.persist.coll()
 	if err != nil {
+		q.local = inactive // not the last round's result
 		return fmt.Errorf("adi: start: %w", err)
 	}
 	q.local = r.local
