@@ -249,39 +249,75 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 	if site != "" {
 		env = append(env, "MD_SITE="+site)
 	}
+	// Then -x, the job's and its program's, each name once, except where
+	// mdrun set the name itself above (from a flag, the host's site, the
+	// job), which wins. MD_APPNUM is always mdrun's to give: a relay
+	// gets none. A remote rank sees only what the command line carries:
+	// -x NAME with mdrun's value, -x NAME=VALUE, then the MD_* variables
+	// of mdrun's environment. A local rank starts with mdrun's
+	// environment, so it needs only the values -x gives; they come after
+	// that environment and win over it.
+	set := map[string]bool{"MD_APPNUM": true}
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		set[name] = true
+	}
+	exports := j.cfg.exports
+	if a != nil {
+		exports = append(slices.Clone(exports), a.exports...)
+	}
+	for _, x := range resolveExports(exports) {
+		if !set[x.name] && (remote || x.given) {
+			env = append(env, x.name+"="+x.value)
+			set[x.name] = true
+		}
+	}
 	if remote {
-		// A remote rank sees only what the command line carries: the
-		// MD_* variables of mdrun's environment and those -x names, each
-		// once, except where mdrun set the name itself above (from a
-		// flag, the host's site, the job), which wins. MD_APPNUM is
-		// always mdrun's to give: a relay gets none.
-		set := map[string]bool{"MD_APPNUM": true}
-		for _, kv := range env {
-			name, _, _ := strings.Cut(kv, "=")
-			set[name] = true
-		}
-		pass := func(name, v string) {
-			if !set[name] {
-				env = append(env, name+"="+v)
-				set[name] = true
-			}
-		}
 		for _, kv := range os.Environ() {
-			if name, v, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "MD_") {
-				pass(name, v)
-			}
-		}
-		exports := j.cfg.exports
-		if a != nil {
-			exports = append(slices.Clone(exports), a.exports...)
-		}
-		for _, name := range exports {
-			if v, ok := os.LookupEnv(name); ok {
-				pass(name, v)
+			if name, _, _ := strings.Cut(kv, "="); strings.HasPrefix(name, "MD_") && !set[name] {
+				env = append(env, kv)
+				set[name] = true
 			}
 		}
 	}
 	return env
+}
+
+// export is what the -x words of one name come to.
+type export struct {
+	name, value string
+	// given says the value is -x NAME=VALUE's; otherwise it is mdrun's
+	// own.
+	given bool
+}
+
+// resolveExports reads -x words (checkExports passed them) in order: for
+// each name, in the order names first appear, the last word of it
+// counts, as a later assignment does in a shell. NAME is mdrun's own
+// value, and nothing if mdrun has none; NAME=VALUE is VALUE, which may
+// hold '=' and spaces.
+func resolveExports(words []string) []export {
+	var names []string
+	last := map[string]string{} // by name, its last word
+	for _, w := range words {
+		name, _, _ := strings.Cut(w, "=")
+		if _, ok := last[name]; !ok {
+			names = append(names, name)
+		}
+		last[name] = w
+	}
+	out := make([]export, 0, len(names))
+	for _, name := range names {
+		_, v, given := strings.Cut(last[name], "=")
+		if !given {
+			var ok bool
+			if v, ok = os.LookupEnv(name); !ok {
+				continue
+			}
+		}
+		out = append(out, export{name: name, value: v, given: given})
+	}
+	return out
 }
 
 // localEnv is the environment of a rank started here: mdrun's, without

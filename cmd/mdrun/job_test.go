@@ -2,6 +2,7 @@ package main
 
 import (
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,6 +98,91 @@ func TestRankEnvSite(t *testing.T) {
 				}
 				if v, _ := lastValue(seen, "MD_OTHER"); v != "passes" {
 					t.Errorf("rank %d on %s: MD_OTHER=%q, want it passed on", r, j.hostOf[r], v)
+				}
+			}
+		})
+	}
+}
+
+// TestRankEnvExports checks what -x gives each rank, here and through
+// the launcher: NAME=VALUE sets VALUE on every rank (over mdrun's own),
+// NAME passes mdrun's value to remote ranks, a program's -x holds for its
+// ranks only and comes after the job's, the last -x of a name counts,
+// and what mdrun sets from a flag wins.
+func TestRankEnvExports(t *testing.T) {
+	self, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self == "far" {
+		t.Skipf("this machine is called %s, a remote host of this test", self)
+	}
+	// Program 0: ranks 0 (here) and 1 (far); program 1: 2 (here) and 3
+	// (far); relays 4 (far) and 5 (here).
+	hosts, err := parseHosts("localhost:1,far:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const none = "(none)"
+	tests := []struct {
+		name     string
+		job, app []string // -x before the first program, and after the ':'
+		variable string
+		want     []string // per rank
+	}{
+		{"value", []string{"XV=a b=c 'q' $HOME"}, nil, "XV", []string{"a b=c 'q' $HOME", "a b=c 'q' $HOME", "a b=c 'q' $HOME", "a b=c 'q' $HOME", "a b=c 'q' $HOME", "a b=c 'q' $HOME"}},
+		{"empty value", []string{"XV="}, nil, "XV", []string{"", "", "", "", "", ""}},
+		{"value over mdrun's own", []string{"XA=new"}, nil, "XA", []string{"new", "new", "new", "new", "new", "new"}},
+		{"name", []string{"XA"}, nil, "XA", []string{"mine", "mine", "mine", "mine", "mine", "mine"}},
+		{"name not in mdrun's", []string{"XU"}, nil, "XU", []string{none, none, none, none, none, none}},
+		{"no -x", nil, nil, "XA", []string{"mine", none, "mine", none, none, "mine"}},
+		{"program's value", nil, []string{"XV=p"}, "XV", []string{none, none, "p", "p", none, none}},
+		{"program's value over the job's", []string{"XV=j"}, []string{"XV=p"}, "XV", []string{"j", "j", "p", "p", "j", "j"}},
+		{"program's name after the job's value", []string{"XA=j"}, []string{"XA"}, "XA", []string{"j", "j", "mine", "mine", "j", "j"}},
+		{"the last of a name", []string{"XV=1", "XV=2"}, nil, "XV", []string{"2", "2", "2", "2", "2", "2"}},
+		{"name, then value", []string{"XA", "XA=v"}, nil, "XA", []string{"v", "v", "v", "v", "v", "v"}},
+		{"MD_* value over mdrun's", []string{"MD_X=new"}, nil, "MD_X", []string{"new", "new", "new", "new", "new", "new"}},
+		{"a flag wins", []string{"MD_PLUGINS=/x"}, []string{"MD_PLUGINS=/y"}, "MD_PLUGINS", []string{"/flag/p", "/flag/p", "/flag/p", "/flag/p", "/flag/p", "/flag/p"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Setenv("XA", "mine")
+			t.Setenv("MD_X", "md-mine")
+			t.Setenv("XU", "")
+			os.Unsetenv("XU")
+			t.Setenv("XV", "")
+			os.Unsetenv("XV")
+			if err := checkExports(append(slices.Clone(tt.job), tt.app...)); err != nil {
+				t.Fatal(err)
+			}
+			j := &job{
+				cfg: config{
+					n: 4, apps: []app{{n: 2}, {n: 2, exports: tt.app}}, hosts: hosts, relays: []string{"far", "localhost"},
+					plugins: "/flag/p", launcher: []string{"ssh"}, listen: "127.0.0.1:0", exports: tt.job,
+				},
+				logger: hclog.NewNullLogger(),
+			}
+			srv, err := j.newServer()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			for r, want := range tt.want {
+				remote := !isLocal(j.hostOf[r], j.self)
+				env := j.rankEnv(r, srv, remote)
+				seen := env
+				if !remote {
+					seen = localEnv(env)
+				}
+				got, ok := lastValue(seen, tt.variable)
+				if !ok {
+					got = none
+				}
+				if got != want {
+					t.Errorf("rank %d on %s (remote %v): %s=%q, want %q; its variables: %q", r, j.hostOf[r], remote, tt.variable, got, want, env)
+				}
+				if n := count(env, tt.variable); n > 1 {
+					t.Errorf("rank %d on %s: %s given %d times: %q", r, j.hostOf[r], tt.variable, n, env)
 				}
 			}
 		})

@@ -120,8 +120,10 @@ func rankMain(args []string) int {
 			site = "(unset)"
 		}
 		fmt.Printf("MD_SITE=%s\n", site)
-		// Where placement put it.
+		// Where placement put it, and -x's variable, quoted: a value
+		// with spaces, quotes or '$' must arrive as it was given.
 		fmt.Printf("MDRUN_RANK=%s MDRUN_HOST=%s\n", os.Getenv("MDRUN_RANK"), os.Getenv("MDRUN_HOST"))
+		fmt.Printf("MDRUN_TEST_X=%q\n", envOr("MDRUN_TEST_X"))
 		return 0
 	}
 	ctx := context.Background()
@@ -316,6 +318,9 @@ func TestJobs(t *testing.T) {
 	if !ok {
 		mySite = "(unset)"
 	}
+	// A value the remote shell would change if mdrun did not quote it:
+	// spaces, both quotes, '$', a backquote, a backslash, '=' and '*'.
+	tricky := `it's "a" $HOME  b=c ` + "`id`" + ` \n *`
 	// host says rank r landed on host h.
 	host := func(r int, h string) *regexp.Regexp {
 		return regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d\] MDRUN_RANK=%d MDRUN_HOST=%s$`, r, r, h))
@@ -476,6 +481,18 @@ func TestJobs(t *testing.T) {
 			stdout: []*regexp.Regexp{host(0, "localhost"), host(1, "localhost"), host(2, "far"), host(3, "far")},
 		},
 		{
+			// -x NAME=VALUE reaches the rank here and, through a launcher
+			// that passes on none of mdrun's environment, the one on far,
+			// unchanged by the remote shell.
+			name: "-x with a value", flags: []string{"-hosts", "localhost,far", "-launcher", cleanSSH, "-listen", "127.0.0.1:0", "-x", "MDRUN_TEST_X=" + tricky},
+			n: 2, behaviour: "env", status: 0,
+			stdout: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[0\] MDRUN_TEST_X=` + regexp.QuoteMeta(strconv.Quote(tricky)) + `$`),
+				regexp.MustCompile(`(?m)^\[1\] MDRUN_TEST_X=` + regexp.QuoteMeta(strconv.Quote(tricky)) + `$`),
+				host(1, "far"),
+			},
+		},
+		{
 			name: "sites from a hostfile", flags: []string{"-hostfile", hostfile, "-launcher", fakeSSH, "-listen", "127.0.0.1:0"}, n: 3, behaviour: "env", status: 0,
 			stdout: []*regexp.Regexp{
 				regexp.MustCompile(`(?m)^\[0\] MD_SITE=A$`),
@@ -595,7 +612,10 @@ func TestUsageErrors(t *testing.T) {
 		{"empty launcher", []string{"-hosts", "a", "-launcher", " ", "-n", "1", helper}, "-launcher is empty"},
 		{"wdir missing", []string{"-wdir", "/nonexistent/wdir", "-n", "1", helper}, "-wdir /nonexistent/wdir: no such file or directory"},
 		{"wdir a file", []string{"-wdir", "/etc/hostname", "-n", "1", helper}, "-wdir /etc/hostname: not a directory"},
-		{"bad export", []string{"-x", "A=1", "-n", "1", helper}, `-x "A=1": want a variable name`},
+		{"bad export", []string{"-x", "=1", "-n", "1", helper}, `-x "=1": want NAME or NAME=VALUE, with a variable name`},
+		{"empty export", []string{"-x", "", "-n", "1", helper}, `-x "": want NAME or NAME=VALUE`},
+		{"export of mdrun's own", []string{"-x", "MDRUN_RANK=3", "-n", "1", helper}, `-x "MDRUN_RANK=3": mdrun sets MDRUN_RANK itself`},
+		{"export of mdrun's MD_APPNUM", []string{"-x", "MD_APPNUM=3", "-n", "1", helper}, `-x "MD_APPNUM=3": mdrun sets MD_APPNUM itself`},
 		{"map by what", []string{"-map-by", "socket", "-n", "1", helper}, `-map-by "socket": want slot or node`},
 		{"map by nothing", []string{"-map-by", "", "-n", "1", helper}, `-map-by "": want slot or node`},
 		{"ppn zero", []string{"-hosts", "a", "-ppn", "0", "-n", "1", helper}, "-ppn 0: want a number of ranks per host from 1 to 65536"},

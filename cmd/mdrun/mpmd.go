@@ -8,6 +8,8 @@ import (
 	"math"
 	"strconv"
 	"strings"
+
+	"github.com/hpc-multidevice/multidevice/bootstrap"
 )
 
 // sectionSep separates the programs of an MPMD command line, as in Hydra's
@@ -25,8 +27,8 @@ type app struct {
 	n    int
 	prog string // resolved, absolute path
 	args []string
-	// exports are the -x names of a section after ':', passed to its
-	// remote ranks on top of the job's.
+	// exports are the -x words of a section after ':' (NAME or
+	// NAME=VALUE), for its own ranks on top of the job's.
 	exports []string
 	// wdir is where its ranks start: the section's -wdir, else the job's;
 	// wdirSet says a -wdir named it, so a host without it is an error.
@@ -158,11 +160,25 @@ func checkRanks(n int) error {
 	return nil
 }
 
-// checkExports checks -x's names.
-func checkExports(names []string) error {
-	for _, name := range names {
-		if name == "" || strings.Contains(name, "=") {
-			return fmt.Errorf("-x %q: want a variable name", name)
+// mdrunSets are the variables mdrun gives every rank (MD_APPNUM: every
+// rank of a program) whatever -x says: a value for one would be dropped,
+// so -x NAME=VALUE refuses them.
+var mdrunSets = map[string]bool{
+	bootstrap.EnvAddr: true, bootstrap.EnvRank: true, bootstrap.EnvSize: true,
+	bootstrap.EnvJobID: true, bootstrap.EnvSecret: true, bootstrap.EnvHost: true,
+	bootstrap.EnvExitWithService: true, "MD_APPNUM": true,
+}
+
+// checkExports checks -x's words: NAME or NAME=VALUE, with a name. A
+// value may hold anything, '=' and spaces included.
+func checkExports(words []string) error {
+	for _, w := range words {
+		name, _, given := strings.Cut(w, "=")
+		switch {
+		case name == "":
+			return fmt.Errorf("-x %q: want NAME or NAME=VALUE, with a variable name", w)
+		case given && mdrunSets[name]:
+			return fmt.Errorf("-x %q: mdrun sets %s itself", w, name)
 		}
 	}
 	return nil

@@ -73,6 +73,13 @@ func TestParseMPMD(t *testing.T) {
 			exports: []string{"G"},
 		},
 		{
+			// A value may hold '=' and spaces; a name alone stays a name.
+			name: "-x with values",
+			args: []string{"-x", "G=a b", "-x", "H", "-n", "1", helper, ":", "-n", "1", "-x", "A=x=y z", "-x", "B=", helper2}, n: 2,
+			apps:    `1 mdrun-test-rank [] x=[] (mdrun's) | 1 mdrun-test-other [] x=["A=x=y z" "B="] (mdrun's)`,
+			exports: []string{"G=a b", "H"},
+		},
+		{
 			name: "-- before the program", args: []string{"-n", "1", "--", helper, ":", "-n", "1", "--", helper2, "--"}, n: 2,
 			apps: `1 mdrun-test-rank [] x=[] (mdrun's) | 1 mdrun-test-other ["--"] x=[] (mdrun's)`,
 		},
@@ -128,8 +135,9 @@ func TestMPMDUsageErrors(t *testing.T) {
 		{"global flag, then a bad one", then(":", "-timeout", "1s", "-bogus", helper2), `after the 1st ":": -timeout applies to the whole job`},
 		{"global flag in the 2nd", then(":", "-n", "1", helper2, ":", "-n", "1", "--bind=core", helper), `after the 2nd ":": -bind applies to the whole job`},
 		{"relay after", then(":", "-relay", "h", "-n", "1", helper2), `after the 1st ":": -relay applies to the whole job`},
-		{"bad export", then(":", "-n", "1", "-x", "A=1", helper2), `mdrun: after the 1st ":": -x "A=1": want a variable name`},
-		{"empty export", then(":", "-n", "1", "-x", "", helper2), `after the 1st ":": -x "": want a variable name`},
+		{"bad export", then(":", "-n", "1", "-x", "=1", helper2), `mdrun: after the 1st ":": -x "=1": want NAME or NAME=VALUE, with a variable name`},
+		{"empty export", then(":", "-n", "1", "-x", "", helper2), `after the 1st ":": -x "": want NAME or NAME=VALUE`},
+		{"export of mdrun's own", then(":", "-n", "1", "-x", "MDRUN_HOST=h", helper2), `after the 1st ":": -x "MDRUN_HOST=h": mdrun sets MDRUN_HOST itself`},
 		{"map-by after", then(":", "-n", "1", "-map-by", "node", helper2), `after the 1st ":": -map-by applies to the whole job`},
 		{"ppn after", then(":", "-ppn", "2", "-n", "1", helper2), `after the 1st ":": -ppn applies to the whole job`},
 		{"wdir missing", then(":", "-n", "1", "-wdir", "/nonexistent/wdir", helper2), `mdrun: after the 1st ":": -wdir /nonexistent/wdir: no such file or directory`},
@@ -283,6 +291,8 @@ func TestMPMDJobs(t *testing.T) {
 		other = helperName2
 	)
 	remote := []string{"-hosts", "localhost:1,far:4", "-launcher", cleanSSH, "-listen", "127.0.0.1:0"}
+	// What a remote shell would change, had mdrun not quoted it.
+	const tricky = `sp  ace 'q' "d" $HOME \ a=b`
 	tests := []struct {
 		name      string
 		args      []string
@@ -328,16 +338,17 @@ func TestMPMDJobs(t *testing.T) {
 			pidsPrint: 5,
 		},
 		{
-			// Placed round-robin, the programs' ranks as one list: 0 and
-			// 2 here, 1 and 3 on far.
-			name: "programs by node",
+			// Placed round-robin: 0 and 2 here, 1 and 3 on far. The
+			// second program's -x value reaches its ranks on both hosts
+			// and no one else's; rank 0 sees mdrun's own.
+			name: "per-program -x values by node",
 			args: []string{"-hosts", "localhost:2,far:2", "-map-by", "node", "-launcher", cleanSSH, "-listen", "127.0.0.1:0",
-				"-n", "1", helper, "appnum", ":", "-n", "3", "-x", "MDRUN_TEST_X", helper2, "appnum"}, status: 0,
+				"-n", "1", helper, "appnum", ":", "-n", "3", "-x", "MDRUN_TEST_X=" + tricky, helper2, "appnum"}, status: 0,
 			stdout: []*regexp.Regexp{
 				line(0, 4, one, 0, `[]`, p, "exported", wd),
-				line(1, 4, other, 1, `[]`, p, "exported", wd),
-				line(2, 4, other, 1, `[]`, p, "exported", wd),
-				line(3, 4, other, 1, `[]`, p, "exported", wd),
+				line(1, 4, other, 1, `[]`, p, tricky, wd),
+				line(2, 4, other, 1, `[]`, p, tricky, wd),
+				line(3, 4, other, 1, `[]`, p, tricky, wd),
 			},
 			pidsPrint: 4,
 		},
@@ -407,6 +418,7 @@ func FuzzSections(f *testing.F) {
 		":\x00:", "-n\x001\x00p\x00:", ":\x00-n\x001\x00-x\x00A\x00-wdir\x00d\x00p\x00:\x00x",
 		":\x00-v\x00-n\x001\x00p", ":\x00-n\x001\x00--\x00-p\x00:\x00", ":\x00-n=2\x00-x=B\x00p\x00a:b",
 		":\x00-hosts\x00h\x00-n\x001\x00p", ":\x00-n\x00-1\x00p", ":\x00-h",
+		":\x00-n\x001\x00-x\x00A=B C\x00-x\x00D==\x00p", ":\x00-n\x001\x00-x\x00=V\x00p", ":\x00-n\x001\x00-x\x00MDRUN_RANK=1\x00p",
 		":\x00-n\x001\x00-map-by\x00node\x00p",
 	} {
 		f.Add(s)

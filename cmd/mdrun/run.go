@@ -41,7 +41,10 @@ type config struct {
 	mapBy    mapBy
 	launcher []string // remote-exec command, host and command line follow
 	listen   string   // -listen: the rendezvous address for remote ranks
-	exports  []string // -x: variables passed to remote ranks of every app
+	// exports are the -x words of the job, for the ranks of every app:
+	// NAME (mdrun's value, passed to remote ranks) or NAME=VALUE (set in
+	// every rank's environment).
+	exports []string
 	// relays are the hosts of dedicated relays, ranks n.. of the job.
 	relays   []string
 	relayCmd []string // the relay program (absolute) and its arguments
@@ -98,13 +101,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, sigs <-ch
 }
 
 // usageLine is the synopsis, for -h and usage errors.
-const usageLine = "mdrun [flags] -n N prog [args...] [: -n M [-x NAME] [-wdir DIR] prog2 [args...]]..."
+const usageLine = "mdrun [flags] -n N prog [args...] [: -n M [-x NAME[=VALUE]] [-wdir DIR] prog2 [args...]]..."
 
 // usageMPMD follows the flags in -h.
 const usageMPMD = `
 Several programs (MPMD): separate them with ':' words, each after the first
-with its own -n and optionally -x NAME (on top of the job's) and -wdir DIR
-(in place of the job's); the other flags are the job's and come first:
+with its own -n and optionally -x NAME or -x NAME=VALUE (on top of the
+job's, for its own ranks) and -wdir DIR (in place of the job's); the other
+flags are the job's and come first:
 
   mdrun -hosts h1:2,h2:3 -n 2 ocean -c o.cfg : -n 3 atmos
 
@@ -145,7 +149,7 @@ func jobFlags(cfg *config, raw *rawFlags, errw io.Writer) *flag.FlagSet {
 	fs.StringVar(&raw.relayCmd, "relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
 	fs.StringVar(&cfg.wdir, "wdir", "", "directory ranks start in, on every host (default: mdrun's own; a remote host without that one starts them where the launcher does); a program after ':' may give its own")
 	fs.StringVar(&raw.bind, "bind", "none", "`none`, core or hwthread: bind each rank before it starts to a core of its own (all its hardware threads) or to one hardware thread, in order on each host (here: of the CPUs mdrun may use; elsewhere: from CPU 0, through taskset), as mpiexec -bind-to does")
-	fs.Var(&raw.exports, "x", "pass environment variable `NAME` to remote ranks (repeatable; MD_* variables always pass); a program after ':' may add its own")
+	fs.Var(&raw.exports, "x", "pass environment variable `NAME` to remote ranks, or with NAME=VALUE set it to VALUE in every rank's environment (repeatable, the last of a name counts; MD_* variables always pass; where mdrun sets a variable itself, its value wins); a program after ':' may add its own")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: %s\n", usageLine)
 		fs.PrintDefaults()
