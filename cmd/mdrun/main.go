@@ -4,6 +4,7 @@
 //	mdrun [flags] -n N prog [args...]
 //	mdrun -hosts h1:2,h2:2 [-launcher ssh] [-listen addr:port] -n 4 prog [args...]
 //	mdrun -hostfile hosts.txt -n 64 prog [args...]
+//	mdrun -hosts h1,h2 -ppn 4 -map-by node -x OMP_NUM_THREADS=2 -n 8 prog [args...]
 //	mdrun [flags] -n N prog [args...] : -n M prog2 [args...] [: ...]
 //
 // It runs N copies of prog, each with the environment the bootstrap package
@@ -22,10 +23,10 @@
 //
 // -hosts (h1,h2:2,[fd00::3]:4) or -hostfile (one host per line: host,
 // host:slots or host slots=N; '#' starts a comment; see Sites below for
-// the optional site of each) place the ranks: each
-// host in turn takes as many consecutive ranks as it has slots (1 if not
-// given), and the list starts over until every rank has a host, as Hydra
-// does. Ranks on "localhost" or on this machine's host name start here;
+// the optional site of each) place the ranks as -map-by says (see
+// Placement below): by default each host in turn takes as many
+// consecutive ranks as it has slots (1 if not given, or -ppn N's), and
+// the list starts over until every rank has a host, as Hydra does. Ranks on "localhost" or on this machine's host name start here;
 // the others start through the -launcher command (default ssh), called as
 //
 //	launcher host cd -- DIR 2>/dev/null; env MDRUN_ADDR=... MD_...=... prog args...
@@ -42,6 +43,40 @@
 // mdrun's environment and those named with -x; where mdrun sets a variable
 // itself (MD_PLUGINS from -plugins, MD_CONNTABLE from -conntable, MD_SITE,
 // MD_APPNUM), its value takes the place of mdrun's own.
+//
+// -x NAME=VALUE (Open MPI's form) sets NAME to VALUE in the environment
+// of every rank, here and on other hosts, in place of mdrun's own; the
+// value may hold anything, '=' and spaces included, and is quoted on the
+// launcher's command line like every other word. -x NAME passes mdrun's
+// own value to remote ranks, as above. Of several -x of one name, the
+// last counts (a program's after the job's, see below); a -x NAME for a
+// variable mdrun does not have passes nothing. Where mdrun sets the
+// variable itself (from a flag, the host's site) its value still wins,
+// and a value for one it always sets (MDRUN_RANK and the other variables
+// of the bootstrap package, MD_APPNUM) is a usage error.
+//
+// # Placement
+//
+// -map-by slot (the default) fills each host's slots with consecutive
+// ranks before the next host's, as above (block placement):
+//
+//	mdrun -hosts a:2,b:1,c:2 -n 5 prog     # a a b c c
+//
+// -map-by node deals the ranks out round-robin, one per host in turn,
+// skipping a host whose slots are full, as mpirun --map-by node does; a
+// host listed more than once is one host with the slots of all its
+// entries. With more ranks than slots in all, both policies start over as
+// if every slot were free again, so each host is oversubscribed in
+// proportion to its slots:
+//
+//	mdrun -hosts a:2,b:1,c:2 -map-by node -n 5 prog     # a b c a c
+//	mdrun -hosts a:2,b:1 -map-by node -n 5 prog         # a b a | a b
+//
+// The ranks of every program of the job are placed as one list; relays
+// are not placed by it, but on their own -relay hosts. -ppn N (Hydra's
+// processes per node) gives every host of -hosts or -hostfile that names
+// no slots of its own N slots; it needs one of them, and a host that
+// gives its own slots is a usage error.
 //
 // The rendezvous service then listens on TCP at -listen, by default on this
 // machine's address on the route to the first remote host, any port. It
@@ -68,8 +103,8 @@
 //	mdrun -hosts h1:2,h2:3 -n 2 ocean -c o.cfg : -n 3 atmos -v
 //
 // The ranks share one world and are numbered across the sections in order
-// (ocean 0-1, atmos 2-4); -hosts, -hostfile, -bind and relays place that
-// one list as they place a single program's ranks, and output, exit
+// (ocean 0-1, atmos 2-4); -hosts, -hostfile, -map-by, -bind and relays
+// place that one list as they place a single program's ranks, and output, exit
 // statuses, signals and -timeout cover every program alike, a failing
 // rank being named with its program ("rank 3 (atmos, pid 1234)"). Every
 // rank gets MD_APPNUM, the index of its section from 0, which MPI calls
@@ -77,8 +112,9 @@
 // gets MD_APPNUM=0 too, as MPI does, and relays get none.
 //
 // The flags before the first program are the job's. A section after ':'
-// takes -n M (required), and may take -x NAME, adding variables for its
-// own remote ranks to the job's, and -wdir DIR, in place of the job's
+// takes -n M (required), and may take -x NAME and -x NAME=VALUE, adding
+// variables for its own ranks to the job's (and, for a name the job's -x
+// gave too, in place of that), and -wdir DIR, in place of the job's
 // directory for its own ranks; any other flag there is an error. Each
 // section's program is looked up before any rank starts, and one that is
 // not found is a usage error naming the section. As in Hydra and Open
@@ -112,7 +148,8 @@
 //
 // -bind core binds each rank to a core of its own before it starts, as
 // mpiexec -bind-to core and srun --cpu-bind=cores do: the ranks of a host
-// take its cores in rank order, each with all its hardware threads, on
+// take its cores in rank order (under -map-by node, ranks 0 and 2 of a
+// host its first two), each with all its hardware threads, on
 // this machine from the CPUs mdrun itself may use (more ranks here than
 // those cores is an error), on another host from CPU 0, through taskset
 // (util-linux) in the launcher's command line. Which CPUs share a core
