@@ -399,8 +399,8 @@ func TestJobs(t *testing.T) {
 			pidsPrint: 2,
 		},
 		{
-			name: "timeout", flags: []string{"-timeout", "200ms"}, n: 2, behaviour: "block", status: exitTimeout,
-			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: the job ran longer than -timeout 200ms; terminating the job$`)},
+			name: "timeout", flags: []string{"-timeout", "2s"}, n: 2, behaviour: "block", status: exitTimeout,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: the job ran longer than -timeout 2s; terminating the job$`)},
 			pidsPrint: 2,
 		},
 		{

@@ -371,8 +371,8 @@ func TestMPMDJobs(t *testing.T) {
 			pidsPrint: 4,
 		},
 		{
-			name: "timeout", args: []string{"-timeout", "200ms", "-n", "1", helper, "block", ":", "-n", "1", helper2, "block"}, status: exitTimeout,
-			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: the job ran longer than -timeout 200ms; terminating the job$`)},
+			name: "timeout", args: []string{"-timeout", "2s", "-n", "1", helper, "block", ":", "-n", "1", helper2, "block"}, status: exitTimeout,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: the job ran longer than -timeout 2s; terminating the job$`)},
 			pidsPrint: 2,
 		},
 		{
