@@ -233,11 +233,17 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 	if a != nil {
 		env = append(env, "MD_APPNUM="+strconv.Itoa(appNum))
 	}
-	if j.cfg.plugins != "" {
-		env = append(env, "MD_PLUGINS="+j.cfg.plugins)
-	}
-	if j.cfg.conntable != "" {
-		env = append(env, "MD_CONNTABLE="+j.cfg.conntable)
+	// A flag's path wins over -x; mdrun's own variable, made absolute,
+	// comes after -x, which replaces it.
+	var inherited []string
+	for _, v := range []struct{ name, path string }{{"MD_PLUGINS", j.cfg.plugins}, {"MD_CONNTABLE", j.cfg.conntable}} {
+		switch {
+		case v.path == "":
+		case j.cfg.inherited[v.name]:
+			inherited = append(inherited, v.name+"="+v.path)
+		default:
+			env = append(env, v.name+"="+v.path)
+		}
 	}
 	// The site is the host's, and it replaces mdrun's own MD_SITE: a
 	// local rank's variables come after mdrun's environment, and the last
@@ -270,6 +276,12 @@ func (j *job) rankEnv(r int, srv *bootstrap.Server, remote bool) []string {
 		if !set[x.name] && (remote || x.given) {
 			env = append(env, x.name+"="+x.value)
 			set[x.name] = true
+		}
+	}
+	for _, kv := range inherited {
+		if name, _, _ := strings.Cut(kv, "="); !set[name] {
+			env = append(env, kv)
+			set[name] = true
 		}
 	}
 	if remote {

@@ -143,6 +143,9 @@ func TestRankEnvExports(t *testing.T) {
 		{"name, then value", []string{"XA", "XA=v"}, nil, "XA", []string{"v", "v", "v", "v", "v", "v"}},
 		{"MD_* value over mdrun's", []string{"MD_X=new"}, nil, "MD_X", []string{"new", "new", "new", "new", "new", "new"}},
 		{"a flag wins", []string{"MD_PLUGINS=/x"}, []string{"MD_PLUGINS=/y"}, "MD_PLUGINS", []string{"/flag/p", "/flag/p", "/flag/p", "/flag/p", "/flag/p", "/flag/p"}},
+		// MD_CONNTABLE is mdrun's own here, not a flag's: -x replaces it.
+		{"mdrun's MD_CONNTABLE", nil, nil, "MD_CONNTABLE", []string{"/env/ct", "/env/ct", "/env/ct", "/env/ct", "/env/ct", "/env/ct"}},
+		{"a value over mdrun's MD_CONNTABLE", nil, []string{"MD_CONNTABLE=/x"}, "MD_CONNTABLE", []string{"/env/ct", "/env/ct", "/x", "/x", "/env/ct", "/env/ct"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -158,7 +161,7 @@ func TestRankEnvExports(t *testing.T) {
 			j := &job{
 				cfg: config{
 					n: 4, apps: []app{{n: 2}, {n: 2, exports: tt.app}}, hosts: hosts, relays: []string{"far", "localhost"},
-					plugins: "/flag/p", launcher: []string{"ssh"}, listen: "127.0.0.1:0", exports: tt.job,
+					plugins: "/flag/p", conntable: "/env/ct", inherited: map[string]bool{"MD_CONNTABLE": true}, launcher: []string{"ssh"}, listen: "127.0.0.1:0", exports: tt.job,
 				},
 				logger: hclog.NewNullLogger(),
 			}

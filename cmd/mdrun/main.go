@@ -53,7 +53,9 @@
 // variable mdrun does not have passes nothing. Where mdrun sets the
 // variable itself (from a flag, the host's site) its value still wins,
 // and a value for one it always sets (MDRUN_RANK and the other variables
-// of the bootstrap package, MD_APPNUM) is a usage error.
+// of the bootstrap package, MD_APPNUM) is a usage error. The value is
+// passed as written: a relative path in -x MD_PLUGINS=p is not made
+// absolute as -plugins p and mdrun's own MD_PLUGINS are.
 //
 // # Placement
 //

@@ -31,6 +31,10 @@ type config struct {
 	apps      []app
 	plugins   string // absolute path or ""
 	conntable string // absolute path or ""
+	// inherited lists which of plugins and conntable came from mdrun's
+	// environment rather than a flag, by variable name: -x NAME=VALUE
+	// replaces those, as it replaces any variable of mdrun's.
+	inherited map[string]bool
 	prefix    bool
 	timeout   time.Duration
 	verbose   bool
@@ -290,6 +294,10 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 					return cfg, &usageError{fmt.Sprintf("%s=%s: %v", p.env, v, err)}
 				}
 				*p.path = abs
+				if cfg.inherited == nil {
+					cfg.inherited = make(map[string]bool)
+				}
+				cfg.inherited[p.env] = true
 			}
 			continue
 		}
