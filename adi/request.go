@@ -19,6 +19,9 @@ type Request struct {
 	local *localOp
 	// persist is set for a persistent request: what Start starts.
 	persist *persistent
+	// part is set for a partitioned request (partitioned.go), which
+	// Start starts too.
+	part *partitioned
 	// window is set for a one-sided operation's request (win.go): the
 	// window's flushes wait for it as well, so it can be neither
 	// cancelled, which would leave a target's reply with nowhere to go,
@@ -408,6 +411,9 @@ func (c *Comm) persistent(p *persistent) (*Request, error) {
 // Start changes the request, so it must not run concurrently with any
 // other method of the same request (as MPI says for MPI_Start too).
 func (q *Request) Start() error {
+	if q.part != nil {
+		return q.startPartitioned()
+	}
 	p, c := q.persist, q.c
 	if p == nil {
 		return errors.New("adi: start: not a persistent request (SendInit, SsendInit, RecvInit, or a collective's Init)")

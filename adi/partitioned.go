@@ -1,0 +1,674 @@
+package adi
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"weak"
+
+	"github.com/hpc-multidevice/multidevice/multidevice"
+)
+
+// Partitioned point-to-point communication (MPI 4.0's MPI_Psend_init,
+// MPI_Precv_init, MPI_Pready and MPI_Parrived): one message whose buffer
+// is cut into equal partitions that several goroutines fill and hand
+// over one by one, the receiver consuming each as it arrives.
+//
+// A partitioned request is persistent: Start (or StartAll) begins a
+// round, Wait or Test (or WaitAll, WaitAny, ...) completes it, and the
+// next Start begins the next one with the buffer's contents then. In a
+// round the sender marks each partition ready once (Pready,
+// PreadyRange, PreadyList), from any goroutine; the receiver asks
+// whether a partition of its own has arrived (Parrived). The two sides
+// may cut the same number of bytes into different numbers of partitions.
+//
+// How it travels. PsendInit and PrecvInit are local: the k-th PsendInit
+// on a communicator from rank a to rank b with tag t matches the k-th
+// PrecvInit on it at b from a with t, and both sides compute from those
+// a context id of the pair's own (partitionContext), the channel, that
+// no other message uses. Each sender partition is one message on the
+// channel, tagged with its index, sent when it is readied, straight
+// into its place in the receive buffer. The receiver learns the
+// sender's partitioning from a setup message the sender sends once, at
+// its first Start, on the odd id after the channel's (as a
+// communicator's collectives use the odd id after its own), and posts
+// its receives when that has come, and at every later Start. A round's
+// messages cannot overtake the round before's: they share a context,
+// source and tags, and matching is in order.
+//
+// No goroutine runs per partition. A round's completion is watched by
+// one of the world's background workers (as a nonblocking collective
+// is) only while something is left to wait for: on the sender, once the
+// last partition is readied and some send has not completed yet; on the
+// receiver, from Start until every partition has come. A round that is
+// already over completes without one. Finalize fails what is still in
+// flight, which ends those workers; a sender round whose partitions were
+// not all readied has no worker and never completes.
+
+// ErrPartitionLength: a partitioned receive matched a partitioned send
+// of another length. The receive's round fails with it (its buffer is
+// left as it was), every round; the sender's rounds complete, their
+// data discarded.
+var ErrPartitionLength = errors.New("adi: partitioned send and receive lengths differ")
+
+// partitioned is a partitioned request's channel and its current round.
+// Its atomics are what Pready and Parrived, called from any goroutine,
+// read; the rest is written by Start, or by the goroutine completing a
+// round before it publishes the completion.
+type partitioned struct {
+	c     *Comm
+	send  bool
+	buf   []byte
+	parts int // this side's partitions
+	peer  int // the other side's rank in c, or ProcNull
+	world int // its world rank
+	tag   int
+	id    uint64 // the channel: partitions on id (tag = index), the setup on id|1
+
+	round atomic.Uint64 // Starts so far
+	// live is set from a Start until its round completes: Pready
+	// refuses, and Parrived answers true, outside.
+	live atomic.Bool
+	op   atomic.Pointer[localOp] // the round's completion
+
+	setup    [setupSize]byte
+	setupReq multidevice.Request
+	setupOut bool // the sender's setup was sent
+
+	// Sender.
+	readied []atomic.Uint64 // per partition: the round it was last readied in
+	failed  []bool          // per partition: its send failed to start this round
+	issued  atomic.Int64    // partitions readied this round
+	sendErr atomic.Pointer[error]
+	sends   []multidevice.Request
+
+	// Receiver. remote, broken and recvs are written before posted
+	// publishes the round's receives.
+	posted atomic.Uint64 // the round whose receives are all posted
+	remote int           // the sender's partitions; 0 until the setup came
+	broken error         // set when the setup was bad or its length differs
+	recvs  []multidevice.Request
+	// npost counts the receives posted this round, all of them unless
+	// posting one failed with postErr.
+	npost   int
+	postErr error
+}
+
+// PsendInit makes a partitioned send of buf, cut into partitions equal
+// parts, to rank dest with tag (MPI_Psend_init). It is local and sends
+// nothing. Start begins a round; Pready, PreadyRange or PreadyList then
+// hand over each partition once, from any goroutines, and Wait completes
+// the round when all of them are sent: buf may be written again. A
+// partition may not change from its Pready until that Wait.
+//
+// It matches the PrecvInit at dest from this rank with tag that is in
+// the same place in the order of dest's partitioned receive inits on
+// the communicator as this one is among this rank's partitioned send
+// inits to dest with tag. len(buf) must be a multiple of partitions
+// (1..MaxTag+1); dest may be ProcNull.
+func (c *Comm) PsendInit(buf []byte, partitions, dest, tag int) (*Request, error) {
+	return c.partitionedInit("psend init", true, buf, partitions, dest, tag)
+}
+
+// PrecvInit makes a partitioned receive into buf, cut into partitions
+// equal parts, from rank source with tag (MPI_Precv_init); see
+// PsendInit. The matching send must send len(buf) bytes, in any number
+// of partitions. AnySource and AnyTag are refused, as MPI refuses them.
+// Start begins a round, Parrived tells whether one partition has come
+// (its bytes may then be read), and Wait completes the round once all
+// have.
+func (c *Comm) PrecvInit(buf []byte, partitions, source, tag int) (*Request, error) {
+	return c.partitionedInit("precv init", false, buf, partitions, source, tag)
+}
+
+func (c *Comm) partitionedInit(name string, send bool, buf []byte, parts, peer, tag int) (*Request, error) {
+	switch {
+	case parts < 1 || int64(parts) > int64(MaxTag)+1:
+		return nil, fmt.Errorf("adi: %s: %d partitions (1..%d: one tag each)", name, parts, int64(MaxTag)+1)
+	case len(buf)%parts != 0:
+		return nil, fmt.Errorf("adi: %s: %d bytes do not divide into %d equal partitions", name, len(buf), parts)
+	case tag == AnyTag || peer == AnySource:
+		return nil, fmt.Errorf("adi: %s: partitioned communication takes no AnySource or AnyTag", name)
+	}
+	if err := checkTag(tag, false); err != nil {
+		return nil, fmt.Errorf("adi: %s: %w", name, err)
+	}
+	p := &partitioned{c: c, send: send, buf: buf, parts: parts, peer: peer, world: -1, tag: tag}
+	if peer != ProcNull {
+		var err error
+		if send {
+			p.world, err = c.dest(peer)
+		} else {
+			p.world, err = c.source(peer)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("adi: %s: %w", name, err)
+		}
+		sender, receiver := c.rank, peer
+		if !send {
+			sender, receiver = peer, c.rank
+		}
+		p.id = partitionContext(c.context, sender, receiver, tag, nextPartitionedInit(c, send, peer, tag))
+	}
+	if send {
+		p.readied = make([]atomic.Uint64, parts)
+		p.failed = make([]bool, parts)
+		if peer != ProcNull {
+			p.sends = make([]multidevice.Request, parts)
+		}
+	}
+	return &Request{c: c, local: inactive, part: p}, nil
+}
+
+// partitionKind sets partitioned channels' ids apart from the ids of
+// the communicators deriveContext makes: different inputs to a
+// different mix, so the two meet only as rarely as two 64-bit hashes.
+const partitionKind uint64 = 0x7061727469746e64 // "partitnd"
+
+// partitionContext is the context id of the k-th partitioned channel
+// from sender to receiver (ranks in the communicator whose id is
+// parent) with tag. Both sides compute it alike without talking. It is
+// even, so that the odd id after it carries the setup, and in the range
+// of ids derived by all ranks alike (top bit clear; group.go), never
+// the world's.
+func partitionContext(parent uint64, sender, receiver, tag int, k uint64) uint64 {
+	x := mix64(parent ^ partitionKind)
+	x = mix64(x ^ (uint64(uint32(sender))<<32 | uint64(uint32(receiver))))
+	x = mix64(x ^ uint64(uint32(tag)))
+	x = mix64(x ^ k)
+	x &^= 1 | groupContext
+	if x <= worldContext {
+		x += 4
+	}
+	return x
+}
+
+// partitionedInits counts the partitioned inits made on each
+// communicator (by its context id) per side, peer and tag, for each
+// world: the count is what matches a send init with its receive init.
+// World and Comm are not this file's, so the counts live here, by a weak
+// pointer to the world, and go when the world is collected.
+var partitionedInits struct {
+	sync.Mutex
+	m map[weak.Pointer[World]]map[initKey]uint64
+}
+
+type initKey struct {
+	context   uint64
+	send      bool
+	peer, tag int
+}
+
+// nextPartitionedInit counts one more partitioned init on c and returns
+// its number, from 1.
+func nextPartitionedInit(c *Comm, send bool, peer, tag int) uint64 {
+	wp := weak.Make(c.w)
+	partitionedInits.Lock()
+	defer partitionedInits.Unlock()
+	if partitionedInits.m == nil {
+		partitionedInits.m = make(map[weak.Pointer[World]]map[initKey]uint64)
+	}
+	m := partitionedInits.m[wp]
+	if m == nil {
+		m = make(map[initKey]uint64)
+		partitionedInits.m[wp] = m
+		runtime.AddCleanup(c.w, func(wp weak.Pointer[World]) {
+			partitionedInits.Lock()
+			delete(partitionedInits.m, wp)
+			partitionedInits.Unlock()
+		}, wp)
+	}
+	k := initKey{c.context, send, peer, tag}
+	m[k]++
+	return m[k]
+}
+
+// The setup message tells the receiver how the sender cuts the message:
+//
+//	byte 0     version (1)
+//	bytes 1-3  zero
+//	bytes 4-7  partitions, uint32 little-endian, 1..MaxTag+1
+//	bytes 8-15 total length in bytes, uint64 little-endian, a multiple of partitions
+const (
+	setupSize    = 16
+	setupVersion = 1
+)
+
+func encodeSetup(b *[setupSize]byte, parts int, length uint64) {
+	*b = [setupSize]byte{0: setupVersion}
+	binary.LittleEndian.PutUint32(b[4:], uint32(parts))
+	binary.LittleEndian.PutUint64(b[8:], length)
+}
+
+// errBadSetup: a setup message that does not decode.
+var errBadSetup = errors.New("adi: bad partitioned setup message")
+
+// decodeSetup reads a setup message, checking every field: the bytes
+// come from another rank.
+func decodeSetup(b []byte) (parts int, length uint64, err error) {
+	if len(b) != setupSize {
+		return 0, 0, fmt.Errorf("%w: %d bytes, want %d", errBadSetup, len(b), setupSize)
+	}
+	if b[0] != setupVersion || b[1] != 0 || b[2] != 0 || b[3] != 0 {
+		return 0, 0, fmt.Errorf("%w: version %d, flags %#x (this build speaks version %d)", errBadSetup, b[0], b[1:4], setupVersion)
+	}
+	n := binary.LittleEndian.Uint32(b[4:])
+	length = binary.LittleEndian.Uint64(b[8:])
+	switch {
+	case n == 0 || uint64(n) > uint64(MaxTag)+1:
+		return 0, 0, fmt.Errorf("%w: %d partitions", errBadSetup, n)
+	case length%uint64(n) != 0:
+		return 0, 0, fmt.Errorf("%w: %d bytes in %d partitions", errBadSetup, length, n)
+	case uint64(int(n)) != uint64(n): // 32-bit platforms
+		return 0, 0, fmt.Errorf("%w: %d partitions exceed this platform's int", errBadSetup, n)
+	}
+	return int(n), length, nil
+}
+
+// overlap returns the first and last of sp sender partitions that hold
+// bytes of receiver partition j of rp, both cutting the same length into
+// equal parts: sender partition i and receiver partition j overlap when
+// i/sp < (j+1)/rp and j/rp < (i+1)/sp. Computed on partition counts, not
+// bytes, so that it holds for an empty buffer too.
+func overlap(j, rp, sp int) (lo, hi int) {
+	lo = int(uint64(j) * uint64(sp) / uint64(rp))
+	hi = int((uint64(j+1)*uint64(sp)+uint64(rp)-1)/uint64(rp)) - 1
+	return lo, hi
+}
+
+// partitioned returns q's partitioned state for op, checking that q is
+// a partitioned request of the side op needs.
+func (q *Request) partitioned(op string, send bool) (*partitioned, error) {
+	p := q.part
+	switch {
+	case p == nil:
+		return nil, fmt.Errorf("adi: %s: not a partitioned request (PsendInit, PrecvInit)", op)
+	case p.send != send && send:
+		return nil, fmt.Errorf("adi: %s: a partitioned receive (PrecvInit) has no partitions to ready", op)
+	case p.send != send:
+		return nil, fmt.Errorf("adi: %s: a partitioned send (PsendInit) has no partitions that arrive", op)
+	}
+	return p, nil
+}
+
+// Pready marks partition i of a partitioned send ready and starts
+// sending it (MPI_Pready). It does not block and may be called from any
+// goroutine, once per partition in each round, between Start and the
+// round's completion. A partition out of range, readied twice in a
+// round, or readied outside a round is refused with an error.
+func (q *Request) Pready(i int) error {
+	p, err := q.partitioned("pready", true)
+	if err != nil {
+		return err
+	}
+	return p.ready("pready", i)
+}
+
+// PreadyRange marks partitions lo to hi, both included, ready
+// (MPI_Pready_range); see Pready. A range that is empty or not within
+// the partitions readies none; otherwise the errors of each partition's
+// Pready are returned joined.
+func (q *Request) PreadyRange(lo, hi int) error {
+	p, err := q.partitioned("pready range", true)
+	if err != nil {
+		return err
+	}
+	if lo > hi || lo < 0 || hi >= p.parts {
+		return fmt.Errorf("adi: pready range: [%d,%d] is not a range within partitions [0,%d)", lo, hi, p.parts)
+	}
+	var errs []error
+	for i := lo; i <= hi; i++ {
+		if err := p.ready("pready range", i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PreadyList marks the partitions listed ready (MPI_Pready_list); see
+// Pready. A list naming a partition out of range readies none;
+// otherwise the errors of each partition's Pready are returned joined.
+func (q *Request) PreadyList(partitions []int) error {
+	p, err := q.partitioned("pready list", true)
+	if err != nil {
+		return err
+	}
+	for _, i := range partitions {
+		if i < 0 || i >= p.parts {
+			return fmt.Errorf("adi: pready list: partition %d not in [0,%d)", i, p.parts)
+		}
+	}
+	var errs []error
+	for _, i := range partitions {
+		if err := p.ready("pready list", i); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Parrived reports whether receiver partition i of a partitioned
+// receive has arrived whole (MPI_Parrived): its bytes may then be read,
+// before the round completes. It does not block and may be called from
+// any goroutine. On a request with no round in progress (not started,
+// or its round completed) it reports true, as MPI says for an inactive
+// one, unless that round failed. A partition out of range is an error,
+// and so is a round that cannot receive (the matched send's length
+// differs: ErrPartitionLength) or failed.
+func (q *Request) Parrived(i int) (bool, error) {
+	p, err := q.partitioned("parrived", false)
+	if err != nil {
+		return false, err
+	}
+	if i < 0 || i >= p.parts {
+		return false, fmt.Errorf("adi: parrived: partition %d not in [0,%d)", i, p.parts)
+	}
+	if !p.live.Load() {
+		// Inactive, or its round completed: a round that failed says
+		// so until the next Start.
+		if op := p.op.Load(); op != nil && op.err != nil {
+			return false, fmt.Errorf("adi: parrived: %w", op.err)
+		}
+		return true, nil
+	}
+	if p.posted.Load() != p.round.Load() {
+		return false, nil // the setup has not come yet
+	}
+	if p.broken != nil {
+		return false, fmt.Errorf("adi: parrived: %w", p.broken)
+	}
+	lo, hi := overlap(i, p.parts, p.remote)
+	for k := lo; k <= hi; k++ {
+		if k >= p.npost {
+			return false, fmt.Errorf("adi: parrived: %w", p.postErr)
+		}
+		_, done, err := p.recvs[k].Test()
+		if !done {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("adi: parrived: partition %d: %w", i, err)
+		}
+	}
+	return true, nil
+}
+
+// startPartitioned begins a new round of q, a partitioned request. A
+// request whose round has not completed is refused with ErrRequestBusy.
+func (q *Request) startPartitioned() error {
+	if q.c != nil && !q.done() {
+		return fmt.Errorf("adi: start: %w", ErrRequestBusy)
+	}
+	p := q.part
+	var op *localOp
+	var err error
+	if p.send {
+		op, err = p.startSend()
+	} else {
+		op = p.startRecv()
+	}
+	if err != nil {
+		q.c, q.local = p.c, inactive
+		return fmt.Errorf("adi: start: %w", err)
+	}
+	q.c, q.local = p.c, op
+	return nil
+}
+
+// begin opens round r with op. live goes last: Pready and Parrived read
+// the round's state only after they saw it.
+func (p *partitioned) begin() (*localOp, uint64) {
+	op := &localOp{done: make(chan struct{})}
+	p.op.Store(op)
+	return op, p.round.Add(1)
+}
+
+// complete ends the round of op with st and err.
+func (p *partitioned) complete(op *localOp, st Status, err error) {
+	op.st, op.err = st, err
+	p.live.Store(false)
+	close(op.done)
+	p.c.w.dev.Notify() // for WaitAny, which waits on Changed
+}
+
+// startSend begins a send round; the first sends the setup.
+func (p *partitioned) startSend() (*localOp, error) {
+	if !p.setupOut && p.peer != ProcNull {
+		encodeSetup(&p.setup, p.parts, uint64(len(p.buf)))
+		if err := p.c.w.dev.IsendRequest(&p.setupReq, p.setup[:], p.world, 0, p.id|1, false); err != nil {
+			return nil, fmt.Errorf("partitioned send to rank %d: setup: %w", p.peer, err)
+		}
+		p.setupOut = true
+	}
+	clear(p.failed)
+	p.issued.Store(0)
+	p.sendErr.Store(nil)
+	op, _ := p.begin()
+	p.live.Store(true)
+	return op, nil
+}
+
+// ready readies partition i of a send round; the call that readies the
+// last partition sees to the round's completion.
+func (p *partitioned) ready(name string, i int) error {
+	if i < 0 || i >= p.parts {
+		return fmt.Errorf("adi: %s: partition %d not in [0,%d)", name, i, p.parts)
+	}
+	if !p.live.Load() {
+		return fmt.Errorf("adi: %s: partition %d: the request is inactive (not started, or its round completed)", name, i)
+	}
+	r := p.round.Load()
+	if p.readied[i].Swap(r) == r {
+		return fmt.Errorf("adi: %s: partition %d is already ready in this round", name, i)
+	}
+	var err error
+	if p.peer != ProcNull {
+		n := len(p.buf) / p.parts
+		if err = p.c.w.dev.IsendRequest(&p.sends[i], p.buf[i*n:(i+1)*n], p.world, i, p.id, false); err != nil {
+			p.failed[i] = true
+			err = fmt.Errorf("adi: %s: partition %d to rank %d: %w", name, i, p.peer, err)
+			p.sendErr.CompareAndSwap(nil, &err)
+		}
+	}
+	// The issuer of the last partition sees every other's send started,
+	// or failed, before its Add: theirs came first in the Adds' order.
+	if p.issued.Add(1) == int64(p.parts) {
+		p.allReadied()
+	}
+	return err
+}
+
+// allReadied completes the send round once its sends have: at once if
+// they already have (an eager send usually completes as it starts),
+// else on a background worker.
+func (p *partitioned) allReadied() {
+	op := p.op.Load()
+	if p.sendsOver() {
+		p.complete(op, Status{}, p.sendsErr(context.Background()))
+		return
+	}
+	if _, err := p.c.w.bg.launch(p.c, "partitioned send", func() {}, func(ctx context.Context) error {
+		p.complete(op, Status{}, p.sendsErr(ctx))
+		return nil
+	}); err != nil {
+		p.complete(op, Status{}, err)
+	}
+}
+
+// sendsOver reports whether the round's sends and the setup completed.
+func (p *partitioned) sendsOver() bool {
+	if p.setupOut {
+		if _, done, _ := p.setupReq.Test(); !done {
+			return false
+		}
+	}
+	for i := range p.sends {
+		if _, done, _ := p.sends[i].Test(); !done && !p.failed[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// sendsErr waits for the round's sends and the setup and returns the
+// first failure, the round's.
+func (p *partitioned) sendsErr(ctx context.Context) error {
+	var first error
+	if e := p.sendErr.Load(); e != nil {
+		first = *e
+	}
+	if p.setupOut {
+		if _, err := p.setupReq.Wait(ctx); err != nil && first == nil {
+			first = fmt.Errorf("adi: partitioned send to rank %d: setup: %w", p.peer, err)
+		}
+	}
+	for i := range p.sends {
+		if p.failed[i] {
+			continue
+		}
+		if _, err := p.sends[i].Wait(ctx); err != nil && first == nil {
+			first = fmt.Errorf("adi: partitioned send to rank %d: partition %d: %w", p.peer, i, err)
+		}
+	}
+	return first
+}
+
+// startRecv begins a receive round. The first posts the setup's receive
+// and leaves posting the partitions' to a worker that waits for it;
+// later rounds post them at once.
+func (p *partitioned) startRecv() *localOp {
+	op, r := p.begin()
+	p.live.Store(true)
+	switch {
+	case p.peer == ProcNull:
+		p.complete(op, nullStatus, nil)
+		return op
+	case p.remote == 0 && p.broken != nil: // a setup that did not decode
+		p.complete(op, Status{}, p.broken)
+		return op
+	case p.remote == 0:
+		if err := p.c.w.dev.IrecvRequest(&p.setupReq, p.setup[:], p.world, 0, p.id|1); err != nil {
+			p.complete(op, Status{}, fmt.Errorf("adi: partitioned receive from rank %d: setup: %w", p.peer, err))
+			return op
+		}
+		p.await(op, func(ctx context.Context) error {
+			st, err := p.setupReq.Wait(ctx)
+			if err != nil {
+				return fmt.Errorf("adi: partitioned receive from rank %d: setup: %w", p.peer, err)
+			}
+			if err := p.accept(st); err != nil {
+				return err
+			}
+			p.post(r)
+			return nil
+		})
+		return op
+	}
+	p.post(r)
+	if p.recvsOver() {
+		st, err := p.recvsResult(context.Background())
+		p.complete(op, st, err)
+		return op
+	}
+	p.await(op, nil)
+	return op
+}
+
+// await has a worker run first (if any), then wait for the round's
+// receives and complete op.
+func (p *partitioned) await(op *localOp, first func(ctx context.Context) error) {
+	if _, err := p.c.w.bg.launch(p.c, "partitioned receive", func() {}, func(ctx context.Context) error {
+		if first != nil {
+			if err := first(ctx); err != nil {
+				p.complete(op, Status{}, err)
+				return nil
+			}
+		}
+		st, err := p.recvsResult(ctx)
+		p.complete(op, st, err)
+		return nil
+	}); err != nil {
+		p.complete(op, Status{}, err)
+	}
+}
+
+// accept takes in the setup that st received: the sender's partitions,
+// and whether its length is this receive's.
+func (p *partitioned) accept(st multidevice.Status) error {
+	parts, length, err := decodeSetup(p.setup[:st.Count])
+	if err != nil {
+		p.broken = fmt.Errorf("adi: partitioned receive from rank %d: %w", p.peer, err)
+		return p.broken
+	}
+	if length != uint64(len(p.buf)) {
+		p.broken = fmt.Errorf("adi: partitioned receive from rank %d, tag %d: %w: the send has %d bytes (%d partitions), the receive buffer %d",
+			p.peer, p.tag, ErrPartitionLength, length, parts, len(p.buf))
+	}
+	p.remote = parts
+	p.recvs = make([]multidevice.Request, parts)
+	return nil
+}
+
+// post posts round r's receives, one per sender partition, each into
+// its place in the buffer; or, when the lengths differ, into nothing, so
+// that the sender's data is drained (a truncated receive still lets its
+// sender complete) and the sender does not hang.
+func (p *partitioned) post(r uint64) {
+	n := len(p.buf) / p.remote
+	p.npost, p.postErr = 0, nil
+	for i := range p.recvs {
+		into := p.buf[i*n : (i+1)*n]
+		if p.broken != nil {
+			into = nil
+		}
+		if err := p.c.w.dev.IrecvRequest(&p.recvs[i], into, p.world, i, p.id); err != nil {
+			// Only Finalize makes a post fail here: the round fails.
+			p.postErr = fmt.Errorf("adi: partitioned receive from rank %d: partition %d: %w", p.peer, i, err)
+			break
+		}
+		p.npost++
+	}
+	p.posted.Store(r)
+}
+
+// recvsOver reports whether the round's posted receives completed.
+func (p *partitioned) recvsOver() bool {
+	for i := range p.npost {
+		if _, done, _ := p.recvs[i].Test(); !done {
+			return false
+		}
+	}
+	return true
+}
+
+// recvsResult waits for the round's receives and returns its status and
+// error.
+func (p *partitioned) recvsResult(ctx context.Context) (Status, error) {
+	first := p.postErr
+	n := len(p.buf) / p.remote
+	for i := range p.npost {
+		st, err := p.recvs[i].Wait(ctx)
+		switch {
+		case p.broken != nil && errors.Is(err, ErrTruncated): // drained
+			err = nil
+		case err != nil:
+			err = fmt.Errorf("adi: partitioned receive from rank %d: partition %d: %w", p.peer, i, err)
+		case st.Count != n && p.broken == nil:
+			err = fmt.Errorf("adi: partitioned receive from rank %d: partition %d: %d bytes, want %d", p.peer, i, st.Count, n)
+		}
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		first = p.broken
+	}
+	if first != nil {
+		return Status{}, first
+	}
+	return Status{Source: p.peer, Tag: p.tag, Count: len(p.buf)}, nil
+}
