@@ -535,3 +535,40 @@ func TestSplitHost(t *testing.T) {
 		return nil
 	})
 }
+
+// TestSplitBadColor: a rank passing a color that is neither >= 0 nor
+// Undefined gets an error, and the others learn of it (ErrMismatch)
+// rather than wait for it; the communicator goes on working.
+func TestSplitBadColor(t *testing.T) {
+	const n = 3
+	cs := loopJob(t, n)
+	ctx := ctxT(t)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, c := range cs {
+		wg.Go(func() {
+			color := 0
+			if r == 1 {
+				color = adi.Undefined - 1
+			}
+			_, errs[r] = c.Split(ctx, color, 0)
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		switch {
+		case r == 1 && (err == nil || errors.Is(err, adi.ErrMismatch)):
+			t.Errorf("rank 1, with the bad color: %v, want an error of its own", err)
+		case r != 1 && !errors.Is(err, adi.ErrMismatch):
+			t.Errorf("rank %d: %v, want ErrMismatch", r, err)
+		}
+	}
+	for r, c := range cs {
+		wg.Go(func() {
+			if _, err := c.Split(ctx, r%2, 0); err != nil {
+				t.Errorf("rank %d: split after the bad one: %v", r, err)
+			}
+		})
+	}
+	wg.Wait()
+}

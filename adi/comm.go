@@ -385,15 +385,21 @@ func (c *Comm) Dup(ctx context.Context) (*Comm, error) {
 // ordered by key and then by rank in c. A rank passing Undefined gets nil.
 // It is collective: every rank of c must call it.
 func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
-	if color < Undefined {
-		return nil, fmt.Errorf("adi: split: color %d must be >= 0 or Undefined", color)
-	}
 	n := c.derived.Add(1)
 	// Every rank's color and key, as int64s: those are the same size on
-	// every host, where int need not be.
+	// every host, where int need not be. A rank with a bad color takes
+	// part too, so that the others learn of it rather than wait.
 	all := make([]int64, 2*c.Size())
 	if err := c.Allgather(ctx, Bytes([]int64{int64(color), int64(key)}), Bytes(all)); err != nil {
 		return nil, fmt.Errorf("adi: split: %w", err)
+	}
+	if color < Undefined {
+		return nil, fmt.Errorf("adi: split: color %d must be >= 0 or Undefined", color)
+	}
+	for r := range c.Size() {
+		if all[2*r] < Undefined {
+			return nil, fmt.Errorf("adi: split: %w: rank %d passed color %d, neither >= 0 nor Undefined", ErrMismatch, r, all[2*r])
+		}
 	}
 	if color == Undefined {
 		return nil, nil
