@@ -30,8 +30,9 @@
 // another through their leaders, sends and receives on it name ranks of
 // the other group, its collectives carry data from one group to the
 // other ([Intercomm.Bcast] from a root with [Root], [InterAllreduce],
-// ..., and nonblocking: [Intercomm.Ibcast], [IinterAllreduce], ...), and
-// [Intercomm.Merge] makes one communicator of both.
+// ..., and nonblocking: [Intercomm.Ibcast], [IinterAllreduce], ...),
+// [Intercomm.Split] and [Intercomm.Create] make smaller intercommunicators
+// of both, and [Intercomm.Merge] makes one communicator of both.
 //
 // A program that streams nonblocking messages starts them in requests it
 // keeps and reuses ([Comm.IsendInto], [Comm.IrecvInto]) instead of

@@ -56,7 +56,7 @@ type Intercomm struct {
 	// localLeader) has the lower world rank, on every rank of it: Merge
 	// puts that group first when both pass the same high.
 	lowLeader bool
-	derived   atomic.Uint64 // Dup and Merge calls on this one
+	derived   atomic.Uint64 // Dup, Merge, Split and Create calls on this one
 }
 
 // newIntercomm makes an intercommunicator of the world ranks local and
@@ -392,8 +392,8 @@ func decodeGroup(b []byte, size, worldSize int) ([]int, error) {
 
 // Dup returns an intercommunicator with the same groups and a new,
 // isolated context (MPI_Comm_dup on an intercommunicator). It sends
-// nothing: every rank of both groups calls Dup and Merge on ic in the
-// same order, and so derives the same id.
+// nothing: every rank of both groups calls Dup, Merge, Split and Create
+// on ic in the same order, and so derives the same id.
 func (ic *Intercomm) Dup(ctx context.Context) (*Intercomm, error) {
 	n := ic.derived.Add(1)
 	return newIntercomm(ic.remote.w, deriveContext(ic.remote.context, n, 0), ic.local.ranks, ic.remote.ranks, ic.lowLeader), nil
@@ -405,7 +405,7 @@ func (ic *Intercomm) Dup(ctx context.Context) (*Intercomm, error) {
 // high; when both groups pass the same, the group whose leader (in
 // IntercommCreate) has the lower world rank goes first. It is
 // collective over both groups, in the same order as ic's collectives and
-// its Dup and Merge calls; every rank derives the new context id alike.
+// its Dup, Merge, Split and Create calls; every rank derives the new context id alike.
 //
 // A group whose ranks disagree on high gets an error wrapping
 // ErrMismatch on every rank of both groups. It costs an Allreduce of one
