@@ -6,9 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 )
 
 // One-sided communication (MPI-2 RMA): every rank of a communicator
@@ -38,7 +40,9 @@ import (
 // fetching operation's reply, like Get's, is sent by whichever goroutine
 // applied the operation (the server, or the rank in Fence), once it has;
 // FlushAll asks each target it wrote to for an acknowledgement, sent once
-// everything that origin sent before has been applied.
+// everything that origin sent before has been applied. Dynamic windows
+// (win_dynamic.go) resolve an operation's address to the memory attached
+// there when they apply it, and tell the origin of one that found none.
 
 // AccOp is the operation Accumulate applies at the target: the target's
 // element becomes target ⊕ origin (MPI_Accumulate's predefined ops).
@@ -69,9 +73,13 @@ type Win struct {
 	c      *Comm // requests go on c, Get's replies on reply
 	reply  *Comm
 	base   []byte
-	sizes  []int      // every rank's window length
-	shm    *sharedMem // WinAllocateShared's segment; nil for WinCreate's windows
+	sizes  []int       // every rank's window length
+	shm    *sharedMem  // WinAllocateShared's segment; nil for WinCreate's windows
+	dyn    *dynRegions // WinCreateDynamic's attached memory (owned by amu's holder); nil for the others
 	nextID uint64
+	// syncWord is what Sync changes on a window whose memory no other
+	// rank maps.
+	syncWord atomic.Uint64
 
 	mu      sync.Mutex
 	pending []*Request // sends and replies not yet waited for by a flush or Fence
@@ -92,6 +100,13 @@ type Win struct {
 	allTargets []int
 	writes     []uint64
 	acked      []uint64
+	// On a dynamic window, the reply of each Get, GetAccumulate and
+	// CompareAndSwap not yet waited for by a flush or Fence, and what it
+	// asked for: a reply shorter than that says the target had no memory
+	// attached there. And the misses the targets reported to a flush,
+	// for the wait that follows to return.
+	expect   map[*Request]rmaAccess
+	reported []error
 
 	// The target's side. Operations that come to this window are taken
 	// off the matching queue and applied under amu, by the server or by a
@@ -107,6 +122,9 @@ type Win struct {
 	waiting   []rmaHeaderFrom
 	msg       []byte
 	scratch   []byte
+	// On a dynamic window, the puts and accumulates from each origin
+	// that found no memory attached, not yet reported to it.
+	missed []missReport
 
 	// Guarded by smu: operations applied from each origin since the
 	// window was made, and what applying met that it could not apply
@@ -162,15 +180,17 @@ func (h rmaHeader) encode(b []byte) []byte {
 }
 
 // decodeRMA checks an operation message against a window of size bytes
-// and returns its header and payload.
-func decodeRMA(msg []byte, size int) (rmaHeader, []byte, error) {
+// and returns its header and payload. A dynamic window passes
+// math.MaxUint64: only the memory attached there bounds an operation, and
+// the window checks that once it has decoded it.
+func decodeRMA(msg []byte, size uint64) (rmaHeader, []byte, error) {
 	if len(msg) < rmaHeaderSize {
 		return rmaHeader{}, nil, fmt.Errorf("operation of %d bytes, shorter than its %d-byte header", len(msg), rmaHeaderSize)
 	}
 	h := rmaHeader{kind: msg[0], elem: msg[1], op: AccOp(msg[2]),
 		offset: binary.LittleEndian.Uint64(msg[8:]), length: binary.LittleEndian.Uint64(msg[16:]), tag: binary.LittleEndian.Uint64(msg[24:])}
 	payload := msg[rmaHeaderSize:]
-	if h.offset > uint64(size) || h.length > uint64(size)-h.offset {
+	if h.offset > size || h.length > size-h.offset {
 		return h, nil, fmt.Errorf("%d bytes at offset %d of a %d-byte window", h.length, h.offset, size)
 	}
 	switch h.kind {
@@ -221,17 +241,23 @@ func decodeRMA(msg []byte, size int) (rmaHeader, []byte, error) {
 // operations and, for the rank's own elements no operation targets in
 // that epoch, the rank itself may touch it.
 func (c *Comm) WinCreate(ctx context.Context, base []byte) (*Win, error) {
+	return c.winCreate(ctx, "win create", base, nil)
+}
+
+// winCreate makes a window of base, or a dynamic one if dyn is set: the
+// server starts once the window is whole.
+func (c *Comm) winCreate(ctx context.Context, what string, base []byte, dyn *dynRegions) (*Win, error) {
 	sizes := make([]int64, c.Size())
 	if err := c.Allgather(ctx, Bytes([]int64{int64(len(base))}), Bytes(sizes)); err != nil {
-		return nil, fmt.Errorf("adi: win create: %w", err)
+		return nil, fmt.Errorf("adi: %s: %w", what, err)
 	}
 	req, err := c.Dup(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("adi: win create: %w", err)
+		return nil, fmt.Errorf("adi: %s: %w", what, err)
 	}
 	reply, err := c.Dup(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("adi: win create: %w", err)
+		return nil, fmt.Errorf("adi: %s: %w", what, err)
 	}
 	w := &Win{c: req, reply: reply, base: base, sizes: make([]int, len(sizes)), exclusive: -1, shared: map[int]int{},
 		sent: make([]int64, c.Size()), applied: make([]int64, c.Size()), expected: make([]int64, c.Size()),
@@ -240,13 +266,17 @@ func (c *Comm) WinCreate(ctx context.Context, base []byte) (*Win, error) {
 	for r, n := range sizes {
 		w.sizes[r] = int(n)
 	}
+	if dyn != nil {
+		w.dyn, w.missed, w.expect = dyn, make([]missReport, c.Size()), map[*Request]rmaAccess{}
+	}
 	if err := c.w.bg.serve(w, w.serve); err != nil {
-		return nil, fmt.Errorf("adi: win create: %w", err)
+		return nil, fmt.Errorf("adi: %s: %w", what, err)
 	}
 	return w, nil
 }
 
-// Size is the length of rank r's window.
+// Size is the length of rank r's window: 0 on a dynamic window, as in
+// MPI, whatever memory r has attached.
 func (w *Win) Size(r int) (int, error) {
 	if r < 0 || r >= len(w.sizes) {
 		return 0, fmt.Errorf("adi: win: %w: %d not in [0,%d)", ErrRank, r, len(w.sizes))
@@ -268,6 +298,14 @@ func (w *Win) check(what string, target, offset, n int) error {
 	size, err := w.Size(target)
 	if err != nil {
 		return err
+	}
+	if w.dyn != nil {
+		// Only the target knows what it has attached: it checks, and
+		// tells this rank at the next flush, Unlock or Fence.
+		if offset < 0 || n < 0 || n > math.MaxInt-offset {
+			return fmt.Errorf("adi: %s: %d bytes at address %#x of rank %d's dynamic window", what, n, offset, target)
+		}
+		return nil
 	}
 	if offset < 0 || n < 0 || offset > size || n > size-offset {
 		return fmt.Errorf("adi: %s: %d bytes at offset %d of rank %d's window of %d", what, n, offset, target, size)
@@ -317,6 +355,9 @@ func (w *Win) fetch(h rmaHeader, payload, dst []byte, target int) (*Request, err
 	if h.kind != rmaLock && h.kind != rmaUnlock && h.kind != rmaFlush {
 		w.mu.Lock()
 		w.pending = append(w.pending, q)
+		if w.dyn != nil && h.length > 0 {
+			w.expect[q] = rmaAccess{target: target, kind: h.kind, addr: h.offset, length: h.length}
+		}
 		w.mu.Unlock()
 	}
 	return q, nil
@@ -325,11 +366,23 @@ func (w *Win) fetch(h rmaHeader, payload, dst []byte, target int) (*Request, err
 // wait waits for the requests of a flush or Fence, pending as it began,
 // and takes them off pending: others started meanwhile stay there, for
 // the flush that follows them. Two goroutines flushing at once both wait
-// for what either took.
+// for what either took. On a dynamic window, it also fails with
+// ErrNoRegion for each fetching operation whose target had no memory
+// attached there.
 func (w *Win) wait(ctx context.Context, pending []*Request) error {
-	_, err := WaitAll(ctx, pending...)
+	missed, err := w.waitMissed(ctx, pending)
+	return errors.Join(err, missed)
+}
+
+// waitMissed is wait with the operations that missed their target's
+// memory (ErrNoRegion) apart from the errors of waiting: the fetching
+// operations among pending whose answer was empty, and what the targets
+// reported to the flushes since the last wait. Each miss is returned
+// once, by whichever wait takes it.
+func (w *Win) waitMissed(ctx context.Context, pending []*Request) (missed, err error) {
+	sts, err := WaitAll(ctx, pending...)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	waited := make(map[*Request]bool, len(pending))
 	for _, q := range pending {
@@ -337,8 +390,22 @@ func (w *Win) wait(ctx context.Context, pending []*Request) error {
 	}
 	w.mu.Lock()
 	w.pending = slices.DeleteFunc(w.pending, func(q *Request) bool { return waited[q] })
+	errs := w.reported
+	w.reported = nil
+	if len(w.expect) > 0 {
+		for i, q := range pending {
+			a, ok := w.expect[q]
+			if !ok {
+				continue
+			}
+			delete(w.expect, q)
+			if uint64(sts[i].Count) < a.length { // the target's answer to a miss is empty
+				errs = append(errs, missReport{kind: a.kind, count: 1, addr: a.addr, length: a.length}.err(a.target))
+			}
+		}
+	}
 	w.mu.Unlock()
-	return nil
+	return errors.Join(errs...), nil
 }
 
 // Put writes origin into target's window at offset (bytes). It completes
@@ -440,15 +507,26 @@ func (w *Win) Fence(ctx context.Context) error {
 			continue
 		}
 		if done {
-			if err := w.wait(ctx, pending); err != nil {
+			missed, err := w.waitMissed(ctx, pending)
+			if err != nil {
 				return fmt.Errorf("adi: fence: %w", err)
 			}
-			if err := w.c.Barrier(ctx); err != nil {
+			if w.dyn != nil {
+				// The targets' reports of operations that missed their
+				// memory, exchanged in place of the barrier, which
+				// this is as well: nobody returns before every rank
+				// has sent its part.
+				reported, err := w.exchangeMisses(ctx)
+				if err != nil {
+					return fmt.Errorf("adi: fence: %w", err)
+				}
+				missed = errors.Join(missed, reported)
+			} else if err := w.c.Barrier(ctx); err != nil {
 				return fmt.Errorf("adi: fence: %w", err)
 			}
 			w.ack(writes, w.ranks()) // every rank applied what it was sent
-			if serr != nil {
-				return fmt.Errorf("adi: fence: %w", serr)
+			if err := errors.Join(missed, serr); err != nil {
+				return fmt.Errorf("adi: fence: %w", err)
 			}
 			return nil
 		}
@@ -514,6 +592,11 @@ func (w *Win) Free(ctx context.Context) error {
 	w.mu.Unlock()
 	w.c.w.bg.unserve(w)
 	<-w.stopped
+	if w.dyn != nil {
+		w.amu.Lock()        // nor a rank in Fence applying an operation
+		w.dyn.regions = nil // the program's memory, no longer the window's
+		w.amu.Unlock()
+	}
 	return errors.Join(err, w.unmap())
 }
 
@@ -568,11 +651,28 @@ func (w *Win) applyNext(ctx context.Context) (bool, error) {
 
 // apply carries out one operation from rank src.
 func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
-	h, payload, err := decodeRMA(msg, len(w.base))
+	size := uint64(len(w.base))
+	if w.dyn != nil {
+		size = math.MaxUint64
+	}
+	h, payload, err := decodeRMA(msg, size)
 	if err != nil {
 		return err
 	}
-	at := w.base[h.offset : h.offset+h.length]
+	var at []byte
+	switch h.kind {
+	case rmaPut, rmaAcc, rmaGetAcc, rmaCAS, rmaGet:
+		if w.dyn == nil {
+			at = w.base[h.offset : h.offset+h.length]
+			break
+		}
+		// Resolved under amu, which Detach takes too: the memory stays
+		// attached until the operation is done with it.
+		var ok bool
+		if at, ok = w.dyn.find(h.offset, h.length); !ok {
+			return w.miss(ctx, src, h)
+		}
+	}
 	switch h.kind {
 	case rmaPut, rmaAcc:
 		modify(h, at, payload, nil)
@@ -587,7 +687,7 @@ func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
 	case rmaFlush:
 		// Everything src sent before has been applied: messages from one
 		// origin come in order.
-		if err := w.reply.Send(ctx, nil, src, int(h.tag)); err != nil {
+		if err := w.reply.Send(ctx, w.takeMissed(src), src, int(h.tag)); err != nil {
 			return fmt.Errorf("flush acknowledgement: %w", err)
 		}
 	case rmaGet:
@@ -609,7 +709,7 @@ func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
 			err = fmt.Errorf("unlock by rank %d, which holds no lock", src)
 		}
 		// Acknowledged either way: the origin waits for it.
-		if serr := w.reply.Send(ctx, nil, src, int(h.tag)); serr != nil {
+		if serr := w.reply.Send(ctx, w.takeMissed(src), src, int(h.tag)); serr != nil {
 			return errors.Join(err, fmt.Errorf("unlock acknowledgement: %w", serr))
 		}
 		return errors.Join(err, w.grant(ctx))
@@ -771,17 +871,26 @@ func (w *Win) release(ctx context.Context, what string, targets []int, grants []
 	if _, err := WaitAll(ctx, grants...); err != nil {
 		return false, fmt.Errorf("adi: %s: waiting for the lock's grant: %w", what, err)
 	}
-	if err := w.FlushLocal(ctx); err != nil {
-		return false, fmt.Errorf("adi: %s: %w", what, err)
+	// FlushLocal, but a dynamic window's operations that missed their
+	// memory do not keep the locks: they are reported with the release.
+	w.mu.Lock()
+	pending := slices.Clone(w.pending)
+	w.mu.Unlock()
+	missed, err := w.waitMissed(ctx, pending)
+	if err != nil {
+		return false, fmt.Errorf("adi: %s: flush local: %w", what, err)
 	}
 	w.mu.Lock()
 	writes := slices.Clone(w.writes)
 	w.mu.Unlock()
-	answers, err := w.roundTrips(ctx, rmaHeader{kind: rmaUnlock}, targets)
+	answers, reported, err := w.roundTripsMissed(ctx, rmaHeader{kind: rmaUnlock}, targets)
 	if err != nil {
-		return len(answers) > 0, fmt.Errorf("adi: %s: %w", what, err)
+		return len(answers) > 0, fmt.Errorf("adi: %s: %w", what, errors.Join(missed, err))
 	}
 	w.ack(writes, targets) // the acknowledgements came after all of it was applied
+	if err := errors.Join(missed, reported); err != nil {
+		return true, fmt.Errorf("adi: %s: %w", what, err)
+	}
 	return true, nil
 }
 
@@ -804,27 +913,68 @@ func (w *Win) Flush(ctx context.Context, target int) error {
 // roundTrips sends a request h to every target and waits for every
 // answer. It returns the answers' requests even when it fails: those
 // sent may still be answered (a lock granted later must be withdrawn).
+// On a dynamic window, the answers to unlock and flush requests carry
+// the target's report of this rank's puts and accumulates that found no
+// memory attached: roundTrips keeps those (ErrNoRegion) for the wait
+// that follows it in a flush, which returns them once it has completed
+// the rest.
 func (w *Win) roundTrips(ctx context.Context, h rmaHeader, targets []int) ([]*Request, error) {
-	answers, err := w.ask(h, targets)
-	if err == nil {
-		_, err = WaitAll(ctx, answers...)
+	answers, missed, err := w.roundTripsMissed(ctx, h, targets)
+	if missed != nil {
+		w.mu.Lock()
+		w.reported = append(w.reported, missed)
+		w.mu.Unlock()
 	}
 	return answers, err
 }
 
+// roundTripsMissed is roundTrips that returns what the answers report
+// missed (ErrNoRegion) apart from its errors.
+func (w *Win) roundTripsMissed(ctx context.Context, h rmaHeader, targets []int) (answers []*Request, missed, err error) {
+	answers, reports, err := w.ask(h, targets)
+	if err != nil {
+		return answers, nil, err
+	}
+	sts, err := WaitAll(ctx, answers...)
+	if err != nil || reports == nil {
+		return answers, nil, err
+	}
+	var errs []error
+	for i, t := range targets {
+		m, err := decodeMissReport(reports[i*missReportSize : i*missReportSize+sts[i].Count])
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("rank %d's %s acknowledgement: %w", t, rmaName(h.kind), err))
+		case m.count > 0:
+			errs = append(errs, m.err(t))
+		}
+	}
+	return answers, errors.Join(errs...), nil
+}
+
 // ask sends a request h (lock, unlock, flush) to every target and
-// returns the requests of their answers. If a send fails, it returns
-// the answers of those sent before, with the error.
-func (w *Win) ask(h rmaHeader, targets []int) ([]*Request, error) {
+// returns the requests of their answers, and on a dynamic window, for
+// unlock and flush, the buffer their reports of missed operations come
+// to, missReportSize bytes each. If a send fails, it returns the answers
+// of those sent before, with the error.
+func (w *Win) ask(h rmaHeader, targets []int) ([]*Request, []byte, error) {
+	var reports []byte
+	if w.dyn != nil && (h.kind == rmaUnlock || h.kind == rmaFlush) {
+		reports = make([]byte, len(targets)*missReportSize)
+	}
 	answers := make([]*Request, 0, len(targets))
-	for _, t := range targets {
-		q, err := w.fetch(h, nil, nil, t)
+	for i, t := range targets {
+		var dst []byte
+		if reports != nil {
+			dst = reports[i*missReportSize : (i+1)*missReportSize]
+		}
+		q, err := w.fetch(h, nil, dst, t)
 		if err != nil {
-			return answers, fmt.Errorf("to rank %d: %w", t, err)
+			return answers, nil, fmt.Errorf("to rank %d: %w", t, err)
 		}
 		answers = append(answers, q)
 	}
-	return answers, nil
+	return answers, reports, nil
 }
 
 // ack records that the puts and accumulates to targets counted in
