@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"sync/atomic"
+	"unsafe"
 
 	"github.com/hpc-multidevice/multidevice/internal/shmem"
 )
@@ -22,10 +24,17 @@ var ErrNotShared = errors.New("adi: not a shared-memory window")
 const sharedAlign = 64
 
 // sharedMem is the shared-memory segment of a window from
-// WinAllocateShared, mapped in this process.
+// WinAllocateShared, mapped in this process. The segment starts with a
+// header line; the parts follow, in rank order:
+//
+//	0          64                          start[1]
+//	| sync word |  rank 0's part  | pad |  rank 1's part  | ...
+//
+// The sync word is what Sync changes, the same word for every rank.
 type sharedMem struct {
 	seg   *shmem.Segment
-	start []int // where each rank's part begins in the segment
+	start []int   // where each rank's part begins in the segment
+	word  *uint64 // the sync word, in seg; nil without a segment
 }
 
 // WinAllocateShared allocates size bytes on every rank of c in one
@@ -90,14 +99,63 @@ func (c *Comm) WinAllocateShared(ctx context.Context, size int) (*Win, []byte, e
 		return nil, nil, fmt.Errorf("adi: win allocate shared: %w", err)
 	}
 	w.shm = &sharedMem{seg: seg, start: start}
+	if seg != nil {
+		// A mapping starts on a page: aligned for any atomic operation.
+		w.shm.word = (*uint64)(unsafe.Pointer(unsafe.SliceData(seg.Bytes())))
+	}
 	return w, base, nil
 }
 
-// sharedLayout places the parts of sizes one after the other, each on a
-// sharedAlign boundary, and returns where each begins and the total.
+// Sync orders this rank's accesses to the window's memory (MPI_Win_sync):
+// its loads and stores before Sync are seen by every rank before its
+// loads and stores after. On a window from WinAllocateShared it is an
+// atomic read-modify-write of a word in the segment every rank maps,
+// sequentially consistent as sync/atomic is (a locked instruction, a full
+// fence, on amd64). It neither blocks nor takes part in any epoch.
+//
+// Sync alone does not make another rank see a store: the two ranks also
+// need a signal between them, and each a Sync on its side of it, as in
+// MPI's unified model:
+//
+//	writer: store; w.Sync(); signal (a Barrier, a message, a flag set with sync/atomic)
+//	reader: wait for the signal; w.Sync(); load
+//
+// The writer's Sync comes before the signal and the reader's after, so
+// the reader's read-modify-write of the sync word follows the writer's,
+// and the reader's loads see every store the writer made before its
+// Sync. A Barrier or message on its own orders Go code in one process,
+// but the ranks of a host are usually processes, which the Go memory
+// model does not cover: there the pair of Syncs is what orders the
+// memory they share.
+//
+// On a window no other rank maps (WinCreate's, WinCreateDynamic's, or a
+// shared window whose parts are all empty) Sync is legal, as in MPI, and
+// does the same on a word of the window's own, which orders nothing
+// another rank reads directly: that window's memory is written by the
+// window's operations, which Fence, Flush and Unlock complete. It fails
+// only on a window already freed.
+func (w *Win) Sync() error {
+	// Under the lock, so that Free cannot unmap the segment meanwhile.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.freed {
+		return fmt.Errorf("adi: sync: %w", errWinFreed)
+	}
+	if w.shm != nil && w.shm.word != nil {
+		atomic.AddUint64(w.shm.word, 1)
+		return nil
+	}
+	w.syncWord.Add(1)
+	return nil
+}
+
+// sharedLayout places the parts of sizes one after the other, after the
+// header line, each on a sharedAlign boundary, and returns where each
+// begins and the total: 0 if every part is empty, for then there is
+// nothing to share.
 func sharedLayout(sizes []int64) ([]int, int, error) {
 	start := make([]int, len(sizes))
-	total := int64(0)
+	total, empty := int64(sharedAlign), true // the header line
 	for r, n := range sizes {
 		if n < 0 {
 			return nil, 0, fmt.Errorf("rank %d asked for %d bytes", r, n)
@@ -108,6 +166,10 @@ func sharedLayout(sizes []int64) ([]int, int, error) {
 		}
 		start[r] = int(total)
 		total += n
+		empty = empty && n == 0
+	}
+	if empty {
+		return start, 0, nil
 	}
 	return start, int(total), nil
 }

@@ -328,3 +328,105 @@ func TestElems(t *testing.T) {
 		}
 	}
 }
+
+// TestWinSync: two ranks, each with a mapping of its own of a shared
+// window's segment, take turns passing values through their parts: the
+// writer stores, calls Sync and enters a Barrier; the reader leaves the
+// Barrier, calls Sync and loads. Each Sync is an atomic increment of one
+// word in the segment's header, which both mappings show counting every
+// rank's Syncs. Sync is legal, and changes nothing shared, on the other
+// windows, and fails on a freed one.
+func TestWinSync(t *testing.T) {
+	const rounds, words = 50, 32
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	parts := make([]uintptr, 2)
+	each(t, cs, func(c *adi.Comm) error {
+		me := c.Rank()
+		win, mine, err := c.WinAllocateShared(ctx, 8*words)
+		if err != nil {
+			return err
+		}
+		zero, err := win.SharedQuery(0)
+		if err != nil {
+			return err
+		}
+		parts[me] = uintptr(unsafe.Pointer(&zero[0]))
+		// The segment starts with the sync word, a header line before
+		// rank 0's part.
+		word := (*uint64)(unsafe.Add(unsafe.Pointer(&zero[0]), -64))
+		other, err := win.SharedQuery(1 - me)
+		if err != nil {
+			return err
+		}
+		out, err := adi.Elems[int64](mine)
+		if err != nil {
+			return err
+		}
+		in, err := adi.Elems[int64](other)
+		if err != nil {
+			return err
+		}
+		for i := range rounds {
+			writer := i % 2
+			if me == writer {
+				for k := range out {
+					out[k] = int64(1000*i + k)
+				}
+				if err := win.Sync(); err != nil {
+					return err
+				}
+			}
+			if err := c.Barrier(ctx); err != nil {
+				return err
+			}
+			if me != writer {
+				if err := win.Sync(); err != nil {
+					return err
+				}
+				for k, v := range in {
+					if v != int64(1000*i+k) {
+						return fmt.Errorf("round %d: word %d of rank %d's part reads %d, want %d", i, k, writer, v, 1000*i+k)
+					}
+				}
+			}
+			if err := c.Barrier(ctx); err != nil { // the reader is done before the next round's writer stores
+				return err
+			}
+		}
+		if got := atomic.LoadUint64(word); got != 2*rounds {
+			return fmt.Errorf("rank %d's mapping of the sync word reads %d after %d Syncs in all", me, got, 2*rounds)
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		if err := win.Free(ctx); err != nil {
+			return err
+		}
+		if err := win.Sync(); err == nil || !strings.Contains(err.Error(), "window freed") {
+			return fmt.Errorf("Sync after Free: %v", err)
+		}
+		// The other windows: legal, nothing to share.
+		plain, err := c.WinCreate(ctx, make([]byte, 8))
+		if err != nil {
+			return err
+		}
+		dyn, err := c.WinCreateDynamic(ctx)
+		if err != nil {
+			return err
+		}
+		empty, _, err := c.WinAllocateShared(ctx, 0)
+		if err != nil {
+			return err
+		}
+		for _, w := range []*adi.Win{plain, dyn, empty} {
+			if err := errors.Join(w.Sync(), w.Free(ctx)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if parts[0] == parts[1] {
+		t.Errorf("both ranks map the segment at %#x: the test needs a mapping each", parts[0])
+	}
+}
