@@ -1,0 +1,568 @@
+package adi
+
+import (
+	"slices"
+)
+
+// Rank reordering for topologies: the reorder flag of MPI_Cart_create,
+// here the Reorder option. Between hosts a message costs one or two orders
+// of magnitude more than within one, and between sites more again
+// (hostcoll.go), so a grid whose neighbours sit on one host exchanges its
+// halos mostly through shared memory. A launcher places ranks without
+// knowing the grid an application will lay over them: round-robin
+// placement of a ring of 8 on two hosts puts every ring edge between the
+// hosts, where a ring cut into two halves crosses twice.
+//
+// The code here is pure: from where the processes live (a placement, which
+// every rank knows since Init) and a graph of vertices (grid positions),
+// it chooses which process takes each vertex, the same on every rank, with
+// no randomness and no map iteration. The cost of an assignment is the
+// weight of its edges times hostCrossCost for an edge between two hosts of
+// one site and siteCrossCost for one between sites; edges within a host
+// cost nothing. Candidates are cut by recursive bisection, sites first and
+// then hosts, into bins of the sizes the placement gives: by coordinates
+// for a grid (the longest extent halved, boxes where sizes allow), and by
+// growing and refining a part of the graph for any graph. The cheapest
+// candidate wins, the identity on ties, so reordering never makes the
+// cost worse.
+
+// Costs of a unit of edge weight by what the edge crosses. Their ratio is
+// what matters: it makes one edge between sites worth cutting several
+// between hosts to avoid. They are no measurement, only an order of
+// magnitude: shared memory against a LAN against a WAN.
+const (
+	hostCrossCost = 1
+	siteCrossCost = 16
+)
+
+// placement is where a communicator's processes live, indexed by their
+// rank in it: hosts are numbered in order of their first process, and
+// sites in order of their first host. A host's site is the one its first
+// process names, as hostMaps takes it.
+type placement struct {
+	host []int // process -> host
+	site []int // host -> site
+}
+
+// newPlacement numbers the hosts and sites that the processes name,
+// hosts[p] and sites[p] for process p.
+func newPlacement(hosts, sites []string) placement {
+	pl := placement{host: make([]int, len(hosts))}
+	hostID, siteID := make(map[string]int), make(map[string]int)
+	for p, h := range hosts {
+		id, ok := hostID[h]
+		if !ok {
+			id = len(pl.site)
+			hostID[h] = id
+			s, ok := siteID[sites[p]]
+			if !ok {
+				s = len(siteID)
+				siteID[sites[p]] = s
+			}
+			pl.site = append(pl.site, s)
+		}
+		pl.host[p] = id
+	}
+	return pl
+}
+
+// placementOf is the placement of the first n ranks of c.
+func placementOf(c *Comm, n int) placement {
+	hosts, sites := make([]string, n), make([]string, n)
+	for r := range n {
+		hosts[r], sites[r] = c.w.dev.Host(c.ranks[r]), c.w.dev.Site(c.ranks[r])
+	}
+	return newPlacement(hosts, sites)
+}
+
+// topoEdge is an edge between vertices a and b of a topology, of weight w
+// (non-negative). Its direction does not matter for the cost: a message
+// costs the same either way.
+type topoEdge struct {
+	a, b int
+	w    int64
+}
+
+// crossing sums the weights of the edges whose ends' processes, procOf[a]
+// and procOf[b], are on different hosts (hosts) and on different sites
+// (sites, which hosts includes).
+func (pl placement) crossing(edges []topoEdge, procOf []int) (hosts, sites int64) {
+	for _, e := range edges {
+		ha, hb := pl.host[procOf[e.a]], pl.host[procOf[e.b]]
+		if ha == hb {
+			continue
+		}
+		hosts += e.w
+		if pl.site[ha] != pl.site[hb] {
+			sites += e.w
+		}
+	}
+	return hosts, sites
+}
+
+// cost is what the edges cost with vertex v on process procOf[v].
+func (pl placement) cost(edges []topoEdge, procOf []int) int64 {
+	hosts, sites := pl.crossing(edges, procOf)
+	return (hosts-sites)*hostCrossCost + sites*siteCrossCost
+}
+
+// identity places vertex v on process v.
+func identity(n int) []int {
+	id := make([]int, n)
+	for i := range id {
+		id[i] = i
+	}
+	return id
+}
+
+// cheapest returns the candidate of least cost, the earliest of those
+// that tie.
+func (pl placement) cheapest(edges []topoEdge, candidates ...[]int) []int {
+	best, least := candidates[0], pl.cost(edges, candidates[0])
+	for _, c := range candidates[1:] {
+		if cost := pl.cost(edges, c); cost < least {
+			best, least = c, cost
+		}
+	}
+	return best
+}
+
+// gridEdges are the edges of a grid of dims, row-major, each position to
+// the next along every dimension, wrapping where periodic: one edge per
+// pair of neighbours, two between the ranks of a periodic dimension of 2
+// (each is the other's neighbour on both sides), none along a dimension
+// of 1 (a rank's own neighbour costs nothing).
+func gridEdges(dims []int, periodic []bool) []topoEdge {
+	n := 1
+	for _, d := range dims {
+		n *= d
+	}
+	var edges []topoEdge
+	stride := n
+	for d, size := range dims {
+		stride /= size // of dimension d in row-major order
+		for v := range n {
+			x := v / stride % size
+			switch {
+			case x+1 < size:
+				edges = append(edges, topoEdge{v, v + stride, 1})
+			case periodic[d] && size > 1:
+				edges = append(edges, topoEdge{v, v - x*stride, 1})
+			}
+		}
+	}
+	return edges
+}
+
+// mapGrid chooses which process takes each position of a grid of dims
+// (row-major): procOf[v] is the process at position v, a permutation of
+// the processes that pl places, as many as the grid has positions.
+func (pl placement) mapGrid(dims []int, periodic []bool) []int {
+	n := len(pl.host)
+	edges := gridEdges(dims, periodic)
+	id := identity(n)
+	if len(pl.site) < 2 || len(edges) == 0 {
+		return id
+	}
+	tree := pl.bins()
+	boxes := make([]int, n)
+	spread(identity(n), tree, gridBisector(dims), boxes)
+	return pl.cheapest(edges, id, boxes, pl.partition(edges, tree))
+}
+
+// mapGraph chooses which process takes each vertex of a graph of
+// len(pl.host) vertices: procOf[v] is the process of vertex v.
+func (pl placement) mapGraph(edges []topoEdge) []int {
+	id := identity(len(pl.host))
+	if len(pl.site) < 2 || len(edges) == 0 {
+		return id
+	}
+	return pl.cheapest(edges, id, pl.partition(edges, pl.bins()))
+}
+
+// partition places the vertices of the graph of edges by bisecting the
+// graph into tree's bins.
+func (pl placement) partition(edges []topoEdge, tree *bin) []int {
+	n := len(pl.host)
+	procOf := make([]int, n)
+	spread(identity(n), tree, newGraph(n, edges).bisect, procOf)
+	return procOf
+}
+
+// blocks returns the processes in the order of their sites, of their
+// hosts within a site, and of their numbers within a host: the order in
+// which each host's processes are consecutive, and each site's hosts.
+func (pl placement) blocks() []int {
+	order := identity(len(pl.host))
+	slices.SortStableFunc(order, func(p, q int) int {
+		hp, hq := pl.host[p], pl.host[q]
+		if s := pl.site[hp] - pl.site[hq]; s != 0 {
+			return s
+		}
+		return hp - hq
+	})
+	return order
+}
+
+// bin is a group of processes to place vertices on: a host (procs, in
+// ascending order) or a site or the whole communicator, made of the bins
+// in kids. size is the number of processes in it.
+type bin struct {
+	size  int
+	procs []int
+	kids  []*bin
+}
+
+// bins groups the processes by hosts and the hosts by sites. A group of
+// one member is that member: one site is no level of its own, and a site
+// of one host is that host.
+func (pl placement) bins() *bin {
+	hosts := make([]*bin, len(pl.site))
+	for h := range hosts {
+		hosts[h] = &bin{}
+	}
+	for p, h := range pl.host {
+		hosts[h].procs = append(hosts[h].procs, p)
+		hosts[h].size++
+	}
+	var sites []*bin
+	for h, s := range pl.site {
+		if s == len(sites) {
+			sites = append(sites, &bin{})
+		}
+		sites[s].kids = append(sites[s].kids, hosts[h])
+		sites[s].size += hosts[h].size
+	}
+	for i, s := range sites {
+		if len(s.kids) == 1 {
+			sites[i] = s.kids[0]
+		}
+	}
+	if len(sites) == 1 {
+		return sites[0]
+	}
+	return &bin{size: len(pl.host), kids: sites}
+}
+
+// bisector splits verts into its first n0 and the rest, by its own
+// measure of closeness. It may reorder verts.
+type bisector func(verts []int, n0 int) (part0, part1 []int)
+
+// spread places verts, as many as b has processes, on b's processes
+// (procOf[v] for each v), halving them with cut.
+func spread(verts []int, b *bin, cut bisector, procOf []int) {
+	if b.kids == nil {
+		sorted := slices.Clone(verts)
+		slices.Sort(sorted)
+		for i, v := range sorted {
+			procOf[v] = b.procs[i]
+		}
+		return
+	}
+	spreadKids(verts, b.kids, cut, procOf)
+}
+
+// spreadKids places verts on the bins kids, halving the bins as evenly
+// as their order allows and verts by cut, down to one bin.
+func spreadKids(verts []int, kids []*bin, cut bisector, procOf []int) {
+	if len(kids) == 1 {
+		spread(verts, kids[0], cut, procOf)
+		return
+	}
+	total := 0
+	for _, k := range kids {
+		total += k.size
+	}
+	m, n0, best := 1, 0, -1
+	for i, sum := 1, kids[0].size; i < len(kids); i, sum = i+1, sum+kids[i].size {
+		if d := abs(2*sum - total); best < 0 || d < best {
+			m, n0, best = i, sum, d
+		}
+	}
+	part0, part1 := cut(verts, n0)
+	spreadKids(part0, kids[:m], cut, procOf)
+	spreadKids(part1, kids[m:], cut, procOf)
+}
+
+func abs(x int) int {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// gridBisector halves a set of grid positions across the dimension in
+// which they extend furthest (the first of those that tie), the lower
+// coordinates first; positions of one coordinate there go in row-major
+// order. Sizes that fill whole slabs give boxes; others a box and part
+// of a slab.
+func gridBisector(dims []int) bisector {
+	coord := func(v, d int) int {
+		for i := len(dims) - 1; i > d; i-- {
+			v /= dims[i]
+		}
+		return v % dims[d]
+	}
+	return func(verts []int, n0 int) ([]int, []int) {
+		dim, extent := 0, -1
+		for d := range dims {
+			lo, hi := dims[d], -1
+			for _, v := range verts {
+				x := coord(v, d)
+				lo, hi = min(lo, x), max(hi, x)
+			}
+			if hi-lo > extent {
+				dim, extent = d, hi-lo
+			}
+		}
+		slices.SortFunc(verts, func(u, v int) int {
+			if d := coord(u, dim) - coord(v, dim); d != 0 {
+				return d
+			}
+			return u - v
+		})
+		return verts[:n0:n0], verts[n0:]
+	}
+}
+
+// arc is one end of an edge in a graph's adjacency lists.
+type arc struct {
+	to int
+	w  int64
+}
+
+// graph is a topology's edges as adjacency lists, with scratch space for
+// bisect: side marks each vertex 0 or 1 while a set of them is being
+// halved, -1 outside the set; gain holds what moving a vertex to the
+// other side would save, and locked the vertices a refining pass has
+// moved.
+type graph struct {
+	adj    [][]arc
+	side   []int8
+	gain   []int64
+	locked []bool
+}
+
+// newGraph makes a graph of n vertices from edges, dropping loops, which
+// cost nothing wherever their vertex goes.
+func newGraph(n int, edges []topoEdge) *graph {
+	g := &graph{adj: make([][]arc, n), side: make([]int8, n), gain: make([]int64, n), locked: make([]bool, n)}
+	for _, e := range edges {
+		if e.a != e.b {
+			g.adj[e.a] = append(g.adj[e.a], arc{e.b, e.w})
+			g.adj[e.b] = append(g.adj[e.b], arc{e.a, e.w})
+		}
+	}
+	for v := range g.side {
+		g.side[v] = -1
+	}
+	return g
+}
+
+// Bisecting tries a part grown from each vertex of a set of at most
+// allSeeds vertices, from a few of a larger one.
+const allSeeds = 32
+
+// refinePasses bounds the refining passes of one bisection; a pass that
+// saves nothing ends them sooner.
+const refinePasses = 8
+
+// bisect splits verts into n0 vertices and the rest so that little
+// weight joins the two parts. From each of a few seeds it grows the first
+// part, taking each time the vertex that adds the most weight inside it
+// against what it leaves outside, and refines the halves by passes of
+// Kernighan and Lin: swap the pair that saves the most, or costs the
+// least, lock it, go on until no pair is left, and keep the swaps up to
+// the point where they had saved the most. The best split of all seeds
+// wins, the first on ties. Edges to vertices outside verts cost the same
+// whichever part a vertex goes to, and are left out.
+func (g *graph) bisect(verts []int, n0 int) ([]int, []int) {
+	slices.Sort(verts)
+	if n0 == 0 || n0 == len(verts) {
+		return verts[:n0:n0], verts[n0:]
+	}
+	defer func() {
+		for _, v := range verts {
+			g.side[v] = -1
+		}
+	}()
+	seeds := verts
+	if len(verts) > allSeeds {
+		for _, v := range verts {
+			g.side[v] = 1
+		}
+		seeds = []int{g.farthest(verts[0]), verts[0]}
+	}
+	var best []int8 // the sides of verts in the best split so far
+	least := int64(-1)
+	for _, seed := range seeds {
+		g.grow(verts, n0, seed)
+		g.refine(verts)
+		if cut := g.cut(verts); least < 0 || cut < least {
+			least = cut
+			best = best[:0]
+			for _, v := range verts {
+				best = append(best, g.side[v])
+			}
+		}
+	}
+	var part0, part1 []int
+	for i, v := range verts {
+		if best[i] == 0 {
+			part0 = append(part0, v)
+		} else {
+			part1 = append(part1, v)
+		}
+	}
+	return part0, part1
+}
+
+// grow puts seed and n0-1 more of verts on side 0, the rest on side 1:
+// while growing, gain[v] for v on side 1 is its weight to side 0 less its
+// weight to the rest of side 1, what moving it over saves, and the vertex
+// of the greatest gain goes next.
+func (g *graph) grow(verts []int, n0, seed int) {
+	for _, v := range verts {
+		g.side[v] = 1
+	}
+	for _, v := range verts {
+		g.gain[v] = g.external(v)
+	}
+	for v := seed; ; v = g.best(verts, 1) {
+		g.move(v)
+		if n0--; n0 == 0 {
+			return
+		}
+	}
+}
+
+// refine improves a split of verts by passes of swaps (see bisect). In a
+// pass gain[v] is, on either side, v's weight to the other side less its
+// weight to its own; swapping a and b saves their gains less twice the
+// weight between them, which stays between the sides.
+func (g *graph) refine(verts []int) {
+	var swapped []int
+	for range refinePasses {
+		for _, v := range verts {
+			g.gain[v], g.locked[v] = g.external(v), false
+		}
+		swapped = swapped[:0]
+		var saved, most int64
+		keep := 0
+		for {
+			a, b := g.best(verts, 0), g.best(verts, 1)
+			if a < 0 || b < 0 {
+				break
+			}
+			saved += g.gain[a] + g.gain[b] - 2*g.between(a, b)
+			g.move(a)
+			g.move(b)
+			g.locked[a], g.locked[b] = true, true
+			swapped = append(swapped, a, b)
+			if saved > most {
+				most, keep = saved, len(swapped)
+			}
+		}
+		for i := len(swapped) - 1; i >= keep; i-- {
+			g.move(swapped[i])
+		}
+		for _, v := range verts {
+			g.locked[v] = false
+		}
+		if most == 0 {
+			return
+		}
+	}
+}
+
+// cut is the weight of the edges between the two sides of verts.
+func (g *graph) cut(verts []int) int64 {
+	var w int64
+	for _, v := range verts {
+		if g.side[v] == 0 {
+			for _, a := range g.adj[v] {
+				if g.side[a.to] == 1 {
+					w += a.w
+				}
+			}
+		}
+	}
+	return w
+}
+
+// farthest returns the vertex of the set that a breadth-first search from
+// v, within the set, reaches last: one end of the set's longest path, a
+// good seed for a part that should have few neighbours outside.
+func (g *graph) farthest(v int) int {
+	seen := make([]bool, len(g.adj))
+	seen[v] = true
+	queue := []int{v}
+	last := v
+	for len(queue) > 0 {
+		last, queue = queue[0], queue[1:]
+		for _, a := range g.adj[last] {
+			if g.side[a.to] >= 0 && !seen[a.to] {
+				seen[a.to] = true
+				queue = append(queue, a.to)
+			}
+		}
+	}
+	return last
+}
+
+// best returns the unlocked vertex of verts on side s with the greatest
+// gain, the lowest of those that tie (verts is in ascending order), or
+// -1 if there is none.
+func (g *graph) best(verts []int, s int8) int {
+	best := -1
+	for _, v := range verts {
+		if g.side[v] == s && !g.locked[v] && (best < 0 || g.gain[v] > g.gain[best]) {
+			best = v
+		}
+	}
+	return best
+}
+
+// move moves v to the other side and keeps the gains of v and of its
+// neighbours in the set true to what they stand for: while growing, only
+// part 1's gains mean anything, and for them the update is the same.
+func (g *graph) move(v int) {
+	from := g.side[v]
+	g.side[v] = 1 - from
+	for _, a := range g.adj[v] {
+		switch g.side[a.to] {
+		case from: // v left its side: its weight to a.to is now external
+			g.gain[a.to] += 2 * a.w
+		case 1 - from:
+			g.gain[a.to] -= 2 * a.w
+		}
+	}
+	g.gain[v] = -g.gain[v]
+}
+
+// external is v's weight to the other side less its weight to its own,
+// within the set.
+func (g *graph) external(v int) int64 {
+	var x int64
+	for _, a := range g.adj[v] {
+		switch g.side[a.to] {
+		case -1:
+		case g.side[v]:
+			x -= a.w
+		default:
+			x += a.w
+		}
+	}
+	return x
+}
+
+// between is the weight of the edges between a and b.
+func (g *graph) between(a, b int) int64 {
+	var w int64
+	for _, x := range g.adj[a] {
+		if x.to == b {
+			w += x.w
+		}
+	}
+	return w
+}
