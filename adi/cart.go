@@ -9,9 +9,10 @@ import (
 // Cart is a communicator whose ranks are laid out on a Cartesian grid
 // (MPI_Cart_create): rank r sits at the coordinates of r in row-major
 // order, the last dimension varying fastest. Its ranks are those of the
-// communicator it was made from, in the same order. All the methods of
-// Comm apply to it, and the neighbour collectives (topo.go) exchange with
-// the ranks one step along each dimension.
+// communicator it was made from, in the same order unless it was made
+// with Reorder. All the methods of Comm apply to it, and the neighbour
+// collectives (topo.go) exchange with the ranks one step along each
+// dimension.
 type Cart struct {
 	*Comm
 	dims     []int
@@ -24,13 +25,31 @@ type Cart struct {
 // collective: every rank of c calls it with the same arguments; ranks
 // beyond the grid get nil. Ranks that pass other arguments than the rest
 // all get an error wrapping ErrMismatch. DimsCreate chooses balanced dims.
-func (c *Comm) CartCreate(ctx context.Context, dims []int, periodic []bool) (*Cart, error) {
+//
+// With Reorder, the ranks of the grid are those same ranks of c, but
+// which of them sits at which position (which takes which rank of the
+// Cart) is chosen so that neighbours on the grid share a host where they
+// can, and a site where they cannot: the grid is cut into blocks of the
+// sizes of the hosts (sites first), and the numbering of c is kept where
+// it does at least as well. Round-robin placement of a ring of 8 on two
+// hosts has all 8 ring edges between the hosts; reordered, 2. Every rank
+// computes the numbering alike from the hosts and sites it knows since
+// Init, so Reorder costs no more messages than the call without it. A
+// rank finds its position from its new Rank, with Coords.
+func (c *Comm) CartCreate(ctx context.Context, dims []int, periodic []bool, opts ...TopoOption) (*Cart, error) {
+	cfg := topoOptions(opts)
 	n, bad := c.gridSize(dims, periodic)
-	color := 0
-	if c.Rank() >= n {
-		color = Undefined
+	if bad == nil && cfg.weighted {
+		bad = fmt.Errorf("adi: cart create: weights are for a dist graph; a grid's edges are all alike")
 	}
-	sub, err := c.splitAgreed(ctx, "cart create", color, c.Rank(), sumInts(dims, bits01(periodic)), bad)
+	color, key := 0, c.Rank()
+	switch {
+	case c.Rank() >= n:
+		color = Undefined
+	case bad == nil && cfg.reorder:
+		key = slices.Index(placementOf(c, n).mapGrid(dims, periodic), c.Rank())
+	}
+	sub, err := c.splitAgreed(ctx, "cart create", color, key, sumInts(dims, bits01(periodic), bits01([]bool{cfg.reorder, cfg.weighted})), bad)
 	if err != nil || sub == nil {
 		return nil, err
 	}

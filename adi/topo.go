@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
+	"slices"
 )
 
 // Neighbour collectives (MPI_Neighbor_allgather and the rest) on a
@@ -33,6 +34,54 @@ import (
 // They are collectives like the others (collective.go): every rank of the
 // communicator calls them in the same order, and a block of another
 // length than its slot is reported as ErrMismatch by its receiver.
+
+// TopoOption changes how CartCreate and DistGraphCreateAdjacent make
+// their communicator: Reorder, Weights. The ranks must agree on them as
+// on the other arguments: each option's doc says how.
+type TopoOption func(*topoConfig)
+
+// topoConfig is what the options asked for.
+type topoConfig struct {
+	reorder bool
+	// weighted is set by Weights; sourceWeights and destWeights are its
+	// copies of the caller's lists.
+	weighted                   bool
+	sourceWeights, destWeights []int
+}
+
+// topoOptions applies opts.
+func topoOptions(opts []TopoOption) topoConfig {
+	var cfg topoConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
+	}
+	return cfg
+}
+
+// Reorder lets CartCreate and DistGraphCreateAdjacent number the ranks of
+// the new communicator otherwise than the old one's, to fit the topology
+// to where the ranks live (World.Host, World.Site); the reorder argument
+// of MPI_Cart_create and MPI_Dist_graph_create_adjacent. Every rank
+// passes it or none does. What each does with it is in its doc; a rank
+// learns its new number from the communicator's Rank, as in MPI.
+func Reorder() TopoOption { return func(c *topoConfig) { c.reorder = true } }
+
+// Weights gives DistGraphCreateAdjacent the weights of this rank's edges,
+// sourceWeights[i] for the edge from sources[i] and destWeights[i] for the
+// edge to dests[i] (MPI's sourceweights and destweights): numbers
+// meaning how much the edge carries, non-negative, as many as the lists
+// have ranks. An edge's two ends give it the same weight: the k-th edge
+// from a to b is weighed alike in a's destWeights and b's sourceWeights.
+// Without Weights every edge weighs 1 (MPI_UNWEIGHTED). The lists are
+// copied. CartCreate refuses it: a grid's edges are all alike.
+func Weights(sourceWeights, destWeights []int) TopoOption {
+	sw, dw := slices.Clone(sourceWeights), slices.Clone(destWeights)
+	return func(c *topoConfig) {
+		c.weighted, c.sourceWeights, c.destWeights = true, sw, dw
+	}
+}
 
 // neighbors are the in- and out-neighbours of a rank, and whether they
 // are a Cart's, which receives in pairs swapped (see above).

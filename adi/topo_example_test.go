@@ -62,3 +62,51 @@ func ExampleCart_NeighborAllgather() {
 	fmt.Println(got, sizes)
 	// Output: [[9 1] [0 2] [1 3] [2 9]] [2 0 2 0]
 }
+
+// A program started by mdrun on several hosts lays a periodic 2-D grid
+// over its ranks and lets the library choose who sits where, so that
+// most halo exchanges stay within a host; each rank then works on the
+// block of the grid its new rank's coordinates name. Then it builds a
+// ring whose edges to the right carry twice as much as those to the
+// left, and numbers the graph's ranks host by host. (Not run here: it
+// needs a launcher and several hosts; and on 2 ranks, where left and
+// right are one rank, the weights would pair up otherwise: see Weights.)
+func ExampleReorder() {
+	ctx := context.Background()
+	w, err := adi.Init(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer w.Finalize(ctx)
+	c := w.Comm()
+	dims := make([]int, 2)
+	if err := adi.DimsCreate(c.Size(), dims); err != nil {
+		fmt.Println(err)
+		return
+	}
+	grid, err := c.CartCreate(ctx, dims, []bool{true, true}, adi.Reorder())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	block, err := grid.Coords(grid.Rank()) // this rank's part of the data
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println("rank", c.Rank(), "works on block", block, "as rank", grid.Rank())
+
+	n, me := c.Size(), c.Rank()
+	left, right := (me+n-1)%n, (me+1)%n
+	// Each rank sends to its right twice as much as to its left: the
+	// edge from left to me is left's edge to its right.
+	ring, err := c.DistGraphCreateAdjacent(ctx, []int{left, right}, []int{left, right},
+		adi.Weights([]int{2, 1}, []int{1, 2}), adi.Reorder())
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	sources, dests := ring.Neighbors() // the same processes, by their numbers in ring
+	fmt.Println(ring.Rank(), sources, dests)
+}

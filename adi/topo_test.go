@@ -281,25 +281,7 @@ func TestDistGraphNeighborCollectives(t *testing.T) {
 		if s, d := g.Neighbors(); !slices.Equal(s, sources) || !slices.Equal(d, dests) {
 			return fmt.Errorf("neighbours %v %v, want %v %v", s, d, sources, dests)
 		}
-		want := func(j int) (int, int) {
-			src := sources[j]
-			k := 0 // earlier appearances of src
-			for _, s := range sources[:j] {
-				if s == src {
-					k++
-				}
-			}
-			_, theirs := graphLists(src)
-			for i, d := range theirs {
-				if d == c.Rank() {
-					if k == 0 {
-						return src, i
-					}
-					k--
-				}
-			}
-			panic("no such edge") // the test's own graph is wrong
-		}
+		want := graphWant(c.Rank(), sources)
 		for _, base := range []int{0, 3, 700} {
 			if err := checkNeighborCalls(ctx, g, sources, dests, want, base); err != nil {
 				return fmt.Errorf("blocks of %d bytes: %w", base, err)
@@ -311,6 +293,356 @@ func TestDistGraphNeighborCollectives(t *testing.T) {
 		// The graph communicator is a communicator of its own.
 		return g.Barrier(ctx)
 	})
+}
+
+// graphWant says where the block in rank me's receive slot j comes from
+// in graphEdges, me having sources: the rank that sends it and its block
+// number there, the index in its dests of the edge, which is the k-th
+// edge from it to me when sources[j] is the k-th time it is listed.
+func graphWant(me int, sources []int) func(j int) (src, blk int) {
+	return func(j int) (int, int) {
+		src := sources[j]
+		k := 0 // earlier appearances of src
+		for _, s := range sources[:j] {
+			if s == src {
+				k++
+			}
+		}
+		_, theirs := graphLists(src)
+		for i, d := range theirs {
+			if d == me {
+				if k == 0 {
+					return src, i
+				}
+				k--
+			}
+		}
+		panic("no such edge") // the test's own graph is wrong
+	}
+}
+
+// graphWeights weighs the edges of graphLists(r): edge i of graphEdges
+// weighs i+1, so that no two edges between two ranks weigh the same, and
+// each source's weight is that of the edge graphWant pairs it with.
+func graphWeights(r int) (sources, dests []int) {
+	out := func(r int) (dests []int) {
+		for i, e := range graphEdges {
+			if e[0] == r {
+				dests = append(dests, i+1)
+			}
+		}
+		return dests
+	}
+	in, _ := graphLists(r)
+	from := graphWant(r, in)
+	for j := range in {
+		src, blk := from(j)
+		sources = append(sources, out(src)[blk])
+	}
+	return sources, out(r)
+}
+
+// worldRanks sends each neighbour of t this rank's world rank and returns
+// those its in-neighbours sent, -1 for ProcNull.
+func worldRanks(ctx context.Context, t interface {
+	NeighborAllgather(ctx context.Context, send, recv []byte) error
+}, me, in int) ([]int, error) {
+	recv := bytes.Repeat([]byte{0xFF}, in)
+	if err := t.NeighborAllgather(ctx, []byte{byte(me)}, recv); err != nil {
+		return nil, err
+	}
+	got := make([]int, in)
+	for i, b := range recv {
+		got[i] = int(int8(b))
+	}
+	return got, nil
+}
+
+// TestCartReorder: with Reorder, CartCreate gives the grid's positions to
+// the ranks so that fewer grid edges join two hosts, and two sites, than
+// the launcher's numbering does; every rank agrees on who sits where,
+// Coords and RankOf fit the new ranks, and the neighbour collectives
+// exchange with the processes at the neighbouring positions, checked by
+// their world ranks.
+func TestCartReorder(t *testing.T) {
+	for _, tc := range []struct {
+		name, hosts, sites string
+		dims               []int
+		periodic           []bool
+		// grid edges between hosts and between sites, in the launcher's
+		// numbering and reordered.
+		before, after [2]int
+	}{
+		{"ring of 8 on 2 hosts round-robin", "abababab", "", []int{8}, []bool{true}, [2]int{8, 0}, [2]int{2, 0}},
+		{"4x4 on 4 hosts round-robin", "abcdabcdabcdabcd", "", []int{4, 4}, []bool{false, false}, [2]int{12, 0}, [2]int{8, 0}},
+		{"2x4 torus on 2 sites of 2 hosts", "abcdabcd", "XYXYXYXY", []int{2, 4}, []bool{true, true}, [2]int{8, 8}, [2]int{8, 4}},
+		// Rank 6 is off the grid: the grid's 6 ranks share 2 hosts of 2
+		// and 4, the ring cut twice.
+		{"ring of 6 in a job of 7", "abbabbb", "", []int{6}, []bool{true}, [2]int{4, 0}, [2]int{2, 0}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cs := siteJob(t, tc.hosts, tc.sites)
+			ctx := ctxT(t)
+			n := 1
+			for _, d := range tc.dims {
+				n *= d
+			}
+			at := make([][]int, len(cs)) // each rank's view: position -> world rank
+			each(t, cs, func(c *adi.Comm) error {
+				grid, err := c.CartCreate(ctx, tc.dims, tc.periodic, adi.Reorder())
+				if c.Rank() >= n {
+					if grid != nil || err != nil {
+						return fmt.Errorf("off the grid: %v, %v", grid, err)
+					}
+					return nil
+				}
+				if err != nil {
+					return err
+				}
+				me := grid.Rank()
+				if w, err := grid.WorldRank(me); err != nil || w != c.Rank() {
+					return fmt.Errorf("rank %d of the grid is world rank %d (%v)", me, w, err)
+				}
+				coords, err := grid.Coords(me)
+				if err != nil {
+					return err
+				}
+				if r, err := grid.RankOf(coords); err != nil || r != me {
+					return fmt.Errorf("coords %v of rank %d are rank %d's (%v)", coords, me, r, err)
+				}
+				all := make([]byte, n)
+				if err := grid.Allgather(ctx, []byte{byte(c.Rank())}, all); err != nil {
+					return err
+				}
+				for _, b := range all {
+					at[c.Rank()] = append(at[c.Rank()], int(b))
+				}
+				nb := cartNeighbors(me, tc.dims, tc.periodic)
+				if got := grid.Neighbors(); !slices.Equal(got, nb) {
+					return fmt.Errorf("neighbours %v, want %v", got, nb)
+				}
+				got, err := worldRanks(ctx, grid, c.Rank(), len(nb))
+				if err != nil {
+					return err
+				}
+				for i, r := range nb {
+					if want := -1; r != adi.ProcNull && got[i] != at[c.Rank()][r] || r == adi.ProcNull && got[i] != want {
+						return fmt.Errorf("neighbour %d (rank %d) is world rank %d, want %v", i, r, got[i], at[c.Rank()])
+					}
+				}
+				return checkNeighborCalls(ctx, grid, nb, nb, func(s int) (int, int) { return nb[s], s ^ 1 }, 5)
+			})
+			if t.Failed() {
+				return
+			}
+			for r := 1; r < n; r++ {
+				if !slices.Equal(at[r], at[0]) {
+					t.Fatalf("rank %d sees the grid as %v, rank 0 as %v", r, at[r], at[0])
+				}
+			}
+			if !isPerm(at[0]) {
+				t.Fatalf("positions held by world ranks %v", at[0])
+			}
+			cross := func(proc []int) (hosts, sites int) {
+				for p := range n {
+					for d := range tc.dims {
+						q := cartNeighbors(p, tc.dims, tc.periodic)[2*d+1]
+						if q == adi.ProcNull || tc.hosts[proc[p]] == tc.hosts[proc[q]] {
+							continue
+						}
+						hosts++
+						if tc.sites != "" && tc.sites[proc[p]] != tc.sites[proc[q]] {
+							sites++
+						}
+					}
+				}
+				return hosts, sites
+			}
+			id := make([]int, n)
+			for i := range id {
+				id[i] = i
+			}
+			if h, s := cross(id); [2]int{h, s} != tc.before {
+				t.Errorf("launcher's numbering crosses hosts %d and sites %d times, want %v", h, s, tc.before)
+			}
+			if h, s := cross(at[0]); [2]int{h, s} != tc.after {
+				t.Errorf("reordered %v crosses hosts %d and sites %d times, want %v", at[0], h, s, tc.after)
+			}
+		})
+	}
+}
+
+// isPerm reports whether p holds 0..len(p)-1 once each.
+func isPerm(p []int) bool {
+	return slices.Equal(slices.Sorted(slices.Values(p)), func() []int {
+		id := make([]int, len(p))
+		for i := range id {
+			id[i] = i
+		}
+		return id
+	}())
+}
+
+// TestCartReorderArguments: Weights on a grid, and Reorder on some ranks
+// only, fail on every rank.
+func TestCartReorderArguments(t *testing.T) {
+	_, cs := siteJob(t, "abab", "")
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		_, err := c.CartCreate(ctx, []int{4}, []bool{true}, adi.Reorder(), adi.Weights(nil, nil))
+		if err == nil || errors.Is(err, adi.ErrMismatch) {
+			return fmt.Errorf("with weights: %v, want an error of this rank's own", err)
+		}
+		var opts []adi.TopoOption
+		if c.Rank() == 2 {
+			opts = append(opts, adi.Reorder())
+		}
+		if _, err := c.CartCreate(ctx, []int{4}, []bool{true}, opts...); !errors.Is(err, adi.ErrMismatch) {
+			return fmt.Errorf("reorder on rank 2 only: %v, want ErrMismatch", err)
+		}
+		_, err = c.CartCreate(ctx, []int{4}, []bool{true}, adi.Reorder())
+		return err
+	})
+}
+
+// TestDistGraphReorder: with Reorder, DistGraphCreateAdjacent numbers the
+// ranks host by host, each process keeps the lists and weights it passed,
+// renumbered, and the neighbour collectives deliver to the same processes
+// as without Reorder, checked by their world ranks.
+func TestDistGraphReorder(t *testing.T) {
+	for _, tc := range []struct {
+		name, hosts, sites string
+		order              []int // world rank of each new rank
+	}{
+		{"2 hosts round-robin", "ababa", "", []int{0, 2, 4, 1, 3}},
+		{"2 sites", "abcab", "XYXXY", []int{0, 3, 2, 1, 4}}, // a and c in X, b in Y
+		{"in blocks already", "aabbb", "", []int{0, 1, 2, 3, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cs := siteJob(t, tc.hosts, tc.sites)
+			ctx := ctxT(t)
+			each(t, cs, func(c *adi.Comm) error {
+				sources, dests := graphLists(c.Rank())
+				sw, dw := graphWeights(c.Rank())
+				g, err := c.DistGraphCreateAdjacent(ctx, sources, dests, adi.Reorder(), adi.Weights(sw, dw))
+				if err != nil {
+					return err
+				}
+				if want := slices.Index(tc.order, c.Rank()); g.Rank() != want {
+					return fmt.Errorf("new rank %d, want %d", g.Rank(), want)
+				}
+				for i, w := range tc.order {
+					if got, err := g.WorldRank(i); err != nil || got != w {
+						return fmt.Errorf("rank %d of the graph is world rank %d (%v), want %d", i, got, err, w)
+					}
+				}
+				gs, gd := g.Neighbors()
+				for _, l := range [][2][]int{{gs, sources}, {gd, dests}} {
+					for i, r := range l[0] {
+						if w, err := g.WorldRank(r); err != nil || w != l[1][i] {
+							return fmt.Errorf("neighbours %v are world ranks ... %d at %d, want %v", l[0], w, i, l[1])
+						}
+					}
+				}
+				if s, d := g.Weights(); !slices.Equal(s, sw) || !slices.Equal(d, dw) {
+					return fmt.Errorf("weights %v %v, want %v %v", s, d, sw, dw)
+				}
+				got, err := worldRanks(ctx, g, c.Rank(), len(gs))
+				if err != nil {
+					return err
+				}
+				if !slices.Equal(got, sources) {
+					return fmt.Errorf("received from world ranks %v, want %v", got, sources)
+				}
+				old := graphWant(c.Rank(), sources)
+				want := func(j int) (int, int) {
+					_, blk := old(j)
+					return gs[j], blk
+				}
+				if err := checkNeighborCalls(ctx, g, gs, gd, want, 3); err != nil {
+					return err
+				}
+				return checkNeighborCalls(ctx, started{g}, gs, gd, want, 700)
+			})
+		})
+	}
+}
+
+// TestDistGraphWeights: weights that the two ends of an edge do not give
+// alike, or in another order, or Reorder on some ranks only, fail with
+// ErrMismatch on every rank; weights that are wrong fail on their rank
+// with an error of its own; weights of 1 agree with none.
+func TestDistGraphWeights(t *testing.T) {
+	_, cs := siteJob(t, "abab", "")
+	ctx := ctxT(t)
+	// A ring with a double edge from each rank to the next.
+	ring := func(r int) (sources, dests []int) {
+		return []int{(r + 3) % 4, (r + 3) % 4}, []int{(r + 1) % 4, (r + 1) % 4}
+	}
+	for _, tc := range []struct {
+		name string
+		opts func(r int) []adi.TopoOption
+		own  int // the rank whose own arguments are wrong, -1 for none
+		ok   bool
+	}{
+		{"alike", func(r int) []adi.TopoOption { return []adi.TopoOption{adi.Weights([]int{2, 3}, []int{2, 3})} }, -1, true},
+		{"ones and none", func(r int) []adi.TopoOption {
+			if r == 1 {
+				return []adi.TopoOption{adi.Weights([]int{1, 1}, []int{1, 1})}
+			}
+			return nil
+		}, -1, true},
+		{"one weight differs", func(r int) []adi.TopoOption {
+			if r == 2 {
+				return []adi.TopoOption{adi.Weights([]int{2, 3}, []int{2, 4})}
+			}
+			return []adi.TopoOption{adi.Weights([]int{2, 3}, []int{2, 3})}
+		}, -1, false},
+		{"order differs", func(r int) []adi.TopoOption {
+			if r == 0 {
+				return []adi.TopoOption{adi.Weights([]int{2, 3}, []int{3, 2})}
+			}
+			return []adi.TopoOption{adi.Weights([]int{2, 3}, []int{2, 3})}
+		}, -1, false},
+		{"reorder on one rank", func(r int) []adi.TopoOption {
+			if r == 3 {
+				return []adi.TopoOption{adi.Reorder()}
+			}
+			return nil
+		}, -1, false},
+		{"negative", func(r int) []adi.TopoOption {
+			if r == 1 {
+				return []adi.TopoOption{adi.Weights([]int{-1, 1}, []int{1, 1})}
+			}
+			return nil
+		}, 1, false},
+		{"too few", func(r int) []adi.TopoOption {
+			if r == 3 {
+				return []adi.TopoOption{adi.Weights([]int{1, 1}, []int{1})}
+			}
+			return nil
+		}, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			each(t, cs, func(c *adi.Comm) error {
+				s, d := ring(c.Rank())
+				g, err := c.DistGraphCreateAdjacent(ctx, s, d, tc.opts(c.Rank())...)
+				switch {
+				case tc.ok && err != nil:
+					return err
+				case tc.ok:
+					if _, dw := g.Weights(); len(dw) != 2 {
+						return fmt.Errorf("weights %v", dw)
+					}
+				case c.Rank() == tc.own && (err == nil || errors.Is(err, adi.ErrMismatch)):
+					return fmt.Errorf("own weights wrong: %v, want an error of its own", err)
+				case c.Rank() != tc.own && !errors.Is(err, adi.ErrMismatch):
+					return fmt.Errorf("%v, want ErrMismatch", err)
+				}
+				return nil
+			})
+		})
+	}
 }
 
 // TestDistGraphDisagree: lists that do not fit together, or name a rank
