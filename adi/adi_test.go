@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -571,4 +572,42 @@ func TestSplitBadColor(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestSplitColorCannotSteerContext: a child's context id mixes in its
+// color's index among the colors passed, not the color: this color made
+// the same id as the parent's sixth Dup when the color went in as it
+// was, and the Dup then saw the child's messages.
+func TestSplitColorCannotSteerContext(t *testing.T) {
+	var crafted int64 = 5369350149147204876
+	if strconv.IntSize < 64 {
+		t.Skip("the crafted color needs 64-bit ints")
+	}
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		sp, err := c.Split(ctx, int(crafted), 0)
+		if err != nil {
+			return err
+		}
+		dups := make([]*adi.Comm, 8)
+		for i := range dups {
+			if dups[i], err = c.Dup(ctx); err != nil {
+				return err
+			}
+		}
+		if c.Rank() == 0 {
+			return sp.Send(ctx, []byte("child"), 1, 5)
+		}
+		if _, err := sp.Probe(ctx, 0, 5); err != nil { // it has arrived
+			return err
+		}
+		for i, d := range dups {
+			if st, ok, err := d.Iprobe(adi.AnySource, adi.AnyTag); ok || err != nil {
+				return fmt.Errorf("Dup %d after the Split sees a message of the Split's child: %+v, %v", i+1, st, err)
+			}
+		}
+		_, err = sp.Recv(ctx, make([]byte, 8), 0, 5)
+		return err
+	})
 }

@@ -421,7 +421,22 @@ func (c *Comm) Split(ctx context.Context, color, key int) (*Comm, error) {
 	for i, m := range members {
 		ranks[i] = c.ranks[m.rank]
 	}
-	return newComm(c.w, deriveContext(c.context, n, uint64(color)+1), ranks), nil
+	return newComm(c.w, deriveContext(c.context, n, colorIndex(all, 2, int64(color))+1), ranks), nil
+}
+
+// colorIndex is color's place among the distinct colors >= 0 of records
+// of stride words each, a color first, as every rank of a Split sees
+// them. A child's context id mixes in that index rather than the color,
+// so that no color, however chosen, can make the id of another
+// communicator derived from the same parent.
+func colorIndex(records []int64, stride int, color int64) uint64 {
+	below := make(map[int64]bool)
+	for i := 0; i < len(records); i += stride {
+		if c := records[i]; c >= 0 && c < color {
+			below[c] = true
+		}
+	}
+	return uint64(len(below))
 }
 
 // SplitHost returns the communicator of the ranks of c that share this

@@ -10,8 +10,9 @@ import (
 // Split and Create on an Intercomm (MPI_Comm_split and MPI_Comm_create
 // on an intercommunicator). Both are collectives over both groups that
 // make a smaller intercommunicator; each rank's part is one record of
-// two int64s (Split: color and key; Create: its group's fingerprint and
-// its rank in its group's subgroup), and every rank learns every
+// three int64s (which of the two it called, then for Split its color
+// and key, for Create its group's fingerprint and its rank in its
+// group's subgroup), and every rank learns every
 // record of both groups: an Allgather within the local group, one
 // exchange between the leaders, and a broadcast of the remote group's
 // records within the local group. From these each rank computes its
@@ -22,8 +23,9 @@ import (
 // The new intercommunicator's context id is derived, as Dup's and
 // Merge's are, from ic's context and the count of ic's Dup, Merge,
 // Split and Create calls, which every rank of both groups makes in the
-// same order; Split mixes in the color, so that the intercommunicators
-// one call makes for different colors have different ids too. No two of
+// same order; Split mixes in the color's index among the colors of both
+// groups (colorIndex), so that the intercommunicators one call makes for
+// different colors have different ids too. No two of
 // those calls on ic share a count, and a child derives its own
 // children's ids from its own context, so neither two Splits in a row,
 // nor a Split of a Split, nor a Dup share an id (up to 64-bit hash
@@ -42,7 +44,7 @@ import (
 // orders two groups that pass the same high as Merge on ic does. A rank
 // that passes a bad color returns an error saying so, and every other
 // rank of both groups one wrapping ErrMismatch. It costs an Allgather of
-// 16 bytes a rank within each group, one exchange between the leaders
+// 24 bytes a rank within each group, one exchange between the leaders
 // and a broadcast within each group.
 func (ic *Intercomm) Split(ctx context.Context, color, key int) (*Intercomm, error) {
 	n := ic.derived.Add(1)
@@ -50,7 +52,7 @@ func (ic *Intercomm) Split(ctx context.Context, color, key int) (*Intercomm, err
 	if color < Undefined {
 		bad = fmt.Errorf("adi: intercomm split: color %d must be >= 0 or Undefined", color)
 	}
-	local, remote, err := ic.allRecords(ctx, "intercomm split", int64(color), int64(key))
+	local, remote, err := ic.allRecords(ctx, recordSplit, int64(color), int64(key))
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +69,7 @@ func (ic *Intercomm) Split(ctx context.Context, color, key int) (*Intercomm, err
 	if len(theirs) == 0 {
 		return nil, nil
 	}
-	id := deriveContext(ic.remote.context, n, uint64(color)+1)
+	id := deriveContext(ic.remote.context, n, colorIndex(append(local, remote...), 2, int64(color))+1)
 	return newIntercomm(ic.remote.w, id, worldRanksAt(ic.local.ranks, mine), worldRanksAt(ic.remote.ranks, theirs), ic.lowLeader), nil
 }
 
@@ -94,7 +96,7 @@ func (ic *Intercomm) Create(ctx context.Context, g Group) (*Intercomm, error) {
 	if bad != nil {
 		fp, at = badGroup, Undefined
 	}
-	local, remote, err := ic.allRecords(ctx, "intercomm create", int64(fp), int64(at))
+	local, remote, err := ic.allRecords(ctx, recordCreate, int64(fp), int64(at))
 	if err != nil {
 		return nil, err
 	}
@@ -137,23 +139,68 @@ func (ic *Intercomm) subgroup(g Group) error {
 	return nil
 }
 
+// The kinds of record, each record's first word: a Split on one side
+// and a Create on the other, whose other words have the same shape,
+// then fail alike on every rank instead of making an intercommunicator
+// on one side only.
+const (
+	recordSplit int64 = 1 + iota
+	recordCreate
+)
+
+// recordCall names the call that makes records of kind.
+func recordCall(kind int64) string {
+	switch kind {
+	case recordSplit:
+		return "intercomm split"
+	case recordCreate:
+		return "intercomm create"
+	}
+	return fmt.Sprintf("a call of unknown kind %d", kind)
+}
+
 // allRecords gives this rank the record (a, b) of every rank of both
 // groups: local[2r:2r+2] rank r's of the local group, remote[2r:2r+2]
-// rank r's of the remote group. It runs as ic's next collective.
-func (ic *Intercomm) allRecords(ctx context.Context, name string, a, b int64) (local, remote []int64, err error) {
-	local, remote = make([]int64, 2*ic.Size()), make([]int64, 2*ic.RemoteSize())
+// rank r's of the remote group. It runs as ic's next collective, and
+// fails with ErrMismatch on every rank when any rank made a record of
+// another kind.
+func (ic *Intercomm) allRecords(ctx context.Context, kind, a, b int64) (local, remote []int64, err error) {
+	name := recordCall(kind)
+	all, allRemote := make([]int64, 3*ic.Size()), make([]int64, 3*ic.RemoteSize())
 	err = ic.collective(ctx, name, func(k *collective) error {
-		if err := k.carry(ic.coll.Allgather(ctx, Bytes([]int64{a, b}), Bytes(local))); err != nil {
+		if err := k.carry(ic.coll.Allgather(ctx, Bytes([]int64{kind, a, b}), Bytes(all))); err != nil {
 			return err
 		}
 		if ic.leader() {
-			if err := k.exchange(Bytes(local), 0, Bytes(remote), 0); err != nil {
+			if err := k.exchange(Bytes(all), 0, Bytes(allRemote), 0); err != nil {
 				return err
 			}
 		}
-		return ic.localBcast(k, Bytes(remote))
+		return ic.localBcast(k, Bytes(allRemote))
 	})
-	return local, remote, err
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, side := range []struct {
+		name string
+		recs []int64
+	}{{"local", all}, {"remote", allRemote}} {
+		for r := 0; r < len(side.recs); r += 3 {
+			if k := side.recs[r]; k != kind {
+				return nil, nil, fmt.Errorf("adi: %s: %w: rank %d of the %s group called %s", name, ErrMismatch, r/3, side.name, recordCall(k))
+			}
+		}
+	}
+	return dropKinds(all), dropKinds(allRemote), nil
+}
+
+// dropKinds returns the records of recs without their kinds.
+func dropKinds(recs []int64) []int64 {
+	out := make([]int64, 0, len(recs)/3*2)
+	for r := 0; r+2 < len(recs); r += 3 {
+		out = append(out, recs[r+1], recs[r+2])
+	}
+	return out
 }
 
 // splitColors checks every rank's color in Split's records of both

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 
@@ -179,7 +180,7 @@ func TestIntercommSplit(t *testing.T) {
 			}
 			return 0, 0
 		}},
-		{"large colors and keys", func(g, i int) (int, int) { return 1<<40 + i%2, 1<<50 - i }},
+		{"large colors and keys", func(g, i int) (int, int) { return math.MaxInt - 1 + i%2, math.MinInt + 1<<20 - i }},
 	}
 	for _, s := range []split{splits[0], splits[1], splits[3], splits[4], splits[6]} {
 		t.Run(s.name, func(t *testing.T) {
@@ -387,6 +388,15 @@ func TestIntercommSplitCreateErrors(t *testing.T) {
 				}
 			}
 			return x.ic.Create(ctx, g)
+		}, func(int) error { return adi.ErrMismatch }},
+		// Both records are two words after their kind: without it, the
+		// Create side read colors as fingerprints and made an
+		// intercommunicator while the Split side got nil.
+		{"split on one side, create on the other", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
+			if x.color == 0 {
+				return x.ic.Split(ctx, 5, x.ic.Rank())
+			}
+			return x.ic.Create(ctx, x.ic.Group())
 		}, func(int) error { return adi.ErrMismatch }},
 		{"create: a group of another World", func(ctx context.Context, x *icRank) (*adi.Intercomm, error) {
 			if x.me == 0 {
