@@ -18,7 +18,10 @@
 // grid ([DimsCreate] picks its shape), whose [Cart.Shift] names the
 // neighbours of a halo exchange, [ProcNull] past an edge that does not
 // wrap, and [Cart.Sub] keeps some of its dimensions;
-// [Comm.DistGraphCreateAdjacent] describes any graph. On both, the
+// [Comm.DistGraphCreateAdjacent] describes any graph. With [Reorder] a
+// grid's positions go to ranks so that neighbours share a host where
+// they can, and a graph's ranks are numbered host by host; [Weights]
+// weighs a graph's edges ([DistGraph.Weights]). On both, the
 // neighbour collectives ([Cart.NeighborAllgather],
 // [DistGraph.NeighborAlltoall], ...) exchange with each rank's
 // neighbours only, in MPI's slot order, blocking or not
@@ -108,7 +111,14 @@
 // maps, each rank's part found with [Win.SharedQuery] and read and
 // written directly, with loads, stores and sync/atomic, as well as
 // through the window's operations. A large table each host needs once,
-// rather than once per rank, is the usual use.
+// rather than once per rank, is the usual use. [Win.Sync] orders a
+// rank's loads and stores to that memory, paired with a signal.
+//
+// [Comm.WinCreateDynamic] makes a window with no memory: each rank
+// attaches memory with [Win.Attach] and detaches it with [Win.Detach], on
+// its own, and the others reach it at the address Attach returned; an
+// operation where nothing is attached fails at its origin with
+// [ErrNoRegion].
 //
 // # Usage
 //

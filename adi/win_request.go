@@ -21,7 +21,9 @@ import (
 //   - Rget, RgetAccumulate: the result is in place, and so the target has
 //     applied the operation.
 //
-// The requests' Status says nothing of use. The window's flushes wait
+// The requests' Status says nothing of use, except on a dynamic window:
+// an Rget whose target had nothing attached there completes with Count 0,
+// and the error naming the miss comes from the next flush. The window's flushes wait
 // for them too, so Cancel leaves them be and IsendInto and IrecvInto
 // refuse them (ErrRequestBusy). The operations also complete, as
 // the plain ones do, at FlushLocal, FlushAll, Unlock and UnlockAll.
