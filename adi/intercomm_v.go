@@ -1,0 +1,284 @@
+package adi
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+)
+
+// The v-form and reduce-scatter collectives on an Intercomm, with MPI's
+// intercommunicator semantics (MPI 4.0 chapter 6, the "inter" paragraphs
+// of MPI_Gatherv, Scatterv, Allgatherv, Alltoallv, Reduce_scatter and
+// Reduce_scatter_block): what a group receives comes from the other
+// group.
+//
+// In a v-form collective the blocks' lengths are known only where each
+// block is received (recv[j] on the receiver) and where it is sent, so a
+// leader cannot gather or scatter them for its group as the fixed-length
+// collectives do: each block travels directly from the rank that sends
+// it to the rank that receives it (in Allgatherv, to the receiving
+// group's leader, which broadcasts them), as MPICH's linear algorithms
+// for intercommunicators do, and each receive checks its block's length
+// exactly. A block that arrives with another length than its receiver's
+// is ErrMismatch on the receiver, naming the remote rank it came from;
+// Allgatherv passes the error, or the blocks' lengths, on to the rest of
+// the receiving group (see there). The senders' results do not depend on
+// it, and they do not hear of it.
+//
+// The reduce-scatters reduce within each group to its leader, exchange
+// the reduced vectors between the leaders and scatter from them, so that
+// lengths that disagree reach the ranks of both groups as the other
+// reductions' do (intercomm_coll.go).
+
+// Gatherv collects send of every rank of the other group into the
+// root's recv, remote rank r's into recv[r]. Roots as for
+// [Intercomm.Bcast]. The root's recv holds RemoteSize() slices, each as
+// long as what its remote rank sends; recv is not used elsewhere, nor
+// send in the root's group. A block of another length than its slice is
+// ErrMismatch on the root. Each rank of the other group sends to the
+// root directly.
+func (ic *Intercomm) Gatherv(ctx context.Context, send []byte, recv [][]byte, root int) error {
+	return ic.rooted(ctx, "intercomm gatherv", root, func(k *collective) error {
+		if len(recv) != ic.RemoteSize() {
+			return k.errorf("%d receive slices for %d remote ranks", len(recv), ic.RemoteSize())
+		}
+		for r, b := range recv {
+			if err := k.recv(b, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, func(k *collective) error { return k.send(send, root) })
+}
+
+// Scatterv sends send[r] of the root into recv of remote rank r, for
+// every rank of the other group. Roots as for [Intercomm.Bcast]. The
+// root's send holds RemoteSize() slices, each as long as its remote
+// rank's recv; send is not used elsewhere, nor recv in the root's group.
+// A rank of the other group whose recv has another length than its
+// slice gets ErrMismatch. The root sends to each rank directly.
+func (ic *Intercomm) Scatterv(ctx context.Context, send [][]byte, recv []byte, root int) error {
+	return ic.rooted(ctx, "intercomm scatterv", root, func(k *collective) error {
+		if len(send) != ic.RemoteSize() {
+			return k.errorf("%d send slices for %d remote ranks", len(send), ic.RemoteSize())
+		}
+		for r, b := range send {
+			if err := k.send(b, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}, func(k *collective) error { return k.recv(recv, root) })
+}
+
+// Allgatherv collects send of every rank of the other group into recv
+// of every rank of this one, remote rank r's into recv[r]. Every rank
+// passes RemoteSize() receive slices, of the same lengths on every rank
+// of its group, each as long as what its remote rank sends.
+//
+// Each rank sends its block to the other group's leader, which receives
+// them as Gatherv's root does and broadcasts them to its group, with
+// their lengths. A block of another length than the leader's slice for
+// it is ErrMismatch on every rank of the leader's group; a rank whose
+// slices disagree with the leader's gets ErrMismatch, and so may the
+// ranks the broadcast reaches through it. The other group is not told:
+// its results do not depend on it.
+func (ic *Intercomm) Allgatherv(ctx context.Context, send []byte, recv [][]byte) error {
+	return ic.collective(ctx, "intercomm allgatherv", func(k *collective) error {
+		q := ic.RemoteSize()
+		if len(recv) != q {
+			return k.errorf("%d receive slices for %d remote ranks", len(recv), q)
+		}
+		total := 0
+		for _, b := range recv {
+			total += len(b)
+		}
+		// The leader's receives are posted before its own send, so that
+		// the two leaders never wait for each other.
+		if ic.leader() {
+			for r, b := range recv {
+				if err := k.recv(b, r); err != nil {
+					return err
+				}
+			}
+		}
+		if err := k.send(send, 0); err != nil {
+			return err
+		}
+		if ic.leader() {
+			if err := k.wait(); err != nil {
+				return err
+			}
+		}
+		// One broadcast of every block behind their lengths: one tree's
+		// latency, not RemoteSize() of them, and a rank whose slices are
+		// cut otherwise than the leader's finds out even where the totals
+		// agree.
+		packed := scratch[byte](k, 0, blocksHeader*q+total)
+		if ic.leader() && k.mismatch == nil {
+			packBlocks(packed, recv)
+		}
+		if err := ic.localBcast(k, packed); err != nil {
+			return err
+		}
+		if !ic.leader() && k.mismatch == nil {
+			if err := unpackBlocks(packed, recv); err != nil {
+				k.mismatch = k.errorf("%w", err)
+			}
+		}
+		return nil
+	})
+}
+
+// blocksHeader is the bytes per block of the header packBlocks writes:
+// its length, a little-endian uint64.
+const blocksHeader = 8
+
+// packBlocks writes into b, which holds exactly that, the lengths of
+// blocks and then their bytes.
+func packBlocks(b []byte, blocks [][]byte) {
+	off := blocksHeader * len(blocks)
+	for r, blk := range blocks {
+		binary.LittleEndian.PutUint64(b[blocksHeader*r:], uint64(len(blk)))
+		off += copy(b[off:], blk)
+	}
+}
+
+// unpackBlocks copies the blocks packBlocks put in b into recv, whose
+// slices must have the lengths b's header gives. Another length is
+// ErrMismatch naming the remote rank whose block it is; b is another
+// rank's, so nothing in it can make it panic.
+func unpackBlocks(b []byte, recv [][]byte) error {
+	off := blocksHeader * len(recv)
+	if len(b) < off {
+		return fmt.Errorf("%w: the local group's leader sent %d bytes for the blocks of %d remote ranks", ErrMismatch, len(b), len(recv))
+	}
+	for r, blk := range recv {
+		n := binary.LittleEndian.Uint64(b[blocksHeader*r:])
+		if n != uint64(len(blk)) {
+			return fmt.Errorf("block of remote rank %d: %w: the local group's leader received %d bytes, where this rank's block holds %d", r, ErrMismatch, n, len(blk))
+		}
+		if len(b)-off < len(blk) {
+			return fmt.Errorf("block of remote rank %d: %w: the local group's leader sent %d bytes in all, too few", r, ErrMismatch, len(b))
+		}
+		off += copy(blk, b[off:off+len(blk)])
+	}
+	if off != len(b) {
+		return fmt.Errorf("%w: the local group's leader sent %d bytes, the blocks of %d remote ranks take %d", ErrMismatch, len(b), len(recv), off)
+	}
+	return nil
+}
+
+// Alltoallv sends send[r] to remote rank r, which receives it into its
+// recv[me], me being this rank, for every pair of a rank of one group and
+// a rank of the other. send and recv each hold RemoteSize() slices; a
+// slice of recv has the length of the block its remote rank sends this
+// rank, and another length is ErrMismatch on this rank, naming that
+// remote rank.
+//
+// Every rank exchanges with every remote rank directly, as MPICH's
+// pairwise exchange does, rather than through the leaders: each pair's
+// lengths are known only to that pair, so the leaders could not gather
+// or scatter the blocks without being sent their lengths first, every
+// byte would travel three times (to the leader, across, from the leader)
+// instead of once, and the two leaders would carry all of it. Directly,
+// each block's length is checked by the very rank whose block it is.
+func (ic *Intercomm) Alltoallv(ctx context.Context, send, recv [][]byte) error {
+	return ic.collective(ctx, "intercomm alltoallv", func(k *collective) error {
+		q := ic.RemoteSize()
+		if len(send) != q || len(recv) != q {
+			return k.errorf("%d send and %d receive slices for %d remote ranks", len(send), len(recv), q)
+		}
+		// Each rank starts with another remote rank, so that no rank is
+		// everybody's first.
+		me := ic.Rank()
+		for i := range q {
+			if err := k.recv(recv[(me+i)%q], (me+i)%q); err != nil {
+				return err
+			}
+		}
+		for i := range q {
+			if err := k.send(send[(me+i)%q], (me+i)%q); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// InterReduceScatter combines send of every rank of the other group, in
+// its rank order (op need be associative only), and hands out the result
+// in parts over this group: rank r gets counts[r] elements, those after
+// the parts of the ranks before it (MPI_Reduce_scatter on an
+// intercommunicator). counts index this group's ranks: every rank of a
+// group passes the same counts, Size() of them, and a send slice of as
+// many elements as they add up to, which must be as many as the other
+// group's add up to. recv holds counts[r] elements and does not overlap
+// send. Byte order as for [Reduce].
+//
+// Each group reduces to its leader, the leaders exchange the reduced
+// vectors, and each scatters the other group's among its own. Totals
+// that differ between the groups, or send lengths within a group, are
+// ErrMismatch on every rank of both groups; a rank whose counts disagree
+// with its leader's gets ErrMismatch itself.
+func InterReduceScatter[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, counts []int, op Op[T]) error {
+	return ic.collective(ctx, "intercomm reduce_scatter", func(k *collective) error {
+		return interReduceScatterv(ctx, ic, k, send, recv, counts, op)
+	})
+}
+
+// InterReduceScatterBlock is InterReduceScatter with the same count for
+// every rank of a group: rank r gets elements [r*len(recv),
+// (r+1)*len(recv)) of the other group's combined send, and each rank's
+// send holds Size()*len(recv) elements, as many in one group as in the
+// other (MPI_Reduce_scatter_block on an intercommunicator).
+func InterReduceScatterBlock[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T]) error {
+	return ic.collective(ctx, "intercomm reduce_scatter_block", func(k *collective) error {
+		counts := make([]int, ic.Size())
+		for r := range counts {
+			counts[r] = len(recv)
+		}
+		return interReduceScatterv(ctx, ic, k, send, recv, counts, op)
+	})
+}
+
+// interReduceScatterv is the two reduce-scatters' algorithm, as k.
+func interReduceScatterv[T Elem](ctx context.Context, ic *Intercomm, k *collective, send, recv []T, counts []int, op Op[T]) error {
+	p, me := ic.Size(), ic.Rank()
+	if len(counts) != p {
+		return k.errorf("%d counts for %d local ranks", len(counts), p)
+	}
+	total := 0
+	for r, n := range counts {
+		if n < 0 {
+			return k.errorf("count of local rank %d is %d", r, n)
+		}
+		total += n
+	}
+	if total != len(send) {
+		return k.errorf("send slice of %d elements for counts adding up to %d", len(send), total)
+	}
+	if len(recv) != counts[me] {
+		return k.errorf("receive slice of %d elements for a count of %d", len(recv), counts[me])
+	}
+	acc, err := reduceLocal(ctx, ic, k, send, op)
+	if err != nil {
+		return err
+	}
+	var parts [][]byte
+	if ic.leader() {
+		// The other group's result: as long as this group's, or the
+		// exchange finds the mismatch. reduceLocal's acc is in slot 0.
+		whole := scratch[T](k, 1, total)
+		if err := k.exchange(Bytes(acc), 0, Bytes(whole), 0); err != nil {
+			return err
+		}
+		parts = make([][]byte, p)
+		off := 0
+		for r, n := range counts {
+			parts[r] = Bytes(whole[off : off+n])
+			off += n
+		}
+	}
+	return ic.localPhase(k, func(lk *collective) error { return lk.scatterv(parts, Bytes(recv), 0) })
+}
