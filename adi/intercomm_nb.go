@@ -73,3 +73,37 @@ func IinterAllreduce[T Elem](ic *Intercomm, send, recv []T, op Op[T]) (*Request,
 		return InterAllreduce(ctx, x, send, recv, op)
 	})
 }
+
+// Igatherv starts a Gatherv.
+func (ic *Intercomm) Igatherv(send []byte, recv [][]byte, root int) (*Request, error) {
+	return ic.nonblocking("intercomm igatherv", func(ctx context.Context, x *Intercomm) error { return x.Gatherv(ctx, send, recv, root) })
+}
+
+// Iscatterv starts a Scatterv.
+func (ic *Intercomm) Iscatterv(send [][]byte, recv []byte, root int) (*Request, error) {
+	return ic.nonblocking("intercomm iscatterv", func(ctx context.Context, x *Intercomm) error { return x.Scatterv(ctx, send, recv, root) })
+}
+
+// Iallgatherv starts an Allgatherv.
+func (ic *Intercomm) Iallgatherv(send []byte, recv [][]byte) (*Request, error) {
+	return ic.nonblocking("intercomm iallgatherv", func(ctx context.Context, x *Intercomm) error { return x.Allgatherv(ctx, send, recv) })
+}
+
+// Ialltoallv starts an Alltoallv.
+func (ic *Intercomm) Ialltoallv(send, recv [][]byte) (*Request, error) {
+	return ic.nonblocking("intercomm ialltoallv", func(ctx context.Context, x *Intercomm) error { return x.Alltoallv(ctx, send, recv) })
+}
+
+// IinterReduceScatter starts an InterReduceScatter.
+func IinterReduceScatter[T Elem](ic *Intercomm, send, recv []T, counts []int, op Op[T]) (*Request, error) {
+	return ic.nonblocking("intercomm ireduce_scatter", func(ctx context.Context, x *Intercomm) error {
+		return InterReduceScatter(ctx, x, send, recv, counts, op)
+	})
+}
+
+// IinterReduceScatterBlock starts an InterReduceScatterBlock.
+func IinterReduceScatterBlock[T Elem](ic *Intercomm, send, recv []T, op Op[T]) (*Request, error) {
+	return ic.nonblocking("intercomm ireduce_scatter_block", func(ctx context.Context, x *Intercomm) error {
+		return InterReduceScatterBlock(ctx, x, send, recv, op)
+	})
+}

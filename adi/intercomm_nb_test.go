@@ -108,3 +108,107 @@ func firstErr(errs ...error) error {
 	}
 	return nil
 }
+
+// TestIntercommNonblockingV: the nonblocking v-form and reduce-scatter
+// collectives, started one after another with a blocking one among them
+// and in flight together, each get what the blocking ones would give,
+// with uneven blocks, empty ones among them, by eager and rendezvous.
+func TestIntercommNonblockingV(t *testing.T) {
+	for _, s := range []split{vSplits[0], vSplits[1], vSplits[3]} {
+		for _, bs := range blockSizes {
+			t.Run(fmt.Sprintf("%s/%s", s.name, bs.name), func(t *testing.T) {
+				n := bs.n
+				xs := intercomms(t, s)
+				ctx := ctxT(t)
+				last := func(color int) int { m := s.members(color); return m[len(m)-1] }
+				p := [2]int{len(s.members(0)), len(s.members(1))}
+				total := 3 * p[0] * p[1] // elements: some parts empty
+				if bs.name == "large" {
+					total *= 40
+				}
+				eachIC(t, xs, func(x *icRank) error {
+					// Igatherv into group 1's last rank, Iscatterv from
+					// group 0's.
+					gRoot, gIs := rootOf(s, x, 1, p[1]-1)
+					sRoot, sIs := rootOf(s, x, 0, p[0]-1)
+					q, me := len(x.remote), x.ic.Rank()
+					var gathered, scattered [][]byte
+					if gIs {
+						for _, wr := range x.remote {
+							gathered = append(gathered, make([]byte, n(wr, x.me)))
+						}
+					}
+					if sIs {
+						for _, wr := range x.remote {
+							scattered = append(scattered, pattern(x.me, wr, n(x.me, wr)))
+						}
+					}
+					var got []byte
+					if x.color == 1 {
+						got = make([]byte, n(last(0), x.me))
+					}
+					all, blocking := make([][]byte, q), make([][]byte, q)
+					send, recv := make([][]byte, q), make([][]byte, q)
+					for j, wr := range x.remote {
+						all[j], blocking[j] = make([]byte, n(wr, 0)), make([]byte, n(wr, 1))
+						send[j], recv[j] = pattern(x.me, wr, n(x.me, wr)), make([]byte, n(wr, x.me))
+					}
+					counts := unevenCounts(p[x.color], total)
+					parts := make([]uint64, counts[me])
+					block := make([]uint64, total/p[x.color])
+					var reqs []*adi.Request
+					start := func(r *adi.Request, err error) error {
+						reqs = append(reqs, r)
+						return err
+					}
+					// Arguments are evaluated left to right: the calls start in this order.
+					if err := firstErr(
+						start(x.ic.Iallgatherv(pattern(x.me, 0, n(x.me, 0)), all)),
+						start(adi.IinterReduceScatter(x.ic, contribution(x.me, total), parts, counts, affine)),
+						start(x.ic.Igatherv(pattern(x.me, last(1), n(x.me, last(1))), gathered, gRoot)),
+						x.ic.Allgatherv(ctx, pattern(x.me, 1, n(x.me, 1)), blocking),
+						start(x.ic.Iscatterv(scattered, got, sRoot)),
+						start(x.ic.Ialltoallv(send, recv)),
+						start(adi.IinterReduceScatterBlock(x.ic, contribution(x.me+100, total), block, affine)),
+						x.ic.Barrier(ctx), // a blocking one after them all, while they run
+					); err != nil {
+						return err
+					}
+					if _, err := adi.WaitAll(ctx, reqs...); err != nil {
+						return err
+					}
+					for j, wr := range x.remote {
+						if !bytes.Equal(all[j], pattern(wr, 0, n(wr, 0))) || !bytes.Equal(blocking[j], pattern(wr, 1, n(wr, 1))) {
+							return fmt.Errorf("allgatherv: remote rank %d's block differs", j)
+						}
+						if !bytes.Equal(recv[j], pattern(wr, x.me, n(wr, x.me))) {
+							return fmt.Errorf("alltoallv: remote rank %d's block differs", j)
+						}
+						if gIs && !bytes.Equal(gathered[j], pattern(wr, x.me, n(wr, x.me))) {
+							return fmt.Errorf("gatherv: remote rank %d's block differs", j)
+						}
+					}
+					if x.color == 1 && !bytes.Equal(got, pattern(last(0), x.me, n(last(0), x.me))) {
+						return fmt.Errorf("scatterv: got %v", got)
+					}
+					off := 0
+					for _, c := range counts[:me] {
+						off += c
+					}
+					if want := fold(x.remote, total)[off : off+counts[me]]; !equal(parts, want) {
+						return fmt.Errorf("reduce_scatter: got %x, want %x", parts, want)
+					}
+					others := make([]int, q)
+					for j, wr := range x.remote {
+						others[j] = wr + 100
+					}
+					m := len(block)
+					if want := fold(others, total)[me*m : (me+1)*m]; !equal(block, want) {
+						return fmt.Errorf("reduce_scatter_block: got %x, want %x", block, want)
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
