@@ -35,7 +35,8 @@ import (
 // into its place in the receive buffer. The receiver learns the
 // sender's partitioning from a setup message the sender sends once, at
 // its first Start, on the odd id after the channel's (as a
-// communicator's collectives use the odd id after its own), and posts
+// communicator's collectives use the odd id after its own; a reserved
+// tag would take one from the partitions' indexes), and posts
 // its receives when that has come, and at every later Start. A round's
 // messages cannot overtake the round before's: they share a context,
 // source and tags, and matching is in order.
@@ -47,7 +48,8 @@ import (
 // receiver, from Start until every partition has come. A round that is
 // already over completes without one. Finalize fails what is still in
 // flight, which ends those workers; a sender round whose partitions were
-// not all readied has no worker and never completes.
+// not all readied has no worker and never completes (its Wait returns
+// when its ctx ends).
 
 // ErrPartitionLength: a partitioned receive matched a partitioned send
 // of another length. The receive's round fails with it (its buffer is
