@@ -74,6 +74,9 @@ type Comm struct {
 	collSeq  atomic.Uint64 // collective calls made on this one (collective.go)
 	coll     collState
 	copies   sync.Pool // of *Comm: nonblocking collectives run on them (nbcoll.go)
+	// partInits counts the partitioned inits made on this one
+	// (partitioned.go).
+	partInits partitionedInits
 	// hosts and ordered are where the ranks live, for the collectives
 	// that go by hosts and for the reductions among them (hostcoll.go);
 	// nil when they would not. hviews and oviews are their views, made

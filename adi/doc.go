@@ -76,6 +76,15 @@
 // ([Comm.BarrierInit], ..., [AllreduceInit]) states a collective once and
 // starts it as often as the program likes ([Request.Start]).
 //
+// Partitioned communication (MPI 4.0) sends one buffer that goroutines
+// fill part by part: [Comm.PsendInit] and [Comm.PrecvInit] make
+// persistent requests matched by the order of their inits; after
+// [Request.Start] each partition is handed over with [Request.Pready]
+// ([Request.PreadyRange], [Request.PreadyList]) and sent at once, and the
+// receiver reads each of its own partitions as soon as [Request.Parrived]
+// reports it; the two sides may cut the buffer into different numbers of
+// partitions.
+//
 // On a communicator whose ranks span several hosts (as the launcher
 // names them, [World.Host]), Barrier, Bcast, Reduce and Allreduce work
 // host by host: within each host over shared memory, then among one

@@ -5,10 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"runtime"
 	"sync"
 	"sync/atomic"
-	"weak"
 
 	"github.com/hpc-multidevice/multidevice/multidevice"
 )
@@ -189,18 +187,15 @@ func partitionContext(parent uint64, sender, receiver, tag int, k uint64) uint64
 	return x
 }
 
-// partitionedInits counts the partitioned inits made on each
-// communicator (by its context id) per side, peer and tag, for each
-// world: the count is what matches a send init with its receive init.
-// World and Comm are not this file's, so the counts live here, by a weak
-// pointer to the world, and go when the world is collected.
-var partitionedInits struct {
-	sync.Mutex
-	m map[weak.Pointer[World]]map[initKey]uint64
+// partitionedInits counts the partitioned inits made on a communicator
+// per side, peer and tag: the count is what matches a send init with its
+// receive init.
+type partitionedInits struct {
+	mu sync.Mutex
+	m  map[initKey]uint64
 }
 
 type initKey struct {
-	context   uint64
 	send      bool
 	peer, tag int
 }
@@ -208,25 +203,15 @@ type initKey struct {
 // nextPartitionedInit counts one more partitioned init on c and returns
 // its number, from 1.
 func nextPartitionedInit(c *Comm, send bool, peer, tag int) uint64 {
-	wp := weak.Make(c.w)
-	partitionedInits.Lock()
-	defer partitionedInits.Unlock()
-	if partitionedInits.m == nil {
-		partitionedInits.m = make(map[weak.Pointer[World]]map[initKey]uint64)
+	p := &c.partInits
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = make(map[initKey]uint64)
 	}
-	m := partitionedInits.m[wp]
-	if m == nil {
-		m = make(map[initKey]uint64)
-		partitionedInits.m[wp] = m
-		runtime.AddCleanup(c.w, func(wp weak.Pointer[World]) {
-			partitionedInits.Lock()
-			delete(partitionedInits.m, wp)
-			partitionedInits.Unlock()
-		}, wp)
-	}
-	k := initKey{c.context, send, peer, tag}
-	m[k]++
-	return m[k]
+	k := initKey{send, peer, tag}
+	p.m[k]++
+	return p.m[k]
 }
 
 // The setup message tells the receiver how the sender cuts the message:

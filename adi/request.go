@@ -416,7 +416,7 @@ func (q *Request) Start() error {
 	}
 	p, c := q.persist, q.c
 	if p == nil {
-		return errors.New("adi: start: not a persistent request (SendInit, SsendInit, RecvInit, or a collective's Init)")
+		return errors.New("adi: start: not a persistent request (SendInit, SsendInit, RecvInit, PsendInit, PrecvInit, or a collective's Init)")
 	}
 	if p.coll != nil {
 		return q.startCollective()
