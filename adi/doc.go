@@ -33,7 +33,9 @@
 // another through their leaders, sends and receives on it name ranks of
 // the other group, its collectives carry data from one group to the
 // other ([Intercomm.Bcast] from a root with [Root], [InterAllreduce],
-// ..., and nonblocking: [Intercomm.Ibcast], [IinterAllreduce], ...),
+// the v forms ([Intercomm.Gatherv], ..., [Intercomm.Alltoallv]),
+// [InterReduceScatter], ..., and nonblocking: [Intercomm.Ibcast],
+// [IinterAllreduce], [Intercomm.Ialltoallv], ...),
 // [Intercomm.Split] and [Intercomm.Create] make smaller intercommunicators
 // of both, and [Intercomm.Merge] makes one communicator of both.
 //
