@@ -32,8 +32,20 @@ import (
 // duplicate of c, made now, so that its messages match only those of the
 // same persistent collective on the other ranks.
 func (c *Comm) collInit(start func(own *Comm) (*Request, error)) *Request {
-	own, _ := c.Dup(context.Background()) // local: it draws a context id, sends nothing
-	return &Request{c: c, local: inactive, persist: &persistent{coll: func() (*Request, error) { return start(own) }}}
+	own := c.dupLocal()
+	return c.persistentColl(func() (*Request, error) { return start(own) })
+}
+
+// persistentColl makes an inactive persistent request on c whose Start
+// calls start.
+func (c *Comm) persistentColl(start func() (*Request, error)) *Request {
+	return &Request{c: c, local: inactive, persist: &persistent{coll: start}}
+}
+
+// dupLocal is Dup, which sends nothing and so needs no ctx.
+func (c *Comm) dupLocal() *Comm {
+	own, _ := c.Dup(context.Background())
+	return own
 }
 
 // rootInit checks a persistent rooted collective's root.

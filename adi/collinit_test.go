@@ -1,6 +1,7 @@
 package adi_test
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"slices"
@@ -218,4 +219,113 @@ func TestPersistentFailedStart(t *testing.T) {
 	if _, err := q.Wait(ctx); err != nil {
 		t.Errorf("Wait after a failed Start: %v, want an inactive request's nil", err)
 	}
+}
+
+// TestPersistentNeighborCollectives: persistent neighbour collectives on
+// a ring and on a graph give each round's data, with the ranks starting
+// the ring's two in different orders.
+func TestPersistentNeighborCollectives(t *testing.T) {
+	const n = 3
+	cs := loopJob(t, n)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		me := c.Rank()
+		ring, err := c.CartCreate(ctx, []int{n}, []bool{true})
+		if err != nil {
+			return err
+		}
+		// The graph: every rank sends to the next one only.
+		next, prev := (me+1)%n, (me+n-1)%n
+		g, err := c.DistGraphCreateAdjacent(ctx, []int{prev}, []int{next})
+		if err != nil {
+			return err
+		}
+		mine, halos := make([]byte, 1), make([]byte, 2)
+		out, in := make([]byte, 2), make([]byte, 2) // to and from -1, then +1
+		gout, gin := make([]byte, 1), make([]byte, 1)
+		qa, err := ring.NeighborAllgatherInit(mine, halos)
+		if err != nil {
+			return err
+		}
+		qb, err := ring.NeighborAlltoallInit(out, in)
+		if err != nil {
+			return err
+		}
+		qg, err := g.NeighborAlltoallInit(gout, gin)
+		if err != nil {
+			return err
+		}
+		for it := range 4 {
+			mine[0], gout[0] = byte(10*it+me), byte(100+10*it+me)
+			out[0], out[1] = byte(50+10*it+me), byte(70+10*it+me)
+			order := []*adi.Request{qa, qb, qg}
+			if (me+it)%2 == 1 {
+				order = []*adi.Request{qg, qb, qa}
+			}
+			if err := adi.StartAll(order...); err != nil {
+				return err
+			}
+			if _, err := adi.WaitAll(ctx, qa, qb, qg); err != nil {
+				return err
+			}
+			if want := []byte{byte(10*it + prev), byte(10*it + next)}; !bytes.Equal(halos, want) {
+				return fmt.Errorf("round %d: ring allgather %v, want %v", it, halos, want)
+			}
+			// -1 sent me its +1 block, +1 its -1 block.
+			if want := []byte{byte(70 + 10*it + prev), byte(50 + 10*it + next)}; !bytes.Equal(in, want) {
+				return fmt.Errorf("round %d: ring alltoall %v, want %v", it, in, want)
+			}
+			if want := byte(100 + 10*it + prev); gin[0] != want {
+				return fmt.Errorf("round %d: graph got %d, want %d", it, gin[0], want)
+			}
+		}
+		return nil
+	})
+}
+
+// TestPersistentIntercommCollectives: persistent collectives on an
+// intercommunicator carry each round's data from the other group, with
+// the groups starting them in different orders.
+func TestPersistentIntercommCollectives(t *testing.T) {
+	xs := intercomms(t, splits[3])
+	ctx := ctxT(t)
+	if _, err := xs[0].ic.BcastInit(nil, xs[0].ic.RemoteSize()); !errors.Is(err, adi.ErrRank) {
+		t.Errorf("BcastInit with root %d of %d remote ranks: %v, want ErrRank", xs[0].ic.RemoteSize(), xs[0].ic.RemoteSize(), err)
+	}
+	eachIC(t, xs, func(x *icRank) error {
+		send, sum := make([]int64, 1), make([]int64, 1)
+		mine, theirs := make([]byte, 1), make([]byte, x.ic.RemoteSize())
+		qs, err := adi.InterAllreduceInit(x.ic, send, sum, adi.Sum)
+		if err != nil {
+			return err
+		}
+		qg, err := x.ic.AllgatherInit(mine, theirs)
+		if err != nil {
+			return err
+		}
+		for it := range 4 {
+			send[0], mine[0] = int64(100*it+x.me), byte(10*it+x.me)
+			order := []*adi.Request{qs, qg}
+			if (x.color+it)%2 == 1 {
+				order = []*adi.Request{qg, qs}
+			}
+			if err := adi.StartAll(order...); err != nil {
+				return err
+			}
+			if _, err := adi.WaitAll(ctx, qs, qg); err != nil {
+				return err
+			}
+			var want int64
+			for i, r := range x.remote {
+				want += int64(100*it + r)
+				if theirs[i] != byte(10*it+r) {
+					return fmt.Errorf("round %d: allgather %v from %v", it, theirs, x.remote)
+				}
+			}
+			if sum[0] != want {
+				return fmt.Errorf("round %d: allreduce %d, want %d", it, sum[0], want)
+			}
+		}
+		return nil
+	})
 }

@@ -76,7 +76,10 @@
 // [Request]; any number of those may be in flight at once, each in its
 // place in the order in which it was started. A persistent form
 // ([Comm.BarrierInit], ..., [AllreduceInit]) states a collective once and
-// starts it as often as the program likes ([Request.Start]).
+// starts it as often as the program likes ([Request.Start]); so do
+// [Cart.NeighborAllgatherInit], [DistGraph.NeighborAlltoallInit], ...,
+// and on an intercommunicator [Intercomm.BcastInit],
+// [InterAllreduceInit], ....
 //
 // Partitioned communication (MPI 4.0) sends one buffer that goroutines
 // fill part by part: [Comm.PsendInit] and [Comm.PrecvInit] make
