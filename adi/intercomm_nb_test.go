@@ -68,8 +68,20 @@ func TestIntercommNonblocking(t *testing.T) {
 					); err != nil {
 						return err
 					}
+					// A blocking collective after the last nonblocking one:
+					// one that ran on ic itself rather than its own copy
+					// would take this one's place.
+					after := make([]byte, 8*len(x.remote))
+					if err := x.ic.Allgather(ctx, pattern(x.me, 3, 8), after); err != nil {
+						return err
+					}
 					if _, err := adi.WaitAll(ctx, reqs...); err != nil {
 						return err
+					}
+					for j, r := range x.remote {
+						if !bytes.Equal(after[8*j:8*(j+1)], pattern(r, 3, 8)) {
+							return fmt.Errorf("allgather after the nonblocking ones: remote rank %d's block differs", j)
+						}
 					}
 					for j, r := range x.remote {
 						if !bytes.Equal(all[j*n:(j+1)*n], pattern(r, 0, n)) || !bytes.Equal(blocking[j*n:(j+1)*n], pattern(r, 1, n)) {
