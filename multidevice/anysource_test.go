@@ -1,6 +1,7 @@
 package multidevice
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"strings"
@@ -225,5 +226,34 @@ func TestImprobeMatchingSubDevice(t *testing.T) {
 	buf := make([]byte, 2)
 	if _, err := wait(t, must(t)(devs[0].Irecv(buf, 1, 2, 0))); err != nil || string(buf) != "tm" {
 		t.Fatalf("receive of the message tm holds: %q %v", buf, err)
+	}
+}
+
+// TestReuseRecvOverMatching: a receive the caller owns, from one source
+// over a matching subdevice, may be reused once it completed, as over any
+// other: rounds after the first were refused as still in use.
+func TestReuseRecvOverMatching(t *testing.T) {
+	devs := anyJob(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var r Request
+	buf := make([]byte, 8)
+	for round := range 3 {
+		if err := devs[0].IrecvRequest(&r, buf, 1, 5, 2); err != nil {
+			t.Fatalf("round %d: IrecvRequest: %v", round, err)
+		}
+		s, err := devs[1].Isend([]byte{byte(round), 2, 3, 4, 5, 6, 7, 8}, 0, 5, 2, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if buf[0] != byte(round) {
+			t.Fatalf("round %d: got %v", round, buf)
+		}
+		if _, err := s.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }

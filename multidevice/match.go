@@ -99,15 +99,18 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 
 // postToSub posts r (or its duplicate) into a matching subdevice.
 func (d *Device) postToSub(r *Request, s *subdev) error {
+	// Read before Done completes r: a receive without a claim may be
+	// reused as soon as it completes.
+	claim := r.claim
 	p := &sdi.PostedRecv{
-		ID: r.id, Source: sdi.Rank(r.peer), Tag: r.tag, Context: r.context, Buf: r.buf, Claim: r.claim,
+		ID: r.id, Source: sdi.Rank(r.peer), Tag: r.tag, Context: r.context, Buf: r.buf, Claim: claim,
 		Done: func(env sdi.Envelope, n int, err error) {
 			st := Status{Source: int(env.Source), Tag: int(env.Tag), Count: n}
 			if err == nil && env.Len > n {
 				err = fmt.Errorf("%w: message of %d bytes, buffer of %d", ErrTruncated, env.Len, n)
 			}
 			r.complete(st, err)
-			if r.claim != nil {
+			if claim != nil {
 				d.dropCopies(r, s.idx)
 			}
 		},

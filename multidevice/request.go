@@ -260,9 +260,13 @@ func (r *Request) frameDone(err error) {
 // reusable reports whether nothing but its owner can still reach r: it
 // completed, no matching subdevice holds a copy of it, and no frame of it
 // is still queued or in flight (a send failed by a lost peer completes
-// before its frames are done).
+// before its frames are done). A receive a matching subdevice held alone
+// (atSub) completes only by that subdevice's Done or a CancelRecv that
+// removed it, so it holds nothing then; the copies of a duplicated
+// ANY_SOURCE receive (claim) may sit in other subdevices until their
+// cancels run, and its winner's Done still reaches r after completing it.
 func (r *Request) reusable() bool {
-	return r.isDone() && r.claim == nil && r.atSub < 0 && r.pending.Load() == 0
+	return r.isDone() && r.claim == nil && r.pending.Load() == 0
 }
 
 // reset readies a completed request for reuse by the device's pool. The
