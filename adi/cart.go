@@ -47,7 +47,11 @@ func (c *Comm) CartCreate(ctx context.Context, dims []int, periodic []bool, opts
 	case c.Rank() >= n:
 		color = Undefined
 	case bad == nil && cfg.reorder:
-		key = slices.Index(placementOf(c, n).mapGrid(dims, periodic), c.Rank())
+		procOf, err := placementOf(c, n).mapGrid(ctx, dims, periodic)
+		if err != nil {
+			return nil, fmt.Errorf("adi: cart create: reorder: %w", err)
+		}
+		key = slices.Index(procOf, c.Rank())
 	}
 	sub, err := c.splitAgreed(ctx, "cart create", color, key, sumInts(dims, bits01(periodic), bits01([]bool{cfg.reorder, cfg.weighted})), bad)
 	if err != nil || sub == nil {

@@ -1,6 +1,7 @@
 package adi
 
 import (
+	"context"
 	"slices"
 )
 
@@ -156,37 +157,36 @@ func gridEdges(dims []int, periodic []bool) []topoEdge {
 
 // mapGrid chooses which process takes each position of a grid of dims
 // (row-major): procOf[v] is the process at position v, a permutation of
-// the processes that pl places, as many as the grid has positions.
-func (pl placement) mapGrid(dims []int, periodic []bool) []int {
+// the processes that pl places, as many as the grid has positions. It
+// checks ctx between bisections and returns its error once it is done.
+func (pl placement) mapGrid(ctx context.Context, dims []int, periodic []bool) ([]int, error) {
 	n := len(pl.host)
 	edges := gridEdges(dims, periodic)
 	id := identity(n)
 	if len(pl.site) < 2 || len(edges) == 0 {
-		return id
+		return id, nil
 	}
 	tree := pl.bins()
 	boxes := make([]int, n)
-	spread(identity(n), tree, gridBisector(dims), boxes)
-	return pl.cheapest(edges, id, boxes, pl.partition(edges, tree))
-}
-
-// mapGraph chooses which process takes each vertex of a graph of
-// len(pl.host) vertices: procOf[v] is the process of vertex v.
-func (pl placement) mapGraph(edges []topoEdge) []int {
-	id := identity(len(pl.host))
-	if len(pl.site) < 2 || len(edges) == 0 {
-		return id
+	if err := spread(ctx, identity(n), tree, gridBisector(dims), boxes); err != nil {
+		return nil, err
 	}
-	return pl.cheapest(edges, id, pl.partition(edges, pl.bins()))
+	part, err := pl.partition(ctx, edges, tree)
+	if err != nil {
+		return nil, err
+	}
+	return pl.cheapest(edges, id, boxes, part), nil
 }
 
 // partition places the vertices of the graph of edges by bisecting the
 // graph into tree's bins.
-func (pl placement) partition(edges []topoEdge, tree *bin) []int {
+func (pl placement) partition(ctx context.Context, edges []topoEdge, tree *bin) ([]int, error) {
 	n := len(pl.host)
 	procOf := make([]int, n)
-	spread(identity(n), tree, newGraph(n, edges).bisect, procOf)
-	return procOf
+	if err := spread(ctx, identity(n), tree, newGraph(n, edges).bisect, procOf); err != nil {
+		return nil, err
+	}
+	return procOf, nil
 }
 
 // blocks returns the processes in the order of their sites, of their
@@ -249,25 +249,29 @@ func (pl placement) bins() *bin {
 type bisector func(verts []int, n0 int) (part0, part1 []int)
 
 // spread places verts, as many as b has processes, on b's processes
-// (procOf[v] for each v), halving them with cut.
-func spread(verts []int, b *bin, cut bisector, procOf []int) {
+// (procOf[v] for each v), halving them with cut. It checks ctx before
+// each cut: a grid of many thousand positions takes many of them, and a
+// rank whose ctx ends should not go on with work nobody will use.
+func spread(ctx context.Context, verts []int, b *bin, cut bisector, procOf []int) error {
 	if b.kids == nil {
 		sorted := slices.Clone(verts)
 		slices.Sort(sorted)
 		for i, v := range sorted {
 			procOf[v] = b.procs[i]
 		}
-		return
+		return nil
 	}
-	spreadKids(verts, b.kids, cut, procOf)
+	return spreadKids(ctx, verts, b.kids, cut, procOf)
 }
 
 // spreadKids places verts on the bins kids, halving the bins as evenly
 // as their order allows and verts by cut, down to one bin.
-func spreadKids(verts []int, kids []*bin, cut bisector, procOf []int) {
+func spreadKids(ctx context.Context, verts []int, kids []*bin, cut bisector, procOf []int) error {
 	if len(kids) == 1 {
-		spread(verts, kids[0], cut, procOf)
-		return
+		return spread(ctx, verts, kids[0], cut, procOf)
+	}
+	if err := ctx.Err(); err != nil {
+		return err
 	}
 	total := 0
 	for _, k := range kids {
@@ -280,8 +284,10 @@ func spreadKids(verts []int, kids []*bin, cut bisector, procOf []int) {
 		}
 	}
 	part0, part1 := cut(verts, n0)
-	spreadKids(part0, kids[:m], cut, procOf)
-	spreadKids(part1, kids[m:], cut, procOf)
+	if err := spreadKids(ctx, part0, kids[:m], cut, procOf); err != nil {
+		return err
+	}
+	return spreadKids(ctx, part1, kids[m:], cut, procOf)
 }
 
 func abs(x int) int {
@@ -297,12 +303,20 @@ func abs(x int) int {
 // order. Sizes that fill whole slabs give boxes; others a box and part
 // of a slab.
 func gridBisector(dims []int) bisector {
-	coord := func(v, d int) int {
-		for i := len(dims) - 1; i > d; i-- {
-			v /= dims[i]
-		}
-		return v % dims[d]
+	// coords[v*k+d] is position v's coordinate along dimension d, worked
+	// out once: the sorts below ask for it n log n times per level.
+	k, n := len(dims), 1
+	for _, d := range dims {
+		n *= d
 	}
+	coords := make([]int, n*k)
+	for v := range n {
+		x := v
+		for d := k - 1; d >= 0; d-- {
+			coords[v*k+d], x = x%dims[d], x/dims[d]
+		}
+	}
+	coord := func(v, d int) int { return coords[v*k+d] }
 	return func(verts []int, n0 int) ([]int, []int) {
 		dim, extent := 0, -1
 		for d := range dims {
@@ -334,19 +348,27 @@ type arc struct {
 // graph is a topology's edges as adjacency lists, with scratch space for
 // bisect: side marks each vertex 0 or 1 while a set of them is being
 // halved, -1 outside the set; gain holds what moving a vertex to the
-// other side would save, and locked the vertices a refining pass has
-// moved.
+// other side would save. The vertices that may move next are kept in a
+// heap per side, greatest gain on top, so that choosing one costs a
+// logarithm of the set rather than a scan of it: a scan per move made
+// bisecting quadratic, seconds for a grid of ten thousand positions.
+// pos[v] is v's index in its side's heap, -1 when it is in none (outside
+// the set, or locked: moved in this pass).
 type graph struct {
-	adj    [][]arc
-	side   []int8
-	gain   []int64
-	locked []bool
+	adj  [][]arc
+	side []int8
+	gain []int64
+	pos  []int
+	heap [2][]int
+	// compared counts the comparisons of gains made so far: the work of
+	// choosing what to move, which the tests bound.
+	compared int
 }
 
 // newGraph makes a graph of n vertices from edges, dropping loops, which
 // cost nothing wherever their vertex goes.
 func newGraph(n int, edges []topoEdge) *graph {
-	g := &graph{adj: make([][]arc, n), side: make([]int8, n), gain: make([]int64, n), locked: make([]bool, n)}
+	g := &graph{adj: make([][]arc, n), side: make([]int8, n), gain: make([]int64, n), pos: make([]int, n)}
 	for _, e := range edges {
 		if e.a != e.b {
 			g.adj[e.a] = append(g.adj[e.a], arc{e.b, e.w})
@@ -354,7 +376,7 @@ func newGraph(n int, edges []topoEdge) *graph {
 		}
 	}
 	for v := range g.side {
-		g.side[v] = -1
+		g.side[v], g.pos[v] = -1, -1
 	}
 	return g
 }
@@ -367,15 +389,24 @@ const allSeeds = 32
 // saves nothing ends them sooner.
 const refinePasses = 8
 
+// refineStall ends a refining pass after that many swaps in a row that
+// did not save more than the best point of the pass so far: a pass that
+// went on to the last pair would swap every vertex of a large set, most
+// of them far from the cut, to undo them all. Sets of up to twice as
+// many vertices are refined by whole passes.
+const refineStall = 64
+
 // bisect splits verts into n0 vertices and the rest so that little
 // weight joins the two parts. From each of a few seeds it grows the first
 // part, taking each time the vertex that adds the most weight inside it
 // against what it leaves outside, and refines the halves by passes of
 // Kernighan and Lin: swap the pair that saves the most, or costs the
-// least, lock it, go on until no pair is left, and keep the swaps up to
-// the point where they had saved the most. The best split of all seeds
-// wins, the first on ties. Edges to vertices outside verts cost the same
-// whichever part a vertex goes to, and are left out.
+// least, lock it, go on until no pair is left (or refineStall swaps have
+// saved nothing more), and keep the swaps up to the point where they had
+// saved the most. The best split of all seeds wins, the first on ties.
+// Edges to vertices outside verts cost the same whichever part a vertex
+// goes to, and are left out. Vertices of equal gain go lowest first, so
+// the result depends on nothing but the graph.
 func (g *graph) bisect(verts []int, n0 int) ([]int, []int) {
 	slices.Sort(verts)
 	if n0 == 0 || n0 == len(verts) {
@@ -428,12 +459,15 @@ func (g *graph) grow(verts []int, n0, seed int) {
 	for _, v := range verts {
 		g.gain[v] = g.external(v)
 	}
-	for v := seed; ; v = g.best(verts, 1) {
+	g.fill(verts)
+	g.remove(seed)
+	for v := seed; ; v = g.pop(1) {
 		g.move(v)
 		if n0--; n0 == 0 {
-			return
+			break
 		}
 	}
+	g.empty()
 }
 
 // refine improves a split of verts by passes of swaps (see bisect). In a
@@ -444,30 +478,25 @@ func (g *graph) refine(verts []int) {
 	var swapped []int
 	for range refinePasses {
 		for _, v := range verts {
-			g.gain[v], g.locked[v] = g.external(v), false
+			g.gain[v] = g.external(v)
 		}
+		g.fill(verts)
 		swapped = swapped[:0]
 		var saved, most int64
 		keep := 0
-		for {
-			a, b := g.best(verts, 0), g.best(verts, 1)
-			if a < 0 || b < 0 {
-				break
-			}
+		for len(g.heap[0]) > 0 && len(g.heap[1]) > 0 && len(swapped)-keep < 2*refineStall {
+			a, b := g.pop(0), g.pop(1)
 			saved += g.gain[a] + g.gain[b] - 2*g.between(a, b)
 			g.move(a)
 			g.move(b)
-			g.locked[a], g.locked[b] = true, true
 			swapped = append(swapped, a, b)
 			if saved > most {
 				most, keep = saved, len(swapped)
 			}
 		}
+		g.empty()
 		for i := len(swapped) - 1; i >= keep; i-- {
 			g.move(swapped[i])
-		}
-		for _, v := range verts {
-			g.locked[v] = false
 		}
 		if most == 0 {
 			return
@@ -490,42 +519,31 @@ func (g *graph) cut(verts []int) int64 {
 	return w
 }
 
-// farthest returns the vertex of the set that a breadth-first search from
-// v, within the set, reaches last: one end of the set's longest path, a
-// good seed for a part that should have few neighbours outside.
+// farthest returns the vertex of the set, all on side 1, that a
+// breadth-first search from v, within the set, reaches last: one end of
+// the set's longest path, a good seed for a part that should have few
+// neighbours outside. It marks the vertices it has seen with side 0 while
+// it searches, so that it costs the set and not the whole graph.
 func (g *graph) farthest(v int) int {
-	seen := make([]bool, len(g.adj))
-	seen[v] = true
+	g.side[v] = 0
 	queue := []int{v}
-	last := v
-	for len(queue) > 0 {
-		last, queue = queue[0], queue[1:]
-		for _, a := range g.adj[last] {
-			if g.side[a.to] >= 0 && !seen[a.to] {
-				seen[a.to] = true
+	for i := 0; i < len(queue); i++ {
+		for _, a := range g.adj[queue[i]] {
+			if g.side[a.to] == 1 {
+				g.side[a.to] = 0
 				queue = append(queue, a.to)
 			}
 		}
 	}
-	return last
-}
-
-// best returns the unlocked vertex of verts on side s with the greatest
-// gain, the lowest of those that tie (verts is in ascending order), or
-// -1 if there is none.
-func (g *graph) best(verts []int, s int8) int {
-	best := -1
-	for _, v := range verts {
-		if g.side[v] == s && !g.locked[v] && (best < 0 || g.gain[v] > g.gain[best]) {
-			best = v
-		}
+	for _, u := range queue {
+		g.side[u] = 1
 	}
-	return best
+	return queue[len(queue)-1]
 }
 
 // move moves v to the other side and keeps the gains of v and of its
-// neighbours in the set true to what they stand for: while growing, only
-// part 1's gains mean anything, and for them the update is the same.
+// neighbours in the set true to what they stand for, and the heaps in
+// order of them. v is in no heap.
 func (g *graph) move(v int) {
 	from := g.side[v]
 	g.side[v] = 1 - from
@@ -535,6 +553,11 @@ func (g *graph) move(v int) {
 			g.gain[a.to] += 2 * a.w
 		case 1 - from:
 			g.gain[a.to] -= 2 * a.w
+		default:
+			continue
+		}
+		if g.pos[a.to] >= 0 {
+			g.fix(a.to)
 		}
 	}
 	g.gain[v] = -g.gain[v]
@@ -565,4 +588,99 @@ func (g *graph) between(a, b int) int64 {
 		}
 	}
 	return w
+}
+
+// The heaps: heap[s] holds vertices of side s, each u above its children
+// in the order of above, so heap[s][0] is what a scan for the greatest
+// gain, the lowest vertex among equals, would find.
+
+// above orders the heaps: the greater gain first, then the lower vertex.
+func (g *graph) above(u, v int) bool {
+	g.compared++
+	return g.gain[u] > g.gain[v] || g.gain[u] == g.gain[v] && u < v
+}
+
+// fill puts every vertex of verts in the heap of its side.
+func (g *graph) fill(verts []int) {
+	for _, v := range verts {
+		s := g.side[v]
+		g.pos[v] = len(g.heap[s])
+		g.heap[s] = append(g.heap[s], v)
+	}
+	for s := range g.heap {
+		for i := len(g.heap[s])/2 - 1; i >= 0; i-- {
+			g.down(int8(s), i)
+		}
+	}
+}
+
+// empty takes every vertex out of the heaps.
+func (g *graph) empty() {
+	for s := range g.heap {
+		for _, v := range g.heap[s] {
+			g.pos[v] = -1
+		}
+		g.heap[s] = g.heap[s][:0]
+	}
+}
+
+// pop takes the top of side s's heap out and returns it; the heap is not
+// empty.
+func (g *graph) pop(s int8) int {
+	v := g.heap[s][0]
+	g.remove(v)
+	return v
+}
+
+// remove takes v out of its heap.
+func (g *graph) remove(v int) {
+	s, i := g.side[v], g.pos[v]
+	h := g.heap[s]
+	last := len(h) - 1
+	g.swap(s, i, last)
+	g.heap[s] = h[:last]
+	g.pos[v] = -1
+	if i < last {
+		g.fix(h[i])
+	}
+}
+
+// fix restores the heap order around v, whose gain has changed.
+func (g *graph) fix(v int) {
+	s, i := g.side[v], g.pos[v]
+	for i > 0 {
+		parent := (i - 1) / 2
+		if !g.above(v, g.heap[s][parent]) {
+			break
+		}
+		g.swap(s, i, parent)
+		i = parent
+	}
+	g.down(s, i)
+}
+
+// down moves the vertex at index i of side s's heap down to its place.
+func (g *graph) down(s int8, i int) {
+	h := g.heap[s]
+	for {
+		top, l := i, 2*i+1
+		if l < len(h) && g.above(h[l], h[top]) {
+			top = l
+		}
+		if r := l + 1; r < len(h) && g.above(h[r], h[top]) {
+			top = r
+		}
+		if top == i {
+			return
+		}
+		g.swap(s, i, top)
+		i = top
+	}
+}
+
+// swap exchanges the vertices at indices i and j of side s's heap.
+func (g *graph) swap(s int8, i, j int) {
+	h := g.heap[s]
+	h[i], h[j] = h[j], h[i]
+	g.pos[h[i]], g.pos[h[j]] = i, j
 }

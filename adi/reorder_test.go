@@ -1,6 +1,8 @@
 package adi
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"math/bits"
 	"math/rand/v2"
@@ -29,6 +31,32 @@ func isPermutation(p []int) bool {
 		seen[x] = true
 	}
 	return true
+}
+
+// grid is mapGrid with a ctx that does not end.
+func (pl placement) grid(t testing.TB, dims []int, periodic []bool) []int {
+	t.Helper()
+	procOf, err := pl.mapGrid(context.Background(), dims, periodic)
+	if err != nil {
+		t.Fatalf("map grid %v %v: %v", dims, periodic, err)
+	}
+	return procOf
+}
+
+// partitioned is what the partition candidate of mapGrid makes of any
+// graph, weighted: the partition, or the identity where that costs no
+// more, as mapGrid chooses.
+func (pl placement) partitioned(t testing.TB, edges []topoEdge) []int {
+	t.Helper()
+	id := identity(len(pl.host))
+	if len(pl.site) < 2 || len(edges) == 0 {
+		return id
+	}
+	part, err := pl.partition(context.Background(), edges, pl.bins())
+	if err != nil {
+		t.Fatalf("partition: %v", err)
+	}
+	return pl.cheapest(edges, id, part)
 }
 
 // TestMapGrid: on synthetic placements, the reordered grid crosses hosts
@@ -85,7 +113,7 @@ func TestMapGrid(t *testing.T) {
 			if h, s := pl.crossing(edges, id); h != tc.idHosts || s != tc.idSites {
 				t.Errorf("identity crosses hosts by %d and sites by %d, want %d and %d", h, s, tc.idHosts, tc.idSites)
 			}
-			got := pl.mapGrid(tc.dims, tc.periodic)
+			got := pl.grid(t, tc.dims, tc.periodic)
 			if !isPermutation(got) {
 				t.Fatalf("%v is no permutation", got)
 			}
@@ -96,7 +124,7 @@ func TestMapGrid(t *testing.T) {
 			if kept := slices.Equal(got, id); kept != tc.keepsIdentity {
 				t.Errorf("reordered %v: identity kept %v, want %v", got, kept, tc.keepsIdentity)
 			}
-			if again := pl.mapGrid(tc.dims, tc.periodic); !slices.Equal(again, got) {
+			if again := pl.grid(t, tc.dims, tc.periodic); !slices.Equal(again, got) {
 				t.Errorf("second run %v, first %v", again, got)
 			}
 		})
@@ -138,7 +166,7 @@ func TestMapGraph(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pl := testPlacement(tc.hosts, tc.sites)
-			got := pl.mapGraph(tc.edges)
+			got := pl.partitioned(t, tc.edges)
 			if !isPermutation(got) {
 				t.Fatalf("%v is no permutation", got)
 			}
@@ -178,7 +206,7 @@ func TestMapGraphOptimal(t *testing.T) {
 				least = cut
 			}
 		}
-		got := pl.mapGraph(edges)
+		got := pl.partitioned(t, edges)
 		if h, _ := pl.crossing(edges, got); h != least {
 			t.Errorf("graph %d, %v: %v crosses by %d, the best split by %d", i, edges, got, h, least)
 		}
@@ -215,7 +243,7 @@ func TestMapGraphPlanted(t *testing.T) {
 				between++
 			}
 		}
-		if h, _ := pl.crossing(edges, pl.mapGraph(edges)); h > between {
+		if h, _ := pl.crossing(edges, pl.partitioned(t, edges)); h > between {
 			t.Errorf("seed %d: %d crosses, the planted halves %d", seed, h, between)
 		}
 	}
@@ -252,7 +280,7 @@ func TestMapLarge(t *testing.T) {
 	pl := newPlacement(hosts, sites)
 	dims, periodic := []int{32, 32}, []bool{true, true}
 	edges := gridEdges(dims, periodic)
-	got := pl.mapGrid(dims, periodic)
+	got := pl.grid(t, dims, periodic)
 	if !isPermutation(got) {
 		t.Fatal("no permutation")
 	}
@@ -265,17 +293,112 @@ func TestMapLarge(t *testing.T) {
 	}
 }
 
-// BenchmarkMapGrid times reordering a 32x32 torus on 64 hosts of 16 in
-// two sites, placed round-robin: every rank of a Cart of 1024 does this.
-func BenchmarkMapGrid(b *testing.B) {
-	hosts, sites := make([]string, 1024), make([]string, 1024)
-	for p := range hosts {
-		hosts[p] = fmt.Sprint(p % 64)
-		sites[p] = fmt.Sprint(p % 64 / 32)
+// roundRobin places n processes on hosts round-robin, as a launcher's
+// cyclic mapping does, the hosts in sites of consecutive host numbers.
+func roundRobin(n, hosts, sites int) placement {
+	h, s := make([]string, n), make([]string, n)
+	for p := range n {
+		h[p] = fmt.Sprint(p % hosts)
+		s[p] = fmt.Sprint(p % hosts * sites / hosts)
 	}
-	pl := newPlacement(hosts, sites)
-	for b.Loop() {
-		pl.mapGrid([]int{32, 32}, []bool{true, true})
+	return newPlacement(h, s)
+}
+
+// BenchmarkMapGrid times reordering periodic grids on hosts placed
+// round-robin, which every rank of a Cart made with Reorder does before
+// its first message: the whole choice, and the box candidate alone
+// (boxes), to set the partition's share against. Run with
+// go test -run '^$' -bench MapGrid ./adi.
+func BenchmarkMapGrid(b *testing.B) {
+	for _, bc := range []struct {
+		dims         []int
+		hosts, sites int
+	}{
+		{[]int{32, 32}, 64, 2},
+		{[]int{64, 64}, 128, 1},
+		{[]int{16, 16, 16}, 128, 1},
+		{[]int{100, 100}, 100, 1},
+		{[]int{128, 128}, 512, 1},
+		{[]int{200, 200}, 1250, 1},
+	} {
+		n := 1
+		for _, d := range bc.dims {
+			n *= d
+		}
+		pl := roundRobin(n, bc.hosts, bc.sites)
+		periodic := make([]bool, len(bc.dims))
+		for i := range periodic {
+			periodic[i] = true
+		}
+		name := fmt.Sprintf("%v/%dhosts/%dsites", bc.dims, bc.hosts, bc.sites)
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := pl.mapGrid(context.Background(), bc.dims, periodic); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		b.Run(name+"/boxes", func(b *testing.B) {
+			for b.Loop() {
+				if err := spread(context.Background(), identity(n), pl.bins(), gridBisector(bc.dims), make([]int, n)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestBisectWork: bisecting a torus takes work near-linear in its size,
+// counted as comparisons of gains (not timed): 4 times the vertices take
+// about 5 times the comparisons (n log n), where a scan for each vertex
+// to move took 16 times as many (n squared), seconds for a grid of ten
+// thousand positions on every rank.
+func TestBisectWork(t *testing.T) {
+	work := func(side int) int {
+		n := side * side
+		g := newGraph(n, gridEdges([]int{side, side}, []bool{true, true}))
+		g.bisect(identity(n), n/2)
+		return g.compared
+	}
+	for _, side := range []int{32, 64} {
+		small, large := work(side), work(2*side)
+		t.Logf("%dx%d: %d comparisons; %dx%d: %d", side, side, small, 2*side, 2*side, large)
+		if large > 8*small {
+			t.Errorf("%d comparisons to bisect a %dx%d torus, %d for %dx%d: more than 8 times as many for 4 times the vertices", large, 2*side, 2*side, small, side, side)
+		}
+	}
+}
+
+// endingCtx is a context whose Err turns to context.Canceled after it
+// has said nil ok times: a ctx that ends while the work is under way,
+// without a clock.
+type endingCtx struct {
+	context.Context
+	ok int
+}
+
+func (c *endingCtx) Err() error {
+	if c.ok == 0 {
+		return context.Canceled
+	}
+	c.ok--
+	return nil
+}
+
+// TestMapGridCtx: reordering a grid gives up with ctx's error once ctx
+// ends, between bisections, not only before it starts, and goes through
+// with a ctx that does not end.
+func TestMapGridCtx(t *testing.T) {
+	pl := roundRobin(1024, 64, 2)
+	dims, periodic := []int{32, 32}, []bool{true, true}
+	for _, ok := range []int{0, 1, 10, 100} {
+		_, err := pl.mapGrid(&endingCtx{Context: context.Background(), ok: ok}, dims, periodic)
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("ctx ending after %d checks: %v, want context.Canceled", ok, err)
+		}
+	}
+	if _, err := pl.mapGrid(&endingCtx{Context: context.Background(), ok: 1 << 30}, dims, periodic); err != nil {
+		t.Errorf("ctx that does not end: %v", err)
 	}
 }
 
@@ -314,7 +437,7 @@ func FuzzReorder(f *testing.F) {
 				t.Fatalf("%s: %v, then %v", what, got, again)
 			}
 		}
-		check("graph", edges, func() []int { return pl.mapGraph(edges) })
+		check("graph", edges, func() []int { return pl.partitioned(t, edges) })
 		// A grid of d0 x d1 ranks, the rest of n in a third dimension
 		// where they divide it.
 		dims := []int{max(1, int(d0)%9), max(1, int(d1)%9)}
@@ -324,7 +447,7 @@ func FuzzReorder(f *testing.F) {
 			dims = append(dims, rest)
 		}
 		periodic := []bool{d0&128 != 0, d1&128 != 0, d0&64 != 0}[:len(dims)]
-		check(fmt.Sprintf("grid %v %v", dims, periodic), gridEdges(dims, periodic), func() []int { return pl.mapGrid(dims, periodic) })
+		check(fmt.Sprintf("grid %v %v", dims, periodic), gridEdges(dims, periodic), func() []int { return pl.grid(t, dims, periodic) })
 		if b := pl.blocks(); !isPermutation(b) {
 			t.Fatalf("blocks %v is no permutation", b)
 		}
