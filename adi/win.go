@@ -107,6 +107,16 @@ type Win struct {
 	// for the wait that follows to return.
 	expect   map[*Request]rmaAccess
 	reported []error
+	// Answers to flush and unlock requests, and Fence's reports, that a
+	// call whose ctx ended left unread; read by the next that can.
+	leftovers []leftover
+	// Fences called on the window: the tag of a dynamic window's report
+	// exchange, so that a report a failed Fence left unread matches no
+	// other Fence's.
+	fences uint64
+	// exchanging, set by tests only, runs in a dynamic window's Fence
+	// once its receives of the reports are posted, before it sends its own.
+	exchanging func()
 
 	// The target's side. Operations that come to this window are taken
 	// off the matching queue and applied under amu, by the server or by a
@@ -377,8 +387,9 @@ func (w *Win) wait(ctx context.Context, pending []*Request) error {
 // waitMissed is wait with the operations that missed their target's
 // memory (ErrNoRegion) apart from the errors of waiting: the fetching
 // operations among pending whose answer was empty, and what the targets
-// reported to the flushes since the last wait. Each miss is returned
-// once, by whichever wait takes it.
+// reported to the flushes since the last wait, and to calls whose ctx
+// ended. Each miss is returned once, by whichever wait takes it. Its
+// error is of waiting, or of an answer left over that failed.
 func (w *Win) waitMissed(ctx context.Context, pending []*Request) (missed, err error) {
 	sts, err := WaitAll(ctx, pending...)
 	if err != nil {
@@ -392,6 +403,8 @@ func (w *Win) waitMissed(ctx context.Context, pending []*Request) (missed, err e
 	w.pending = slices.DeleteFunc(w.pending, func(q *Request) bool { return waited[q] })
 	errs := w.reported
 	w.reported = nil
+	leftovers := w.leftovers
+	w.leftovers = nil
 	if len(w.expect) > 0 {
 		for i, q := range pending {
 			a, ok := w.expect[q]
@@ -405,7 +418,9 @@ func (w *Win) waitMissed(ctx context.Context, pending []*Request) (missed, err e
 		}
 	}
 	w.mu.Unlock()
-	return errors.Join(errs...), nil
+	// The answers that calls whose ctx ended left, those come by now.
+	left, err := w.settle(ctx, leftovers, false)
+	return errors.Join(append(errs, left)...), err
 }
 
 // Put writes origin into target's window at offset (bytes). It completes
@@ -467,6 +482,8 @@ func (w *Win) Fence(ctx context.Context) error {
 	}
 	pending, sent, writes := slices.Clone(w.pending), slices.Clone(w.sent), slices.Clone(w.writes)
 	clear(w.sent)
+	w.fences++
+	epoch := w.fences
 	w.mu.Unlock()
 	// The counts go first, and this rank's own operations are waited for
 	// only once it has applied what targets it: a Get's reply needs its
@@ -516,13 +533,23 @@ func (w *Win) Fence(ctx context.Context) error {
 				// memory, exchanged in place of the barrier, which
 				// this is as well: nobody returns before every rank
 				// has sent its part.
-				reported, err := w.exchangeMisses(ctx)
+				reported, err := w.exchangeMisses(ctx, epoch)
 				if err != nil {
-					return fmt.Errorf("adi: fence: %w", err)
+					return fmt.Errorf("adi: fence: %w", errors.Join(missed, reported, err))
 				}
 				missed = errors.Join(missed, reported)
 			} else if err := w.c.Barrier(ctx); err != nil {
-				return fmt.Errorf("adi: fence: %w", err)
+				return fmt.Errorf("adi: fence: %w", errors.Join(missed, err))
+			}
+			// Every target has applied every request this rank sent:
+			// the answers that calls whose ctx ended left have come,
+			// or are on their way. Earlier Fences' reports are taken
+			// if they came.
+			answered, err := w.settle(ctx, w.takeLeftovers(w.ranks()), true)
+			reported, terr := w.settle(ctx, w.takeLeftovers(nil), false)
+			missed = errors.Join(missed, answered, reported)
+			if err := errors.Join(err, terr); err != nil {
+				return fmt.Errorf("adi: fence: %w", errors.Join(missed, err))
 			}
 			w.ack(writes, w.ranks()) // every rank applied what it was sent
 			if err := errors.Join(missed, serr); err != nil {
@@ -880,14 +907,12 @@ func (w *Win) release(ctx context.Context, what string, targets []int, grants []
 	if err != nil {
 		return false, fmt.Errorf("adi: %s: flush local: %w", what, err)
 	}
-	w.mu.Lock()
-	writes := slices.Clone(w.writes)
-	w.mu.Unlock()
+	// The acknowledgements, once they come, also record that the
+	// targets applied this rank's puts and accumulates (settle).
 	answers, reported, err := w.roundTripsMissed(ctx, rmaHeader{kind: rmaUnlock}, targets)
 	if err != nil {
-		return len(answers) > 0, fmt.Errorf("adi: %s: %w", what, errors.Join(missed, err))
+		return len(answers) > 0, fmt.Errorf("adi: %s: %w", what, errors.Join(missed, reported, err))
 	}
-	w.ack(writes, targets) // the acknowledgements came after all of it was applied
 	if err := errors.Join(missed, reported); err != nil {
 		return true, fmt.Errorf("adi: %s: %w", what, err)
 	}
@@ -929,52 +954,159 @@ func (w *Win) roundTrips(ctx context.Context, h rmaHeader, targets []int) ([]*Re
 }
 
 // roundTripsMissed is roundTrips that returns what the answers report
-// missed (ErrNoRegion) apart from its errors.
+// missed (ErrNoRegion) apart from its errors, which may come together
+// when ctx ends. An unlock or flush waits as well for the answers to
+// earlier ones to targets that a call whose ctx ended left (see
+// [leftover]): the target applies those requests, and this one after
+// them, so they come.
 func (w *Win) roundTripsMissed(ctx context.Context, h rmaHeader, targets []int) (answers []*Request, missed, err error) {
-	answers, reports, err := w.ask(h, targets)
+	asked, err := w.ask(h, targets)
+	answers = make([]*Request, len(asked))
+	for i, l := range asked {
+		answers[i] = l.q
+	}
+	if h.kind == rmaLock { // Lock and LockAll keep their grants themselves
+		if err == nil {
+			_, err = WaitAll(ctx, answers...)
+		}
+		return answers, nil, err
+	}
 	if err != nil {
+		w.keep(asked) // those sent are answered, with their reports, all the same
 		return answers, nil, err
 	}
-	sts, err := WaitAll(ctx, answers...)
-	if err != nil || reports == nil {
-		return answers, nil, err
+	missed, err = w.settle(ctx, append(w.takeLeftovers(targets), asked...), true)
+	return answers, missed, err
+}
+
+// leftover is the answer to a flush or unlock request, or a target's
+// report at a Fence (kind 0), that a call stopped waiting for when its
+// ctx ended. The target has taken its record of this rank's misses out
+// and sent it, or will: the window keeps the answer so that a later call
+// reads the report, and returns it, rather than no call at all. Later
+// flushes and unlocks of the target, and Fence, wait for the answers to
+// requests, which the target applies whatever happens; every wait tests
+// them all. A Fence's report is only tested, since a rank whose Fence
+// failed before its exchange never sends it.
+type leftover struct {
+	q      *Request
+	report []byte // where the report comes: missReportSize bytes; nil on a window that is not dynamic
+	target int
+	kind   byte   // rmaFlush, rmaUnlock, or 0 for a Fence's report
+	writes uint64 // a request's: the puts and accumulates sent target before it, applied once it is answered
+}
+
+// what names l in errors.
+func (l leftover) what() string {
+	if l.kind == 0 {
+		return "fence report"
 	}
-	var errs []error
-	for i, t := range targets {
-		m, err := decodeMissReport(reports[i*missReportSize : i*missReportSize+sts[i].Count])
+	return rmaName(l.kind) + " acknowledgement"
+}
+
+// keep keeps ls, answers not read yet, for a later call.
+func (w *Win) keep(ls []leftover) {
+	if len(ls) == 0 {
+		return
+	}
+	w.mu.Lock()
+	w.leftovers = append(w.leftovers, ls...)
+	w.mu.Unlock()
+}
+
+// takeLeftovers takes the kept answers to flush and unlock requests sent
+// to targets, or every kept answer if targets is nil.
+func (w *Win) takeLeftovers(targets []int) []leftover {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var took []leftover
+	w.leftovers = slices.DeleteFunc(w.leftovers, func(l leftover) bool {
+		if targets != nil && (l.kind == 0 || !slices.Contains(targets, l.target)) {
+			return false
+		}
+		took = append(took, l)
+		return true
+	})
+	return took
+}
+
+// settle reads the answers ls: if block is set, it waits for them until
+// ctx ends first, and otherwise takes those that have come. It returns
+// the misses they report (ErrNoRegion), and errors of answers that
+// failed or, when ctx ended, ctx's; the answers that have not come are
+// kept. An answer to a flush or unlock request also says its target
+// applied the puts and accumulates sent before it.
+func (w *Win) settle(ctx context.Context, ls []leftover, block bool) (missed, err error) {
+	if len(ls) == 0 {
+		return nil, nil
+	}
+	var werr error
+	if block {
+		qs := make([]*Request, len(ls))
+		for i, l := range ls {
+			qs[i] = l.q
+		}
+		_, werr = WaitAll(ctx, qs...)
+	}
+	var misses, errs []error
+	var kept []leftover
+	for _, l := range ls {
+		st, done, qerr := l.q.Test()
+		if !done {
+			kept = append(kept, l)
+			continue
+		}
+		if qerr != nil {
+			errs = append(errs, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), qerr))
+			continue
+		}
+		m, derr := decodeMissReport(l.report[:st.Count])
 		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("rank %d's %s acknowledgement: %w", t, rmaName(h.kind), err))
+		case derr != nil:
+			errs = append(errs, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), derr))
 		case m.count > 0:
-			errs = append(errs, m.err(t))
+			misses = append(misses, m.err(l.target))
+		}
+		if l.kind != 0 {
+			w.mu.Lock()
+			w.acked[l.target] = max(w.acked[l.target], l.writes)
+			w.mu.Unlock()
 		}
 	}
-	return answers, errors.Join(errs...), nil
+	w.keep(kept)
+	if len(kept) > 0 && block {
+		errs = append(errs, werr)
+	}
+	return errors.Join(misses...), errors.Join(errs...)
 }
 
 // ask sends a request h (lock, unlock, flush) to every target and
-// returns the requests of their answers, and on a dynamic window, for
-// unlock and flush, the buffer their reports of missed operations come
-// to, missReportSize bytes each. If a send fails, it returns the answers
-// of those sent before, with the error.
-func (w *Win) ask(h rmaHeader, targets []int) ([]*Request, []byte, error) {
+// returns their answers, and on a dynamic window, for unlock and flush,
+// where the reports of missed operations come. If a send fails, it
+// returns the answers of those sent before, with the error.
+func (w *Win) ask(h rmaHeader, targets []int) ([]leftover, error) {
 	var reports []byte
 	if w.dyn != nil && (h.kind == rmaUnlock || h.kind == rmaFlush) {
 		reports = make([]byte, len(targets)*missReportSize)
 	}
-	answers := make([]*Request, 0, len(targets))
+	asked := make([]leftover, 0, len(targets))
 	for i, t := range targets {
 		var dst []byte
 		if reports != nil {
 			dst = reports[i*missReportSize : (i+1)*missReportSize]
 		}
+		// Counted before the request is sent: each of those was sent
+		// before it, so the target applies them before it answers.
+		w.mu.Lock()
+		writes := w.writes[t]
+		w.mu.Unlock()
 		q, err := w.fetch(h, nil, dst, t)
 		if err != nil {
-			return answers, nil, fmt.Errorf("to rank %d: %w", t, err)
+			return asked, fmt.Errorf("to rank %d: %w", t, err)
 		}
-		answers = append(answers, q)
+		asked = append(asked, leftover{q: q, report: dst, target: t, kind: h.kind, writes: writes})
 	}
-	return answers, reports, nil
+	return asked, nil
 }
 
 // ack records that the puts and accumulates to targets counted in

@@ -46,7 +46,11 @@ import (
 //   - a Put or Accumulate is recorded at the target, and reported in its
 //     answer to the origin's next Flush, FlushAll, Unlock or UnlockAll
 //     that asks it, or at the next Fence, whichever comes first.
-// Each miss is reported once. An Unlock or UnlockAll that fails with
+// Each miss is reported once, by one call: also when a flush's, Unlock's
+// or Fence's ctx ends after its request or report has left, for the
+// target has then taken its record out and sent it; the window keeps the
+// answer, and a later flush or Unlock of that target, or Fence, reads
+// it (any flush or Unlock once it has come). An Unlock or UnlockAll that fails with
 // ErrNoRegion alone has still released its locks, and a Fence has still
 // ended its epoch; a Flush or FlushAll has still completed the rest.
 // Operations of no bytes touch nothing and never miss. A dynamic
@@ -260,31 +264,67 @@ func (w *Win) takeMissed(src int) []byte {
 // exchangeMisses tells every origin which of its puts and accumulates
 // found no memory attached on this rank, and returns what the targets
 // said of this rank's (ErrNoRegion): Fence's last step on a dynamic
-// window. Its error is the exchange's.
-func (w *Win) exchangeMisses(ctx context.Context) (missed, err error) {
-	n := len(w.sizes)
-	out := make([]byte, 0, n*missReportSize)
-	w.amu.Lock()
-	for o := range w.missed {
-		out = w.missed[o].encode(out)
-		w.missed[o] = missReport{}
-	}
-	w.amu.Unlock()
+// window, the epoch'th Fence. It is a barrier too: no rank returns
+// before every rank has sent its part. Its error is the exchange's; the
+// misses come with it.
+//
+// The reports go point to point, on the requests' context with a tag of
+// the epoch's, rather than in an Alltoall, so that the receives of a
+// Fence whose ctx ended stay (see [leftover]): the other ranks took
+// their records out and sent them, and a later call reads them. This
+// rank's records are taken only once its receives are posted, and sent
+// at once, whatever ctx does; those a failed send did not carry are
+// kept for the next Fence.
+func (w *Win) exchangeMisses(ctx context.Context, epoch uint64) (missed, err error) {
+	n, me := len(w.sizes), w.c.Rank()
+	tag := int(epoch%MaxTag) + 1 // never rmaTag, the requests'
 	in := make([]byte, n*missReportSize)
-	if err := w.c.Alltoall(ctx, out, in); err != nil {
-		return nil, err
-	}
-	var errs []error
-	for t := range n {
-		m, err := decodeMissReport(in[t*missReportSize : (t+1)*missReportSize])
-		switch {
-		case err != nil:
-			errs = append(errs, fmt.Errorf("rank %d's report of missed operations: %w", t, err))
-		case m.count > 0:
-			errs = append(errs, m.err(t))
+	recvs := make([]leftover, 0, n-1)
+	for i := 1; i < n; i++ {
+		t := (me - i + n) % n
+		q, err := w.c.Irecv(in[t*missReportSize:(t+1)*missReportSize], t, tag)
+		if err != nil {
+			for _, l := range recvs {
+				l.q.Cancel() // nothing is sent: no report can match them
+			}
+			return nil, fmt.Errorf("report from rank %d: %w", t, err)
 		}
+		recvs = append(recvs, leftover{q: q, report: in[t*missReportSize : (t+1)*missReportSize], target: t})
 	}
-	return errors.Join(errs...), nil
+	for _, l := range recvs {
+		l.q.window = true // kept if ctx ends: a report is on its way
+	}
+	if w.exchanging != nil {
+		w.exchanging()
+	}
+	w.amu.Lock()
+	out := slices.Clone(w.missed)
+	clear(w.missed)
+	w.amu.Unlock()
+	var misses []error
+	if out[me].count > 0 { // this rank's operations on itself
+		misses = append(misses, out[me].err(me))
+	}
+	for i := 1; i < n; i++ {
+		o := (me + i) % n
+		q, err := w.c.Isend(out[o].encode(nil), o, tag)
+		if err != nil {
+			w.amu.Lock()
+			for j := i; j < n; j++ {
+				o := (me + j) % n
+				w.missed[o] = out[o].merge(w.missed[o])
+			}
+			w.amu.Unlock()
+			w.keep(recvs)
+			return errors.Join(misses...), fmt.Errorf("report to rank %d: %w", o, err)
+		}
+		q.window = true
+		w.mu.Lock()
+		w.pending = append(w.pending, q) // the next wait completes it
+		w.mu.Unlock()
+	}
+	reported, err := w.settle(ctx, recvs, true)
+	return errors.Join(append(misses, reported)...), err
 }
 
 // rmaAccess is a fetching operation on a dynamic window, remembered by
@@ -312,6 +352,15 @@ func (m missReport) encode(b []byte) []byte {
 	b = binary.LittleEndian.AppendUint64(b, m.count)
 	b = binary.LittleEndian.AppendUint64(b, m.addr)
 	return binary.LittleEndian.AppendUint64(b, m.length)
+}
+
+// merge is m, a report of misses, with those of later added.
+func (m missReport) merge(later missReport) missReport {
+	if m.count == 0 {
+		return later
+	}
+	m.count += later.count
+	return m
 }
 
 // decodeMissReport decodes a report from a target: none (no bytes, or a

@@ -564,3 +564,153 @@ func TestWinDynamicDetachRacing(t *testing.T) {
 		return errors.Join(c.Barrier(ctx), win.Free(ctx))
 	})
 }
+
+// TestWinDynamicMissCtxEnds: a flush or unlock whose ctx ends once its
+// request is sent still has its target's report of the puts that missed
+// read, and the miss returned by exactly one call: the one whose ctx
+// ended, if the answer came in time, or a later one, which the tests
+// make likely with puts enough to keep the target busy.
+func TestWinDynamicMissCtxEnds(t *testing.T) {
+	const puts = 5000
+	nowhere := 1 << 20 // rank 1 attaches nothing
+	cases := []struct {
+		name string
+		// lock starts the epoch; ended is the call given a ctx that
+		// ended; then come the calls that end the epoch, if ended did
+		// not, and another epoch.
+		lock  func(ctx context.Context, win *adi.Win) error
+		ended func(ctx context.Context, win *adi.Win) error
+		after []func(ctx context.Context, win *adi.Win) error
+	}{
+		{"flush",
+			func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
+			func(ctx context.Context, win *adi.Win) error { return win.Flush(ctx, 1) },
+			[]func(ctx context.Context, win *adi.Win) error{
+				func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
+				func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
+				func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
+			}},
+		{"flush all",
+			func(ctx context.Context, win *adi.Win) error { return win.LockAll(ctx) },
+			func(ctx context.Context, win *adi.Win) error { return win.FlushAll(ctx) },
+			[]func(ctx context.Context, win *adi.Win) error{
+				func(ctx context.Context, win *adi.Win) error { return win.FlushAll(ctx) },
+				func(ctx context.Context, win *adi.Win) error { return win.UnlockAll(ctx) },
+			}},
+		{"unlock",
+			func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
+			func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
+			[]func(ctx context.Context, win *adi.Win) error{
+				func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
+				func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
+			}},
+		{"unlock all",
+			func(ctx context.Context, win *adi.Win) error { return win.LockAll(ctx) },
+			func(ctx context.Context, win *adi.Win) error { return win.UnlockAll(ctx) },
+			[]func(ctx context.Context, win *adi.Win) error{
+				func(ctx context.Context, win *adi.Win) error { return win.LockAll(ctx) },
+				func(ctx context.Context, win *adi.Win) error { return win.UnlockAll(ctx) },
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := loopJob(t, 2)
+			ctx := ctxT(t)
+			each(t, cs, func(c *adi.Comm) error {
+				win, err := c.WinCreateDynamic(ctx)
+				if err != nil {
+					return err
+				}
+				var wrong error
+				if c.Rank() == 0 {
+					if err := tc.lock(ctx, win); err != nil {
+						return err
+					}
+					for range puts {
+						if err := win.Put(make([]byte, 8), 1, nowhere); err != nil {
+							return err
+						}
+					}
+					// Complete the puts here: an unlock whose ctx ended
+					// before its request went would keep the lock.
+					if err := win.FlushLocal(ctx); err != nil {
+						return err
+					}
+					ended, cancel := context.WithCancel(ctx)
+					cancel()
+					errs := []error{tc.ended(ended, win)}
+					t.Logf("%s with a ctx that ended: %v", tc.name, errs[0])
+					for _, f := range tc.after {
+						errs = append(errs, f(ctx, win))
+					}
+					errs = append(errs, win.Fence(ctx), win.Fence(ctx))
+					reports := 0
+					for i, err := range errs {
+						switch {
+						case errors.Is(err, adi.ErrNoRegion) && !errors.Is(err, context.Canceled):
+							reports++
+						case err != nil && i > 0:
+							wrong = errors.Join(wrong, fmt.Errorf("call %d after: %v", i, err))
+						}
+					}
+					if reports != 1 {
+						wrong = errors.Join(wrong, fmt.Errorf("%d puts missed, reported %d times: %v", puts, reports, errs))
+					}
+				} else if err := errors.Join(win.Fence(ctx), win.Fence(ctx)); err != nil {
+					return err
+				}
+				return errors.Join(wrong, win.Free(ctx))
+			})
+		})
+	}
+}
+
+// TestWinDynamicFenceCtxEnds: a Fence whose ctx ends while it waits for
+// the other ranks' reports of missed operations leaves nothing behind:
+// the miss a target reported to it is returned by the next Fence, once.
+func TestWinDynamicFenceCtxEnds(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	failed := make(chan struct{}) // rank 1's first Fence returned
+	each(t, cs, func(c *adi.Comm) error {
+		win, err := c.WinCreateDynamic(ctx)
+		if err != nil {
+			return err
+		}
+		if err := win.Fence(ctx); err != nil {
+			return err
+		}
+		fence, cancel := context.WithCancel(ctx)
+		defer cancel()
+		first := true
+		if c.Rank() == 0 {
+			// Rank 0's report comes once rank 1 stopped waiting for it.
+			adi.OnExchange(win, func() {
+				if first {
+					first = false
+					<-failed
+				}
+			})
+		} else {
+			adi.OnExchange(win, cancel)
+			if err := win.Put(make([]byte, 8), 0, 1<<20); err != nil {
+				return err
+			}
+		}
+		errs := []error{win.Fence(fence)}
+		if c.Rank() == 1 {
+			close(failed)
+		}
+		errs = append(errs, win.Fence(ctx), win.Fence(ctx))
+		var wrong error
+		if c.Rank() == 0 {
+			if err := errors.Join(errs...); err != nil {
+				wrong = fmt.Errorf("the target's fences: %v", err)
+			}
+		} else if !errors.Is(errs[0], context.Canceled) || errors.Is(errs[0], adi.ErrNoRegion) ||
+			!errors.Is(errs[1], adi.ErrNoRegion) || !strings.Contains(errs[1].Error(), "rank 0") || errs[2] != nil {
+			wrong = fmt.Errorf("fences: %v; want the first's ctx error, ErrNoRegion from rank 0 then nil", errs)
+		}
+		return errors.Join(wrong, win.Free(ctx))
+	})
+}

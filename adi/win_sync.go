@@ -123,24 +123,22 @@ func (w *Win) flush(ctx context.Context, what string, only int) error {
 		w.mu.Unlock()
 		return fmt.Errorf("adi: %s: %w", what, errWinFreed)
 	}
-	writes := slices.Clone(w.writes)
 	var targets []int
-	for t, n := range writes {
+	for t, n := range w.writes {
 		if n > w.acked[t] && (only < 0 || t == only) {
 			targets = append(targets, t)
 		}
 	}
 	w.mu.Unlock()
 	// The flush requests go out first, so that their round trips overlap
-	// the wait for this rank's own sends; the wait includes them.
+	// the wait for this rank's own sends; the wait includes them. Each
+	// acknowledgement records, as it is read, that its target applied
+	// what this rank wrote there (settle), whatever else fails: a miss
+	// reported here leaves nothing for the next flush to ask.
 	if _, err := w.roundTrips(ctx, rmaHeader{kind: rmaFlush}, targets); err != nil {
 		return fmt.Errorf("adi: %s: %w", what, err)
 	}
-	if err := w.FlushLocal(ctx); err != nil {
-		return err
-	}
-	w.ack(writes, targets)
-	return nil
+	return w.flushLocal(ctx, what)
 }
 
 // FlushLocal completes every operation this rank started on the window
@@ -153,15 +151,20 @@ func (w *Win) flush(ctx context.Context, what string, only int) error {
 // anything this rank sends that target later, but another rank may not
 // see it yet (FlushAll for that). It needs no round trip of its own.
 func (w *Win) FlushLocal(ctx context.Context) error {
+	return w.flushLocal(ctx, "flush local")
+}
+
+// flushLocal is FlushLocal, its errors named what.
+func (w *Win) flushLocal(ctx context.Context, what string) error {
 	w.mu.Lock()
 	if w.freed {
 		w.mu.Unlock()
-		return fmt.Errorf("adi: flush local: %w", errWinFreed)
+		return fmt.Errorf("adi: %s: %w", what, errWinFreed)
 	}
 	pending := slices.Clone(w.pending)
 	w.mu.Unlock()
 	if err := w.wait(ctx, pending); err != nil {
-		return fmt.Errorf("adi: flush local: %w", err)
+		return fmt.Errorf("adi: %s: %w", what, err)
 	}
 	return nil
 }

@@ -290,3 +290,44 @@ func TestWinLockWaitAside(t *testing.T) {
 	}
 	freeWindows(t, ctx, cs, wins)
 }
+
+// TestWinFlushAfterMiss: a Flush or FlushAll that reports a put's miss on
+// a dynamic window, under its own name, has still had the target
+// acknowledge the put: the same flush again asks nobody.
+func TestWinFlushAfterMiss(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		flush func(ctx context.Context, w *adi.Win) error
+	}{
+		{"flush", func(ctx context.Context, w *adi.Win) error { return w.Flush(ctx, 1) }},
+		{"flush all", func(ctx context.Context, w *adi.Win) error { return w.FlushAll(ctx) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := loopJob(t, 2)
+			ctx := ctxT(t)
+			each(t, cs, func(c *adi.Comm) error {
+				win, err := c.WinCreateDynamic(ctx)
+				if err != nil {
+					return err
+				}
+				var wrong error
+				if c.Rank() == 0 {
+					if err := errors.Join(win.LockAll(ctx), win.Put(make([]byte, 8), 1, 1<<20)); err != nil {
+						return err
+					}
+					first := tc.flush(ctx, win)
+					before := adi.SentTo(win, 1)
+					again := tc.flush(ctx, win)
+					if sent := adi.SentTo(win, 1) - before; !errors.Is(first, adi.ErrNoRegion) || !strings.HasPrefix(first.Error(), "adi: "+tc.name+": ") ||
+						again != nil || sent != 0 {
+						wrong = fmt.Errorf("%s: %v; again: %v, with %d requests sent", tc.name, first, again, sent)
+					}
+					if err := win.UnlockAll(ctx); err != nil {
+						return errors.Join(wrong, err)
+					}
+				}
+				return errors.Join(wrong, win.Fence(ctx), win.Free(ctx))
+			})
+		})
+	}
+}

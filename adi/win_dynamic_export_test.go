@@ -1,0 +1,8 @@
+package adi
+
+// Hooks into dynamic windows for the tests of package adi_test.
+
+// OnExchange has f run in each of w's Fences on a dynamic window once
+// its receives of the other ranks' reports of missed operations are
+// posted, before it sends its own.
+func OnExchange(w *Win, f func()) { w.exchanging = f }
