@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"math"
 )
 
 // The v-form and reduce-scatter collectives on an Intercomm, with MPI's
@@ -77,21 +78,18 @@ func (ic *Intercomm) Scatterv(ctx context.Context, send [][]byte, recv []byte, r
 // of its group, each as long as what its remote rank sends.
 //
 // Each rank sends its block to the other group's leader, which receives
-// them as Gatherv's root does and broadcasts them to its group, with
-// their lengths. A block of another length than the leader's slice for
-// it is ErrMismatch on every rank of the leader's group; a rank whose
-// slices disagree with the leader's gets ErrMismatch, and so may the
-// ranks the broadcast reaches through it. The other group is not told:
-// its results do not depend on it.
+// them as Gatherv's root does and broadcasts to its group first their
+// lengths, then the blocks. A block of another length than the leader's
+// slice for it is ErrMismatch on every rank of the leader's group. A
+// rank whose slices disagree with the leader's gets ErrMismatch, and no
+// other rank does: it still passes the blocks on to the ranks the
+// broadcast reaches through it. The other group is not told: its
+// results do not depend on it.
 func (ic *Intercomm) Allgatherv(ctx context.Context, send []byte, recv [][]byte) error {
 	return ic.collective(ctx, "intercomm allgatherv", func(k *collective) error {
 		q := ic.RemoteSize()
 		if len(recv) != q {
 			return k.errorf("%d receive slices for %d remote ranks", len(recv), q)
-		}
-		total := 0
-		for _, b := range recv {
-			total += len(b)
 		}
 		// The leader's receives are posted before its own send, so that
 		// the two leaders never wait for each other.
@@ -110,61 +108,102 @@ func (ic *Intercomm) Allgatherv(ctx context.Context, send []byte, recv [][]byte)
 				return err
 			}
 		}
-		// One broadcast of every block behind their lengths: one tree's
-		// latency, not RemoteSize() of them, and a rank whose slices are
-		// cut otherwise than the leader's finds out even where the totals
-		// agree.
-		packed := scratch[byte](k, 0, blocksHeader*q+total)
+		// The lengths go first, in a broadcast as long on every rank,
+		// then the blocks, in one as long as the leader's lengths add up
+		// to. Bcast chooses its algorithm by length, so one broadcast of
+		// lengths and blocks together, as long as each rank's own slices
+		// add up to, ran different algorithms on ranks whose totals lay
+		// on either side of a threshold, and they waited for each other.
+		// A leader that met a mismatch poisons the lengths, which reaches
+		// every rank, and then none takes part in the second broadcast.
+		lengths := scratch[byte](k, 0, blocksHeader*q)
 		if ic.leader() && k.mismatch == nil {
-			packBlocks(packed, recv)
+			putLengths(lengths, recv)
 		}
-		if err := ic.localBcast(k, packed); err != nil {
+		if err := ic.localBcast(k, lengths); err != nil {
 			return err
 		}
-		if !ic.leader() && k.mismatch == nil {
-			if err := unpackBlocks(packed, recv); err != nil {
-				k.mismatch = k.errorf("%w", err)
+		if k.mismatch != nil {
+			return nil
+		}
+		// The leader's lengths are those of slices it holds, so they add
+		// up; lengthsTotal checks because they are another rank's bytes.
+		total, err := lengthsTotal(lengths)
+		if err != nil {
+			return k.errorf("%w", err)
+		}
+		if total == 0 {
+			return nil
+		}
+		// A rank whose slices disagree takes part all the same, with
+		// the leader's total, so that the ranks below it in the
+		// broadcast get the blocks; it records the mismatch after.
+		blocks := scratch[byte](k, 1, total)
+		if ic.leader() {
+			off := 0
+			for _, b := range recv {
+				off += copy(blocks[off:], b)
 			}
+		}
+		if err := ic.localBcast(k, blocks); err != nil {
+			return err
+		}
+		if ic.leader() {
+			return nil
+		}
+		if err := checkLengths(lengths, recv); err != nil {
+			k.mismatch = k.errorf("%w", err)
+			return nil
+		}
+		off := 0
+		for _, b := range recv {
+			off += copy(b, blocks[off:])
 		}
 		return nil
 	})
 }
 
-// blocksHeader is the bytes per block of the header packBlocks writes:
-// its length, a little-endian uint64.
+// blocksHeader is the bytes per block of the lengths putLengths writes:
+// a little-endian uint64.
 const blocksHeader = 8
 
-// packBlocks writes into b, which holds exactly that, the lengths of
-// blocks and then their bytes.
-func packBlocks(b []byte, blocks [][]byte) {
-	off := blocksHeader * len(blocks)
+// putLengths writes the lengths of blocks into b, blocksHeader bytes
+// each; b holds exactly that.
+func putLengths(b []byte, blocks [][]byte) {
 	for r, blk := range blocks {
 		binary.LittleEndian.PutUint64(b[blocksHeader*r:], uint64(len(blk)))
-		off += copy(b[off:], blk)
 	}
 }
 
-// unpackBlocks copies the blocks packBlocks put in b into recv, whose
-// slices must have the lengths b's header gives. Another length is
-// ErrMismatch naming the remote rank whose block it is; b is another
-// rank's, so nothing in it can make it panic.
-func unpackBlocks(b []byte, recv [][]byte) error {
-	off := blocksHeader * len(recv)
-	if len(b) < off {
-		return fmt.Errorf("%w: the local group's leader sent %d bytes for the blocks of %d remote ranks", ErrMismatch, len(b), len(recv))
+// lengthsTotal adds up the lengths putLengths wrote into b. b is another
+// rank's, so lengths that add up to more than an int holds are an error
+// rather than a wrapped total; so is a b that is not whole lengths.
+func lengthsTotal(b []byte) (int, error) {
+	if len(b)%blocksHeader != 0 {
+		return 0, fmt.Errorf("%w: the local group's leader sent %d bytes of block lengths, not a multiple of %d", ErrMismatch, len(b), blocksHeader)
+	}
+	total := uint64(0)
+	for off := 0; off < len(b); off += blocksHeader {
+		n := binary.LittleEndian.Uint64(b[off:])
+		if n > math.MaxInt-total {
+			return 0, fmt.Errorf("%w: the block lengths the local group's leader sent add up to more than %d bytes", ErrMismatch, math.MaxInt)
+		}
+		total += n
+	}
+	return int(total), nil
+}
+
+// checkLengths compares the lengths putLengths wrote into b with those
+// of the slices of recv. Another length is ErrMismatch naming the remote
+// rank whose block it is; so is another number of lengths.
+func checkLengths(b []byte, recv [][]byte) error {
+	if len(b) != blocksHeader*len(recv) {
+		return fmt.Errorf("%w: the local group's leader sent %d bytes of block lengths for %d remote ranks", ErrMismatch, len(b), len(recv))
 	}
 	for r, blk := range recv {
-		n := binary.LittleEndian.Uint64(b[blocksHeader*r:])
-		if n != uint64(len(blk)) {
+		if n := binary.LittleEndian.Uint64(b[blocksHeader*r:]); n != uint64(len(blk)) {
 			return fmt.Errorf("block of remote rank %d: %w: the local group's leader received %d bytes, where this rank's block holds %d", r, ErrMismatch, n, len(blk))
 		}
-		if len(b)-off < len(blk) {
-			return fmt.Errorf("block of remote rank %d: %w: the local group's leader sent %d bytes in all, too few", r, ErrMismatch, len(b))
-		}
-		off += copy(blk, b[off:off+len(blk)])
-	}
-	if off != len(b) {
-		return fmt.Errorf("%w: the local group's leader sent %d bytes, the blocks of %d remote ranks take %d", ErrMismatch, len(b), len(recv), off)
 	}
 	return nil
 }

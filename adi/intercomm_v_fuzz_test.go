@@ -2,15 +2,18 @@ package adi
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
+	"math"
 	"testing"
 )
 
-// FuzzUnpackBlocks: whatever bytes a rank receives where it expects its
-// leader's packed blocks, unpackBlocks either fills its slices with
-// exactly what packBlocks would have sent for them, or says ErrMismatch;
-// it never panics.
-func FuzzUnpackBlocks(f *testing.F) {
+// FuzzBlockLengths: whatever bytes a rank receives where it expects its
+// leader's block lengths, lengthsTotal either adds them up exactly or
+// says ErrMismatch, and checkLengths either finds them to be those of
+// the rank's own slices, exactly what putLengths would have sent for
+// them, or says ErrMismatch; neither panics.
+func FuzzBlockLengths(f *testing.F) {
 	lens := func(spec []byte) [][]byte {
 		recv := make([][]byte, len(spec)%9+1) // 1 to 9 remote ranks
 		for r := range recv {
@@ -22,52 +25,61 @@ func FuzzUnpackBlocks(f *testing.F) {
 	}
 	for _, spec := range [][]byte{{3, 0, 7}, {0}, {49, 49, 49, 49}} {
 		blocks := lens(spec)
-		for r, b := range blocks {
-			for i := range b {
-				b[i] = byte(r + i)
-			}
-		}
-		packed := make([]byte, blocksHeader*len(blocks)+len(bytes.Join(blocks, nil)))
-		packBlocks(packed, blocks)
-		f.Add(packed, spec)
-		f.Add(packed[:len(packed)-1], spec)
+		b := make([]byte, blocksHeader*len(blocks))
+		putLengths(b, blocks)
+		f.Add(b, spec)
+		f.Add(b[:len(b)-1], spec)
 	}
+	huge := make([]byte, 2*blocksHeader)
+	binary.LittleEndian.PutUint64(huge, math.MaxInt)
+	binary.LittleEndian.PutUint64(huge[blocksHeader:], 1)
+	f.Add(huge, []byte{1})
 	f.Add([]byte{}, []byte{})
 	f.Fuzz(func(t *testing.T, b, spec []byte) {
 		b = b[:len(b):len(b)] // nothing past its end to read by mistake
+		total, err := lengthsTotal(b)
+		switch {
+		case err != nil && !errors.Is(err, ErrMismatch):
+			t.Fatalf("lengthsTotal: %v, want ErrMismatch", err)
+		case err == nil && total < 0:
+			t.Fatalf("lengthsTotal: %d", total)
+		}
 		recv := lens(spec)
-		err := unpackBlocks(b, recv)
-		if err != nil {
+		if err := checkLengths(b, recv); err != nil {
 			if !errors.Is(err, ErrMismatch) {
-				t.Fatalf("%v, want ErrMismatch", err)
+				t.Fatalf("checkLengths: %v, want ErrMismatch", err)
 			}
 			return
 		}
 		again := make([]byte, len(b))
-		packBlocks(again, recv)
+		putLengths(again, recv)
 		if !bytes.Equal(again, b) {
-			t.Fatalf("unpacked %x into blocks that pack to %x", b, again)
+			t.Fatalf("%x checked as the lengths of blocks that give %x", b, again)
+		}
+		if n := len(bytes.Join(recv, nil)); err != nil || total != n {
+			t.Fatalf("lengthsTotal: %d, %v; the blocks hold %d", total, err, n)
 		}
 	})
 }
 
-// TestPackBlocks: what a leader packs, its group unpacks, empty blocks
-// included; another cut of the same bytes is a mismatch.
-func TestPackBlocks(t *testing.T) {
+// TestBlockLengths: what a leader writes, its group adds up and checks,
+// empty blocks included; another cut of the same total is a mismatch,
+// naming the first block that differs.
+func TestBlockLengths(t *testing.T) {
 	blocks := [][]byte{[]byte("abc"), nil, []byte("de"), {}}
-	packed := make([]byte, blocksHeader*len(blocks)+5)
-	packBlocks(packed, blocks)
-	recv := [][]byte{make([]byte, 3), nil, make([]byte, 2), nil}
-	if err := unpackBlocks(packed, recv); err != nil {
-		t.Fatal(err)
+	b := make([]byte, blocksHeader*len(blocks))
+	putLengths(b, blocks)
+	if total, err := lengthsTotal(b); err != nil || total != 5 {
+		t.Errorf("lengthsTotal: %d, %v; want 5", total, err)
 	}
-	for r := range blocks {
-		if !bytes.Equal(recv[r], blocks[r]) {
-			t.Errorf("block %d: %q, want %q", r, recv[r], blocks[r])
-		}
+	if err := checkLengths(b, [][]byte{make([]byte, 3), nil, make([]byte, 2), nil}); err != nil {
+		t.Error(err)
 	}
-	other := [][]byte{make([]byte, 2), make([]byte, 1), make([]byte, 2), nil}
-	if err := unpackBlocks(packed, other); !errors.Is(err, ErrMismatch) {
-		t.Errorf("blocks cut otherwise: %v, want ErrMismatch", err)
+	other := [][]byte{make([]byte, 3), make([]byte, 1), make([]byte, 1), nil}
+	if err := checkLengths(b, other); !errors.Is(err, ErrMismatch) || !bytes.Contains([]byte(err.Error()), []byte("block of remote rank 1: ")) {
+		t.Errorf("blocks cut otherwise: %v, want ErrMismatch naming remote rank 1", err)
+	}
+	if err := checkLengths(b, blocks[:3]); !errors.Is(err, ErrMismatch) {
+		t.Errorf("fewer slices: %v, want ErrMismatch", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 )
@@ -294,7 +295,7 @@ func TestIntercommVMismatch(t *testing.T) {
 		{"allgatherv, a rank of group 1 short of a block", func(x *icRank, n int) error {
 			// World rank 4 is a leaf of its group's broadcast tree.
 			return x.ic.Allgatherv(ctx, make([]byte, n), blocks(x, n, 4, 0, -1))
-		}, []int{4}, map[int]string{4: "local group"}},
+		}, []int{4}, map[int]string{4: "block of remote rank 0: " + adi.ErrMismatch.Error()}},
 		{"allgatherv, a rank of group 1 cuts its blocks otherwise", func(x *icRank, n int) error {
 			// The same total as its leader's: only the lengths tell.
 			return x.ic.Allgatherv(ctx, make([]byte, n), blocks(x, n, 3, 0, 1))
@@ -376,6 +377,113 @@ func TestIntercommVArguments(t *testing.T) {
 			t.Errorf("%s: no error", tc.name)
 		} else if errors.Is(tc.err, adi.ErrMismatch) || errors.Is(tc.err, context.Canceled) {
 			t.Errorf("%s: %v, want an argument error", tc.name, tc.err)
+		}
+	}
+}
+
+// intercommsOn is intercomms with world rank r on host hosts[r] (one
+// letter each), so that the local phases span hosts and broadcast as
+// hostcoll.go does.
+func intercommsOn(t *testing.T, s split, hosts string) []*icRank {
+	t.Helper()
+	ws, _ := loopWorldsOn(t, s.n, func(r int) string { return hosts[r : r+1] })
+	ctx := ctxT(t)
+	xs := make([]*icRank, s.n)
+	for r := range xs {
+		c := s.color(r)
+		xs[r] = &icRank{world: ws[r].Comm(), color: c, me: r, local: s.members(c), remote: s.members(1 - c)}
+	}
+	eachIC(t, xs, func(x *icRank) error {
+		g, err := x.world.Split(ctx, x.color, x.me)
+		if err != nil {
+			return err
+		}
+		x.group = g
+		x.ic, err = g.IntercommCreate(ctx, 0, x.world, x.remote[0], 77)
+		return err
+	})
+	if t.Failed() {
+		t.FailNow()
+	}
+	return xs
+}
+
+// TestIntercommAllgathervThreshold: in a group of 8 one rank (world 5,
+// which the broadcast passes through to others) cuts its slices to
+// another total than its leader's, on the same side of Bcast's 12 KiB
+// scatter threshold or across it. That rank, and only it, gets
+// ErrMismatch; every other rank of both groups gets its blocks, none
+// waits until its ctx ends (the deadline is a guard, not a timing), and
+// the intercommunicator still works. Blocking and nonblocking, on one
+// host and across hosts.
+func TestIntercommAllgathervThreshold(t *testing.T) {
+	s := split{"1|8", 9, below(1), nil}
+	for _, on := range []struct{ name, hosts string }{{"one host", ""}, {"hosts", "aabbbcccc"}} {
+		var xs []*icRank
+		if on.hosts == "" {
+			xs = intercomms(t, s)
+		} else {
+			xs = intercommsOn(t, s, on.hosts)
+		}
+		// After a failure the intercommunicator may be stuck: the rest
+		// of the cases on it would only fail by their deadlines.
+	cases:
+		for _, tc := range []struct {
+			name      string
+			good, bad int // world 0's block; world 5's slice for it
+		}{
+			{"across, down", 13000, 12000},
+			{"across, up", 12000, 13000},
+			{"both above", 13000, 14000},
+			{"both below", 1000, 1100},
+		} {
+			for _, nb := range []bool{false, true} {
+				ok := t.Run(fmt.Sprintf("%s/%s/nonblocking %v", on.name, tc.name, nb), func(t *testing.T) {
+					ctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
+					defer cancel()
+					eachIC(t, xs, func(x *icRank) error {
+						// Group 0 sends tc.good bytes, group 1 10.
+						send, m := pattern(x.me, 0, 10), tc.good
+						if x.color == 0 {
+							send, m = pattern(x.me, 0, tc.good), 10
+						}
+						if x.me == 5 {
+							m = tc.bad
+						}
+						recv := make([][]byte, len(x.remote))
+						for j := range recv {
+							recv[j] = make([]byte, m)
+						}
+						var err error
+						if nb {
+							var req *adi.Request
+							if req, err = x.ic.Iallgatherv(send, recv); err == nil {
+								_, err = req.Wait(ctx)
+							}
+						} else {
+							err = x.ic.Allgatherv(ctx, send, recv)
+						}
+						switch {
+						case x.me == 5 && !errors.Is(err, adi.ErrMismatch):
+							return fmt.Errorf("slices of %d bytes for a block of %d: %v, want ErrMismatch", tc.bad, tc.good, err)
+						case x.me == 5:
+							return nil
+						case err != nil:
+							return fmt.Errorf("%v, want no error", err)
+						}
+						for j, wr := range x.remote {
+							if want := pattern(wr, 0, m); !bytes.Equal(recv[j], want) {
+								return fmt.Errorf("block of remote rank %d differs", j)
+							}
+						}
+						return nil
+					})
+					eachIC(t, xs, func(x *icRank) error { return x.ic.Barrier(ctx) })
+				})
+				if !ok {
+					break cases
+				}
+			}
 		}
 	}
 }
