@@ -29,9 +29,11 @@ type DistGraph struct {
 // as b lists a among its sources, and with the same weights in the same
 // order. Every rank checks this: when any rank's lists disagree with
 // another's, or are wrong (a rank outside c, a weight below 0, weights
-// that are not one per rank listed), every rank returns an error,
-// wrapping ErrMismatch on the ranks whose own lists were not wrong, as it
-// does when some ranks pass Reorder and others do not. The check costs
+// that are not one per rank listed, edges to itself that its sources
+// and dests do not list as many times or weigh alike), every rank
+// returns an error, wrapping ErrMismatch on the ranks whose own lists
+// were not wrong, as it does when some ranks pass Reorder and others do
+// not. The check costs
 // an Alltoall of three int64 per rank and an Allreduce of one.
 //
 // With Reorder the ranks are numbered anew, so that each host's ranks are
@@ -156,10 +158,41 @@ func (c *Comm) graphWeights(op string, sources, dests []int, cfg topoConfig) (sw
 			}
 		}
 	}
+	sw, dw = cfg.sourceWeights, cfg.destWeights
 	if !cfg.weighted {
-		return ones(len(sources)), ones(len(dests)), nil
+		sw, dw = ones(len(sources)), ones(len(dests))
 	}
-	return cfg.sourceWeights, cfg.destWeights, nil
+	return sw, dw, c.selfEdges(op, sources, dests, sw, dw)
+}
+
+// selfEdges checks this rank's edges to itself: the k-th time it lists
+// itself among its dests and among its sources are one edge, which must
+// be there in both and weigh the same in both. Both ends are this rank's,
+// so a fault here is its own and no other rank's (not ErrMismatch): the
+// ring of ExampleReorder on one rank, whose left and right are itself,
+// weighs its edge to the right 2 as a dest and 1 as a source.
+func (c *Comm) selfEdges(op string, sources, dests, sw, dw []int) error {
+	me := c.Rank()
+	var in, out []int // indices of the self-edges in sources and in dests
+	for i, r := range sources {
+		if r == me {
+			in = append(in, i)
+		}
+	}
+	for i, r := range dests {
+		if r == me {
+			out = append(out, i)
+		}
+	}
+	if len(in) != len(out) {
+		return fmt.Errorf("adi: %s: rank %d lists itself %d times among its dests and %d among its sources", op, me, len(out), len(in))
+	}
+	for k := range in {
+		if sw[in[k]] != dw[out[k]] {
+			return fmt.Errorf("adi: %s: edge %d of rank %d to itself weighs %d as dests[%d] and %d as sources[%d]", op, k, me, dw[out[k]], out[k], sw[in[k]], in[k])
+		}
+	}
+	return nil
 }
 
 // ones is n weights of 1.

@@ -69,8 +69,11 @@ func ExampleCart_NeighborAllgather() {
 // block of the grid its new rank's coordinates name. Then it builds a
 // ring whose edges to the right carry twice as much as those to the
 // left, and numbers the graph's ranks host by host. (Not run here: it
-// needs a launcher and several hosts; and on 2 ranks, where left and
-// right are one rank, the weights would pair up otherwise: see Weights.)
+// needs a launcher and several hosts. On 1 or 2 ranks, where left and
+// right are one rank, the ring's weights do not pair up: the k-th edge
+// from a rank to the other, or to itself, weighs 2 at one end and 1 at
+// the other, and the call fails, on 1 rank with the rank's own error, on
+// 2 with ErrMismatch; see Weights.)
 func ExampleReorder() {
 	ctx := context.Background()
 	w, err := adi.Init(ctx)

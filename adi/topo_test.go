@@ -645,6 +645,75 @@ func TestDistGraphWeights(t *testing.T) {
 	}
 }
 
+// TestDistGraphSelfEdges: a rank's edges to itself that its two lists
+// weigh otherwise, or list another number of times, are its own error,
+// not ErrMismatch (no other rank disagrees), and ErrMismatch on the
+// others; weighed alike they go through. The first case is the ring of
+// ExampleReorder on one rank, whose left and right are itself.
+func TestDistGraphSelfEdges(t *testing.T) {
+	ring := func(c *adi.Comm) (sources, dests []int) {
+		n, me := c.Size(), c.Rank()
+		left, right := (me+n-1)%n, (me+1)%n
+		return []int{left, right}, []int{left, right}
+	}
+	for _, tc := range []struct {
+		name  string
+		ranks int
+		// lists and weights of rank r; own is the rank whose own
+		// arguments are wrong, -1 for none.
+		args func(c *adi.Comm) (sources, dests []int, opts []adi.TopoOption)
+		own  int
+	}{
+		{"weighted ring on one rank", 1, func(c *adi.Comm) ([]int, []int, []adi.TopoOption) {
+			s, d := ring(c)
+			return s, d, []adi.TopoOption{adi.Weights([]int{2, 1}, []int{1, 2}), adi.Reorder()}
+		}, 0},
+		{"self-edge weighed otherwise", 3, func(c *adi.Comm) ([]int, []int, []adi.TopoOption) {
+			s, d := ring(c)
+			sw, dw := []int{1, 1}, []int{1, 1}
+			if c.Rank() == 1 {
+				s, d = append(s, 1, 1), append(d, 1, 1)
+				sw, dw = append(sw, 5, 6), append(dw, 6, 5)
+			}
+			return s, d, []adi.TopoOption{adi.Weights(sw, dw)}
+		}, 1},
+		{"self-edge among dests only", 3, func(c *adi.Comm) ([]int, []int, []adi.TopoOption) {
+			s, d := ring(c)
+			if c.Rank() == 2 {
+				d = append(d, 2)
+			}
+			return s, d, nil
+		}, 2},
+		{"self-edges weighed alike", 3, func(c *adi.Comm) ([]int, []int, []adi.TopoOption) {
+			s, d := ring(c)
+			sw, dw := []int{1, 1}, []int{1, 1}
+			if c.Rank() == 0 {
+				s, d = append(s, 0, 0), append(d, 0, 0)
+				sw, dw = append(sw, 5, 6), append(dw, 5, 6)
+			}
+			return s, d, []adi.TopoOption{adi.Weights(sw, dw)}
+		}, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := loopJob(t, tc.ranks)
+			ctx := ctxT(t)
+			each(t, cs, func(c *adi.Comm) error {
+				s, d, opts := tc.args(c)
+				_, err := c.DistGraphCreateAdjacent(ctx, s, d, opts...)
+				switch {
+				case tc.own < 0:
+					return err
+				case c.Rank() == tc.own && (err == nil || errors.Is(err, adi.ErrMismatch)):
+					return fmt.Errorf("own self-edges wrong: %v, want an error of its own", err)
+				case c.Rank() != tc.own && !errors.Is(err, adi.ErrMismatch):
+					return fmt.Errorf("%v, want ErrMismatch", err)
+				}
+				return nil
+			})
+		})
+	}
+}
+
 // TestDistGraphDisagree: lists that do not fit together, or name a rank
 // outside the communicator, fail on every rank.
 func TestDistGraphDisagree(t *testing.T) {
