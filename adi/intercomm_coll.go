@@ -257,7 +257,8 @@ func (ic *Intercomm) Alltoall(ctx context.Context, send, recv []byte) error {
 // of the root, in the other group's rank order (op need be associative
 // only). Roots as for [Intercomm.Bcast]; the root's send is not used, and
 // its recv is as long as the other group's sends. Byte order as for
-// [Reduce].
+// [Reduce]. Send lengths within a group on either side of 64 KiB wait
+// for each other rather than fail, as for [InterAllreduce].
 func InterReduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T], root int) error {
 	return ic.rooted(ctx, "intercomm reduce", root, func(k *collective) error { return k.recv(Bytes(recv), 0) }, func(k *collective) error {
 		acc, err := reduceLocal(ctx, ic, k, send, op)
@@ -288,6 +289,13 @@ func reduceLocal[T Elem](ctx context.Context, ic *Intercomm, k *collective, send
 // (MPI_Allreduce on an intercommunicator). send and recv have the same
 // length on every rank of both groups and may be the same slice. Byte
 // order as for [Reduce].
+//
+// Send lengths that differ between the groups, or within one, are
+// ErrMismatch on every rank of both groups, except that lengths within a
+// group on either side of 64 KiB, where [Reduce] changes algorithm, make
+// its ranks run different algorithms, which wait for each other until
+// their ctx ends instead of failing, as on a Comm: a program must not
+// count on the error.
 func InterAllreduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T]) error {
 	return ic.collective(ctx, "intercomm allreduce", func(k *collective) error {
 		if len(recv) != len(send) {

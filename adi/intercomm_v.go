@@ -258,8 +258,17 @@ func (ic *Intercomm) Alltoallv(ctx context.Context, send, recv [][]byte) error {
 // Each group reduces to its leader, the leaders exchange the reduced
 // vectors, and each scatters the other group's among its own. Totals
 // that differ between the groups, or send lengths within a group, are
-// ErrMismatch on every rank of both groups; a rank whose counts disagree
-// with its leader's gets ErrMismatch itself.
+// ErrMismatch on every rank of both groups. The leader cuts the result
+// by its own counts, and the scatter checks each part's length only, as
+// [ReduceScatter] on a Comm does: a rank whose own count differs from
+// the leader's count for it gets ErrMismatch, but one whose counts
+// differ from the leader's only in other ranks' counts gets, without an
+// error, the part the leader's counts give it.
+//
+// Send lengths within a group on either side of 64 KiB, where [Reduce]
+// changes algorithm, make its ranks run different algorithms, which wait
+// for each other until their ctx ends instead of failing, as on a Comm: a
+// program must not count on the error.
 func InterReduceScatter[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, counts []int, op Op[T]) error {
 	return ic.collective(ctx, "intercomm reduce_scatter", func(k *collective) error {
 		return interReduceScatterv(ctx, ic, k, send, recv, counts, op)

@@ -487,3 +487,38 @@ func TestIntercommAllgathervThreshold(t *testing.T) {
 		}
 	}
 }
+
+// TestIntercommReduceScatterOthersCounts pins what InterReduceScatter's
+// doc says of a rank whose counts differ from its leader's in other
+// ranks' counts only: no error, and the part the leader's counts give
+// it, here at another offset than its own counts say.
+func TestIntercommReduceScatterOthersCounts(t *testing.T) {
+	xs := intercomms(t, splits[3]) // 2|3
+	ctx := ctxT(t)
+	const total = 12
+	eachIC(t, xs, func(x *icRank) error {
+		counts := []int{6, 6}
+		if x.color == 1 {
+			counts = []int{2, 4, 6}
+		}
+		if x.me == 3 { // group 1's rank 1: its own count, 4, agrees
+			counts = []int{1, 4, 7}
+		}
+		me := x.ic.Rank()
+		got := make([]uint64, counts[me])
+		if err := adi.InterReduceScatter(ctx, x.ic, contribution(x.me, total), got, counts, affine); err != nil {
+			return fmt.Errorf("counts %v: %v, want no error", counts, err)
+		}
+		off := 0
+		for _, c := range counts[:me] {
+			off += c
+		}
+		if x.me == 3 {
+			off = 2 // the leader's counts: 2, 4, 6
+		}
+		if want := fold(x.remote, total)[off : off+counts[me]]; !equal(got, want) {
+			return fmt.Errorf("counts %v: got %x, want %x", counts, got, want)
+		}
+		return nil
+	})
+}
