@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -183,19 +184,20 @@ func TestWinSharedErrors(t *testing.T) {
 		})
 	})
 	for _, tc := range []struct {
-		name string
-		size func(r int) int
-		want []string // each rank's error contains it
+		name  string
+		sizes func(t *testing.T) []int // each rank's; called on the test's goroutine, which may skip
+		want  []string                 // each rank's error contains it
 	}{
-		{"negative", func(r int) int { return []int{8, -1, 8}[r] }, []string{"rank 1 asked for -1 bytes", "rank 1 asked for -1 bytes", "rank 1 asked for -1 bytes"}},
-		{"beyond /dev/shm", func(r int) int { return []int{shmBytes(t) + 1<<30, 0, 8}[r] },
+		{"negative", func(*testing.T) []int { return []int{8, -1, 8} }, []string{"rank 1 asked for -1 bytes", "rank 1 asked for -1 bytes", "rank 1 asked for -1 bytes"}},
+		{"beyond /dev/shm", func(t *testing.T) []int { return []int{beyondShm(t), 0, 8} },
 			[]string{"reserve memory", "rank 0 could not create the segment", "rank 0 could not create the segment"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			sizes := tc.sizes(t)
 			cs := loopJob(t, 3)
 			errs := make([]error, 3)
 			each(t, cs, func(c *adi.Comm) error {
-				_, _, errs[c.Rank()] = c.WinAllocateShared(ctx, tc.size(c.Rank()))
+				_, _, errs[c.Rank()] = c.WinAllocateShared(ctx, sizes[c.Rank()])
 				return nil
 			})
 			for r, err := range errs {
@@ -222,10 +224,17 @@ func TestWinSharedErrors(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if _, err := plain.SharedQuery(0); !errors.Is(err, adi.ErrNotShared) {
-				return fmt.Errorf("SharedQuery on WinCreate's window: %v, want ErrNotShared", err)
+			if _, err := plain.SharedQuery(0); !errors.Is(err, adi.ErrNotShared) || !strings.Contains(err.Error(), "made by WinCreate") {
+				return fmt.Errorf("SharedQuery on WinCreate's window: %v, want ErrNotShared saying who made it", err)
 			}
-			return plain.Free(ctx)
+			dyn, err := c.WinCreateDynamic(ctx)
+			if err != nil {
+				return errors.Join(err, plain.Free(ctx))
+			}
+			if _, err := dyn.SharedQuery(0); !errors.Is(err, adi.ErrNotShared) || !strings.Contains(err.Error(), "made by WinCreateDynamic") {
+				return fmt.Errorf("SharedQuery on WinCreateDynamic's window: %v, want ErrNotShared saying who made it", err)
+			}
+			return errors.Join(plain.Free(ctx), dyn.Free(ctx))
 		})
 	})
 }
@@ -287,12 +296,24 @@ func comms(ws []*adi.World) []*adi.Comm {
 }
 
 // shmBytes is /dev/shm's size.
-func shmBytes(t *testing.T) int {
+func shmBytes(t *testing.T) uint64 {
 	var fs unix.Statfs_t
 	if err := unix.Statfs("/dev/shm", &fs); err != nil {
 		t.Skipf("no /dev/shm: %v", err)
 	}
-	return int(fs.Blocks * uint64(fs.Bsize))
+	return fs.Blocks * uint64(fs.Bsize)
+}
+
+// beyondShm is a window size 1 GiB beyond /dev/shm's. It skips where an
+// int cannot hold that and the header and alignment a shared window adds
+// (a 32-bit platform whose /dev/shm is over 1 GiB): the window would fail
+// for its size before it reached /dev/shm.
+func beyondShm(t *testing.T) int {
+	n := shmBytes(t) + 1<<30
+	if n > math.MaxInt-1<<20 {
+		t.Skipf("a window 1 GiB beyond /dev/shm's %d bytes is more than an int holds here", n-1<<30)
+	}
+	return int(n)
 }
 
 // TestElems: Elems views bytes as numbers where they are whole and
