@@ -619,11 +619,6 @@ func (w *Win) Free(ctx context.Context) error {
 	w.mu.Unlock()
 	w.c.w.bg.unserve(w)
 	<-w.stopped
-	if w.dyn != nil {
-		w.amu.Lock()        // nor a rank in Fence applying an operation
-		w.dyn.regions = nil // the program's memory, no longer the window's
-		w.amu.Unlock()
-	}
 	return errors.Join(err, w.unmap())
 }
 

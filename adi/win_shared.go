@@ -133,7 +133,8 @@ func (c *Comm) WinAllocateShared(ctx context.Context, size int) (*Win, []byte, e
 // does the same on a word of the window's own, which orders nothing
 // another rank reads directly: that window's memory is written by the
 // window's operations, which Fence, Flush and Unlock complete. It fails
-// only on a window already freed.
+// only on a window already freed, by Free or by Finalize, which frees
+// the windows not freed.
 func (w *Win) Sync() error {
 	// Under the lock, so that Free cannot unmap the segment meanwhile.
 	w.mu.Lock()
@@ -257,10 +258,14 @@ func trimNUL(b []byte) []byte {
 // as this process maps it (MPI_Win_shared_query), to read and write
 // directly. ProcNull gives the part of the lowest rank whose part is not
 // empty (nil if none). It fails with ErrNotShared on a window WinCreate
-// made. The slice is valid until Free.
+// or WinCreateDynamic made. The slice is valid until Free.
 func (w *Win) SharedQuery(r int) ([]byte, error) {
 	if w.shm == nil {
-		return nil, fmt.Errorf("adi: shared query: %w: the window was made by WinCreate", ErrNotShared)
+		made := "WinCreate"
+		if w.dyn != nil {
+			made = "WinCreateDynamic"
+		}
+		return nil, fmt.Errorf("adi: shared query: %w: the window was made by %s", ErrNotShared, made)
 	}
 	// Under the lock, so that Free cannot unmap the segment meanwhile.
 	w.mu.Lock()
@@ -289,17 +294,23 @@ func (w *Win) SharedQuery(r int) ([]byte, error) {
 	return w.shm.seg.Bytes()[at : at+n : at+n], nil
 }
 
-// unmap unmaps a shared window's segment once its server, which wrote
-// into it, has stopped (Free, Finalize) and no rank in Fence is applying
-// an operation, and makes SharedQuery refuse.
+// unmap ends a window once its server, which wrote into its memory, has
+// stopped (Free, Finalize) and no rank in Fence is applying an
+// operation: it unmaps a shared window's segment, gives a dynamic
+// window's attached memory back to the program, and makes the window's
+// calls refuse (errWinFreed), Sync and SharedQuery among them, as after
+// Free.
 func (w *Win) unmap() error {
-	if w.shm == nil || w.shm.seg == nil {
-		return nil
-	}
 	w.amu.Lock() // nor a rank in Fence applying an operation
 	defer w.amu.Unlock()
+	if w.dyn != nil {
+		w.dyn.regions = nil // the program's memory, no longer the window's
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.freed = true
+	if w.shm == nil || w.shm.seg == nil {
+		return nil
+	}
 	return w.shm.seg.Close()
 }

@@ -165,11 +165,18 @@ func TestWinArguments(t *testing.T) {
 	}
 }
 
-// TestWinFinalize: a window never freed ends with the world.
+// TestWinFinalize: a window never freed ends with the world, and its
+// calls fail afterwards as after Free, Sync and Attach among them.
 func TestWinFinalize(t *testing.T) {
 	ws := job(t, 2)
+	wins := make([][2]*adi.Win, 2) // each rank's: WinCreate's, WinCreateDynamic's
 	each(t, []*adi.Comm{ws[0].Comm(), ws[1].Comm()}, func(c *adi.Comm) error {
-		_, err := c.WinCreate(ctxT(t), make([]byte, 8))
+		plain, err := c.WinCreate(ctxT(t), make([]byte, 8))
+		if err != nil {
+			return err
+		}
+		dyn, err := c.WinCreateDynamic(ctxT(t))
+		wins[c.Rank()] = [2]*adi.Win{plain, dyn}
 		return err
 	})
 	each(t, []*adi.Comm{ws[0].Comm(), ws[1].Comm()}, func(c *adi.Comm) error {
@@ -177,6 +184,15 @@ func TestWinFinalize(t *testing.T) {
 	})
 	if g := leakcheck.Goroutines("adi.(*Win).serve"); g != "" {
 		t.Errorf("window servers left after Finalize:\n%s", g)
+	}
+	_, attach := wins[0][1].Attach(make([]byte, 8))
+	for name, err := range map[string]error{
+		"sync": wins[0][0].Sync(), "dynamic sync": wins[0][1].Sync(), "attach": attach,
+		"fence": wins[0][0].Fence(context.Background()), "flush all": wins[0][1].FlushAll(context.Background()),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "window freed") {
+			t.Errorf("%s after Finalize: %v", name, err)
+		}
 	}
 }
 
