@@ -46,8 +46,10 @@ type DistGraph struct {
 // two hosts, is the lists' and no numbering changes it; what the new
 // numbering brings is ranks in blocks by host and site, which the
 // reductions need to go host by host (hostcoll.go) and which a program
-// that lays out its data by rank finds host by host too. It costs a
-// Split instead of a Dup, where the numbering changes.
+// that lays out its data by rank finds host by host too. The weights
+// (Weights) play no part in it: they are stored and checked, but no
+// numbering would change which processes talk. It costs a Split instead
+// of a Dup, where the numbering changes.
 func (c *Comm) DistGraphCreateAdjacent(ctx context.Context, sources, dests []int, opts ...TopoOption) (*DistGraph, error) {
 	const op = "dist graph create adjacent"
 	cfg := topoOptions(opts)
@@ -219,7 +221,8 @@ func (g *DistGraph) Neighbors() (sources, dests []int) {
 
 // Weights returns the weights of the edges from g's sources and to its
 // dests, in the order of Neighbors: as passed with the Weights option,
-// or all 1 without it.
+// or all 1 on a graph made without it (MPI_UNWEIGHTED). Nothing in
+// the library reads them; they are the program's, checked at creation.
 func (g *DistGraph) Weights() (sources, dests []int) {
 	return slices.Clone(g.sw), slices.Clone(g.dw)
 }

@@ -66,6 +66,16 @@ func topoOptions(opts []TopoOption) topoConfig {
 // of MPI_Cart_create and MPI_Dist_graph_create_adjacent. Every rank
 // passes it or none does. What each does with it is in its doc; a rank
 // learns its new number from the communicator's Rank, as in MPI.
+//
+// The two aim at different things. A Cart's positions go to the
+// processes so that grid neighbours share a host where they can: fewer
+// halo messages cross between hosts, but a host's ranks are then a box
+// of the grid, not consecutive ranks, and Reduce and Allreduce on the
+// Cart, which go host by host only where each host's ranks are
+// consecutive (hostcoll.go), go flat. A DistGraph's ranks are numbered
+// host by host, which keeps its reductions going by hosts; its edges
+// are the lists' and stay where they are, and its weights (Weights) are
+// checked but steer nothing.
 func Reorder() TopoOption { return func(c *topoConfig) { c.reorder = true } }
 
 // Weights gives DistGraphCreateAdjacent the weights of this rank's edges,
@@ -74,8 +84,19 @@ func Reorder() TopoOption { return func(c *topoConfig) { c.reorder = true } }
 // meaning how much the edge carries, non-negative, as many as the lists
 // have ranks. An edge's two ends give it the same weight: the k-th edge
 // from a to b is weighed alike in a's destWeights and b's sourceWeights.
-// Without Weights every edge weighs 1 (MPI_UNWEIGHTED). The lists are
-// copied. CartCreate refuses it: a grid's edges are all alike.
+// Without Weights every edge weighs 1 (MPI_UNWEIGHTED), and
+// DistGraph.Weights returns 1 for each edge. So some ranks may pass
+// Weights and others not when all the weights passed are 1: the ends of
+// each edge agree. MPI calls mixing MPI_UNWEIGHTED with weights
+// erroneous; a portable program passes Weights on every rank or on none.
+// The lists are copied. CartCreate refuses it: a grid's edges are all
+// alike.
+//
+// The weights are stored (DistGraph.Weights) and checked, but they do
+// not steer the numbering that Reorder gives a DistGraph: each process
+// keeps the edges it passed, so no numbering changes which processes
+// talk to which, nor so which edges join two hosts; only placing the
+// processes, which the launcher does, could.
 func Weights(sourceWeights, destWeights []int) TopoOption {
 	sw, dw := slices.Clone(sourceWeights), slices.Clone(destWeights)
 	return func(c *topoConfig) {
