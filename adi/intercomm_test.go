@@ -79,12 +79,19 @@ type icRank struct {
 // groups on every rank, the leaders being each group's rank 0.
 func intercomms(t *testing.T, s split) []*icRank {
 	t.Helper()
-	cs := loopJob(t, s.n)
+	return intercommsOn(t, s, nil)
+}
+
+// intercommsOn is intercomms with the ranks on the hosts hostOf names
+// (nil: one host).
+func intercommsOn(t *testing.T, s split, hostOf func(int) string) []*icRank {
+	t.Helper()
+	ws, _ := loopWorldsOn(t, s.n, hostOf)
 	ctx := ctxT(t)
 	xs := make([]*icRank, s.n)
 	for r := range xs {
 		c := s.color(r)
-		xs[r] = &icRank{world: cs[r], color: c, me: r, local: s.members(c), remote: s.members(1 - c)}
+		xs[r] = &icRank{world: ws[r].Comm(), color: c, me: r, local: s.members(c), remote: s.members(1 - c)}
 	}
 	eachIC(t, xs, func(x *icRank) error {
 		key := x.me

@@ -381,33 +381,6 @@ func TestIntercommVArguments(t *testing.T) {
 	}
 }
 
-// intercommsOn is intercomms with world rank r on host hosts[r] (one
-// letter each), so that the local phases span hosts and broadcast as
-// hostcoll.go does.
-func intercommsOn(t *testing.T, s split, hosts string) []*icRank {
-	t.Helper()
-	ws, _ := loopWorldsOn(t, s.n, func(r int) string { return hosts[r : r+1] })
-	ctx := ctxT(t)
-	xs := make([]*icRank, s.n)
-	for r := range xs {
-		c := s.color(r)
-		xs[r] = &icRank{world: ws[r].Comm(), color: c, me: r, local: s.members(c), remote: s.members(1 - c)}
-	}
-	eachIC(t, xs, func(x *icRank) error {
-		g, err := x.world.Split(ctx, x.color, x.me)
-		if err != nil {
-			return err
-		}
-		x.group = g
-		x.ic, err = g.IntercommCreate(ctx, 0, x.world, x.remote[0], 77)
-		return err
-	})
-	if t.Failed() {
-		t.FailNow()
-	}
-	return xs
-}
-
 // TestIntercommAllgathervThreshold: in a group of 8 one rank (world 5,
 // which the broadcast passes through to others) cuts its slices to
 // another total than its leader's, on the same side of Bcast's 12 KiB
@@ -419,12 +392,11 @@ func intercommsOn(t *testing.T, s split, hosts string) []*icRank {
 func TestIntercommAllgathervThreshold(t *testing.T) {
 	s := split{"1|8", 9, below(1), nil}
 	for _, on := range []struct{ name, hosts string }{{"one host", ""}, {"hosts", "aabbbcccc"}} {
-		var xs []*icRank
-		if on.hosts == "" {
-			xs = intercomms(t, s)
-		} else {
-			xs = intercommsOn(t, s, on.hosts)
+		var hostOf func(int) string
+		if on.hosts != "" {
+			hostOf = func(r int) string { return on.hosts[r : r+1] }
 		}
+		xs := intercommsOn(t, s, hostOf)
 		// After a failure the intercommunicator may be stuck: the rest
 		// of the cases on it would only fail by their deadlines.
 	cases:
