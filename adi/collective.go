@@ -1068,23 +1068,33 @@ func ReduceScatterBlock[T Elem](ctx context.Context, c *Comm, send, recv []T, op
 	return reduceScatterv(k, send, recv, counts, op)
 }
 
-func reduceScatterv[T Elem](k *collective, send, recv []T, counts []int, op Op[T]) error {
-	p, me := k.c.Size(), k.c.Rank()
+// checkCounts checks a reduce-scatter's counts, one for each of the p
+// ranks of a group (named "<group>rank" in errors) of which this rank is
+// me, against its send and receive lengths.
+func (k *collective) checkCounts(counts []int, p, me, send, recv int, group string) error {
 	if len(counts) != p {
-		return k.errorf("%d counts for %d ranks", len(counts), p)
+		return k.errorf("%d counts for %d %sranks", len(counts), p, group)
 	}
 	total := 0
 	for r, n := range counts {
 		if n < 0 {
-			return k.errorf("count of rank %d is %d", r, n)
+			return k.errorf("count of %srank %d is %d", group, r, n)
 		}
 		total += n
 	}
-	if total != len(send) {
-		return k.errorf("send slice of %d elements for counts adding up to %d", len(send), total)
+	if total != send {
+		return k.errorf("send slice of %d elements for counts adding up to %d", send, total)
 	}
-	if len(recv) != counts[me] {
-		return k.errorf("receive slice of %d elements for a count of %d", len(recv), counts[me])
+	if recv != counts[me] {
+		return k.errorf("receive slice of %d elements for a count of %d", recv, counts[me])
+	}
+	return nil
+}
+
+func reduceScatterv[T Elem](k *collective, send, recv []T, counts []int, op Op[T]) error {
+	p, me := k.c.Size(), k.c.Rank()
+	if err := k.checkCounts(counts, p, me, len(send), len(recv), ""); err != nil {
+		return err
 	}
 	var whole []T // the combined vector, on rank 0
 	if foldingOf(p).halves(len(send), elemSize[T]()) {

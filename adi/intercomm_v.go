@@ -293,21 +293,8 @@ func InterReduceScatterBlock[T Elem](ctx context.Context, ic *Intercomm, send, r
 // interReduceScatterv is the two reduce-scatters' algorithm, as k.
 func interReduceScatterv[T Elem](ctx context.Context, ic *Intercomm, k *collective, send, recv []T, counts []int, op Op[T]) error {
 	p, me := ic.Size(), ic.Rank()
-	if len(counts) != p {
-		return k.errorf("%d counts for %d local ranks", len(counts), p)
-	}
-	total := 0
-	for r, n := range counts {
-		if n < 0 {
-			return k.errorf("count of local rank %d is %d", r, n)
-		}
-		total += n
-	}
-	if total != len(send) {
-		return k.errorf("send slice of %d elements for counts adding up to %d", len(send), total)
-	}
-	if len(recv) != counts[me] {
-		return k.errorf("receive slice of %d elements for a count of %d", len(recv), counts[me])
+	if err := k.checkCounts(counts, p, me, len(send), len(recv), "local "); err != nil {
+		return err
 	}
 	acc, err := reduceLocal(ctx, ic, k, send, op)
 	if err != nil {
@@ -317,7 +304,7 @@ func interReduceScatterv[T Elem](ctx context.Context, ic *Intercomm, k *collecti
 	if ic.leader() {
 		// The other group's result: as long as this group's, or the
 		// exchange finds the mismatch. reduceLocal's acc is in slot 0.
-		whole := scratch[T](k, 1, total)
+		whole := scratch[T](k, 1, len(send)) // the counts add up to it
 		if err := k.exchange(Bytes(acc), 0, Bytes(whole), 0); err != nil {
 			return err
 		}
