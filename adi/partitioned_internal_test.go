@@ -74,7 +74,8 @@ func TestPartitionContext(t *testing.T) {
 }
 
 // TestSetupRoundTrip: what encodeSetup writes, decodeSetup reads back;
-// what breaks its rules, it refuses.
+// what breaks its rules (more messages than bytes among them), it
+// refuses.
 func TestSetupRoundTrip(t *testing.T) {
 	var b [setupSize]byte
 	for _, c := range []struct {
@@ -96,6 +97,10 @@ func TestSetupRoundTrip(t *testing.T) {
 		"no partition": {1, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0, 0, 0, 0, 0},
 		"too many":     {1, 0, 0, 0, 1, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0},
 		"uneven":       {1, 0, 0, 0, 3, 0, 0, 0, 10, 0, 0, 0, 0, 0, 0, 0},
+		// An empty buffer travels as one message: a receiver would keep
+		// a request for each of 2^31 (535 GB) for nothing.
+		"empty in many": {1, 0, 0, 0, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0, 0, 0},
+		"empty in two":  {1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
 	} {
 		if _, _, err := decodeSetup(bad); err == nil {
 			t.Errorf("decodeSetup(%s % x) accepted it", name, bad)
@@ -109,7 +114,9 @@ func FuzzDecodeSetup(f *testing.F) {
 	var b [setupSize]byte
 	encodeSetup(&b, 4, 4096)
 	f.Add(b[:])
-	encodeSetup(&b, maxParts, 0)
+	encodeSetup(&b, 1, 0)
+	f.Add(b[:])
+	encodeSetup(&b, maxParts, uint64(maxParts))
 	f.Add(b[:])
 	f.Add([]byte{1})
 	f.Fuzz(func(t *testing.T, in []byte) {
@@ -117,7 +124,7 @@ func FuzzDecodeSetup(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if parts < 1 || int64(parts) > int64(MaxTag)+1 || length%uint64(parts) != 0 {
+		if parts < 1 || int64(parts) > int64(MaxTag)+1 || length%uint64(parts) != 0 || uint64(parts) > max(length, 1) {
 			t.Fatalf("decodeSetup(% x) = %d partitions, %d bytes", in, parts, length)
 		}
 		var again [setupSize]byte

@@ -718,3 +718,283 @@ func TestPartitionedProcNull(t *testing.T) {
 		}
 	}
 }
+
+// TestPartitionedEmptyManyPartitions: an empty buffer travels as one
+// empty message whatever its partition count, so a million partitions
+// cost neither side a request each (they cost ~240 bytes apiece, 250 MB
+// here, when each was a message); the round still completes only once
+// every partition is readied, and readies each once.
+func TestPartitionedEmptyManyPartitions(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	const parts = 1 << 20
+	var m0, m1, m2 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	ps, err := cs[0].PsendInit(nil, parts, 1, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := cs[1].PrecvInit(nil, 3, 0, 6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&m1)
+	for r := range 3 {
+		if err := adi.StartAll(ps, pr); err != nil {
+			t.Fatal(err)
+		}
+		if err := ps.PreadyRange(0, parts-2); err != nil {
+			t.Fatal(err)
+		}
+		if err := ps.Pready(parts / 2); err == nil || !strings.Contains(err.Error(), "already ready") {
+			t.Errorf("round %d: Pready of a readied partition: %v", r, err)
+		}
+		if _, done, _ := ps.Test(); done {
+			t.Fatalf("round %d: send complete with a partition not readied", r)
+		}
+		if done, _ := adi.TestAll(nil, pr); done {
+			t.Fatalf("round %d: receive complete with a sender partition not readied", r)
+		}
+		if ok, err := pr.Parrived(2); ok || err != nil {
+			t.Fatalf("round %d: Parrived with a sender partition not readied: %v, %v", r, ok, err)
+		}
+		if err := ps.Pready(parts - 1); err != nil {
+			t.Fatal(err)
+		}
+		sts, err := adi.WaitAll(ctx, ps, pr)
+		if err != nil {
+			t.Fatalf("round %d: %v", r, err)
+		}
+		if sts[1].Count != 0 || sts[1].Source != 0 {
+			t.Errorf("round %d: receive status %+v", r, sts[1])
+		}
+		if r == 0 {
+			runtime.ReadMemStats(&m2)
+		}
+	}
+	// A bit per partition (128 KiB) and small change; a request per
+	// partition would be 250 MB, at init on the sender, at the first
+	// round on the receiver.
+	if init, first := m1.TotalAlloc-m0.TotalAlloc, m2.TotalAlloc-m1.TotalAlloc; init > 1<<20 || first > 1<<20 {
+		t.Errorf("%d partitions of an empty buffer allocated %d bytes at init, %d in the first round", parts, init, first)
+	}
+}
+
+// TestPartitionedBadSetup: a setup the receiver cannot take (an empty
+// buffer in several messages, as a build before that was refused sent
+// it; a longer one, which does not fit; another version) fails the
+// receive's round with an error saying so, and every later Start and
+// Wait with the same error, at once: the sender sends its setup once, so
+// a later round waiting for another would wait forever. The sender of
+// the empty messages is not held up.
+func TestPartitionedBadSetup(t *testing.T) {
+	valid := []byte{1, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0} // 5 messages, 0 bytes
+	for _, tc := range []struct {
+		name    string
+		setup   []byte
+		empties int
+		want    string
+		is      error
+	}{
+		{"empty in 5 messages", valid, 5, "0 bytes in 5 messages", nil},
+		{"longer", append(append([]byte{}, valid[:4]...), 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), 1, "setup", adi.ErrTruncated},
+		{"other version", append([]byte{2}, valid[1:]...), 5, "version 2", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := loopJob(t, 2)
+			ctx := ctxT(t)
+			pr, err := cs[1].PrecvInit(nil, 3, 0, 8)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pr.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if err := adi.SendPartitionedSetup(ctx, cs[0], 1, 8, tc.setup, tc.empties); err != nil {
+				t.Fatalf("sender: %v", err)
+			}
+			check := func(what string, err error) {
+				t.Helper()
+				if err == nil || !strings.Contains(err.Error(), tc.want) || tc.is != nil && !errors.Is(err, tc.is) {
+					t.Errorf("%s: %v, want an error saying %q (%v)", what, err, tc.want, tc.is)
+				}
+			}
+			_, err = pr.Wait(ctx)
+			check("first round", err)
+			first := err
+			for r := 1; r < 3; r++ {
+				err := pr.Start()
+				check(fmt.Sprintf("Start of round %d", r), err)
+				_, done, werr := pr.Test()
+				if !done {
+					t.Fatalf("round %d waits for a setup that never comes", r)
+				}
+				check(fmt.Sprintf("round %d", r), werr)
+				if werr != nil && first != nil && werr.Error() != first.Error() {
+					t.Errorf("round %d: %v, want the first round's %v", r, werr, first)
+				}
+				_, perr := pr.Parrived(0)
+				check(fmt.Sprintf("Parrived in round %d", r), perr)
+			}
+		})
+	}
+}
+
+// TestPartitionedPostFails: a receive of a round that fails to start (as
+// one a lost peer left unreusable, or one a matching subdevice refused,
+// does) fails the round and breaks the channel: without that the next
+// round's receives would take the messages the round left unmatched,
+// the round before's bytes.
+func TestPartitionedPostFails(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	const sends, recvs, length = 4, 2, 4 * 100
+	sbuf, rbuf := make([]byte, length), make([]byte, length)
+	ps, err := cs[0].PsendInit(sbuf, sends, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := cs[1].PrecvInit(rbuf, recvs, 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	round := func(r int) (startErr, waitErr error) {
+		fillPart(sbuf, r, 0)
+		if err := ps.Start(); err != nil {
+			t.Fatalf("round %d: sender: %v", r, err)
+		}
+		startErr = pr.Start()
+		if err := ps.PreadyRange(0, sends-1); err != nil {
+			t.Fatalf("round %d: sender: %v", r, err)
+		}
+		if _, err := ps.Wait(ctx); err != nil {
+			t.Fatalf("round %d: sender: %v", r, err)
+		}
+		_, waitErr = pr.Wait(ctx)
+		return startErr, waitErr
+	}
+	if s, w := round(0); s != nil || w != nil || checkPart(rbuf, 0, 0) != nil {
+		t.Fatalf("round 0: %v, %v, %v", s, w, checkPart(rbuf, 0, 0))
+	}
+	release, err := adi.OccupyPartitioned(pr, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, w := round(1)
+	if s != nil || !errors.Is(w, adi.ErrRequestBusy) {
+		t.Errorf("round 1, message 1's receive busy: Start %v, Wait %v; want Wait to fail with ErrRequestBusy", s, w)
+	}
+	if err := release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s, w := round(2); s == nil || w == nil {
+		t.Errorf("round 2 after a round that left messages unmatched: Start %v, Wait %v; want both to fail (round 2's bytes right: %v)", s, w, checkPart(rbuf, 2, 0))
+	} else if !errors.Is(s, adi.ErrRequestBusy) || w.Error() != s.Error() {
+		t.Errorf("round 2: Start %v, Wait %v; want round 1's ErrRequestBusy", s, w)
+	}
+}
+
+// TestPartitionedSendFails: a partition's send that fails to start
+// fails its round and breaks the channel: the receive posted for it
+// would take the next round's message.
+func TestPartitionedSendFails(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	sbuf, rbuf := make([]byte, 4*100), make([]byte, 4*100)
+	ps, err := cs[0].PsendInit(sbuf, 4, 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := cs[1].PrecvInit(rbuf, 4, 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := adi.StartAll(ps, pr); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.PreadyRange(0, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adi.WaitAll(ctx, ps, pr); err != nil {
+		t.Fatal(err)
+	}
+	release, err := adi.OccupyPartitioned(ps, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The receive's round waits for a message 2 that never comes until
+	// Finalize fails it.
+	if err := adi.StartAll(ps, pr); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps.PreadyRange(0, 3); !errors.Is(err, adi.ErrRequestBusy) {
+		t.Errorf("PreadyRange with partition 2's send busy: %v, want ErrRequestBusy", err)
+	}
+	if _, err := ps.Wait(ctx); !errors.Is(err, adi.ErrRequestBusy) {
+		t.Errorf("round with partition 2 unsent: %v, want ErrRequestBusy", err)
+	}
+	if err := release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for r := range 2 {
+		err := ps.Start()
+		_, done, werr := ps.Test()
+		if !errors.Is(err, adi.ErrRequestBusy) || !done || werr == nil || werr.Error() != err.Error() {
+			t.Errorf("Start %d after a round with a partition unsent: %v, Test %v, %v; want both to fail with that round's error", r, err, done, werr)
+		}
+	}
+}
+
+// BenchmarkPartitioned: a round of a partitioned message between two
+// ranks on the loopback fabric, per partition: ns/partition, the bytes
+// allocated per partition per round (B/partition), and the bytes
+// allocated per partition by the inits and the first round, buffers
+// included (init-B/partition). Partitions of 0 bytes (an empty buffer, one
+// message a round), 64 (eager) and 1024 (rendezvous).
+func BenchmarkPartitioned(b *testing.B) {
+	for _, size := range []int{0, 64, 1024} {
+		for _, parts := range []int{16, 1024} {
+			b.Run(fmt.Sprintf("%dB/%dparts", size, parts), func(b *testing.B) {
+				cs := loopJob(b, 2)
+				ctx := ctxT(b)
+				var m0, m1 runtime.MemStats
+				runtime.GC()
+				runtime.ReadMemStats(&m0)
+				ps, err := cs[0].PsendInit(make([]byte, size*parts), parts, 1, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				pr, err := cs[1].PrecvInit(make([]byte, size*parts), parts, 0, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				round := func() {
+					if err := adi.StartAll(ps, pr); err != nil {
+						b.Fatal(err)
+					}
+					if err := ps.PreadyRange(0, parts-1); err != nil {
+						b.Fatal(err)
+					}
+					if _, err := adi.WaitAll(ctx, ps, pr); err != nil {
+						b.Fatal(err)
+					}
+				}
+				round()
+				runtime.ReadMemStats(&m1)
+				b.ResetTimer()
+				for b.Loop() {
+					round()
+				}
+				b.StopTimer()
+				var m2 runtime.MemStats
+				runtime.ReadMemStats(&m2)
+				n := float64(b.N) * float64(parts)
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/partition")
+				b.ReportMetric(float64(m2.TotalAlloc-m1.TotalAlloc)/n, "B/partition")
+				// After the loop: ResetTimer drops the metrics reported before.
+				b.ReportMetric(float64(m1.TotalAlloc-m0.TotalAlloc)/float64(parts), "init-B/partition")
+			})
+		}
+	}
+}
