@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hpc-multidevice/multidevice/bootstrap"
 )
 
 // lastValue is what a process whose environment is env sees for name: the
@@ -73,11 +74,7 @@ func TestRankEnvSite(t *testing.T) {
 				},
 				logger: hclog.NewNullLogger(),
 			}
-			srv, err := j.newServer()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { srv.Close() })
+			srv := serve(t, j)
 			for r, want := range tt.want {
 				remote := !isLocal(j.hostOf[r], j.self)
 				env := j.rankEnv(r, srv, remote)
@@ -165,11 +162,7 @@ func TestRankEnvExports(t *testing.T) {
 				},
 				logger: hclog.NewNullLogger(),
 			}
-			srv, err := j.newServer()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { srv.Close() })
+			srv := serve(t, j)
 			for r, want := range tt.want {
 				remote := !isLocal(j.hostOf[r], j.self)
 				env := j.rankEnv(r, srv, remote)
@@ -190,4 +183,15 @@ func TestRankEnvExports(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serve starts j's rendezvous service for a test, closed at its end.
+func serve(t *testing.T, j *job) *bootstrap.Server {
+	t.Helper()
+	srv, err := j.newServer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
 }

@@ -209,11 +209,7 @@ func TestRankEnvForward(t *testing.T) {
 				},
 				logger: hclog.NewNullLogger(),
 			}
-			srv, err := j.newServer()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { srv.Close() })
+			srv := serve(t, j)
 			for r := range j.size() {
 				remote := !isLocal(j.hostOf[r], j.self)
 				env := j.rankEnv(r, srv, remote)

@@ -131,11 +131,7 @@ func TestPlaceJob(t *testing.T) {
 				},
 				logger: hclog.NewNullLogger(),
 			}
-			srv, err := j.newServer()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { srv.Close() })
+			serve(t, j)
 			if got := strings.Join(j.hostOf, " "); got != tt.want {
 				t.Errorf("ranks on %s, want %s", got, tt.want)
 			}
@@ -171,11 +167,7 @@ func TestPlaceBindingsByNode(t *testing.T) {
 				},
 				logger: hclog.NewNullLogger(),
 			}
-			srv, err := j.newServer()
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { srv.Close() })
+			serve(t, j)
 			bs, err := j.placeBindings()
 			if err != nil {
 				t.Fatal(err)
