@@ -55,6 +55,12 @@ func rankMain(role string) int {
 			return 1
 		}
 		fmt.Printf("rank %d of %d: shared window ok\n", c.Rank(), c.Size())
+	case "partitioned":
+		if err := partitionedAcrossProcesses(ctx, c); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Printf("rank %d of %d: partitioned ok\n", c.Rank(), c.Size())
 	case "exit3", "panic":
 		// The failing rank dies only once rank 0 printed the job id the
 		// test needs, and says so: mdrun ends the job at once.
@@ -208,6 +214,7 @@ func TestJobsThroughMdrun(t *testing.T) {
 		{"collectives", 5, nil, 0, []string{"[0] rank 0 of 5: collectives ok", "[4] rank 4 of 5: collectives ok"}},
 		{"collectives", 3, []string{"-plugins", "tcp-only.hcl"}, 0, []string{"[2] rank 2 of 3: collectives ok"}},
 		{"sharedwin", 3, nil, 0, []string{"[0] rank 0 of 3: shared window ok", "[2] rank 2 of 3: shared window ok"}},
+		{"partitioned", 2, nil, 0, []string{"[0] rank 0 of 2: partitioned ok", "[1] rank 1 of 2: partitioned ok"}},
 		{"exit3", 4, nil, 3, []string{"mdrun: rank 2", "exited with status 3"}},
 		{"panic", 4, nil, 2, []string{"mdrun: rank 1", "panic", "[1] panic: rank 1 gives up"}},
 	} {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 	"github.com/hpc-multidevice/multidevice/internal/leakcheck"
@@ -997,4 +998,94 @@ func BenchmarkPartitioned(b *testing.B) {
 			})
 		}
 	}
+}
+
+// partitionedAcrossProcesses is the "partitioned" role of
+// TestJobsThroughMdrun: rounds of partitioned messages from rank 0 to
+// rank 1 in processes of their own (over shm), cut alike or not, eager
+// and far beyond the eager limit, and an empty one in many partitions;
+// rank 0's goroutines ready the partitions at once, rank 1 checks each
+// partition as Parrived reports it and starts some rounds late, so that
+// the sender's messages come before its receives.
+func partitionedAcrossProcesses(ctx context.Context, c *adi.Comm) error {
+	for tag, tc := range []struct{ sends, recvs, length int }{
+		{3, 7, 21 * 4}, {3, 7, 21 * 3000}, {7, 3, 21 * 50000}, {1, 5, 5 << 18}, {64, 3, 64 * 3 * 1000}, {1000, 3, 0},
+	} {
+		const rounds = 5
+		sl, rl := tc.length/tc.sends, tc.length/tc.recvs
+		buf := make([]byte, tc.length)
+		if c.Rank() == 0 {
+			ps, err := c.PsendInit(buf, tc.sends, 1, tag)
+			if err != nil {
+				return err
+			}
+			for r := range rounds {
+				if err := ps.Start(); err != nil {
+					return err
+				}
+				errs := make([]error, tc.sends)
+				var wg sync.WaitGroup
+				for i := range tc.sends {
+					wg.Go(func() {
+						fillPart(buf[i*sl:(i+1)*sl], r, i*sl)
+						errs[i] = ps.Pready(i)
+					})
+				}
+				wg.Wait()
+				if err := errors.Join(errs...); err != nil {
+					return fmt.Errorf("case %d, round %d: %w", tag, r, err)
+				}
+				if _, err := ps.Wait(ctx); err != nil {
+					return fmt.Errorf("case %d, round %d: %w", tag, r, err)
+				}
+			}
+			continue
+		}
+		pr, err := c.PrecvInit(buf, tc.recvs, 0, tag)
+		if err != nil {
+			return err
+		}
+		for r := range rounds {
+			if r%2 == 0 {
+				time.Sleep(5 * time.Millisecond) // not asserted: lets the sender run ahead
+			}
+			if err := pr.Start(); err != nil {
+				return err
+			}
+			seen := make([]bool, tc.recvs)
+			for left := tc.recvs; left > 0; {
+				for j := range seen {
+					if seen[j] {
+						continue
+					}
+					ok, err := pr.Parrived(j)
+					if err != nil {
+						return fmt.Errorf("case %d, round %d: %w", tag, r, err)
+					}
+					if ok {
+						if err := checkPart(buf[j*rl:(j+1)*rl], r, j*rl); err != nil {
+							return fmt.Errorf("case %d: partition %d reported arrived: %w", tag, j, err)
+						}
+						seen[j] = true
+						left--
+					}
+				}
+				if ctx.Err() != nil {
+					return fmt.Errorf("case %d, round %d: partitions arrived: %v: %w", tag, r, seen, ctx.Err())
+				}
+				runtime.Gosched()
+			}
+			st, err := pr.Wait(ctx)
+			if err != nil {
+				return fmt.Errorf("case %d, round %d: %w", tag, r, err)
+			}
+			if st.Count != tc.length {
+				return fmt.Errorf("case %d, round %d: status %+v", tag, r, st)
+			}
+			if err := checkPart(buf, r, 0); err != nil {
+				return fmt.Errorf("case %d: %w", tag, err)
+			}
+		}
+	}
+	return nil
 }
