@@ -48,12 +48,16 @@ func (c *Comm) dupLocal() *Comm {
 	return own
 }
 
-// rootInit checks a persistent rooted collective's root.
-func (c *Comm) rootInit(name string, root int) error {
+// rootedInit is collInit for a rooted collective. It draws the context
+// first, as every rank does, and checks root after: a rank with a bad
+// root still draws, so its later Dups and Inits stay those of the other
+// ranks.
+func (c *Comm) rootedInit(name string, root int, start func(own *Comm) (*Request, error)) (*Request, error) {
+	q := c.collInit(start)
 	if root < 0 || root >= c.Size() {
-		return fmt.Errorf("adi: %s init: root: %w: %d not in [0,%d)", name, ErrRank, root, c.Size())
+		return nil, fmt.Errorf("adi: %s init: root: %w: %d not in [0,%d)", name, ErrRank, root, c.Size())
 	}
-	return nil
+	return q, nil
 }
 
 // BarrierInit makes a persistent Barrier (MPI_Barrier_init).
@@ -63,42 +67,27 @@ func (c *Comm) BarrierInit() (*Request, error) {
 
 // BcastInit makes a persistent Bcast of buf from root (MPI_Bcast_init).
 func (c *Comm) BcastInit(buf []byte, root int) (*Request, error) {
-	if err := c.rootInit("bcast", root); err != nil {
-		return nil, err
-	}
-	return c.collInit(func(own *Comm) (*Request, error) { return own.Ibcast(buf, root) }), nil
+	return c.rootedInit("bcast", root, func(own *Comm) (*Request, error) { return own.Ibcast(buf, root) })
 }
 
 // GatherInit makes a persistent Gather (MPI_Gather_init).
 func (c *Comm) GatherInit(send, recv []byte, root int) (*Request, error) {
-	if err := c.rootInit("gather", root); err != nil {
-		return nil, err
-	}
-	return c.collInit(func(own *Comm) (*Request, error) { return own.Igather(send, recv, root) }), nil
+	return c.rootedInit("gather", root, func(own *Comm) (*Request, error) { return own.Igather(send, recv, root) })
 }
 
 // GathervInit makes a persistent Gatherv (MPI_Gatherv_init).
 func (c *Comm) GathervInit(send []byte, recv [][]byte, root int) (*Request, error) {
-	if err := c.rootInit("gatherv", root); err != nil {
-		return nil, err
-	}
-	return c.collInit(func(own *Comm) (*Request, error) { return own.Igatherv(send, recv, root) }), nil
+	return c.rootedInit("gatherv", root, func(own *Comm) (*Request, error) { return own.Igatherv(send, recv, root) })
 }
 
 // ScatterInit makes a persistent Scatter (MPI_Scatter_init).
 func (c *Comm) ScatterInit(send, recv []byte, root int) (*Request, error) {
-	if err := c.rootInit("scatter", root); err != nil {
-		return nil, err
-	}
-	return c.collInit(func(own *Comm) (*Request, error) { return own.Iscatter(send, recv, root) }), nil
+	return c.rootedInit("scatter", root, func(own *Comm) (*Request, error) { return own.Iscatter(send, recv, root) })
 }
 
 // ScattervInit makes a persistent Scatterv (MPI_Scatterv_init).
 func (c *Comm) ScattervInit(send [][]byte, recv []byte, root int) (*Request, error) {
-	if err := c.rootInit("scatterv", root); err != nil {
-		return nil, err
-	}
-	return c.collInit(func(own *Comm) (*Request, error) { return own.Iscatterv(send, recv, root) }), nil
+	return c.rootedInit("scatterv", root, func(own *Comm) (*Request, error) { return own.Iscatterv(send, recv, root) })
 }
 
 // AllgatherInit makes a persistent Allgather (MPI_Allgather_init).
@@ -123,10 +112,7 @@ func (c *Comm) AlltoallvInit(send, recv [][]byte) (*Request, error) {
 
 // ReduceInit makes a persistent Reduce (MPI_Reduce_init).
 func ReduceInit[T Elem](c *Comm, send, recv []T, op Op[T], root int) (*Request, error) {
-	if err := c.rootInit("reduce", root); err != nil {
-		return nil, err
-	}
-	return c.collInit(func(own *Comm) (*Request, error) { return Ireduce(own, send, recv, op, root) }), nil
+	return c.rootedInit("reduce", root, func(own *Comm) (*Request, error) { return Ireduce(own, send, recv, op, root) })
 }
 
 // AllreduceInit makes a persistent Allreduce (MPI_Allreduce_init).

@@ -18,20 +18,14 @@ func (ic *Intercomm) collInit(start func(own *Intercomm) (*Request, error)) *Req
 	return ic.local.persistentColl(func() (*Request, error) { return start(own) })
 }
 
-// rootInit checks a persistent rooted collective's root.
-func (ic *Intercomm) rootInit(name string, root int) error {
-	if root != Root && root != ProcNull && (root < 0 || root >= ic.RemoteSize()) {
-		return fmt.Errorf("adi: intercomm %s init: root: %w: %d is neither Root, ProcNull nor a remote rank in [0,%d)", name, ErrRank, root, ic.RemoteSize())
-	}
-	return nil
-}
-
-// rootedInit is collInit for a rooted collective, after checking root.
+// rootedInit is collInit for a rooted collective: it draws the context
+// first and checks root after, as Comm's does.
 func (ic *Intercomm) rootedInit(name string, root int, start func(own *Intercomm) (*Request, error)) (*Request, error) {
-	if err := ic.rootInit(name, root); err != nil {
-		return nil, err
+	q := ic.collInit(start)
+	if root != Root && root != ProcNull && (root < 0 || root >= ic.RemoteSize()) {
+		return nil, fmt.Errorf("adi: intercomm %s init: root: %w: %d is neither Root, ProcNull nor a remote rank in [0,%d)", name, ErrRank, root, ic.RemoteSize())
 	}
-	return ic.collInit(start), nil
+	return q, nil
 }
 
 // BarrierInit makes a persistent Barrier.

@@ -89,11 +89,15 @@ func TestPersistentCollectives(t *testing.T) {
 func TestPersistentCollectiveRules(t *testing.T) {
 	cs := loopJob(t, 3)
 	ctx := ctxT(t)
-	if _, err := cs[0].BcastInit(nil, 3); !errors.Is(err, adi.ErrRank) {
-		t.Errorf("BcastInit with root 3 of 3: %v, want ErrRank", err)
-	}
-	if _, err := adi.ReduceInit(cs[0], []int64{1}, []int64{0}, adi.Sum, -1); !errors.Is(err, adi.ErrRank) {
-		t.Errorf("ReduceInit with root -1: %v, want ErrRank", err)
+	// Every rank makes the bad Inits, as a collective's calls are made:
+	// each still draws its context.
+	for _, c := range cs {
+		if _, err := c.BcastInit(nil, 3); !errors.Is(err, adi.ErrRank) {
+			t.Errorf("BcastInit with root 3 of 3: %v, want ErrRank", err)
+		}
+		if _, err := adi.ReduceInit(c, []int64{1}, []int64{0}, adi.Sum, -1); !errors.Is(err, adi.ErrRank) {
+			t.Errorf("ReduceInit with root -1: %v, want ErrRank", err)
+		}
 	}
 	reqs := make([]*adi.Request, 3)
 	bufs := make([][]byte, 3)
@@ -289,10 +293,10 @@ func TestPersistentNeighborCollectives(t *testing.T) {
 func TestPersistentIntercommCollectives(t *testing.T) {
 	xs := intercomms(t, splits[3])
 	ctx := ctxT(t)
-	if _, err := xs[0].ic.BcastInit(nil, xs[0].ic.RemoteSize()); !errors.Is(err, adi.ErrRank) {
-		t.Errorf("BcastInit with root %d of %d remote ranks: %v, want ErrRank", xs[0].ic.RemoteSize(), xs[0].ic.RemoteSize(), err)
-	}
 	eachIC(t, xs, func(x *icRank) error {
+		if _, err := x.ic.BcastInit(nil, x.ic.RemoteSize()); !errors.Is(err, adi.ErrRank) {
+			return fmt.Errorf("BcastInit with root %d of %d remote ranks: %v, want ErrRank", x.ic.RemoteSize(), x.ic.RemoteSize(), err)
+		}
 		send, sum := make([]int64, 1), make([]int64, 1)
 		mine, theirs := make([]byte, 1), make([]byte, x.ic.RemoteSize())
 		qs, err := adi.InterAllreduceInit(x.ic, send, sum, adi.Sum)
@@ -327,5 +331,31 @@ func TestPersistentIntercommCollectives(t *testing.T) {
 			}
 		}
 		return nil
+	})
+}
+
+// TestPersistentBadRootKeepsAlignment: a rank whose Init fails on its
+// root still draws the context the others draw, so the communicators
+// all of them make next are the same one.
+func TestPersistentBadRootKeepsAlignment(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		root := 0
+		if c.Rank() == 0 {
+			root = 7
+		}
+		if _, err := c.BcastInit(nil, root); (err != nil) != (c.Rank() == 0) {
+			return fmt.Errorf("BcastInit with root %d: %v", root, err)
+		}
+		d, err := c.Dup(ctx)
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 1 {
+			return d.Send(ctx, []byte("same"), 0, 3)
+		}
+		_, err = d.Recv(ctx, make([]byte, 4), 1, 3)
+		return err
 	})
 }
