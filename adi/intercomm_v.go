@@ -132,21 +132,22 @@ func (ic *Intercomm) Allgatherv(ctx context.Context, send []byte, recv [][]byte)
 		if err != nil {
 			return k.errorf("%w", err)
 		}
-		if total == 0 {
-			return nil
-		}
 		// A rank whose slices disagree takes part all the same, with
 		// the leader's total, so that the ranks below it in the
-		// broadcast get the blocks; it records the mismatch after.
-		blocks := scratch[byte](k, 1, total)
-		if ic.leader() {
-			off := 0
-			for _, b := range recv {
-				off += copy(blocks[off:], b)
+		// broadcast get the blocks; it records the mismatch after. With
+		// no bytes at all there is no second broadcast, on any rank.
+		var blocks []byte
+		if total > 0 {
+			blocks = scratch[byte](k, 1, total)
+			if ic.leader() {
+				off := 0
+				for _, b := range recv {
+					off += copy(blocks[off:], b)
+				}
 			}
-		}
-		if err := ic.localBcast(k, blocks); err != nil {
-			return err
+			if err := ic.localBcast(k, blocks); err != nil {
+				return err
+			}
 		}
 		if ic.leader() {
 			return nil

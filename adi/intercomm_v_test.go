@@ -300,6 +300,15 @@ func TestIntercommVMismatch(t *testing.T) {
 			// The same total as its leader's: only the lengths tell.
 			return x.ic.Allgatherv(ctx, make([]byte, n), blocks(x, n, 3, 0, 1))
 		}, []int{3}, map[int]string{3: "block of remote rank 0: " + adi.ErrMismatch.Error()}},
+		{"allgatherv, every block empty but a rank of group 1 expects one", func(x *icRank, n int) error {
+			// The leader's total is 0: no blocks travel, but world 3's
+			// slices still disagree with the lengths.
+			recv := make([][]byte, len(x.remote))
+			if x.me == 3 {
+				recv[0] = make([]byte, 5)
+			}
+			return x.ic.Allgatherv(ctx, nil, recv)
+		}, []int{3}, map[int]string{3: "block of remote rank 0: " + adi.ErrMismatch.Error()}},
 		{"alltoallv, a rank of group 1 short of a block", func(x *icRank, n int) error {
 			return x.ic.Alltoallv(ctx, blocks(x, n, -1, -1, -1), blocks(x, n, 3, 1, -1))
 		}, []int{3}, map[int]string{3: "from rank 1: "}},
