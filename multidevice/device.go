@@ -103,6 +103,10 @@ type Device struct {
 	syncSend   map[uint64]*Request      // synchronous eager sends waiting for the acknowledgement
 	placing    []placedEager            // eager messages matched in Place, waiting for their Deliver: place.go
 	filling    []placedBlock            // rendezvous blocks given a place, being filled: place.go
+	// held: receives from one source that a matching subdevice holds
+	// alone (Request.atSub), by id, so that a loss of the source or Close
+	// can fail them. Whoever takes one out (unhold) completes it.
+	held map[uint64]*Request
 
 	genMu sync.Mutex
 	gen   chan struct{} // closed and replaced on a completion or arrival after Changed
@@ -169,6 +173,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 		rndvRecv:  make(map[uint64]*Request),
 		abandoned: make(map[uint64]abandonedRecv),
 		syncSend:  make(map[uint64]*Request),
+		held:      make(map[uint64]*Request),
 		gen:       make(chan struct{}),
 	}
 	d.lanes = make([]lane, d.size)
@@ -655,13 +660,34 @@ func (d *Device) shutdown(ctx context.Context) error {
 }
 
 // failAll completes every outstanding request with err, but for the
-// receives whose buffers the subdevices in unclosed were given as places:
-// a subdevice whose Close failed may still be filling them (sdi.Placer
-// ends a place only at its Deliver or a report of the peer down).
+// receives whose buffers the subdevices in unclosed may still write into:
+// those they were given as places (sdi.Placer ends a place only at its
+// Deliver or a report of the peer down), those a matching subdevice holds
+// (its Done may yet come), and duplicated receives whose claim a copy in
+// one of them may have won.
 func (d *Device) failAll(err error, unclosed map[int]bool) {
+	matcherUnclosed := false
+	for _, idx := range d.matchers {
+		matcherUnclosed = matcherUnclosed || unclosed[idx]
+	}
 	d.mu.Lock()
 	var reqs []*Request
-	reqs = append(reqs, d.posted.take()...)
+	for _, r := range d.posted.take() {
+		// Taking the claim keeps every copy out of the buffer. A copy
+		// that won it first completes r by its Done, which a closed
+		// subdevice no longer calls; which subdevice won is not known
+		// (the claim holds the subdevice's own id).
+		if r.claim != nil && !r.claim.TryClaim(claimCancel) && matcherUnclosed {
+			continue
+		}
+		reqs = append(reqs, r)
+	}
+	for id, r := range d.held {
+		if !unclosed[r.atSub] { // closed: it delivers nothing any more
+			reqs = append(reqs, r)
+			delete(d.held, id)
+		}
+	}
 	for _, p := range d.placing {
 		if !unclosed[p.sub] {
 			reqs = append(reqs, p.r)

@@ -163,9 +163,26 @@ func (d *Device) failPeer(peer int, why, cause error) {
 		}
 		i++
 	}
+	// Receives a matching subdevice holds: only it can give them back,
+	// and only those it still has not matched fail (what the peer sent
+	// before is received). postHeld cancels those it posts after this.
+	type heldRecv struct {
+		s  *subdev
+		id uint64
+	}
+	var held []heldRecv
+	for id, r := range d.held {
+		if r.peer == int32(peer) {
+			held = append(held, heldRecv{d.subs[r.atSub], id})
+		}
+	}
 	d.mu.Unlock()
 	for _, r := range failed {
 		r.complete(Status{}, cause)
+	}
+	for _, h := range held {
+		// Handler callbacks must not call into a subdevice: go through the engine.
+		d.out.push(outItem{fn: func() { d.cancelHeld(h.s, h.id, Status{}, cause) }})
 	}
 	// Probes waiting for the peer fail now (Iprobe reports the loss), but
 	// only look again when something changes.

@@ -43,9 +43,7 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	r.tag, r.context, r.buf = int32(tag), context, buf
 
 	if src != AnySource && d.matchSub[src] >= 0 {
-		r.id = d.nextID.Add(1)
-		r.atSub = d.matchSub[src]
-		return r, d.postToSub(r, d.subs[r.atSub])
+		return r, d.postHeld(r, int32(src))
 	}
 	if src == AnySource && len(d.matchers) > 0 {
 		r.id = d.nextID.Add(1) // before r is published: its copies carry it
@@ -97,17 +95,80 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	return r, nil
 }
 
+// postHeld posts r, a receive from src, into the matching subdevice that
+// carries all of src's traffic, which then holds it alone. d.held keeps it
+// findable until that subdevice completes it or gives it back, so that
+// the loss of src (failPeer) or Close (failAll) can fail it.
+func (d *Device) postHeld(r *Request, src int32) error {
+	id := d.nextID.Add(1)
+	r.id, r.atSub = id, d.matchSub[src]
+	s := d.subs[r.atSub]
+	// Close marks the device closed before failAll takes the lock to
+	// sweep d.held: r is either swept there or sees the mark here.
+	d.mu.Lock()
+	if d.closed.Load() {
+		d.mu.Unlock()
+		r.completeOwned(Status{}, ErrClosed)
+		return nil
+	}
+	d.held[id] = r
+	d.mu.Unlock()
+	if err := d.postToSub(r, s); err != nil {
+		if d.unhold(id) == nil {
+			return nil // failAll took r and completes it
+		}
+		return err
+	}
+	// A lost source is not checked before posting: what it sent before
+	// its loss may wait, unexpected, in the subdevice, and is received
+	// (the posted path looks at d.unexpected first too). failPeer marks
+	// the loss before it sweeps d.held, and its cancel may have reached
+	// the subdevice before r did; then r was registered before the sweep,
+	// so this load, after PostRecv, sees the mark. Either way a cancel
+	// follows PostRecv, and Done or it completes r.
+	if lost := d.peerErr(src); lost != nil {
+		d.cancelHeld(s, id, Status{}, lost)
+	}
+	return nil
+}
+
+// unhold takes the receive id out of d.held and returns it, or nil if
+// somebody else took it: the caller that gets it completes it.
+func (d *Device) unhold(id uint64) *Request {
+	d.mu.Lock()
+	r := d.held[id]
+	if r != nil {
+		delete(d.held, id)
+	}
+	d.mu.Unlock()
+	return r
+}
+
+// cancelHeld takes the held receive id back from s and, if s gave it back,
+// completes it with st and err. It calls into s: handler callbacks go
+// through the outbox.
+func (d *Device) cancelHeld(s *subdev, id uint64, st Status, err error) {
+	if !s.matcher.CancelRecv(id) {
+		return // it matched: its Done completes it
+	}
+	if r := d.unhold(id); r != nil {
+		r.complete(st, err)
+	}
+}
+
 // postToSub posts r (or its duplicate) into a matching subdevice.
 func (d *Device) postToSub(r *Request, s *subdev) error {
-	// Read before Done completes r: a receive without a claim may be
-	// reused as soon as it completes.
-	claim := r.claim
+	// Read now: once r completes it may be reused.
+	claim, id := r.claim, r.id
 	p := &sdi.PostedRecv{
-		ID: r.id, Source: sdi.Rank(r.peer), Tag: r.tag, Context: r.context, Buf: r.buf, Claim: claim,
+		ID: id, Source: sdi.Rank(r.peer), Tag: r.tag, Context: r.context, Buf: r.buf, Claim: claim,
 		Done: func(env sdi.Envelope, n int, err error) {
 			st := Status{Source: int(env.Source), Tag: int(env.Tag), Count: n}
 			if err == nil && env.Len > n {
 				err = fmt.Errorf("%w: message of %d bytes, buffer of %d", ErrTruncated, env.Len, n)
+			}
+			if claim == nil && d.unhold(id) == nil {
+				return // taken by failAll, or by a cancel the subdevice granted: not this Done's
 			}
 			r.complete(st, err)
 			if claim != nil {
@@ -328,9 +389,7 @@ func (d *Device) Cancel(r *Request) {
 	cancelled := Status{Source: AnySource, Tag: AnyTag, Cancelled: true}
 	switch {
 	case r.atSub >= 0:
-		if d.subs[r.atSub].matcher.CancelRecv(r.id) {
-			r.complete(cancelled, ErrCanceled)
-		}
+		d.cancelHeld(d.subs[r.atSub], r.id, cancelled, ErrCanceled)
 	case r.claim != nil:
 		if !r.claim.TryClaim(claimCancel) {
 			return // a copy matched; it completes the request

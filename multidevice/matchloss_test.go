@@ -1,0 +1,242 @@
+package multidevice
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
+)
+
+// tmHooks change what the matching subdevice of hookedJob does. They are
+// set before the job opens and only read afterwards.
+type tmHooks struct {
+	// gate, when set, stops rank 0's first PostRecv of a receive without
+	// a claim: it signals entered and waits until gate is closed.
+	gate, entered chan struct{}
+	// hold makes PostRecv of a duplicated receive take the claim and keep
+	// the receive without ever filling it, as a transfer under way would.
+	hold bool
+	// failClose makes Close fail after closing, as one whose ctx ended.
+	failClose bool
+}
+
+type tmHooked struct {
+	*tmDev
+	hooks *tmHooks
+	gated atomic.Bool
+}
+
+func (h *tmHooked) PostRecv(p *sdi.PostedRecv) error {
+	if h.hooks.gate != nil && h.rank == 0 && p.Claim == nil && h.gated.CompareAndSwap(false, true) {
+		h.hooks.entered <- struct{}{}
+		<-h.hooks.gate
+	}
+	if h.hooks.hold && p.Claim != nil {
+		p.Claim.TryClaim(h.claimID)
+		return nil
+	}
+	return h.tmDev.PostRecv(p)
+}
+
+func (h *tmHooked) Close(ctx context.Context) error {
+	err := h.tmDev.Close(ctx)
+	if h.hooks.failClose {
+		return errors.Join(err, errors.New("tm: close: a transfer still under way"))
+	}
+	return err
+}
+
+// hookedJob is anyJob with hooks on tm: ranks 0..2 talk over tm, rank 3
+// over the loopback.
+func hookedJob(t testing.TB, hooks *tmHooks) []*Device {
+	tm := newTMFabric()
+	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	route := func(sd string) []conntable.Route { return []conntable.Route{{SubDevice: sd}} }
+	tables := func(r int) *conntable.Table {
+		t := &conntable.Table{Version: conntable.Version}
+		if r == 3 {
+			t.Peers = []conntable.Entry{{To: "*", Routes: map[string][]conntable.Route{"*": route("loop")}}}
+		} else {
+			t.Peers = []conntable.Entry{
+				{To: "rank:3", Routes: map[string][]conntable.Route{"*": route("loop")}},
+				{To: "*", Routes: map[string][]conntable.Route{"*": route("tm")}},
+			}
+		}
+		return t
+	}
+	newTM := func(l hclog.Logger) sdi.SubDevice { return &tmHooked{tmDev: tm.New(l).(*tmDev), hooks: hooks} }
+	devs := openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: tables,
+		factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
+	if devs[0].matchSub[1] < 0 || devs[0].matchSub[2] < 0 || devs[0].matchSub[3] >= 0 {
+		t.Fatal("ranks 1 and 2 are not routed over the matching subdevice alone; the test proves nothing")
+	}
+	return devs
+}
+
+// loseRank reports rank peer lost to d by the subdevice carrying it.
+func loseRank(d *Device, peer int) {
+	h := &handler{d: d, sub: d.routes[peer][0]}
+	h.PeerDown(sdi.Rank(peer), errors.New("link gone"))
+}
+
+// waitDone waits for r with a watchdog against hangs.
+func waitDone(t *testing.T, r *Request) (Status, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	st, err := r.Wait(ctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatal("request did not complete")
+	}
+	return st, err
+}
+
+// TestHeldRecvPeerLoss: a receive naming a source that a matching
+// subdevice carries fails with ErrPeerDown when the source is lost,
+// whether it was posted before the loss, after it, or while the loss was
+// being handled, but gets what the source sent before.
+func TestHeldRecvPeerLoss(t *testing.T) {
+	t.Run("posted before", func(t *testing.T) {
+		devs := hookedJob(t, &tmHooks{})
+		var r, other Request
+		if err := devs[0].IrecvRequest(&r, make([]byte, 8), 1, 5, 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := devs[0].IrecvRequest(&other, make([]byte, 8), 2, 5, 2); err != nil {
+			t.Fatal(err)
+		}
+		loseRank(devs[0], 1)
+		if _, err := waitDone(t, &r); !errors.Is(err, ErrPeerDown) {
+			t.Fatalf("receive from the lost rank: %v, want ErrPeerDown", err)
+		}
+		if other.isDone() {
+			t.Fatalf("receive from rank 2 completed by rank 1's loss: %v", other.err)
+		}
+		// Reused, r fails at once; the other source still delivers.
+		if err := devs[0].IrecvRequest(&r, make([]byte, 8), 1, 5, 2); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := waitDone(t, &r); !errors.Is(err, ErrPeerDown) {
+			t.Fatalf("reused receive from the lost rank: %v, want ErrPeerDown", err)
+		}
+		if err := devs[2].Send(context.Background(), []byte("from two"), 0, 5, 2, false); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := waitDone(t, &other); err != nil || st.Source != 2 {
+			t.Fatalf("receive from rank 2: %+v, %v", st, err)
+		}
+	})
+	t.Run("posted after", func(t *testing.T) {
+		devs := hookedJob(t, &tmHooks{})
+		loseRank(devs[0], 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := devs[0].Recv(ctx, make([]byte, 8), 1, 5, 2); !errors.Is(err, ErrPeerDown) {
+			t.Fatalf("receive posted after the loss: %v, want ErrPeerDown", err)
+		}
+	})
+	t.Run("sent before the loss", func(t *testing.T) {
+		devs := hookedJob(t, &tmHooks{})
+		if err := devs[1].Send(context.Background(), []byte("last words"), 0, 5, 2, false); err != nil {
+			t.Fatal(err)
+		}
+		// The message waits, unexpected, in rank 0's tm.
+		for {
+			if _, ok, err := devs[0].Iprobe(1, 5, 2); err != nil {
+				t.Fatal(err)
+			} else if ok {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		loseRank(devs[0], 1)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		buf := make([]byte, 16)
+		st, err := devs[0].Recv(ctx, buf, 1, 5, 2)
+		if err != nil || string(buf[:st.Count]) != "last words" {
+			t.Fatalf("message sent before the loss: %q, %v", buf[:st.Count], err)
+		}
+		if _, err := devs[0].Recv(ctx, buf, 1, 5, 2); !errors.Is(err, ErrPeerDown) {
+			t.Fatalf("next receive: %v, want ErrPeerDown", err)
+		}
+	})
+	t.Run("lost while posting", func(t *testing.T) {
+		// The loss's sweep finds the receive registered but tries to
+		// cancel it before the subdevice has it; the receive must then
+		// notice the loss itself.
+		hooks := &tmHooks{gate: make(chan struct{}), entered: make(chan struct{})}
+		devs := hookedJob(t, hooks)
+		var r Request
+		posted := make(chan error, 1)
+		go func() { posted <- devs[0].IrecvRequest(&r, make([]byte, 8), 1, 5, 2) }()
+		<-hooks.entered
+		loseRank(devs[0], 1)
+		swept := make(chan struct{})
+		devs[0].out.push(outItem{fn: func() { close(swept) }}) // runs after the sweep's jobs
+		<-swept
+		close(hooks.gate)
+		if err := <-posted; err != nil {
+			t.Fatal(err)
+		}
+		if _, err := waitDone(t, &r); !errors.Is(err, ErrPeerDown) {
+			t.Fatalf("receive posted as its source was lost: %v, want ErrPeerDown", err)
+		}
+	})
+}
+
+// TestHeldRecvClose: Close fails the receives that matching subdevices
+// hold, but not those a subdevice whose Close failed may still fill.
+func TestHeldRecvClose(t *testing.T) {
+	tests := []struct {
+		name      string
+		src       int
+		hooks     tmHooks
+		wantFail  bool // Close fails (tm's Close does)
+		wantError error
+	}{
+		{name: "named source", src: 1, wantError: ErrClosed},
+		{name: "any source", src: AnySource, wantError: ErrClosed},
+		{name: "named source, close failed", src: 1, hooks: tmHooks{failClose: true}, wantFail: true},
+		{name: "any source held, close failed", src: AnySource, hooks: tmHooks{failClose: true, hold: true}, wantFail: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			devs := hookedJob(t, &tt.hooks)
+			var r Request
+			if err := devs[0].IrecvRequest(&r, make([]byte, 8), tt.src, 5, 2); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			errs := make([]error, len(devs))
+			var wg sync.WaitGroup
+			for i, d := range devs {
+				wg.Go(func() { errs[i] = d.Close(ctx) })
+			}
+			wg.Wait()
+			if failed := errs[0] != nil; failed != tt.wantFail {
+				t.Fatalf("rank 0 Close: %v; want failure %v", errs[0], tt.wantFail)
+			}
+			if tt.wantError == nil {
+				// Close returned: failAll ran. The subdevice that did not
+				// close may still write the buffer: r must stay pending.
+				if r.isDone() {
+					t.Fatalf("receive a subdevice whose Close failed holds completed: %v", r.err)
+				}
+				return
+			}
+			if _, err := waitDone(t, &r); !errors.Is(err, tt.wantError) {
+				t.Fatalf("receive outstanding at Close: %v, want %v", err, tt.wantError)
+			}
+		})
+	}
+}
