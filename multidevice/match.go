@@ -167,13 +167,14 @@ func (d *Device) postToSub(r *Request, s *subdev) error {
 			if err == nil && env.Len > n {
 				err = fmt.Errorf("%w: message of %d bytes, buffer of %d", ErrTruncated, env.Len, n)
 			}
-			if claim == nil && d.unhold(id) == nil {
+			if claim != nil {
+				// Before completing: r may be reused once it completes.
+				// This copy won the claim, so nobody else completes r.
+				d.dropCopies(r, s.idx)
+			} else if d.unhold(id) == nil {
 				return // taken by failAll, or by a cancel the subdevice granted: not this Done's
 			}
 			r.complete(st, err)
-			if claim != nil {
-				d.dropCopies(r, s.idx)
-			}
 		},
 	}
 	if err := s.matcher.PostRecv(p); err != nil {
@@ -183,7 +184,11 @@ func (d *Device) postToSub(r *Request, s *subdev) error {
 }
 
 // dropCopies removes the copies of a duplicated receive that did not win:
-// the one here and those in matching subdevices other than winner.
+// the one here and those in matching subdevices other than winner. Its
+// callers complete r only after it: the queued cancels carry r's id, not
+// r, since r may be reused once complete, and a copy that is still
+// posted meanwhile writes nothing (its claim is taken) and is dropped
+// without Done (sdi.Matcher).
 func (d *Device) dropCopies(r *Request, winner int) {
 	if winner != 0 {
 		d.mu.Lock()

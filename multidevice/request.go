@@ -258,15 +258,17 @@ func (r *Request) frameDone(err error) {
 }
 
 // reusable reports whether nothing but its owner can still reach r: it
-// completed, no matching subdevice holds a copy of it, and no frame of it
-// is still queued or in flight (a send failed by a lost peer completes
-// before its frames are done). A receive a matching subdevice held alone
-// (atSub) completes only by that subdevice's Done or a CancelRecv that
-// removed it, so it holds nothing then; the copies of a duplicated
-// ANY_SOURCE receive (claim) may sit in other subdevices until their
-// cancels run, and its winner's Done still reaches r after completing it.
+// completed, and no frame of it is still queued or in flight (a send
+// failed by a lost peer completes before its frames are done). A receive
+// a matching subdevice held alone (atSub) completes only by that
+// subdevice's Done, a CancelRecv that removed it or, once the subdevice
+// closed, failAll, so nothing holds it then. The copies of a duplicated
+// ANY_SOURCE receive (claim) may still sit in matching subdevices until
+// their queued cancels run, but r's completer won the claim, so they
+// write nothing and call no Done (sdi.Matcher), and the cancels carry
+// r's id, not r (dropCopies): a new receive in r has a new id and claim.
 func (r *Request) reusable() bool {
-	return r.isDone() && r.claim == nil && r.pending.Load() == 0
+	return r.isDone() && r.pending.Load() == 0
 }
 
 // reset readies a completed request for reuse by the device's pool. The
