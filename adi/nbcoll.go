@@ -54,7 +54,18 @@ func (g *background) serve(w *Win, run func(ctx context.Context)) error {
 	return nil
 }
 
-// unserve stops w's server.
+// stop stops w's server and leaves w among the windows Finalize ends,
+// for one stopped before Free, which unserves it.
+func (g *background) stop(w *Win) {
+	g.mu.Lock()
+	cancel := g.servers[w]
+	g.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// unserve stops w's server, which Free ends: Finalize no longer does.
 func (g *background) unserve(w *Win) {
 	g.mu.Lock()
 	cancel := g.servers[w]

@@ -583,10 +583,7 @@ func (w *Win) applyWaiting(ctx context.Context) error {
 	for ctx.Err() == nil {
 		took, err := w.applyNext(whole)
 		if err != nil {
-			w.smu.Lock()
-			w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window stopped: %w", err))
-			w.smu.Unlock()
-			w.c.w.bg.unserve(w)
+			w.halt(err)
 			return err
 		}
 		if !took {
@@ -594,6 +591,16 @@ func (w *Win) applyWaiting(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// halt stops the window's server after err, a failure to receive an
+// operation, which is lost: every later Fence fails with err. The window
+// is still Free's or, if never freed, Finalize's to end.
+func (w *Win) halt(err error) {
+	w.smu.Lock()
+	w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window stopped: %w", err))
+	w.smu.Unlock()
+	w.c.w.bg.stop(w)
 }
 
 // caughtUp reports whether every operation the Fences announced has been

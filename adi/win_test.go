@@ -196,6 +196,31 @@ func TestWinFinalize(t *testing.T) {
 	}
 }
 
+// TestWinFinalizeHalted: a window whose server stopped because a Fence
+// could not receive an operation ends with the world all the same: its
+// calls fail afterwards as after Free, Attach among them.
+func TestWinFinalizeHalted(t *testing.T) {
+	ws := job(t, 2)
+	wins := make([]*adi.Win, 2)
+	each(t, []*adi.Comm{ws[0].Comm(), ws[1].Comm()}, func(c *adi.Comm) error {
+		w, err := c.WinCreateDynamic(ctxT(t))
+		if err != nil {
+			return err
+		}
+		wins[c.Rank()] = w
+		adi.Halt(w, errors.New("a receive failed, as the test has it"))
+		return ws[c.Rank()].Finalize(context.Background())
+	})
+	if g := leakcheck.Goroutines("adi.(*Win).serve"); g != "" {
+		t.Errorf("window servers left after Finalize:\n%s", g)
+	}
+	for r, w := range wins {
+		if _, err := w.Attach(make([]byte, 8)); err == nil || !strings.Contains(err.Error(), "window freed") {
+			t.Errorf("rank %d: attach after Finalize: %v", r, err)
+		}
+	}
+}
+
 // TestWinLock: ranks increment a counter in rank 0's window with a read,
 // a flush and a write under an exclusive lock, and read it under shared
 // locks; no increment is lost, as one would be if two ranks held the
