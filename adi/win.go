@@ -107,12 +107,15 @@ type Win struct {
 	// for the wait that follows to return.
 	expect   map[*Request]rmaAccess
 	reported []error
-	// Answers to flush and unlock requests, and Fence's reports, that a
-	// call whose ctx ended left unread; read by the next that can.
+	// Answers to flush and unlock requests that a call whose ctx ended
+	// left unread; read by the next that can.
 	leftovers []leftover
-	// Fences called on the window: the tag of a dynamic window's report
-	// exchange, so that a report a failed Fence left unread matches no
-	// other Fence's.
+	// Receives of a dynamic window's Fence reports that a Fence whose
+	// ctx ended kept, at most one from each rank; read by the next Fence.
+	reports []leftover
+	// Fences called on the window: the epoch a dynamic window's Fence
+	// sends with its reports, so that the receiving Fence can tell an
+	// earlier Fence's report, which it returns too, from its own.
 	fences uint64
 	// exchanging, set by tests only, runs in a dynamic window's Fence
 	// once its receives of the reports are posted, before it sends its own.
@@ -543,12 +546,10 @@ func (w *Win) Fence(ctx context.Context) error {
 			}
 			// Every target has applied every request this rank sent:
 			// the answers that calls whose ctx ended left have come,
-			// or are on their way. Earlier Fences' reports are taken
-			// if they came.
+			// or are on their way.
 			answered, err := w.settle(ctx, w.takeLeftovers(w.ranks()), true)
-			reported, terr := w.settle(ctx, w.takeLeftovers(nil), false)
-			missed = errors.Join(missed, answered, reported)
-			if err := errors.Join(err, terr); err != nil {
+			missed = errors.Join(missed, answered)
+			if err != nil {
 				return fmt.Errorf("adi: fence: %w", errors.Join(missed, err))
 			}
 			w.ack(writes, w.ranks()) // every rank applied what it was sent
@@ -987,12 +988,13 @@ func (w *Win) roundTripsMissed(ctx context.Context, h rmaHeader, targets []int) 
 // and sent it, or will: the window keeps the answer so that a later call
 // reads the report, and returns it, rather than no call at all. Later
 // flushes and unlocks of the target, and Fence, wait for the answers to
-// requests, which the target applies whatever happens; every wait tests
-// them all. A Fence's report is only tested, since a rank whose Fence
-// failed before its exchange never sends it.
+// requests (w.leftovers), which the target applies whatever happens;
+// every wait tests them all. A Fence's report (w.reports) is read by the
+// next Fence alone, which waits for it: the target's next Fence sends
+// one (see exchangeMisses).
 type leftover struct {
 	q      *Request
-	report []byte // where the report comes: missReportSize bytes; nil on a window that is not dynamic
+	report []byte // where the report comes: missReportSize bytes, fenceReportSize for a Fence's; nil on a window that is not dynamic
 	target int
 	kind   byte   // rmaFlush, rmaUnlock, or 0 for a Fence's report
 	writes uint64 // a request's: the puts and accumulates sent target before it, applied once it is answered
@@ -1006,24 +1008,32 @@ func (l leftover) what() string {
 	return rmaName(l.kind) + " acknowledgement"
 }
 
-// keep keeps ls, answers not read yet, for a later call.
+// keep keeps ls, answers not read yet, for a later call: Fence reports
+// for the next Fence, the others for the next wait.
 func (w *Win) keep(ls []leftover) {
 	if len(ls) == 0 {
 		return
 	}
 	w.mu.Lock()
-	w.leftovers = append(w.leftovers, ls...)
+	for _, l := range ls {
+		if l.kind == 0 {
+			w.reports = append(w.reports, l)
+		} else {
+			w.leftovers = append(w.leftovers, l)
+		}
+	}
 	w.mu.Unlock()
 }
 
 // takeLeftovers takes the kept answers to flush and unlock requests sent
-// to targets, or every kept answer if targets is nil.
+// to targets: none if there are none, as for a flush with nothing to
+// flush, which must not wait for the answers of targets it does not ask.
 func (w *Win) takeLeftovers(targets []int) []leftover {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	var took []leftover
 	w.leftovers = slices.DeleteFunc(w.leftovers, func(l leftover) bool {
-		if targets != nil && (l.kind == 0 || !slices.Contains(targets, l.target)) {
+		if !slices.Contains(targets, l.target) {
 			return false
 		}
 		took = append(took, l)
@@ -1062,17 +1072,12 @@ func (w *Win) settle(ctx context.Context, ls []leftover, block bool) (missed, er
 			errs = append(errs, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), qerr))
 			continue
 		}
-		m, derr := decodeMissReport(l.report[:st.Count])
-		switch {
-		case derr != nil:
-			errs = append(errs, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), derr))
-		case m.count > 0:
-			misses = append(misses, m.err(l.target))
+		miss, _, rerr := w.read(l, st)
+		if rerr != nil {
+			errs = append(errs, rerr)
 		}
-		if l.kind != 0 {
-			w.mu.Lock()
-			w.acked[l.target] = max(w.acked[l.target], l.writes)
-			w.mu.Unlock()
+		if miss != nil {
+			misses = append(misses, miss)
 		}
 	}
 	w.keep(kept)
@@ -1080,6 +1085,30 @@ func (w *Win) settle(ctx context.Context, ls []leftover, block bool) (missed, er
 		errs = append(errs, werr)
 	}
 	return errors.Join(misses...), errors.Join(errs...)
+}
+
+// read reads l's answer, which came with st: the miss it reports
+// (ErrNoRegion), if any, and for a Fence's report the epoch of the Fence
+// that sent it. An answer to a flush or unlock request also says its
+// target applied the puts and accumulates sent before it, garbled or
+// not: the target answers once it has.
+func (w *Win) read(l leftover, st Status) (miss error, epoch uint64, err error) {
+	var m missReport
+	if l.kind == 0 {
+		epoch, m, err = decodeFenceReport(l.report[:st.Count])
+	} else {
+		m, err = decodeMissReport(l.report[:st.Count])
+		w.mu.Lock()
+		w.acked[l.target] = max(w.acked[l.target], l.writes)
+		w.mu.Unlock()
+	}
+	switch {
+	case err != nil:
+		return nil, 0, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), err)
+	case m.count > 0:
+		miss = m.err(l.target)
+	}
+	return miss, epoch, nil
 }
 
 // ask sends a request h (lock, unlock, flush) to every target and

@@ -48,14 +48,20 @@ import (
 //     that asks it, or at the next Fence, whichever comes first.
 // Each miss is reported once, by one call: also when a flush's, Unlock's
 // or Fence's ctx ends after its request or report has left, for the
-// target has then taken its record out and sent it; the window keeps the
-// answer, and a later flush or Unlock of that target, or Fence, reads
-// it (any flush or Unlock once it has come). An Unlock or UnlockAll that fails with
-// ErrNoRegion alone has still released its locks, and a Fence has still
-// ended its epoch; a Flush or FlushAll has still completed the rest.
-// Operations of no bytes touch nothing and never miss. A dynamic
-// window's Fence ends with an Alltoall of the reports where the other
-// windows' ends with a Barrier.
+// target has then taken its record out and sent it. The window keeps an
+// answer to a flush or Unlock, and a later flush or Unlock of that
+// target, or Fence, reads it (any flush or Unlock once it has come); it
+// keeps the receive of a Fence's report, and the next Fence reads it. A
+// report that a Fence failed before it could receive (its ctx ended
+// before the exchange, or the sender's Fence ran its exchange, this
+// rank's did not) is returned by this rank's next Fence. An Unlock or
+// UnlockAll that fails with ErrNoRegion alone has still released its
+// locks, and a Fence has still ended its epoch; a Flush or FlushAll has
+// still completed the rest. Operations of no bytes touch nothing and
+// never miss. Where the other windows' Fence ends with a Barrier, a
+// dynamic window's ends with the reports: each rank sends every other
+// its report, point to point, and waits for theirs, which is a barrier
+// too.
 
 // ErrNoRegion: an operation on a dynamic window named an address where
 // the target had no memory attached (its error says which target,
@@ -261,6 +267,12 @@ func (w *Win) takeMissed(src int) []byte {
 	return b
 }
 
+// fenceReportTag is the tag of a dynamic window's Fence reports, on the
+// requests' context: one for every Fence, never rmaTag, so that a report
+// is received by whichever Fence of its target's next posts a receive
+// from its sender (see exchangeMisses).
+const fenceReportTag = rmaTag + 1
+
 // exchangeMisses tells every origin which of its puts and accumulates
 // found no memory attached on this rank, and returns what the targets
 // said of this rank's (ErrNoRegion): Fence's last step on a dynamic
@@ -268,31 +280,40 @@ func (w *Win) takeMissed(src int) []byte {
 // before every rank has sent its part. Its error is the exchange's; the
 // misses come with it.
 //
-// The reports go point to point, on the requests' context with a tag of
-// the epoch's, rather than in an Alltoall, so that the receives of a
-// Fence whose ctx ended stay (see [leftover]): the other ranks took
-// their records out and sent them, and a later call reads them. This
+// The reports go point to point, under one tag, each with the epoch of
+// the Fence that sent it, rather than in an Alltoall, so that a Fence
+// whose ctx ended can keep its receives: the other ranks took their
+// records out and sent them. Each report is read by one receive, in the
+// order its sender sent them (messages from one rank under one tag are
+// not overtaken): this Fence waits on the receives earlier Fences kept,
+// then receives from each rank until a report of this epoch (or a later
+// one) comes, returning the misses of the earlier ones too. So a report
+// sent to a Fence of this rank's that failed before its exchange is read
+// by the next, and a receive kept by one that failed in it completes
+// with the sender's next report, which the sender's next Fence sends
+// (also when the sender's own Fence had failed before its exchange and
+// sent nothing): the next Fence waits for it rather than leave it. This
 // rank's records are taken only once its receives are posted, and sent
-// at once, whatever ctx does; those a failed send did not carry are
-// kept for the next Fence.
+// at once, whatever ctx does; those a failed send did not carry are kept
+// for the next Fence.
 func (w *Win) exchangeMisses(ctx context.Context, epoch uint64) (missed, err error) {
 	n, me := len(w.sizes), w.c.Rank()
-	tag := int(epoch%MaxTag) + 1 // never rmaTag, the requests'
-	in := make([]byte, n*missReportSize)
-	recvs := make([]leftover, 0, n-1)
+	recvs := w.takeReports()
+	waiting := make([]bool, n)
+	for _, l := range recvs {
+		waiting[l.target] = true
+	}
 	for i := 1; i < n; i++ {
 		t := (me - i + n) % n
-		q, err := w.c.Irecv(in[t*missReportSize:(t+1)*missReportSize], t, tag)
+		if waiting[t] {
+			continue
+		}
+		l, err := w.receiveReport(t)
 		if err != nil {
-			for _, l := range recvs {
-				l.q.Cancel() // nothing is sent: no report can match them
-			}
+			w.keep(recvs) // each is answered by its sender's next report
 			return nil, fmt.Errorf("report from rank %d: %w", t, err)
 		}
-		recvs = append(recvs, leftover{q: q, report: in[t*missReportSize : (t+1)*missReportSize], target: t})
-	}
-	for _, l := range recvs {
-		l.q.window = true // kept if ctx ends: a report is on its way
+		recvs = append(recvs, l)
 	}
 	if w.exchanging != nil {
 		w.exchanging()
@@ -307,7 +328,7 @@ func (w *Win) exchangeMisses(ctx context.Context, epoch uint64) (missed, err err
 	}
 	for i := 1; i < n; i++ {
 		o := (me + i) % n
-		q, err := w.c.Isend(out[o].encode(nil), o, tag)
+		q, err := w.c.Isend(encodeFenceReport(epoch, out[o]), o, fenceReportTag)
 		if err != nil {
 			w.amu.Lock()
 			for j := i; j < n; j++ {
@@ -323,8 +344,76 @@ func (w *Win) exchangeMisses(ctx context.Context, epoch uint64) (missed, err err
 		w.pending = append(w.pending, q) // the next wait completes it
 		w.mu.Unlock()
 	}
-	reported, err := w.settle(ctx, recvs, true)
-	return errors.Join(append(misses, reported)...), err
+	var errs []error
+	for len(recvs) > 0 {
+		qs := make([]*Request, len(recvs))
+		for i, l := range recvs {
+			qs[i] = l.q
+		}
+		_, werr := WaitAll(ctx, qs...)
+		var next, kept []leftover
+		for _, l := range recvs {
+			st, done, qerr := l.q.Test()
+			if !done {
+				kept = append(kept, l)
+				continue
+			}
+			if qerr != nil {
+				errs = append(errs, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), qerr))
+				continue
+			}
+			miss, sent, rerr := w.read(l, st)
+			if rerr != nil {
+				errs = append(errs, rerr)
+				continue
+			}
+			if miss != nil {
+				misses = append(misses, miss)
+			}
+			if sent < epoch && werr == nil {
+				// An earlier Fence's, which this rank's did not read:
+				// this one's comes next. Once ctx has ended, the next
+				// Fence receives it.
+				nl, err := w.receiveReport(l.target)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("report from rank %d: %w", l.target, err))
+					continue
+				}
+				next = append(next, nl)
+			}
+		}
+		w.keep(kept)
+		if werr != nil {
+			w.keep(next)
+			if len(kept) > 0 {
+				errs = append(errs, werr)
+			}
+			break
+		}
+		recvs = next
+	}
+	return errors.Join(misses...), errors.Join(errs...)
+}
+
+// receiveReport posts a receive of rank t's next Fence report.
+func (w *Win) receiveReport(t int) (leftover, error) {
+	report := make([]byte, fenceReportSize)
+	q, err := w.c.Irecv(report, t, fenceReportTag)
+	if err != nil {
+		return leftover{}, err
+	}
+	q.window = true // kept if ctx ends: a report is on its way
+	return leftover{q: q, report: report, target: t}, nil
+}
+
+// takeReports takes the receives of Fence reports that earlier Fences
+// kept: at most one from each rank.
+func (w *Win) takeReports() []leftover {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	took := w.reports
+	w.reports = nil
+	return took
 }
 
 // rmaAccess is a fetching operation on a dynamic window, remembered by
@@ -346,6 +435,31 @@ type missReport struct {
 // missReportSize is an encoded missReport: kind, seven bytes of
 // padding, count, address and length.
 const missReportSize = 32
+
+// fenceReportSize is an encoded Fence report: the epoch of the Fence
+// that sent it, and a missReport.
+const fenceReportSize = 8 + missReportSize
+
+// encodeFenceReport encodes m, sent by the epoch'th Fence.
+func encodeFenceReport(epoch uint64, m missReport) []byte {
+	b := binary.LittleEndian.AppendUint64(make([]byte, 0, fenceReportSize), epoch)
+	return m.encode(b)
+}
+
+// decodeFenceReport decodes a Fence's report: the Fence's epoch, from 1,
+// and a report as decodeMissReport takes it, whole.
+func decodeFenceReport(b []byte) (epoch uint64, m missReport, err error) {
+	if len(b) != fenceReportSize {
+		return 0, missReport{}, fmt.Errorf("fence report of %d bytes, want %d", len(b), fenceReportSize)
+	}
+	if epoch = binary.LittleEndian.Uint64(b); epoch == 0 {
+		return 0, missReport{}, errors.New("fence report of epoch 0: Fences count from 1")
+	}
+	if m, err = decodeMissReport(b[8:]); err != nil {
+		return 0, missReport{}, err
+	}
+	return epoch, m, nil
+}
 
 func (m missReport) encode(b []byte) []byte {
 	b = append(b, m.kind, 0, 0, 0, 0, 0, 0, 0)

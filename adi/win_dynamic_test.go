@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 )
@@ -712,5 +713,86 @@ func TestWinDynamicFenceCtxEnds(t *testing.T) {
 			wrong = fmt.Errorf("fences: %v; want the first's ctx error, ErrNoRegion from rank 0 then nil", errs)
 		}
 		return errors.Join(wrong, win.Free(ctx))
+	})
+}
+
+// TestWinDynamicFenceFailsBeforeExchange: rank 1's Fence fails before
+// its exchange of reports (its ctx ended before the counts were in),
+// while rank 0's goes on to the exchange, takes its record of rank 1's
+// missed put out and sends it, and waits for rank 1's report until its
+// own ctx ends. Rank 1's next Fence returns the miss, once, and rank 0's
+// next reads the report it waited for, so neither keeps anything.
+func TestWinDynamicFenceFailsBeforeExchange(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		win, err := c.WinCreateDynamic(ctx)
+		if err != nil {
+			return err
+		}
+		if err := win.Fence(ctx); err != nil {
+			return err
+		}
+		var first error
+		if c.Rank() == 1 {
+			if err := errors.Join(win.Put(make([]byte, 8), 0, 1<<20), win.FlushLocal(ctx)); err != nil {
+				return err
+			}
+			ended, cancel := context.WithCancel(ctx)
+			cancel()
+			first = win.Fence(ended)
+		} else {
+			// Rank 1's report never comes: this ctx ends.
+			short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			first = win.Fence(short)
+			cancel()
+		}
+		errs := []error{first, win.Fence(ctx), win.Fence(ctx), win.Fence(ctx)}
+		var wrong error
+		switch {
+		case !errors.Is(errs[0], context.Canceled) && !errors.Is(errs[0], context.DeadlineExceeded):
+			wrong = fmt.Errorf("first fence: %v, want its ctx's error", errs[0])
+		case c.Rank() == 0 && errors.Join(errs[1:]...) != nil:
+			wrong = fmt.Errorf("the target's fences after the first: %v", errs[1:])
+		case c.Rank() == 1 && (errors.Is(errs[0], adi.ErrNoRegion) || !errors.Is(errs[1], adi.ErrNoRegion) ||
+			!strings.Contains(errs[1].Error(), "rank 0") || errors.Join(errs[2:]...) != nil):
+			wrong = fmt.Errorf("fences: %v; want the first's ctx error, ErrNoRegion from rank 0, then nil", errs)
+		}
+		if n := adi.Kept(win); n != 0 {
+			wrong = errors.Join(wrong, fmt.Errorf("%d answers or reports kept after the fences", n))
+		}
+		return errors.Join(wrong, win.Free(ctx))
+	})
+}
+
+// FuzzDecodeFenceReport: no Fence report, however garbled, panics the
+// receiver; one it accepts names a Fence's epoch, from 1, and puts or
+// accumulates of some bytes at an address that does not wrap, or none,
+// and encodes back to what came.
+func FuzzDecodeFenceReport(f *testing.F) {
+	const put, get = 1, 2 // rmaPut, rmaGet
+	f.Add(adi.EncodeFenceReport(7, 3, put, 0x10040, 8))
+	f.Add(adi.EncodeFenceReport(1, 0, 0, 0, 0))
+	f.Add(adi.EncodeFenceReport(0, 0, 0, 0, 0))
+	f.Add(adi.EncodeFenceReport(2, 1, get, 1, 1))
+	f.Add(adi.EncodeFenceReport(2, 1, put, 1<<64-8, 9))
+	f.Add([]byte(nil))
+	f.Add(make([]byte, 32))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		epoch, count, kind, addr, length, err := adi.DecodeFenceReport(b)
+		if err != nil {
+			return
+		}
+		switch {
+		case epoch == 0:
+			t.Fatalf("%x accepted with epoch 0", b)
+		case count == 0 && (kind != 0 || addr != 0 || length != 0):
+			t.Fatalf("a report of no operations decoded with kind %d, address %#x, length %d", kind, addr, length)
+		case count > 0 && (kind != put && kind != 3 || length == 0 || addr+length < addr):
+			t.Fatalf("accepted %d operations of kind %d, %d bytes at %#x", count, kind, length, addr)
+		}
+		if got := adi.EncodeFenceReport(epoch, count, kind, addr, length); !bytes.Equal(got, b) {
+			t.Fatalf("%x decoded, encodes as %x", b, got)
+		}
 	})
 }

@@ -331,3 +331,51 @@ func TestWinFlushAfterMiss(t *testing.T) {
 		})
 	}
 }
+
+// TestWinFlushNothingWaitsForNobody: a Flush or FlushAll with nothing to
+// flush asks no target and waits for no answer that an earlier call left:
+// here an Unlock's, whose ctx ended once its request went to a target
+// whose server had stopped, so that no answer comes before its Fence.
+func TestWinFlushNothingWaitsForNobody(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		win, err := c.WinCreateDynamic(ctx)
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 1 {
+			if err := c.Barrier(ctx); err != nil { // rank 0 holds the lock
+				return err
+			}
+			adi.Halt(win, errors.New("a receive failed, as the test has it"))
+			return c.Barrier(ctx)
+		}
+		if err := errors.Join(win.Lock(ctx, 1, true), c.Barrier(ctx), c.Barrier(ctx), win.FlushLocal(ctx)); err != nil {
+			return err
+		}
+		ended, cancel := context.WithCancel(ctx)
+		cancel()
+		if err := win.Unlock(ended, 1); !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("unlock with a ctx that ended: %v, want its error", err)
+		}
+		var wrong error
+		for _, tc := range []struct {
+			name  string
+			flush func(ctx context.Context) error
+		}{
+			{"flush all", win.FlushAll},
+			{"flush", func(ctx context.Context) error { return win.Flush(ctx, 1) }},
+		} {
+			// A hang, not a slow flush, runs out this ctx.
+			fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err := tc.flush(fctx)
+			cancel()
+			if err != nil {
+				wrong = errors.Join(wrong, fmt.Errorf("%s with nothing to flush: %v", tc.name, err))
+			}
+		}
+		// The windows end with the world: rank 1's takes no part.
+		return wrong
+	})
+}
