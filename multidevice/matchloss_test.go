@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -351,6 +352,44 @@ func TestAnySourceReuseCancelOverMatcher(t *testing.T) {
 	for _, g := range got {
 		if v := binary.LittleEndian.Uint64(g.buf); v != g.want {
 			t.Fatalf("buffer of message %d later overwritten with %d", g.want, v)
+		}
+	}
+}
+
+// TestHeldRecvCtxEndsWhileFilled: a receive whose ctx ends after its
+// matching subdevice matched it, but before the subdevice filled it,
+// waits for the fill and returns the message: it returned the ctx's
+// error, and the buffer was written after, the message lost.
+func TestHeldRecvCtxEndsWhileFilled(t *testing.T) {
+	for _, src := range []int{1, AnySource} {
+		devs := hookedJob(t, &tmHooks{})
+		if err := devs[1].Send(context.Background(), []byte("late-bytes"), 0, 5, 2, false); err != nil {
+			t.Fatal(err)
+		}
+		for { // unexpected in rank 0's tm
+			if _, ok, _ := devs[0].Iprobe(1, 5, 2); ok {
+				break
+			}
+			runtime.Gosched()
+		}
+		// tm's goroutine, which fills matched receives, is kept busy, so
+		// the receive matches at once but is filled only once gate closes.
+		tm := devs[0].subs[devs[0].matchSub[1]].sd.(*tmHooked).tmDev
+		gate := make(chan struct{})
+		tm.post(func() { <-gate })
+		ended, cancel := context.WithCancel(context.Background())
+		cancel()
+		go func() {
+			time.Sleep(20 * time.Millisecond) // the old code returned by then
+			close(gate)
+		}()
+		buf := make([]byte, 10)
+		st, err := devs[0].Recv(ended, buf, src, 5, 2)
+		got := string(buf)
+		if err != nil || got != "late-bytes" || st.Count != 10 {
+			<-gate
+			time.Sleep(20 * time.Millisecond)
+			t.Errorf("from %d: Recv gave %+v, %v with %q in the buffer (%q a moment later); want the message", src, st, err, got, buf)
 		}
 	}
 }

@@ -355,18 +355,20 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 // ctx ends first r is cancelled; if it matched meanwhile it completes and
 // its result is returned. If it matched a large message whose data is
 // still coming it is given up, and if a subdevice is writing a message
-// into its buffer (sdi.Placer) that write is waited for: the caller has
+// into its buffer (sdi.Placer, or one that matches on its own and has
+// matched it, sdi.FlagMatching) that write is waited for: the caller has
 // its buffer back, and nothing is written into it after waitRecv
-// returns, except by a subdevice that matches on its own
-// (sdi.FlagMatching), which completes the receive when it will.
+// returns.
 func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 	st, err := r.Wait(ctx)
 	if !r.isDone() && ctx.Err() != nil {
 		d.Cancel(r)
-		// What still writes into the buffer ends soon: a copy, or a
+		// What still writes into the buffer ends soon: a copy, a
 		// placement its subdevice ends by delivering it or losing the
-		// peer.
-		if !r.isDone() && (d.abandonRecv(r, err) || r.atSub < 0 && r.claim == nil) {
+		// peer, or a matching subdevice's fill, which its Done ends (the
+		// device completes those a closed subdevice holds).
+		if !r.isDone() {
+			d.abandonRecv(r, err)
 			r.Result() // not <-r.Done(): closed a moment before r counts as done
 		}
 		if r.isDone() && !r.status.Cancelled { // it matched after all
