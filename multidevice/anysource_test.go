@@ -20,21 +20,23 @@ import (
 func anyJob(t testing.TB) []*Device {
 	tm := newTMFabric()
 	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-	route := func(sd string) []conntable.Route { return []conntable.Route{{SubDevice: sd}} }
-	tables := func(r int) *conntable.Table {
-		t := &conntable.Table{Version: conntable.Version}
-		if r == 3 {
-			t.Peers = []conntable.Entry{{To: "*", Routes: map[string][]conntable.Route{"*": route("loop")}}}
-		} else {
-			t.Peers = []conntable.Entry{
-				{To: "rank:3", Routes: map[string][]conntable.Route{"*": route("loop")}},
-				{To: "*", Routes: map[string][]conntable.Route{"*": route("tm")}},
-			}
-		}
-		return t
-	}
-	return openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: tables,
+	return openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
 		factories: map[string]sdi.Factory{"tm": tm.New, "loop": loop.New}})
+}
+
+// anyTables is anyJob's connection table of rank r.
+func anyTables(r int) *conntable.Table {
+	route := func(sd string) []conntable.Route { return []conntable.Route{{SubDevice: sd}} }
+	t := &conntable.Table{Version: conntable.Version}
+	if r == 3 {
+		t.Peers = []conntable.Entry{{To: "*", Routes: map[string][]conntable.Route{"*": route("loop")}}}
+	} else {
+		t.Peers = []conntable.Entry{
+			{To: "rank:3", Routes: map[string][]conntable.Route{"*": route("loop")}},
+			{To: "*", Routes: map[string][]conntable.Route{"*": route("tm")}},
+		}
+	}
+	return t
 }
 
 func sendNumbered(t *testing.T, d *Device, dst, count int, wg *sync.WaitGroup) {
