@@ -1000,6 +1000,16 @@ type leftover struct {
 	writes uint64 // a request's: the puts and accumulates sent target before it, applied once it is answered
 }
 
+// waitLeftovers waits for the requests of ls, or until ctx ends.
+func waitLeftovers(ctx context.Context, ls []leftover) error {
+	qs := make([]*Request, len(ls))
+	for i, l := range ls {
+		qs[i] = l.q
+	}
+	_, err := WaitAll(ctx, qs...)
+	return err
+}
+
 // what names l in errors.
 func (l leftover) what() string {
 	if l.kind == 0 {
@@ -1054,11 +1064,7 @@ func (w *Win) settle(ctx context.Context, ls []leftover, block bool) (missed, er
 	}
 	var werr error
 	if block {
-		qs := make([]*Request, len(ls))
-		for i, l := range ls {
-			qs[i] = l.q
-		}
-		_, werr = WaitAll(ctx, qs...)
+		werr = waitLeftovers(ctx, ls)
 	}
 	var misses, errs []error
 	var kept []leftover

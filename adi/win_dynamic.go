@@ -346,11 +346,7 @@ func (w *Win) exchangeMisses(ctx context.Context, epoch uint64) (missed, err err
 	}
 	var errs []error
 	for len(recvs) > 0 {
-		qs := make([]*Request, len(recvs))
-		for i, l := range recvs {
-			qs[i] = l.q
-		}
-		_, werr := WaitAll(ctx, qs...)
+		werr := waitLeftovers(ctx, recvs)
 		var next, kept []leftover
 		for _, l := range recvs {
 			st, done, qerr := l.q.Test()
