@@ -1069,20 +1069,13 @@ func (w *Win) settle(ctx context.Context, ls []leftover, block bool) (missed, er
 	var misses, errs []error
 	var kept []leftover
 	for _, l := range ls {
-		st, done, qerr := l.q.Test()
-		if !done {
+		done, miss, _, err := w.read(l)
+		switch {
+		case !done:
 			kept = append(kept, l)
-			continue
-		}
-		if qerr != nil {
-			errs = append(errs, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), qerr))
-			continue
-		}
-		miss, _, rerr := w.read(l, st)
-		if rerr != nil {
-			errs = append(errs, rerr)
-		}
-		if miss != nil {
+		case err != nil:
+			errs = append(errs, err)
+		case miss != nil:
 			misses = append(misses, miss)
 		}
 	}
@@ -1093,12 +1086,19 @@ func (w *Win) settle(ctx context.Context, ls []leftover, block bool) (missed, er
 	return errors.Join(misses...), errors.Join(errs...)
 }
 
-// read reads l's answer, which came with st: the miss it reports
-// (ErrNoRegion), if any, and for a Fence's report the epoch of the Fence
-// that sent it. An answer to a flush or unlock request also says its
+// read tests l and, once its answer came (done), reads it: the miss it
+// reports (ErrNoRegion), if any, and for a Fence's report the epoch of
+// the Fence that sent it; err is the answer's failure or garbling. An answer to a flush or unlock request also says its
 // target applied the puts and accumulates sent before it, garbled or
 // not: the target answers once it has.
-func (w *Win) read(l leftover, st Status) (miss error, epoch uint64, err error) {
+func (w *Win) read(l leftover) (done bool, miss error, epoch uint64, err error) {
+	st, done, err := l.q.Test()
+	switch {
+	case !done:
+		return false, nil, 0, nil
+	case err != nil:
+		return true, nil, 0, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), err)
+	}
 	var m missReport
 	if l.kind == 0 {
 		epoch, m, err = decodeFenceReport(l.report[:st.Count])
@@ -1110,11 +1110,11 @@ func (w *Win) read(l leftover, st Status) (miss error, epoch uint64, err error) 
 	}
 	switch {
 	case err != nil:
-		return nil, 0, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), err)
+		return true, nil, 0, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), err)
 	case m.count > 0:
 		miss = m.err(l.target)
 	}
-	return miss, epoch, nil
+	return true, miss, epoch, nil
 }
 
 // ask sends a request h (lock, unlock, flush) to every target and

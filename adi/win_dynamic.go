@@ -349,18 +349,13 @@ func (w *Win) exchangeMisses(ctx context.Context, epoch uint64) (missed, err err
 		werr := waitLeftovers(ctx, recvs)
 		var next, kept []leftover
 		for _, l := range recvs {
-			st, done, qerr := l.q.Test()
+			done, miss, sent, err := w.read(l)
 			if !done {
 				kept = append(kept, l)
 				continue
 			}
-			if qerr != nil {
-				errs = append(errs, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), qerr))
-				continue
-			}
-			miss, sent, rerr := w.read(l, st)
-			if rerr != nil {
-				errs = append(errs, rerr)
+			if err != nil {
+				errs = append(errs, err)
 				continue
 			}
 			if miss != nil {
