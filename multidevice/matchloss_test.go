@@ -238,16 +238,7 @@ func TestAnySourceReuseOverMatcher(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait() // eager sends: they end even if the receiver stops
 	for s := 1; s <= 3; s++ {
-		wg.Go(func() {
-			for i := range per {
-				msg := make([]byte, 8)
-				binary.LittleEndian.PutUint64(msg, uint64(i))
-				if err := devs[s].Send(context.Background(), msg, 0, 5, 2, false); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
+		wg.Go(func() { sendCounted(t, devs[s], per) })
 	}
 	var r Request
 	next := map[int]uint64{}
@@ -294,16 +285,7 @@ func TestAnySourceReuseCancelOverMatcher(t *testing.T) {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for _, s := range senders {
-		wg.Go(func() {
-			for i := range per {
-				msg := make([]byte, 8)
-				binary.LittleEndian.PutUint64(msg, uint64(i))
-				if err := devs[s].Send(context.Background(), msg, 0, 5, 2, false); err != nil {
-					t.Error(err)
-					return
-				}
-			}
-		})
+		wg.Go(func() { sendCounted(t, devs[s], per) })
 	}
 	type round struct {
 		buf  []byte
@@ -376,6 +358,19 @@ func TestHeldRecvCtxEndsWhileFilled(t *testing.T) {
 			<-gate
 			time.Sleep(20 * time.Millisecond)
 			t.Errorf("from %d: Recv gave %+v, %v with %q in the buffer (%q a moment later); want the message", src, st, err, got, buf)
+		}
+	}
+}
+
+// sendCounted sends rank 0 the numbers 0..n-1, eight bytes each, with tag
+// 5 on context 2.
+func sendCounted(t *testing.T, d *Device, n int) {
+	for i := range n {
+		msg := make([]byte, 8)
+		binary.LittleEndian.PutUint64(msg, uint64(i))
+		if err := d.Send(context.Background(), msg, 0, 5, 2, false); err != nil {
+			t.Error(err)
+			return
 		}
 	}
 }
