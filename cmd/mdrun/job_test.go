@@ -76,13 +76,8 @@ func TestRankEnvSite(t *testing.T) {
 			}
 			srv := serve(t, j)
 			for r, want := range tt.want {
-				remote := !isLocal(j.hostOf[r], j.self)
-				env := j.rankEnv(r, srv, remote)
-				seen := env
-				if !remote {
-					// A local rank starts with mdrun's environment and env after it.
-					seen = append(os.Environ(), env...)
-				} else if n := count(env, "MD_SITE"); n > 1 && j.siteOf[j.hostOf[r]] != "" {
+				env, seen, remote := rankSees(j, srv, r)
+				if n := count(env, "MD_SITE"); remote && n > 1 && j.siteOf[j.hostOf[r]] != "" {
 					// mdrun's own (even with -x MD_SITE) must not be there too.
 					t.Errorf("rank %d on %s: MD_SITE %d times on the command line: %q", r, j.hostOf[r], n, env)
 				}
@@ -164,12 +159,7 @@ func TestRankEnvExports(t *testing.T) {
 			}
 			srv := serve(t, j)
 			for r, want := range tt.want {
-				remote := !isLocal(j.hostOf[r], j.self)
-				env := j.rankEnv(r, srv, remote)
-				seen := env
-				if !remote {
-					seen = localEnv(env)
-				}
+				env, seen, remote := rankSees(j, srv, r)
 				got, ok := lastValue(seen, tt.variable)
 				if !ok {
 					got = none
@@ -183,6 +173,19 @@ func TestRankEnvExports(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rankSees returns what mdrun gives rank r of j on top of the launcher's
+// variables (env), the environment the rank then sees, and whether it is
+// remote: a local rank starts with mdrun's environment, env after it.
+func rankSees(j *job, srv *bootstrap.Server, r int) (env, seen []string, remote bool) {
+	remote = !isLocal(j.hostOf[r], j.self)
+	env = j.rankEnv(r, srv, remote)
+	seen = env
+	if !remote {
+		seen = localEnv(env)
+	}
+	return env, seen, remote
 }
 
 // serve starts j's rendezvous service for a test, closed at its end.
