@@ -286,12 +286,165 @@ func (c *Comm) beginAt(ctx context.Context, name string, root int) (*collective,
 	if err != nil {
 		return nil, err
 	}
-	if root < 0 || root >= c.Size() {
-		err := k.errorf("root: %w: %d not in [0,%d)", ErrRank, root, c.Size())
+	if err := rootArg(root, c.Size()); err != nil {
+		err = k.errorf("%w", err)
 		k.done()
 		return nil, err
 	}
 	return k, nil
+}
+
+// Local argument checks. Each checks what this rank alone can tell of
+// its arguments to a collective; arguments that disagree between ranks
+// show only once messages arrive (ErrMismatch). The blocking forms call
+// them once they drew their tag, and the persistent forms call them at
+// Init (collinit.go), so that a wrong call fails where it is made, and
+// both check alike. Their errors name the argument; the caller puts the
+// collective's name in front.
+
+// rootArg checks the root of a rooted collective on p ranks.
+func rootArg(root, p int) error {
+	if root < 0 || root >= p {
+		return fmt.Errorf("root: %w: %d not in [0,%d)", ErrRank, root, p)
+	}
+	return nil
+}
+
+// blocksFit checks that b, a collective's what ("send", "receive")
+// buffer, holds p blocks of n bytes.
+func blocksFit(b []byte, n, p int, what string) error {
+	if len(b) < p*n {
+		return fmt.Errorf("%s buffer of %d bytes, %d ranks of %d bytes need %d", what, len(b), p, n, p*n)
+	}
+	return nil
+}
+
+// slicesFor checks that a v-form collective got n what slices, one for
+// each of p ranks of a group: "" for a Comm's, "remote " for an
+// Intercomm's other group.
+func slicesFor(n, p int, what, group string) error {
+	if n != p {
+		return fmt.Errorf("%d %s slices for %d %sranks", n, what, p, group)
+	}
+	return nil
+}
+
+// pairSlicesFor is slicesFor for an alltoallv's send and receive slices.
+func pairSlicesFor(send, recv, p int, group string) error {
+	if send != p || recv != p {
+		return fmt.Errorf("%d send and %d receive slices for %d %sranks", send, recv, p, group)
+	}
+	return nil
+}
+
+// sameLength checks a reduction's receive slice against its send slice.
+func sameLength(send, recv int) error {
+	if recv != send {
+		return fmt.Errorf("receive slice of %d elements for a send slice of %d", recv, send)
+	}
+	return nil
+}
+
+// opArg checks a reduction's operation, which would otherwise fail as a
+// nil call in the middle of the collective, on a goroutine of its own
+// for the nonblocking and persistent forms.
+func opArg[T Elem](op Op[T]) error {
+	if op == nil {
+		return errors.New("op: nil operation")
+	}
+	return nil
+}
+
+// gatherArgs checks this rank's arguments to Gather.
+func (c *Comm) gatherArgs(send, recv []byte, root int) error {
+	if c.Rank() != root {
+		return nil
+	}
+	return blocksFit(recv, len(send), c.Size(), "receive")
+}
+
+// gathervArgs checks this rank's arguments to Gatherv.
+func (c *Comm) gathervArgs(recv [][]byte, root int) error {
+	if c.Rank() != root {
+		return nil
+	}
+	return slicesFor(len(recv), c.Size(), "receive", "")
+}
+
+// scatterArgs checks this rank's arguments to Scatter.
+func (c *Comm) scatterArgs(send, recv []byte, root int) error {
+	if c.Rank() != root {
+		return nil
+	}
+	return blocksFit(send, len(recv), c.Size(), "send")
+}
+
+// scattervArgs checks this rank's arguments to Scatterv.
+func (c *Comm) scattervArgs(send [][]byte, root int) error {
+	if c.Rank() != root {
+		return nil
+	}
+	return slicesFor(len(send), c.Size(), "send", "")
+}
+
+// allgatherArgs checks this rank's arguments to Allgather.
+func (c *Comm) allgatherArgs(send, recv []byte) error {
+	return blocksFit(recv, len(send), c.Size(), "receive")
+}
+
+// allgathervArgs checks this rank's arguments to Allgatherv.
+func (c *Comm) allgathervArgs(recv [][]byte) error {
+	return slicesFor(len(recv), c.Size(), "receive", "")
+}
+
+// alltoallArgs checks this rank's arguments to Alltoall.
+func (c *Comm) alltoallArgs(send, recv []byte) error {
+	if p := c.Size(); len(send)%p != 0 || len(recv) != len(send) {
+		return fmt.Errorf("buffers of %d and %d bytes: both must be the same multiple of %d ranks", len(send), len(recv), p)
+	}
+	return nil
+}
+
+// alltoallvArgs checks this rank's arguments to Alltoallv.
+func (c *Comm) alltoallvArgs(send, recv [][]byte) error {
+	return pairSlicesFor(len(send), len(recv), c.Size(), "")
+}
+
+// reduceArgs checks this rank's arguments to Reduce.
+func reduceArgs[T Elem](c *Comm, send, recv []T, op Op[T], root int) error {
+	if c.Rank() == root {
+		if err := sameLength(len(send), len(recv)); err != nil {
+			return err
+		}
+	}
+	return opArg(op)
+}
+
+// allreduceArgs checks this rank's arguments to Allreduce, Scan or
+// Exscan.
+func allreduceArgs[T Elem](send, recv []T, op Op[T]) error {
+	if err := sameLength(len(send), len(recv)); err != nil {
+		return err
+	}
+	return opArg(op)
+}
+
+// reduceScatterArgs checks this rank's arguments to ReduceScatter, and
+// with blockCounts' counts to ReduceScatterBlock.
+func reduceScatterArgs[T Elem](c *Comm, send, recv []T, counts []int, op Op[T]) error {
+	if err := checkCounts(counts, c.Size(), c.Rank(), len(send), len(recv), ""); err != nil {
+		return err
+	}
+	return opArg(op)
+}
+
+// blockCounts are a reduce-scatter-block's counts: n for each of p ranks.
+func blockCounts(p, n int) []int {
+	counts := make([]int, p)
+	for r := range counts {
+		counts[r] = n
+	}
+	return counts
 }
 
 // Barrier returns once every rank of c has called it.
@@ -429,11 +582,10 @@ func (c *Comm) Gather(ctx context.Context, send, recv []byte, root int) error {
 		return err
 	}
 	defer k.done()
-	parts, err := k.rootBlocks(recv, len(send), "receive", root)
-	if err != nil {
-		return err
+	if err := c.gatherArgs(send, recv, root); err != nil {
+		return k.errorf("%w", err)
 	}
-	return k.gatherv(send, parts, root)
+	return k.gatherv(send, k.rootBlocks(recv, len(send), root), root)
 }
 
 // Gatherv collects send of every rank r of c into recv[r] of rank root.
@@ -445,8 +597,8 @@ func (c *Comm) Gatherv(ctx context.Context, send []byte, recv [][]byte, root int
 		return err
 	}
 	defer k.done()
-	if c.Rank() == root && len(recv) != c.Size() {
-		return k.errorf("%d receive slices for %d ranks", len(recv), c.Size())
+	if err := c.gathervArgs(recv, root); err != nil {
+		return k.errorf("%w", err)
 	}
 	return k.gatherv(send, recv, root)
 }
@@ -480,11 +632,10 @@ func (c *Comm) Scatter(ctx context.Context, send, recv []byte, root int) error {
 		return err
 	}
 	defer k.done()
-	parts, err := k.rootBlocks(send, len(recv), "send", root)
-	if err != nil {
-		return err
+	if err := c.scatterArgs(send, recv, root); err != nil {
+		return k.errorf("%w", err)
 	}
-	return k.scatterv(parts, recv, root)
+	return k.scatterv(k.rootBlocks(send, len(recv), root), recv, root)
 }
 
 // Scatterv sends send[r] of rank root into recv of rank r, for every rank
@@ -496,8 +647,8 @@ func (c *Comm) Scatterv(ctx context.Context, send [][]byte, recv []byte, root in
 		return err
 	}
 	defer k.done()
-	if c.Rank() == root && len(send) != c.Size() {
-		return k.errorf("%d send slices for %d ranks", len(send), c.Size())
+	if err := c.scattervArgs(send, root); err != nil {
+		return k.errorf("%w", err)
 	}
 	return k.scatterv(send, recv, root)
 }
@@ -530,11 +681,10 @@ func (c *Comm) Allgather(ctx context.Context, send, recv []byte) error {
 		return err
 	}
 	defer k.done()
-	parts, err := k.blocks(recv, len(send), "receive")
-	if err != nil {
-		return err
+	if err := c.allgatherArgs(send, recv); err != nil {
+		return k.errorf("%w", err)
 	}
-	if err := k.allgatherv(send, parts); err != nil {
+	if err := k.allgatherv(send, k.blocks(recv, len(send))); err != nil {
 		return err
 	}
 	return k.end()
@@ -549,8 +699,8 @@ func (c *Comm) Allgatherv(ctx context.Context, send []byte, recv [][]byte) error
 		return err
 	}
 	defer k.done()
-	if len(recv) != c.Size() {
-		return k.errorf("%d receive slices for %d ranks", len(recv), c.Size())
+	if err := c.allgathervArgs(recv); err != nil {
+		return k.errorf("%w", err)
 	}
 	if err := k.allgatherv(send, recv); err != nil {
 		return err
@@ -583,13 +733,11 @@ func (c *Comm) Alltoall(ctx context.Context, send, recv []byte) error {
 		return err
 	}
 	defer k.done()
-	p := c.Size()
-	if len(send)%p != 0 || len(recv) != len(send) {
-		return k.errorf("buffers of %d and %d bytes: both must be the same multiple of %d ranks", len(send), len(recv), p)
+	if err := c.alltoallArgs(send, recv); err != nil {
+		return k.errorf("%w", err)
 	}
-	out, _ := k.blocks(send, len(send)/p, "send")
-	in, _ := k.blocks(recv, len(send)/p, "receive")
-	return k.alltoallv(out, in)
+	n := len(send) / c.Size()
+	return k.alltoallv(k.blocks(send, n), k.blocks(recv, n))
 }
 
 // Alltoallv sends send[r] to rank r, which receives it into its recv[me],
@@ -601,8 +749,8 @@ func (c *Comm) Alltoallv(ctx context.Context, send, recv [][]byte) error {
 		return err
 	}
 	defer k.done()
-	if len(send) != c.Size() || len(recv) != c.Size() {
-		return k.errorf("%d send and %d receive slices for %d ranks", len(send), len(recv), c.Size())
+	if err := c.alltoallvArgs(send, recv); err != nil {
+		return k.errorf("%w", err)
 	}
 	return k.alltoallv(send, recv)
 }
@@ -628,24 +776,17 @@ func (k *collective) alltoallv(send, recv [][]byte) error {
 }
 
 // rootBlocks is blocks on the root, which alone uses b; nil elsewhere.
-func (k *collective) rootBlocks(b []byte, n int, what string, root int) ([][]byte, error) {
+func (k *collective) rootBlocks(b []byte, n int, root int) [][]byte {
 	if k.c.Rank() != root {
-		return nil, nil
+		return nil
 	}
-	return k.blocks(b, n, what)
+	return k.blocks(b, n)
 }
 
-// blocks cuts b into Size() blocks of n bytes; b must hold them.
-func (k *collective) blocks(b []byte, n int, what string) ([][]byte, error) {
-	p := k.c.Size()
-	if len(b) < p*n {
-		return nil, k.errorf("%s buffer of %d bytes, %d ranks of %d bytes need %d", what, len(b), p, n, p*n)
-	}
-	parts := make([][]byte, p)
-	for r := range parts {
-		parts[r] = b[r*n : (r+1)*n : (r+1)*n]
-	}
-	return parts, nil
+// blocks cuts b into Size() blocks of n bytes; the caller checked that b
+// holds them (blocksFit).
+func (k *collective) blocks(b []byte, n int) [][]byte {
+	return cut(b, k.c.Size(), n)
 }
 
 // own copies this rank's own block, which travels nowhere; a length that
@@ -672,8 +813,8 @@ func Reduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T], root
 		return err
 	}
 	defer k.done()
-	if c.Rank() == root && len(recv) != len(send) {
-		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
+	if err := reduceArgs(c, send, recv, op, root); err != nil {
+		return k.errorf("%w", err)
 	}
 	if c.ordered != nil {
 		err = hostReduce(k, send, recv, op, root)
@@ -819,8 +960,8 @@ func Allreduce[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) e
 		return err
 	}
 	defer k.done()
-	if len(recv) != len(send) {
-		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
+	if err := allreduceArgs(send, recv, op); err != nil {
+		return k.errorf("%w", err)
 	}
 	if c.ordered != nil {
 		err = hostAllreduce(k, send, recv, op)
@@ -1061,40 +1202,36 @@ func ReduceScatterBlock[T Elem](ctx context.Context, c *Comm, send, recv []T, op
 		return err
 	}
 	defer k.done()
-	counts := make([]int, c.Size())
-	for r := range counts {
-		counts[r] = len(recv)
-	}
-	return reduceScatterv(k, send, recv, counts, op)
+	return reduceScatterv(k, send, recv, blockCounts(c.Size(), len(recv)), op)
 }
 
 // checkCounts checks a reduce-scatter's counts, one for each of the p
 // ranks of a group (named "<group>rank" in errors) of which this rank is
 // me, against its send and receive lengths.
-func (k *collective) checkCounts(counts []int, p, me, send, recv int, group string) error {
+func checkCounts(counts []int, p, me, send, recv int, group string) error {
 	if len(counts) != p {
-		return k.errorf("%d counts for %d %sranks", len(counts), p, group)
+		return fmt.Errorf("%d counts for %d %sranks", len(counts), p, group)
 	}
 	total := 0
 	for r, n := range counts {
 		if n < 0 {
-			return k.errorf("count of %srank %d is %d", group, r, n)
+			return fmt.Errorf("count of %srank %d is %d", group, r, n)
 		}
 		total += n
 	}
 	if total != send {
-		return k.errorf("send slice of %d elements for counts adding up to %d", send, total)
+		return fmt.Errorf("send slice of %d elements for counts adding up to %d", send, total)
 	}
 	if recv != counts[me] {
-		return k.errorf("receive slice of %d elements for a count of %d", recv, counts[me])
+		return fmt.Errorf("receive slice of %d elements for a count of %d", recv, counts[me])
 	}
 	return nil
 }
 
 func reduceScatterv[T Elem](k *collective, send, recv []T, counts []int, op Op[T]) error {
 	p, me := k.c.Size(), k.c.Rank()
-	if err := k.checkCounts(counts, p, me, len(send), len(recv), ""); err != nil {
-		return err
+	if err := reduceScatterArgs(k.c, send, recv, counts, op); err != nil {
+		return k.errorf("%w", err)
 	}
 	var whole []T // the combined vector, on rank 0
 	if foldingOf(p).halves(len(send), elemSize[T]()) {
@@ -1154,8 +1291,8 @@ func Exscan[T Elem](ctx context.Context, c *Comm, send, recv []T, op Op[T]) erro
 // mask away, and keeps the combination of both blocks in rank order;
 // what comes from below also goes into its own prefix.
 func scan[T Elem](k *collective, send, recv []T, op Op[T], inclusive bool) error {
-	if len(recv) != len(send) {
-		return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
+	if err := allreduceArgs(send, recv, op); err != nil {
+		return k.errorf("%w", err)
 	}
 	p, r, n := k.c.Size(), k.c.Rank(), len(send)
 	partial, tmp := scratch[T](k, 0, n), scratch[T](k, 1, n)

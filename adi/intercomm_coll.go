@@ -3,6 +3,7 @@ package adi
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Collectives on an Intercomm, with MPI's intercommunicator semantics:
@@ -109,8 +110,45 @@ func (ic *Intercomm) rooted(ctx context.Context, name string, root int, atRoot, 
 		case root >= 0 && root < ic.RemoteSize():
 			return other(k)
 		}
-		return k.errorf("root: %w: %d is neither Root, ProcNull nor a remote rank in [0,%d)", ErrRank, root, ic.RemoteSize())
+		return k.errorf("%w", ic.rootArg(root))
 	})
+}
+
+// rootArg checks the root of a rooted collective of ic. As for a Comm's
+// collectives (collective.go), the blocking forms and the persistent
+// forms' Init (collinit_inter.go) check this rank's arguments alike,
+// through ic's xxxArgs functions.
+func (ic *Intercomm) rootArg(root int) error {
+	if root != Root && root != ProcNull && (root < 0 || root >= ic.RemoteSize()) {
+		return fmt.Errorf("root: %w: %d is neither Root, ProcNull nor a remote rank in [0,%d)", ErrRank, root, ic.RemoteSize())
+	}
+	return nil
+}
+
+// allgatherArgs checks this rank's arguments to Allgather.
+func (ic *Intercomm) allgatherArgs(recv []byte) error {
+	if len(recv)%ic.RemoteSize() != 0 {
+		return fmt.Errorf("receive buffer of %d bytes for %d remote ranks", len(recv), ic.RemoteSize())
+	}
+	return nil
+}
+
+// alltoallArgs checks this rank's arguments to Alltoall.
+func (ic *Intercomm) alltoallArgs(send, recv []byte) error {
+	if q := ic.RemoteSize(); len(send)%q != 0 || len(recv)%q != 0 {
+		return fmt.Errorf("buffers of %d and %d bytes: each must be a multiple of %d remote ranks", len(send), len(recv), q)
+	}
+	return nil
+}
+
+// interReduceArgs checks this rank's arguments to InterReduce: the ranks
+// of the other group reduce, with op; the root's lengths are the other
+// group's to agree with.
+func interReduceArgs[T Elem](op Op[T], root int) error {
+	if root == Root || root == ProcNull {
+		return nil
+	}
+	return opArg(op)
 }
 
 // Barrier returns once every rank of both groups has called it.
@@ -190,11 +228,7 @@ func (ic *Intercomm) Scatter(ctx context.Context, send, recv []byte, root int) e
 			}
 		}
 		return ic.localPhase(k, func(lk *collective) error {
-			parts, err := lk.rootBlocks(all, len(recv), "send", 0)
-			if err != nil {
-				return err
-			}
-			return lk.scatterv(parts, recv, 0)
+			return lk.scatterv(lk.rootBlocks(all, len(recv), 0), recv, 0)
 		})
 	})
 }
@@ -206,8 +240,8 @@ func (ic *Intercomm) Scatter(ctx context.Context, send, recv []byte, root int) e
 // the other group's.
 func (ic *Intercomm) Allgather(ctx context.Context, send, recv []byte) error {
 	return ic.collective(ctx, "intercomm allgather", func(k *collective) error {
-		if len(recv)%ic.RemoteSize() != 0 {
-			return k.errorf("receive buffer of %d bytes for %d remote ranks", len(recv), ic.RemoteSize())
+		if err := ic.allgatherArgs(recv); err != nil {
+			return k.errorf("%w", err)
 		}
 		all, err := ic.gatherLocal(ctx, k, send)
 		if err != nil {
@@ -230,12 +264,11 @@ func (ic *Intercomm) Allgather(ctx context.Context, send, recv []byte) error {
 // blocks. Every rank exchanges with every remote rank directly.
 func (ic *Intercomm) Alltoall(ctx context.Context, send, recv []byte) error {
 	return ic.collective(ctx, "intercomm alltoall", func(k *collective) error {
-		q := ic.RemoteSize()
-		if len(send)%q != 0 || len(recv)%q != 0 {
-			return k.errorf("buffers of %d and %d bytes: each must be a multiple of %d remote ranks", len(send), len(recv), q)
+		if err := ic.alltoallArgs(send, recv); err != nil {
+			return k.errorf("%w", err)
 		}
-		out, _ := k.blocks(send, len(send)/q, "send")
-		in, _ := k.blocks(recv, len(recv)/q, "receive")
+		q := ic.RemoteSize()
+		out, in := k.blocks(send, len(send)/q), k.blocks(recv, len(recv)/q)
 		// Each rank starts with another remote rank, so that no rank is
 		// everybody's first.
 		me := ic.Rank()
@@ -261,6 +294,9 @@ func (ic *Intercomm) Alltoall(ctx context.Context, send, recv []byte) error {
 // for each other rather than fail, as for [InterAllreduce].
 func InterReduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T], root int) error {
 	return ic.rooted(ctx, "intercomm reduce", root, func(k *collective) error { return k.recv(Bytes(recv), 0) }, func(k *collective) error {
+		if err := interReduceArgs(op, root); err != nil {
+			return k.errorf("%w", err)
+		}
 		acc, err := reduceLocal(ctx, ic, k, send, op)
 		if err != nil {
 			return err
@@ -298,8 +334,8 @@ func reduceLocal[T Elem](ctx context.Context, ic *Intercomm, k *collective, send
 // count on the error.
 func InterAllreduce[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T]) error {
 	return ic.collective(ctx, "intercomm allreduce", func(k *collective) error {
-		if len(recv) != len(send) {
-			return k.errorf("receive slice of %d elements for a send slice of %d", len(recv), len(send))
+		if err := allreduceArgs(send, recv, op); err != nil {
+			return k.errorf("%w", err)
 		}
 		acc, err := reduceLocal(ctx, ic, k, send, op)
 		if err != nil {

@@ -40,8 +40,8 @@ import (
 // root directly.
 func (ic *Intercomm) Gatherv(ctx context.Context, send []byte, recv [][]byte, root int) error {
 	return ic.rooted(ctx, "intercomm gatherv", root, func(k *collective) error {
-		if len(recv) != ic.RemoteSize() {
-			return k.errorf("%d receive slices for %d remote ranks", len(recv), ic.RemoteSize())
+		if err := ic.gathervArgs(recv, Root); err != nil {
+			return k.errorf("%w", err)
 		}
 		for r, b := range recv {
 			if err := k.recv(b, r); err != nil {
@@ -60,8 +60,8 @@ func (ic *Intercomm) Gatherv(ctx context.Context, send []byte, recv [][]byte, ro
 // slice gets ErrMismatch. The root sends to each rank directly.
 func (ic *Intercomm) Scatterv(ctx context.Context, send [][]byte, recv []byte, root int) error {
 	return ic.rooted(ctx, "intercomm scatterv", root, func(k *collective) error {
-		if len(send) != ic.RemoteSize() {
-			return k.errorf("%d send slices for %d remote ranks", len(send), ic.RemoteSize())
+		if err := ic.scattervArgs(send, Root); err != nil {
+			return k.errorf("%w", err)
 		}
 		for r, b := range send {
 			if err := k.send(b, r); err != nil {
@@ -87,10 +87,10 @@ func (ic *Intercomm) Scatterv(ctx context.Context, send [][]byte, recv []byte, r
 // results do not depend on it.
 func (ic *Intercomm) Allgatherv(ctx context.Context, send []byte, recv [][]byte) error {
 	return ic.collective(ctx, "intercomm allgatherv", func(k *collective) error {
-		q := ic.RemoteSize()
-		if len(recv) != q {
-			return k.errorf("%d receive slices for %d remote ranks", len(recv), q)
+		if err := ic.allgathervArgs(recv); err != nil {
+			return k.errorf("%w", err)
 		}
+		q := ic.RemoteSize()
 		// The leader's receives are posted before its own send, so that
 		// the two leaders never wait for each other.
 		if ic.leader() {
@@ -164,6 +164,42 @@ func (ic *Intercomm) Allgatherv(ctx context.Context, send []byte, recv [][]byte)
 	})
 }
 
+// gathervArgs checks this rank's arguments to Gatherv.
+func (ic *Intercomm) gathervArgs(recv [][]byte, root int) error {
+	if root != Root {
+		return nil
+	}
+	return slicesFor(len(recv), ic.RemoteSize(), "receive", "remote ")
+}
+
+// scattervArgs checks this rank's arguments to Scatterv.
+func (ic *Intercomm) scattervArgs(send [][]byte, root int) error {
+	if root != Root {
+		return nil
+	}
+	return slicesFor(len(send), ic.RemoteSize(), "send", "remote ")
+}
+
+// allgathervArgs checks this rank's arguments to Allgatherv.
+func (ic *Intercomm) allgathervArgs(recv [][]byte) error {
+	return slicesFor(len(recv), ic.RemoteSize(), "receive", "remote ")
+}
+
+// alltoallvArgs checks this rank's arguments to Alltoallv.
+func (ic *Intercomm) alltoallvArgs(send, recv [][]byte) error {
+	return pairSlicesFor(len(send), len(recv), ic.RemoteSize(), "remote ")
+}
+
+// interReduceScatterArgs checks this rank's arguments to
+// InterReduceScatter, and with blockCounts' counts to
+// InterReduceScatterBlock: the counts are this group's.
+func interReduceScatterArgs[T Elem](ic *Intercomm, send, recv []T, counts []int, op Op[T]) error {
+	if err := checkCounts(counts, ic.Size(), ic.Rank(), len(send), len(recv), "local "); err != nil {
+		return err
+	}
+	return opArg(op)
+}
+
 // blocksHeader is the bytes per block of the lengths putLengths writes:
 // a little-endian uint64.
 const blocksHeader = 8
@@ -225,10 +261,10 @@ func checkLengths(b []byte, recv [][]byte) error {
 // each block's length is checked by the very rank whose block it is.
 func (ic *Intercomm) Alltoallv(ctx context.Context, send, recv [][]byte) error {
 	return ic.collective(ctx, "intercomm alltoallv", func(k *collective) error {
-		q := ic.RemoteSize()
-		if len(send) != q || len(recv) != q {
-			return k.errorf("%d send and %d receive slices for %d remote ranks", len(send), len(recv), q)
+		if err := ic.alltoallvArgs(send, recv); err != nil {
+			return k.errorf("%w", err)
 		}
+		q := ic.RemoteSize()
 		// Each rank starts with another remote rank, so that no rank is
 		// everybody's first.
 		me := ic.Rank()
@@ -283,20 +319,16 @@ func InterReduceScatter[T Elem](ctx context.Context, ic *Intercomm, send, recv [
 // other (MPI_Reduce_scatter_block on an intercommunicator).
 func InterReduceScatterBlock[T Elem](ctx context.Context, ic *Intercomm, send, recv []T, op Op[T]) error {
 	return ic.collective(ctx, "intercomm reduce_scatter_block", func(k *collective) error {
-		counts := make([]int, ic.Size())
-		for r := range counts {
-			counts[r] = len(recv)
-		}
-		return interReduceScatterv(ctx, ic, k, send, recv, counts, op)
+		return interReduceScatterv(ctx, ic, k, send, recv, blockCounts(ic.Size(), len(recv)), op)
 	})
 }
 
 // interReduceScatterv is the two reduce-scatters' algorithm, as k.
 func interReduceScatterv[T Elem](ctx context.Context, ic *Intercomm, k *collective, send, recv []T, counts []int, op Op[T]) error {
-	p, me := ic.Size(), ic.Rank()
-	if err := k.checkCounts(counts, p, me, len(send), len(recv), "local "); err != nil {
-		return err
+	if err := interReduceScatterArgs(ic, send, recv, counts, op); err != nil {
+		return k.errorf("%w", err)
 	}
+	p := ic.Size()
 	acc, err := reduceLocal(ctx, ic, k, send, op)
 	if err != nil {
 		return err

@@ -124,8 +124,8 @@ func (nb neighbors) exchange(ctx context.Context, c *Comm, name string, send, re
 	if bad != nil {
 		return k.errorf("%w", bad)
 	}
-	if len(send) != len(nb.dests) || len(recv) != len(nb.sources) {
-		return k.errorf("%d send blocks for %d out-neighbours and %d receive slots for %d in-neighbours", len(send), len(nb.dests), len(recv), len(nb.sources))
+	if err := nb.blocksArgs(len(send), len(recv)); err != nil {
+		return k.errorf("%w", err)
 	}
 	for i := range nb.sources {
 		slot := i
@@ -152,15 +152,14 @@ func (nb neighbors) exchange(ctx context.Context, c *Comm, name string, send, re
 // sends send to every out-neighbour.
 func (nb neighbors) allgather(ctx context.Context, c *Comm, send, recv []byte) error {
 	const name = "neighbor_allgather"
-	in := len(nb.sources)
-	if len(recv) != in*len(send) {
-		return nb.exchange(ctx, c, name, nil, nil, fmt.Errorf("receive buffer of %d bytes for %d in-neighbours of %d bytes", len(recv), in, len(send)))
+	if err := nb.allgatherArgs(send, recv); err != nil {
+		return nb.exchange(ctx, c, name, nil, nil, err)
 	}
 	out := make([][]byte, len(nb.dests))
 	for i := range out {
 		out[i] = send
 	}
-	return nb.exchange(ctx, c, name, out, cut(recv, in, len(send)), nil)
+	return nb.exchange(ctx, c, name, out, cut(recv, len(nb.sources), len(send)), nil)
 }
 
 // allgatherv sends send to every out-neighbour and receives into recv[i]
@@ -177,6 +176,36 @@ func (nb neighbors) allgatherv(ctx context.Context, c *Comm, send []byte, recv [
 // in-neighbour.
 func (nb neighbors) alltoall(ctx context.Context, c *Comm, send, recv []byte) error {
 	const name = "neighbor_alltoall"
+	n, err := nb.alltoallArgs(send, recv)
+	if err != nil {
+		return nb.exchange(ctx, c, name, nil, nil, err)
+	}
+	return nb.exchange(ctx, c, name, cut(send, len(nb.dests), n), cut(recv, len(nb.sources), n), nil)
+}
+
+// Local argument checks of the neighbour collectives, which their
+// persistent forms' Init calls too (collinit_topo.go), as a Comm's do
+// (collective.go).
+
+// blocksArgs checks the numbers of send blocks and receive slots.
+func (nb neighbors) blocksArgs(send, recv int) error {
+	if send != len(nb.dests) || recv != len(nb.sources) {
+		return fmt.Errorf("%d send blocks for %d out-neighbours and %d receive slots for %d in-neighbours", send, len(nb.dests), recv, len(nb.sources))
+	}
+	return nil
+}
+
+// allgatherArgs checks a NeighborAllgather's buffers.
+func (nb neighbors) allgatherArgs(send, recv []byte) error {
+	if in := len(nb.sources); len(recv) != in*len(send) {
+		return fmt.Errorf("receive buffer of %d bytes for %d in-neighbours of %d bytes", len(recv), in, len(send))
+	}
+	return nil
+}
+
+// alltoallArgs checks a NeighborAlltoall's buffers and returns the
+// length of their blocks.
+func (nb neighbors) alltoallArgs(send, recv []byte) (int, error) {
 	in, out := len(nb.sources), len(nb.dests)
 	n := 0 // bytes per block
 	switch {
@@ -186,9 +215,9 @@ func (nb neighbors) alltoall(ctx context.Context, c *Comm, send, recv []byte) er
 		n = len(recv) / in
 	}
 	if len(send) != out*n || len(recv) != in*n {
-		return nb.exchange(ctx, c, name, nil, nil, fmt.Errorf("buffers of %d and %d bytes do not hold blocks of one length for %d out- and %d in-neighbours", len(send), len(recv), out, in))
+		return 0, fmt.Errorf("buffers of %d and %d bytes do not hold blocks of one length for %d out- and %d in-neighbours", len(send), len(recv), out, in)
 	}
-	return nb.exchange(ctx, c, name, cut(send, out, n), cut(recv, in, n), nil)
+	return n, nil
 }
 
 // cut cuts b into k blocks of n bytes; b holds k*n.
