@@ -56,12 +56,17 @@ type openState struct {
 }
 
 // backends lists the launcher backends in the order Open tries them. When
-// none matches, the process is a singleton.
+// none matches, the process is a singleton. PMIx comes after PMI: Hydra
+// sets PMI_FD and no PMIX_* variable, Open MPI's mpirun and Slurm's
+// srun --mpi=pmix the reverse, so the order matters only to a process
+// that has both (one launcher started under another); PMI_FD, an open
+// descriptor, is then the surer sign.
 func backends() []backend {
 	return []backend{
 		{name: "mdrun", detect: detectMdrun, open: openMdrun},
 		{name: "pmi2", detect: detectPMI, open: openPMI2},
 		{name: "pmi1", detect: detectPMI, open: openPMI1},
+		{name: "pmix", detect: detectPMIx, open: openPMIx},
 	}
 }
 

@@ -1,0 +1,515 @@
+//go:build pmix && cgo
+
+package bootstrap
+
+/*
+#cgo pkg-config: pmix
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pmix.h>
+
+// mdPMIxFenceDone is in pmix_callback.go.
+extern void mdPMIxFenceDone(int status, uintptr_t id);
+
+static void md_fence_cb(pmix_status_t status, void *cbdata) {
+	mdPMIxFenceDone(status, (uintptr_t)cbdata);
+}
+
+// md_collect is the info of every fence: collect the puts of all ranks.
+// PMIx_Fence_nb may read it until the callback, so it lives as long as the
+// process; PMIX_INFO_LOAD copies a bool into the struct and allocates
+// nothing.
+static pmix_info_t md_collect;
+
+static pmix_status_t md_init(pmix_proc_t *me) {
+	bool yes = true;
+	PMIX_INFO_LOAD(&md_collect, PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+	return PMIx_Init(me, NULL, 0);
+}
+
+// md_get_u32 reads a number the server holds about (nspace, rank).
+static pmix_status_t md_get_u32(const char *nspace, uint32_t rank, const char *key, uint32_t *out) {
+	pmix_proc_t p;
+	pmix_value_t *v = NULL;
+	pmix_status_t rc;
+
+	PMIX_LOAD_PROCID(&p, nspace, rank);
+	rc = PMIx_Get(&p, key, NULL, 0, &v);
+	if (rc != PMIX_SUCCESS) {
+		return rc;
+	}
+	if (v == NULL) {
+		return PMIX_ERR_NOT_FOUND;
+	}
+	switch (v->type) {
+	case PMIX_UINT32: *out = v->data.uint32; break;
+	case PMIX_UINT16: *out = v->data.uint16; break;
+	case PMIX_UINT64: *out = (uint32_t)v->data.uint64; break;
+	case PMIX_SIZE:   *out = (uint32_t)v->data.size; break;
+	case PMIX_INT:    *out = (uint32_t)v->data.integer; break;
+	case PMIX_UINT:   *out = (uint32_t)v->data.uint; break;
+	default:          rc = PMIX_ERR_TYPE_MISMATCH;
+	}
+	PMIX_VALUE_RELEASE(v);
+	return rc;
+}
+
+// md_put publishes len bytes at data under key, to every rank. PMIx_Put
+// copies the value, so data need live only during the call.
+// md_job_size reads PMIX_JOB_SIZE, the number of ranks in nspace.
+static pmix_status_t md_job_size(const char *nspace, uint32_t *out) {
+	return md_get_u32(nspace, PMIX_RANK_WILDCARD, PMIX_JOB_SIZE, out);
+}
+
+// md_node_id reads PMIX_NODEID, the server's number for the node rank runs on.
+static pmix_status_t md_node_id(const char *nspace, uint32_t rank, uint32_t *out) {
+	return md_get_u32(nspace, rank, PMIX_NODEID, out);
+}
+
+static pmix_status_t md_put(const char *key, void *data, size_t len) {
+	pmix_value_t v;
+
+	PMIX_VALUE_CONSTRUCT(&v);
+	v.type = PMIX_BYTE_OBJECT;
+	v.data.bo.bytes = (char *)data;
+	v.data.bo.size = len;
+	return PMIx_Put(PMIX_GLOBAL, key, &v);
+}
+
+static pmix_status_t md_fence(uintptr_t id) {
+	return PMIx_Fence_nb(NULL, 0, &md_collect, 1, md_fence_cb, (void *)id);
+}
+
+// md_get reads the bytes rank put under key. PMIX_IMMEDIATE keeps it to
+// what this process's server already holds: after a collecting fence
+// that is every rank's puts, and a key nobody put is PMIX_ERR_NOT_FOUND
+// at once, where a plain PMIx_Get would wait for a put that never comes.
+// (PMIX_OPTIONAL, the client's own store alone, misses the other ranks'
+// puts when the client keeps its store in its own memory, PMIx's "hash"
+// store: PMIX_MCA_gds=hash.)
+// On success *out holds a copy the caller frees with free(3); *len may be
+// 0 with *out NULL.
+static pmix_status_t md_get(const char *nspace, uint32_t rank, const char *key, char **out, size_t *len) {
+	pmix_proc_t p;
+	pmix_info_t info;
+	pmix_value_t *v = NULL;
+	pmix_status_t rc;
+	bool yes = true;
+
+	*out = NULL;
+	*len = 0;
+	PMIX_LOAD_PROCID(&p, nspace, rank);
+	PMIX_INFO_LOAD(&info, PMIX_IMMEDIATE, &yes, PMIX_BOOL);
+	rc = PMIx_Get(&p, key, &info, 1, &v);
+	PMIX_INFO_DESTRUCT(&info);
+	if (rc != PMIX_SUCCESS) {
+		return rc;
+	}
+	if (v == NULL) {
+		return PMIX_ERR_NOT_FOUND;
+	}
+	if (v->type != PMIX_BYTE_OBJECT) {
+		rc = PMIX_ERR_TYPE_MISMATCH;
+	} else if (v->data.bo.size > 0) {
+		*out = malloc(v->data.bo.size);
+		if (*out == NULL) {
+			rc = PMIX_ERR_NOMEM;
+		} else {
+			memcpy(*out, v->data.bo.bytes, v->data.bo.size);
+			*len = v->data.bo.size;
+		}
+	}
+	PMIX_VALUE_RELEASE(v);
+	return rc;
+}
+
+static pmix_status_t md_abort(int code, const char *msg) {
+	return PMIx_Abort(code, msg, NULL, 0);
+}
+
+static pmix_status_t md_finalize(void) {
+	return PMIx_Finalize(NULL, 0);
+}
+*/
+import "C"
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// PMIx status codes the calls here branch on.
+const (
+	pmixSuccess = C.PMIX_SUCCESS
+	pmixDone    = C.PMIX_OPERATION_SUCCEEDED
+)
+
+// pmixCallErr turns a status into an error naming the call.
+func pmixCallErr(call string, rc C.pmix_status_t) error {
+	if rc == pmixSuccess {
+		return nil
+	}
+	return &pmixError{call: call, status: int(rc), text: C.GoString(C.PMIx_Error_string(rc))}
+}
+
+// openPMIx joins the job of the PMIx server that started this process:
+// PMIx_Init, the job's size and this rank's node, then the job secret
+// through the store.
+func openPMIx(ctx context.Context, logger hclog.Logger, st *openState) (Bootstrap, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("bootstrap: pmix: %w", err)
+	}
+	var me C.pmix_proc_t
+	if err := pmixCallErr("PMIx_Init", C.md_init(&me)); err != nil {
+		mark, _ := pmixMark(st.env)
+		return nil, fmt.Errorf("%w (started with %s)", err, mark)
+	}
+	j := &pmixJob{
+		nspace: C.GoString(&me.nspace[0]),
+		rank:   int(me.rank),
+		dead:   make(chan struct{}),
+		sent:   map[string]bool{},
+	}
+	j.logger = logger.With("rank", j.rank)
+	fail := func(err error) (Bootstrap, error) {
+		j.Close()
+		return nil, err
+	}
+	cns := C.CString(j.nspace)
+	defer C.free(unsafe.Pointer(cns))
+	var size C.uint32_t
+	if err := pmixCallErr("PMIx_Get "+C.PMIX_JOB_SIZE, C.md_job_size(cns, &size)); err != nil {
+		return fail(err)
+	}
+	j.size = int(size)
+	if err := checkRankSize(j.rank, j.size, "PMIx_Init"); err != nil {
+		return fail(fmt.Errorf("bootstrap: pmix: namespace %s: %w", j.nspace, err))
+	}
+	hn, err := os.Hostname()
+	if err != nil {
+		return fail(fmt.Errorf("bootstrap: pmix: host name: %w", err))
+	}
+	var node C.uint32_t
+	nodeErr := pmixCallErr("PMIx_Get "+C.PMIX_NODEID, C.md_node_id(cns, C.uint32_t(j.rank), &node))
+	if nodeErr != nil {
+		j.logger.Debug("the PMIx server gave no node id; ranks are placed by host name alone", "error", nodeErr)
+	}
+	j.host = pmixHost(hn, uint32(node), nodeErr == nil)
+	if j.jobID = cleanJobID(j.nspace); j.jobID == "" {
+		return fail(errors.New("bootstrap: pmix: PMIx_Init named no namespace"))
+	}
+	// The job secret travels through the server's store, which is as
+	// trusted as the server itself: anyone who can read it can also start
+	// processes as this user.
+	if j.rank == 0 {
+		secret := make([]byte, 32)
+		if _, err := rand.Read(secret); err != nil {
+			return fail(fmt.Errorf("bootstrap: pmix: job secret: %w", err))
+		}
+		j.secret = secret
+		if err := j.Put(secretKey, secret); err != nil {
+			return fail(err)
+		}
+	}
+	if err := j.Fence(ctx); err != nil {
+		return fail(err)
+	}
+	if j.rank != 0 {
+		if j.secret, err = j.Get(ctx, 0, secretKey); err != nil {
+			return fail(err)
+		}
+	}
+	j.logger.Debug("joined the job", "size", j.size, "host", j.host, "namespace", j.nspace)
+	return j, nil
+}
+
+// pmixJob is a rank of a job a PMIx server started. It is safe for
+// concurrent use.
+//
+// The PMIx client library is thread-safe and runs its own progress
+// thread, so calls go to it directly. A fence is started with
+// PMIx_Fence_nb and completes in a callback, so a Fence whose ctx ends
+// leaves no thread blocked in C; a Get runs PMIx_Get on a goroutine that
+// Close waits for.
+type pmixJob struct {
+	logger hclog.Logger
+	nspace string
+	rank   int
+	size   int
+	host   string
+	jobID  string
+	secret []byte
+
+	mu      sync.Mutex
+	puts    []string        // keys put since the last commit
+	sent    map[string]bool // keys committed: published, or to be at the fence under way
+	fence   *pmixFence      // the fence under way, nil if none
+	closing bool            // Close or Abort was called
+	dead    chan struct{}   // closed with closing: waiters give up
+	gets    sync.WaitGroup
+}
+
+func (j *pmixJob) Rank() int      { return j.rank }
+func (j *pmixJob) Size() int      { return j.size }
+func (j *pmixJob) Host() string   { return j.host }
+func (j *pmixJob) JobID() string  { return j.jobID }
+func (j *pmixJob) Secret() []byte { return j.secret }
+
+// Put hands the value to the PMIx client library, which publishes it to
+// every rank at the next Fence. As under the PMI backends, a key is
+// published once: a client that keeps other ranks' values in its own
+// memory (PMIx's "hash" store) goes on returning the first.
+func (j *pmixJob) Put(key string, value []byte) error {
+	if err := checkPut(key, value); err != nil {
+		return err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closing {
+		return fmt.Errorf("bootstrap: put: %w", errPMIxClosed)
+	}
+	if j.sent[key] {
+		return fmt.Errorf("bootstrap: pmix: put %q: published at an earlier fence; under a PMIx launcher a key is published once", key)
+	}
+	ck := C.CString(pmixKey(key))
+	defer C.free(unsafe.Pointer(ck))
+	var p unsafe.Pointer
+	if len(value) > 0 {
+		p = unsafe.Pointer(&value[0])
+	}
+	if err := pmixCallErr("PMIx_Put", C.md_put(ck, p, C.size_t(len(value)))); err != nil {
+		return fmt.Errorf("%w (key %q)", err, key)
+	}
+	j.puts = append(j.puts, key)
+	return nil
+}
+
+// Fence commits this rank's puts and joins the barrier of the whole
+// namespace, collecting every rank's puts. As with the other backends, a
+// Fence whose ctx ended stays under way, and the next Fence call waits for
+// that same barrier.
+func (j *pmixJob) Fence(ctx context.Context) error {
+	j.mu.Lock()
+	if j.closing {
+		j.mu.Unlock()
+		return fmt.Errorf("bootstrap: fence: %w", errPMIxClosed)
+	}
+	f := j.fence
+	if f == nil {
+		if err := ctx.Err(); err != nil {
+			j.mu.Unlock()
+			return fmt.Errorf("bootstrap: fence: %w", err)
+		}
+		if err := pmixCallErr("PMIx_Commit", C.PMIx_Commit()); err != nil {
+			j.mu.Unlock()
+			return err
+		}
+		for _, k := range j.puts {
+			j.sent[k] = true
+		}
+		j.puts = nil
+		f = &pmixFence{done: make(chan struct{})}
+		id := fences.add(f)
+		switch rc := C.md_fence(C.uintptr_t(id)); rc {
+		case pmixSuccess:
+			// The callback completes f.
+		case pmixDone:
+			// Completed at once, without a callback.
+			fences.complete(id, pmixSuccess)
+		default:
+			fences.drop(id)
+			j.mu.Unlock()
+			return pmixCallErr("PMIx_Fence", rc)
+		}
+		j.fence = f
+	}
+	j.mu.Unlock()
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		return fmt.Errorf("bootstrap: fence: %w", ctx.Err())
+	case <-j.dead:
+		return fmt.Errorf("bootstrap: fence: %w", errPMIxClosed)
+	}
+	j.mu.Lock()
+	if j.fence == f {
+		j.fence = nil
+	}
+	j.mu.Unlock()
+	return pmixCallErr("PMIx_Fence", C.pmix_status_t(f.status))
+}
+
+// Get reads what rank put under key before the last Fence. It asks only
+// this process's server, which holds every rank's puts after a Fence, so
+// it does not wait for other ranks; when ctx ends first, Get returns ctx's
+// error and the PMIx_Get finishes on its own goroutine, which Close waits
+// for.
+func (j *pmixJob) Get(ctx context.Context, rank int, key string) ([]byte, error) {
+	if rank < 0 || rank >= j.size {
+		return nil, fmt.Errorf("bootstrap: get %q: rank %d not in [0, %d)", key, rank, j.size)
+	}
+	if key == "" || len(key) > maxKey {
+		return nil, fmt.Errorf("bootstrap: get: key of %d bytes, want 1 to %d", len(key), maxKey)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("bootstrap: get %q of rank %d: %w", key, rank, err)
+	}
+	j.mu.Lock()
+	if j.closing {
+		j.mu.Unlock()
+		return nil, fmt.Errorf("bootstrap: get %q of rank %d: %w", key, rank, errPMIxClosed)
+	}
+	type result struct {
+		v   []byte
+		err error
+	}
+	res := make(chan result, 1)
+	j.gets.Add(1)
+	j.mu.Unlock()
+	go func() {
+		defer j.gets.Done()
+		v, err := j.get(rank, key)
+		res <- result{v, err}
+	}()
+	select {
+	case r := <-res:
+		if r.err != nil {
+			return nil, fmt.Errorf("%w (get %q of rank %d)", r.err, key, rank)
+		}
+		return r.v, nil
+	case <-ctx.Done():
+		return nil, fmt.Errorf("bootstrap: get %q of rank %d: %w", key, rank, ctx.Err())
+	}
+}
+
+// get is the PMIx_Get of Get.
+func (j *pmixJob) get(rank int, key string) ([]byte, error) {
+	cns := C.CString(j.nspace)
+	defer C.free(unsafe.Pointer(cns))
+	ck := C.CString(pmixKey(key))
+	defer C.free(unsafe.Pointer(ck))
+	var out *C.char
+	var n C.size_t
+	if err := pmixCallErr("PMIx_Get", C.md_get(cns, C.uint32_t(rank), ck, &out, &n)); err != nil {
+		return nil, err
+	}
+	if out == nil {
+		return []byte{}, nil
+	}
+	defer C.free(unsafe.Pointer(out))
+	return C.GoBytes(unsafe.Pointer(out), C.int(n)), nil
+}
+
+// Abort logs the reason (servers do not all print PMIx_Abort's message),
+// then asks the server to end the job. PMIx_Abort returns when the server
+// has acted, which for this rank is usually never: the server kills it.
+func (j *pmixJob) Abort(code int, reason string) error {
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	j.logger.Error("aborting the job", "code", code, "reason", reason)
+	if !j.stop() {
+		return nil
+	}
+	// Servers kill the job as soon as they read the abort, sometimes
+	// before forwarding what the rank wrote just before; give the reason
+	// logged above a moment to get out.
+	time.Sleep(abortGrace)
+	msg := C.CString(strings.ToValidUTF8(reason, "?"))
+	defer C.free(unsafe.Pointer(msg))
+	return pmixCallErr("PMIx_Abort", C.md_abort(C.int(code), msg))
+}
+
+// Close finalizes with the server. It is idempotent. A Fence still under
+// way is abandoned: its waiters return ErrClosed.
+func (j *pmixJob) Close() error {
+	if !j.stop() {
+		return nil
+	}
+	// PMIx_Finalize must not run under a PMIx_Get of this job.
+	j.gets.Wait()
+	return pmixCallErr("PMIx_Finalize", C.md_finalize())
+}
+
+// stop marks the job closing, releases waiters and drops the fence under
+// way; it reports false if the job was already closing.
+func (j *pmixJob) stop() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closing {
+		return false
+	}
+	j.closing = true
+	close(j.dead)
+	if j.fence != nil {
+		fences.forget(j.fence)
+		j.fence = nil
+	}
+	return true
+}
+
+// errPMIxClosed is what calls on a closed or aborted pmix job return.
+var errPMIxClosed = fmt.Errorf("pmix: %w", ErrClosed)
+
+// pmixFence is one PMIx_Fence_nb under way.
+type pmixFence struct {
+	done   chan struct{} // closed by the callback
+	status int
+}
+
+// fences maps the ids PMIx_Fence_nb carries to its callback to the fences
+// they complete. The callback gets a number, not a Go pointer, which C
+// may not keep; a callback for a fence Close dropped finds nothing.
+var fences = &fenceTable{m: map[uintptr]*pmixFence{}}
+
+type fenceTable struct {
+	mu   sync.Mutex
+	next uintptr
+	m    map[uintptr]*pmixFence
+}
+
+func (t *fenceTable) add(f *pmixFence) uintptr {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.next++
+	t.m[t.next] = f
+	return t.next
+}
+
+// complete ends fence id with status; ids not in the table are ignored.
+func (t *fenceTable) complete(id uintptr, status int) {
+	t.mu.Lock()
+	f, ok := t.m[id]
+	delete(t.m, id)
+	t.mu.Unlock()
+	if ok {
+		f.status = status
+		close(f.done)
+	}
+}
+
+func (t *fenceTable) drop(id uintptr) {
+	t.mu.Lock()
+	delete(t.m, id)
+	t.mu.Unlock()
+}
+
+func (t *fenceTable) forget(f *pmixFence) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, g := range t.m {
+		if g == f {
+			delete(t.m, id)
+		}
+	}
+}

@@ -1,0 +1,299 @@
+//go:build pmix && cgo
+
+package bootstrap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+)
+
+// The tests here run this test binary as the ranks of a job under Open
+// MPI's mpirun: a test named in pmixHelperEnv runs as a rank, and is
+// skipped otherwise.
+
+const pmixHelperEnv = "MD_PMIX_TEST_HELPER"
+
+// pmixWatchdog turns a hung job into a failure; it asserts nothing about
+// speed.
+const pmixWatchdog = 2 * time.Minute
+
+// mpirunJob runs n ranks of the test helper under mpirun.openmpi and
+// returns mpirun's exit status and output. It skips when mpirun.openmpi is
+// not installed.
+func mpirunJob(t *testing.T, n int, helper string, args ...string) (int, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts jobs under mpirun.openmpi")
+	}
+	mpirun, err := exec.LookPath("mpirun.openmpi")
+	if err != nil {
+		t.Skip("Open MPI's mpirun.openmpi is not installed; apt-get install openmpi-bin")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	// --bind-to none: Open MPI binds ranks to cores by default, and this
+	// machine may have fewer cores than ranks.
+	args = append([]string{"--allow-run-as-root", "--oversubscribe", "--bind-to", "none"}, args...)
+	args = append(args, "-n", strconv.Itoa(n), os.Args[0], "-test.run=^"+helper+"$", "-test.count=1", "-test.v")
+	cmd := exec.CommandContext(ctx, mpirun, args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "MDRUN_") && !strings.HasPrefix(kv, "PMI_") && !strings.HasPrefix(kv, "PMIX_") && !strings.HasPrefix(kv, "MD_PMI=") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, pmixHelperEnv+"="+helper)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("%s did not end within %v:\n%s", cmd, pmixWatchdog, out)
+	}
+	t.Logf("%s\n%s", cmd, out)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v", cmd, err)
+	}
+	return 0, string(out)
+}
+
+// asRank skips the test unless mpirunJob started it as a rank.
+func asRank(t *testing.T) {
+	t.Helper()
+	if os.Getenv(pmixHelperEnv) != t.Name() {
+		t.Skip("runs as a rank under mpirun.openmpi, started by another test")
+	}
+}
+
+// TestPMIxInitFails: a PMIx environment whose server is not there makes
+// Open fail, naming the call and the variable.
+func TestPMIxInitFails(t *testing.T) {
+	for _, kv := range openMPIEnv {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "PMIX_SERVER_URI") {
+			v = "1.0;tcp4://127.0.0.1:1" // nobody listens on port 1
+		}
+		t.Setenv(k, v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	bs, err := open(ctx, testLogger(t), os.LookupEnv, nil)
+	if err == nil {
+		bs.Close()
+		t.Fatal("open succeeded")
+	}
+	for _, want := range []string{"bootstrap: pmix: PMIx_Init: PMIX_ERR_", "PMIX_RANK=1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("open error %q lacks %q", err, want)
+		}
+	}
+}
+
+var pmixRankLine = regexp.MustCompile(`(?m)^pmix rank (\d+) of (\d+) on (\S+) job (\S+) secret ([0-9a-f]*)$`)
+
+// TestPMIxJob: three ranks under mpirun open the bootstrap through the
+// pmix backend, agree on who they are and exchange keys; once with the
+// store Open MPI picks (shared memory, "ds21") and once with each client
+// keeping its own ("hash"), where a Get must ask the server.
+func TestPMIxJob(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"default", nil},
+		{"hash", []string{"-x", "PMIX_MCA_gds=hash"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			const n = 3
+			status, out := mpirunJob(t, n, "TestPMIxJobRank", tt.args...)
+			if status != 0 {
+				t.Fatalf("mpirun exited %d", status)
+			}
+			checkPMIxRanks(t, out, n)
+		})
+	}
+}
+
+// checkPMIxRanks checks the lines of the n ranks of TestPMIxJobRank.
+func checkPMIxRanks(t *testing.T, out string, n int) {
+	t.Helper()
+	lines := pmixRankLine.FindAllStringSubmatch(out, -1)
+	if len(lines) != n {
+		t.Fatalf("%d of %d ranks reported success", len(lines), n)
+	}
+	var ranks []int
+	for _, m := range lines {
+		r, _ := strconv.Atoi(m[1])
+		ranks = append(ranks, r)
+		if m[2] != strconv.Itoa(n) {
+			t.Errorf("rank %s: size %s, want %d", m[1], m[2], n)
+		}
+		for i, what := range []string{"", "", "", "host", "job", "secret"} {
+			if what != "" && m[i] != lines[0][i] {
+				t.Errorf("rank %s's %s is %q, rank %s's %q", m[1], what, m[i], lines[0][1], lines[0][i])
+			}
+		}
+		if !strings.Contains(m[3], "#") {
+			t.Errorf("rank %s: host %q has no node id", m[1], m[3])
+		}
+		if len(m[5]) != 64 {
+			t.Errorf("rank %s: secret of %d hex digits, want 64", m[1], len(m[5]))
+		}
+	}
+	slices.Sort(ranks)
+	if want := slices.Collect(func(yield func(int) bool) {
+		for r := range n {
+			yield(r)
+		}
+	}); !slices.Equal(ranks, want) {
+		t.Errorf("ranks %v, want %v", ranks, want)
+	}
+}
+
+// pmixValue is what rank r puts under key in round i.
+func pmixValue(key string, r, round int) []byte {
+	switch key {
+	case "empty":
+		return nil
+	case "big":
+		return bytes.Repeat([]byte{byte(r), byte(round), 0}, maxValue/3)
+	}
+	return fmt.Appendf(nil, "%q of rank %d, round %d", key, r, round)
+}
+
+var pmixKeys = []string{"card", "big", "empty", "bin\x00key é", "bootstrap.x"}
+
+func TestPMIxJobRank(t *testing.T) {
+	asRank(t)
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	r, n := bs.Rank(), bs.Size()
+	// Open MPI's own view of the job, to check the backend's against.
+	if want := os.Getenv("OMPI_COMM_WORLD_RANK"); strconv.Itoa(r) != want {
+		t.Errorf("rank %d, Open MPI says %s", r, want)
+	}
+	if want := os.Getenv("OMPI_COMM_WORLD_SIZE"); strconv.Itoa(n) != want {
+		t.Errorf("size %d, Open MPI says %s", n, want)
+	}
+	if want := cleanJobID(os.Getenv(EnvPMIxNamespace)); bs.JobID() != want {
+		t.Errorf("job id %q, want %q", bs.JobID(), want)
+	}
+	// Round 1 puts every key ("card" twice: the second value counts),
+	// round 2 a new one; a key published in round 1 cannot be put again.
+	if err := bs.Put("card", []byte("overwritten before the fence")); err != nil {
+		t.Fatal(err)
+	}
+	for round, keys := range [][]string{1: pmixKeys, 2: {"late"}} {
+		if round == 0 {
+			continue
+		}
+		for _, k := range keys {
+			if err := bs.Put(k, pmixValue(k, r, round)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := bs.Fence(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := bs.Put("card", nil); err == nil || !strings.Contains(err.Error(), "published once") {
+			t.Errorf("round %d: a second put of a published key: %v, want an error", round, err)
+		}
+		for q := range n {
+			for _, k := range append(pmixKeys, "late") {
+				want, wantRound := pmixValue(k, q, 1), 1
+				if k == "late" {
+					want, wantRound = pmixValue(k, q, 2), 2
+				}
+				if round < wantRound {
+					// Not checked: PMIx may show a put once its
+					// rank has committed it, before the fence.
+					continue
+				}
+				got, err := bs.Get(ctx, q, k)
+				switch {
+				case err != nil:
+					t.Errorf("round %d: get %q of rank %d: %v", round, k, q, err)
+				case !bytes.Equal(got, want):
+					t.Errorf("round %d: get %q of rank %d = %.40q, want %.40q", round, k, q, got, want)
+				}
+			}
+			if _, err := bs.Get(ctx, q, "never put"); !errors.Is(err, ErrNotFound) {
+				t.Errorf("get of a key rank %d never put: %v, want ErrNotFound", q, err)
+			}
+		}
+	}
+	cancelled, stop := context.WithCancel(ctx)
+	stop()
+	if _, err := bs.Get(cancelled, (r+1)%n, "card"); !errors.Is(err, context.Canceled) {
+		t.Errorf("get with a cancelled ctx: %v", err)
+	}
+	if _, err := bs.Get(ctx, n, "card"); err == nil {
+		t.Errorf("get of rank %d succeeded", n)
+	}
+	if t.Failed() {
+		return
+	}
+	fmt.Printf("pmix rank %d of %d on %s job %s secret %x\n", r, n, bs.Host(), bs.JobID(), bs.Secret())
+	if err := bs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := bs.Fence(ctx); !errors.Is(err, ErrClosed) {
+		t.Errorf("fence after close: %v, want ErrClosed", err)
+	}
+	if err := bs.Put("k", nil); !errors.Is(err, ErrClosed) {
+		t.Errorf("put after close: %v, want ErrClosed", err)
+	}
+}
+
+// TestPMIxAbort: a rank's Abort ends the job under mpirun, with a failing
+// status and the reason in the output, while the other ranks wait in a
+// Fence the aborting rank never joins.
+func TestPMIxAbort(t *testing.T) {
+	status, out := mpirunJob(t, 3, "TestPMIxAbortRank")
+	if status == 0 {
+		t.Errorf("mpirun exited 0 after an abort")
+	}
+	if !strings.Contains(out, "rank 1 gives up") || !strings.Contains(out, "aborting the job") {
+		t.Errorf("output does not give the abort's reason")
+	}
+}
+
+func TestPMIxAbortRank(t *testing.T) {
+	asRank(t)
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	// The reason reaches the output through the logger: Open MPI's mpirun
+	// does not print PMIx_Abort's message.
+	logger := hclog.New(&hclog.LoggerOptions{Output: os.Stderr, Level: hclog.Error})
+	bs, err := Open(ctx, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bs.Rank() == 1 {
+		if err := bs.Abort(3, "rank 1 gives up"); err != nil {
+			t.Error(err)
+		}
+		// Open MPI answers PMIx_Abort at once and then ends the job;
+		// stay, so only that ends this rank.
+		time.Sleep(pmixWatchdog)
+	}
+	err = bs.Fence(ctx)
+	t.Errorf("rank %d: fence without rank 1 ended: %v", bs.Rank(), err)
+}
