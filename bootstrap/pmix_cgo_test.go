@@ -185,12 +185,17 @@ func TestPMIxJobRank(t *testing.T) {
 	}
 	defer bs.Close()
 	r, n := bs.Rank(), bs.Size()
-	// Open MPI's own view of the job, to check the backend's against.
-	if want := os.Getenv("OMPI_COMM_WORLD_RANK"); strconv.Itoa(r) != want {
-		t.Errorf("rank %d, Open MPI says %s", r, want)
-	}
-	if want := os.Getenv("OMPI_COMM_WORLD_SIZE"); strconv.Itoa(n) != want {
-		t.Errorf("size %d, Open MPI says %s", n, want)
+	// The launcher's own view of the job, to check the backend's against.
+	for _, v := range [][3]string{
+		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"},
+		{"SLURM_PROCID", "SLURM_NTASKS", "Slurm"},
+	} {
+		if want, ok := os.LookupEnv(v[0]); ok && strconv.Itoa(r) != want {
+			t.Errorf("rank %d, %s says %s", r, v[2], want)
+		}
+		if want, ok := os.LookupEnv(v[1]); ok && strconv.Itoa(n) != want {
+			t.Errorf("size %d, %s says %s", n, v[2], want)
+		}
 	}
 	if want := cleanJobID(os.Getenv(EnvPMIxNamespace)); bs.JobID() != want {
 		t.Errorf("job id %q, want %q", bs.JobID(), want)
