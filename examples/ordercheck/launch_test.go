@@ -8,6 +8,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -432,6 +434,172 @@ func TestMdrunTwoHosts(t *testing.T) {
 		}
 		if p := helperProcs(); len(p) > 0 {
 			t.Errorf("ranks still running after mdrun ended: pids %v", p)
+		}
+	})
+}
+
+// The tests below run ordercheck under Open MPI's mpirun, whose ranks join
+// through the bootstrap's pmix backend: they need this test binary (the
+// ranks' program) built with it, go test -tags pmix ./examples/ordercheck.
+
+// pmixBuilt reports whether this binary has the pmix bootstrap backend:
+// built with the pmix tag and cgo.
+func pmixBuilt() bool {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return false
+	}
+	tagged, cgo := false, false
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "-tags":
+			tagged = slices.Contains(strings.Split(s.Value, ","), "pmix")
+		case "CGO_ENABLED":
+			cgo = s.Value == "1"
+		}
+	}
+	return tagged && cgo
+}
+
+func needOpenMPI(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts jobs under mpirun.openmpi")
+	}
+	p, err := exec.LookPath("mpirun.openmpi")
+	if err != nil {
+		t.Skip("Open MPI's mpirun.openmpi is not installed; apt-get install openmpi-bin")
+	}
+	if !pmixBuilt() {
+		t.Skip("the ranks need the bootstrap's pmix backend: go test -tags pmix ./examples/ordercheck (needs libpmix-dev)")
+	}
+	return p
+}
+
+// openMPIArgs are the mpirun flags every Open MPI job here takes: root
+// runs it in CI, and this machine may have fewer cores than ranks, which
+// Open MPI binds to by default.
+var openMPIArgs = []string{"--allow-run-as-root", "--oversubscribe", "--bind-to", "none"}
+
+// pmixCleanEnv is cleanEnv without PMIx's variables either.
+func pmixCleanEnv(extra ...string) []string {
+	return append(slices.DeleteFunc(cleanEnv(), func(kv string) bool { return strings.HasPrefix(kv, "PMIX_") }), extra...)
+}
+
+// TestOpenMPIOneHost: mpirun.openmpi -n 4 on this host, over PMIx.
+func TestOpenMPIOneHost(t *testing.T) {
+	mpirun := needOpenMPI(t)
+	cmd := exec.Command(mpirun, append(openMPIArgs, "-n", "4", helper, "-messages", "50")...)
+	cmd.Env = pmixCleanEnv()
+	status, out := runJob(t, cmd)
+	if status != 0 {
+		t.Fatalf("mpirun exited %d", status)
+	}
+	checkRanks(t, out, []string{"a", "a", "a", "a"})
+}
+
+// TestOpenMPIAbort: a rank's Abort ends the job under mpirun, with the
+// reason in the output and a failing status.
+func TestOpenMPIAbort(t *testing.T) {
+	mpirun := needOpenMPI(t)
+	cmd := exec.Command(mpirun, append(openMPIArgs, "-n", "3", helper+"-abort")...)
+	cmd.Env = pmixCleanEnv()
+	status, out := runJob(t, cmd)
+	if status == 0 {
+		t.Errorf("mpirun exited 0 after an abort")
+	}
+	if !strings.Contains(out, "rank 1 gives up") || !strings.Contains(out, "aborting the job") {
+		t.Errorf("output does not give the abort's reason")
+	}
+}
+
+// TestOpenMPITwoHosts: mpirun on a head node starts 2 ranks on each of two
+// hosts through the launch script, standing for ssh. The hosts share this
+// machine's host name, so only PMIx's node ids tell them apart; the
+// collecting fence carries each host's business cards to the other.
+func TestOpenMPITwoHosts(t *testing.T) {
+	mpirun := needOpenMPI(t)
+	head, script := twoHosts(t)
+	args := append(slices.Clone(openMPIArgs), "--mca", "plm_rsh_agent", script,
+		"--host", "10.77.0.1:2,10.77.0.2:2", "-n", "4", helper, "-messages", "50")
+	cmd := head.Command(context.Background(), mpirun, args...)
+	cmd.Env = pmixCleanEnv()
+	status, out := runJob(t, cmd)
+	if status != 0 {
+		t.Fatalf("mpirun exited %d", status)
+	}
+	checkRanks(t, out, []string{"h1", "h1", "h2", "h2"})
+}
+
+// startSlurm starts the private one-node Slurm cluster of
+// testdata/slurm-one-node.sh until the test ends and returns its
+// SLURM_CONF setting; it skips as TestSlurm does.
+func startSlurm(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts Slurm daemons")
+	}
+	if os.Getuid() != 0 {
+		t.Skip("starting slurmctld and slurmd needs root")
+	}
+	for _, prog := range []string{"srun", "slurmctld", "slurmd", "munged", "sinfo"} {
+		if _, err := exec.LookPath(prog); err != nil {
+			t.Skipf("%s not found; apt-get install slurm-wlm munge", prog)
+		}
+	}
+	script, err := filepath.Abs("testdata/slurm-one-node.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short directory: munged's socket path must fit a sockaddr_un.
+	dir, err := os.MkdirTemp("", "mdslurm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("sh", script, "stop", dir).CombinedOutput(); err != nil {
+			t.Errorf("stopping Slurm: %v\n%s", err, out)
+		}
+		os.RemoveAll(dir)
+	})
+	start := exec.Command("sh", script, "start", dir)
+	start.Env = cleanEnv(fmt.Sprintf("SLURMCTLD_PORT=%d", freePort(t)), fmt.Sprintf("SLURMD_PORT=%d", freePort(t)))
+	if out, err := start.CombinedOutput(); err != nil {
+		t.Skipf("a one-node Slurm cluster did not start here: %v\n%s", err, out)
+	}
+	return "SLURM_CONF=" + filepath.Join(dir, "slurm.conf")
+}
+
+// TestSlurmPMIx: srun --mpi=pmix -n 4 on the one-node Slurm cluster, and
+// a rank's Abort there; the ranks join through the pmix backend.
+func TestSlurmPMIx(t *testing.T) {
+	if !pmixBuilt() {
+		t.Skip("the ranks need the bootstrap's pmix backend: go test -tags pmix ./examples/ordercheck (needs libpmix-dev)")
+	}
+	conf := startSlurm(t)
+	list := exec.Command("srun", "--mpi=list")
+	list.Env = pmixCleanEnv(conf)
+	if out, err := list.CombinedOutput(); err != nil || !strings.Contains(string(out), "pmix") {
+		t.Skipf("this Slurm has no pmix plugin (srun --mpi=list: %v)\n%s", err, out)
+	}
+	t.Run("ordercheck", func(t *testing.T) {
+		cmd := exec.Command("srun", "--mpi=pmix", "-n", "4", helper, "-messages", "50")
+		cmd.Env = pmixCleanEnv(conf)
+		status, out := runJob(t, cmd)
+		if status != 0 {
+			t.Fatalf("srun exited %d", status)
+		}
+		checkRanks(t, out, []string{"a", "a", "a", "a"})
+	})
+	t.Run("abort", func(t *testing.T) {
+		cmd := exec.Command("srun", "--mpi=pmix", "-n", "3", helper+"-abort")
+		cmd.Env = pmixCleanEnv(conf)
+		status, out := runJob(t, cmd)
+		if status == 0 {
+			t.Errorf("srun exited 0 after an abort")
+		}
+		if !strings.Contains(out, "rank 1 gives up") {
+			t.Errorf("output does not give the abort's reason")
 		}
 	})
 }
