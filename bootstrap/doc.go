@@ -20,7 +20,12 @@
 //     PMI-1 on the same descriptor: init, get_maxes, get_my_kvsname, put,
 //     barrier_in, get, abort, finalize; rank and size come from PMI_RANK and
 //     PMI_SIZE.
-//  4. singleton: nothing is set. The process is rank 0 of a world of one;
+//  4. pmix: PMIX_RANK, PMIX_NAMESPACE or a PMIX_SERVER_URI* variable is
+//     set, and none of the above (Open MPI's mpirun and prterun, Slurm's
+//     srun --mpi=pmix). The rank is a client of the PMIx library, which
+//     the backend is built against only with -tags pmix (see "Under a
+//     PMIx launcher"); without it, Open fails saying how to rebuild.
+//  5. singleton: nothing is set. The process is rank 0 of a world of one;
 //     Put, Fence and Get work locally, JobID and Secret are random.
 //
 // MD_PMI=1 or MD_PMI=2 pins the PMI version. A backend whose variables are
@@ -56,6 +61,45 @@
 // waiting and later Fence and Get fails with an error wrapping [ErrClosed]
 // that says so; nothing hangs. The PMI port model (PMI_PORT) is not
 // supported.
+//
+// # Under a PMIx launcher
+//
+// The pmix backend is cgo against libpmix (PMIx 4.2 on Debian 12) and is
+// built only with the pmix tag, as the RDMA subdevices are with theirs:
+//
+//	apt-get install libpmix-dev
+//	go build -tags pmix ./...
+//
+// A binary built without the tag (or without cgo) that a PMIx launcher
+// starts fails in Open with "bootstrap: pmix: started by a PMIx launcher
+// (PMIX_RANK=...), but this binary was built without -tags pmix (or
+// without cgo): rebuild with ...": a singleton there would be one of N
+// copies of rank 0. Running needs libpmix2.
+//
+// Open calls PMIx_Init; Rank is the rank it gives, Size the job's
+// PMIX_JOB_SIZE, JobID the namespace with characters unsafe in file names
+// replaced, and Host "<hostname>#<node>" with the server's PMIX_NODEID, so
+// that, as under PMI, hosts sharing a host name stay apart (without a node
+// id, the host name alone). Put is PMIx_Put of a byte object to every rank
+// (PMIX_GLOBAL), under the key with "md." before it (or "md64." before its
+// base64url when it is not printable ASCII: PMIx keys are C strings, and
+// those starting with "pmix" are reserved). A key is published once, as
+// under PMI: a client that keeps other ranks' values in its own memory
+// (PMIx's "hash" store) goes on returning the first. Fence is PMIx_Commit
+// and a PMIx_Fence_nb over the whole namespace that collects every rank's
+// puts; a Fence whose ctx ends stays under way, and the next Fence waits
+// for the same barrier. Get is PMIx_Get with PMIX_IMMEDIATE: the server
+// answers from what it holds, so a key nobody put is [ErrNotFound] at
+// once instead of a wait for a put that never comes; when ctx ends first,
+// Get returns ctx's error and the call ends on its own goroutine, which
+// Close waits for. The job secret travels as under PMI. Abort logs the
+// reason (Open MPI's mpirun does not print PMIx_Abort's message) and calls
+// PMIx_Abort; Close calls PMIx_Finalize, and a Fence still under way then
+// fails with [ErrClosed].
+//
+// Verified with Open MPI 4.1.4's mpirun (one host, and two network
+// namespace hosts sharing a host name) and Slurm 22.05's srun --mpi=pmix
+// (its pmix_v4 plugin) on one node.
 //
 // # Environment
 //
