@@ -105,10 +105,13 @@ func Weights(sourceWeights, destWeights []int) TopoOption {
 }
 
 // neighbors are the in- and out-neighbours of a rank, and whether they
-// are a Cart's, which receives in pairs swapped (see above).
+// are a Cart's, which receives in pairs swapped (see above). refused, if
+// set, is why no neighbour collective may run on them: a Graph whose
+// adjacency is not symmetric (graphtopo.go), which every rank knows alike.
 type neighbors struct {
 	sources, dests []int
 	cart           bool
+	refused        error
 }
 
 // exchange runs a neighbour collective: send[i] to dests[i], recv[i] from
@@ -121,6 +124,9 @@ func (nb neighbors) exchange(ctx context.Context, c *Comm, name string, send, re
 		return err
 	}
 	defer k.done()
+	if nb.refused != nil {
+		bad = nb.refused
+	}
 	if bad != nil {
 		return k.errorf("%w", bad)
 	}
