@@ -221,16 +221,52 @@ func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) 
 func (d *Device) finishFrame(of *outFrame, err error) {
 	req, done, peer, blk, t := of.req, of.done, of.f.Peer, of.blk, of.trunk
 	recycleFrame(of)
+	if err != nil && t.sub == nil {
+		err = peerLost(err)
+	}
 	switch {
 	case t.sub != nil:
 		d.trunkSent(t, blk, err)
 	case req != nil:
 		req.frameDone(err)
+		if err != nil && d.dropAck(req) {
+			req.frameDone(nil)
+		}
 	case done != nil:
 		done(err)
 	case err != nil:
 		d.log.Warn("system message failed", "peer", peer, "error", err)
 	}
+}
+
+// dropAck stops r, a synchronous eager send whose frame failed, from
+// waiting for the acknowledgement that frame would have brought: it
+// reports whether r still waited for one (an acknowledgement that came
+// anyway, for a frame that arrived before its link failed, took it
+// first).
+func (d *Device) dropAck(r *Request) bool {
+	if r.id == 0 {
+		return false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.syncSend[r.id] != r {
+		return false
+	}
+	delete(d.syncSend, r.id)
+	return true
+}
+
+// peerLost makes a subdevice's report that it lost the peer of a frame
+// (sdi.ErrPeerUnreachable) an ErrPeerDown as well: a Send or SendDone
+// can report the loss before the subdevice's PeerDown reaches the device
+// and marks the peer down, and a caller should not have to test two
+// errors for one event depending on which came first.
+func peerLost(err error) error {
+	if errors.Is(err, sdi.ErrPeerUnreachable) && !errors.Is(err, ErrPeerDown) {
+		return fmt.Errorf("%w: %w", ErrPeerDown, err)
+	}
+	return err
 }
 
 // recycleFrame puts a pooled frame back, dropping what it points to (the
@@ -415,7 +451,7 @@ func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context 
 		case errors.Is(err, sdi.ErrWouldBlock):
 			<-d.out.backoff()
 		default:
-			return fmt.Errorf("multidevice: send to rank %d over %q: %w", r.peer, s.name, err)
+			return peerLost(fmt.Errorf("multidevice: send to rank %d over %q: %w", r.peer, s.name, err))
 		}
 	}
 }
