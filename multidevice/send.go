@@ -228,8 +228,11 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 	case t.sub != nil:
 		d.trunkSent(t, blk, err)
 	case req != nil:
+		// Before frameDone: once that completes req, its owner may
+		// reuse it.
+		ack := err != nil && d.dropAck(req)
 		req.frameDone(err)
-		if err != nil && d.dropAck(req) {
+		if ack {
 			req.frameDone(nil)
 		}
 	case done != nil:
