@@ -302,11 +302,9 @@ func (g *Graph) IneighborAlltoallv(send, recv [][]byte) (*Request, error) {
 
 // The persistent forms, as Cart's and DistGraph's (collinit_topo.go):
 // Init fixes the arguments and a context of the Graph's own, and each
-// Start runs the nonblocking form once. Init draws the context whatever
-// the arguments, as every rank does, and then checks what the blocking
-// form checks of this rank's own arguments, and the graph's symmetry,
-// returning the error where the wrong call is made; a rank whose Init
-// failed keeps its later Dups and Inits in step with the other ranks'.
+// Start runs the nonblocking form once. Init checks this rank's
+// arguments as the blocking form does (initChecked), and the graph's
+// symmetry, which every rank finds alike.
 
 // dup returns g on a duplicate of its communicator, made now.
 func (g *Graph) dup() *Graph {
@@ -315,41 +313,31 @@ func (g *Graph) dup() *Graph {
 	return &c
 }
 
-// initDone ends the Init of collective name: q, unless the graph refuses
-// neighbour collectives or check found this rank's arguments wrong.
-func (g *Graph) initDone(q *Request, name string, check error) (*Request, error) {
-	if err := cmp.Or(g.nb.refused, check); err != nil {
-		return nil, fmt.Errorf("adi: %s init: %w", name, err)
-	}
-	return q, nil
-}
-
 // NeighborAllgatherInit makes a persistent NeighborAllgather
 // (MPI_Neighbor_allgather_init).
 func (g *Graph) NeighborAllgatherInit(send, recv []byte) (*Request, error) {
 	own := g.dup()
 	q := g.persistentColl(func() (*Request, error) { return own.IneighborAllgather(send, recv) })
-	return g.initDone(q, "neighbor_allgather", g.nb.allgatherArgs(send, recv))
+	return initChecked(q, "neighbor_allgather", cmp.Or(g.nb.refused, g.nb.allgatherArgs(send, recv)))
 }
 
 // NeighborAllgathervInit makes a persistent NeighborAllgatherv.
 func (g *Graph) NeighborAllgathervInit(send []byte, recv [][]byte) (*Request, error) {
 	own := g.dup()
 	q := g.persistentColl(func() (*Request, error) { return own.IneighborAllgatherv(send, recv) })
-	return g.initDone(q, "neighbor_allgatherv", g.nb.blocksArgs(len(g.nb.dests), len(recv)))
+	return initChecked(q, "neighbor_allgatherv", cmp.Or(g.nb.refused, g.nb.blocksArgs(len(g.nb.dests), len(recv))))
 }
 
 // NeighborAlltoallInit makes a persistent NeighborAlltoall.
 func (g *Graph) NeighborAlltoallInit(send, recv []byte) (*Request, error) {
 	own := g.dup()
 	q := g.persistentColl(func() (*Request, error) { return own.IneighborAlltoall(send, recv) })
-	_, err := g.nb.alltoallArgs(send, recv)
-	return g.initDone(q, "neighbor_alltoall", err)
+	return initChecked(q, "neighbor_alltoall", cmp.Or(g.nb.refused, neighborAlltoallArgs(g.nb, send, recv)))
 }
 
 // NeighborAlltoallvInit makes a persistent NeighborAlltoallv.
 func (g *Graph) NeighborAlltoallvInit(send, recv [][]byte) (*Request, error) {
 	own := g.dup()
 	q := g.persistentColl(func() (*Request, error) { return own.IneighborAlltoallv(send, recv) })
-	return g.initDone(q, "neighbor_alltoallv", g.nb.blocksArgs(len(send), len(recv)))
+	return initChecked(q, "neighbor_alltoallv", cmp.Or(g.nb.refused, g.nb.blocksArgs(len(send), len(recv))))
 }
