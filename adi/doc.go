@@ -18,11 +18,15 @@
 // grid ([DimsCreate] picks its shape), whose [Cart.Shift] names the
 // neighbours of a halo exchange, [ProcNull] past an edge that does not
 // wrap, and [Cart.Sub] keeps some of its dimensions;
-// [Comm.DistGraphCreateAdjacent] describes any graph. With [Reorder] a
-// grid's positions go to ranks so that neighbours share a host where
-// they can, and a graph's ranks are numbered host by host; [Weights]
-// weighs a graph's edges ([DistGraph.Weights]). On both, the
-// neighbour collectives ([Cart.NeighborAllgather],
+// [Comm.GraphCreate] lays them out on a graph every rank knows whole
+// (MPI_Graph_create; [Graph.Neighbors] names any node's neighbours), and
+// [Comm.DistGraphCreateAdjacent] describes any graph, each rank giving
+// its own edges. With [Reorder] a grid's positions, and a graph's nodes,
+// go to ranks so that neighbours share a host where they can
+// ([GraphMap] tells a rank its node beforehand), and a distributed
+// graph's ranks are numbered host by host; [Weights] weighs a
+// distributed graph's edges ([DistGraph.Weights]). On all three, the
+// neighbour collectives ([Cart.NeighborAllgather], [Graph.NeighborAlltoall],
 // [DistGraph.NeighborAlltoall], ...) exchange with each rank's
 // neighbours only, in MPI's slot order, blocking or not
 // ([Cart.IneighborAllgather], ...).
@@ -77,7 +81,8 @@
 // place in the order in which it was started. A persistent form
 // ([Comm.BarrierInit], ..., [AllreduceInit]) states a collective once and
 // starts it as often as the program likes ([Request.Start]); so do
-// [Cart.NeighborAllgatherInit], [DistGraph.NeighborAlltoallInit], ...,
+// [Cart.NeighborAllgatherInit], [Graph.NeighborAlltoallInit],
+// [DistGraph.NeighborAlltoallInit], ...,
 // and on an intercommunicator [Intercomm.BcastInit],
 // [InterAllreduceInit], ....
 //

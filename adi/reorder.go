@@ -29,8 +29,9 @@ import (
 // ties, so reordering never makes the cost worse. Both take about n log n
 // per level of bins for n positions; every rank computes them.
 //
-// Only Cart uses this: a DistGraph's edges are the processes' own, so no
-// numbering of it changes which of them cross between hosts (graph.go).
+// Cart and Graph (graphtopo.go, by the graph's partition alone) use
+// this: a DistGraph's edges are the processes' own, so no numbering of it
+// changes which of them cross between hosts (graph.go).
 
 // Costs of a unit of edge weight by what the edge crosses. Their ratio is
 // what matters: it makes one edge between sites worth cutting several

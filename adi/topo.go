@@ -9,21 +9,25 @@ import (
 )
 
 // Neighbour collectives (MPI_Neighbor_allgather and the rest) on a
-// topology communicator, a Cart or a DistGraph: each rank sends to its
+// topology communicator, a Cart, a Graph or a DistGraph: each rank sends to its
 // out-neighbours and receives from its in-neighbours only. Receive slot i
 // belongs to in-neighbour i and send block i to out-neighbour i, in the
-// order the topology lists them (Cart.Neighbors, DistGraph.Neighbors).
+// order the topology lists them (Cart.Neighbors, Graph.Neighbors of the
+// rank, both lists at once, DistGraph.Neighbors).
 // ProcNull neighbours, past the edge of a Cart dimension that does not
 // wrap, move nothing, and their slots are left as they were.
 //
 // A rank may be a neighbour more than once: on both sides along a
 // periodic dimension of one or two ranks (itself, with one), or listed
-// several times in a DistGraph. The standard says which block lands in
+// several times in a Graph or a DistGraph. The standard says which block lands in
 // which slot then (MPI-4.1 section 8.6, the erratum of mpi-forum issue
 // 153), and since messages between two ranks arrive in the order they were
 // sent, the order the receives are posted in decides it:
 //   - in a DistGraph the k-th edge from a rank to another carries the
 //     k-th block, so receives are posted in list order;
+//   - in a Graph, the k-th time a rank lists another is the k-th edge
+//     both ways (MPI needs both to list each other as often), so list
+//     order again;
 //   - in a Cart, the block sent in the -1 direction of dimension d
 //     arrives from the receiver's +1 side and goes to its slot 2d+1, and
 //     the other way round: block s of the sender lands in slot s^1 of the
@@ -35,8 +39,8 @@ import (
 // communicator calls them in the same order, and a block of another
 // length than its slot is reported as ErrMismatch by its receiver.
 
-// TopoOption changes how CartCreate and DistGraphCreateAdjacent make
-// their communicator: Reorder, Weights. The ranks must agree on them as
+// TopoOption changes how CartCreate, GraphCreate and
+// DistGraphCreateAdjacent make their communicator: Reorder, Weights. The ranks must agree on them as
 // on the other arguments: each option's doc says how.
 type TopoOption func(*topoConfig)
 
@@ -60,10 +64,11 @@ func topoOptions(opts []TopoOption) topoConfig {
 	return cfg
 }
 
-// Reorder lets CartCreate and DistGraphCreateAdjacent number the ranks of
-// the new communicator otherwise than the old one's, to fit the topology
-// to where the ranks live (World.Host, World.Site); the reorder argument
-// of MPI_Cart_create and MPI_Dist_graph_create_adjacent. Every rank
+// Reorder lets CartCreate, GraphCreate and DistGraphCreateAdjacent number
+// the ranks of the new communicator otherwise than the old one's, to fit
+// the topology to where the ranks live (World.Host, World.Site); the
+// reorder argument of MPI_Cart_create, MPI_Graph_create and
+// MPI_Dist_graph_create_adjacent. Every rank
 // passes it or none does. What each does with it is in its doc; a rank
 // learns its new number from the communicator's Rank, as in MPI.
 //
@@ -72,7 +77,8 @@ func topoOptions(opts []TopoOption) topoConfig {
 // halo messages cross between hosts, but a host's ranks are then a box
 // of the grid, not consecutive ranks, and Reduce and Allreduce on the
 // Cart, which go host by host only where each host's ranks are
-// consecutive (hostcoll.go), go flat. A DistGraph's ranks are numbered
+// consecutive (hostcoll.go), go flat. A Graph's nodes go to processes as
+// a Cart's positions do, cut by its edges. A DistGraph's ranks are numbered
 // host by host, which keeps its reductions going by hosts; its edges
 // are the lists' and stay where they are, and its weights (Weights) are
 // checked but steer nothing.
@@ -89,8 +95,8 @@ func Reorder() TopoOption { return func(c *topoConfig) { c.reorder = true } }
 // Weights and others not when all the weights passed are 1: the ends of
 // each edge agree. MPI calls mixing MPI_UNWEIGHTED with weights
 // erroneous; a portable program passes Weights on every rank or on none.
-// The lists are copied. CartCreate refuses it: a grid's edges are all
-// alike.
+// The lists are copied. CartCreate and GraphCreate refuse it: a grid's
+// edges are all alike, and MPI's graph has no weights.
 //
 // The weights are stored (DistGraph.Weights) and checked, but they do
 // not steer the numbering that Reorder gives a DistGraph: each process
