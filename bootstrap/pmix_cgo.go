@@ -4,6 +4,7 @@ package bootstrap
 
 /*
 #cgo pkg-config: pmix
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +23,16 @@ static void md_fence_cb(pmix_status_t status, void *cbdata) {
 // nothing.
 static pmix_info_t md_collect;
 
-static pmix_status_t md_init(pmix_proc_t *me) {
+static pthread_once_t md_collect_once = PTHREAD_ONCE_INIT;
+
+static void md_collect_init(void) {
 	bool yes = true;
 	PMIX_INFO_LOAD(&md_collect, PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+}
+
+static pmix_status_t md_init(pmix_proc_t *me) {
+	// Once: a second Open's fences may already be reading it.
+	pthread_once(&md_collect_once, md_collect_init);
 	return PMIx_Init(me, NULL, 0);
 }
 

@@ -244,6 +244,30 @@ func TestPMIxJobRank(t *testing.T) {
 			}
 		}
 	}
+	// A Fence whose ctx ends stays under way: the next Fence joins the
+	// same barrier. Rank 0 comes late, so the others' first try usually
+	// ends first; either way every rank takes part in one barrier.
+	if r == 0 {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := bs.Put("slow", pmixValue("slow", r, 3)); err != nil {
+		t.Fatal(err)
+	}
+	short, stopShort := context.WithTimeout(ctx, 10*time.Millisecond)
+	err = bs.Fence(short)
+	stopShort()
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Logf("rank %d: the first fence ended with its ctx; joining it again", r)
+		err = bs.Fence(ctx)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	for q := range n {
+		if got, err := bs.Get(ctx, q, "slow"); err != nil || !bytes.Equal(got, pmixValue("slow", q, 3)) {
+			t.Errorf("get \"slow\" of rank %d after a resumed fence = %q, %v", q, got, err)
+		}
+	}
 	cancelled, stop := context.WithCancel(ctx)
 	stop()
 	if _, err := bs.Get(cancelled, (r+1)%n, "card"); !errors.Is(err, context.Canceled) {
