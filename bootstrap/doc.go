@@ -88,7 +88,8 @@
 // (PMIx's "hash" store) goes on returning the first. Fence is PMIx_Commit
 // and a PMIx_Fence_nb over the whole namespace that collects every rank's
 // puts; a Fence whose ctx ends stays under way, and the next Fence waits
-// for the same barrier. Get is PMIx_Get with PMIX_IMMEDIATE: the server
+// for the same barrier. A rank's puts may show to others as soon as its
+// Fence has begun, before the barrier ends. Get is PMIx_Get with PMIX_IMMEDIATE: the server
 // answers from what it holds, so a key nobody put is [ErrNotFound] at
 // once instead of a wait for a put that never comes; when ctx ends first,
 // Get returns ctx's error and the call ends on its own goroutine, which
