@@ -11,6 +11,8 @@
 //	mdrun -n 4 ./ordercheck
 //	mpiexec -n 4 ./ordercheck            # MPICH's Hydra, over PMI
 //	srun --mpi=pmi2 -n 4 ./ordercheck    # Slurm, over PMI-2
+//	mpirun -n 4 ./ordercheck             # Open MPI, over PMIx (go build -tags pmix)
+//	srun --mpi=pmix -n 4 ./ordercheck    # Slurm, over PMIx (go build -tags pmix)
 package main
 
 import (
