@@ -271,38 +271,7 @@ func freePort(t *testing.T) int {
 // testdata/slurm-one-node.sh starts. It skips when not root, when Slurm or
 // munge is not installed, or when the daemons do not come up in 20 s.
 func TestSlurm(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts Slurm daemons")
-	}
-	if os.Getuid() != 0 {
-		t.Skip("starting slurmctld and slurmd needs root")
-	}
-	for _, prog := range []string{"srun", "slurmctld", "slurmd", "munged", "sinfo"} {
-		if _, err := exec.LookPath(prog); err != nil {
-			t.Skipf("%s not found; apt-get install slurm-wlm munge", prog)
-		}
-	}
-	script, err := filepath.Abs("testdata/slurm-one-node.sh")
-	if err != nil {
-		t.Fatal(err)
-	}
-	// A short directory: munged's socket path must fit a sockaddr_un.
-	dir, err := os.MkdirTemp("", "mdslurm-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("sh", script, "stop", dir).CombinedOutput(); err != nil {
-			t.Errorf("stopping Slurm: %v\n%s", err, out)
-		}
-		os.RemoveAll(dir)
-	})
-	start := exec.Command("sh", script, "start", dir)
-	start.Env = cleanEnv(fmt.Sprintf("SLURMCTLD_PORT=%d", freePort(t)), fmt.Sprintf("SLURMD_PORT=%d", freePort(t)))
-	if out, err := start.CombinedOutput(); err != nil {
-		t.Skipf("a one-node Slurm cluster did not start here: %v\n%s", err, out)
-	}
-	conf := "SLURM_CONF=" + filepath.Join(dir, "slurm.conf")
+	conf := startSlurm(t)
 	for _, pmi := range []string{"", "1", "2"} {
 		t.Run("pmi"+pmi, func(t *testing.T) {
 			cmd := exec.Command("srun", "--mpi=pmi2", "-n", "4", helper, "-messages", "50")
@@ -533,7 +502,8 @@ func TestOpenMPITwoHosts(t *testing.T) {
 
 // startSlurm starts the private one-node Slurm cluster of
 // testdata/slurm-one-node.sh until the test ends and returns its
-// SLURM_CONF setting; it skips as TestSlurm does.
+// SLURM_CONF setting. It skips when the test is short, not root, or
+// Slurm is missing or does not start here.
 func startSlurm(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
