@@ -384,6 +384,22 @@ func (c *Comm) Dup(ctx context.Context) (*Comm, error) {
 	return newComm(c.w, deriveContext(c.context, n, 0), c.ranks), nil
 }
 
+// Idup is Dup started nonblockingly (MPI_Comm_idup). Dup sends nothing,
+// every rank deriving the new context alike, so Idup makes the new
+// communicator at once and returns it with a request that has completed
+// already. As MPI says, the new communicator may be used once the
+// request completes: a program written for an Idup that communicates
+// waits for the request (or tests it) first, and loses nothing here. Every
+// rank calls Idup in the same order as its other Dup and Split calls on
+// c, as for Dup.
+func (c *Comm) Idup() (*Comm, *Request, error) {
+	d, err := c.Dup(context.Background())
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, &Request{c: c, local: doneOp(Status{})}, nil
+}
+
 // Split partitions c: ranks passing the same color form a new communicator,
 // ordered by key and then by rank in c. A rank passing Undefined gets nil.
 // It is collective: every rank of c must call it.

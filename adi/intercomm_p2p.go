@@ -94,3 +94,28 @@ func (ic *Intercomm) Sendrecv(ctx context.Context, send []byte, dest, sendTag in
 func (ic *Intercomm) SendrecvReplace(ctx context.Context, buf []byte, dest, sendTag, source, recvTag int) (Status, error) {
 	return ic.remote.SendrecvReplace(ctx, buf, dest, sendTag, source, recvTag)
 }
+
+// Isendrecv starts a Sendrecv with remote ranks dest and source; see
+// [Comm.Isendrecv].
+func (ic *Intercomm) Isendrecv(send []byte, dest, sendTag int, recv []byte, source, recvTag int) (*Request, error) {
+	return ic.remote.Isendrecv(send, dest, sendTag, recv, source, recvTag)
+}
+
+// IsendrecvReplace starts a SendrecvReplace with remote ranks dest and
+// source; see [Comm.IsendrecvReplace].
+func (ic *Intercomm) IsendrecvReplace(buf []byte, dest, sendTag, source, recvTag int) (*Request, error) {
+	return ic.remote.IsendrecvReplace(buf, dest, sendTag, source, recvTag)
+}
+
+// Idup is Dup started nonblockingly (MPI_Comm_idup on an
+// intercommunicator), as [Comm.Idup]: Dup sends nothing, so the request
+// has completed already. Every rank of both groups calls it in the same
+// order as its Dup, Split, Create and Merge calls and its persistent
+// collectives' Inits on ic, as for Dup.
+func (ic *Intercomm) Idup() (*Intercomm, *Request, error) {
+	d, err := ic.Dup(context.Background())
+	if err != nil {
+		return nil, nil, err
+	}
+	return d, &Request{c: ic.remote, local: doneOp(Status{})}, nil
+}

@@ -35,6 +35,9 @@ type localOp struct {
 	done chan struct{}
 	st   Status
 	err  error
+	// cancel, if set, is what Cancel does to the operation: an
+	// Isendrecv cancels its receive (sendrecv_nb.go).
+	cancel func()
 }
 
 // Operations with ProcNull complete at once; these are shared, never
@@ -155,11 +158,18 @@ func (q *Request) Test() (Status, bool, error) {
 var errWindowRequest = fmt.Errorf("adi: %w: the request is a one-sided operation's, kept by its window", ErrRequestBusy)
 
 // Cancel asks to cancel the request. A receive that has not matched yet
-// completes with ErrCanceled and Status.Cancelled; a matched receive, a
-// send, a collective or a one-sided operation completes normally (as MPI
-// allows).
+// completes with ErrCanceled and Status.Cancelled, and so does an
+// Isendrecv whose receive had not matched, once its send is done; a
+// matched receive, a send, a collective or a one-sided operation
+// completes normally (as MPI allows).
 func (q *Request) Cancel() {
-	if q.c != nil && q.local == nil && !q.window {
+	switch {
+	case q.c == nil || q.window:
+	case q.local != nil:
+		if q.local.cancel != nil {
+			q.local.cancel()
+		}
+	default:
 		q.c.w.dev.Cancel(&q.r)
 	}
 }

@@ -1,0 +1,299 @@
+package adi_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/hpc-multidevice/multidevice/adi"
+)
+
+// TestIsendrecvRing: every rank sends to the next and receives from the
+// one before, eager and rendezvous sizes, with Isendrecv and with
+// IsendrecvReplace; each request completes with the receive's status.
+func TestIsendrecvRing(t *testing.T) {
+	for _, n := range []int{1, 2, 4} {
+		for _, size := range []int{0, 100, 3000} { // loopJob's eager limit is 512
+			t.Run(fmt.Sprintf("ranks=%d/bytes=%d", n, size), func(t *testing.T) {
+				cs := loopJob(t, n)
+				ctx := ctxT(t)
+				each(t, cs, func(c *adi.Comm) error {
+					me := c.Rank()
+					next, prev := (me+1)%n, (me+n-1)%n
+					got := make([]byte, size)
+					q, err := c.Isendrecv(pattern(me, next, size), next, 7, got, prev, 7)
+					if err != nil {
+						return err
+					}
+					// The replace form in the other direction, at once.
+					buf := pattern(me, prev, size)
+					qr, err := c.IsendrecvReplace(buf, prev, 8, next, 8)
+					if err != nil {
+						return err
+					}
+					sts, err := adi.WaitAll(ctx, q, qr)
+					if err != nil {
+						return err
+					}
+					if want := (adi.Status{Source: prev, Tag: 7, Count: size}); sts[0] != want {
+						return fmt.Errorf("isendrecv status %+v, want %+v", sts[0], want)
+					}
+					if want := (adi.Status{Source: next, Tag: 8, Count: size}); sts[1] != want {
+						return fmt.Errorf("isendrecv_replace status %+v, want %+v", sts[1], want)
+					}
+					if !bytes.Equal(got, pattern(prev, me, size)) {
+						return fmt.Errorf("isendrecv received the wrong bytes")
+					}
+					if !bytes.Equal(buf, pattern(next, me, size)) {
+						return fmt.Errorf("isendrecv_replace received the wrong bytes")
+					}
+					return nil
+				})
+			})
+		}
+	}
+}
+
+// TestIsendrecvReplaceLarge: two ranks exchange many rendezvous messages
+// in place: what each receives is what the other had in its buffer, not
+// bytes the other's receive already wrote there.
+func TestIsendrecvReplaceLarge(t *testing.T) {
+	const size = 4000
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		me, peer := c.Rank(), 1-c.Rank()
+		for it := range 20 {
+			buf := pattern(me+2*it, peer, size)
+			q, err := c.IsendrecvReplace(buf, peer, it, peer, it)
+			if err != nil {
+				return err
+			}
+			if _, err := q.Wait(ctx); err != nil {
+				return err
+			}
+			if !bytes.Equal(buf, pattern(peer+2*it, me, size)) {
+				return fmt.Errorf("round %d: received bytes that are not the peer's", it)
+			}
+		}
+		return nil
+	})
+}
+
+// TestIsendrecvProcNull: ProcNull on either side or both moves nothing
+// that way; a ProcNull source gives the null status.
+func TestIsendrecvProcNull(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	null := adi.Status{Source: adi.ProcNull, Tag: adi.AnyTag}
+	each(t, cs, func(c *adi.Comm) error {
+		me, peer := c.Rank(), 1-c.Rank()
+		// Rank 0 sends and receives nothing; rank 1 receives from rank 0
+		// and sends nowhere.
+		dest, source := peer, adi.ProcNull
+		if me == 1 {
+			dest, source = adi.ProcNull, peer
+		}
+		got := make([]byte, 4)
+		q, err := c.Isendrecv([]byte("null"), dest, 3, got, source, 3)
+		if err != nil {
+			return err
+		}
+		st, err := q.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		switch want := (adi.Status{Source: 0, Tag: 3, Count: 4}); {
+		case me == 0 && st != null:
+			return fmt.Errorf("ProcNull source: status %+v, want %+v", st, null)
+		case me == 1 && (st != want || string(got) != "null"):
+			return fmt.Errorf("ProcNull dest: status %+v and %q, want %+v and \"null\"", st, got, want)
+		}
+		buf := []byte("keep")
+		q, err = c.IsendrecvReplace(buf, adi.ProcNull, 1, adi.ProcNull, 1)
+		if err != nil {
+			return err
+		}
+		if st, err := q.Wait(ctx); err != nil || st != null || string(buf) != "keep" {
+			return fmt.Errorf("both ProcNull: %+v, %v, %q", st, err, buf)
+		}
+		return nil
+	})
+}
+
+// TestIsendrecvErrors: a message longer than the receive buffer is
+// ErrTruncated at Wait; bad ranks and tags fail at the call.
+func TestIsendrecvErrors(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		peer := 1 - c.Rank()
+		short := make([]byte, 3)
+		q, err := c.Isendrecv([]byte("longer"), peer, 1, short, peer, 1)
+		if err != nil {
+			return err
+		}
+		if st, err := q.Wait(ctx); !errors.Is(err, adi.ErrTruncated) || st.Count != len(short) {
+			return fmt.Errorf("6 bytes into 3: %+v, %v, want ErrTruncated", st, err)
+		}
+		for _, tc := range []struct {
+			name string
+			err  error
+			is   error
+		}{
+			{"dest 2", callErr(c.Isendrecv(nil, 2, 1, nil, peer, 1)), adi.ErrRank},
+			{"source -5", callErr(c.Isendrecv(nil, peer, 1, nil, -5, 1)), adi.ErrRank},
+			{"send tag AnyTag", callErr(c.Isendrecv(nil, peer, adi.AnyTag, nil, peer, 1)), adi.ErrTag},
+			{"receive tag -7", callErr(c.IsendrecvReplace(nil, adi.ProcNull, 1, peer, -7)), adi.ErrTag},
+		} {
+			if !errors.Is(tc.err, tc.is) {
+				return fmt.Errorf("%s: %v, want %v", tc.name, tc.err, tc.is)
+			}
+		}
+		return nil
+	})
+}
+
+// callErr is a call's error, for tables of failing calls.
+func callErr(_ *adi.Request, err error) error { return err }
+
+// TestIsendrecvCancel: Cancel of an Isendrecv whose receive matches
+// nothing completes it cancelled once its send is done, and WaitAny,
+// WaitSome and TestAll take it like any request.
+func TestIsendrecvCancel(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		peer := 1 - c.Rank()
+		// Tag 9 is never sent: only Cancel ends the receive.
+		got := make([]byte, 8)
+		q, err := c.Isendrecv([]byte("hi"), peer, 2, got, peer, 9)
+		if err != nil {
+			return err
+		}
+		if ok, err := adi.TestAll(nil, q); ok || err != nil {
+			return fmt.Errorf("TestAll before the cancel: %v, %v", ok, err)
+		}
+		// The peer's "hi" for tag 2, received beside it.
+		in := make([]byte, 2)
+		r, err := c.Irecv(in, peer, 2)
+		if err != nil {
+			return err
+		}
+		if i, _, err := adi.WaitAny(ctx, q, r); i != 1 || err != nil {
+			return fmt.Errorf("WaitAny: request %d, %v; want the receive, 1", i, err)
+		}
+		q.Cancel()
+		idx, sts, err := adi.WaitSome(ctx, q, nil)
+		if len(idx) != 1 || idx[0] != 0 || !sts[0].Cancelled || !errors.Is(err, adi.ErrCanceled) {
+			return fmt.Errorf("WaitSome after Cancel: %v %+v %v, want request 0 cancelled", idx, sts, err)
+		}
+		if ok, err := adi.TestAll(nil, q); !ok || !errors.Is(err, adi.ErrCanceled) {
+			return fmt.Errorf("TestAll after the cancel: %v, %v", ok, err)
+		}
+		return nil
+	})
+}
+
+// TestIsendrecvSendFailure: a send that fails (its peer lost) cancels
+// the receive, which nothing else would end, and the request completes
+// with the send's error.
+func TestIsendrecvSendFailure(t *testing.T) {
+	ws, f := loopWorlds(t, 3)
+	ctx := ctxT(t)
+	c := ws[0].Comm()
+	// Rendezvous to rank 1, which never receives it; rank 2 never sends.
+	q, err := c.Isendrecv(make([]byte, 3000), 1, 1, make([]byte, 8), 2, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Kill(1)
+	st, err := q.Wait(ctx)
+	if !errors.Is(err, adi.ErrPeerDown) || !st.Cancelled {
+		t.Fatalf("after the destination was lost: %+v, %v; want ErrPeerDown and the receive cancelled", st, err)
+	}
+}
+
+// TestIntercommIsendrecv: Isendrecv and IsendrecvReplace on an
+// intercommunicator exchange with remote ranks and name them in their
+// statuses; Idup's intercommunicator carries messages once its request
+// completed.
+func TestIntercommIsendrecv(t *testing.T) {
+	xs := intercomms(t, splits[4]) // 3|3: rank i of a group pairs with remote rank i
+	ctx := ctxT(t)
+	eachIC(t, xs, func(x *icRank) error {
+		d, dq, err := x.ic.Idup()
+		if err != nil {
+			return err
+		}
+		if _, err := dq.Wait(ctx); err != nil {
+			return err
+		}
+		peer := x.ic.Rank()
+		got := make([]byte, 1)
+		q, err := d.Isendrecv([]byte{byte(x.me)}, peer, 4, got, adi.AnySource, 4)
+		if err != nil {
+			return err
+		}
+		buf := []byte{byte(100 + x.me)}
+		qr, err := x.ic.IsendrecvReplace(buf, peer, 5, peer, 5)
+		if err != nil {
+			return err
+		}
+		sts, err := adi.WaitAll(ctx, q, qr)
+		if err != nil {
+			return err
+		}
+		them := x.remote[peer]
+		for i, st := range sts {
+			if want := (adi.Status{Source: peer, Tag: 4 + i, Count: 1}); st != want {
+				return fmt.Errorf("request %d: status %+v, want %+v", i, st, want)
+			}
+		}
+		if got[0] != byte(them) || buf[0] != byte(100+them) {
+			return fmt.Errorf("got %d and %d, want %d and %d", got[0], buf[0], them, 100+them)
+		}
+		return nil
+	})
+}
+
+// TestIdup: Idup's request has completed; its communicator is isolated
+// from c's, and is the one another rank's Dup, made in the same order,
+// makes.
+func TestIdup(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		var d *adi.Comm
+		var err error
+		if c.Rank() == 0 {
+			var q *adi.Request
+			if d, q, err = c.Idup(); err != nil {
+				return err
+			}
+			if _, done, err := q.Test(); !done || err != nil {
+				return fmt.Errorf("Idup's request: done %v, %v", done, err)
+			}
+		} else if d, err = c.Dup(ctx); err != nil {
+			return err
+		}
+		// The same tag on c and on d: each receive takes its own
+		// communicator's message, whichever was sent first.
+		peer := 1 - c.Rank()
+		if c.Rank() == 0 {
+			return errors.Join(d.Send(ctx, []byte("d"), peer, 1), c.Send(ctx, []byte("c"), peer, 1))
+		}
+		onC, onD := make([]byte, 1), make([]byte, 1)
+		if _, err := c.Recv(ctx, onC, peer, 1); err != nil {
+			return err
+		}
+		if _, err := d.Recv(ctx, onD, peer, 1); err != nil {
+			return err
+		}
+		if string(onC) != "c" || string(onD) != "d" {
+			return fmt.Errorf("received %q on c and %q on the Idup's", onC, onD)
+		}
+		return nil
+	})
+}
