@@ -58,9 +58,13 @@ func (c *Comm) CartCreate(ctx context.Context, dims []int, periodic []bool, opts
 	case c.Rank() >= n:
 		color = Undefined
 	case bad == nil && cfg.reorder:
+		// A reorder cut short fails this rank's part, but the rank still
+		// takes part in the agreement, as one with bad arguments does,
+		// so that the others' collectives on c stay in step with its.
 		procOf, err := placementOf(c, n).mapGrid(ctx, dims, periodic)
 		if err != nil {
-			return nil, fmt.Errorf("adi: cart create: reorder: %w", err)
+			bad = fmt.Errorf("adi: cart create: reorder: %w", err)
+			break
 		}
 		key = slices.Index(procOf, c.Rank())
 	}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 )
@@ -641,6 +642,47 @@ func TestGraphReorder(t *testing.T) {
 			if tc.after == tc.before && !slices.Equal(at[0], id) {
 				t.Errorf("reordered %v where the launcher's numbering does as well", at[0])
 			}
+		})
+	}
+}
+
+// TestTopoReorderCutShort: a CartCreate or GraphCreate with Reorder whose
+// ctx has ended fails on every rank, and the ranks stay in step on c: a
+// rank whose reorder stopped still takes part in the agreement, so the
+// next collective matches its own messages. Ranks on two hosts, so that
+// the reorder has work to do and checks ctx.
+func TestTopoReorderCutShort(t *testing.T) {
+	index, edges := ringGraph(4) // rank 4 is beyond the graph
+	for _, tc := range []struct {
+		name   string
+		create func(ctx context.Context, c *adi.Comm) (any, error)
+	}{
+		{"cart", func(ctx context.Context, c *adi.Comm) (any, error) {
+			return c.CartCreate(ctx, []int{4}, []bool{true}, adi.Reorder())
+		}},
+		{"graph", func(ctx context.Context, c *adi.Comm) (any, error) {
+			return c.GraphCreate(ctx, index, edges, adi.Reorder())
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, cs := siteJob(t, "ababa", "")
+			each(t, cs, func(c *adi.Comm) error {
+				ended, cancel := context.WithCancel(t.Context())
+				cancel()
+				if _, err := tc.create(ended, c); err == nil {
+					return fmt.Errorf("create on an ended ctx succeeded")
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+				defer cancel()
+				all := make([]byte, c.Size())
+				if err := c.Allgather(ctx, []byte{byte(c.Rank())}, all); err != nil {
+					return fmt.Errorf("allgather after the failed create: %w", err)
+				}
+				if !bytes.Equal(all, []byte{0, 1, 2, 3, 4}) {
+					return fmt.Errorf("allgather after the failed create: %v", all)
+				}
+				return nil
+			})
 		})
 	}
 }

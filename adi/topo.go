@@ -309,7 +309,10 @@ func (c *Comm) splitAgreed(ctx context.Context, op string, color, key int, check
 		return nil, bad
 	}
 	for r, x := range all {
-		if x != check {
+		switch {
+		case x == 0: // sumInts is never zero
+			return nil, fmt.Errorf("adi: %s: %w: rank %d failed its part (wrong arguments, or a reorder its ctx cut short)", op, ErrMismatch, r)
+		case x != check:
 			return nil, fmt.Errorf("adi: %s: %w: rank %d passed other arguments than rank %d", op, ErrMismatch, r, c.Rank())
 		}
 	}
