@@ -563,9 +563,14 @@ func (d *Device) Stats() []LinkStats {
 // condition seen true or its channel closed here (both sides use
 // sequentially consistent atomics).
 func (d *Device) notifyAll() {
-	if !d.armed.Load() {
-		return
+	if d.armed.Load() {
+		d.notifyArmed()
 	}
+}
+
+// notifyArmed is notifyAll once a Changed caller armed it; apart, so that
+// notifyAll's test inlines into every completion.
+func (d *Device) notifyArmed() {
 	d.genMu.Lock()
 	if d.armed.Load() {
 		d.armed.Store(false)

@@ -258,11 +258,17 @@ func (d *Device) rounds(pollers []*polled, sch *schedule, done func() bool, spin
 func (d *Device) round(pollers []*polled, sch *schedule, done func() bool) (int, bool) {
 	n := 0
 	sch.tick()
-	for i := range pollers {
-		if !sch.due(i) {
+	for i, pp := range pollers {
+		var k int
+		switch {
+		case sch.st == nil: // sch.poll's first case, without the call
+			k = pp.p.Poll()
+		case sch.due(i):
+			k = sch.poll(i)
+		default:
 			continue
 		}
-		if k := sch.poll(i); k > 0 {
+		if k > 0 {
 			n += k
 			if done() {
 				d.out.help()
@@ -319,9 +325,13 @@ func (d *Device) getRequest(send bool, peer int32) *Request {
 // putRequest gives r back to the pool if nothing else can reach it any more.
 func (d *Device) putRequest(r *Request) {
 	if r.reusable() && !d.prog.spareReq.give(r) {
-		d.prog.reqs.Put(r)
+		d.poolRequest(r)
 	}
 }
+
+// poolRequest puts r into the pool; apart, so that putRequest, on a
+// blocking Recv's way back to its caller, inlines.
+func (d *Device) poolRequest(r *Request) { d.prog.reqs.Put(r) }
 
 // Send sends buf to world rank dst and returns when buf may be reused (with
 // sync set: when the receiver matched it). It is Isend plus Wait without a
@@ -360,7 +370,16 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 // its buffer back, and nothing is written into it after waitRecv
 // returns.
 func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
-	st, err := r.Wait(ctx)
+	// r.Wait, spelled out: on a message's way from its arrival to the
+	// caller's reply, Wait and putRequest were two calls more.
+	if r.isDone() || d.spin(r.pollers(), r.isDone) {
+		st, err := r.status, r.err
+		if r.reusable() && !d.prog.spareReq.give(r) {
+			d.poolRequest(r)
+		}
+		return st, err
+	}
+	st, err := r.park(ctx)
 	if !r.isDone() && ctx.Err() != nil {
 		d.Cancel(r)
 		// What still writes into the buffer ends soon: a copy, a

@@ -154,14 +154,21 @@ func (r *Request) awaitDone() {
 // pending and Wait returns an error wrapping ctx.Err().
 func (r *Request) Wait(ctx context.Context) (Status, error) {
 	if !r.isDone() && !r.d.spin(r.pollers(), r.isDone) {
-		select {
-		case <-r.Done():
-		case <-ctx.Done():
-			return Status{}, fmt.Errorf("multidevice: wait: %w", ctx.Err())
-		}
-		// Callers may rely on Test reporting done once Wait returned.
-		r.awaitDone()
+		return r.park(ctx)
 	}
+	return r.status, r.err
+}
+
+// park is Wait once spinning did not see r complete; apart, so that Wait
+// inlines into the blocking calls.
+func (r *Request) park(ctx context.Context) (Status, error) {
+	select {
+	case <-r.Done():
+	case <-ctx.Done():
+		return Status{}, fmt.Errorf("multidevice: wait: %w", ctx.Err())
+	}
+	// Callers may rely on Test reporting done once Wait returned.
+	r.awaitDone()
 	return r.status, r.err
 }
 
