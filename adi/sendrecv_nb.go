@@ -63,13 +63,17 @@ func (c *Comm) isendrecv(name string, send []byte, dest, sendTag int, recv []byt
 	var d, s int
 	var err error
 	if dest != ProcNull {
-		if d, err = c.dest(dest); err != nil {
-			return nil, fmt.Errorf("adi: %s: %w", name, err)
+		if d, err = c.WorldRank(dest); err != nil {
+			return nil, fmt.Errorf("adi: %s: destination: %w", name, err)
 		}
 	}
-	if source != ProcNull {
-		if s, err = c.source(source); err != nil {
-			return nil, fmt.Errorf("adi: %s: %w", name, err)
+	switch source {
+	case ProcNull:
+	case AnySource:
+		s = AnySource
+	default:
+		if s, err = c.WorldRank(source); err != nil {
+			return nil, fmt.Errorf("adi: %s: source: %w", name, err)
 		}
 	}
 	switch {

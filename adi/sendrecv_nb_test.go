@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/adi"
@@ -296,4 +297,33 @@ func TestIdup(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestIsendrecvFinalize: Finalize ends an Isendrecv still waiting for
+// its receive: its worker returns (Finalize waits for it), and the
+// request completes with an error.
+func TestIsendrecvFinalize(t *testing.T) {
+	ws, _ := loopWorlds(t, 2)
+	ctx := ctxT(t)
+	c := ws[0].Comm()
+	q, err := c.Isendrecv([]byte("x"), 1, 1, make([]byte, 1), 1, 99) // tag 99 never comes
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Finalize is collective: both ranks, at once.
+	errs := make([]error, len(ws))
+	var wg sync.WaitGroup
+	for r, w := range ws {
+		wg.Go(func() { errs[r] = w.Finalize(ctx) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Wait(ctx); err == nil {
+		t.Fatal("Isendrecv ended by Finalize: no error")
+	}
+	if _, err := c.Isendrecv(nil, 1, 1, nil, 1, 1); !errors.Is(err, adi.ErrFinalized) {
+		t.Fatalf("Isendrecv after Finalize: %v, want ErrFinalized", err)
+	}
 }
