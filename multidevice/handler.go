@@ -22,12 +22,9 @@ func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 	if len(hb) == shortHeaderSize {
 		// An eager message straight from its source: addressed to this
 		// rank and as long as its payload by construction.
-		var hdr header
-		if err := hdr.decodeShort(hb, int32(from), d.rank, d.size, len(payload)); err != nil {
+		if err := d.arriveShort(int32(from), hb, payload); err != nil {
 			d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
-			return
 		}
-		d.arrive(&hdr, payload)
 		return
 	}
 	if len(hb) == 2*headerSize {

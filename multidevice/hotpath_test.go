@@ -3,6 +3,7 @@ package multidevice
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -208,5 +209,91 @@ func TestLaneFrameOwnedByHolder(t *testing.T) {
 		if _, err := ds[1].Recv(ctx, buf, 0, 0, 0); err != nil || buf[0] != byte(i) {
 			t.Fatalf("message %d: %v, got %d", i, err, buf[0])
 		}
+	}
+}
+
+// TestArriveShort hands short-header eager messages to arriveShort as a
+// subdevice would, with receives posted before: its common case takes a
+// message for the oldest posted receive only if the receive matches it,
+// holds it whole and the message is the next from its source; every
+// other message takes the ordinary path (unexpected, truncated, out of
+// order) and is received there, in sequence and by the right receive.
+func TestArriveShort(t *testing.T) {
+	type frame struct {
+		from int32
+		seq  uint64
+		tag  int32
+		cid  uint64
+		data string
+	}
+	type recv struct {
+		src, tag, n int
+		cid         uint64
+	}
+	// got is what a receive completes with; later is what a receive posted
+	// after the frames gets (unexpected messages), in that order.
+	type got struct {
+		data     string
+		src, tag int
+		trunc    bool
+	}
+	cases := []struct {
+		name   string
+		posted []recv
+		frames []frame
+		got    []got
+		later  []recv
+		lgot   []got
+	}{
+		{name: "match", posted: []recv{{0, 1, 8, 5}}, frames: []frame{{0, 0, 1, 5, "a"}}, got: []got{{"a", 0, 1, false}}},
+		{name: "any source and tag", posted: []recv{{AnySource, AnyTag, 8, 5}}, frames: []frame{{2, 0, 3, 5, "z"}}, got: []got{{"z", 2, 3, false}}},
+		{name: "other tag first", posted: []recv{{0, 1, 8, 5}}, frames: []frame{{0, 0, 2, 5, "x"}, {0, 1, 1, 5, "y"}},
+			got: []got{{"y", 0, 1, false}}, later: []recv{{0, 2, 8, 5}}, lgot: []got{{"x", 0, 2, false}}},
+		{name: "other context first", posted: []recv{{0, 1, 8, 5}}, frames: []frame{{0, 0, 1, 6, "x"}, {0, 1, 1, 5, "y"}},
+			got: []got{{"y", 0, 1, false}}, later: []recv{{0, 1, 8, 6}}, lgot: []got{{"x", 0, 1, false}}},
+		{name: "other source first", posted: []recv{{0, 1, 8, 5}}, frames: []frame{{2, 0, 1, 5, "x"}, {0, 0, 1, 5, "y"}},
+			got: []got{{"y", 0, 1, false}}, later: []recv{{2, 1, 8, 5}}, lgot: []got{{"x", 2, 1, false}}},
+		{name: "too long", posted: []recv{{0, 1, 1, 5}}, frames: []frame{{0, 0, 1, 5, "xy"}}, got: []got{{"x", 0, 1, true}}},
+		{name: "out of order", posted: []recv{{0, AnyTag, 8, 5}, {0, AnyTag, 8, 5}}, frames: []frame{{0, 1, 1, 5, "b"}, {0, 0, 1, 5, "a"}},
+			got: []got{{"a", 0, 1, false}, {"b", 0, 1, false}}},
+		{name: "posted after", frames: []frame{{0, 0, 4, 5, "u"}}, later: []recv{{0, 4, 8, 5}}, lgot: []got{{"u", 0, 4, false}}},
+	}
+	check := func(t *testing.T, i int, r *Request, buf []byte, want got) {
+		t.Helper()
+		st, done, err := r.Test()
+		if !done {
+			t.Fatalf("receive %d still pending, want %q", i, want.data)
+		}
+		if errors.Is(err, ErrTruncated) != want.trunc || (err != nil && !want.trunc) {
+			t.Fatalf("receive %d: err %v, truncated want %v", i, err, want.trunc)
+		}
+		if string(buf[:st.Count]) != want.data || st.Source != want.src || st.Tag != want.tag {
+			t.Fatalf("receive %d: %q from %d tag %d, want %q from %d tag %d", i, buf[:st.Count], st.Source, st.Tag, want.data, want.src, want.tag)
+		}
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d := shmDevices(t, 3)[1]
+			bufs := make([][]byte, len(tc.posted))
+			reqs := make([]*Request, len(tc.posted))
+			for i, p := range tc.posted {
+				bufs[i] = make([]byte, p.n)
+				reqs[i] = must(t)(d.Irecv(bufs[i], p.src, p.tag, p.cid))
+			}
+			for _, f := range tc.frames {
+				hb := make([]byte, shortHeaderSize)
+				putShort(hb, f.tag, f.cid, f.seq)
+				if err := d.arriveShort(f.from, hb, []byte(f.data)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i, r := range reqs {
+				check(t, i, r, bufs[i], tc.got[i])
+			}
+			for i, p := range tc.later {
+				buf := make([]byte, p.n)
+				check(t, i, must(t)(d.Irecv(buf, p.src, p.tag, p.cid)), buf, tc.lgot[i])
+			}
+		})
 	}
 }

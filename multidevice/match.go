@@ -2,6 +2,7 @@ package multidevice
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"slices"
@@ -213,11 +214,56 @@ func (d *Device) removePostedLocked(r *Request) bool {
 	return false
 }
 
+// arriveShort handles an eager message with the short header hb from
+// rank from, which sent it straight to this rank: arrive, but its common
+// case (in order, nothing placed, and the oldest posted receive takes it
+// whole: a ping-pong's every message) reads the header's fields where
+// they lie and completes the receive there, which is what decodeShort,
+// arrive, matchLocked and deliverLocked do for it, minus three calls,
+// the header's decoding and their tests for what it is not. It checks hb
+// as decodeShort does and returns decodeShort's error for a bad one,
+// having done nothing.
+func (d *Device) arriveShort(from int32, hb, payload []byte) error {
+	if len(hb) != shortHeaderSize || binary.LittleEndian.Uint32(hb) != shortWord ||
+		int32(binary.LittleEndian.Uint32(hb[4:])) < 0 || uint(from) >= uint(d.size) || uint64(len(payload)) > maxMessage {
+		return shortError(hb, from, d.size, len(payload))
+	}
+	tag := int32(binary.LittleEndian.Uint32(hb[4:]))
+	cid := binary.LittleEndian.Uint64(hb[8:])
+	seq := binary.LittleEndian.Uint64(hb[16:])
+	d.mu.Lock()
+	// A message Place matched (d.placing) is never the next in sequence
+	// here: Place took its number.
+	if q := &d.posted; q.head < len(q.all) && seq == d.recvSeq[from] && d.ooo[from] == nil {
+		// matches and deliverLocked's tests, for this message.
+		if r := q.all[q.head]; r.claim == nil && r.context == cid && (r.peer == AnySource || r.peer == from) &&
+			(r.tag == AnyTag || r.tag == tag) && len(payload) <= len(r.buf) {
+			d.recvSeq[from] = seq + 1
+			q.removeFirst()
+			r.completeOwned(Status{Source: int(from), Tag: int(tag), Count: copy(r.buf, payload)}, nil)
+			d.mu.Unlock()
+			return nil
+		}
+	}
+	var h header
+	err := h.decodeShort(hb, from, d.rank, d.size, len(payload)) // checked above: nil
+	if err == nil {
+		d.arriveLocked(&h, payload)
+	}
+	d.mu.Unlock()
+	return err
+}
+
 // arrive handles a matchable message from the wire, in sequence order.
 func (d *Device) arrive(h *header, payload []byte) {
 	d.mu.Lock()
+	d.arriveLocked(h, payload)
+	d.mu.Unlock()
+}
+
+// arriveLocked is arrive for a caller that holds d.mu.
+func (d *Device) arriveLocked(h *header, payload []byte) {
 	if len(d.placing) != 0 && d.finishPlacedLocked(h, payload) {
-		d.mu.Unlock()
 		return
 	}
 	src := h.src
@@ -225,10 +271,8 @@ func (d *Device) arrive(h *header, payload []byte) {
 	if h.seq == exp && d.ooo[src] == nil { // in order, nothing waiting behind it
 		d.matchLocked(h, payload)
 		d.recvSeq[src] = exp + 1
-		d.mu.Unlock()
 		return
 	}
-	defer d.mu.Unlock()
 	switch {
 	case h.seq == exp:
 		d.matchLocked(h, payload)
@@ -295,19 +339,6 @@ func (d *Device) freeMsgLocked(m *inMsg) {
 // matchLocked matches one in-order arrival against the posted receives or
 // queues it as unexpected.
 func (d *Device) matchLocked(h *header, payload []byte) {
-	// The common case first: a standard-mode eager message that the
-	// oldest posted receive takes whole (a ping-pong's every message).
-	// It is what the loop and deliverLocked below do for it, minus their
-	// tests for what it is not: ~60 instructions between a message's
-	// arrival and its waiter's return.
-	if q := &d.posted; q.head < len(q.all) {
-		r := q.all[q.head]
-		if h.kind == kindEager && h.flags == 0 && r.claim == nil && matches(r, h) && h.length <= uint64(len(r.buf)) {
-			q.removeFirst()
-			r.completeOwned(Status{Source: int(h.src), Tag: int(h.tag), Count: copy(r.buf, payload)}, nil)
-			return
-		}
-	}
 	for i := 0; i < len(d.posted.items()); {
 		r := d.posted.items()[i]
 		if !matches(r, h) {
