@@ -194,6 +194,27 @@ func (d *Device) spin(pollers []*polled, done func() bool) bool {
 	return ok
 }
 
+// pollOne is the start of a wait for r when one subdevice can complete
+// it and the host is not crowded, which is a ping-pong's every wait:
+// spin's first spinCheckEvery rounds, polling the subdevice straight,
+// without spin's schedule, round's calls and the call through done. It
+// reports whether r completed; if not, spin takes over.
+func (d *Device) pollOne(r *Request) bool {
+	pollers := r.pollers()
+	if len(pollers) != 1 || d.prog.crowded {
+		return false
+	}
+	p := pollers[0].p
+	for range spinCheckEvery {
+		k := p.Poll()
+		d.out.help() // what the handlers queued in reply, as round sends it
+		if k > 0 && r.isDone() {
+			return true
+		}
+	}
+	return false
+}
+
 // rounds is spin's loop after the first round. This goroutine counts as
 // a spinner (*spinner set) only once the loop ran spinCheckEvery rounds
 // or one of them handled something: most waits on a busy link, a small
@@ -372,7 +393,7 @@ func (d *Device) Recv(ctx context.Context, buf []byte, src, tag int, context uin
 func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 	// r.Wait, spelled out: on a message's way from its arrival to the
 	// caller's reply, Wait and putRequest were two calls more.
-	if r.isDone() || d.spin(r.pollers(), r.isDone) {
+	if r.isDone() || d.pollOne(r) || d.spin(r.pollers(), r.isDone) {
 		st, err := r.status, r.err
 		if r.reusable() && !d.prog.spareReq.give(r) {
 			d.poolRequest(r)
