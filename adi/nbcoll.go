@@ -103,18 +103,13 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 // with it, on c. draw, called first under the lock that orders the
 // launches, takes what run needs to be the next collective.
 func (g *background) launch(c *Comm, name string, draw func(), run func(ctx context.Context) error) (*Request, error) {
-	return g.launchOp(c, name, draw, &localOp{done: make(chan struct{})}, run)
-}
-
-// launchOp is launch with op, new, as the request's operation, for a run
-// that sets op.st before it returns (sendrecv_nb.go).
-func (g *background) launchOp(c *Comm, name string, draw func(), op *localOp, run func(ctx context.Context) error) (*Request, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
 		return nil, fmt.Errorf("adi: %s: %w", name, ErrFinalized)
 	}
 	draw()
+	op := &localOp{done: make(chan struct{})}
 	g.wg.Add(1)
 	task := func() {
 		defer g.wg.Done()

@@ -27,6 +27,9 @@ type Request struct {
 	// cancelled, which would leave a target's reply with nowhere to go,
 	// nor restarted.
 	window bool
+	// sr is set for an Isendrecv (sendrecv_nb.go): r is its receive, and
+	// sr its send. Test and Wait look at both.
+	sr *sendrecvOp
 }
 
 // localOp is an operation of this package's own: done is closed once st
@@ -35,9 +38,6 @@ type localOp struct {
 	done chan struct{}
 	st   Status
 	err  error
-	// cancel, if set, is what Cancel does to the operation: an
-	// Isendrecv cancels its receive (sendrecv_nb.go).
-	cancel func()
 }
 
 // Operations with ProcNull complete at once; these are shared, never
@@ -54,10 +54,16 @@ func doneOp(st Status) *localOp {
 }
 
 // start readies q for a new point-to-point operation: one that held a
-// local operation may take it once that is over.
+// local operation or an Isendrecv may take it once that is over.
 func (q *Request) start() error {
 	if q.window {
 		return errWindowRequest
+	}
+	if q.sr != nil {
+		if !q.done() {
+			return fmt.Errorf("adi: %w", ErrRequestBusy)
+		}
+		q.sr, q.c = nil, nil
 	}
 	if q.local != nil {
 		if !q.local.over() {
@@ -77,7 +83,7 @@ func (q *Request) startLocal(c *Comm, o *localOp) error {
 	if q.c != nil && !q.done() {
 		return fmt.Errorf("adi: %w", ErrRequestBusy)
 	}
-	q.c, q.local = c, o
+	q.c, q.local, q.sr = c, o, nil
 	return nil
 }
 
@@ -93,6 +99,10 @@ func (o *localOp) over() bool {
 
 // done reports whether q's operation completed (q holds one).
 func (q *Request) done() bool {
+	if q.sr != nil {
+		_, done, _ := q.sr.test(q)
+		return done
+	}
 	if q.local != nil {
 		return q.local.over()
 	}
@@ -120,6 +130,9 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 	if q.c == nil {
 		return Status{}, errNotStarted
 	}
+	if q.sr != nil {
+		return q.sr.wait(ctx, q)
+	}
 	if q.local != nil {
 		select {
 		case <-q.local.done:
@@ -140,6 +153,9 @@ func (q *Request) Test() (Status, bool, error) {
 	if q.c == nil {
 		return Status{}, true, errNotStarted
 	}
+	if q.sr != nil {
+		return q.sr.test(q)
+	}
 	if q.local != nil {
 		if !q.local.over() {
 			return Status{}, false, nil
@@ -158,16 +174,17 @@ func (q *Request) Test() (Status, bool, error) {
 var errWindowRequest = fmt.Errorf("adi: %w: the request is a one-sided operation's, kept by its window", ErrRequestBusy)
 
 // Cancel asks to cancel the request. A receive that has not matched yet
-// completes with ErrCanceled and Status.Cancelled, and so does an
-// Isendrecv whose receive had not matched, once its send is done; a
-// matched receive, a send, a collective or a one-sided operation
-// completes normally (as MPI allows).
+// completes with ErrCanceled and Status.Cancelled; a matched receive, a
+// send, a collective or a one-sided operation completes normally (as MPI
+// allows). Of an Isendrecv only the receive is cancelled: the request
+// completes once its send is done, which may have delivered its message,
+// and counts as cancelled only if its receive was (see Comm.Isendrecv).
 func (q *Request) Cancel() {
 	switch {
-	case q.c == nil || q.window:
-	case q.local != nil:
-		if q.local.cancel != nil {
-			q.local.cancel()
+	case q.c == nil || q.window || q.local != nil:
+	case q.sr != nil:
+		if q.sr.hasRecv {
+			q.c.w.dev.Cancel(&q.r)
 		}
 	default:
 		q.c.w.dev.Cancel(&q.r)
@@ -225,7 +242,7 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 		var st Status
 		mst, done, err := q.r.Test()
 		switch {
-		case q.c == nil || q.local != nil || !done:
+		case q.c == nil || q.local != nil || q.sr != nil || !done:
 			st, err = q.Wait(ctx)
 		case sts != nil:
 			st = q.c.status(mst)

@@ -10,15 +10,32 @@ import (
 // Nonblocking Sendrecv (MPI 4.1's MPI_Isendrecv and
 // MPI_Isendrecv_replace). The receive is posted and the send started
 // before the call returns, as Sendrecv does, so ranks exchanging in
-// pairs or around a ring never wait for each other; a worker of the
-// world's (the nonblocking collectives', nbcoll.go) waits for both and
-// completes the request, which Wait, Test, WaitAny, WaitSome, WaitAll and
-// TestAll take like any other.
+// pairs or around a ring never wait for each other. The request holds
+// both halves' device requests, allocated with it: its Test looks at
+// both, and its Wait drives both on the caller's goroutine, as blocking
+// Sendrecv does. No goroutine works for it: a worker per call cost a
+// dozen allocations and a hand-over per exchange, and goroutines that
+// stayed, one per call in flight, until Finalize.
 
-// sendrecvOp is what an Isendrecv keeps in flight: its receive and its
-// send, which the multidevice carries.
+// sendrecvOp is an Isendrecv's part of its Request, whose r is the
+// receive (so Cancel and reuse reach it as an Irecv's): the send, and
+// what reports the result.
 type sendrecvOp struct {
-	recv, send multidevice.Request
+	send multidevice.Request
+	// startErr is the send's failure to start after the receive was
+	// posted: the request reports it, with the receive's status, instead
+	// of the send's result.
+	startErr error
+	// hasRecv is false for a ProcNull source: r holds nothing.
+	hasRecv      bool
+	name         string
+	dest, source int // as the caller named them, for errors
+}
+
+// sendrecvReq is a Request and its Isendrecv in one allocation.
+type sendrecvReq struct {
+	q  Request
+	op sendrecvOp
 }
 
 // Isendrecv starts a Sendrecv (MPI_Isendrecv): it sends send to rank
@@ -28,13 +45,25 @@ type sendrecvOp struct {
 // belong to the operation until the request completes and must not
 // overlap (IsendrecvReplace exchanges in place).
 //
-// Cancel cancels the receive, if it has not matched yet: the request
-// then completes, once the send is done, with ErrCanceled and
-// Status.Cancelled. A send that fails cancels the receive too, and the
-// request completes with the send's error. ProcNull as dest sends
-// nothing; as source it receives nothing, and the status is
-// {Source: ProcNull, Tag: AnyTag}. A message longer than recv is
-// ErrTruncated, as for Irecv. Ranks and tags are checked before
+// Once the receive is posted the call returns the request, even if the
+// send then fails to start: a receive may have matched a message
+// already, which only the request can hand over. A send that fails, at
+// the call or later, cancels the receive, and the request completes
+// with the send's error and the receive's status: cancelled, or the
+// message it had matched, all in recv by then (the error is then the
+// send's and, for a cancelled receive, ErrCanceled too).
+//
+// Cancel cancels the receive half only, if it has not matched yet; a
+// started send cannot be revoked. The send half still completes (and
+// may have been delivered: a program must not send it again because of
+// the cancel), and Wait waits for it. The request counts as cancelled,
+// with Status.Cancelled set and an error that is ErrCanceled, exactly
+// when its receive was cancelled; the error names the send's failure
+// too if the send failed.
+//
+// ProcNull as dest sends nothing; as source it receives nothing, and
+// the status is {Source: ProcNull, Tag: AnyTag}. A message longer than
+// recv is ErrTruncated, as for Irecv. Ranks and tags are checked before
 // anything starts.
 func (c *Comm) Isendrecv(send []byte, dest, sendTag int, recv []byte, source, recvTag int) (*Request, error) {
 	return c.isendrecv("isendrecv", send, dest, sendTag, recv, source, recvTag)
@@ -86,57 +115,88 @@ func (c *Comm) isendrecv(name string, send []byte, dest, sendTag int, recv []byt
 		}
 		return q, nil
 	}
-	p := new(sendrecvOp)
-	dev := c.w.dev
-	if source != ProcNull {
-		if err := dev.IrecvRequest(&p.recv, recv, s, recvTag, c.context); err != nil {
+	x := &sendrecvReq{op: sendrecvOp{hasRecv: source != ProcNull, name: name, dest: dest, source: source}}
+	q, p, dev := &x.q, &x.op, c.w.dev
+	if p.hasRecv {
+		if err := dev.IrecvRequest(&q.r, recv, s, recvTag, c.context); err != nil {
 			return nil, fmt.Errorf("adi: %s: receive from rank %d: %w", name, source, err)
 		}
 	}
-	// abandon ends the posted receive after a failed start; one that
-	// matched meanwhile is left to complete on its own.
-	abandon := func() {
-		if source != ProcNull {
-			dev.Cancel(&p.recv)
-		}
-	}
 	if err := dev.IsendRequest(&p.send, send, d, sendTag, c.context, false); err != nil {
-		abandon()
-		return nil, fmt.Errorf("adi: %s: send to rank %d: %w", name, dest, err)
+		if !p.hasRecv { // nothing started
+			return nil, fmt.Errorf("adi: %s: send to rank %d: %w", name, dest, err)
+		}
+		p.startErr = err
+		dev.Cancel(&q.r) // unless it matched: then the request hands it over
 	}
-	op := &localOp{done: make(chan struct{})}
-	if source != ProcNull {
-		op.cancel = func() { dev.Cancel(&p.recv) }
-	}
-	q, err := c.w.bg.launchOp(c, name, func() {}, op, func(ctx context.Context) error {
-		return c.completeSendrecv(ctx, name, p, op, dest, source)
-	})
-	if err != nil {
-		abandon() // the send ends with the device, which Finalize closes
-		return nil, err
-	}
+	q.c, q.sr = c, p
 	return q, nil
 }
 
-// completeSendrecv waits for p's send, then its receive, sets op's
-// status to the receive's and returns the operation's error: the
-// send's, after which the receive is cancelled, or else the receive's.
-func (c *Comm) completeSendrecv(ctx context.Context, name string, p *sendrecvOp, op *localOp, dest, source int) error {
-	_, serr := p.send.Wait(ctx)
-	if source == ProcNull {
-		op.st = nullStatus
-	} else {
-		if serr != nil {
-			c.w.dev.Cancel(&p.recv)
-		}
-		st, rerr := p.recv.Wait(ctx)
-		op.st = c.status(st)
-		if serr == nil && rerr != nil {
-			return fmt.Errorf("adi: %s with ranks %d and %d: receive: %w", name, dest, source, rerr)
-		}
+// sendDone reports whether p's send is over, and its error if so.
+func (p *sendrecvOp) sendDone() (bool, error) {
+	if p.startErr != nil {
+		return true, p.startErr
+	}
+	_, done, err := p.send.Test()
+	return done, err
+}
+
+// test is Test of q, which holds p: done once the send is, and then
+// the receive, which a failed send cancels (nothing else might end it).
+func (p *sendrecvOp) test(q *Request) (Status, bool, error) {
+	sdone, serr := p.sendDone()
+	if !sdone {
+		return Status{}, false, nil
+	}
+	if !p.hasRecv {
+		return nullStatus, true, p.result(serr, nil)
 	}
 	if serr != nil {
-		return fmt.Errorf("adi: %s with ranks %d and %d: send: %w", name, dest, source, serr)
+		q.c.w.dev.Cancel(&q.r)
+	}
+	st, rdone, rerr := q.r.Test()
+	if !rdone {
+		return Status{}, false, nil
+	}
+	return q.c.status(st), true, p.result(serr, rerr)
+}
+
+// wait is Wait of q, which holds p: it drives the send, then the
+// receive, on the calling goroutine, as blocking Sendrecv does. On
+// ctx's end the request stays pending.
+func (p *sendrecvOp) wait(ctx context.Context, q *Request) (Status, error) {
+	if p.startErr == nil {
+		p.send.Wait(ctx)
+	}
+	sdone, serr := p.sendDone()
+	if !sdone {
+		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
+	}
+	if !p.hasRecv {
+		return nullStatus, p.result(serr, nil)
+	}
+	if serr != nil {
+		q.c.w.dev.Cancel(&q.r)
+	}
+	st, rerr := q.r.Wait(ctx)
+	if _, done, _ := q.r.Test(); !done {
+		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
+	}
+	return q.c.status(st), p.result(serr, rerr)
+}
+
+// result is the request's error from its halves': both when both
+// failed (a failed send cancels the receive, and ErrCanceled must show
+// then too), else the one that did.
+func (p *sendrecvOp) result(serr, rerr error) error {
+	switch {
+	case serr != nil && rerr != nil:
+		return fmt.Errorf("adi: %s with ranks %d and %d: send: %w; receive: %w", p.name, p.dest, p.source, serr, rerr)
+	case serr != nil:
+		return fmt.Errorf("adi: %s with ranks %d and %d: send: %w", p.name, p.dest, p.source, serr)
+	case rerr != nil:
+		return fmt.Errorf("adi: %s with ranks %d and %d: receive: %w", p.name, p.dest, p.source, rerr)
 	}
 	return nil
 }

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 )
@@ -216,6 +218,238 @@ func TestIsendrecvSendFailure(t *testing.T) {
 	}
 }
 
+// TestIsendrecvSendStartFails: a send that fails at the call (its
+// destination already lost) after the receive was posted still returns
+// the request, which reports the send's error with the receive's
+// status: the receive cancelled when nothing had come, or, when a
+// message was waiting and the receive matched it, that message, whole
+// in recv by the time Wait returns (a rendezvous one included); WaitAll
+// reports the same. Before, the call returned only the error and the
+// matched message was lost, a rendezvous one written into recv after
+// the call.
+func TestIsendrecvSendStartFails(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		size    int  // of rank 2's message; loopJob's eager limit is 512
+		waiting bool // rank 2's message is at rank 0 before the call
+		waitAll bool // WaitAll waits, not Wait
+	}{
+		{"nothing waiting", 5, false, false},
+		{"eager waiting", 5, true, false},
+		{"rendezvous waiting", 3000, true, false},
+		{"nothing waiting, WaitAll", 5, false, true},
+		{"eager waiting, WaitAll", 5, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, f := loopWorlds(t, 3)
+			ctx := ctxT(t)
+			c0, c2 := ws[0].Comm(), ws[2].Comm()
+			msg := bytes.Repeat([]byte{0xAB}, tc.size)
+			if tc.waiting {
+				sq, err := c2.Isend(msg, 0, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { sq.Wait(ctx) })
+				if _, err := c0.Probe(ctx, 2, 1); err != nil { // the message, or its announcement, is at rank 0
+					t.Fatal(err)
+				}
+			}
+			f.Kill(1)
+			waitPeerDown(t, c0, 1)
+			recv := make([]byte, tc.size)
+			q, err := c0.Isendrecv([]byte("x"), 1, 1, recv, 2, 1)
+			if err != nil {
+				t.Fatalf("Isendrecv: %v; want the request, which reports the send's failure", err)
+			}
+			var st adi.Status
+			if tc.waitAll {
+				var sts []adi.Status
+				sts, err = adi.WaitAll(ctx, q)
+				st = sts[0]
+			} else {
+				st, err = q.Wait(ctx)
+			}
+			if !errors.Is(err, adi.ErrPeerDown) || errors.Is(err, adi.ErrCanceled) == tc.waiting {
+				t.Fatalf("Wait: %+v, %v; want ErrPeerDown, and ErrCanceled if nothing was waiting", st, err)
+			}
+			want := adi.Status{Source: 2, Tag: 1, Count: tc.size}
+			if !tc.waiting {
+				want = adi.Status{Source: adi.AnySource, Tag: adi.AnyTag, Cancelled: true}
+			}
+			if st != want {
+				t.Fatalf("status %+v, want %+v", st, want)
+			}
+			if tc.waiting && !bytes.Equal(recv, msg) {
+				t.Fatal("Wait returned before the matched message was all in recv")
+			}
+		})
+	}
+}
+
+// waitPeerDown waits until c sees rank r lost: until then a send to r
+// may still start.
+func waitPeerDown(t *testing.T, c *adi.Comm, r int) {
+	t.Helper()
+	for range 10000 {
+		if _, _, err := c.Iprobe(r, 12345); err != nil {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Fatalf("rank %d never seen lost", r)
+}
+
+// TestIsendrecvCancelReceiveOnly: Cancel cancels the receive half only.
+// The send half still completes (its message is delivered) and Wait
+// waits for it; the request counts as cancelled (Status.Cancelled,
+// ErrCanceled) exactly when its receive was cancelled.
+func TestIsendrecvCancelReceiveOnly(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		size       int  // of the send; loopJob's eager limit is 512
+		matched    bool // the peer's message for the receive came before Cancel
+		wantCancel bool
+	}{
+		{"eager send, receive pending", 2, false, true},
+		{"rendezvous send, receive pending", 3000, false, true},
+		{"eager send, receive matched", 2, true, false},
+		{"rendezvous send, receive matched", 3000, true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cs := loopJob(t, 2)
+			ctx := ctxT(t)
+			got := make([]byte, 8)
+			if tc.matched {
+				if err := cs[1].Send(ctx, []byte("reply"), 0, 9); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := cs[0].Probe(ctx, 1, 9); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out := pattern(0, 1, tc.size)
+			q, err := cs[0].Isendrecv(out, 1, 2, got, 1, 9)
+			if err != nil {
+				t.Fatal(err)
+			}
+			q.Cancel()
+			if tc.size > 512 {
+				// The rendezvous send cannot complete before rank 1
+				// receives it, so neither can the request.
+				if st, done, err := q.Test(); done {
+					t.Fatalf("Test after Cancel, before the send completed: done with %+v, %v", st, err)
+				}
+			}
+			in := make([]byte, tc.size)
+			if _, err := cs[1].Recv(ctx, in, 0, 2); err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(in, out) {
+				t.Fatal("the cancelled request's send delivered the wrong bytes")
+			}
+			st, err := q.Wait(ctx)
+			if st.Cancelled != tc.wantCancel || errors.Is(err, adi.ErrCanceled) != tc.wantCancel {
+				t.Fatalf("Wait: %+v, %v; want cancelled %v", st, err, tc.wantCancel)
+			}
+			if !tc.wantCancel && (err != nil || string(got[:st.Count]) != "reply") {
+				t.Fatalf("matched receive: %+v, %v, %q", st, err, got[:st.Count])
+			}
+		})
+	}
+}
+
+// TestIsendrecvNoWorkers: Isendrecvs in flight take no goroutine each;
+// one per call stayed until Finalize before.
+func TestIsendrecvNoWorkers(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	const n = 200
+	before := runtime.NumGoroutine()
+	qs := make([]*adi.Request, n)
+	for i := range qs {
+		q, err := cs[0].Isendrecv(nil, 1, 3, make([]byte, 1), 1, 99) // tag 99 never comes
+		if err != nil {
+			t.Fatal(err)
+		}
+		qs[i] = q
+	}
+	inFlight := runtime.NumGoroutine()
+	for _, q := range qs {
+		q.Cancel()
+	}
+	if _, err := adi.WaitAll(ctx, qs...); !errors.Is(err, adi.ErrCanceled) {
+		t.Fatalf("WaitAll after Cancel: %v, want ErrCanceled", err)
+	}
+	for range n {
+		if _, err := cs[1].Recv(ctx, nil, 0, 3); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if grew := inFlight - before; grew >= n/2 {
+		t.Fatalf("%d Isendrecvs in flight took %d goroutines more", n, grew)
+	}
+}
+
+// TestIsendrecvRequestReuse: a request of Isendrecv's is refused by
+// IrecvInto while either half is in flight, and once it completed
+// takes the new receive, whose status it then reports.
+func TestIsendrecvRequestReuse(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	q, err := cs[0].Isendrecv(make([]byte, 3000), 1, 1, make([]byte, 1), 1, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4)
+	if err := cs[0].IrecvInto(q, buf, 1, 3); !errors.Is(err, adi.ErrRequestBusy) {
+		t.Fatalf("IrecvInto a pending Isendrecv's request: %v, want ErrRequestBusy", err)
+	}
+	// The receive half completes first; the rendezvous send is still
+	// waiting for rank 1's receive.
+	if err := cs[1].Send(ctx, []byte{7}, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[0].IrecvInto(q, buf, 1, 3); !errors.Is(err, adi.ErrRequestBusy) {
+		t.Fatalf("IrecvInto with the send half in flight: %v, want ErrRequestBusy", err)
+	}
+	if _, err := cs[1].Recv(ctx, make([]byte, 3000), 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Wait(ctx); err != nil || st != (adi.Status{Source: 1, Tag: 2, Count: 1}) {
+		t.Fatalf("Isendrecv: %+v, %v", st, err)
+	}
+	if err := cs[0].IrecvInto(q, buf, 1, 3); err != nil {
+		t.Fatalf("IrecvInto a completed Isendrecv's request: %v", err)
+	}
+	if err := cs[1].Send(ctx, []byte("next"), 0, 3); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Wait(ctx); err != nil || st != (adi.Status{Source: 1, Tag: 3, Count: 4}) || string(buf) != "next" {
+		t.Fatalf("the reused request: %+v, %v, %q", st, err, buf)
+	}
+	// And a request of Isendrecv's reused for a receive from ProcNull.
+	q, err = cs[0].Isendrecv(nil, 1, 4, nil, 1, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[1].Send(ctx, nil, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs[1].Recv(ctx, nil, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[0].IrecvInto(q, buf, adi.ProcNull, 5); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Wait(ctx); err != nil || st != (adi.Status{Source: adi.ProcNull, Tag: adi.AnyTag}) {
+		t.Fatalf("reused for a receive from ProcNull: %+v, %v", st, err)
+	}
+}
+
 // TestIntercommIsendrecv: Isendrecv and IsendrecvReplace on an
 // intercommunicator exchange with remote ranks and name them in their
 // statuses; Idup's intercommunicator carries messages once its request
@@ -300,8 +534,7 @@ func TestIdup(t *testing.T) {
 }
 
 // TestIsendrecvFinalize: Finalize ends an Isendrecv still waiting for
-// its receive: its worker returns (Finalize waits for it), and the
-// request completes with an error.
+// its receive: the request completes with an error.
 func TestIsendrecvFinalize(t *testing.T) {
 	ws, _ := loopWorlds(t, 2)
 	ctx := ctxT(t)
@@ -330,8 +563,7 @@ func TestIsendrecvFinalize(t *testing.T) {
 
 // BenchmarkShmIsendrecv has two ranks of this process swap 8 bytes as
 // BenchmarkShmExchange does, with one Isendrecv and its Wait per swap:
-// beside that benchmark's "sendrecv", what handing the completion to a
-// worker costs.
+// beside that benchmark's "sendrecv", what the request costs.
 func BenchmarkShmIsendrecv(b *testing.B) {
 	cs := shmJob(b, 2)
 	ctx := ctxT(b)
