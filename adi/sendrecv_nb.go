@@ -47,11 +47,13 @@ type sendrecvReq struct {
 //
 // Once the receive is posted the call returns the request, even if the
 // send then fails to start: a receive may have matched a message
-// already, which only the request can hand over. A send that fails, at
-// the call or later, cancels the receive, and the request completes
-// with the send's error and the receive's status: cancelled, or the
-// message it had matched, all in recv by then (the error is then the
-// send's and, for a cancelled receive, ErrCanceled too).
+// already, which only the request can hand over. A send that fails
+// cancels the receive (at the call, or, for one that fails later, when
+// the request is next tested or waited for: no goroutine watches it),
+// and the request completes with the send's error and the receive's
+// status: cancelled, or the message it had matched, all in recv by
+// then (the error is then the send's and, for a cancelled receive,
+// ErrCanceled too).
 //
 // Cancel cancels the receive half only, if it has not matched yet; a
 // started send cannot be revoked. The send half still completes (and
