@@ -134,13 +134,12 @@ type inMsg struct {
 	data []byte
 }
 
-// Claim owners: the multidevice's own queue, cancellation, subdevice i.
+// Claim owners of the multidevice's side: its own queue and
+// cancellation. A matching subdevice claims with an id of its own.
 const (
 	claimOwn    int64 = 1
 	claimCancel int64 = math.MaxInt64
 )
-
-func claimSub(idx int) int64 { return int64(idx) + 2 }
 
 // Open builds the device for this rank: it loads and opens the subdevices,
 // publishes their business cards, resolves the connection table and
