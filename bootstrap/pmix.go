@@ -15,6 +15,16 @@ const (
 	EnvPMIxRank      = "PMIX_RANK"      // this process's rank in it
 )
 
+// EnvPMIxParent is set by the pmix backend in a rank's own environment
+// once PMIx_Init has succeeded, to "<namespace>.<rank>", in place of the
+// launcher's variables that let a process connect as that rank (see
+// [pmixLaunchVars]): a child process the rank starts inherits the
+// environment, and a PMIx server would take its PMIx_Init for a second
+// copy of the rank. A child's Open that finds it, and no launcher of its
+// own, fails saying so, as a rank's child does under mdrun and PMI.
+// Removing it from a child's environment makes the child a singleton.
+const EnvPMIxParent = "MD_PMIX_PARENT"
+
 // pmixServerURIs are the server's address, one variable per protocol
 // generation; a server sets those its clients may speak (Open MPI 4.1.4
 // sets PMIX_SERVER_URI2, 21, 3, 4 and 41).
@@ -34,12 +44,83 @@ func pmixMark(env lookupFunc) (mark string, ok bool) {
 	return "", false
 }
 
-// detectPMIx reports whether a PMIx server started this process. Any of
-// its variables is enough: one half set is a broken launch to report, not
-// a singleton to become.
+// detectPMIx reports whether a PMIx server started this process, or a
+// rank of a PMIx job did ([EnvPMIxParent]). Any of the server's variables
+// is enough: one half set is a broken launch to report, not a singleton
+// to become.
 func detectPMIx(env lookupFunc) bool {
 	_, ok := pmixMark(env)
-	return ok
+	_, child := env(EnvPMIxParent)
+	return ok || child
+}
+
+// pmixLaunchDesc names the launch for messages: this rank's PMIX_RANK
+// and the server's address in the newest protocol generation set, as
+// "KEY=value, KEY=value", from env or else from launch ("KEY=value"
+// entries: [pmixLaunchVars] of an earlier Open).
+func pmixLaunchDesc(env lookupFunc, launch []string) string {
+	find := func(k string) (string, bool) {
+		if v, ok := env(k); ok {
+			return k + "=" + v, true
+		}
+		for _, kv := range launch {
+			if strings.HasPrefix(kv, k+"=") {
+				return kv, true
+			}
+		}
+		return "", false
+	}
+	var desc []string
+	if kv, ok := find(EnvPMIxRank); ok {
+		desc = append(desc, kv)
+	}
+	for i := len(pmixServerURIs) - 1; i >= 0; i-- {
+		if kv, ok := find(pmixServerURIs[i]); ok {
+			desc = append(desc, kv)
+			break
+		}
+	}
+	if len(desc) == 0 {
+		mark, _ := pmixMark(env)
+		return mark
+	}
+	return strings.Join(desc, ", ")
+}
+
+// pmixChildErr is the error of an Open in a process that a rank of a
+// PMIx job started ([EnvPMIxParent] set) and no launcher did; nil
+// otherwise. A process that has both was started by a launcher the rank
+// ran, and joins that launcher's job.
+func pmixChildErr(env lookupFunc) error {
+	parent, ok := env(EnvPMIxParent)
+	if !ok {
+		return nil
+	}
+	if _, launched := pmixMark(env); launched {
+		return nil
+	}
+	return fmt.Errorf("bootstrap: pmix: %s=%s: this process was started by that rank of a PMIx job, not by the launcher, "+
+		"and a PMIx server admits each rank once; start it with a launcher of its own, or without %s to run it as a singleton",
+		EnvPMIxParent, parent, EnvPMIxParent)
+}
+
+// pmixLaunchVars returns the entries of environ ("KEY=value") that let a
+// process connect to the PMIx server as this rank: the server's address
+// in any protocol generation (PMIX_SERVER_URI, URI2 ... URI41 and newer)
+// and the rank's identity (PMIX_NAMESPACE, PMIX_RANK, PMIX_ID). Without
+// them PMIx_Init has no server to join; the launcher's other PMIX_*
+// variables (store paths, security and buffer modes, PMIX_MCA_*
+// parameters) are settings, not an identity, and stay.
+func pmixLaunchVars(environ []string) []string {
+	var vars []string
+	for _, kv := range environ {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case k == EnvPMIxNamespace, k == EnvPMIxRank, k == "PMIX_ID", strings.HasPrefix(k, "PMIX_SERVER_URI"):
+			vars = append(vars, kv)
+		}
+	}
+	return vars
 }
 
 // errPMIxNotBuilt is what Open says under a PMIx launcher in a binary built

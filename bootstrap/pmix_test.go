@@ -3,6 +3,7 @@ package bootstrap
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -32,13 +33,15 @@ func TestDetectPMIx(t *testing.T) {
 		// Hydra's ranks: PMI_FD, PMI_RANK, PMI_SIZE and nothing of PMIx.
 		{"hydra", []string{"PMI_FD=6", "PMI_RANK=0", "PMI_SIZE=1"}, ""},
 		{"other pmix variables", []string{"PMIX_VERSION=4.2.2", "PMIX_ID=1.0", "PMIX_HOSTNAME=vm"}, ""},
+		// A rank's child: the rank took the launcher's variables out.
+		{"rank's child", []string{EnvPMIxParent + "=389349377.0", "PMIX_VERSION=4.2.2"}, "child"},
 		{"nothing", nil, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			env := envOf(tt.env)
 			mark, ok := pmixMark(env)
-			if mark != tt.want || ok != (tt.want != "") {
+			if tt.want != "child" && (mark != tt.want || ok != (tt.want != "")) {
 				t.Errorf("pmixMark = %q, %v; want %q", mark, ok, tt.want)
 			}
 			if got := detectPMIx(env); got != (tt.want != "") {
@@ -161,4 +164,98 @@ func TestPMIxError(t *testing.T) {
 			t.Errorf("%v: errors.Is ErrClosed = %v", tt.err, got)
 		}
 	}
+}
+
+// TestPMIxLaunchVars: the variables a rank takes out of its environment
+// after PMIx_Init are those that let a process join as the rank, in every
+// protocol generation, and no others.
+func TestPMIxLaunchVars(t *testing.T) {
+	tests := []struct {
+		name    string
+		environ []string
+		want    []string
+	}{
+		{"open mpi", append(openMPIEnv, "PMIX_SECURITY_MODE=native", "PMIX_MCA_gds=hash", "PMIX_SERVER_TMPDIR=/tmp/x", "PATH=/bin"), []string{
+			"PMIX_NAMESPACE=389349377", "PMIX_RANK=1", "PMIX_ID=389349377.1",
+			"PMIX_SERVER_URI2=389349376.0;tcp4://127.0.0.1:56795", "PMIX_SERVER_URI21=389349376.0;tcp4://127.0.0.1:56795",
+			"PMIX_SERVER_URI3=389349376.0;tcp4://127.0.0.1:56795", "PMIX_SERVER_URI4=389349376.0;tcp4://127.0.0.1:56795",
+			"PMIX_SERVER_URI41=389349376.0;tcp4://127.0.0.1:56795",
+		}},
+		{"newer and older generations", []string{"PMIX_SERVER_URI=a", "PMIX_SERVER_URI51=b", "PMIX_SERVER_URI61=c"}, []string{"PMIX_SERVER_URI=a", "PMIX_SERVER_URI51=b", "PMIX_SERVER_URI61=c"}},
+		{"names that only look alike", []string{"PMIX_RANKS=1", "XPMIX_RANK=1", "PMIX_NAMESPACE_X=1", "MD_PMIX_PARENT=1.0"}, nil},
+		{"nothing", nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := pmixLaunchVars(tt.environ); !slices.Equal(got, tt.want) {
+				t.Errorf("pmixLaunchVars = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestPMIxChildErr: a process a PMIx rank started fails to Open, naming
+// the rank and how to run it as a singleton, unless a launcher of its own
+// started it.
+func TestPMIxChildErr(t *testing.T) {
+	tests := []struct {
+		name string
+		env  []string
+		want string // "" for no error
+	}{
+		{"rank's child", []string{EnvPMIxParent + "=389349377.0"}, "bootstrap: pmix: MD_PMIX_PARENT=389349377.0: this process was started by that rank of a PMIx job, not by the launcher"},
+		{"under a launcher of its own", append([]string{EnvPMIxParent + "=389349377.0"}, openMPIEnv...), ""},
+		{"a rank", openMPIEnv, ""},
+		{"nothing", nil, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := pmixChildErr(envOf(tt.env))
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("pmixChildErr = %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want) || !strings.Contains(err.Error(), "without MD_PMIX_PARENT to run it as a singleton")):
+				t.Errorf("pmixChildErr = %v, want %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestPMIxLaunchDesc(t *testing.T) {
+	uri := "PMIX_SERVER_URI41=389349376.0;tcp4://127.0.0.1:56795"
+	tests := []struct {
+		name   string
+		env    []string
+		launch []string
+		want   string
+	}{
+		{"environment", openMPIEnv, nil, "PMIX_RANK=1, " + uri},
+		{"an earlier open's", nil, pmixLaunchVars(openMPIEnv), "PMIX_RANK=1, " + uri},
+		{"oldest generation", []string{"PMIX_SERVER_URI=x"}, nil, "PMIX_SERVER_URI=x"},
+		{"namespace alone", []string{"PMIX_NAMESPACE=n"}, nil, "PMIX_NAMESPACE=n"},
+	}
+	for _, tt := range tests {
+		if got := pmixLaunchDesc(envOf(tt.env), tt.launch); got != tt.want {
+			t.Errorf("%s: pmixLaunchDesc = %q, want %q", tt.name, got, tt.want)
+		}
+	}
+}
+
+// FuzzPMIxLaunchVars: what a rank takes out of its environment is a part
+// of it, and only variables that identify the rank or its server.
+func FuzzPMIxLaunchVars(f *testing.F) {
+	f.Add("PMIX_RANK=1\x00PMIX_SERVER_URI41=a;b\x00PATH=/bin")
+	f.Add("PMIX_SERVER_URIX\x00=\x00PMIX_ID")
+	f.Fuzz(func(t *testing.T, s string) {
+		environ := strings.Split(s, "\x00")
+		for _, kv := range pmixLaunchVars(environ) {
+			if !slices.Contains(environ, kv) {
+				t.Fatalf("%q is not in the environment", kv)
+			}
+			k, _, _ := strings.Cut(kv, "=")
+			if k != EnvPMIxRank && k != EnvPMIxNamespace && k != "PMIX_ID" && !strings.HasPrefix(k, "PMIX_SERVER_URI") {
+				t.Fatalf("took %q", kv)
+			}
+		}
+	})
 }
