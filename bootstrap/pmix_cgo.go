@@ -139,6 +139,12 @@ static pmix_status_t md_abort(int code, const char *msg) {
 static pmix_status_t md_finalize(void) {
 	return PMIx_Finalize(NULL, 0);
 }
+
+// md_has_env reports whether the C environment, the one libpmix and a
+// fork from C see, has key.
+static int md_has_env(const char *key) {
+	return getenv(key) != NULL;
+}
 */
 import "C"
 
@@ -148,6 +154,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -177,11 +184,210 @@ func openPMIx(ctx context.Context, logger hclog.Logger, st *openState) (Bootstra
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("bootstrap: pmix: %w", err)
 	}
-	var me C.pmix_proc_t
-	if err := pmixCallErr("PMIx_Init", C.md_init(&me)); err != nil {
-		mark, _ := pmixMark(st.env)
-		return nil, fmt.Errorf("%w (started with %s)", err, mark)
+	if err := pmixClient.acquire(); err != nil {
+		return nil, err
 	}
+	me, err := pmixClient.init(ctx, st.env)
+	if err != nil {
+		return nil, err
+	}
+	j, err := joinPMIx(ctx, logger, me)
+	pmixClient.opened(j)
+	if err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+// pmixClient is this process's PMIx client. A PMIx server admits a
+// process once, as one rank, and the client library is one per process,
+// so Open hands out one pmix Bootstrap at a time: a second Open while the
+// first is open, or while an Open is joining, fails with [errPMIxInUse].
+// Open, Close, Open again works.
+var pmixClient = &pmixClientState{}
+
+// errPMIxInUse is what an Open returns while this process's PMIx client
+// belongs to another Open.
+var errPMIxInUse = errors.New("bootstrap: pmix: one PMIx client per process")
+
+type pmixClientState struct {
+	mu        sync.Mutex
+	opening   bool     // an Open holds the client: in PMIx_Init or joining
+	abandoned bool     // that Open's ctx ended in PMIx_Init, which still runs
+	job       *pmixJob // the job Open returned, until its Close
+	// launch are the launcher's variables that let a process connect as
+	// this rank ("KEY=value"), taken out of the environment by the first
+	// PMIx_Init that succeeded; nil before it. Each later PMIx_Init puts
+	// them back for its duration.
+	launch []string
+}
+
+// acquire takes the client for an Open.
+func (c *pmixClientState) acquire() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.job != nil:
+		how := "not closed"
+		c.job.mu.Lock()
+		if c.job.aborted {
+			how = "aborted"
+		}
+		c.job.mu.Unlock()
+		return fmt.Errorf("%w: this process is already rank %d of namespace %s, through an earlier Open (%s); "+
+			"Close that Bootstrap before opening another", errPMIxInUse, c.job.rank, c.job.nspace, how)
+	case c.abandoned:
+		return fmt.Errorf("%w: the PMIx_Init of an earlier Open, abandoned when its ctx ended, is still running "+
+			"(its server does not answer); it finalizes if it ever succeeds", errPMIxInUse)
+	case c.opening:
+		return fmt.Errorf("%w: another Open of this process is joining the job", errPMIxInUse)
+	}
+	c.opening = true
+	return nil
+}
+
+// opened ends the Open that acquired the client: j is the job it
+// returned, nil if it failed.
+func (c *pmixClientState) opened(j *pmixJob) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.opening = false
+	if j != nil {
+		c.job = j
+	}
+}
+
+// closed gives the client back when j, which Open returned, is finalized.
+func (c *pmixClientState) closed(j *pmixJob) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.job == j {
+		c.job = nil
+	}
+}
+
+// init runs PMIx_Init for the Open that acquired the client. PMIx_Init
+// blocks in C until the server answers, so it runs on a goroutine of its
+// own and ctx bounds the wait: when ctx ends first, init returns ctx's
+// error, the client stays taken (abandoned) until PMIx_Init returns, and
+// a PMIx_Init that then succeeds is finalized at once. On error the
+// client is released, unless abandoned.
+func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc_t, error) {
+	c.mu.Lock()
+	launch := c.launch
+	c.mu.Unlock()
+	if launch == nil {
+		// The first PMIx_Init of this process: a rank's child ends here.
+		if err := pmixChildErr(env); err != nil {
+			c.opened(nil)
+			return C.pmix_proc_t{}, err
+		}
+	}
+	launchDesc := pmixLaunchDesc(env, launch)
+	type result struct {
+		me  C.pmix_proc_t
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = c.runInit(&r.me)
+		c.mu.Lock()
+		if !c.abandoned {
+			res <- r
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		if r.err == nil {
+			C.md_finalize()
+		}
+		c.mu.Lock()
+		c.abandoned, c.opening = false, false
+		c.mu.Unlock()
+	}()
+	var r result
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		c.mu.Lock()
+		select {
+		case r = <-res: // PMIx_Init returned as ctx ended: take its answer
+		default:
+			c.abandoned = true
+			c.mu.Unlock()
+			return C.pmix_proc_t{}, fmt.Errorf("bootstrap: pmix: PMIx_Init (started with %s): no answer from the server: %w", launchDesc, ctx.Err())
+		}
+		c.mu.Unlock()
+	}
+	if r.err != nil {
+		c.opened(nil)
+		return C.pmix_proc_t{}, fmt.Errorf("%w (started with %s)", r.err, launchDesc)
+	}
+	return r.me, nil
+}
+
+// runInit is PMIx_Init, with the launcher's variables in the environment
+// for the call. After a PMIx_Init that succeeded they are out of it (as
+// they are when it failed on a later Open), and [EnvPMIxParent] is in
+// it: a process this rank starts inherits the environment (os/exec, and
+// a fork from C, since under cgo os.Unsetenv clears the C environment
+// too), and must not join the job as a second copy of this rank, as it
+// cannot under mdrun (the service admits a rank once) or PMI (PMI_FD is
+// close-on-exec).
+func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
+	c.mu.Lock()
+	launch := c.launch
+	c.mu.Unlock()
+	for _, kv := range launch {
+		k, v, _ := strings.Cut(kv, "=")
+		if err := os.Setenv(k, v); err != nil {
+			return fmt.Errorf("bootstrap: pmix: restoring %s for PMIx_Init: %w", k, err)
+		}
+	}
+	err := pmixCallErr("PMIx_Init", C.md_init(me))
+	initialized := err == nil
+	if launch == nil && err == nil {
+		launch = pmixLaunchVars(os.Environ())
+		c.mu.Lock()
+		c.launch = launch
+		c.mu.Unlock()
+	}
+	if launch == nil {
+		return err
+	}
+	for _, kv := range launch {
+		k, _, _ := strings.Cut(kv, "=")
+		if uerr := unsetC(k); uerr != nil && err == nil {
+			err = uerr
+		}
+	}
+	if err == nil {
+		err = os.Setenv(EnvPMIxParent, C.GoString(&me.nspace[0])+"."+strconv.FormatUint(uint64(me.rank), 10))
+	}
+	if initialized && err != nil {
+		// Joined, but children could join too: leave.
+		C.md_finalize()
+	}
+	return err
+}
+
+// unsetC removes key from the environment, Go's and C's: under cgo
+// os.Unsetenv calls unsetenv(3), which md_has_env checks.
+func unsetC(key string) error {
+	if err := os.Unsetenv(key); err != nil {
+		return fmt.Errorf("bootstrap: pmix: unsetting %s: %w", key, err)
+	}
+	ck := C.CString(key)
+	defer C.free(unsafe.Pointer(ck))
+	if C.md_has_env(ck) != 0 {
+		return fmt.Errorf("bootstrap: pmix: %s is still in the C environment after os.Unsetenv", key)
+	}
+	return nil
+}
+
+// joinPMIx is Open after PMIx_Init.
+func joinPMIx(ctx context.Context, logger hclog.Logger, me C.pmix_proc_t) (*pmixJob, error) {
 	j := &pmixJob{
 		nspace: C.GoString(&me.nspace[0]),
 		rank:   int(me.rank),
@@ -189,7 +395,7 @@ func openPMIx(ctx context.Context, logger hclog.Logger, st *openState) (Bootstra
 		sent:   map[string]bool{},
 	}
 	j.logger = logger.With("rank", j.rank)
-	fail := func(err error) (Bootstrap, error) {
+	fail := func(err error) (*pmixJob, error) {
 		j.Close()
 		return nil, err
 	}
@@ -262,8 +468,9 @@ type pmixJob struct {
 	puts    []string        // keys put since the last commit
 	sent    map[string]bool // keys committed: published, or to be at the fence under way
 	fence   *pmixFence      // the fence under way, nil if none
-	closing bool            // Close or Abort was called
-	dead    chan struct{}   // closed with closing: waiters give up
+	closing bool            // Close or Abort was called: new calls fail
+	aborted bool            // it was Abort
+	dead    chan struct{}   // closed once waiters are to give up: at Close, or when PMIx_Abort returned
 	gets    sync.WaitGroup
 }
 
@@ -419,14 +626,18 @@ func (j *pmixJob) get(rank int, key string) ([]byte, error) {
 }
 
 // Abort logs the reason (servers do not all print PMIx_Abort's message),
-// then asks the server to end the job. PMIx_Abort returns when the server
-// has acted, which for this rank is usually never: the server kills it.
+// then asks the server to end the job. From its call on, new calls fail
+// with ErrClosed; calls already waiting (a Fence) go on waiting until
+// PMIx_Abort has returned, so that a caller whose Fence fails cannot end
+// the process before the abort has reached the server. PMIx_Abort returns
+// when the server has acted, which for this rank is usually never: the
+// server kills it.
 func (j *pmixJob) Abort(code int, reason string) error {
 	if len(reason) > maxReason {
 		reason = reason[:maxReason]
 	}
 	j.logger.Error("aborting the job", "code", code, "reason", reason)
-	if !j.stop() {
+	if !j.refuse(true) {
 		return nil
 	}
 	// Servers kill the job as soon as they read the abort, sometimes
@@ -435,35 +646,47 @@ func (j *pmixJob) Abort(code int, reason string) error {
 	time.Sleep(abortGrace)
 	msg := C.CString(strings.ToValidUTF8(reason, "?"))
 	defer C.free(unsafe.Pointer(msg))
-	return pmixCallErr("PMIx_Abort", C.md_abort(C.int(code), msg))
+	err := pmixCallErr("PMIx_Abort", C.md_abort(C.int(code), msg))
+	j.release()
+	return err
 }
 
-// Close finalizes with the server. It is idempotent. A Fence still under
-// way is abandoned: its waiters return ErrClosed.
+// Close finalizes with the server. It is idempotent, and does nothing
+// after Abort. A Fence still under way is abandoned: its waiters return
+// ErrClosed.
 func (j *pmixJob) Close() error {
-	if !j.stop() {
+	if !j.refuse(false) {
 		return nil
 	}
+	j.release()
 	// PMIx_Finalize must not run under a PMIx_Get of this job.
 	j.gets.Wait()
-	return pmixCallErr("PMIx_Finalize", C.md_finalize())
+	err := pmixCallErr("PMIx_Finalize", C.md_finalize())
+	pmixClient.closed(j)
+	return err
 }
 
-// stop marks the job closing, releases waiters and drops the fence under
-// way; it reports false if the job was already closing.
-func (j *pmixJob) stop() bool {
+// refuse marks the job closing, so that new calls fail; it reports false
+// if the job was already closing.
+func (j *pmixJob) refuse(abort bool) bool {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.closing {
 		return false
 	}
-	j.closing = true
+	j.closing, j.aborted = true, abort
+	return true
+}
+
+// release lets the waiters go and drops the fence under way.
+func (j *pmixJob) release() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
 	close(j.dead)
 	if j.fence != nil {
 		fences.forget(j.fence)
 		j.fence = nil
 	}
-	return true
 }
 
 // errPMIxClosed is what calls on a closed or aborted pmix job return.

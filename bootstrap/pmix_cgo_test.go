@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"regexp"
@@ -179,12 +180,23 @@ func TestPMIxJobRank(t *testing.T) {
 	asRank(t)
 	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
 	defer cancel()
+	nspace := os.Getenv(EnvPMIxNamespace) // Open takes it out of the environment
 	bs, err := Open(ctx, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer bs.Close()
 	r, n := bs.Rank(), bs.Size()
+	// What a child would inherit: no way to join as this rank, and the
+	// mark of a rank's child.
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); k == EnvPMIxRank || k == EnvPMIxNamespace || k == "PMIX_ID" || strings.HasPrefix(k, "PMIX_SERVER_URI") {
+			t.Errorf("%s is still in the environment after Open", kv)
+		}
+	}
+	if got, want := os.Getenv(EnvPMIxParent), nspace+"."+strconv.Itoa(r); got != want {
+		t.Errorf("%s=%q after Open, want %q", EnvPMIxParent, got, want)
+	}
 	// The launcher's own view of the job, to check the backend's against.
 	for _, v := range [][3]string{
 		{"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "Open MPI"},
@@ -197,7 +209,7 @@ func TestPMIxJobRank(t *testing.T) {
 			t.Errorf("size %d, %s says %s", n, v[2], want)
 		}
 	}
-	if want := cleanJobID(os.Getenv(EnvPMIxNamespace)); bs.JobID() != want {
+	if want := cleanJobID(nspace); bs.JobID() != want {
 		t.Errorf("job id %q, want %q", bs.JobID(), want)
 	}
 	// Round 1 puts every key ("card" twice: the second value counts),
@@ -325,4 +337,265 @@ func TestPMIxAbortRank(t *testing.T) {
 	}
 	err = bs.Fence(ctx)
 	t.Errorf("rank %d: fence without rank 1 ended: %v", bs.Rank(), err)
+}
+
+// TestPMIxChild: a process a rank starts inherits the rank's environment,
+// yet cannot join the job as a second copy of the rank (it took the
+// rank's place in the barrier, and the rank's own Fence never ended): its
+// Open fails naming EnvPMIxParent, as a rank's child's does under mdrun
+// and PMI, and without EnvPMIxParent it is a singleton.
+func TestPMIxChild(t *testing.T) {
+	const n = 2
+	status, out := mpirunJob(t, n, "TestPMIxChildRank")
+	if status != 0 {
+		t.Fatalf("mpirun exited %d", status)
+	}
+	if got := strings.Count(out, "pmix child rank fenced"); got != n {
+		t.Errorf("%d of %d ranks fenced after the child", got, n)
+	}
+}
+
+// pmixChildEnv tells TestPMIxChildRank that it runs as a rank's child.
+const pmixChildEnv = "MD_PMIX_TEST_CHILD"
+
+func TestPMIxChildRank(t *testing.T) {
+	asRank(t)
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	if os.Getenv(pmixChildEnv) != "" {
+		// A child that joins the job waits in Open's fence for ranks
+		// that have moved on; the ctx turns that hang into a failure.
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		bs, err := Open(ctx, testLogger(t))
+		if err != nil {
+			fmt.Printf("child open: %v\n", err)
+			return
+		}
+		fmt.Printf("child opened: rank %d of %d\n", bs.Rank(), bs.Size())
+		bs.Close()
+		return
+	}
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	if bs.Rank() == 0 {
+		parent := EnvPMIxParent + "=" + os.Getenv(EnvPMIxParent)
+		for _, tt := range []struct {
+			name string
+			env  []string
+			want string
+		}{
+			{"inherited", os.Environ(), "child open: bootstrap: pmix: " + parent + ": this process was started by that rank"},
+			{"without " + EnvPMIxParent, slices.DeleteFunc(os.Environ(), func(kv string) bool {
+				return strings.HasPrefix(kv, EnvPMIxParent+"=")
+			}), "child opened: rank 0 of 1"},
+		} {
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1")
+			cmd.Env = append(tt.env, pmixChildEnv+"=1")
+			out, err := cmd.CombinedOutput()
+			if err != nil || !strings.Contains(string(out), tt.want) {
+				t.Errorf("%s: child (%v) said %q, want %q", tt.name, err, out, tt.want)
+			}
+		}
+	}
+	// A child that joined as rank 0 took rank 0's place in this barrier,
+	// which then never ends; the ctx turns that hang into a failure.
+	fenceCtx, stop := context.WithTimeout(ctx, 30*time.Second)
+	defer stop()
+	if err := bs.Fence(fenceCtx); err != nil {
+		t.Fatalf("rank %d: fence after the child: %v", bs.Rank(), err)
+	}
+	fmt.Printf("pmix child rank fenced: %d\n", bs.Rank())
+}
+
+// TestPMIxAbortBeforeRelease: a rank's Abort reaches the server before
+// the rank's Fence, waiting in its main goroutine, returns: a program
+// that exits on a failed Fence does not end the job with its own status
+// before the abort's.
+func TestPMIxAbortBeforeRelease(t *testing.T) {
+	status, _ := mpirunJob(t, 3, "TestPMIxAbortBeforeReleaseRank")
+	if status != 3 {
+		t.Errorf("mpirun exited %d, want the abort's 3", status)
+	}
+}
+
+func TestPMIxAbortBeforeReleaseRank(t *testing.T) {
+	asRank(t)
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bs.Rank() != 1 {
+		// The abort ends the job, this rank with it.
+		time.Sleep(pmixWatchdog)
+		return
+	}
+	go func() {
+		// Usually after the Fence below has begun; either way the
+		// Fence must not return before the abort went out.
+		time.Sleep(100 * time.Millisecond)
+		bs.Abort(3, "rank 1 gives up")
+	}()
+	err = bs.Fence(ctx)
+	fmt.Fprintf(os.Stderr, "rank 1: fence: %v; exiting 1\n", err)
+	os.Exit(1)
+}
+
+// TestPMIxOneClient: a process has one PMIx Bootstrap at a time (a PMIx
+// server admits a process once): a second Open while the first is open
+// fails, and Open after Close joins again, every rank with the same new
+// secret, under both stores.
+func TestPMIxOneClient(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+	}{
+		{"default", nil},
+		{"hash", []string{"-x", "PMIX_MCA_gds=hash"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			const n = 3
+			status, out := mpirunJob(t, n, "TestPMIxOneClientRank", tt.args...)
+			if status != 0 {
+				t.Fatalf("mpirun exited %d", status)
+			}
+			lines := pmixReopenLine.FindAllStringSubmatch(out, -1)
+			if len(lines) != n {
+				t.Fatalf("%d of %d ranks reported", len(lines), n)
+			}
+			for _, m := range lines {
+				if m[2] != lines[0][2] {
+					t.Errorf("rank %s's secret after reopening is %s, rank %s's %s", m[1], m[2], lines[0][1], lines[0][2])
+				}
+			}
+		})
+	}
+}
+
+var pmixReopenLine = regexp.MustCompile(`(?m)^pmix reopened rank (\d+) secret ([0-9a-f]+)$`)
+
+func TestPMIxOneClientRank(t *testing.T) {
+	asRank(t)
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	a, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Open(ctx, testLogger(t))
+	if err == nil {
+		b.Close()
+		a.Close()
+		t.Fatalf("a second Open while the first is open succeeded")
+	}
+	if want := fmt.Sprintf("this process is already rank %d of namespace", a.Rank()); !errors.Is(err, errPMIxInUse) || !strings.Contains(err.Error(), want) {
+		t.Errorf("second open: %v, want errPMIxInUse saying %q", err, want)
+	}
+	first := a.Secret()
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatalf("open after close: %v", err)
+	}
+	defer c.Close()
+	if c.Rank() != a.Rank() || c.Size() != a.Size() {
+		t.Errorf("reopened as rank %d of %d, was %d of %d", c.Rank(), c.Size(), a.Rank(), a.Size())
+	}
+	if bytes.Equal(c.Secret(), first) {
+		t.Errorf("the reopened job has the first one's secret")
+	}
+	fmt.Printf("pmix reopened rank %d secret %x\n", c.Rank(), c.Secret())
+}
+
+// TestPMIxInitCtx: Open's ctx bounds PMIx_Init, which blocks in C while a
+// server that accepted the connection says nothing; while that PMIx_Init
+// still runs, another Open fails saying so, and once it has failed, the
+// process may Open again.
+func TestPMIxInitCtx(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	conns := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				close(conns)
+				return
+			}
+			conns <- c // held open, silent
+		}
+	}()
+	uri := fmt.Sprintf("389349376.0;tcp4://%s", ln.Addr())
+	for _, kv := range openMPIEnv {
+		k, v, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "PMIX_SERVER_URI") {
+			v = uri
+		}
+		t.Setenv(k, v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		bs, err := open(ctx, testLogger(t), os.LookupEnv, nil)
+		if err == nil {
+			bs.Close()
+		}
+		done <- err
+	}()
+	// A watchdog for a hang, not a bound on speed.
+	const hung = 30 * time.Second
+	select {
+	case err = <-done:
+	case <-time.After(hung):
+		t.Fatalf("open still blocked in PMIx_Init %v after start, with a ctx of 1s", hung)
+	}
+	for _, want := range []string{"bootstrap: pmix: PMIx_Init", "PMIX_SERVER_URI41=" + uri} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("open: %v, want an error saying %q", err, want)
+		}
+	}
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("open: %v, want context.DeadlineExceeded", err)
+	}
+	// The abandoned PMIx_Init holds the process's client. (Were it let
+	// through, this Open's PMIx_Init would meet the same silent server;
+	// the ctx bounds it.)
+	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
+	defer cancel2()
+	bs, err := open(ctx2, testLogger(t), os.LookupEnv, nil)
+	if err == nil {
+		bs.Close()
+		t.Fatal("open while the abandoned PMIx_Init runs succeeded")
+	}
+	if !errors.Is(err, errPMIxInUse) || !strings.Contains(err.Error(), "abandoned") {
+		t.Errorf("open while the abandoned PMIx_Init runs: %v, want errPMIxInUse naming it", err)
+	}
+	// Hang up: the abandoned PMIx_Init fails and lets go of the client.
+	ln.Close()
+	for c := range conns {
+		c.Close()
+	}
+	for deadline := time.Now().Add(pmixWatchdog); ; {
+		pmixClient.mu.Lock()
+		busy := pmixClient.opening || pmixClient.abandoned
+		pmixClient.mu.Unlock()
+		if !busy {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the abandoned PMIx_Init still holds the client %v after the server hung up", pmixWatchdog)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
