@@ -25,6 +25,8 @@
 //     srun --mpi=pmix). The rank is a client of the PMIx library, which
 //     the backend is built against only with -tags pmix (see "Under a
 //     PMIx launcher"); without it, Open fails saying how to rebuild.
+//     MD_PMIX_PARENT alone marks a process a PMIx rank started, whose
+//     Open fails (see "A rank's children").
 //  5. singleton: nothing is set. The process is rank 0 of a world of one;
 //     Put, Fence and Get work locally, JobID and Secret are random.
 //
@@ -76,7 +78,11 @@
 // without cgo): rebuild with ...": a singleton there would be one of N
 // copies of rank 0. Running needs libpmix2.
 //
-// Open calls PMIx_Init; Rank is the rank it gives, Size the job's
+// Open calls PMIx_Init, bounded by its ctx: PMIx_Init blocks in C until
+// the server answers, so it runs on a goroutine of its own, and when ctx
+// ends first Open returns ctx's error naming PMIX_RANK and the server's
+// PMIX_SERVER_URI* variable; an abandoned PMIx_Init that later succeeds
+// is finalized at once. Rank is the rank PMIx_Init gives, Size the job's
 // PMIX_JOB_SIZE, JobID the namespace with characters unsafe in file names
 // replaced, and Host "<hostname>#<node>" with the server's PMIX_NODEID, so
 // that, as under PMI, hosts sharing a host name stay apart (without a node
@@ -95,12 +101,44 @@
 // Get returns ctx's error and the call ends on its own goroutine, which
 // Close waits for. The job secret travels as under PMI. Abort logs the
 // reason (Open MPI's mpirun does not print PMIx_Abort's message) and calls
-// PMIx_Abort; Close calls PMIx_Finalize, and a Fence still under way then
-// fails with [ErrClosed].
+// PMIx_Abort; from Abort's call on, new calls fail with [ErrClosed], and a
+// Fence already waiting returns [ErrClosed] only once PMIx_Abort has
+// returned, so a program that exits on a failed Fence cannot end before
+// the abort has reached the server. Close calls PMIx_Finalize, and a
+// Fence still under way then fails with [ErrClosed].
+//
+// Once PMIx_Init has succeeded, the rank takes out of its environment
+// (Go's and, under cgo, the C one) the variables that would let another
+// process join as this rank: PMIX_NAMESPACE, PMIX_RANK, PMIX_ID and every
+// PMIX_SERVER_URI*; it sets MD_PMIX_PARENT=<namespace>.<rank> instead
+// (see "A rank's children"). The launcher's other PMIX_* variables
+// (settings such as PMIX_MCA_* and store paths) stay. Code that needs the
+// rank after Open asks [Bootstrap.Rank]: PMIX_RANK is gone.
+//
+// A PMIx server admits a process once, and the client library is one per
+// process, so a process has one pmix Bootstrap at a time: a second Open
+// while the first is open (or aborted), while another Open is joining, or
+// while a PMIx_Init that Open abandoned still runs, fails saying which.
+// Open after Close joins the job again, with a new secret.
 //
 // Verified with Open MPI 4.1.4's mpirun (one host, and two network
 // namespace hosts sharing a host name) and Slurm 22.05's srun --mpi=pmix
 // (its pmix_v4 plugin) on one node.
+//
+// # A rank's children
+//
+// A process a rank starts (os/exec) inherits the rank's environment, but
+// it is not a rank: under every launcher its Open fails rather than join
+// the job as a second copy of its parent. Under mdrun the service refuses
+// a second hello for the rank ("rank 0 connected before"); under PMI the
+// manager's connection is close-on-exec, so PMI_FD names no connection in
+// the child; under PMIx the child finds MD_PMIX_PARENT and no launcher
+// variable ("bootstrap: pmix: MD_PMIX_PARENT=...: this process was started
+// by that rank of a PMIx job, not by the launcher"), in a binary built
+// with or without the pmix tag. To run such a child as a singleton, start
+// it without the launcher's variables (MDRUN_*, PMI_*, MD_PMIX_PARENT) in
+// its environment; a child that a launcher of its own starts (the rank
+// ran mpirun or mdrun) joins that launcher's job.
 //
 // # Environment
 //
