@@ -73,9 +73,10 @@ func (c *Comm) Isendrecv(send []byte, dest, sendTag int, recv []byte, source, re
 
 // IsendrecvReplace is Isendrecv with one buffer
 // (MPI_Isendrecv_replace): buf is sent, then overwritten by the message
-// received. buf is copied before the call returns and the copy is what
-// goes out, so the receive never overwrites bytes the send still reads;
-// buf belongs to the operation until the request completes.
+// received. Unless source or dest is ProcNull, buf is copied before the
+// call returns and the copy is what goes out, so the receive never
+// overwrites bytes the send still reads; buf belongs to the operation
+// until the request completes.
 func (c *Comm) IsendrecvReplace(buf []byte, dest, sendTag, source, recvTag int) (*Request, error) {
 	send := buf
 	if dest != ProcNull && source != ProcNull {
@@ -85,11 +86,11 @@ func (c *Comm) IsendrecvReplace(buf []byte, dest, sendTag, source, recvTag int) 
 }
 
 func (c *Comm) isendrecv(name string, send []byte, dest, sendTag int, recv []byte, source, recvTag int) (*Request, error) {
-	if err := checkTag(sendTag, false); err != nil {
-		return nil, fmt.Errorf("adi: %s: send tag: %w", name, err)
+	if checkTag(sendTag, false) != nil {
+		return nil, fmt.Errorf("adi: %s: send tag %d: %w (tags are 0..%d)", name, sendTag, ErrTag, MaxTag)
 	}
-	if err := checkTag(recvTag, true); err != nil {
-		return nil, fmt.Errorf("adi: %s: receive tag: %w", name, err)
+	if checkTag(recvTag, true) != nil {
+		return nil, fmt.Errorf("adi: %s: receive tag %d: %w (tags are 0..%d, or AnyTag)", name, recvTag, ErrTag, MaxTag)
 	}
 	var d, s int
 	var err error
@@ -111,11 +112,7 @@ func (c *Comm) isendrecv(name string, send []byte, dest, sendTag int, recv []byt
 	case dest == ProcNull && source == ProcNull:
 		return &Request{c: c, local: nullRecv}, nil
 	case dest == ProcNull: // a receive alone: Irecv's request is the one
-		q, err := c.Irecv(recv, source, recvTag)
-		if err != nil {
-			return nil, fmt.Errorf("adi: %s: %w", name, err)
-		}
-		return q, nil
+		return c.Irecv(recv, source, recvTag)
 	}
 	x := &sendrecvReq{op: sendrecvOp{hasRecv: source != ProcNull, name: name, dest: dest, source: source}}
 	q, p, dev := &x.q, &x.op, c.w.dev

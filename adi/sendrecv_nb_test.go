@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -150,8 +151,8 @@ func TestIsendrecvErrors(t *testing.T) {
 			{"send tag AnyTag", callErr(c.Isendrecv(nil, peer, adi.AnyTag, nil, peer, 1)), adi.ErrTag},
 			{"receive tag -7", callErr(c.IsendrecvReplace(nil, adi.ProcNull, 1, peer, -7)), adi.ErrTag},
 		} {
-			if !errors.Is(tc.err, tc.is) {
-				return fmt.Errorf("%s: %v, want %v", tc.name, tc.err, tc.is)
+			if !errors.Is(tc.err, tc.is) || strings.Count(tc.err.Error(), "adi:") != 1 {
+				return fmt.Errorf("%s: %v, want %v, named once as adi's", tc.name, tc.err, tc.is)
 			}
 		}
 		return nil
