@@ -516,8 +516,9 @@ func (j *pmixJob) Put(key string, value []byte) error {
 func (j *pmixJob) Fence(ctx context.Context) error {
 	j.mu.Lock()
 	if j.closing {
+		aborting := j.aborted
 		j.mu.Unlock()
-		return fmt.Errorf("bootstrap: fence: %w", errPMIxClosed)
+		return j.closedErr(ctx, aborting, "bootstrap: fence")
 	}
 	f := j.fence
 	if f == nil {
@@ -581,8 +582,9 @@ func (j *pmixJob) Get(ctx context.Context, rank int, key string) ([]byte, error)
 	}
 	j.mu.Lock()
 	if j.closing {
+		aborting := j.aborted
 		j.mu.Unlock()
-		return nil, fmt.Errorf("bootstrap: get %q of rank %d: %w", key, rank, errPMIxClosed)
+		return nil, j.closedErr(ctx, aborting, fmt.Sprintf("bootstrap: get %q of rank %d", key, rank))
 	}
 	type result struct {
 		v   []byte
@@ -627,9 +629,10 @@ func (j *pmixJob) get(rank int, key string) ([]byte, error) {
 
 // Abort logs the reason (servers do not all print PMIx_Abort's message),
 // then asks the server to end the job. From its call on, new calls fail
-// with ErrClosed; calls already waiting (a Fence) go on waiting until
-// PMIx_Abort has returned, so that a caller whose Fence fails cannot end
-// the process before the abort has reached the server. PMIx_Abort returns
+// with ErrClosed; a Fence or Get, whether already waiting or called after
+// Abort began, returns only once PMIx_Abort has returned (or its ctx
+// ended), so that a caller whose Fence fails cannot end the process before
+// the abort has reached the server. Put, which takes no ctx, fails at once. PMIx_Abort returns
 // when the server has acted, which for this rank is usually never: the
 // server kills it.
 func (j *pmixJob) Abort(code int, reason string) error {
@@ -687,6 +690,23 @@ func (j *pmixJob) release() {
 		fences.forget(j.fence)
 		j.fence = nil
 	}
+}
+
+// closedErr is the error of a Fence or Get (what names it) called once
+// the job was closing. When it is aborting, closedErr first waits until
+// PMIx_Abort has returned (or ctx ends): a caller that ends the process
+// on a failed call must not beat the abort to the server, which would then
+// end the job with the process's own status. Abort's grace alone keeps
+// PMIx_Abort 200 ms away.
+func (j *pmixJob) closedErr(ctx context.Context, aborting bool, what string) error {
+	if aborting {
+		select {
+		case <-j.dead:
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (aborting, and the ctx ended before the abort went out: %w)", what, errPMIxClosed, ctx.Err())
+		}
+	}
+	return fmt.Errorf("%s: %w", what, errPMIxClosed)
 }
 
 // errPMIxClosed is what calls on a closed or aborted pmix job return.

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -443,6 +444,112 @@ func TestPMIxAbortBeforeReleaseRank(t *testing.T) {
 	}()
 	err = bs.Fence(ctx)
 	fmt.Fprintf(os.Stderr, "rank 1: fence: %v; exiting 1\n", err)
+	os.Exit(1)
+}
+
+// TestPMIxCallAfterAbort: a Fence or Get called after Abort began, in
+// Abort's pause before PMIx_Abort, returns only once the abort went out:
+// a program that exits on the failed call does not end the job with its
+// own status before the abort's.
+func TestPMIxCallAfterAbort(t *testing.T) {
+	for _, call := range []string{"fence", "get"} {
+		t.Run(call, func(t *testing.T) {
+			status, out := mpirunJob(t, 3, "TestPMIxCallAfterAbortRank", "-x", pmixCallEnv+"="+call)
+			if status != 3 {
+				t.Errorf("mpirun exited %d, want the abort's 3", status)
+			}
+			if !strings.Contains(out, "rank 1: "+call+" after abort: ") {
+				t.Errorf("rank 1 made no %s after the abort began", call)
+			}
+		})
+	}
+}
+
+// TestPMIxClosedJobCalls: on a closed job Fence and Get fail with
+// ErrClosed at once; on an aborting one they wait until PMIx_Abort has
+// returned, or a Fence's ctx has ended, whose error it then wraps too.
+func TestPMIxClosedJobCalls(t *testing.T) {
+	ctx := context.Background()
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	calls := []struct {
+		name string
+		call func(j *pmixJob, ctx context.Context) error
+	}{
+		{"fence", (*pmixJob).Fence},
+		{"get", func(j *pmixJob, ctx context.Context) error { _, err := j.Get(ctx, 1, "k"); return err }},
+	}
+	for _, c := range calls {
+		t.Run(c.name, func(t *testing.T) {
+			closed := &pmixJob{size: 2, dead: make(chan struct{}), closing: true}
+			close(closed.dead)
+			if err := c.call(closed, ctx); !errors.Is(err, ErrClosed) {
+				t.Errorf("closed job: %v, want ErrClosed", err)
+			}
+			aborting := &pmixJob{size: 2, dead: make(chan struct{}), closing: true, aborted: true}
+			done := make(chan error, 1)
+			go func() { done <- c.call(aborting, ctx) }()
+			// Not a bound on speed: a call that returned before
+			// dead closed is wrong whenever it is seen.
+			runtime.Gosched()
+			select {
+			case err := <-done:
+				t.Fatalf("aborting job: returned before the abort went out: %v", err)
+			default:
+			}
+			close(aborting.dead)
+			if err := <-done; !errors.Is(err, ErrClosed) {
+				t.Errorf("aborting job, once the abort went out: %v, want ErrClosed", err)
+			}
+		})
+	}
+	// A Get checks its ctx before the job, so the ctx's end while it
+	// waits for the abort is a Fence's case only.
+	aborting := &pmixJob{size: 2, dead: make(chan struct{}), closing: true, aborted: true}
+	if err := aborting.Fence(cancelled); !errors.Is(err, ErrClosed) || !errors.Is(err, context.Canceled) {
+		t.Errorf("fence of an aborting job with an ended ctx: %v, want ErrClosed and context.Canceled", err)
+	}
+}
+
+// pmixCallEnv names the call TestPMIxCallAfterAbortRank makes.
+const pmixCallEnv = "MD_PMIX_TEST_CALL"
+
+func TestPMIxCallAfterAbortRank(t *testing.T) {
+	asRank(t)
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bs.Rank() != 1 {
+		// The abort ends the job, this rank with it.
+		time.Sleep(pmixWatchdog)
+		return
+	}
+	go bs.Abort(3, "rank 1 gives up")
+	// Wait for Abort to have begun: the call below then starts while
+	// Abort pauses before PMIx_Abort.
+	j := bs.(*pmixJob)
+	for {
+		j.mu.Lock()
+		closing := j.closing
+		j.mu.Unlock()
+		if closing {
+			break
+		}
+		runtime.Gosched()
+	}
+	call := os.Getenv(pmixCallEnv)
+	switch call {
+	case "fence":
+		err = bs.Fence(ctx)
+	case "get":
+		_, err = bs.Get(ctx, 0, secretKey)
+	default:
+		t.Fatalf("%s=%q", pmixCallEnv, call)
+	}
+	fmt.Fprintf(os.Stderr, "rank 1: %s after abort: %v; exiting 1\n", call, err)
 	os.Exit(1)
 }
 
