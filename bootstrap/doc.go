@@ -119,7 +119,14 @@
 // process, so a process has one pmix Bootstrap at a time: a second Open
 // while the first is open (or aborted), while another Open is joining, or
 // while a PMIx_Init that Open abandoned still runs, fails saying which.
-// Open after Close joins the job again, with a new secret.
+// And a process joins the job once, as under mdrun and PMI: once its
+// client is finalized (Close, an Open that failed after PMIx_Init, an
+// abandoned PMIx_Init that succeeded late), Open fails with "bootstrap:
+// pmix: this process was rank R of namespace N and closed its PMIx
+// client; a process joins a PMIx job once". (Joining again would need the
+// launcher's variables back in the environment, where a child started
+// meanwhile would inherit them.) An Open whose PMIx_Init failed spends
+// nothing: the process may Open again.
 //
 // Verified with Open MPI 4.1.4's mpirun (one host, and two network
 // namespace hosts sharing a host name) and Slurm 22.05's srun --mpi=pmix

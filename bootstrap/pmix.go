@@ -56,17 +56,11 @@ func detectPMIx(env lookupFunc) bool {
 
 // pmixLaunchDesc names the launch for messages: this rank's PMIX_RANK
 // and the server's address in the newest protocol generation set, as
-// "KEY=value, KEY=value", from env or else from launch ("KEY=value"
-// entries: [pmixLaunchVars] of an earlier Open).
-func pmixLaunchDesc(env lookupFunc, launch []string) string {
+// "KEY=value, KEY=value".
+func pmixLaunchDesc(env lookupFunc) string {
 	find := func(k string) (string, bool) {
 		if v, ok := env(k); ok {
 			return k + "=" + v, true
-		}
-		for _, kv := range launch {
-			if strings.HasPrefix(kv, k+"=") {
-				return kv, true
-			}
 		}
 		return "", false
 	}

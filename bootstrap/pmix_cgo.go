@@ -203,23 +203,43 @@ func openPMIx(ctx context.Context, logger hclog.Logger, st *openState) (Bootstra
 // process once, as one rank, and the client library is one per process,
 // so Open hands out one pmix Bootstrap at a time: a second Open while the
 // first is open, or while an Open is joining, fails with [errPMIxInUse].
-// Open, Close, Open again works.
+// And a process joins a PMIx job once, as it does under mdrun and PMI:
+// once a PMIx_Init has succeeded and its client is finalized (Close, an
+// Open that failed after PMIx_Init, an abandoned PMIx_Init that
+// succeeded late), Open fails with [errPMIxJoinedOnce]. Joining again
+// would need the launcher's variables back in the environment for
+// PMIx_Init, where a child started meanwhile would inherit them and join
+// as a second copy of the rank, and a server that saw the rank leave mid
+// fence refuses it anyway (PMIX_ERR_PARTIAL_SUCCESS). An Open whose
+// PMIx_Init failed leaves the client as it was: a later Open may try.
 var pmixClient = &pmixClientState{}
 
 // errPMIxInUse is what an Open returns while this process's PMIx client
 // belongs to another Open.
 var errPMIxInUse = errors.New("bootstrap: pmix: one PMIx client per process")
 
+// errPMIxJoinedOnce is what an Open returns once this process's PMIx
+// client was finalized.
+var errPMIxJoinedOnce = errors.New("a process joins a PMIx job once")
+
 type pmixClientState struct {
 	mu        sync.Mutex
 	opening   bool     // an Open holds the client: in PMIx_Init or joining
 	abandoned bool     // that Open's ctx ended in PMIx_Init, which still runs
 	job       *pmixJob // the job Open returned, until its Close
-	// launch are the launcher's variables that let a process connect as
-	// this rank ("KEY=value"), taken out of the environment by the first
-	// PMIx_Init that succeeded; nil before it. Each later PMIx_Init puts
-	// them back for its duration.
-	launch []string
+	// spent is the rank whose client was finalized, "" before: from then
+	// on Open fails.
+	spent string
+}
+
+// finalized records that the client of rank of namespace nspace was
+// finalized.
+func (c *pmixClientState) finalized(nspace string, rank int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.spent == "" {
+		c.spent = fmt.Sprintf("rank %d of namespace %s", rank, nspace)
+	}
 }
 
 // acquire takes the client for an Open.
@@ -236,6 +256,8 @@ func (c *pmixClientState) acquire() error {
 		c.job.mu.Unlock()
 		return fmt.Errorf("%w: this process is already rank %d of namespace %s, through an earlier Open (%s); "+
 			"Close that Bootstrap before opening another", errPMIxInUse, c.job.rank, c.job.nspace, how)
+	case c.spent != "":
+		return fmt.Errorf("bootstrap: pmix: this process was %s and closed its PMIx client; %w", c.spent, errPMIxJoinedOnce)
 	case c.abandoned:
 		return fmt.Errorf("%w: the PMIx_Init of an earlier Open, abandoned when its ctx ended, is still running "+
 			"(its server does not answer); it finalizes if it ever succeeds", errPMIxInUse)
@@ -257,8 +279,10 @@ func (c *pmixClientState) opened(j *pmixJob) {
 	}
 }
 
-// closed gives the client back when j, which Open returned, is finalized.
+// closed gives the client back when j is finalized, for good: Open
+// fails from then on.
 func (c *pmixClientState) closed(j *pmixJob) {
+	c.finalized(j.nspace, j.rank)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.job == j {
@@ -273,17 +297,12 @@ func (c *pmixClientState) closed(j *pmixJob) {
 // a PMIx_Init that then succeeds is finalized at once. On error the
 // client is released, unless abandoned.
 func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc_t, error) {
-	c.mu.Lock()
-	launch := c.launch
-	c.mu.Unlock()
-	if launch == nil {
-		// The first PMIx_Init of this process: a rank's child ends here.
-		if err := pmixChildErr(env); err != nil {
-			c.opened(nil)
-			return C.pmix_proc_t{}, err
-		}
+	// A rank's child ends here.
+	if err := pmixChildErr(env); err != nil {
+		c.opened(nil)
+		return C.pmix_proc_t{}, err
 	}
-	launchDesc := pmixLaunchDesc(env, launch)
+	launchDesc := pmixLaunchDesc(env)
 	type result struct {
 		me  C.pmix_proc_t
 		err error
@@ -301,6 +320,7 @@ func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc
 		c.mu.Unlock()
 		if r.err == nil {
 			C.md_finalize()
+			c.finalized(C.GoString(&r.me.nspace[0]), int(r.me.rank))
 		}
 		c.mu.Lock()
 		c.abandoned, c.opening = false, false
@@ -327,36 +347,19 @@ func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc
 	return r.me, nil
 }
 
-// runInit is PMIx_Init, with the launcher's variables in the environment
-// for the call. After a PMIx_Init that succeeded they are out of it (as
-// they are when it failed on a later Open), and [EnvPMIxParent] is in
-// it: a process this rank starts inherits the environment (os/exec, and
-// a fork from C, since under cgo os.Unsetenv clears the C environment
-// too), and must not join the job as a second copy of this rank, as it
-// cannot under mdrun (the service admits a rank once) or PMI (PMI_FD is
-// close-on-exec).
+// runInit is PMIx_Init. After a PMIx_Init that succeeded the launcher's
+// variables are out of the environment, for good, and [EnvPMIxParent] is
+// in it: a process this rank starts inherits the environment (os/exec,
+// and a fork from C, since under cgo os.Unsetenv clears the C
+// environment too), and must not join the job as a second copy of this
+// rank, as it cannot under mdrun (the service admits a rank once) or PMI
+// (PMI_FD is close-on-exec). A PMIx_Init that failed leaves them.
 func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
-	c.mu.Lock()
-	launch := c.launch
-	c.mu.Unlock()
-	for _, kv := range launch {
-		k, v, _ := strings.Cut(kv, "=")
-		if err := os.Setenv(k, v); err != nil {
-			return fmt.Errorf("bootstrap: pmix: restoring %s for PMIx_Init: %w", k, err)
-		}
-	}
-	err := pmixCallErr("PMIx_Init", C.md_init(me))
-	initialized := err == nil
-	if launch == nil && err == nil {
-		launch = pmixLaunchVars(os.Environ())
-		c.mu.Lock()
-		c.launch = launch
-		c.mu.Unlock()
-	}
-	if launch == nil {
+	if err := pmixCallErr("PMIx_Init", C.md_init(me)); err != nil {
 		return err
 	}
-	for _, kv := range launch {
+	var err error
+	for _, kv := range pmixLaunchVars(os.Environ()) {
 		k, _, _ := strings.Cut(kv, "=")
 		if uerr := unsetC(k); uerr != nil && err == nil {
 			err = uerr
@@ -365,9 +368,10 @@ func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
 	if err == nil {
 		err = os.Setenv(EnvPMIxParent, C.GoString(&me.nspace[0])+"."+strconv.FormatUint(uint64(me.rank), 10))
 	}
-	if initialized && err != nil {
+	if err != nil {
 		// Joined, but children could join too: leave.
 		C.md_finalize()
+		c.finalized(C.GoString(&me.nspace[0]), int(me.rank))
 	}
 	return err
 }

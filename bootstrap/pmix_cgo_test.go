@@ -554,16 +554,20 @@ func TestPMIxCallAfterAbortRank(t *testing.T) {
 }
 
 // TestPMIxOneClient: a process has one PMIx Bootstrap at a time (a PMIx
-// server admits a process once): a second Open while the first is open
-// fails, and Open after Close joins again, every rank with the same new
-// secret, under both stores.
+// server admits a process once), and joins the job once: a second Open
+// while the first is open fails, and so does an Open after Close (the
+// launch variables never come back into the environment, where a child
+// started meanwhile would inherit them), also after a Close that dropped
+// a Fence under way (which a server refused to admit again with
+// PMIX_ERR_PARTIAL_SUCCESS).
 func TestPMIxOneClient(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		args []string
 	}{
-		{"default", nil},
-		{"hash", []string{"-x", "PMIX_MCA_gds=hash"}},
+		{"closed", nil},
+		{"hash store", []string{"-x", "PMIX_MCA_gds=hash"}},
+		{"closed mid fence", []string{"-x", pmixMidFenceEnv + "=1"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			const n = 3
@@ -571,20 +575,16 @@ func TestPMIxOneClient(t *testing.T) {
 			if status != 0 {
 				t.Fatalf("mpirun exited %d", status)
 			}
-			lines := pmixReopenLine.FindAllStringSubmatch(out, -1)
-			if len(lines) != n {
-				t.Fatalf("%d of %d ranks reported", len(lines), n)
-			}
-			for _, m := range lines {
-				if m[2] != lines[0][2] {
-					t.Errorf("rank %s's secret after reopening is %s, rank %s's %s", m[1], m[2], lines[0][1], lines[0][2])
-				}
+			if got := strings.Count(out, "pmix open after close refused"); got != n {
+				t.Errorf("%d of %d ranks had their Open after Close refused", got, n)
 			}
 		})
 	}
 }
 
-var pmixReopenLine = regexp.MustCompile(`(?m)^pmix reopened rank (\d+) secret ([0-9a-f]+)$`)
+// pmixMidFenceEnv makes TestPMIxOneClientRank's rank 1 close while a
+// Fence is under way.
+const pmixMidFenceEnv = "MD_PMIX_TEST_MID_FENCE"
 
 func TestPMIxOneClientRank(t *testing.T) {
 	asRank(t)
@@ -603,28 +603,98 @@ func TestPMIxOneClientRank(t *testing.T) {
 	if want := fmt.Sprintf("this process is already rank %d of namespace", a.Rank()); !errors.Is(err, errPMIxInUse) || !strings.Contains(err.Error(), want) {
 		t.Errorf("second open: %v, want errPMIxInUse saying %q", err, want)
 	}
-	first := a.Secret()
+	if os.Getenv(pmixMidFenceEnv) != "" {
+		// Rank 1 fences alone, so its Fence is still under way when
+		// its ctx ends and it closes; the others wait a little (not an
+		// assertion: either way rank 1 closes with or after a Fence)
+		// and close without one.
+		if a.Rank() == 1 {
+			short, stop := context.WithTimeout(ctx, 300*time.Millisecond)
+			err := a.Fence(short)
+			stop()
+			t.Logf("rank 1: fence alone: %v", err)
+		} else {
+			time.Sleep(time.Second)
+		}
+	}
 	if err := a.Close(); err != nil {
-		t.Fatal(err)
+		t.Errorf("close: %v", err)
 	}
+	// Watch the environment while the next Open runs: the launch
+	// variables must not come back, even for a moment.
+	stop := make(chan struct{})
+	seen := make(chan []string)
+	go func() {
+		var leaked []string
+		for {
+			select {
+			case <-stop:
+				seen <- leaked
+				return
+			default:
+			}
+			if vars := pmixLaunchVars(os.Environ()); len(vars) > 0 && leaked == nil {
+				leaked = vars
+			}
+			runtime.Gosched()
+		}
+	}()
 	c, err := Open(ctx, testLogger(t))
-	if err != nil {
-		t.Fatalf("open after close: %v", err)
+	close(stop)
+	if leaked := <-seen; leaked != nil {
+		t.Errorf("the launch variables were back in the environment during the Open after Close: %q", leaked)
 	}
-	defer c.Close()
-	if c.Rank() != a.Rank() || c.Size() != a.Size() {
-		t.Errorf("reopened as rank %d of %d, was %d of %d", c.Rank(), c.Size(), a.Rank(), a.Size())
+	if err == nil {
+		c.Close()
+		t.Fatalf("open after close succeeded")
 	}
-	if bytes.Equal(c.Secret(), first) {
-		t.Errorf("the reopened job has the first one's secret")
+	want := fmt.Sprintf("bootstrap: pmix: this process was rank %d of namespace %s and closed its PMIx client; a process joins a PMIx job once",
+		a.Rank(), a.(*pmixJob).nspace)
+	if !errors.Is(err, errPMIxJoinedOnce) || err.Error() != want {
+		t.Fatalf("open after close: %v, want %q", err, want)
 	}
-	fmt.Printf("pmix reopened rank %d secret %x\n", c.Rank(), c.Secret())
+	fmt.Printf("pmix open after close refused: rank %d\n", a.Rank())
+}
+
+// TestPMIxClientState: the process's PMIx client goes to one Open at a
+// time; an Open that failed before joining gives it back, and once a
+// client was finalized no Open gets it again.
+func TestPMIxClientState(t *testing.T) {
+	j := &pmixJob{nspace: "389349377", rank: 2}
+	tests := []struct {
+		name    string
+		steps   func(c *pmixClientState)
+		wantErr error // of the next acquire; nil for none
+		want    string
+	}{
+		{"new", func(c *pmixClientState) {}, nil, ""},
+		{"open", func(c *pmixClientState) { c.acquire(); c.opened(j) }, errPMIxInUse, "already rank 2 of namespace 389349377"},
+		{"joining", func(c *pmixClientState) { c.acquire() }, errPMIxInUse, "another Open of this process is joining"},
+		{"open failed before joining", func(c *pmixClientState) { c.acquire(); c.opened(nil) }, nil, ""},
+		{"closed", func(c *pmixClientState) { c.acquire(); c.opened(j); c.closed(j) }, errPMIxJoinedOnce,
+			"bootstrap: pmix: this process was rank 2 of namespace 389349377 and closed its PMIx client; a process joins a PMIx job once"},
+		{"open failed after joining", func(c *pmixClientState) { c.acquire(); c.closed(j); c.opened(nil) }, errPMIxJoinedOnce, "was rank 2"},
+		{"abandoned init finalized", func(c *pmixClientState) { c.acquire(); c.finalized("389349377", 2); c.opened(nil) }, errPMIxJoinedOnce, "was rank 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := &pmixClientState{}
+			tt.steps(c)
+			err := c.acquire()
+			switch {
+			case tt.wantErr == nil && err != nil:
+				t.Errorf("acquire: %v, want nil", err)
+			case tt.wantErr != nil && (!errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("acquire: %v, want %v saying %q", err, tt.wantErr, tt.want)
+			}
+		})
+	}
 }
 
 // TestPMIxInitCtx: Open's ctx bounds PMIx_Init, which blocks in C while a
 // server that accepted the connection says nothing; while that PMIx_Init
 // still runs, another Open fails saying so, and once it has failed, the
-// process may Open again.
+// process may Open again (a PMIx_Init that failed spends nothing).
 func TestPMIxInitCtx(t *testing.T) {
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {

@@ -224,18 +224,16 @@ func TestPMIxChildErr(t *testing.T) {
 func TestPMIxLaunchDesc(t *testing.T) {
 	uri := "PMIX_SERVER_URI41=389349376.0;tcp4://127.0.0.1:56795"
 	tests := []struct {
-		name   string
-		env    []string
-		launch []string
-		want   string
+		name string
+		env  []string
+		want string
 	}{
-		{"environment", openMPIEnv, nil, "PMIX_RANK=1, " + uri},
-		{"an earlier open's", nil, pmixLaunchVars(openMPIEnv), "PMIX_RANK=1, " + uri},
-		{"oldest generation", []string{"PMIX_SERVER_URI=x"}, nil, "PMIX_SERVER_URI=x"},
-		{"namespace alone", []string{"PMIX_NAMESPACE=n"}, nil, "PMIX_NAMESPACE=n"},
+		{"environment", openMPIEnv, "PMIX_RANK=1, " + uri},
+		{"oldest generation", []string{"PMIX_SERVER_URI=x"}, "PMIX_SERVER_URI=x"},
+		{"namespace alone", []string{"PMIX_NAMESPACE=n"}, "PMIX_NAMESPACE=n"},
 	}
 	for _, tt := range tests {
-		if got := pmixLaunchDesc(envOf(tt.env), tt.launch); got != tt.want {
+		if got := pmixLaunchDesc(envOf(tt.env)); got != tt.want {
 			t.Errorf("%s: pmixLaunchDesc = %q, want %q", tt.name, got, tt.want)
 		}
 	}
