@@ -206,9 +206,11 @@ func (d *Device) pollOne(r *Request) bool {
 	}
 	p := pollers[0].p
 	for range spinCheckEvery {
-		k := p.Poll()
+		p.Poll()
 		d.out.help() // what the handlers queued in reply, as round sends it
-		if k > 0 && r.isDone() {
+		// Whatever the poll handled: another goroutine (a second waiter's
+		// poll, the subdevice's own progress) may have completed r.
+		if r.isDone() {
 			return true
 		}
 	}
@@ -401,7 +403,9 @@ func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 		return st, err
 	}
 	st, err := r.park(ctx)
-	if !r.isDone() && ctx.Err() != nil {
+	// Not !r.isDone(): r may have matched since park gave up on ctx, and
+	// returning ctx's error then would lose its message.
+	if err != nil && ctx.Err() != nil {
 		d.Cancel(r)
 		// What still writes into the buffer ends soon: a copy, a
 		// placement its subdevice ends by delivering it or losing the
