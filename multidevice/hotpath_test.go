@@ -256,6 +256,8 @@ func TestArriveShort(t *testing.T) {
 		{name: "too long", posted: []recv{{0, 1, 1, 5}}, frames: []frame{{0, 0, 1, 5, "xy"}}, got: []got{{"x", 0, 1, true}}},
 		{name: "out of order", posted: []recv{{0, AnyTag, 8, 5}, {0, AnyTag, 8, 5}}, frames: []frame{{0, 1, 1, 5, "b"}, {0, 0, 1, 5, "a"}},
 			got: []got{{"a", 0, 1, false}, {"b", 0, 1, false}}},
+		{name: "next in order", posted: []recv{{0, 1, 8, 5}, {0, 1, 8, 5}}, frames: []frame{{0, 0, 1, 5, "a"}, {0, 1, 1, 5, "b"}},
+			got: []got{{"a", 0, 1, false}, {"b", 0, 1, false}}},
 		{name: "posted after", frames: []frame{{0, 0, 4, 5, "u"}}, later: []recv{{0, 4, 8, 5}}, lgot: []got{{"u", 0, 4, false}}},
 	}
 	check := func(t *testing.T, i int, r *Request, buf []byte, want got) {

@@ -234,7 +234,7 @@ func (d *Device) arriveShort(from int32, hb, payload []byte) error {
 	d.mu.Lock()
 	// A message Place matched (d.placing) is never the next in sequence
 	// here: Place took its number.
-	if q := &d.posted; q.head < len(q.all) && seq == d.recvSeq[from] && d.ooo[from] == nil {
+	if q := &d.posted; q.head < len(q.all) && seq == d.recvSeq[from] && len(d.ooo[from]) == 0 {
 		// matches and deliverLocked's tests, for this message.
 		if r := q.all[q.head]; r.claim == nil && r.context == cid && (r.peer == AnySource || r.peer == from) &&
 			(r.tag == AnyTag || r.tag == tag) && len(payload) <= len(r.buf) {
@@ -268,7 +268,9 @@ func (d *Device) arriveLocked(h *header, payload []byte) {
 	}
 	src := h.src
 	exp := d.recvSeq[src]
-	if h.seq == exp && d.ooo[src] == nil { // in order, nothing waiting behind it
+	// len, not nil: the map of a source that once had a message arrive
+	// early stays, empty, once its queue drained.
+	if h.seq == exp && len(d.ooo[src]) == 0 { // in order, nothing waiting behind it
 		d.matchLocked(h, payload)
 		d.recvSeq[src] = exp + 1
 		return

@@ -324,7 +324,7 @@ func (d *Device) placeEager(sub int, from sdi.Rank, hb []byte, n int) []byte {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if h.seq != d.recvSeq[h.src] || d.ooo[h.src] != nil {
+	if h.seq != d.recvSeq[h.src] || len(d.ooo[h.src]) != 0 {
 		return nil
 	}
 	for i, r := range d.posted.items() {
