@@ -102,9 +102,10 @@
 // Close waits for. The job secret travels as under PMI. Abort logs the
 // reason (Open MPI's mpirun does not print PMIx_Abort's message) and calls
 // PMIx_Abort; from Abort's call on, new calls fail with [ErrClosed], and a
-// Fence already waiting returns [ErrClosed] only once PMIx_Abort has
-// returned, so a program that exits on a failed Fence cannot end before
-// the abort has reached the server. Close calls PMIx_Finalize, and a
+// Fence or Get, whether already waiting or called after Abort began,
+// returns [ErrClosed] only once PMIx_Abort has returned (or its ctx has
+// ended), so a program that exits on a failed Fence cannot end before the
+// abort has reached the server (Put, which takes no ctx, fails at once). Close calls PMIx_Finalize, and a
 // Fence still under way then fails with [ErrClosed].
 //
 // Once PMIx_Init has succeeded, the rank takes out of its environment
@@ -144,8 +145,12 @@
 // by that rank of a PMIx job, not by the launcher"), in a binary built
 // with or without the pmix tag. To run such a child as a singleton, start
 // it without the launcher's variables (MDRUN_*, PMI_*, MD_PMIX_PARENT) in
-// its environment; a child that a launcher of its own starts (the rank
-// ran mpirun or mdrun) joins that launcher's job.
+// its environment. A child that a launcher of its own starts (the rank
+// ran mdrun, or mpirun) joins that launcher's job; but Open MPI 4.1.4's
+// mpirun, started by a rank of another mpirun, refuses to run
+// ("mpirun.openmpi does not support recursive calls") unless the OMPI_*
+// variables the outer mpirun gave the rank are taken out of its
+// environment, after which its ranks join the inner job.
 //
 // # Environment
 //
