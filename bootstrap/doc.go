@@ -105,7 +105,11 @@
 // Fence or Get, whether already waiting or called after Abort began,
 // returns [ErrClosed] only once PMIx_Abort has returned (or its ctx has
 // ended), so a program that exits on a failed Fence cannot end before the
-// abort has reached the server (Put, which takes no ctx, fails at once). Close calls PMIx_Finalize, and a
+// abort has reached the server (Put, which takes no ctx, fails at once).
+// A second after PMIx_Abort returned, the rank exits with the abort's code
+// if the launcher has not ended it by then: Open MPI's mpirun ends the job
+// only once the aborting rank has exited, as MPI_Abort's caller does.
+// Close calls PMIx_Finalize, and a
 // Fence still under way then fails with [ErrClosed].
 //
 // Once PMIx_Init has succeeded, the rank takes out of its environment

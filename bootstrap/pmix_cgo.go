@@ -655,8 +655,19 @@ func (j *pmixJob) Abort(code int, reason string) error {
 	defer C.free(unsafe.Pointer(msg))
 	err := pmixCallErr("PMIx_Abort", C.md_abort(C.int(code), msg))
 	j.release()
+	if err == nil {
+		// Open MPI 4.1's mpirun ends the job only once the aborting rank
+		// has exited, as MPI_Abort's caller does (without this, a rank
+		// that went on waiting left the job running in about one launch
+		// of three); other launchers end it, this rank included, first.
+		time.AfterFunc(abortExit, func() { os.Exit(code) })
+	}
 	return err
 }
+
+// abortExit is how long a rank whose PMIx_Abort went out waits for the
+// launcher to end it before it exits itself.
+const abortExit = time.Second
 
 // Close finalizes with the server. It is idempotent, and does nothing
 // after Abort. A Fence still under way is abandoned: its waiters return
