@@ -704,7 +704,7 @@ func (d *Device) failAll(err error, unclosed map[int]bool) {
 		}
 	}
 	d.placing, d.filling = nil, nil // the subdevices are closed: nothing delivers them any more
-	for _, m := range []map[uint64]*Request{d.rndvSend, d.rndvRecv, d.syncSend} {
+	for _, m := range []map[uint64]*Request{d.rndvSend, d.rndvRecv} {
 		for id, r := range m {
 			if !held[r] {
 				reqs = append(reqs, r)
@@ -712,10 +712,12 @@ func (d *Device) failAll(err error, unclosed map[int]bool) {
 			delete(m, id)
 		}
 	}
+	acks := d.dropAcksLocked(func(*Request) bool { return true })
 	d.mu.Unlock()
 	for _, r := range reqs {
 		r.complete(Status{}, err)
 	}
+	failAcks(acks, err)
 }
 
 func (d *Device) newRequest(send bool, peer int32) *Request {

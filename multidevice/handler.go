@@ -128,20 +128,44 @@ func (h *handler) PeerDown(peer sdi.Rank, err error) {
 	d.failPeer(int(peer), err, fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err))
 }
 
+// dropAcksLocked takes the synchronous sends that keep reports true for
+// out of d.syncSend: the acknowledgements they wait for will not come.
+// Whoever takes a send out of d.syncSend (onAck, dropAck, this) counts
+// its acknowledgement, once.
+func (d *Device) dropAcksLocked(keep func(*Request) bool) []*Request {
+	var acks []*Request
+	for id, r := range d.syncSend {
+		if keep(r) {
+			acks = append(acks, r)
+			delete(d.syncSend, id)
+		}
+	}
+	return acks
+}
+
+// failAcks fails the sends dropAcksLocked took and counts their
+// acknowledgements, so that each is reusable once its frame is done too.
+// The count is the last touch: its owner may reuse it at once.
+func failAcks(acks []*Request, err error) {
+	for _, r := range acks {
+		r.complete(Status{}, err)
+		r.frameDone(nil)
+	}
+}
+
 // failPeer records that peer is lost (why, for later sends) and fails every
 // request that depends on it with cause.
 func (d *Device) failPeer(peer int, why, cause error) {
 	d.down[peer].Store(&why)
 	d.mu.Lock()
 	var failed []*Request
-	for _, m := range []map[uint64]*Request{d.rndvSend, d.syncSend} {
-		for id, r := range m {
-			if r.peer == int32(peer) {
-				failed = append(failed, r)
-				delete(m, id)
-			}
+	for id, r := range d.rndvSend {
+		if r.peer == int32(peer) {
+			failed = append(failed, r)
+			delete(d.rndvSend, id)
 		}
 	}
+	acks := d.dropAcksLocked(func(r *Request) bool { return r.peer == int32(peer) })
 	for _, r := range d.rndvRecv {
 		if r.status.Source == peer && d.failRndvLocked(r, cause) {
 			failed = append(failed, r)
@@ -177,6 +201,7 @@ func (d *Device) failPeer(peer int, why, cause error) {
 	for _, r := range failed {
 		r.complete(Status{}, cause)
 	}
+	failAcks(acks, cause)
 	for _, h := range held {
 		// Handler callbacks must not call into a subdevice: go through the engine.
 		d.out.push(outItem{fn: func() { d.cancelHeld(h.s, h.id, Status{}, cause) }})

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -18,6 +19,11 @@ const (
 	lossNone  = iota
 	lossNow   // Send fails at once
 	lossLater // Send keeps the frame, SendDone fails it
+	// Send keeps the frame; PeerDown comes, then SendDone fails the
+	// frame (lossDownFirst) or completes it (lossDownFirstSent), the
+	// order a link that dies under a frame may report it in.
+	lossDownFirst
+	lossDownFirstSent
 )
 
 // lossySub is a subdevice that, while mode says so, fails every frame as
@@ -42,6 +48,16 @@ func (l *lossySub) Send(f *sdi.Frame) (bool, error) {
 		return false, err
 	case lossLater:
 		go l.h.SendDone(f.Token, err)
+		return false, nil
+	case lossDownFirst, lossDownFirstSent:
+		sent := l.mode.Load() == lossDownFirstSent
+		go func() {
+			l.h.PeerDown(f.Peer, err)
+			if sent {
+				err = nil
+			}
+			l.h.SendDone(f.Token, err)
+		}()
 		return false, nil
 	}
 	return l.SubDevice.Send(f)
@@ -96,6 +112,37 @@ func TestSendToLostPeerIsPeerDown(t *testing.T) {
 				}
 				if _, err := wait(t, &r); !errors.Is(err, ErrPeerDown) {
 					t.Fatalf("send %d: got %v, want ErrPeerDown", i, err)
+				}
+			}
+		})
+	}
+}
+
+// TestSyncSendPeerDownFirst: a synchronous send whose peer is reported
+// lost before its frame's completion fails with ErrPeerDown and, once
+// the frame is done (failed or sent), is reusable: the loss took the
+// acknowledgement it waited for off its count.
+func TestSyncSendPeerDownFirst(t *testing.T) {
+	for _, m := range []struct {
+		name string
+		mode int32
+	}{{"frame failed", lossDownFirst}, {"frame sent", lossDownFirstSent}} {
+		t.Run(m.name, func(t *testing.T) {
+			mode := new(atomic.Int32)
+			fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+			factory := func(log hclog.Logger) sdi.SubDevice { return &lossySub{SubDevice: fab.New(log), mode: mode} }
+			d := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})[0]
+			mode.Store(m.mode)
+			var r Request
+			if err := d.IsendRequest(&r, make([]byte, 16), 1, 2, 0, true); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := wait(t, &r); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("got %v, want ErrPeerDown", err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); !r.reusable(); time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the failed synchronous send never became reusable (%d pending)", r.pending.Load())
 				}
 			}
 		})
