@@ -299,3 +299,23 @@ func TestArriveShort(t *testing.T) {
 		})
 	}
 }
+
+// TestPlaceAfterEarlyArrival: once a message that came early from a
+// source has been matched, the next message in order from it is placed
+// again (its out-of-order map stays, empty).
+func TestPlaceAfterEarlyArrival(t *testing.T) {
+	d := shmDevices(t, 3)[1]
+	for _, seq := range []uint64{1, 0} { // 1 early, then 0 drains it
+		hb := make([]byte, shortHeaderSize)
+		putShort(hb, 1, 5, seq)
+		if err := d.arriveShort(0, hb, []byte("a")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(t)(d.Irecv(make([]byte, 8), 0, 2, 5))
+	hb := make([]byte, shortHeaderSize)
+	putShort(hb, 2, 5, 2)
+	if d.placeEager(0, 0, hb, 1) == nil {
+		t.Fatal("the next message in order, nothing early left, was not placed")
+	}
+}
