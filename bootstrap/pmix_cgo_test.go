@@ -31,6 +31,19 @@ const pmixHelperEnv = "MD_PMIX_TEST_HELPER"
 // speed.
 const pmixWatchdog = 2 * time.Minute
 
+// mpirunEach runs n ranks of the test helper under mpirun.openmpi and
+// fails unless mpirun exits 0 and every rank printed mark.
+func mpirunEach(t *testing.T, n int, helper, mark string, args ...string) {
+	t.Helper()
+	status, out := mpirunJob(t, n, helper, args...)
+	if status != 0 {
+		t.Fatalf("mpirun exited %d", status)
+	}
+	if got := strings.Count(out, mark); got != n {
+		t.Errorf("%d of %d ranks printed %q", got, n, mark)
+	}
+}
+
 // mpirunJob runs n ranks of the test helper under mpirun.openmpi and
 // returns mpirun's exit status and output. It skips when mpirun.openmpi is
 // not installed.
@@ -346,14 +359,7 @@ func TestPMIxAbortRank(t *testing.T) {
 // Open fails naming EnvPMIxParent, as a rank's child's does under mdrun
 // and PMI, and without EnvPMIxParent it is a singleton.
 func TestPMIxChild(t *testing.T) {
-	const n = 2
-	status, out := mpirunJob(t, n, "TestPMIxChildRank")
-	if status != 0 {
-		t.Fatalf("mpirun exited %d", status)
-	}
-	if got := strings.Count(out, "pmix child rank fenced"); got != n {
-		t.Errorf("%d of %d ranks fenced after the child", got, n)
-	}
+	mpirunEach(t, 2, "TestPMIxChildRank", "pmix child rank fenced")
 }
 
 // pmixChildEnv tells TestPMIxChildRank that it runs as a rank's child.
@@ -570,14 +576,7 @@ func TestPMIxOneClient(t *testing.T) {
 		{"closed mid fence", []string{"-x", pmixMidFenceEnv + "=1"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			const n = 3
-			status, out := mpirunJob(t, n, "TestPMIxOneClientRank", tt.args...)
-			if status != 0 {
-				t.Fatalf("mpirun exited %d", status)
-			}
-			if got := strings.Count(out, "pmix open after close refused"); got != n {
-				t.Errorf("%d of %d ranks had their Open after Close refused", got, n)
-			}
+			mpirunEach(t, 3, "TestPMIxOneClientRank", "pmix open after close refused", tt.args...)
 		})
 	}
 }
