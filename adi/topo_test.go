@@ -443,32 +443,49 @@ func TestCartReorder(t *testing.T) {
 			if !isPerm(at[0]) {
 				t.Fatalf("positions held by world ranks %v", at[0])
 			}
-			cross := func(proc []int) (hosts, sites int) {
-				for p := range n {
-					for d := range tc.dims {
-						q := cartNeighbors(p, tc.dims, tc.periodic)[2*d+1]
-						if q == adi.ProcNull || tc.hosts[proc[p]] == tc.hosts[proc[q]] {
-							continue
-						}
-						hosts++
-						if tc.sites != "" && tc.sites[proc[p]] != tc.sites[proc[q]] {
-							sites++
-						}
-					}
+			// Each grid edge once: a node's + neighbour along every dimension.
+			plus := func(p int) []int {
+				nb := cartNeighbors(p, tc.dims, tc.periodic)
+				var out []int
+				for d := range tc.dims {
+					out = append(out, nb[2*d+1])
 				}
-				return hosts, sites
+				return out
 			}
-			id := make([]int, n)
-			for i := range id {
-				id[i] = i
-			}
-			if h, s := cross(id); [2]int{h, s} != tc.before {
-				t.Errorf("launcher's numbering crosses hosts %d and sites %d times, want %v", h, s, tc.before)
-			}
-			if h, s := cross(at[0]); [2]int{h, s} != tc.after {
-				t.Errorf("reordered %v crosses hosts %d and sites %d times, want %v", at[0], h, s, tc.after)
-			}
+			checkCrossings(t, n, tc.hosts, tc.sites, plus, at[0], tc.before, tc.after)
 		})
+	}
+}
+
+// checkCrossings checks how many of the edges of n nodes (node v's
+// neighbours are nb(v); ProcNull for none) join two hosts and two sites
+// under the launcher's numbering (before) and under reordered, which
+// holds the world rank of each node (after).
+func checkCrossings(t *testing.T, n int, hosts, sites string, nb func(v int) []int, reordered []int, before, after [2]int) {
+	t.Helper()
+	cross := func(proc []int) (h, s int) {
+		for v := range n {
+			for _, u := range nb(v) {
+				if u == adi.ProcNull || hosts[proc[v]] == hosts[proc[u]] {
+					continue
+				}
+				h++
+				if sites != "" && sites[proc[v]] != sites[proc[u]] {
+					s++
+				}
+			}
+		}
+		return h, s
+	}
+	id := make([]int, n)
+	for i := range id {
+		id[i] = i
+	}
+	if h, s := cross(id); [2]int{h, s} != before {
+		t.Errorf("launcher's numbering crosses hosts %d and sites %d times, want %v", h, s, before)
+	}
+	if h, s := cross(reordered); [2]int{h, s} != after {
+		t.Errorf("reordered %v crosses hosts %d and sites %d times, want %v", reordered, h, s, after)
 	}
 }
 
