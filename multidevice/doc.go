@@ -23,7 +23,9 @@
 // recv system call beside a read of shared memory; pollsched.go), and
 // sends what the outbox holds (frames a subdevice refused with
 // ErrWouldBlock, clear-to-send and rendezvous data queued by handler
-// callbacks). Frames are therefore delivered, matched and answered on the
+// callbacks); a blocking Recv that one subdevice alone can complete, on a
+// host that is not crowded, polls that one directly for its first rounds.
+// Frames are therefore delivered, matched and answered on the
 // waiting goroutine, with no goroutine wake-up on a message's path. A
 // subdevice may do more of the transfer there: shm's sender, polled while
 // it waits for a large payload's SendDone, copies part of that payload
