@@ -186,10 +186,7 @@ func TestPersistentStartOrder(t *testing.T) {
 			if (c.Rank()+it)%2 == 1 {
 				order = []*adi.Request{qb, qa}
 			}
-			if err := adi.StartAll(order...); err != nil {
-				return err
-			}
-			if _, err := adi.WaitAll(ctx, qa, qb); err != nil {
+			if err := startWait(ctx, order...); err != nil {
 				return err
 			}
 			if sa[0] != 2 || sb[0] != 200 {
@@ -269,10 +266,7 @@ func TestPersistentNeighborCollectives(t *testing.T) {
 			if (me+it)%2 == 1 {
 				order = []*adi.Request{qg, qb, qa}
 			}
-			if err := adi.StartAll(order...); err != nil {
-				return err
-			}
-			if _, err := adi.WaitAll(ctx, qa, qb, qg); err != nil {
+			if err := startWait(ctx, order...); err != nil {
 				return err
 			}
 			if want := []byte{byte(10*it + prev), byte(10*it + next)}; !bytes.Equal(halos, want) {
@@ -316,10 +310,7 @@ func TestPersistentIntercommCollectives(t *testing.T) {
 			if (x.color+it)%2 == 1 {
 				order = []*adi.Request{qg, qs}
 			}
-			if err := adi.StartAll(order...); err != nil {
-				return err
-			}
-			if _, err := adi.WaitAll(ctx, qs, qg); err != nil {
+			if err := startWait(ctx, order...); err != nil {
 				return err
 			}
 			var want int64
@@ -397,10 +388,7 @@ func TestPersistentReductions(t *testing.T) {
 				adi.ReduceScatter(ctx, c, x, want[2], counts, adi.Sum), adi.ReduceScatterBlock(ctx, c, x, want[3], adi.Sum)); err != nil {
 				return err
 			}
-			if err := adi.StartAll(qs...); err != nil {
-				return err
-			}
-			if _, err := adi.WaitAll(ctx, qs...); err != nil {
+			if err := startWait(ctx, qs...); err != nil {
 				return err
 			}
 			for k := range got {
@@ -454,10 +442,7 @@ func TestPersistentReductions(t *testing.T) {
 				adi.InterReduceScatterBlock(ctx, x.ic, send, want[2], adi.Sum)); err != nil {
 				return err
 			}
-			if err := adi.StartAll(qs...); err != nil {
-				return err
-			}
-			if _, err := adi.WaitAll(ctx, qs...); err != nil {
+			if err := startWait(ctx, qs...); err != nil {
 				return err
 			}
 			for k := range got {
@@ -639,10 +624,7 @@ func TestPersistentNeighborInitChecks(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := adi.StartAll(q, qg); err != nil {
-			return err
-		}
-		if _, err := adi.WaitAll(ctx, q, qg); err != nil {
+		if err := startWait(ctx, q, qg); err != nil {
 			return err
 		}
 		return errors.Join(goodRound(ctx, ring.Comm), goodRound(ctx, g.Comm))
@@ -756,4 +738,14 @@ func TestReductionNilOp(t *testing.T) {
 			t.Errorf("%s with a nil op: %v, want an error naming op", name, err)
 		}
 	}
+}
+
+// startWait is one round of persistent requests: it starts qs, in that
+// order, and waits for them all.
+func startWait(ctx context.Context, qs ...*adi.Request) error {
+	if err := adi.StartAll(qs...); err != nil {
+		return err
+	}
+	_, err := adi.WaitAll(ctx, qs...)
+	return err
 }

@@ -276,10 +276,7 @@ func TestGraphPersistentRounds(t *testing.T) {
 			if (me+round)%2 == 1 {
 				order = []*adi.Request{qb, qa}
 			}
-			if err := adi.StartAll(order...); err != nil {
-				return err
-			}
-			if _, err := adi.WaitAll(ctx, qa, qb); err != nil {
+			if err := startWait(ctx, order...); err != nil {
 				return err
 			}
 			for j, src := range nb {
