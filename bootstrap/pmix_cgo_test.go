@@ -85,11 +85,30 @@ func mpirunJob(t *testing.T, n int, helper string, args ...string) (int, string)
 }
 
 // asRank skips the test unless mpirunJob started it as a rank.
-func asRank(t *testing.T) {
+func asRank(t *testing.T) context.Context {
 	t.Helper()
 	if os.Getenv(pmixHelperEnv) != t.Name() {
 		t.Skip("runs as a rank under mpirun.openmpi, started by another test")
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// openAborter opens a rank of a job whose rank 1 aborts: rank 1 gets its
+// Bootstrap, the others nil once they waited for the abort to end them.
+func openAborter(t *testing.T, ctx context.Context) Bootstrap {
+	t.Helper()
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bs.Rank() != 1 {
+		// The abort ends the job, this rank with it.
+		time.Sleep(pmixWatchdog)
+		return nil
+	}
+	return bs
 }
 
 // TestPMIxInitFails: a PMIx environment whose server is not there makes
@@ -191,9 +210,7 @@ func pmixValue(key string, r, round int) []byte {
 var pmixKeys = []string{"card", "big", "empty", "bin\x00key é", "bootstrap.x"}
 
 func TestPMIxJobRank(t *testing.T) {
-	asRank(t)
-	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
-	defer cancel()
+	ctx := asRank(t)
 	nspace := os.Getenv(EnvPMIxNamespace) // Open takes it out of the environment
 	bs, err := Open(ctx, testLogger(t))
 	if err != nil {
@@ -331,9 +348,7 @@ func TestPMIxAbort(t *testing.T) {
 }
 
 func TestPMIxAbortRank(t *testing.T) {
-	asRank(t)
-	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
-	defer cancel()
+	ctx := asRank(t)
 	// The reason reaches the output through the logger: Open MPI's mpirun
 	// does not print PMIx_Abort's message.
 	logger := hclog.New(&hclog.LoggerOptions{Output: os.Stderr, Level: hclog.Error})
@@ -366,9 +381,7 @@ func TestPMIxChild(t *testing.T) {
 const pmixChildEnv = "MD_PMIX_TEST_CHILD"
 
 func TestPMIxChildRank(t *testing.T) {
-	asRank(t)
-	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
-	defer cancel()
+	ctx := asRank(t)
 	if os.Getenv(pmixChildEnv) != "" {
 		// A child that joins the job waits in Open's fence for ranks
 		// that have moved on; the ctx turns that hang into a failure.
@@ -430,16 +443,9 @@ func TestPMIxAbortBeforeRelease(t *testing.T) {
 }
 
 func TestPMIxAbortBeforeReleaseRank(t *testing.T) {
-	asRank(t)
-	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
-	defer cancel()
-	bs, err := Open(ctx, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if bs.Rank() != 1 {
-		// The abort ends the job, this rank with it.
-		time.Sleep(pmixWatchdog)
+	ctx := asRank(t)
+	bs := openAborter(t, ctx)
+	if bs == nil {
 		return
 	}
 	go func() {
@@ -448,7 +454,7 @@ func TestPMIxAbortBeforeReleaseRank(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		bs.Abort(3, "rank 1 gives up")
 	}()
-	err = bs.Fence(ctx)
+	err := bs.Fence(ctx)
 	fmt.Fprintf(os.Stderr, "rank 1: fence: %v; exiting 1\n", err)
 	os.Exit(1)
 }
@@ -521,16 +527,9 @@ func TestPMIxClosedJobCalls(t *testing.T) {
 const pmixCallEnv = "MD_PMIX_TEST_CALL"
 
 func TestPMIxCallAfterAbortRank(t *testing.T) {
-	asRank(t)
-	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
-	defer cancel()
-	bs, err := Open(ctx, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if bs.Rank() != 1 {
-		// The abort ends the job, this rank with it.
-		time.Sleep(pmixWatchdog)
+	ctx := asRank(t)
+	bs := openAborter(t, ctx)
+	if bs == nil {
 		return
 	}
 	go bs.Abort(3, "rank 1 gives up")
@@ -547,6 +546,7 @@ func TestPMIxCallAfterAbortRank(t *testing.T) {
 		runtime.Gosched()
 	}
 	call := os.Getenv(pmixCallEnv)
+	var err error
 	switch call {
 	case "fence":
 		err = bs.Fence(ctx)
@@ -586,9 +586,7 @@ func TestPMIxOneClient(t *testing.T) {
 const pmixMidFenceEnv = "MD_PMIX_TEST_MID_FENCE"
 
 func TestPMIxOneClientRank(t *testing.T) {
-	asRank(t)
-	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
-	defer cancel()
+	ctx := asRank(t)
 	a, err := Open(ctx, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
