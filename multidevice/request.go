@@ -159,8 +159,8 @@ func (r *Request) Wait(ctx context.Context) (Status, error) {
 	return r.status, r.err
 }
 
-// park is Wait once spinning did not see r complete; apart, so that Wait
-// inlines into the blocking calls.
+// park is Wait once spinning did not see r complete; waitRecv, which
+// spins its own way, parks through it too.
 func (r *Request) park(ctx context.Context) (Status, error) {
 	select {
 	case <-r.Done():
