@@ -571,6 +571,17 @@ func TestWinDynamicDetachRacing(t *testing.T) {
 // read, and the miss returned by exactly one call: the one whose ctx
 // ended, if the answer came in time, or a later one, which the tests
 // make likely with puts enough to keep the target busy.
+// winCall is a call on a window, for tables of epochs; method
+// expressions (*adi.Win).LockAll and the like are ones.
+type winCall = func(*adi.Win, context.Context) error
+
+// Calls on rank 1 of a window, for the tables.
+var (
+	lockRank1   winCall = func(w *adi.Win, ctx context.Context) error { return w.Lock(ctx, 1, true) }
+	unlockRank1 winCall = func(w *adi.Win, ctx context.Context) error { return w.Unlock(ctx, 1) }
+	flushRank1  winCall = func(w *adi.Win, ctx context.Context) error { return w.Flush(ctx, 1) }
+)
+
 func TestWinDynamicMissCtxEnds(t *testing.T) {
 	const puts = 5000
 	nowhere := 1 << 20 // rank 1 attaches nothing
@@ -579,39 +590,14 @@ func TestWinDynamicMissCtxEnds(t *testing.T) {
 		// lock starts the epoch; ended is the call given a ctx that
 		// ended; then come the calls that end the epoch, if ended did
 		// not, and another epoch.
-		lock  func(ctx context.Context, win *adi.Win) error
-		ended func(ctx context.Context, win *adi.Win) error
-		after []func(ctx context.Context, win *adi.Win) error
+		lock  winCall
+		ended winCall
+		after []winCall
 	}{
-		{"flush",
-			func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
-			func(ctx context.Context, win *adi.Win) error { return win.Flush(ctx, 1) },
-			[]func(ctx context.Context, win *adi.Win) error{
-				func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
-				func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
-				func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
-			}},
-		{"flush all",
-			func(ctx context.Context, win *adi.Win) error { return win.LockAll(ctx) },
-			func(ctx context.Context, win *adi.Win) error { return win.FlushAll(ctx) },
-			[]func(ctx context.Context, win *adi.Win) error{
-				func(ctx context.Context, win *adi.Win) error { return win.FlushAll(ctx) },
-				func(ctx context.Context, win *adi.Win) error { return win.UnlockAll(ctx) },
-			}},
-		{"unlock",
-			func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
-			func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
-			[]func(ctx context.Context, win *adi.Win) error{
-				func(ctx context.Context, win *adi.Win) error { return win.Lock(ctx, 1, true) },
-				func(ctx context.Context, win *adi.Win) error { return win.Unlock(ctx, 1) },
-			}},
-		{"unlock all",
-			func(ctx context.Context, win *adi.Win) error { return win.LockAll(ctx) },
-			func(ctx context.Context, win *adi.Win) error { return win.UnlockAll(ctx) },
-			[]func(ctx context.Context, win *adi.Win) error{
-				func(ctx context.Context, win *adi.Win) error { return win.LockAll(ctx) },
-				func(ctx context.Context, win *adi.Win) error { return win.UnlockAll(ctx) },
-			}},
+		{"flush", lockRank1, flushRank1, []winCall{unlockRank1, lockRank1, unlockRank1}},
+		{"flush all", (*adi.Win).LockAll, (*adi.Win).FlushAll, []winCall{(*adi.Win).FlushAll, (*adi.Win).UnlockAll}},
+		{"unlock", lockRank1, unlockRank1, []winCall{lockRank1, unlockRank1}},
+		{"unlock all", (*adi.Win).LockAll, (*adi.Win).UnlockAll, []winCall{(*adi.Win).LockAll, (*adi.Win).UnlockAll}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -624,7 +610,7 @@ func TestWinDynamicMissCtxEnds(t *testing.T) {
 				}
 				var wrong error
 				if c.Rank() == 0 {
-					if err := tc.lock(ctx, win); err != nil {
+					if err := tc.lock(win, ctx); err != nil {
 						return err
 					}
 					for range puts {
@@ -639,10 +625,10 @@ func TestWinDynamicMissCtxEnds(t *testing.T) {
 					}
 					ended, cancel := context.WithCancel(ctx)
 					cancel()
-					errs := []error{tc.ended(ended, win)}
+					errs := []error{tc.ended(win, ended)}
 					t.Logf("%s with a ctx that ended: %v", tc.name, errs[0])
 					for _, f := range tc.after {
-						errs = append(errs, f(ctx, win))
+						errs = append(errs, f(win, ctx))
 					}
 					errs = append(errs, win.Fence(ctx), win.Fence(ctx))
 					reports := 0

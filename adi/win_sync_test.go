@@ -297,10 +297,10 @@ func TestWinLockWaitAside(t *testing.T) {
 func TestWinFlushAfterMiss(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
-		flush func(ctx context.Context, w *adi.Win) error
+		flush winCall
 	}{
-		{"flush", func(ctx context.Context, w *adi.Win) error { return w.Flush(ctx, 1) }},
-		{"flush all", func(ctx context.Context, w *adi.Win) error { return w.FlushAll(ctx) }},
+		{"flush", flushRank1},
+		{"flush all", (*adi.Win).FlushAll},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cs := loopJob(t, 2)
@@ -315,9 +315,9 @@ func TestWinFlushAfterMiss(t *testing.T) {
 					if err := errors.Join(win.LockAll(ctx), win.Put(make([]byte, 8), 1, 1<<20)); err != nil {
 						return err
 					}
-					first := tc.flush(ctx, win)
+					first := tc.flush(win, ctx)
 					before := adi.SentTo(win, 1)
-					again := tc.flush(ctx, win)
+					again := tc.flush(win, ctx)
 					if sent := adi.SentTo(win, 1) - before; !errors.Is(first, adi.ErrNoRegion) || !strings.HasPrefix(first.Error(), "adi: "+tc.name+": ") ||
 						again != nil || sent != 0 {
 						wrong = fmt.Errorf("%s: %v; again: %v, with %d requests sent", tc.name, first, again, sent)
