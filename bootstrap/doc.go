@@ -106,9 +106,11 @@
 // returns [ErrClosed] only once PMIx_Abort has returned (or its ctx has
 // ended), so a program that exits on a failed Fence cannot end before the
 // abort has reached the server (Put, which takes no ctx, fails at once).
-// A second after PMIx_Abort returned, the rank exits with the abort's code
-// if the launcher has not ended it by then: Open MPI's mpirun ends the job
-// only once the aborting rank has exited, as MPI_Abort's caller does.
+// A second after it calls PMIx_Abort, the rank exits with the abort's
+// code if the launcher has not ended it by then, whether or not
+// PMIx_Abort returned: Open MPI's mpirun ends the job only once the
+// aborting rank has exited, as MPI_Abort's caller does, and its
+// PMIx_Abort now and then never returns.
 // Close calls PMIx_Finalize, and a
 // Fence still under way then fails with [ErrClosed].
 //

@@ -653,19 +653,18 @@ func (j *pmixJob) Abort(code int, reason string) error {
 	time.Sleep(abortGrace)
 	msg := C.CString(strings.ToValidUTF8(reason, "?"))
 	defer C.free(unsafe.Pointer(msg))
+	// Open MPI 4.1's mpirun ends the job only once the aborting rank has
+	// exited, as MPI_Abort's caller does, and its PMIx_Abort now and then
+	// never returns: without this, a rank that went on waiting, or hung
+	// in PMIx_Abort, left the job running in about one launch of three.
+	// Other launchers end the job, this rank included, first.
+	time.AfterFunc(abortExit, func() { os.Exit(code) })
 	err := pmixCallErr("PMIx_Abort", C.md_abort(C.int(code), msg))
 	j.release()
-	if err == nil {
-		// Open MPI 4.1's mpirun ends the job only once the aborting rank
-		// has exited, as MPI_Abort's caller does (without this, a rank
-		// that went on waiting left the job running in about one launch
-		// of three); other launchers end it, this rank included, first.
-		time.AfterFunc(abortExit, func() { os.Exit(code) })
-	}
 	return err
 }
 
-// abortExit is how long a rank whose PMIx_Abort went out waits for the
+// abortExit is how long a rank that calls PMIx_Abort waits for the
 // launcher to end it before it exits itself.
 const abortExit = time.Second
 
