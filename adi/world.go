@@ -103,6 +103,9 @@ func WithAppNum(n int) Option { return func(c *config) { c.appNum = &n } }
 
 // Init joins the job: it finds the launcher (mdrun, or none for a world of
 // one), loads the subdevices, exchanges business cards and connects routes.
+// If it fails once the launcher knows the rank, it aborts the job with
+// the error as the reason, so under a launcher that then ends the process
+// (see World.Abort) it does not return.
 func Init(ctx context.Context, opts ...Option) (*World, error) {
 	var c config
 	for _, o := range opts {
@@ -249,7 +252,10 @@ func (w *World) Finalize(ctx context.Context) error {
 	return errors.Join(err, w.bg.finish(ctx), w.boot.Close())
 }
 
-// Abort ends the whole job with code, telling the launcher why.
+// Abort ends the whole job with code, telling the launcher why. Like
+// MPI_Abort it may not return: the launcher ends this process with the
+// others, and under PMIx the process exits with code itself once the
+// launcher took the abort. An error means the launcher was not told.
 func (w *World) Abort(code int, reason string) error { return w.boot.Abort(code, reason) }
 
 // LinkStats counts what one subdevice carried from this rank to one peer.

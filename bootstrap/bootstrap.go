@@ -29,6 +29,9 @@ type Bootstrap interface {
 	// It returns an error wrapping ErrNotFound when there is none.
 	Get(ctx context.Context, rank int, key string) ([]byte, error)
 	// Abort asks the launcher to end the whole job with code, and says why.
+	// It need not return once the launcher took the abort (the PMIx
+	// backend then exits with code); an error means the launcher was not
+	// told.
 	Abort(code int, reason string) error
 	// Close tells the launcher this rank finished cleanly and releases the
 	// connection.

@@ -632,13 +632,16 @@ func (j *pmixJob) get(rank int, key string) ([]byte, error) {
 }
 
 // Abort logs the reason (servers do not all print PMIx_Abort's message),
-// then asks the server to end the job. From its call on, new calls fail
-// with ErrClosed; a Fence or Get, whether already waiting or called after
-// Abort began, returns only once PMIx_Abort has returned (or its ctx
-// ended), so that a caller whose Fence fails cannot end the process before
-// the abort has reached the server. Put, which takes no ctx, fails at once. PMIx_Abort returns
-// when the server has acted, which for this rank is usually never: the
-// server kills it.
+// then asks the server to end the job, and once PMIx_Abort has returned
+// ends this process with code, as Open MPI's own MPI_Abort does: it does
+// not return then. It returns only PMIx_Abort's error, with the job left
+// to the caller.
+//
+// From its call on, new calls fail with ErrClosed; a Fence or Get,
+// whether already waiting or called after Abort began, does not return
+// before PMIx_Abort has (or its ctx ended), so that a caller whose Fence
+// fails cannot end the process before the abort has reached the server.
+// Put, which takes no ctx, fails at once.
 func (j *pmixJob) Abort(code int, reason string) error {
 	if len(reason) > maxReason {
 		reason = reason[:maxReason]
@@ -654,18 +657,24 @@ func (j *pmixJob) Abort(code int, reason string) error {
 	msg := C.CString(strings.ToValidUTF8(reason, "?"))
 	defer C.free(unsafe.Pointer(msg))
 	// Open MPI 4.1's mpirun ends the job only once the aborting rank has
-	// exited, as MPI_Abort's caller does, and its PMIx_Abort now and then
-	// never returns: without this, a rank that went on waiting, or hung
-	// in PMIx_Abort, left the job running in about one launch of three.
-	// Other launchers end the job, this rank included, first.
-	time.AfterFunc(abortExit, func() { os.Exit(code) })
+	// exited, and its PMIx_Abort now and then never returns.
+	backstop := time.AfterFunc(abortExit, func() { os.Exit(code) })
 	err := pmixCallErr("PMIx_Abort", C.md_abort(C.int(code), msg))
+	if err == nil {
+		// Waiting to be killed instead deadlocks Open MPI 4.1's mpirun
+		// in PMIx_server_finalize once the job has ended, when the other
+		// ranks wait in a Fence: 13 of 70 launches of a C client of
+		// libpmix alone hung so, and none of 70 that exit here. Other
+		// launchers end the job on the abort, not on this exit.
+		os.Exit(code)
+	}
+	backstop.Stop()
 	j.release()
 	return err
 }
 
-// abortExit is how long a rank that calls PMIx_Abort waits for the
-// launcher to end it before it exits itself.
+// abortExit is how long a rank waits in PMIx_Abort before it exits
+// itself.
 const abortExit = time.Second
 
 // Close finalizes with the server. It is idempotent, and does nothing

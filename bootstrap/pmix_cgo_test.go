@@ -357,12 +357,9 @@ func TestPMIxAbortRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	if bs.Rank() == 1 {
-		if err := bs.Abort(3, "rank 1 gives up"); err != nil {
-			t.Error(err)
-		}
-		// Open MPI answers PMIx_Abort at once and then ends the job;
-		// stay, so only that ends this rank.
-		time.Sleep(pmixWatchdog)
+		// Abort returns only if PMIx_Abort failed.
+		err := bs.Abort(3, "rank 1 gives up")
+		t.Fatalf("abort returned: %v", err)
 	}
 	err = bs.Fence(ctx)
 	t.Errorf("rank %d: fence without rank 1 ended: %v", bs.Rank(), err)
@@ -431,10 +428,10 @@ func TestPMIxChildRank(t *testing.T) {
 	fmt.Printf("pmix child rank fenced: %d\n", bs.Rank())
 }
 
-// TestPMIxAbortBeforeRelease: a rank's Abort reaches the server before
-// the rank's Fence, waiting in its main goroutine, returns: a program
-// that exits on a failed Fence does not end the job with its own status
-// before the abort's.
+// TestPMIxAbortBeforeRelease: a rank's Fence, waiting in its main
+// goroutine while another goroutine aborts, does not return before the
+// abort reached the server: a program that exits on a failed Fence does
+// not end the job with its own status before the abort's.
 func TestPMIxAbortBeforeRelease(t *testing.T) {
 	status, _ := mpirunJob(t, 3, "TestPMIxAbortBeforeReleaseRank")
 	if status != 3 {
@@ -450,7 +447,8 @@ func TestPMIxAbortBeforeReleaseRank(t *testing.T) {
 	}
 	go func() {
 		// Usually after the Fence below has begun; either way the
-		// Fence must not return before the abort went out.
+		// Fence must not return before the abort went out, and then
+		// Abort ends the process.
 		time.Sleep(100 * time.Millisecond)
 		bs.Abort(3, "rank 1 gives up")
 	}()
@@ -460,9 +458,9 @@ func TestPMIxAbortBeforeReleaseRank(t *testing.T) {
 }
 
 // TestPMIxCallAfterAbort: a Fence or Get called after Abort began, in
-// Abort's pause before PMIx_Abort, returns only once the abort went out:
-// a program that exits on the failed call does not end the job with its
-// own status before the abort's.
+// Abort's pause before PMIx_Abort, does not return before the abort went
+// out: a program that exits on the failed call does not end the job with
+// its own status before the abort's.
 func TestPMIxCallAfterAbort(t *testing.T) {
 	for _, call := range []string{"fence", "get"} {
 		t.Run(call, func(t *testing.T) {
@@ -470,8 +468,11 @@ func TestPMIxCallAfterAbort(t *testing.T) {
 			if status != 3 {
 				t.Errorf("mpirun exited %d, want the abort's 3", status)
 			}
-			if !strings.Contains(out, "rank 1: "+call+" after abort: ") {
+			if !strings.Contains(out, "rank 1: "+call+" after abort began") {
 				t.Errorf("rank 1 made no %s after the abort began", call)
+			}
+			if strings.Contains(out, "rank 1: "+call+" after abort: ") {
+				t.Errorf("rank 1's %s returned, and Abort did not end the process", call)
 			}
 		})
 	}
@@ -546,6 +547,7 @@ func TestPMIxCallAfterAbortRank(t *testing.T) {
 		runtime.Gosched()
 	}
 	call := os.Getenv(pmixCallEnv)
+	fmt.Fprintf(os.Stderr, "rank 1: %s after abort began\n", call)
 	var err error
 	switch call {
 	case "fence":
