@@ -116,16 +116,23 @@ func (h *handler) PeerDown(peer sdi.Rank, err error) {
 	name := d.subs[h.sub].name
 	// A subdevice that carries none of this peer's direct routes losing it
 	// is no loss here; trunkDown failed the line if it was one.
-	uses := false
-	for ci, idx := range d.routes[peer] {
-		uses = uses || (idx == h.sub && !d.indirect(int32(peer), ci))
-	}
-	if !uses {
+	if !d.carries(int(peer), h.sub) {
 		d.log.Debug("peer down on an unused subdevice", "peer", peer, "subdevice", name, "error", err)
 		return
 	}
 	d.log.Warn("peer down", "peer", peer, "subdevice", name, "error", err)
 	d.failPeer(int(peer), err, fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err))
+}
+
+// carries reports whether subdevice sub carries one of peer's direct
+// routes.
+func (d *Device) carries(peer, sub int) bool {
+	for ci, idx := range d.routes[peer] {
+		if idx == sub && !d.indirect(int32(peer), ci) {
+			return true
+		}
+	}
+	return false
 }
 
 // dropAcksLocked takes the synchronous sends that keep reports true for

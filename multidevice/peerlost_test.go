@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ const (
 	// order a link that dies under a frame may report it in.
 	lossDownFirst
 	lossDownFirstSent
+	lossFull // Send would block, as a full ring does
 )
 
 // lossySub is a subdevice that, while mode says so, fails every frame as
@@ -34,16 +36,19 @@ type lossySub struct {
 	sdi.SubDevice
 	mode *atomic.Int32
 	h    sdi.Handler
+	rank sdi.Rank
 }
 
 func (l *lossySub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
-	l.h = p.Handler
+	l.h, l.rank = p.Handler, p.Rank
 	return l.SubDevice.Open(ctx, p)
 }
 
 func (l *lossySub) Send(f *sdi.Frame) (bool, error) {
 	err := fmt.Errorf("lossy: rank %d down: %w", f.Peer, sdi.ErrPeerUnreachable)
 	switch l.mode.Load() {
+	case lossFull:
+		return false, sdi.ErrWouldBlock
 	case lossNow:
 		return false, err
 	case lossLater:
@@ -63,58 +68,127 @@ func (l *lossySub) Send(f *sdi.Frame) (bool, error) {
 	return l.SubDevice.Send(f)
 }
 
+// lossyJob opens a job of two ranks over a lossySub whose loss mode is
+// the returned word, lossNone at first.
+func lossyJob(t *testing.T) (*Device, *atomic.Int32) {
+	mode := new(atomic.Int32)
+	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	factory := func(log hclog.Logger) sdi.SubDevice { return &lossySub{SubDevice: fab.New(log), mode: mode} }
+	devs := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})
+	return devs[0], mode
+}
+
+// lossModes are the two ways lossySub fails a frame without PeerDown.
+var lossModes = []struct {
+	name string
+	mode int32
+}{{"at Send", lossNow}, {"at SendDone", lossLater}}
+
 // TestSendToLostPeerIsPeerDown: a send whose frame the subdevice fails
 // because it lost the peer reports ErrPeerDown, as one after the loss
 // was marked does, whether the failure comes from Send or from SendDone
 // and whichever path the message takes.
 func TestSendToLostPeerIsPeerDown(t *testing.T) {
-	mode := new(atomic.Int32)
-	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-	factory := func(log hclog.Logger) sdi.SubDevice { return &lossySub{SubDevice: fab.New(log), mode: mode} }
-	devs := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})
-	d := devs[0]
 	small, large := make([]byte, 16), make([]byte, 4*smallCaps.MaxEager)
-
 	sends := []struct {
 		name string
-		send func() error
+		send func(d *Device) error
 	}{
-		{"Send", func() error { return d.Send(t.Context(), small, 1, 1, 0, false) }},
-		{"sync Send", func() error { return d.Send(t.Context(), small, 1, 1, 0, true) }},
-		{"Isend", func() error { _, err := wait(t, must(t)(d.Isend(small, 1, 1, 0, false))); return err }},
-		{"Isend rendezvous", func() error { _, err := wait(t, must(t)(d.Isend(large, 1, 1, 0, false))); return err }},
+		{"Send", func(d *Device) error { return d.Send(t.Context(), small, 1, 1, 0, false) }},
+		{"sync Send", func(d *Device) error { return d.Send(t.Context(), small, 1, 1, 0, true) }},
+		{"Isend", func(d *Device) error { _, err := wait(t, must(t)(d.Isend(small, 1, 1, 0, false))); return err }},
+		{"Isend rendezvous", func(d *Device) error { _, err := wait(t, must(t)(d.Isend(large, 1, 1, 0, false))); return err }},
 	}
-	for _, m := range []struct {
-		name string
-		mode int32
-	}{{"at Send", lossNow}, {"at SendDone", lossLater}} {
+	for _, m := range lossModes {
 		for _, s := range sends {
 			t.Run(m.name+"/"+s.name, func(t *testing.T) {
+				d, mode := lossyJob(t)
 				mode.Store(m.mode)
-				defer mode.Store(lossNone)
-				err := s.send()
+				err := s.send(d)
 				if !errors.Is(err, ErrPeerDown) || !errors.Is(err, sdi.ErrPeerUnreachable) {
 					t.Fatalf("got %v, want ErrPeerDown wrapping the subdevice's sdi.ErrPeerUnreachable", err)
 				}
 			})
 		}
 		// A synchronous send whose frame failed waits for no
-		// acknowledgement: its request completed whole and is reusable.
-		// (Only for another failing send: the failed messages took
-		// sequence numbers the peer waits for, as after any loss.)
+		// acknowledgement: its request completed whole and is reusable,
+		// for a send that then fails at once on the lost peer.
 		t.Run(m.name+"/reuse after a failed synchronous send", func(t *testing.T) {
+			d, mode := lossyJob(t)
 			mode.Store(m.mode)
-			defer mode.Store(lossNone)
 			var r Request
-			for i := range 2 {
-				if err := d.IsendRequest(&r, small, 1, 2, 0, true); err != nil {
-					t.Fatalf("send %d: %v", i, err)
-				}
-				if _, err := wait(t, &r); !errors.Is(err, ErrPeerDown) {
-					t.Fatalf("send %d: got %v, want ErrPeerDown", i, err)
-				}
+			if err := d.IsendRequest(&r, small, 1, 2, 0, true); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := wait(t, &r); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("got %v, want ErrPeerDown", err)
+			}
+			if err := d.IsendRequest(&r, small, 1, 2, 0, true); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("reusing it: got %v, want ErrPeerDown", err)
 			}
 		})
+	}
+}
+
+// TestFailedFrameLosesPeer: a subdevice that fails a frame without ever
+// calling PeerDown has still lost the peer for the device. The frame
+// took a sequence number the peer waits for, so a later message would
+// arrive and never be matched while its send reported success: the next
+// send fails with ErrPeerDown instead, even once the subdevice would
+// carry it, and so does a receive from the peer.
+func TestFailedFrameLosesPeer(t *testing.T) {
+	for _, m := range lossModes {
+		t.Run(m.name, func(t *testing.T) {
+			d, mode := lossyJob(t)
+			msg := make([]byte, 16)
+			mode.Store(m.mode)
+			if err := d.Send(t.Context(), msg, 1, 1, 0, false); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("the failed frame's send: got %v, want ErrPeerDown", err)
+			}
+			mode.Store(lossNone)
+			if err := d.Send(t.Context(), msg, 1, 1, 0, false); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("the next send: got %v, want ErrPeerDown (the peer would never match it)", err)
+			}
+			if _, err := d.Recv(t.Context(), msg, 1, 1, 0); !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("a receive from the peer: got %v, want ErrPeerDown", err)
+			}
+		})
+	}
+}
+
+// TestQueuedFrameToLostPeer: a frame that waits in the outbox (its
+// subdevice would block) when its peer is lost fails with ErrPeerDown at
+// its next try, rather than going out once the subdevice takes frames
+// again: its peer would not match it, as it follows what the loss took.
+// (The subdevice keeps blocking here: switching it back could let a try
+// that began before the loss send the frame, as on any link.)
+func TestQueuedFrameToLostPeer(t *testing.T) {
+	mode := new(atomic.Int32)
+	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	var (
+		mu    sync.Mutex
+		lossy []*lossySub
+	)
+	factory := func(log hclog.Logger) sdi.SubDevice {
+		l := &lossySub{SubDevice: fab.New(log), mode: mode}
+		mu.Lock()
+		lossy = append(lossy, l)
+		mu.Unlock()
+		return l
+	}
+	d := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})[0]
+	mode.Store(lossFull)
+	r, err := d.Isend(make([]byte, 16), 1, 1, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range lossy {
+		if l.rank == 0 {
+			l.h.PeerDown(1, fmt.Errorf("lossy: rank 1 down: %w", sdi.ErrPeerUnreachable))
+		}
+	}
+	if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("got %v, want ErrPeerDown", err)
 	}
 }
 

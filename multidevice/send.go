@@ -150,8 +150,12 @@ type outFrame struct {
 	// trunk, if set (sub non-nil), is the trunk of a line this frame
 	// goes through, carrying block blk or a credit: on completion,
 	// Device.trunkSent (credit.go).
-	blk    *block
-	trunk  trunk
+	blk   *block
+	trunk trunk
+	// sub is the subdevice that kept or failed the frame (set by sent
+	// only then: a frame done at once needs none): a failure is its loss
+	// of the peer (frameLost).
+	sub    *subdev
 	pooled bool
 }
 
@@ -219,10 +223,12 @@ func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) 
 
 // finishFrame runs a frame's completion and recycles it.
 func (d *Device) finishFrame(of *outFrame, err error) {
-	req, done, peer, blk, t := of.req, of.done, of.f.Peer, of.blk, of.trunk
+	req, done, peer, blk, t, s := of.req, of.done, of.f.Peer, of.blk, of.trunk, of.sub
 	recycleFrame(of)
+	lost := false
 	if err != nil && t.sub == nil {
 		err = peerLost(err)
+		lost = s != nil && d.frameLost(s, peer, err)
 	}
 	switch {
 	case t.sub != nil:
@@ -240,6 +246,26 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 	case err != nil:
 		d.log.Warn("system message failed", "peer", peer, "error", err)
 	}
+	if lost {
+		// What else waits for the peer fails now; this frame's own
+		// request got the frame's error, which says more.
+		(&handler{d: d, sub: s.idx}).PeerDown(peer, err)
+	}
+}
+
+// frameLost takes a frame that s failed, other than at Close, as s's
+// report that it lost peer, whether or not s also calls PeerDown (the SDI
+// does not require it): the frame took a sequence number that peer now
+// waits for, so every later message to it would arrive, stay unmatched
+// behind the gap, and yet count as sent here. It marks the peer down
+// before the frame's request completes, so that a caller who sends again
+// on the failure finds it down, and reports whether it did; the caller
+// then fails the rest through PeerDown.
+func (d *Device) frameLost(s *subdev, peer sdi.Rank, err error) bool {
+	if d.closed.Load() || d.finalizing.Load() || !d.carries(int(peer), s.idx) {
+		return false
+	}
+	return d.down[peer].CompareAndSwap(nil, &err)
 }
 
 // dropAck stops r, a synchronous eager send whose frame failed, from
@@ -276,7 +302,7 @@ func peerLost(err error) error {
 // header bytes are overwritten by the next use); a request's own frame
 // only lets go of the payload.
 func recycleFrame(of *outFrame) {
-	of.f.Payload, of.req, of.done, of.blk, of.trunk = nil, nil, nil, nil, trunk{}
+	of.f.Payload, of.req, of.done, of.blk, of.trunk, of.sub = nil, nil, nil, nil, trunk{}, nil
 	if of.pooled {
 		framePool.Put(of)
 	}
@@ -296,6 +322,14 @@ func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 		d.out.push(outItem{sub: s, frame: of})
 		return false
 	}
+	// A frame queued before its peer was lost would otherwise go out,
+	// and wait there unmatched behind the message the loss took.
+	if of.trunk.sub == nil {
+		if err := d.peerErr(int32(of.f.Peer)); err != nil {
+			d.finishFrame(of, err)
+			return true
+		}
+	}
 	complete, err := s.sd.Send(&of.f)
 	return d.sent(s, of, complete, err, direct)
 }
@@ -308,6 +342,7 @@ func (d *Device) sent(s *subdev, of *outFrame, complete bool, err error, direct 
 		if complete {
 			d.finishFrame(of, nil)
 		} else {
+			of.sub = s
 			d.register(of)
 		}
 		return true
@@ -317,6 +352,7 @@ func (d *Device) sent(s *subdev, of *outFrame, complete bool, err error, direct 
 		}
 		return false
 	default:
+		of.sub = s
 		d.finishFrame(of, fmt.Errorf("multidevice: send to rank %d over %q: %w", of.f.Peer, s.name, err))
 		return true
 	}

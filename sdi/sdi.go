@@ -193,6 +193,11 @@ type SubDevice interface {
 	// On error nothing was accepted and no SendDone follows: ErrWouldBlock
 	// (retry after a SendDone or a short wait), ErrTooLarge,
 	// ErrNotConnected, ErrPeerUnreachable, ErrClosed.
+	//
+	// A frame that fails, here with any error but ErrWouldBlock or later
+	// through SendDone, is the subdevice's loss of that peer to the
+	// multidevice, as if PeerDown came with it: its messages to a peer are
+	// numbered, and none after a missing one could be matched.
 	Send(f *Frame) (done bool, err error)
 
 	// Flush blocks until every frame accepted for peer is locally complete
