@@ -19,7 +19,8 @@
 //  3. pmi1: PMI_FD is set and the manager refused PMI-2. The rank speaks
 //     PMI-1 on the same descriptor: init, get_maxes, get_my_kvsname, put,
 //     barrier_in, get, abort, finalize; rank and size come from PMI_RANK and
-//     PMI_SIZE.
+//     PMI_SIZE. MD_PMI_PARENT without PMI_FD marks a process a PMI rank
+//     started, whose Open fails (see "A rank's children").
 //  4. pmix: PMIX_RANK, PMIX_NAMESPACE or a PMIX_SERVER_URI* variable is
 //     set, and none of the above (Open MPI's mpirun and prterun, Slurm's
 //     srun --mpi=pmix). The rank is a client of the PMIx library, which
@@ -145,13 +146,17 @@
 // it is not a rank: under every launcher its Open fails rather than join
 // the job as a second copy of its parent. Under mdrun the service refuses
 // a second hello for the rank ("rank 0 connected before"); under PMI the
-// manager's connection is close-on-exec, so PMI_FD names no connection in
-// the child; under PMIx the child finds MD_PMIX_PARENT and no launcher
-// variable ("bootstrap: pmix: MD_PMIX_PARENT=...: this process was started
-// by that rank of a PMIx job, not by the launcher"), in a binary built
-// with or without the pmix tag. To run such a child as a singleton, start
-// it without the launcher's variables (MDRUN_*, PMI_*, MD_PMIX_PARENT) in
-// its environment. A child that a launcher of its own starts (the rank
+// rank's Open replaces PMI_FD with MD_PMI_PARENT, so the child finds no
+// descriptor number to write the handshake to (the number could name one
+// of its own files) and fails ("bootstrap: pmi: MD_PMI_PARENT=...: this
+// process was started by a rank of a PMI job"); under PMIx the child
+// finds MD_PMIX_PARENT and no launcher variable ("bootstrap: pmix:
+// MD_PMIX_PARENT=...: this process was started by that rank of a PMIx
+// job, not by the launcher"), in a binary built with or without the pmix
+// tag. To run such a child as a singleton, start it without the
+// launcher's variables (MDRUN_*, PMI_*, MD_PMI_PARENT, MD_PMIX_PARENT) in
+// its environment. A rank joins its job once: under PMI and PMIx an Open
+// after Close fails. A child that a launcher of its own starts (the rank
 // ran mdrun, or mpirun) joins that launcher's job; but Open MPI 4.1.4's
 // mpirun, started by a rank of another mpirun, refuses to run
 // ("mpirun.openmpi does not support recursive calls") unless the OMPI_*

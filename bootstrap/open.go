@@ -49,7 +49,10 @@ type backend struct {
 
 // openState is what the backends of one Open share.
 type openState struct {
-	env    lookupFunc
+	env lookupFunc
+	// own: env is this process's environment (Open's), which a backend
+	// that takes a one-use resource from it (PMI_FD) changes.
+	own    bool
 	stdin  io.Reader // where MDRUN_SECRET=- reads the secret
 	pmi    *pmiConn  // the PMI manager's connection, once opened
 	pmiErr error
@@ -78,14 +81,19 @@ func backends() []backend {
 // variable, an unreachable service, a refused secret), Open fails with an
 // error naming the variable or address; it never falls back to a singleton.
 func Open(ctx context.Context, logger hclog.Logger) (Bootstrap, error) {
-	return open(ctx, logger, os.LookupEnv, os.Stdin)
+	return openIn(ctx, logger, &openState{env: os.LookupEnv, stdin: os.Stdin, own: true})
 }
 
+// open is Open in an environment of the caller's, which it leaves alone.
 func open(ctx context.Context, logger hclog.Logger, env lookupFunc, stdin io.Reader) (Bootstrap, error) {
+	return openIn(ctx, logger, &openState{env: env, stdin: stdin})
+}
+
+func openIn(ctx context.Context, logger hclog.Logger, st *openState) (Bootstrap, error) {
 	if logger == nil {
 		logger = hclog.NewNullLogger()
 	}
-	st := &openState{env: env, stdin: stdin}
+	env := st.env
 	var refusals []string
 	for _, b := range backends() {
 		if !b.detect(env) {

@@ -27,6 +27,16 @@ const (
 	// EnvPMIVersion pins the PMI version: "1" or "2". Unset, PMI-2 is tried
 	// first and PMI-1 when the manager refuses it.
 	EnvPMIVersion = "MD_PMI"
+	// EnvPMIParent replaces PMI_FD in a rank's own environment once Open
+	// has taken the manager's connection, set to the rank's process id.
+	// PMI_FD is a descriptor number, which the manager's connection no
+	// longer holds once taken (the rank keeps a close-on-exec duplicate):
+	// a child process the rank starts, or a second Open in the rank,
+	// would find some other file there and write the PMI handshake into
+	// it. An Open that finds EnvPMIParent and no PMI_FD fails saying so,
+	// as a rank's child does under mdrun and PMIx; removing it from a
+	// child's environment makes the child a singleton.
+	EnvPMIParent = "MD_PMI_PARENT"
 )
 
 // PMI limits where the manager does not say (PMI-2 has no get_maxes): the
@@ -58,7 +68,48 @@ func (e *refusedError) Error() string { return e.reason }
 func detectPMI(env lookupFunc) bool {
 	_, fd := env(EnvPMIFD)
 	_, port := env(EnvPMIPort)
-	return fd || port
+	// A rank's child that a PMIx launcher of its own started is that
+	// launcher's (mdrun's comes first anyway).
+	_, child := env(EnvPMIParent)
+	_, pmix := pmixMark(env)
+	return fd || port || (child && !pmix)
+}
+
+// pmiTaken is the PMI_FD this process took the manager's connection from
+// (see EnvPMIParent), "" until it did: a process joins a PMI job once.
+var pmiTaken struct {
+	mu   sync.Mutex
+	desc string
+}
+
+// takePMIFD takes PMI_FD, named by desc, out of this process's
+// environment for good and puts EnvPMIParent in its place.
+func takePMIFD(desc string) error {
+	pmiTaken.mu.Lock()
+	defer pmiTaken.mu.Unlock()
+	if err := os.Unsetenv(EnvPMIFD); err != nil {
+		return fmt.Errorf("bootstrap: pmi: %s: unsetting it: %w", desc, err)
+	}
+	pmiTaken.desc = desc
+	if err := os.Setenv(EnvPMIParent, strconv.Itoa(os.Getpid())); err != nil {
+		return fmt.Errorf("bootstrap: pmi: %s: setting %s: %w", desc, EnvPMIParent, err)
+	}
+	return nil
+}
+
+// pmiParentErr is Open's error where EnvPMIParent is set and PMI_FD is
+// not: in the process that took PMI_FD, or in one it started.
+func pmiParentErr(st *openState) error {
+	if st.own {
+		pmiTaken.mu.Lock()
+		desc := pmiTaken.desc
+		pmiTaken.mu.Unlock()
+		if desc != "" {
+			return fmt.Errorf("bootstrap: pmi: this process joined its PMI job before, through %s: a process joins a PMI job once", desc)
+		}
+	}
+	v, _ := st.env(EnvPMIParent)
+	return fmt.Errorf("bootstrap: pmi: %s=%s: this process was started by a rank of a PMI job (process %s), not by the process manager; start it without %s to run it as a singleton", EnvPMIParent, v, v, EnvPMIParent)
 }
 
 // pmiConnOf returns the manager's connection, shared by the PMI backends of
@@ -68,11 +119,20 @@ func (st *openState) pmiConnOf() (*pmiConn, error) {
 		return st.pmi, st.pmiErr
 	}
 	if _, ok := st.env(EnvPMIFD); !ok {
-		v, _ := st.env(EnvPMIPort)
-		st.pmiErr = fmt.Errorf("%s=%s: the PMI port model is not supported; run the manager in its PMI_FD mode (Hydra: without -pmi-port)", EnvPMIPort, v)
+		if v, ok := st.env(EnvPMIPort); ok {
+			st.pmiErr = fmt.Errorf("%s=%s: the PMI port model is not supported; run the manager in its PMI_FD mode (Hydra: without -pmi-port)", EnvPMIPort, v)
+		} else {
+			st.pmiErr = pmiParentErr(st)
+		}
 		return nil, st.pmiErr
 	}
 	st.pmi, st.pmiErr = openPMIConn(st.env)
+	if st.pmiErr == nil && st.own {
+		if st.pmiErr = takePMIFD(st.pmi.desc); st.pmiErr != nil {
+			st.pmi.close()
+			st.pmi = nil
+		}
+	}
 	return st.pmi, st.pmiErr
 }
 

@@ -5,6 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -525,4 +529,104 @@ func FuzzValueChunks(f *testing.F) {
 			t.Fatalf("round trip of %d bytes in room %d: %v", len(v), room, err)
 		}
 	})
+}
+
+// TestPMIChildAndRejoin: a rank's Open takes PMI_FD out of its
+// environment and puts MD_PMI_PARENT there. A second Open in the rank
+// fails (a process joins once), and so does a child's, which no longer
+// inherits the number of the manager's connection: the child writes no
+// handshake into whatever file has that number in it.
+func TestPMIChildAndRejoin(t *testing.T) {
+	f := newFakePMI(t, 1, nil)
+	var fd int
+	for _, kv := range f.env(0) {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+		if k == EnvPMIFD {
+			fd, _ = strconv.Atoi(v)
+		}
+	}
+	t.Setenv(EnvPMIParent, "")
+	os.Unsetenv(EnvPMIParent)
+	pmiTaken.mu.Lock()
+	pmiTaken.desc = ""
+	pmiTaken.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	if v, ok := os.LookupEnv(EnvPMIFD); ok {
+		t.Errorf("%s=%s still set after Open", EnvPMIFD, v)
+	}
+	if got, want := os.Getenv(EnvPMIParent), strconv.Itoa(os.Getpid()); got != want {
+		t.Errorf("%s=%q after Open, want %q", EnvPMIParent, got, want)
+	}
+	if _, err := Open(ctx, testLogger(t)); err == nil || !strings.Contains(err.Error(), "a process joins a PMI job once") {
+		t.Errorf("second Open: %v, want the joins-once error", err)
+	}
+
+	// The child gets a pipe at the number PMI_FD had.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestPMIChildOpen$", "-test.count=1")
+	cmd.Env = append(os.Environ(), pmiChildEnv+"=1")
+	cmd.ExtraFiles = make([]*os.File, fd-2)
+	cmd.ExtraFiles[fd-3] = pw
+	out, err := cmd.CombinedOutput()
+	pw.Close()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if want := EnvPMIParent + "=" + strconv.Itoa(os.Getpid()) + ": this process was started by a rank of a PMI job"; !strings.Contains(string(out), want) {
+		t.Errorf("child's Open did not fail with %q:\n%s", want, out)
+	}
+	if b, _ := io.ReadAll(pr); len(b) > 0 {
+		t.Errorf("the child wrote %q into its file number %d", b, fd)
+	}
+}
+
+// pmiChildEnv tells TestPMIChildOpen that TestPMIChildAndRejoin started it.
+const pmiChildEnv = "MD_PMI_TEST_CHILD"
+
+func TestPMIChildOpen(t *testing.T) {
+	if os.Getenv(pmiChildEnv) == "" {
+		t.Skip("runs as the child of TestPMIChildAndRejoin")
+	}
+	bs, err := Open(context.Background(), testLogger(t))
+	if err == nil {
+		bs.Close()
+		t.Fatal("a rank's child joined the job")
+	}
+	fmt.Println("child open:", err)
+}
+
+func TestDetectPMI(t *testing.T) {
+	tests := []struct {
+		name string
+		env  []string
+		want bool
+	}{
+		{"hydra", []string{"PMI_FD=6", "PMI_RANK=0", "PMI_SIZE=1"}, true},
+		{"port model", []string{"PMI_PORT=host:1"}, true},
+		{"rank's child", []string{EnvPMIParent + "=4242", "PMI_RANK=0", "PMI_SIZE=1"}, true},
+		// A manager the child started (nested Hydra) is the child's own.
+		{"rank's child under a manager", []string{EnvPMIParent + "=4242", "PMI_FD=6"}, true},
+		// And so is a PMIx launcher it ran.
+		{"rank's child under pmix", append([]string{EnvPMIParent + "=4242"}, openMPIEnv...), false},
+		{"nothing", []string{"PMI_RANK=0", "PMI_SIZE=1"}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := detectPMI(envOf(tt.env)); got != tt.want {
+				t.Errorf("detectPMI = %v, want %v", got, tt.want)
+			}
+		})
+	}
 }
