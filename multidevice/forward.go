@@ -495,6 +495,7 @@ func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	f.forwarded.Add(1)
 	f.fwdBytes.Add(uint64(n))
 	src, dst := h.src, h.dst
+	of.passed = true
 	of.done = func(err error) {
 		f.held.Add(-int64(n))
 		if bufp != nil {

@@ -474,6 +474,54 @@ func openErr(t *testing.T, n int, relayAt func(int) bool, factory sdi.Factory) [
 	return errs
 }
 
+// TestGatewayPassesOnOverLiveTrunk: in the chain 0 -a-> 1 -b-> 3 -a-> 2,
+// gateway 1 losing its direct "a" link to rank 3 marks rank 3 down for
+// its own messages, yet still passes blocks from 0 to 2 on to gateway 3
+// over its trunk on "b", which works.
+func TestGatewayPassesOnOverLiveTrunk(t *testing.T) {
+	factories := map[string]sdi.Factory{}
+	for _, name := range []string{"a", "b"} {
+		fab := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
+		factories[name] = func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }
+	}
+	route := func(sub, via string) map[string][]conntable.Route {
+		return map[string][]conntable.Route{"*": {{SubDevice: sub, Via: via}}}
+	}
+	tableOf := func(r int) *conntable.Table {
+		e := []conntable.Entry{{To: conntable.SelectAll, Routes: route("a", "")}}
+		switch r {
+		case 0:
+			e = append(e, conntable.Entry{To: "rank:2", Routes: route("a", "rank:1")})
+		case 1:
+			e = append(e, conntable.Entry{To: "rank:2", Routes: route("b", "rank:3")})
+		}
+		return &conntable.Table{Version: conntable.Version, Peers: e}
+	}
+	devs := openJob(t, jobSpec{n: 4, subs: []string{"a", "b"}, factories: factories, tableOf: tableOf,
+		forward: ForwardOptions{BlockSize: 1500, Window: 6000}})
+	send := func(tag int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		rr := must(t)(devs[2].Irecv(make([]byte, 10), 0, tag, 5))
+		if err := devs[0].Send(ctx, numbered(10, 0, tag), 2, tag, 5, false); err != nil {
+			return err
+		}
+		_, err := rr.Wait(ctx)
+		return err
+	}
+	if err := send(1); err != nil {
+		t.Fatalf("before the loss: %v", err)
+	}
+	a := slices.IndexFunc(devs[1].subs, func(s *subdev) bool { return s.name == "a" })
+	(&handler{d: devs[1], sub: a}).PeerDown(3, fmt.Errorf("a: link to 3 died: %w", sdi.ErrPeerUnreachable))
+	if _, gws, _ := devs[1].Path(2, 10); len(gws) != 1 || gws[0] != 3 {
+		t.Fatalf("gateway 1 reaches 2 through %v, want gateway 3", gws)
+	}
+	if err := send(2); err != nil {
+		t.Fatalf("after gateway 1 lost its direct link to 3: %v (gateway 1 forwarded %d)", err, devs[1].ForwardStats().Forwarded)
+	}
+}
+
 func TestOpenRefuses(t *testing.T) {
 	plain := func(int) bool { return false }
 	for _, tc := range []struct {

@@ -110,18 +110,27 @@ func (h *handler) PeerDown(peer sdi.Rank, err error) {
 		d.log.Debug("peer closed its links after finalize", "peer", peer, "subdevice", d.subs[h.sub].name)
 		return
 	}
+	d.lostOver(h.sub, int(peer), err)
+}
+
+// lostOver is what the loss of peer over subdevice sub fails, whether the
+// subdevice reported it (PeerDown) or the device inferred it from a failed
+// frame (frameLost). Only the subdevice's own report ends what it places
+// (failPlaced): a subdevice whose send side failed may well still be
+// writing into a receive buffer, and the message may still arrive.
+func (d *Device) lostOver(sub, peer int, err error) {
 	// A trunk lost (a gateway, or the peer on a failover route): its
 	// blocks go through the other trunks (trunk.go).
-	d.trunkDown(int32(peer), h.sub, err)
-	name := d.subs[h.sub].name
+	d.trunkDown(int32(peer), sub, err)
+	name := d.subs[sub].name
 	// A subdevice that carries none of this peer's direct routes losing it
 	// is no loss here; trunkDown failed the line if it was one.
-	if !d.carries(int(peer), h.sub) {
+	if !d.carries(peer, sub) {
 		d.log.Debug("peer down on an unused subdevice", "peer", peer, "subdevice", name, "error", err)
 		return
 	}
 	d.log.Warn("peer down", "peer", peer, "subdevice", name, "error", err)
-	d.failPeer(int(peer), err, fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err))
+	d.failPeer(peer, err, fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, name, err))
 }
 
 // carries reports whether subdevice sub carries one of peer's direct

@@ -1,9 +1,11 @@
 package multidevice
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -220,5 +222,40 @@ func TestSyncSendPeerDownFirst(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFailedFrameKeepsPlaces: a loss the device infers from a failed
+// frame does not end what the subdevice is placing (sdi.Placer: only its
+// own report of the peer down does). The receive being placed does not
+// complete, handing back a buffer the subdevice may still write into;
+// it completes with its message once the subdevice delivers it.
+func TestFailedFrameKeepsPlaces(t *testing.T) {
+	d, mode := lossyJob(t)
+	sub := slices.IndexFunc(d.subs, func(s *subdev) bool { return s.name == "loop" })
+	h := &handler{d: d, sub: sub}
+	buf := make([]byte, 300)
+	r := must(t)(d.Irecv(buf, 1, 3, 0))
+	hb := make([]byte, shortHeaderSize)
+	putShort(hb, 3, 0, 0)
+	place := h.Place(1, hb, 200) // the subdevice starts filling it
+	if place == nil {
+		t.Fatal("no place")
+	}
+	mode.Store(lossNow)
+	if err := d.Send(t.Context(), make([]byte, 16), 1, 1, 0, false); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("send: got %v, want ErrPeerDown", err)
+	}
+	// Not a bound on speed: a completion seen at any time is wrong.
+	time.Sleep(50 * time.Millisecond)
+	if r.isDone() {
+		_, err := r.Result()
+		t.Fatalf("the receive completed (%v) while the subdevice still placed its message", err)
+	}
+	copy(place, pattern(200, 1))
+	h.Deliver(1, hb, place)
+	st, err := wait(t, r)
+	if err != nil || st.Count != 200 || !bytes.Equal(buf[:200], pattern(200, 1)) {
+		t.Fatalf("once delivered: %+v, %v", st, err)
 	}
 }

@@ -155,7 +155,10 @@ type outFrame struct {
 	// sub is the subdevice that kept or failed the frame (set by sent
 	// only then: a frame done at once needs none): a failure is its loss
 	// of the peer (frameLost).
-	sub    *subdev
+	sub *subdev
+	// passed: a gateway passes the frame on for other ranks (passOn); it
+	// is not in this rank's numbered stream to f.Peer.
+	passed bool
 	pooled bool
 }
 
@@ -223,12 +226,14 @@ func (of *outFrame) token() uint64 { return uint64(uintptr(unsafe.Pointer(of))) 
 
 // finishFrame runs a frame's completion and recycles it.
 func (d *Device) finishFrame(of *outFrame, err error) {
-	req, done, peer, blk, t, s := of.req, of.done, of.f.Peer, of.blk, of.trunk, of.sub
+	req, done, peer, blk, t, s, passed := of.req, of.done, of.f.Peer, of.blk, of.trunk, of.sub, of.passed
 	recycleFrame(of)
 	lost := false
 	if err != nil && t.sub == nil {
 		err = peerLost(err)
-		lost = s != nil && d.frameLost(s, peer, err)
+		if lost = s != nil && !passed && d.frameLost(s, peer, err); lost && !errors.Is(err, ErrPeerDown) {
+			err = fmt.Errorf("%w: %w", ErrPeerDown, err)
+		}
 	}
 	switch {
 	case t.sub != nil:
@@ -249,7 +254,7 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 	if lost {
 		// What else waits for the peer fails now; this frame's own
 		// request got the frame's error, which says more.
-		(&handler{d: d, sub: s.idx}).PeerDown(peer, err)
+		d.lostOver(s.idx, int(peer), err)
 	}
 }
 
@@ -260,7 +265,7 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 // behind the gap, and yet count as sent here. It marks the peer down
 // before the frame's request completes, so that a caller who sends again
 // on the failure finds it down, and reports whether it did; the caller
-// then fails the rest through PeerDown.
+// then fails the rest through lostOver.
 func (d *Device) frameLost(s *subdev, peer sdi.Rank, err error) bool {
 	if d.closed.Load() || d.finalizing.Load() || !d.carries(int(peer), s.idx) {
 		return false
@@ -302,7 +307,7 @@ func peerLost(err error) error {
 // header bytes are overwritten by the next use); a request's own frame
 // only lets go of the payload.
 func recycleFrame(of *outFrame) {
-	of.f.Payload, of.req, of.done, of.blk, of.trunk, of.sub = nil, nil, nil, nil, trunk{}, nil
+	of.f.Payload, of.req, of.done, of.blk, of.trunk, of.sub, of.passed = nil, nil, nil, nil, trunk{}, nil, false
 	if of.pooled {
 		framePool.Put(of)
 	}
@@ -323,8 +328,10 @@ func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 		return false
 	}
 	// A frame queued before its peer was lost would otherwise go out,
-	// and wait there unmatched behind the message the loss took.
-	if of.trunk.sub == nil {
+	// and wait there unmatched behind the message the loss took. Not one
+	// passed on: its next hop may be a gateway this rank lost a direct
+	// link to, and nextHop chose a trunk to it that works.
+	if of.trunk.sub == nil && !of.passed {
 		if err := d.peerErr(int32(of.f.Peer)); err != nil {
 			d.finishFrame(of, err)
 			return true
