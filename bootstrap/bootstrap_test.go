@@ -23,14 +23,7 @@ import (
 func testLogger(t testing.TB) hclog.Logger { return testlog.New(t, t.Name(), hclog.Off) }
 
 // envOf turns "KEY=value" strings into a lookupFunc.
-func envOf(kv []string) lookupFunc {
-	m := map[string]string{}
-	for _, s := range kv {
-		k, v, _ := strings.Cut(s, "=")
-		m[k] = v
-	}
-	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
-}
+func envOf(kv []string) lookupFunc { return envSnapshot(kv) }
 
 // startServer runs a server for n ranks until the test ends.
 func startServer(t *testing.T, n int, ln net.Listener) *Server {

@@ -81,7 +81,20 @@ func backends() []backend {
 // variable, an unreachable service, a refused secret), Open fails with an
 // error naming the variable or address; it never falls back to a singleton.
 func Open(ctx context.Context, logger hclog.Logger) (Bootstrap, error) {
-	return openIn(ctx, logger, &openState{env: os.LookupEnv, stdin: os.Stdin, own: true})
+	// A snapshot: a backend that takes PMI_FD out of the environment
+	// must not make the next backend (PMI-1 after a refused PMI-2) see
+	// another launcher.
+	return openIn(ctx, logger, &openState{env: envSnapshot(os.Environ()), stdin: os.Stdin, own: true})
+}
+
+// envSnapshot turns "KEY=value" strings into a lookupFunc.
+func envSnapshot(kv []string) lookupFunc {
+	m := make(map[string]string, len(kv))
+	for _, s := range kv {
+		k, v, _ := strings.Cut(s, "=")
+		m[k] = v
+	}
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
 // open is Open in an environment of the caller's, which it leaves alone.

@@ -76,25 +76,45 @@ func detectPMI(env lookupFunc) bool {
 }
 
 // pmiTaken is the PMI_FD this process took the manager's connection from
-// (see EnvPMIParent), "" until it did: a process joins a PMI job once.
+// (see EnvPMIParent), "" until it did: a process takes it once, and
+// holds mu from looking at it to taking it.
 var pmiTaken struct {
 	mu   sync.Mutex
 	desc string
 }
 
-// takePMIFD takes PMI_FD, named by desc, out of this process's
-// environment for good and puts EnvPMIParent in its place.
-func takePMIFD(desc string) error {
+// takePMIFD opens the manager's connection that PMI_FD names, once per
+// process: it takes PMI_FD out of this process's environment for good
+// and puts EnvPMIParent in its place (and takes out EnvPMIxParent, which
+// a PMIx rank above this one set: this process's parent is a PMI rank).
+func takePMIFD(env lookupFunc) (*pmiConn, error) {
 	pmiTaken.mu.Lock()
 	defer pmiTaken.mu.Unlock()
-	if err := os.Unsetenv(EnvPMIFD); err != nil {
-		return fmt.Errorf("bootstrap: pmi: %s: unsetting it: %w", desc, err)
+	if pmiTaken.desc != "" {
+		return nil, pmiTakenErr(pmiTaken.desc)
 	}
-	pmiTaken.desc = desc
+	c, err := openPMIConn(env)
+	if err != nil {
+		return nil, err
+	}
+	pmiTaken.desc = c.desc
+	// EnvPMIParent first: an Open that reads the environment meanwhile
+	// finds one or the other, never neither (and becomes a singleton).
 	if err := os.Setenv(EnvPMIParent, strconv.Itoa(os.Getpid())); err != nil {
-		return fmt.Errorf("bootstrap: pmi: %s: setting %s: %w", desc, EnvPMIParent, err)
+		c.close()
+		return nil, fmt.Errorf("bootstrap: pmi: %s: setting %s: %w", c.desc, EnvPMIParent, err)
 	}
-	return nil
+	for _, k := range []string{EnvPMIFD, EnvPMIxParent} {
+		if err := os.Unsetenv(k); err != nil {
+			c.close()
+			return nil, fmt.Errorf("bootstrap: pmi: %s: unsetting %s: %w", c.desc, k, err)
+		}
+	}
+	return c, nil
+}
+
+func pmiTakenErr(desc string) error {
+	return fmt.Errorf("bootstrap: pmi: this process took %s in an earlier Open: a process joins a PMI job once", desc)
 }
 
 // pmiParentErr is Open's error where EnvPMIParent is set and PMI_FD is
@@ -105,7 +125,7 @@ func pmiParentErr(st *openState) error {
 		desc := pmiTaken.desc
 		pmiTaken.mu.Unlock()
 		if desc != "" {
-			return fmt.Errorf("bootstrap: pmi: this process joined its PMI job before, through %s: a process joins a PMI job once", desc)
+			return pmiTakenErr(desc)
 		}
 	}
 	v, _ := st.env(EnvPMIParent)
@@ -126,12 +146,10 @@ func (st *openState) pmiConnOf() (*pmiConn, error) {
 		}
 		return nil, st.pmiErr
 	}
-	st.pmi, st.pmiErr = openPMIConn(st.env)
-	if st.pmiErr == nil && st.own {
-		if st.pmiErr = takePMIFD(st.pmi.desc); st.pmiErr != nil {
-			st.pmi.close()
-			st.pmi = nil
-		}
+	if st.own {
+		st.pmi, st.pmiErr = takePMIFD(st.env)
+	} else {
+		st.pmi, st.pmiErr = openPMIConn(st.env)
 	}
 	return st.pmi, st.pmiErr
 }

@@ -538,19 +538,10 @@ func FuzzValueChunks(f *testing.F) {
 // handshake into whatever file has that number in it.
 func TestPMIChildAndRejoin(t *testing.T) {
 	f := newFakePMI(t, 1, nil)
-	var fd int
-	for _, kv := range f.env(0) {
-		k, v, _ := strings.Cut(kv, "=")
-		t.Setenv(k, v)
-		if k == EnvPMIFD {
-			fd, _ = strconv.Atoi(v)
-		}
-	}
-	t.Setenv(EnvPMIParent, "")
-	os.Unsetenv(EnvPMIParent)
-	pmiTaken.mu.Lock()
-	pmiTaken.desc = ""
-	pmiTaken.mu.Unlock()
+	env := f.env(0)
+	ownPMIEnv(t, env)
+	os.Setenv(EnvPMIxParent, "389349377.0") // a PMIx rank started the launcher
+	fd, _ := strconv.Atoi(strings.TrimPrefix(env[0], EnvPMIFD+"="))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -564,6 +555,9 @@ func TestPMIChildAndRejoin(t *testing.T) {
 	}
 	if got, want := os.Getenv(EnvPMIParent), strconv.Itoa(os.Getpid()); got != want {
 		t.Errorf("%s=%q after Open, want %q", EnvPMIParent, got, want)
+	}
+	if v, ok := os.LookupEnv(EnvPMIxParent); ok {
+		t.Errorf("%s=%s still set after Open: this rank's children would take a PMIx rank for their parent", EnvPMIxParent, v)
 	}
 	if _, err := Open(ctx, testLogger(t)); err == nil || !strings.Contains(err.Error(), "a process joins a PMI job once") {
 		t.Errorf("second Open: %v, want the joins-once error", err)
@@ -589,6 +583,73 @@ func TestPMIChildAndRejoin(t *testing.T) {
 	}
 	if b, _ := io.ReadAll(pr); len(b) > 0 {
 		t.Errorf("the child wrote %q into its file number %d", b, fd)
+	}
+}
+
+// ownPMIEnv gives this process env as a PMI manager's rank's, for Open,
+// with neither parent variable set and no PMI_FD taken before.
+func ownPMIEnv(t *testing.T, env []string) {
+	t.Helper()
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	for _, k := range []string{EnvPMIParent, EnvPMIxParent} {
+		t.Setenv(k, "") // restored when the test ends
+		os.Unsetenv(k)
+	}
+	pmiTaken.mu.Lock()
+	pmiTaken.desc = ""
+	pmiTaken.mu.Unlock()
+}
+
+// TestPMI1OverPMIxOwnEnv: a process with PMI_FD and PMIx variables whose
+// manager refuses PMI-2 joins through PMI-1, in its own environment too,
+// where the PMI-2 attempt took PMI_FD out: Open's backends look at the
+// environment as it was when Open began.
+func TestPMI1OverPMIxOwnEnv(t *testing.T) {
+	f := newFakePMI(t, 1, func(f *fakePMI) { f.noV2 = true })
+	ownPMIEnv(t, append(f.env(0), openMPIEnv...))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	if _, ok := bs.(*pmiJob); !ok {
+		t.Errorf("opened a %T, want the PMI backend's", bs)
+	}
+}
+
+// TestPMIConcurrentOpen: of two Opens at once in a rank, one joins and
+// the other fails, rather than both speaking on the manager's connection.
+func TestPMIConcurrentOpen(t *testing.T) {
+	for i := range 20 {
+		f := newFakePMI(t, 1, nil)
+		ownPMIEnv(t, f.env(0))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for k := range errs {
+			wg.Go(func() {
+				bs, err := Open(ctx, testLogger(t))
+				if err == nil {
+					err = bs.Close()
+				}
+				errs[k] = err
+			})
+		}
+		wg.Wait()
+		cancel()
+		if (errs[0] == nil) == (errs[1] == nil) {
+			t.Fatalf("round %d: Opens returned %v and %v, want one to join", i, errs[0], errs[1])
+		}
+		for _, err := range errs {
+			if err != nil && !strings.Contains(err.Error(), "a process joins a PMI job once") {
+				t.Fatalf("round %d: the other Open: %v, want the joins-once error", i, err)
+			}
+		}
 	}
 }
 

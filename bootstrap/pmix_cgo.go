@@ -359,8 +359,12 @@ func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
 		return err
 	}
 	var err error
+	unset := []string{EnvPMIParent} // a PMI rank above this one set it: this process's parent is a PMIx rank
 	for _, kv := range pmixLaunchVars(os.Environ()) {
 		k, _, _ := strings.Cut(kv, "=")
+		unset = append(unset, k)
+	}
+	for _, k := range unset {
 		if uerr := unsetC(k); uerr != nil && err == nil {
 			err = uerr
 		}
