@@ -543,13 +543,9 @@ func TestPMIChildAndRejoin(t *testing.T) {
 	os.Setenv(EnvPMIxParent, "389349377.0") // a PMIx rank started the launcher
 	fd, _ := strconv.Atoi(strings.TrimPrefix(env[0], EnvPMIFD+"="))
 
+	openOwn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	bs, err := Open(ctx, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bs.Close()
 	if v, ok := os.LookupEnv(EnvPMIFD); ok {
 		t.Errorf("%s=%s still set after Open", EnvPMIFD, v)
 	}
@@ -603,6 +599,19 @@ func ownPMIEnv(t *testing.T, env []string) {
 	pmiTaken.mu.Unlock()
 }
 
+// openOwn is Open, in this process's environment, for the rest of the test.
+func openOwn(t *testing.T) Bootstrap {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, err := Open(ctx, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bs.Close() })
+	return bs
+}
+
 // TestPMI1OverPMIxOwnEnv: a process with PMI_FD and PMIx variables whose
 // manager refuses PMI-2 joins through PMI-1, in its own environment too,
 // where the PMI-2 attempt took PMI_FD out: Open's backends look at the
@@ -610,13 +619,7 @@ func ownPMIEnv(t *testing.T, env []string) {
 func TestPMI1OverPMIxOwnEnv(t *testing.T) {
 	f := newFakePMI(t, 1, func(f *fakePMI) { f.noV2 = true })
 	ownPMIEnv(t, append(f.env(0), openMPIEnv...))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	bs, err := Open(ctx, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bs.Close()
+	bs := openOwn(t)
 	if _, ok := bs.(*pmiJob); !ok {
 		t.Errorf("opened a %T, want the PMI backend's", bs)
 	}
