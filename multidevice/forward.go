@@ -477,13 +477,6 @@ func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	}
 	fh := *h
 	fh.context++
-	var of *outFrame
-	if h.tag == sysFwd {
-		of = framePool.Get().(*outFrame)
-		of.setBlock(t.via, &fh, buf[:headerSize], buf[headerSize:], buf, t.sub.splits())
-	} else {
-		of = d.frame(t.via, &fh, buf)
-	}
 	f := &d.fwd
 	held := f.held.Add(int64(n))
 	for {
@@ -494,15 +487,36 @@ func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	}
 	f.forwarded.Add(1)
 	f.fwdBytes.Add(uint64(n))
-	src, dst := h.src, h.dst
+	d.pass(&fh, class, t, buf, bufp)
+}
+
+// pass sends a copied frame for another rank (header fh, bytes buf) to
+// its next hop t. If the frame fails there, the trunk is down (finishFrame
+// marked it) and the frame goes out again through the next live hop, as
+// the blocks a source keeps go through another trunk when one fails: a
+// gateway loses only what no live route can take.
+func (d *Device) pass(fh *header, class int, t trunk, buf []byte, bufp *[]byte) {
+	var of *outFrame
+	if fh.tag == sysFwd {
+		of = framePool.Get().(*outFrame)
+		of.setBlock(t.via, fh, buf[:headerSize], buf[headerSize:], buf, t.sub.splits())
+	} else {
+		of = d.frame(t.via, fh, buf)
+	}
+	h := *fh // the frame's header bytes are its own; this is for a resend
 	of.passed = true
 	of.done = func(err error) {
-		f.held.Add(-int64(n))
+		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
+			if next, ok := d.nextHop(h.dst, class, h.seq); ok && next != t {
+				d.log.Debug("forwarding failed; passing on through another hop", "source", h.src, "destination", h.dst, "next", t.via, "then", next.via, "error", err)
+				d.pass(&h, class, next, buf, bufp)
+				return
+			}
+			d.log.Warn("forwarding failed", "source", h.src, "destination", h.dst, "next", t.via, "error", err)
+		}
+		d.fwd.held.Add(-int64(len(buf)))
 		if bufp != nil {
 			putBlock(bufp)
-		}
-		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
-			d.log.Warn("forwarding failed", "source", src, "destination", dst, "next", t.via, "error", err)
 		}
 	}
 	d.out.push(outItem{sub: t.sub, frame: of})

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -519,6 +520,84 @@ func TestGatewayPassesOnOverLiveTrunk(t *testing.T) {
 	}
 	if err := send(2); err != nil {
 		t.Fatalf("after gateway 1 lost its direct link to 3: %v (gateway 1 forwarded %d)", err, devs[1].ForwardStats().Forwarded)
+	}
+}
+
+// linkCut fails, on rank at, every frame to rank to, at Send and without
+// PeerDown: to the device, the loss of that peer over the subdevice.
+type linkCut struct {
+	sdi.SubDevice
+	at, to *atomic.Int32
+	rank   sdi.Rank
+}
+
+func (l *linkCut) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	l.rank = p.Rank
+	return l.SubDevice.Open(ctx, p)
+}
+
+func (l *linkCut) Send(f *sdi.Frame) (bool, error) {
+	if int32(l.rank) == l.at.Load() && int32(f.Peer) == l.to.Load() {
+		return false, fmt.Errorf("cut: rank %d down: %w", f.Peer, sdi.ErrPeerUnreachable)
+	}
+	return l.SubDevice.Send(f)
+}
+
+// TestGatewayFailedPassedFrame: rank 0 reaches 3 through gateway 1, and
+// gateway 1 reaches 3 through gateways 2 and 4. When gateway 1's
+// subdevice fails the blocks it passes on to 2, with or without PeerDown,
+// gateway 1 drops that trunk and the blocks reach 3 through 4.
+func TestGatewayFailedPassedFrame(t *testing.T) {
+	for _, withPeerDown := range []bool{true, false} {
+		t.Run(fmt.Sprint("PeerDown=", withPeerDown), func(t *testing.T) {
+			at, to := new(atomic.Int32), new(atomic.Int32)
+			at.Store(-1)
+			to.Store(-1)
+			fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: fwdCaps})
+			factories := map[string]sdi.Factory{"a": func(log hclog.Logger) sdi.SubDevice {
+				return &linkCut{SubDevice: fab.New(log), at: at, to: to}
+			}}
+			route := func(via ...string) map[string][]conntable.Route {
+				var rs []conntable.Route
+				for _, v := range via {
+					rs = append(rs, conntable.Route{SubDevice: "a", Via: v})
+				}
+				return map[string][]conntable.Route{"*": rs}
+			}
+			tableOf := func(r int) *conntable.Table {
+				e := []conntable.Entry{{To: conntable.SelectAll, Routes: route("")}}
+				switch r {
+				case 0:
+					e = append(e, conntable.Entry{To: "rank:3", Routes: route("rank:1")})
+				case 1:
+					e = append(e, conntable.Entry{To: "rank:3", Routes: route("rank:2", "rank:4")})
+				}
+				return &conntable.Table{Version: conntable.Version, Peers: e}
+			}
+			devs := openJob(t, jobSpec{n: 5, subs: []string{"a"}, factories: factories, tableOf: tableOf,
+				forward: ForwardOptions{BlockSize: 1500, Window: 6000, Retry: -1}})
+			if _, gws, _ := devs[1].Path(3, 10); len(gws) != 2 {
+				t.Fatalf("gateway 1 reaches 3 through %v, want 2 and 4", gws)
+			}
+			at.Store(1)
+			to.Store(2)
+			defer at.Store(-1) // let Close drain
+			if withPeerDown {
+				a := slices.IndexFunc(devs[1].subs, func(s *subdev) bool { return s.name == "a" })
+				(&handler{d: devs[1], sub: a}).PeerDown(2, fmt.Errorf("a: link to 2 died: %w", sdi.ErrPeerUnreachable))
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for tag := range 6 {
+				rr := must(t)(devs[3].Irecv(make([]byte, 10), 0, tag, 5))
+				if err := devs[0].Send(ctx, numbered(10, 0, tag), 3, tag, 5, false); err != nil {
+					t.Fatalf("send %d: %v", tag, err)
+				}
+				if _, err := rr.Wait(ctx); err != nil {
+					t.Fatalf("message %d never arrived: %v (gateway 1 forwarded %d)", tag, err, devs[1].ForwardStats().Forwarded)
+				}
+			}
+		})
 	}
 }
 

@@ -72,12 +72,11 @@ func (l *lossySub) Send(f *sdi.Frame) (bool, error) {
 
 // lossyJob opens a job of two ranks over a lossySub whose loss mode is
 // the returned word, lossNone at first.
-func lossyJob(t *testing.T) (*Device, *atomic.Int32) {
+func lossyJob(t *testing.T) ([]*Device, *atomic.Int32) {
 	mode := new(atomic.Int32)
 	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
 	factory := func(log hclog.Logger) sdi.SubDevice { return &lossySub{SubDevice: fab.New(log), mode: mode} }
-	devs := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})
-	return devs[0], mode
+	return openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}}), mode
 }
 
 // lossModes are the two ways lossySub fails a frame without PeerDown.
@@ -104,7 +103,8 @@ func TestSendToLostPeerIsPeerDown(t *testing.T) {
 	for _, m := range lossModes {
 		for _, s := range sends {
 			t.Run(m.name+"/"+s.name, func(t *testing.T) {
-				d, mode := lossyJob(t)
+				devs, mode := lossyJob(t)
+				d := devs[0]
 				mode.Store(m.mode)
 				err := s.send(d)
 				if !errors.Is(err, ErrPeerDown) || !errors.Is(err, sdi.ErrPeerUnreachable) {
@@ -116,7 +116,8 @@ func TestSendToLostPeerIsPeerDown(t *testing.T) {
 		// acknowledgement: its request completed whole and is reusable,
 		// for a send that then fails at once on the lost peer.
 		t.Run(m.name+"/reuse after a failed synchronous send", func(t *testing.T) {
-			d, mode := lossyJob(t)
+			devs, mode := lossyJob(t)
+			d := devs[0]
 			mode.Store(m.mode)
 			var r Request
 			if err := d.IsendRequest(&r, small, 1, 2, 0, true); err != nil {
@@ -141,7 +142,8 @@ func TestSendToLostPeerIsPeerDown(t *testing.T) {
 func TestFailedFrameLosesPeer(t *testing.T) {
 	for _, m := range lossModes {
 		t.Run(m.name, func(t *testing.T) {
-			d, mode := lossyJob(t)
+			devs, mode := lossyJob(t)
+			d := devs[0]
 			msg := make([]byte, 16)
 			mode.Store(m.mode)
 			if err := d.Send(t.Context(), msg, 1, 1, 0, false); !errors.Is(err, ErrPeerDown) {
@@ -231,7 +233,8 @@ func TestSyncSendPeerDownFirst(t *testing.T) {
 // complete, handing back a buffer the subdevice may still write into;
 // it completes with its message once the subdevice delivers it.
 func TestFailedFrameKeepsPlaces(t *testing.T) {
-	d, mode := lossyJob(t)
+	devs, mode := lossyJob(t)
+	d := devs[0]
 	sub := slices.IndexFunc(d.subs, func(s *subdev) bool { return s.name == "loop" })
 	h := &handler{d: d, sub: sub}
 	buf := make([]byte, 300)
@@ -257,5 +260,78 @@ func TestFailedFrameKeepsPlaces(t *testing.T) {
 	st, err := wait(t, r)
 	if err != nil || st.Count != 200 || !bytes.Equal(buf[:200], pattern(200, 1)) {
 		t.Fatalf("once delivered: %+v, %v", st, err)
+	}
+}
+
+// TestAckAfterInferredLoss: once rank 0 took rank 1 for lost from a
+// failed frame, its unnumbered frames still go out and fail only if the
+// link is dead: rank 1, which lost nothing, has its synchronous message
+// received by rank 0, and its Ssend completes on the acknowledgement.
+func TestAckAfterInferredLoss(t *testing.T) {
+	devs, mode := lossyJob(t)
+	d := devs[0]
+	mode.Store(lossNow)
+	if err := d.Send(t.Context(), make([]byte, 16), 1, 1, 0, false); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("the failed send: %v", err)
+	}
+	mode.Store(lossNone) // the link carries frames again
+	rr := must(t)(d.Irecv(make([]byte, 16), AnySource, 7, 0))
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	sent := make(chan error, 1)
+	go func() { sent <- devs[1].Send(ctx, make([]byte, 16), 0, 7, 0, true) }()
+	if _, err := wait(t, rr); err != nil {
+		t.Fatalf("rank 0's receive: %v", err)
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("rank 1's Ssend, whose message rank 0 received: %v", err)
+	}
+}
+
+// droppingSub keeps every frame while on, and fails them all with
+// sdi.ErrNotConnected once gate is closed: a connection dropped under
+// several frames.
+type droppingSub struct {
+	sdi.SubDevice
+	on   *atomic.Bool
+	gate chan struct{}
+	h    sdi.Handler
+}
+
+func (l *droppingSub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	l.h = p.Handler
+	return l.SubDevice.Open(ctx, p)
+}
+
+func (l *droppingSub) Send(f *sdi.Frame) (bool, error) {
+	if !l.on.Load() {
+		return l.SubDevice.Send(f)
+	}
+	tok, peer := f.Token, f.Peer
+	go func() {
+		<-l.gate
+		l.h.SendDone(tok, fmt.Errorf("dropping: rank %d: connection dropped: %w", peer, sdi.ErrNotConnected))
+	}()
+	return false, nil
+}
+
+// TestFramesFailingTogether: every send whose frame failed in one loss
+// reports ErrPeerDown, not only the one whose failure marked the peer.
+func TestFramesFailingTogether(t *testing.T) {
+	on, gate := new(atomic.Bool), make(chan struct{})
+	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	factory := func(log hclog.Logger) sdi.SubDevice { return &droppingSub{SubDevice: fab.New(log), on: on, gate: gate} }
+	d := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})[0]
+	on.Store(true)
+	defer on.Store(false)
+	var rs []*Request
+	for i := range 4 {
+		rs = append(rs, must(t)(d.Isend(make([]byte, 16), 1, i, 0, false)))
+	}
+	close(gate)
+	for i, r := range rs {
+		if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
+			t.Errorf("send %d: %v, want ErrPeerDown", i, err)
+		}
 	}
 }

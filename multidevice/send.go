@@ -82,6 +82,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 			d.mu.Unlock()
 		}
 		of.set(int32(dst), &h, buf)
+		of.numbered = true
 		d.post(int32(dst), class, len(buf), of, true)
 		return r, nil
 	}
@@ -97,6 +98,7 @@ func (d *Device) isend(r *Request, buf []byte, dst, tag int, context uint64, syn
 	d.rndvSend[r.id] = r
 	d.mu.Unlock()
 	of := d.frame(int32(dst), &h, nil)
+	of.numbered = true
 	id := r.id // not r: a pooled request may be reused before a late failure
 	of.done = func(err error) {
 		if err == nil {
@@ -156,10 +158,13 @@ type outFrame struct {
 	// only then: a frame done at once needs none): a failure is its loss
 	// of the peer (frameLost).
 	sub *subdev
-	// passed: a gateway passes the frame on for other ranks (passOn); it
-	// is not in this rank's numbered stream to f.Peer.
-	passed bool
-	pooled bool
+	// numbered: the frame carries a message of this rank's numbered
+	// stream to f.Peer (eager, short or ready-to-send), which the peer
+	// matches in order. passed: a gateway passes it on for other ranks
+	// (passOn).
+	numbered bool
+	passed   bool
+	pooled   bool
 }
 
 var framePool = sync.Pool{New: func() any { return &outFrame{pooled: true} }}
@@ -217,6 +222,7 @@ func (of *outFrame) setShort(peer int32, tag int32, context, seq uint64, payload
 	putShort(of.hb[:], tag, context, seq)
 	// Field by field, not of.f = sdi.Frame{...}: see header.decodeShort.
 	of.f.Peer, of.f.Header, of.f.Payload, of.f.Token = sdi.Rank(peer), of.hb[:shortHeaderSize], payload, of.token()
+	of.numbered = true
 }
 
 // token is the frame's address: unique among the frames in flight, which
@@ -231,8 +237,19 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 	lost := false
 	if err != nil && t.sub == nil {
 		err = peerLost(err)
-		if lost = s != nil && !passed && d.frameLost(s, peer, err); lost && !errors.Is(err, ErrPeerDown) {
-			err = fmt.Errorf("%w: %w", ErrPeerDown, err)
+		if s != nil && passed && !d.closed.Load() && !d.finalizing.Load() {
+			// The trunk to the next hop failed under a frame passed on:
+			// nextHop picks another, for this frame (its done) too, as
+			// after the subdevice's PeerDown.
+			d.trunkDown(int32(peer), s.idx, err)
+		}
+		if s != nil && !passed {
+			lost = d.frameLost(s, peer, err)
+			// Whoever marked it (this frame, another failing with it,
+			// the subdevice's PeerDown), one event has one error.
+			if d.down[peer].Load() != nil && !errors.Is(err, ErrPeerDown) {
+				err = fmt.Errorf("%w: %w", ErrPeerDown, err)
+			}
 		}
 	}
 	switch {
@@ -256,6 +273,7 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 		// request got the frame's error, which says more.
 		d.lostOver(s.idx, int(peer), err)
 	}
+
 }
 
 // frameLost takes a frame that s failed, other than at Close, as s's
@@ -307,7 +325,8 @@ func peerLost(err error) error {
 // header bytes are overwritten by the next use); a request's own frame
 // only lets go of the payload.
 func recycleFrame(of *outFrame) {
-	of.f.Payload, of.req, of.done, of.blk, of.trunk, of.sub, of.passed = nil, nil, nil, nil, trunk{}, nil, false
+	of.f.Payload, of.req, of.done, of.blk, of.trunk, of.sub = nil, nil, nil, nil, trunk{}, nil
+	of.numbered, of.passed = false, false
 	if of.pooled {
 		framePool.Put(of)
 	}
@@ -327,11 +346,12 @@ func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 		d.out.push(outItem{sub: s, frame: of})
 		return false
 	}
-	// A frame queued before its peer was lost would otherwise go out,
-	// and wait there unmatched behind the message the loss took. Not one
-	// passed on: its next hop may be a gateway this rank lost a direct
-	// link to, and nextHop chose a trunk to it that works.
-	if of.trunk.sub == nil && !of.passed {
+	// A numbered frame queued before its peer was lost would otherwise
+	// go out, and wait there unmatched behind the message the loss took.
+	// Others go: an acknowledgement or a block of data a peer still
+	// waits for crosses a link that works, and a subdevice whose link is
+	// dead fails them itself.
+	if of.numbered && of.trunk.sub == nil {
 		if err := d.peerErr(int32(of.f.Peer)); err != nil {
 			d.finishFrame(of, err)
 			return true
