@@ -31,7 +31,8 @@ type Bootstrap interface {
 	// Abort asks the launcher to end the whole job with code, and says why.
 	// It need not return once the launcher took the abort (the PMIx
 	// backend then exits with code); an error means the launcher was not
-	// told.
+	// told, as after Close (ErrClosed). An Abort while another runs
+	// returns when that one does, with its outcome.
 	Abort(code int, reason string) error
 	// Close tells the launcher this rank finished cleanly and releases the
 	// connection.

@@ -257,6 +257,19 @@ func TestServerGone(t *testing.T) {
 	}
 }
 
+// TestAbortAfterClose: an Abort after Close fails, as the service was
+// not told.
+func TestAbortAfterClose(t *testing.T) {
+	srv := startServer(t, 1, nil)
+	a := openRank(t, srv, 0)
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Abort(1, "late"); !errors.Is(err, ErrClosed) {
+		t.Errorf("abort after close: %v, want ErrClosed", err)
+	}
+}
+
 func TestAbortReported(t *testing.T) {
 	srv := startServer(t, 3, nil)
 	a, b := openRank(t, srv, 0), openRank(t, srv, 1)

@@ -46,6 +46,10 @@ type client struct {
 	putSize int
 	fence   *call // the fence sent and not yet answered
 	closing bool  // Close or Abort was called
+	// aborting: it was Abort; abortErr is its outcome, set before dead
+	// is closed, for an Abort that comes while it runs.
+	aborting bool
+	abortErr error
 	// leashOff: the rank finished (Close) or never joined, so losing the
 	// service does not end the process. Abort leaves the leash on: the
 	// job is ending, this rank with it.
@@ -255,19 +259,46 @@ func (c *client) unleash() {
 func (c *client) finish(op string, m *message) error {
 	c.mu.Lock()
 	if c.closing {
+		aborting := c.aborting
 		c.mu.Unlock()
-		return nil
+		return lateFinish(op, aborting, c.dead, func() error {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.abortErr
+		})
 	}
-	c.closing = true
+	c.closing, c.aborting = true, op == opAbort
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	defer cancel()
 	_, err := c.roundTrip(ctx, m)
-	c.shutdown()
 	if err != nil {
-		return fmt.Errorf("bootstrap: %s: %w", op, err)
+		err = fmt.Errorf("bootstrap: %s: %w", op, err)
 	}
-	return nil
+	if op == opAbort {
+		c.mu.Lock()
+		c.abortErr = err
+		c.mu.Unlock()
+	}
+	c.shutdown()
+	return err
+}
+
+// lateFinish is a Close or Abort (op) after an earlier one, aborting if
+// that was an Abort. A Close does nothing. An Abort after Close fails: the
+// launcher was not told. An Abort while another runs waits for it, so
+// that a caller who exits on its return does not end the job with its
+// own status before the abort is out, and returns its outcome (abortErr,
+// read once dead is closed).
+func lateFinish(op string, aborting bool, dead <-chan struct{}, abortErr func() error) error {
+	switch {
+	case op != opAbort:
+		return nil
+	case !aborting:
+		return fmt.Errorf("bootstrap: abort after Close: %w", ErrClosed)
+	}
+	<-dead
+	return abortErr()
 }
 
 // shutdown closes the connection and waits for the goroutines.

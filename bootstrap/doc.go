@@ -140,6 +140,13 @@
 // namespace hosts sharing a host name) and Slurm 22.05's srun --mpi=pmix
 // (its pmix_v4 plugin) on one node.
 //
+// Open MPI 4.1.4's mpirun itself sometimes hangs after an abort, with
+// every rank gone, when the ranks it killed were waiting in a Fence: a
+// deadlock in its PMIx_server_finalize, which a C client of libpmix shows
+// as well (about one launch in six when the aborting rank waits to be
+// killed, one in forty under load when it exits at once, as Abort now
+// does). Killing that mpirun loses nothing: the job has ended.
+//
 // # A rank's children
 //
 // A process a rank starts (os/exec) inherits the rank's environment, but

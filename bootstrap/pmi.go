@@ -86,7 +86,8 @@ var pmiTaken struct {
 // takePMIFD opens the manager's connection that PMI_FD names, once per
 // process: it takes PMI_FD out of this process's environment for good
 // and puts EnvPMIParent in its place (and takes out EnvPMIxParent, which
-// a PMIx rank above this one set: this process's parent is a PMI rank).
+// a PMIx rank above this one set, and a PMIx launcher's variables: this
+// process's children have a PMI rank for their parent).
 func takePMIFD(env lookupFunc) (*pmiConn, error) {
 	pmiTaken.mu.Lock()
 	defer pmiTaken.mu.Unlock()
@@ -104,7 +105,14 @@ func takePMIFD(env lookupFunc) (*pmiConn, error) {
 		c.close()
 		return nil, fmt.Errorf("bootstrap: pmi: %s: setting %s: %w", c.desc, EnvPMIParent, err)
 	}
-	for _, k := range []string{EnvPMIFD, EnvPMIxParent} {
+	// And the PMIx launch variables of a launcher above the PMI manager:
+	// this rank's children would otherwise join that launcher's job.
+	unset := []string{EnvPMIFD, EnvPMIxParent}
+	for _, kv := range pmixLaunchVars(os.Environ()) {
+		k, _, _ := strings.Cut(kv, "=")
+		unset = append(unset, k)
+	}
+	for _, k := range unset {
 		if err := os.Unsetenv(k); err != nil {
 			c.close()
 			return nil, fmt.Errorf("bootstrap: pmi: %s: unsetting %s: %w", c.desc, k, err)
@@ -465,6 +473,10 @@ type pmiJob struct {
 	sent    map[string]bool     // keys published at an earlier fence
 	fence   *pmiOp              // the fence submitted and not yet done
 	closing bool
+	// aborting: Abort closed it; abortErr is its outcome, set before dead
+	// is closed (see lateFinish).
+	aborting bool
+	abortErr error
 }
 
 // pmiOp is one request for the worker.
@@ -718,14 +730,24 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	j.logger.Error("aborting the job", "code", code, "reason", reason)
 	j.mu.Lock()
 	if j.closing {
+		aborting := j.aborting
 		j.mu.Unlock()
-		return nil
+		return lateFinish(opAbort, aborting, j.dead, func() error {
+			j.mu.Lock()
+			defer j.mu.Unlock()
+			return j.abortErr
+		})
 	}
-	j.closing = true
+	j.closing, j.aborting = true, true
 	err := j.err
 	j.mu.Unlock()
 	if err != nil {
-		return fmt.Errorf("bootstrap: abort: %w", err)
+		err = fmt.Errorf("bootstrap: abort: %w", err)
+		j.mu.Lock()
+		j.abortErr = err
+		j.mu.Unlock()
+		j.shutdown()
+		return err
 	}
 	// Managers kill the job as soon as they read the abort, sometimes
 	// before forwarding what the rank wrote just before; give the reason
@@ -734,11 +756,14 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	// Written beside the worker, which may be waiting in a barrier.
 	// Slurm's PMI-2 takes no ';' in a value, escaped or not.
 	err = j.proto.abort(code, strings.NewReplacer("\n", " ", ";", ",").Replace(reason))
-	j.shutdown()
 	if err != nil {
-		return fmt.Errorf("bootstrap: %s: abort: %w", j.name, err)
+		err = fmt.Errorf("bootstrap: %s: abort: %w", j.name, err)
 	}
-	return nil
+	j.mu.Lock()
+	j.abortErr = err
+	j.mu.Unlock()
+	j.shutdown()
+	return err
 }
 
 // Close finalizes with the manager (waiting at most ackTimeout) and

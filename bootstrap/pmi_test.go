@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -278,6 +279,43 @@ func TestPMIAbort(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPMILateAbort: an Abort after Close fails with ErrClosed (the
+// manager was not told), and one while another Abort runs returns only
+// once that one's abort is out: a caller who exits on its return must
+// not end the job with its own status first.
+func TestPMILateAbort(t *testing.T) {
+	t.Run("after Close", func(t *testing.T) {
+		f := newFakePMI(t, 1, nil)
+		bs := openPMIRanks(t, f)[0]
+		bs.Close()
+		if err := bs.Abort(5, "late"); !errors.Is(err, ErrClosed) {
+			t.Errorf("abort after close: %v, want ErrClosed", err)
+		}
+		if got := f.abortsSeen(); len(got) != 0 {
+			t.Errorf("manager saw aborts %q", got)
+		}
+	})
+	t.Run("during another", func(t *testing.T) {
+		f := newFakePMI(t, 2, nil)
+		j := openPMIRanks(t, f)[0].(*pmiJob)
+		go j.Abort(7, "first")
+		for closing := false; !closing; runtime.Gosched() {
+			j.mu.Lock()
+			closing = j.closing
+			j.mu.Unlock()
+		}
+		err := j.Abort(8, "second")
+		select {
+		case <-j.dead:
+		default:
+			t.Fatal("the second Abort returned before the first's abort went out")
+		}
+		if err != nil {
+			t.Errorf("second abort: %v, want the first's outcome, nil", err)
+		}
+	})
 }
 
 func TestPMIOpenErrors(t *testing.T) {
@@ -615,13 +653,23 @@ func openOwn(t *testing.T) Bootstrap {
 // TestPMI1OverPMIxOwnEnv: a process with PMI_FD and PMIx variables whose
 // manager refuses PMI-2 joins through PMI-1, in its own environment too,
 // where the PMI-2 attempt took PMI_FD out: Open's backends look at the
-// environment as it was when Open began.
+// environment as it was when Open began. Then neither its children nor a
+// second Open find the PMIx launcher's variables to join that job with.
 func TestPMI1OverPMIxOwnEnv(t *testing.T) {
 	f := newFakePMI(t, 1, func(f *fakePMI) { f.noV2 = true })
 	ownPMIEnv(t, append(f.env(0), openMPIEnv...))
 	bs := openOwn(t)
 	if _, ok := bs.(*pmiJob); !ok {
 		t.Errorf("opened a %T, want the PMI backend's", bs)
+	}
+	// What the rank's children inherit names no launcher they could join.
+	if vars := pmixLaunchVars(os.Environ()); len(vars) > 0 {
+		t.Errorf("the PMIx launch variables %q are left for this rank's children", vars)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := Open(ctx, testLogger(t)); err == nil || !strings.Contains(err.Error(), "a process joins a PMI job once") {
+		t.Errorf("second Open: %v, want the joins-once error", err)
 	}
 }
 

@@ -638,8 +638,9 @@ func (j *pmixJob) get(rank int, key string) ([]byte, error) {
 // Abort logs the reason (servers do not all print PMIx_Abort's message),
 // then asks the server to end the job, and once PMIx_Abort has returned
 // ends this process with code, as Open MPI's own MPI_Abort does: it does
-// not return then. It returns only PMIx_Abort's error, with the job left
-// to the caller.
+// not return then. It returns PMIx_Abort's error, with the job left to
+// the caller; after Close, an error wrapping ErrClosed; while another
+// Abort runs, it waits for that one.
 //
 // From its call on, new calls fail with ErrClosed; a Fence or Get,
 // whether already waiting or called after Abort began, does not return
@@ -652,7 +653,13 @@ func (j *pmixJob) Abort(code int, reason string) error {
 	}
 	j.logger.Error("aborting the job", "code", code, "reason", reason)
 	if !j.refuse(true) {
-		return nil
+		j.mu.Lock()
+		aborting := j.aborted
+		j.mu.Unlock()
+		// The first Abort ends the process when PMIx_Abort returns.
+		return lateFinish(opAbort, aborting, j.dead, func() error {
+			return fmt.Errorf("bootstrap: pmix: abort: an Abort before this one failed: %w", errPMIxClosed)
+		})
 	}
 	// Servers kill the job as soon as they read the abort, sometimes
 	// before forwarding what the rank wrote just before; give the reason

@@ -335,8 +335,7 @@ func TestPMIxJobRank(t *testing.T) {
 }
 
 // TestPMIxAbort: a rank's Abort ends the job under mpirun, with a failing
-// status and the reason in the output, while the other ranks wait in a
-// Fence the aborting rank never joins.
+// status and the reason in the output.
 func TestPMIxAbort(t *testing.T) {
 	status, out := mpirunJob(t, 3, "TestPMIxAbortRank")
 	if status == 0 {
@@ -361,8 +360,14 @@ func TestPMIxAbortRank(t *testing.T) {
 		err := bs.Abort(3, "rank 1 gives up")
 		t.Fatalf("abort returned: %v", err)
 	}
-	err = bs.Fence(ctx)
-	t.Errorf("rank %d: fence without rank 1 ended: %v", bs.Rank(), err)
+	// Not in a Fence: Open MPI 4.1.4's mpirun, killing ranks that wait in
+	// one after an abort, now and then deadlocks in PMIx_server_finalize
+	// once every rank has exited (1 launch in 40 under load, even with
+	// the aborting rank exiting at once; a C client of libpmix alone
+	// shows it too), which is mpirun's defect and not this test's
+	// subject. Sleeping ranks never did (0 in 40, 0 in 30 in C).
+	time.Sleep(pmixWatchdog)
+	t.Errorf("rank %d outlived the abort", bs.Rank())
 }
 
 // TestPMIxChild: a process a rank starts inherits the rank's environment,
@@ -457,12 +462,12 @@ func TestPMIxAbortBeforeReleaseRank(t *testing.T) {
 	os.Exit(1)
 }
 
-// TestPMIxCallAfterAbort: a Fence or Get called after Abort began, in
-// Abort's pause before PMIx_Abort, does not return before the abort went
-// out: a program that exits on the failed call does not end the job with
-// its own status before the abort's.
+// TestPMIxCallAfterAbort: a Fence, Get or second Abort called after
+// Abort began, in Abort's pause before PMIx_Abort, does not return before
+// the abort went out: a program that exits on the failed call does not
+// end the job with its own status before the abort's.
 func TestPMIxCallAfterAbort(t *testing.T) {
-	for _, call := range []string{"fence", "get"} {
+	for _, call := range []string{"fence", "get", "abort"} {
 		t.Run(call, func(t *testing.T) {
 			status, out := mpirunJob(t, 3, "TestPMIxCallAfterAbortRank", "-x", pmixCallEnv+"="+call)
 			if status != 3 {
@@ -554,6 +559,8 @@ func TestPMIxCallAfterAbortRank(t *testing.T) {
 		err = bs.Fence(ctx)
 	case "get":
 		_, err = bs.Get(ctx, 0, secretKey)
+	case "abort": // a second one
+		err = bs.Abort(3, "rank 1 gives up again")
 	default:
 		t.Fatalf("%s=%q", pmixCallEnv, call)
 	}
