@@ -506,7 +506,8 @@ func (d *Device) pass(fh *header, class int, t trunk, buf []byte, bufp *[]byte) 
 	h := *fh // the frame's header bytes are its own; this is for a resend
 	of.passed = true
 	of.done = func(err error) {
-		if err != nil && !d.closed.Load() && !d.finalizing.Load() {
+		// Finalizing too: a relay passes frames on from inside its Close.
+		if err != nil && !d.closed.Load() {
 			if next, ok := d.nextHop(h.dst, class, h.seq); ok && next != t {
 				d.log.Debug("forwarding failed; passing on through another hop", "source", h.src, "destination", h.dst, "next", t.via, "then", next.via, "error", err)
 				d.pass(&h, class, next, buf, bufp)

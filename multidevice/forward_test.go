@@ -601,6 +601,70 @@ func TestGatewayFailedPassedFrame(t *testing.T) {
 	}
 }
 
+// TestRelayFailedPassedFrame is TestGatewayFailedPassedFrame with
+// dedicated relays, also as cmd/mdrelay runs them (adi.RunRelay: Open,
+// then Finalize at once, passing frames on from inside Close): ranks 0
+// and 1 are the application, 2, 3 and 4 relays. 0 reaches 1 through
+// relay 2, relay 2 reaches 1 through relays 3 and 4, and relay 2's link to
+// 3 fails every frame, without PeerDown.
+func TestRelayFailedPassedFrame(t *testing.T) {
+	for _, relayInClose := range []bool{false, true} {
+		t.Run(fmt.Sprint("relayInClose=", relayInClose), func(t *testing.T) {
+			at, to := new(atomic.Int32), new(atomic.Int32)
+			at.Store(-1)
+			to.Store(-1)
+			fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: fwdCaps})
+			factories := map[string]sdi.Factory{"a": func(log hclog.Logger) sdi.SubDevice {
+				return &linkCut{SubDevice: fab.New(log), at: at, to: to}
+			}}
+			route := func(via ...string) map[string][]conntable.Route {
+				var rs []conntable.Route
+				for _, v := range via {
+					rs = append(rs, conntable.Route{SubDevice: "a", Via: v})
+				}
+				return map[string][]conntable.Route{"*": rs}
+			}
+			tableOf := func(r int) *conntable.Table {
+				e := []conntable.Entry{{To: conntable.SelectAll, Routes: route("")}}
+				switch r {
+				case 0:
+					e = append(e, conntable.Entry{To: "rank:1", Routes: route("rank:2")})
+				case 2:
+					e = append(e, conntable.Entry{To: "rank:1", Routes: route("rank:3", "rank:4")})
+				}
+				return &conntable.Table{Version: conntable.Version, Peers: e}
+			}
+			devs := openJob(t, jobSpec{n: 5, subs: []string{"a"}, factories: factories, tableOf: tableOf, relays: 3,
+				forward: ForwardOptions{BlockSize: 1500, Window: 6000, Retry: -1}})
+			if _, gws, _ := devs[2].Path(1, 10); len(gws) != 2 {
+				t.Fatalf("relay 2 reaches 1 through %v, want 3 and 4", gws)
+			}
+			if relayInClose {
+				for _, r := range []int{2, 3, 4} {
+					go devs[r].Close(context.Background()) // as mdrelay: forwards until the job closes
+				}
+				for !devs[2].finalizing.Load() {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			at.Store(2)
+			to.Store(3)
+			defer at.Store(-1) // let Close drain
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			for tag := range 6 {
+				rr := must(t)(devs[1].Irecv(make([]byte, 10), 0, tag, 5))
+				if err := devs[0].Send(ctx, numbered(10, 0, tag), 1, tag, 5, false); err != nil {
+					t.Fatalf("send %d: %v", tag, err)
+				}
+				if _, err := rr.Wait(ctx); err != nil {
+					t.Fatalf("message %d never arrived: %v (relay 2 forwarded %d, held %d)", tag, err, devs[2].ForwardStats().Forwarded, devs[2].fwd.held.Load())
+				}
+			}
+		})
+	}
+}
+
 func TestOpenRefuses(t *testing.T) {
 	plain := func(int) bool { return false }
 	for _, tc := range []struct {

@@ -237,10 +237,12 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 	lost := false
 	if err != nil && t.sub == nil {
 		err = peerLost(err)
-		if s != nil && passed && !d.closed.Load() && !d.finalizing.Load() {
+		if s != nil && passed && !d.closed.Load() {
 			// The trunk to the next hop failed under a frame passed on:
 			// nextHop picks another, for this frame (its done) too, as
-			// after the subdevice's PeerDown.
+			// after the subdevice's PeerDown. Finalizing too: a relay
+			// passes frames on from inside its Close, until the job's
+			// last rank has closed.
 			d.trunkDown(int32(peer), s.idx, err)
 		}
 		if s != nil && !passed {
