@@ -270,6 +270,27 @@ func TestAbortAfterClose(t *testing.T) {
 	}
 }
 
+// TestSecondAbortSeesFirstsError: an Abort that waited for another
+// returns that one's failure (the service went away before acknowledging
+// it), not nil, even though the connection's end came first.
+func TestSecondAbortSeesFirstsError(t *testing.T) {
+	for i := range 300 {
+		cc, sc := net.Pipe()
+		c := newClient(hclog.NewNullLogger(), mdrunEnv{addr: "unix:/x", size: 1}, cc)
+		got := make(chan struct{})
+		go func() { readMessage(sc); close(got) }()
+		first, second := make(chan error, 1), make(chan error, 1)
+		go func() { first <- c.Abort(1, "first") }()
+		<-got
+		go func() { second <- c.Abort(2, "second") }()
+		time.Sleep(time.Millisecond) // mostly, the second waits by now
+		sc.Close()                   // the service ends without an acknowledgement
+		if e1, e2 := <-first, <-second; e1 == nil || e2 == nil {
+			t.Fatalf("round %d: first Abort %v, second %v; want both to fail", i, e1, e2)
+		}
+	}
+}
+
 func TestAbortReported(t *testing.T) {
 	srv := startServer(t, 3, nil)
 	a, b := openRank(t, srv, 0), openRank(t, srv, 1)

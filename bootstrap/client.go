@@ -46,10 +46,11 @@ type client struct {
 	putSize int
 	fence   *call // the fence sent and not yet answered
 	closing bool  // Close or Abort was called
-	// aborting: it was Abort; abortErr is its outcome, set before dead
-	// is closed, for an Abort that comes while it runs.
-	aborting bool
-	abortErr error
+	// aborting: it was Abort; abortErr is its outcome, set before
+	// abortDone is closed, for an Abort that comes while it runs.
+	aborting  bool
+	abortErr  error
+	abortDone chan struct{}
 	// leashOff: the rank finished (Close) or never joined, so losing the
 	// service does not end the process. Abort leaves the leash on: the
 	// job is ending, this rank with it.
@@ -259,15 +260,18 @@ func (c *client) unleash() {
 func (c *client) finish(op string, m *message) error {
 	c.mu.Lock()
 	if c.closing {
-		aborting := c.aborting
+		aborting, done := c.aborting, c.abortDone
 		c.mu.Unlock()
-		return lateFinish(op, aborting, c.dead, func() error {
+		return lateFinish(op, aborting, done, func() error {
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			return c.abortErr
 		})
 	}
 	c.closing, c.aborting = true, op == opAbort
+	if c.aborting {
+		c.abortDone = make(chan struct{})
+	}
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
 	defer cancel()
@@ -279,6 +283,7 @@ func (c *client) finish(op string, m *message) error {
 		c.mu.Lock()
 		c.abortErr = err
 		c.mu.Unlock()
+		close(c.abortDone)
 	}
 	c.shutdown()
 	return err
@@ -289,15 +294,15 @@ func (c *client) finish(op string, m *message) error {
 // launcher was not told. An Abort while another runs waits for it, so
 // that a caller who exits on its return does not end the job with its
 // own status before the abort is out, and returns its outcome (abortErr,
-// read once dead is closed).
-func lateFinish(op string, aborting bool, dead <-chan struct{}, abortErr func() error) error {
+// read once done, the first Abort's, is closed).
+func lateFinish(op string, aborting bool, done <-chan struct{}, abortErr func() error) error {
 	switch {
 	case op != opAbort:
 		return nil
 	case !aborting:
 		return fmt.Errorf("bootstrap: abort after Close: %w", ErrClosed)
 	}
-	<-dead
+	<-done
 	return abortErr()
 }
 

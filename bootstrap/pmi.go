@@ -473,10 +473,11 @@ type pmiJob struct {
 	sent    map[string]bool     // keys published at an earlier fence
 	fence   *pmiOp              // the fence submitted and not yet done
 	closing bool
-	// aborting: Abort closed it; abortErr is its outcome, set before dead
-	// is closed (see lateFinish).
-	aborting bool
-	abortErr error
+	// aborting: Abort closed it; abortErr is its outcome, set before
+	// abortDone is closed (see lateFinish).
+	aborting  bool
+	abortErr  error
+	abortDone chan struct{}
 }
 
 // pmiOp is one request for the worker.
@@ -730,24 +731,19 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	j.logger.Error("aborting the job", "code", code, "reason", reason)
 	j.mu.Lock()
 	if j.closing {
-		aborting := j.aborting
+		aborting, done := j.aborting, j.abortDone
 		j.mu.Unlock()
-		return lateFinish(opAbort, aborting, j.dead, func() error {
+		return lateFinish(opAbort, aborting, done, func() error {
 			j.mu.Lock()
 			defer j.mu.Unlock()
 			return j.abortErr
 		})
 	}
-	j.closing, j.aborting = true, true
+	j.closing, j.aborting, j.abortDone = true, true, make(chan struct{})
 	err := j.err
 	j.mu.Unlock()
 	if err != nil {
-		err = fmt.Errorf("bootstrap: abort: %w", err)
-		j.mu.Lock()
-		j.abortErr = err
-		j.mu.Unlock()
-		j.shutdown()
-		return err
+		return j.aborted(fmt.Errorf("bootstrap: abort: %w", err))
 	}
 	// Managers kill the job as soon as they read the abort, sometimes
 	// before forwarding what the rank wrote just before; give the reason
@@ -759,9 +755,16 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	if err != nil {
 		err = fmt.Errorf("bootstrap: %s: abort: %w", j.name, err)
 	}
+	return j.aborted(err)
+}
+
+// aborted records Abort's outcome for an Abort waiting on it, and shuts
+// the job down.
+func (j *pmiJob) aborted(err error) error {
 	j.mu.Lock()
 	j.abortErr = err
 	j.mu.Unlock()
+	close(j.abortDone)
 	j.shutdown()
 	return err
 }

@@ -308,7 +308,7 @@ func TestPMILateAbort(t *testing.T) {
 		}
 		err := j.Abort(8, "second")
 		select {
-		case <-j.dead:
+		case <-j.abortDone:
 		default:
 			t.Fatal("the second Abort returned before the first's abort went out")
 		}
