@@ -543,13 +543,25 @@ func (l *linkCut) Send(f *sdi.Frame) (bool, error) {
 	return l.SubDevice.Send(f)
 }
 
-// TestGatewayFailedPassedFrame: rank 0 reaches 3 through gateway 1, and
-// gateway 1 reaches 3 through gateways 2 and 4. When gateway 1's
-// subdevice fails the blocks it passes on to 2, with or without PeerDown,
-// gateway 1 drops that trunk and the blocks reach 3 through 4.
-func TestGatewayFailedPassedFrame(t *testing.T) {
-	for _, withPeerDown := range []bool{true, false} {
-		t.Run(fmt.Sprint("PeerDown=", withPeerDown), func(t *testing.T) {
+// TestFailedPassedFrame: rank 0 reaches dst through a gateway gw, which
+// reaches dst through gateways cut and alt. When gw's subdevice fails the
+// frames it passes on to cut, with or without PeerDown, gw drops that
+// trunk and the blocks reach dst through alt. The gateway is a rank of
+// the application, or a dedicated relay, also as cmd/mdrelay runs one
+// (adi.RunRelay: Open, then Finalize at once, passing frames on from
+// inside Close).
+func TestFailedPassedFrame(t *testing.T) {
+	for _, c := range []struct {
+		name                      string
+		dst, gw, cut, alt, relays int
+		peerDown, closing         bool
+	}{
+		{"gateway/PeerDown", 3, 1, 2, 4, 0, true, false},
+		{"gateway", 3, 1, 2, 4, 0, false, false},
+		{"relay", 1, 2, 3, 4, 3, false, false}, // ranks 2, 3 and 4 are relays
+		{"relay in Close", 1, 2, 3, 4, 3, false, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
 			at, to := new(atomic.Int32), new(atomic.Int32)
 			at.Store(-1)
 			to.Store(-1)
@@ -557,108 +569,53 @@ func TestGatewayFailedPassedFrame(t *testing.T) {
 			factories := map[string]sdi.Factory{"a": func(log hclog.Logger) sdi.SubDevice {
 				return &linkCut{SubDevice: fab.New(log), at: at, to: to}
 			}}
-			route := func(via ...string) map[string][]conntable.Route {
+			route := func(via ...int) map[string][]conntable.Route {
 				var rs []conntable.Route
 				for _, v := range via {
-					rs = append(rs, conntable.Route{SubDevice: "a", Via: v})
+					rs = append(rs, conntable.Route{SubDevice: "a", Via: fmt.Sprint("rank:", v)})
 				}
 				return map[string][]conntable.Route{"*": rs}
 			}
 			tableOf := func(r int) *conntable.Table {
-				e := []conntable.Entry{{To: conntable.SelectAll, Routes: route("")}}
+				e := []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{"*": {{SubDevice: "a"}}}}}
 				switch r {
 				case 0:
-					e = append(e, conntable.Entry{To: "rank:3", Routes: route("rank:1")})
-				case 1:
-					e = append(e, conntable.Entry{To: "rank:3", Routes: route("rank:2", "rank:4")})
+					e = append(e, conntable.Entry{To: fmt.Sprint("rank:", c.dst), Routes: route(c.gw)})
+				case c.gw:
+					e = append(e, conntable.Entry{To: fmt.Sprint("rank:", c.dst), Routes: route(c.cut, c.alt)})
 				}
 				return &conntable.Table{Version: conntable.Version, Peers: e}
 			}
-			devs := openJob(t, jobSpec{n: 5, subs: []string{"a"}, factories: factories, tableOf: tableOf,
+			devs := openJob(t, jobSpec{n: 5, subs: []string{"a"}, factories: factories, tableOf: tableOf, relays: c.relays,
 				forward: ForwardOptions{BlockSize: 1500, Window: 6000, Retry: -1}})
-			if _, gws, _ := devs[1].Path(3, 10); len(gws) != 2 {
-				t.Fatalf("gateway 1 reaches 3 through %v, want 2 and 4", gws)
+			gw := devs[c.gw]
+			if _, gws, _ := gw.Path(c.dst, 10); len(gws) != 2 {
+				t.Fatalf("gateway %d reaches %d through %v, want %d and %d", c.gw, c.dst, gws, c.cut, c.alt)
 			}
-			at.Store(1)
-			to.Store(2)
+			if c.closing {
+				for r := len(devs) - c.relays; r < len(devs); r++ {
+					go devs[r].Close(context.Background()) // as mdrelay: forwards until the job closes
+				}
+				for !gw.finalizing.Load() {
+					time.Sleep(time.Millisecond)
+				}
+			}
+			at.Store(int32(c.gw))
+			to.Store(int32(c.cut))
 			defer at.Store(-1) // let Close drain
-			if withPeerDown {
-				a := slices.IndexFunc(devs[1].subs, func(s *subdev) bool { return s.name == "a" })
-				(&handler{d: devs[1], sub: a}).PeerDown(2, fmt.Errorf("a: link to 2 died: %w", sdi.ErrPeerUnreachable))
+			if c.peerDown {
+				a := slices.IndexFunc(gw.subs, func(s *subdev) bool { return s.name == "a" })
+				(&handler{d: gw, sub: a}).PeerDown(sdi.Rank(c.cut), fmt.Errorf("a: link to %d died: %w", c.cut, sdi.ErrPeerUnreachable))
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			for tag := range 6 {
-				rr := must(t)(devs[3].Irecv(make([]byte, 10), 0, tag, 5))
-				if err := devs[0].Send(ctx, numbered(10, 0, tag), 3, tag, 5, false); err != nil {
+				rr := must(t)(devs[c.dst].Irecv(make([]byte, 10), 0, tag, 5))
+				if err := devs[0].Send(ctx, numbered(10, 0, tag), c.dst, tag, 5, false); err != nil {
 					t.Fatalf("send %d: %v", tag, err)
 				}
 				if _, err := rr.Wait(ctx); err != nil {
-					t.Fatalf("message %d never arrived: %v (gateway 1 forwarded %d)", tag, err, devs[1].ForwardStats().Forwarded)
-				}
-			}
-		})
-	}
-}
-
-// TestRelayFailedPassedFrame is TestGatewayFailedPassedFrame with
-// dedicated relays, also as cmd/mdrelay runs them (adi.RunRelay: Open,
-// then Finalize at once, passing frames on from inside Close): ranks 0
-// and 1 are the application, 2, 3 and 4 relays. 0 reaches 1 through
-// relay 2, relay 2 reaches 1 through relays 3 and 4, and relay 2's link to
-// 3 fails every frame, without PeerDown.
-func TestRelayFailedPassedFrame(t *testing.T) {
-	for _, relayInClose := range []bool{false, true} {
-		t.Run(fmt.Sprint("relayInClose=", relayInClose), func(t *testing.T) {
-			at, to := new(atomic.Int32), new(atomic.Int32)
-			at.Store(-1)
-			to.Store(-1)
-			fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: fwdCaps})
-			factories := map[string]sdi.Factory{"a": func(log hclog.Logger) sdi.SubDevice {
-				return &linkCut{SubDevice: fab.New(log), at: at, to: to}
-			}}
-			route := func(via ...string) map[string][]conntable.Route {
-				var rs []conntable.Route
-				for _, v := range via {
-					rs = append(rs, conntable.Route{SubDevice: "a", Via: v})
-				}
-				return map[string][]conntable.Route{"*": rs}
-			}
-			tableOf := func(r int) *conntable.Table {
-				e := []conntable.Entry{{To: conntable.SelectAll, Routes: route("")}}
-				switch r {
-				case 0:
-					e = append(e, conntable.Entry{To: "rank:1", Routes: route("rank:2")})
-				case 2:
-					e = append(e, conntable.Entry{To: "rank:1", Routes: route("rank:3", "rank:4")})
-				}
-				return &conntable.Table{Version: conntable.Version, Peers: e}
-			}
-			devs := openJob(t, jobSpec{n: 5, subs: []string{"a"}, factories: factories, tableOf: tableOf, relays: 3,
-				forward: ForwardOptions{BlockSize: 1500, Window: 6000, Retry: -1}})
-			if _, gws, _ := devs[2].Path(1, 10); len(gws) != 2 {
-				t.Fatalf("relay 2 reaches 1 through %v, want 3 and 4", gws)
-			}
-			if relayInClose {
-				for _, r := range []int{2, 3, 4} {
-					go devs[r].Close(context.Background()) // as mdrelay: forwards until the job closes
-				}
-				for !devs[2].finalizing.Load() {
-					time.Sleep(time.Millisecond)
-				}
-			}
-			at.Store(2)
-			to.Store(3)
-			defer at.Store(-1) // let Close drain
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			for tag := range 6 {
-				rr := must(t)(devs[1].Irecv(make([]byte, 10), 0, tag, 5))
-				if err := devs[0].Send(ctx, numbered(10, 0, tag), 1, tag, 5, false); err != nil {
-					t.Fatalf("send %d: %v", tag, err)
-				}
-				if _, err := rr.Wait(ctx); err != nil {
-					t.Fatalf("message %d never arrived: %v (relay 2 forwarded %d, held %d)", tag, err, devs[2].ForwardStats().Forwarded, devs[2].fwd.held.Load())
+					t.Fatalf("message %d never arrived: %v (gateway %d forwarded %d)", tag, err, c.gw, gw.ForwardStats().Forwarded)
 				}
 			}
 		})
