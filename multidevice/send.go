@@ -275,7 +275,6 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 		// request got the frame's error, which says more.
 		d.lostOver(s.idx, int(peer), err)
 	}
-
 }
 
 // frameLost takes a frame that s failed, other than at Close, as s's
