@@ -177,9 +177,10 @@ func BenchmarkShmAllreduce(b *testing.B) {
 // as a halo exchange does: Irecv, Isend, Wait both. "fresh" takes new
 // requests from Irecv and Isend, "reused" keeps two (IrecvInto,
 // IsendInto); the difference is what allocating a request per operation
-// costs. "sendrecv" is one Sendrecv call.
+// costs. "sendrecv" is one Sendrecv call, "isendrecv" one Isendrecv and
+// its Wait: beside "sendrecv", what the request costs.
 func BenchmarkShmExchange(b *testing.B) {
-	for _, mode := range []string{"fresh", "reused", "sendrecv"} {
+	for _, mode := range []string{"fresh", "reused", "sendrecv", "isendrecv"} {
 		reuse := mode == "reused"
 		b.Run(mode, func(b *testing.B) {
 			cs := shmJob(b, 2)
@@ -190,8 +191,18 @@ func BenchmarkShmExchange(b *testing.B) {
 				for range b.N {
 					r, s := &kept[0], &kept[1]
 					var err error
-					if mode == "sendrecv" {
+					switch mode {
+					case "sendrecv":
 						if _, err := c.Sendrecv(ctx, sb, peer, 5, rb, peer, 5); err != nil {
+							return err
+						}
+						continue
+					case "isendrecv":
+						q, err := c.Isendrecv(sb, peer, 5, rb, peer, 5)
+						if err == nil {
+							_, err = q.Wait(ctx)
+						}
+						if err != nil {
 							return err
 						}
 						continue

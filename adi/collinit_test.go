@@ -233,17 +233,12 @@ func TestPersistentNeighborCollectives(t *testing.T) {
 	cs := loopJob(t, n)
 	ctx := ctxT(t)
 	each(t, cs, func(c *adi.Comm) error {
-		me := c.Rank()
-		ring, err := c.CartCreate(ctx, []int{n}, []bool{true})
+		x, err := newTopoRank(ctx, c, n)
 		if err != nil {
 			return err
 		}
-		// The graph: every rank sends to the next one only.
+		ring, g, me := x.ring, x.g, x.me
 		next, prev := (me+1)%n, (me+n-1)%n
-		g, err := c.DistGraphCreateAdjacent(ctx, []int{prev}, []int{next})
-		if err != nil {
-			return err
-		}
 		mine, halos := make([]byte, 1), make([]byte, 2)
 		out, in := make([]byte, 2), make([]byte, 2) // to and from -1, then +1
 		gout, gin := make([]byte, 1), make([]byte, 1)
@@ -563,11 +558,22 @@ func TestPersistentInitChecks(t *testing.T) {
 	})
 }
 
-// topoRank is one rank's topologies for TestPersistentNeighborInitChecks.
+// topoRank is one rank's topologies for the persistent neighbour tests.
 type topoRank struct {
-	ring *adi.Cart      // periodic, of 3: two neighbours, each both ways
+	ring *adi.Cart      // periodic, of n: two neighbours, each both ways
 	g    *adi.DistGraph // from the rank before, to the rank after
 	me   int
+}
+
+// newTopoRank makes c's rank's topoRank over n ranks.
+func newTopoRank(ctx context.Context, c *adi.Comm, n int) (topoRank, error) {
+	me := c.Rank()
+	ring, err := c.CartCreate(ctx, []int{n}, []bool{true})
+	if err != nil {
+		return topoRank{}, err
+	}
+	g, err := c.DistGraphCreateAdjacent(ctx, []int{(me + n - 1) % n}, []int{(me + 1) % n})
+	return topoRank{ring, g, me}, err
 }
 
 // TestPersistentNeighborInitChecks: the persistent neighbour
@@ -601,16 +607,11 @@ func TestPersistentNeighborInitChecks(t *testing.T) {
 	cs := loopJob(t, n)
 	ctx := ctxT(t)
 	each(t, cs, func(c *adi.Comm) error {
-		me := c.Rank()
-		ring, err := c.CartCreate(ctx, []int{n}, []bool{true})
+		x, err := newTopoRank(ctx, c, n)
 		if err != nil {
 			return err
 		}
-		g, err := c.DistGraphCreateAdjacent(ctx, []int{(me + n - 1) % n}, []int{(me + 1) % n})
-		if err != nil {
-			return err
-		}
-		x := topoRank{ring, g, me}
+		ring, g, me := x.ring, x.g, x.me
 		if err := badInits(x, cases); err != nil {
 			return err
 		}

@@ -561,34 +561,3 @@ func TestIsendrecvFinalize(t *testing.T) {
 		t.Fatalf("Isendrecv after Finalize: %v, want ErrFinalized", err)
 	}
 }
-
-// BenchmarkShmIsendrecv has two ranks of this process swap 8 bytes as
-// BenchmarkShmExchange does, with one Isendrecv and its Wait per swap:
-// beside that benchmark's "sendrecv", what the request costs.
-func BenchmarkShmIsendrecv(b *testing.B) {
-	cs := shmJob(b, 2)
-	ctx := ctxT(b)
-	swap := func(c *adi.Comm, peer int) error {
-		sb, rb := make([]byte, 8), make([]byte, 8)
-		for range b.N {
-			q, err := c.Isendrecv(sb, peer, 5, rb, peer, 5)
-			if err != nil {
-				return err
-			}
-			if _, err := q.Wait(ctx); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	done := make(chan error)
-	b.ReportAllocs()
-	b.ResetTimer()
-	go func() { done <- swap(cs[1], 0) }()
-	if err := swap(cs[0], 1); err != nil {
-		b.Fatal(err)
-	}
-	if err := <-done; err != nil {
-		b.Fatal(err)
-	}
-}
