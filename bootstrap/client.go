@@ -46,11 +46,10 @@ type client struct {
 	putSize int
 	fence   *call // the fence sent and not yet answered
 	closing bool  // Close or Abort was called
-	// aborting: it was Abort; abortErr is its outcome, set before
-	// abortDone is closed, for an Abort that comes while it runs.
-	aborting  bool
-	abortErr  error
+	// abortDone is made when the closing call is an Abort, and closed
+	// once abortErr holds its outcome (see lateFinish).
 	abortDone chan struct{}
+	abortErr  error
 	// leashOff: the rank finished (Close) or never joined, so losing the
 	// service does not end the process. Abort leaves the leash on: the
 	// job is ending, this rank with it.
@@ -260,16 +259,12 @@ func (c *client) unleash() {
 func (c *client) finish(op string, m *message) error {
 	c.mu.Lock()
 	if c.closing {
-		aborting, done := c.aborting, c.abortDone
+		done := c.abortDone
 		c.mu.Unlock()
-		return lateFinish(op, aborting, done, func() error {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return c.abortErr
-		})
+		return lateFinish(op, done, &c.abortErr)
 	}
-	c.closing, c.aborting = true, op == opAbort
-	if c.aborting {
+	c.closing = true
+	if op == opAbort {
 		c.abortDone = make(chan struct{})
 	}
 	c.mu.Unlock()
@@ -280,30 +275,29 @@ func (c *client) finish(op string, m *message) error {
 		err = fmt.Errorf("bootstrap: %s: %w", op, err)
 	}
 	if op == opAbort {
-		c.mu.Lock()
 		c.abortErr = err
-		c.mu.Unlock()
 		close(c.abortDone)
 	}
 	c.shutdown()
 	return err
 }
 
-// lateFinish is a Close or Abort (op) after an earlier one, aborting if
-// that was an Abort. A Close does nothing. An Abort after Close fails: the
-// launcher was not told. An Abort while another runs waits for it, so
-// that a caller who exits on its return does not end the job with its
-// own status before the abort is out, and returns its outcome (abortErr,
-// read once done, the first Abort's, is closed).
-func lateFinish(op string, aborting bool, done <-chan struct{}, abortErr func() error) error {
+// lateFinish is a Close or Abort (op) after an earlier one; done is the
+// earlier one's if it was an Abort (nil for a Close), closed once *abortErr
+// holds its outcome, which the close publishes. A Close does nothing. An
+// Abort after Close fails: the launcher was not told. An Abort while
+// another runs waits for it, so that a caller who exits on its return
+// does not end the job with its own status before the abort is out, and
+// returns its outcome.
+func lateFinish(op string, done <-chan struct{}, abortErr *error) error {
 	switch {
 	case op != opAbort:
 		return nil
-	case !aborting:
+	case done == nil:
 		return fmt.Errorf("bootstrap: abort after Close: %w", ErrClosed)
 	}
 	<-done
-	return abortErr()
+	return *abortErr
 }
 
 // shutdown closes the connection and waits for the goroutines.

@@ -473,11 +473,10 @@ type pmiJob struct {
 	sent    map[string]bool     // keys published at an earlier fence
 	fence   *pmiOp              // the fence submitted and not yet done
 	closing bool
-	// aborting: Abort closed it; abortErr is its outcome, set before
-	// abortDone is closed (see lateFinish).
-	aborting  bool
-	abortErr  error
+	// abortDone is made when Abort closes it, and closed once abortErr
+	// holds its outcome (see lateFinish).
 	abortDone chan struct{}
+	abortErr  error
 }
 
 // pmiOp is one request for the worker.
@@ -731,15 +730,11 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	j.logger.Error("aborting the job", "code", code, "reason", reason)
 	j.mu.Lock()
 	if j.closing {
-		aborting, done := j.aborting, j.abortDone
+		done := j.abortDone
 		j.mu.Unlock()
-		return lateFinish(opAbort, aborting, done, func() error {
-			j.mu.Lock()
-			defer j.mu.Unlock()
-			return j.abortErr
-		})
+		return lateFinish(opAbort, done, &j.abortErr)
 	}
-	j.closing, j.aborting, j.abortDone = true, true, make(chan struct{})
+	j.closing, j.abortDone = true, make(chan struct{})
 	err := j.err
 	j.mu.Unlock()
 	if err != nil {
@@ -761,9 +756,7 @@ func (j *pmiJob) Abort(code int, reason string) error {
 // aborted records Abort's outcome for an Abort waiting on it, and shuts
 // the job down.
 func (j *pmiJob) aborted(err error) error {
-	j.mu.Lock()
 	j.abortErr = err
-	j.mu.Unlock()
 	close(j.abortDone)
 	j.shutdown()
 	return err

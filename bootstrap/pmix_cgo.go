@@ -653,13 +653,16 @@ func (j *pmixJob) Abort(code int, reason string) error {
 	}
 	j.logger.Error("aborting the job", "code", code, "reason", reason)
 	if !j.refuse(true) {
+		// The first Abort ends the process when PMIx_Abort returns, and
+		// releases dead only when it failed.
+		var done <-chan struct{}
 		j.mu.Lock()
-		aborting := j.aborted
+		if j.aborted {
+			done = j.dead
+		}
 		j.mu.Unlock()
-		// The first Abort ends the process when PMIx_Abort returns.
-		return lateFinish(opAbort, aborting, j.dead, func() error {
-			return fmt.Errorf("bootstrap: pmix: abort: an Abort before this one failed: %w", errPMIxClosed)
-		})
+		failed := fmt.Errorf("bootstrap: pmix: abort: an Abort before this one failed: %w", errPMIxClosed)
+		return lateFinish(opAbort, done, &failed)
 	}
 	// Servers kill the job as soon as they read the abort, sometimes
 	// before forwarding what the rank wrote just before; give the reason
