@@ -237,15 +237,18 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 	lost := false
 	if err != nil && t.sub == nil {
 		err = peerLost(err)
-		if s != nil && passed && !d.closed.Load() {
+		switch {
+		case s == nil: // not failed by a subdevice: at Close, or a lost peer's queued frame
+		case passed:
 			// The trunk to the next hop failed under a frame passed on:
 			// nextHop picks another, for this frame (its done) too, as
 			// after the subdevice's PeerDown. Finalizing too: a relay
 			// passes frames on from inside its Close, until the job's
 			// last rank has closed.
-			d.trunkDown(int32(peer), s.idx, err)
-		}
-		if s != nil && !passed {
+			if !d.closed.Load() {
+				d.trunkDown(int32(peer), s.idx, err)
+			}
+		default:
 			lost = d.frameLost(s, peer, err)
 			// Whoever marked it (this frame, another failing with it,
 			// the subdevice's PeerDown), one event has one error.
@@ -352,7 +355,7 @@ func (d *Device) trySend(s *subdev, of *outFrame, direct bool) bool {
 	// Others go: an acknowledgement or a block of data a peer still
 	// waits for crosses a link that works, and a subdevice whose link is
 	// dead fails them itself.
-	if of.numbered && of.trunk.sub == nil {
+	if of.numbered { // never a trunk's: lines send blocks (blockFrame)
 		if err := d.peerErr(int32(of.f.Peer)); err != nil {
 			d.finishFrame(of, err)
 			return true
