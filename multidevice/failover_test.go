@@ -245,16 +245,16 @@ func TestNoFailover(t *testing.T) {
 }
 
 // creditEater loses, without a word, the credit messages given to its
-// subdevice while eating is set (as a connection that breaks while it is
+// subdevice while eating says so (as a connection that breaks while it is
 // being replaced can): Send reports them sent.
 type creditEater struct {
 	sdi.SubDevice
-	eating *atomic.Bool
+	eating func() bool
 	eaten  *atomic.Int32
 }
 
 func (c creditEater) Send(f *sdi.Frame) (bool, error) {
-	if h, err := decodeHeader(f.Header, 1<<20); err == nil && h.kind == kindSys && h.tag == sysCredit && c.eating.Load() {
+	if h, err := decodeHeader(f.Header, 1<<20); err == nil && h.kind == kindSys && h.tag == sysCredit && c.eating() {
 		c.eaten.Add(1)
 		return true, nil
 	}
@@ -267,8 +267,13 @@ func (c creditEater) Send(f *sdi.Frame) (bool, error) {
 // the destination has nothing new to credit. The line's watch sends the
 // oldest block again, the destination answers the copy with a credit,
 // and the stream goes on; without the watch it would wait until Close.
+// Credits go missing until the source's first nudge, not for a set time:
+// a stream the race detector slows may not fill its window in any given
+// time, and credits that stop going missing before it stalls prove nothing.
 func TestFailoverLostCredit(t *testing.T) {
-	eating, eaten := new(atomic.Bool), new(atomic.Int32)
+	var source atomic.Pointer[Device] // set after Open: Open's own traffic is not a line's
+	eating := func() bool { d := source.Load(); return d != nil && d.ForwardStats().Nudged == 0 }
+	eaten := new(atomic.Int32)
 	factories := map[string]sdi.Factory{}
 	for _, name := range []string{"a", "b"} {
 		fab := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
@@ -280,13 +285,12 @@ func TestFailoverLostCredit(t *testing.T) {
 	}}}
 	devs := openJob(t, jobSpec{n: 2, subs: []string{"a", "b"}, factories: factories, table: table,
 		forward: ForwardOptions{BlockSize: 2000, Window: 8 << 10}})
-	eating.Store(true) // after Open: its own traffic is not a line's
-	time.AfterFunc(20*time.Millisecond, func() { eating.Store(false) })
+	source.Store(devs[0])
 	start := time.Now()
 	streamThroughFailure(t, devs, [][2]int{{0, 1}}, 40, func(int) int { return 1500 }, func(int) bool { return false }, func() {})
 	st := devs[0].ForwardStats()
 	t.Logf("stream of 40 blocks, %d credits lost: %v, %d nudges", eaten.Load(), time.Since(start).Round(time.Millisecond), st.Nudged)
-	if eaten.Load() == 0 || st.Nudged == 0 {
+	if eaten.Load() == 0 {
 		t.Fatalf("%d credits lost, %d nudges: the stream never waited for a lost credit, the test proves nothing", eaten.Load(), st.Nudged)
 	}
 }
