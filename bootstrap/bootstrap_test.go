@@ -291,6 +291,41 @@ func TestSecondAbortSeesFirstsError(t *testing.T) {
 	}
 }
 
+// TestCloseAfterAbortKeepsLeash: a Close during or after an Abort (a
+// deferred Close, say) leaves the leash on, so a rank that mdrun started
+// on another host still ends when the service does; only a Close that
+// comes first takes it off.
+func TestCloseAfterAbortKeepsLeash(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ops      []string
+		leashOff bool
+	}{
+		{"close", []string{opFinalize}, true},
+		{"abort then close", []string{opAbort, opFinalize}, false},
+		{"close then abort", []string{opFinalize, opAbort}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cc, sc := net.Pipe()
+			c := newClient(hclog.NewNullLogger(), mdrunEnv{addr: "unix:/x", size: 1}, cc)
+			go func() { readMessage(sc); sc.Close() }() // the service ends without an acknowledgement
+			for _, op := range tc.ops {
+				if op == opAbort {
+					c.Abort(1, "bad input")
+				} else {
+					c.Close()
+				}
+			}
+			c.mu.Lock()
+			off := c.leashOff
+			c.mu.Unlock()
+			if off != tc.leashOff {
+				t.Errorf("leash off %v, want %v", off, tc.leashOff)
+			}
+		})
+	}
+}
+
 func TestAbortReported(t *testing.T) {
 	srv := startServer(t, 3, nil)
 	a, b := openRank(t, srv, 0), openRank(t, srv, 1)

@@ -243,9 +243,10 @@ func (c *client) Abort(code int, reason string) error {
 }
 
 // Close says goodbye to the service and releases the connection. It is
-// idempotent; only the first call reports an error.
+// idempotent; only the first call reports an error. A Close after or
+// during an Abort leaves the leash on: the rank is still ending with the
+// job.
 func (c *client) Close() error {
-	c.unleash()
 	return c.finish(opFinalize, &message{Op: opFinalize})
 }
 
@@ -266,6 +267,10 @@ func (c *client) finish(op string, m *message) error {
 	c.closing = true
 	if op == opAbort {
 		c.abortDone = make(chan struct{})
+	} else {
+		// Before the goodbye: the service may end the connection as soon
+		// as it has it.
+		c.leashOff = true
 	}
 	c.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), ackTimeout)
