@@ -168,7 +168,13 @@
 // mpirun, started by a rank of another mpirun, refuses to run
 // ("mpirun.openmpi does not support recursive calls") unless the OMPI_*
 // variables the outer mpirun gave the rank are taken out of its
-// environment, after which its ranks join the inner job.
+// environment, after which its ranks join the inner job. A program that
+// is not built on this package and runs under a PMI manager (mpirun under
+// Hydra) passes PMI_FD on to its children unchanged, as a number that is
+// no longer the manager's connection there; PMI_FD must name a socket, so
+// such a child's Open does not write into whatever file has the number:
+// beside a PMIx launcher's variables it joins that launcher's job, and
+// alone it fails ("bootstrap: pmi: PMI_FD=7 is a pipe, not a socket").
 //
 // # Environment
 //

@@ -159,6 +159,12 @@ func (st *openState) pmiConnOf() (*pmiConn, error) {
 	} else {
 		st.pmi, st.pmiErr = openPMIConn(st.env)
 	}
+	// A stale PMI_FD beside a PMIx launcher's variables: a PMIx rank
+	// whose parent (mpirun under Hydra, say) inherited it from a PMI rank.
+	var ns *notSocketError
+	if errors.As(st.pmiErr, &ns) && detectPMIx(st.env) {
+		st.pmiErr = &refusedError{fmt.Sprintf("%s is %s, not a socket", ns.desc, ns.kind)}
+	}
 	return st.pmi, st.pmiErr
 }
 

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
 )
 
 // openPMIRanks opens every rank of f's job concurrently (the handshake
@@ -701,6 +703,67 @@ func TestPMIConcurrentOpen(t *testing.T) {
 				t.Fatalf("round %d: the other Open: %v, want the joins-once error", i, err)
 			}
 		}
+	}
+}
+
+// TestPMIStaleFD: a PMI_FD that names a pipe (the number a PMI rank's
+// PMI_FD had, passed down through a program that is not ours and reused
+// there) is no manager's connection. Open writes nothing into it and
+// leaves it open; beside a PMIx launcher's variables the PMI backends
+// step aside for PMIx, and alone they fail saying what the number is.
+func TestPMIStaleFD(t *testing.T) {
+	tests := []struct {
+		name    string
+		pmix    bool
+		want    string // substring of the error, or "" for a refusal
+		refusal string
+	}{
+		{name: "alone", want: "is a pipe, not a socket: it is not a process manager's connection"},
+		{name: "beside a pmix launcher", pmix: true, refusal: "is a pipe, not a socket"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			defer pw.Close()
+			env := []string{fmt.Sprintf("%s=%d", EnvPMIFD, pw.Fd()), "PMI_RANK=0", "PMI_SIZE=1"}
+			if tt.pmix {
+				env = append(env, openMPIEnv...)
+			}
+			st := &openState{env: envOf(env)}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for _, open := range []func(context.Context, hclog.Logger, *openState) (Bootstrap, error){openPMI2, openPMI1} {
+				_, err := open(ctx, testLogger(t), st)
+				var ref *refusedError
+				switch {
+				case err == nil:
+					t.Fatal("open succeeded")
+				case tt.refusal != "":
+					if !errors.As(err, &ref) || !strings.Contains(err.Error(), tt.refusal) {
+						t.Errorf("open: %v, want a refusal saying %q", err, tt.refusal)
+					}
+				case errors.As(err, &ref) || !strings.Contains(err.Error(), tt.want):
+					t.Errorf("open: %v, want an error saying %q", err, tt.want)
+				}
+			}
+			// Still open, and nothing was written into it.
+			if _, err := pw.Write([]byte("x")); err != nil {
+				t.Fatalf("the pipe was closed: %v", err)
+			}
+			runtime.GC() // an *os.File wrapping the number would close it when collected
+			runtime.GC()
+			if _, err := pw.Write([]byte("y")); err != nil {
+				t.Fatalf("the pipe was closed: %v", err)
+			}
+			pw.Close()
+			if b, _ := io.ReadAll(pr); string(b) != "xy" {
+				t.Errorf("read %q from the pipe, want just the test's own \"xy\"", b)
+			}
+		})
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -19,11 +20,9 @@ import (
 // waits for a reply.
 type pmiConn struct {
 	desc string // "PMI_FD=6", for messages
-	rw   io.ReadWriteCloser
+	rw   net.Conn
 	r    *bufio.Reader
 	wmu  sync.Mutex
-	// deadline sets a read/write deadline; nil when the fd is not pollable.
-	deadline func(time.Time) error
 }
 
 // connError is a failure of the connection itself (end of file, a message
@@ -48,36 +47,66 @@ func (e *rcError) Error() string {
 	return fmt.Sprintf("the process manager refused %s: rc=%d", e.cmd, e.rc)
 }
 
-// openPMIConn wraps the inherited descriptor named by PMI_FD.
+// notSocketError is a PMI_FD that names an open descriptor other than a
+// socket: a pipe or a file cannot carry PMI's two-way conversation, so it
+// is not a manager's connection but a stale number, inherited from a PMI
+// rank through a parent that was not a multidevice program (which would
+// have replaced PMI_FD, see EnvPMIParent) and since reused.
+type notSocketError struct {
+	desc, kind string
+}
+
+func (e *notSocketError) Error() string {
+	return fmt.Sprintf("bootstrap: pmi: %s is %s, not a socket: it is not a process manager's connection but a number inherited from a PMI rank through another program; unset %s to run this process as a singleton", e.desc, e.kind, EnvPMIFD)
+}
+
+// openPMIConn wraps the inherited descriptor named by PMI_FD, which must
+// be a socket: Hydra and Slurm hand out socketpairs. The descriptor is
+// looked at before it is wrapped, since an *os.File closes its descriptor
+// when collected, and one that is not the manager's belongs to somebody
+// else.
 func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	s, _ := env(EnvPMIFD)
 	desc := EnvPMIFD + "=" + s
 	fd, err := strconv.Atoi(s)
 	if err != nil || fd < 0 {
-		return nil, fmt.Errorf("%s is not a file descriptor", desc)
+		return nil, fmt.Errorf("bootstrap: pmi: %s is not a file descriptor", desc)
 	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return nil, fmt.Errorf("bootstrap: pmi: %s is not an open file descriptor: %w", desc, err)
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
+		return nil, &notSocketError{desc, fileKind(st.Mode)}
+	}
+	// As a net.Conn, with deadlines and a close-on-exec duplicate, so the
+	// rank's own children do not inherit the manager's connection.
 	f := os.NewFile(uintptr(fd), "PMI_FD")
-	if f == nil {
-		return nil, fmt.Errorf("%s is not an open file descriptor", desc)
+	nc, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap: pmi: %s: %w", desc, err)
 	}
-	if _, err := f.Stat(); err != nil {
-		return nil, fmt.Errorf("%s is not an open file descriptor: %w", desc, err)
-	}
-	c := &pmiConn{desc: desc}
-	// A socket (Hydra and Slurm hand out socketpairs) becomes a net.Conn,
-	// with deadlines and a close-on-exec duplicate, so the rank's own
-	// children do not inherit the manager's connection.
-	if nc, err := net.FileConn(f); err == nil {
-		f.Close()
-		c.rw, c.deadline = nc, nc.SetDeadline
-	} else {
-		c.rw = f
-		if f.SetDeadline(time.Time{}) == nil {
-			c.deadline = f.SetDeadline
-		}
-	}
+	c := &pmiConn{desc: desc, rw: nc}
 	c.r = bufio.NewReaderSize(c.rw, 4096)
 	return c, nil
+}
+
+// fileKind names the type of file in a stat mode, for messages.
+func fileKind(mode uint32) string {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFIFO:
+		return "a pipe"
+	case syscall.S_IFREG:
+		return "a regular file"
+	case syscall.S_IFCHR:
+		return "a character device"
+	case syscall.S_IFDIR:
+		return "a directory"
+	case syscall.S_IFBLK:
+		return "a block device"
+	}
+	return fmt.Sprintf("a file of type %#o", mode&syscall.S_IFMT)
 }
 
 func (c *pmiConn) write(s string) error {
@@ -104,16 +133,13 @@ func readErr(err error) error {
 // during runs fn, a blocking exchange of the handshake, so that ctx ending
 // interrupts it.
 func (c *pmiConn) during(ctx context.Context, fn func() error) error {
-	if c.deadline == nil {
-		return fn()
-	}
 	if d, ok := ctx.Deadline(); ok {
-		c.deadline(d)
+		c.rw.SetDeadline(d)
 	}
-	stop := context.AfterFunc(ctx, func() { c.deadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { c.rw.SetDeadline(time.Unix(1, 0)) })
 	err := fn()
 	stop()
-	c.deadline(time.Time{})
+	c.rw.SetDeadline(time.Time{})
 	if err != nil && ctx.Err() != nil {
 		return fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
