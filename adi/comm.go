@@ -44,7 +44,10 @@ func checkTag(tag int, wild bool) error {
 var nullStatus = Status{Source: ProcNull, Tag: AnyTag}
 
 // Status describes a received or probed message. Source is a rank in the
-// communicator the receive was posted on.
+// communicator the receive was posted on. A receive that fails (its source
+// lost, the world closed) reports the source and tag of the message it
+// matched or, before a match, those it was posted with, wildcards
+// included, and Count 0; a cancelled one reports Cancelled.
 type Status struct {
 	Source    int
 	Tag       int

@@ -212,6 +212,39 @@ func TestProbeWakesOnLoss(t *testing.T) {
 	}
 }
 
+// TestFailedRecvStatus: a receive that fails when its source is lost
+// reports that source as a rank of its communicator, and its tag, not
+// world rank 0's number there and tag 0.
+func TestFailedRecvStatus(t *testing.T) {
+	const n = 3
+	ws, f := loopWorlds(t, n)
+	ctx := ctxT(t)
+	// Comm rank (world+1)%3: world rank 1 is rank 2 there.
+	comms := make([]*adi.Comm, n)
+	var wg sync.WaitGroup
+	for r, w := range ws {
+		wg.Go(func() {
+			c, err := w.Comm().Split(ctx, 0, (r+1)%n)
+			if err != nil {
+				t.Error(err)
+			}
+			comms[r] = c
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	q, err := comms[0].Irecv(make([]byte, 8), 2, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Sever(1)
+	if st, err := q.Wait(ctx); !errors.Is(err, adi.ErrPeerDown) || st != (adi.Status{Source: 2, Tag: 7}) {
+		t.Fatalf("receive from a lost rank: %+v, %v; want ErrPeerDown, source 2, tag 7", st, err)
+	}
+}
+
 // TestPersistent: persistent requests made once carry a halo exchange
 // around the ring for several rounds, each round with the send buffer's
 // contents then; an inactive request waits for nothing, a busy one cannot

@@ -715,7 +715,7 @@ func (d *Device) failAll(err error, unclosed map[int]bool) {
 	acks := d.dropAcksLocked(func(*Request) bool { return true })
 	d.mu.Unlock()
 	for _, r := range reqs {
-		r.complete(Status{}, err)
+		r.complete(r.failStatus(), err)
 	}
 	failAcks(acks, err)
 }

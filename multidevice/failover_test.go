@@ -332,12 +332,13 @@ func TestLostSource(t *testing.T) {
 			// The loss is processed once a receive waiting for rank 1 fails.
 			pending := must(t)(devs[0].Irecv(make([]byte, 1), 1, 2, 0))
 			fabs["a"].Sever(1)
-			if _, err := wait(t, pending); !errors.Is(err, ErrPeerDown) {
-				t.Fatalf("receive pending at the loss: %v, want ErrPeerDown", err)
+			if st, err := wait(t, pending); !errors.Is(err, ErrPeerDown) || st != (Status{Source: 1, Tag: 2}) {
+				t.Fatalf("receive pending at the loss: %+v, %v; want ErrPeerDown and its own source and tag", st, err)
 			}
 
 			var st Status
 			var err error
+			waited := false // a receive was posted and completed
 			if tc.probe {
 				var ok bool
 				st, ok, err = devs[0].Iprobe(1, 5, 0)
@@ -361,6 +362,7 @@ func TestLostSource(t *testing.T) {
 				}
 				if err == nil {
 					st, err = wait(t, r)
+					waited = true
 				}
 				if err == nil && !bytes.Equal(buf, pattern(tc.queued, 1)) {
 					t.Error("message corrupted")
@@ -371,6 +373,11 @@ func TestLostSource(t *testing.T) {
 			}
 			if !tc.wantErr && (st.Source != 1 || st.Count != tc.queued) {
 				t.Errorf("status %+v, want %d bytes from rank 1", st, tc.queued)
+			}
+			// A failed receive reports the source and tag it was posted
+			// with or matched, not rank 0's tag 0.
+			if tc.wantErr && waited && st != (Status{Source: 1, Tag: 5}) {
+				t.Errorf("failed receive's status %+v, want rank 1, tag 5, no bytes", st)
 			}
 		})
 	}

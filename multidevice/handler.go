@@ -215,12 +215,12 @@ func (d *Device) failPeer(peer int, why, cause error) {
 	}
 	d.mu.Unlock()
 	for _, r := range failed {
-		r.complete(Status{}, cause)
+		r.complete(r.failStatus(), cause)
 	}
 	failAcks(acks, cause)
 	for _, h := range held {
 		// Handler callbacks must not call into a subdevice: go through the engine.
-		d.out.push(outItem{fn: func() { d.cancelHeld(h.s, h.id, Status{}, cause) }})
+		d.out.push(outItem{fn: func() { d.cancelHeld(h.s, h.id, false, cause) }})
 	}
 	// Probes waiting for the peer fail now (Iprobe reports the loss), but
 	// only look again when something changes.

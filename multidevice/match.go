@@ -42,6 +42,8 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 		return nil, err
 	}
 	r.tag, r.context, r.buf = int32(tag), context, buf
+	// What r reports if it fails before a message matches it (failStatus).
+	r.status.Source, r.status.Tag = src, tag
 
 	if src != AnySource && d.matchSub[src] >= 0 {
 		return r, d.postHeld(r, int32(src))
@@ -71,7 +73,7 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	if src != AnySource {
 		if err := d.peerErr(int32(src)); err != nil {
 			d.mu.Unlock()
-			r.completeOwned(Status{}, err)
+			r.completeOwned(r.failStatus(), err)
 			return r, nil
 		}
 	}
@@ -80,7 +82,7 @@ func (d *Device) irecv(r *Request, buf []byte, src, tag int, context uint64) (*R
 	// is either found there or sees the mark here.
 	if d.closed.Load() {
 		d.mu.Unlock()
-		r.completeOwned(Status{}, ErrClosed)
+		r.completeOwned(r.failStatus(), ErrClosed)
 		return r, nil
 	}
 	d.posted.push(r)
@@ -109,7 +111,7 @@ func (d *Device) postHeld(r *Request, src int32) error {
 	d.mu.Lock()
 	if d.closed.Load() {
 		d.mu.Unlock()
-		r.completeOwned(Status{}, ErrClosed)
+		r.completeOwned(r.failStatus(), ErrClosed)
 		return nil
 	}
 	d.held[id] = r
@@ -128,7 +130,7 @@ func (d *Device) postHeld(r *Request, src int32) error {
 	// so this load, after PostRecv, sees the mark. Either way a cancel
 	// follows PostRecv, and Done or it completes r.
 	if lost := d.peerErr(src); lost != nil {
-		d.cancelHeld(s, id, Status{}, lost)
+		d.cancelHeld(s, id, false, lost)
 	}
 	return nil
 }
@@ -146,13 +148,17 @@ func (d *Device) unhold(id uint64) *Request {
 }
 
 // cancelHeld takes the held receive id back from s and, if s gave it back,
-// completes it with st and err. It calls into s: handler callbacks go
-// through the outbox.
-func (d *Device) cancelHeld(s *subdev, id uint64, st Status, err error) {
+// completes it with err, as cancelled (Cancel) or failed. It calls into s:
+// handler callbacks go through the outbox.
+func (d *Device) cancelHeld(s *subdev, id uint64, cancelled bool, err error) {
 	if !s.matcher.CancelRecv(id) {
 		return // it matched: its Done completes it
 	}
 	if r := d.unhold(id); r != nil {
+		st := r.failStatus()
+		if cancelled {
+			st = cancelledStatus
+		}
 		r.complete(st, err)
 	}
 }
@@ -383,7 +389,7 @@ func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
 	// the receive now (failPeer, which marks the loss before it takes
 	// d.mu, fails the ones it finds waiting).
 	if lost := d.peerErr(h.src); lost != nil {
-		r.completeOwned(Status{}, lost)
+		r.completeOwned(st, lost)
 		return
 	}
 	r.rndvLen = min(h.length, uint64(len(r.buf)))
@@ -430,6 +436,9 @@ func (d *Device) onData(from int32, h *header, payload []byte) {
 	d.blockDone(r, uint64(len(payload)))
 }
 
+// cancelledStatus is what a cancelled receive reports.
+var cancelledStatus = Status{Source: AnySource, Tag: AnyTag, Cancelled: true}
+
 // Cancel cancels a receive that has not matched yet: it completes with
 // ErrCanceled and Status.Cancelled set. A receive that already matched, and
 // any send, completes normally (MPI allows a cancel to fail).
@@ -437,10 +446,9 @@ func (d *Device) Cancel(r *Request) {
 	if r.send || r.state.Load()&reqPhase != reqPending {
 		return
 	}
-	cancelled := Status{Source: AnySource, Tag: AnyTag, Cancelled: true}
 	switch {
 	case r.atSub >= 0:
-		d.cancelHeld(d.subs[r.atSub], r.id, cancelled, ErrCanceled)
+		d.cancelHeld(d.subs[r.atSub], r.id, true, ErrCanceled)
 	case r.claim != nil:
 		if !r.claim.TryClaim(claimCancel) {
 			return // a copy matched; it completes the request
@@ -451,13 +459,13 @@ func (d *Device) Cancel(r *Request) {
 		for _, idx := range d.matchers {
 			d.subs[idx].matcher.CancelRecv(r.id)
 		}
-		r.complete(cancelled, ErrCanceled)
+		r.complete(cancelledStatus, ErrCanceled)
 	default:
 		d.mu.Lock()
 		removed := d.removePostedLocked(r)
 		d.mu.Unlock()
 		if removed {
-			r.complete(cancelled, ErrCanceled)
+			r.complete(cancelledStatus, ErrCanceled)
 		}
 	}
 }

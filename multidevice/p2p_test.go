@@ -374,3 +374,36 @@ func TestCloseHoldsPlacesOfUnclosed(t *testing.T) {
 		})
 	}
 }
+
+// TestClosedReceiveStatus: receives that Close fails (or the loss of rank
+// 0 as it closes, for the one it was placing) report the source and tag
+// they were posted with, wildcards included, or those of the message they
+// matched, and no bytes: not rank 0's tag 0, which a program could take
+// for a message's.
+func TestClosedReceiveStatus(t *testing.T) {
+	devs := loopJob(t, 3, smallCaps)
+	d := devs[1]
+	// Posted first, so that the message of tag 3 placed below matches it.
+	placed := must(t)(d.Irecv(make([]byte, 300), 0, AnyTag, 0))
+	hb := make([]byte, shortHeaderSize)
+	putShort(hb, 3, 0, 0)
+	if (&handler{d: d, sub: 1}).Place(0, hb, 200) == nil {
+		t.Fatal("no place for a message a posted receive takes")
+	}
+	wild := must(t)(d.Irecv(make([]byte, 8), AnySource, AnyTag, 0))
+	own := must(t)(d.Irecv(make([]byte, 8), 2, 7, 0))
+	closeJob(t, devs)
+	for _, tc := range []struct {
+		name string
+		r    *Request
+		want Status
+	}{
+		{"matched, being placed", placed, Status{Source: 0, Tag: 3}},
+		{"wildcards", wild, Status{Source: AnySource, Tag: AnyTag}},
+		{"source and tag", own, Status{Source: 2, Tag: 7}},
+	} {
+		if st, err := wait(t, tc.r); err == nil || st != tc.want {
+			t.Errorf("%s: %+v, %v; want %+v and an error", tc.name, st, err, tc.want)
+		}
+	}
+}

@@ -273,7 +273,7 @@ func (d *Device) abandonRecv(r *Request, err error) bool {
 	now := d.failRndvLocked(r, err)
 	d.mu.Unlock()
 	if now {
-		r.complete(Status{}, err)
+		r.complete(r.failStatus(), err)
 	}
 	return true
 }
@@ -339,6 +339,7 @@ func (d *Device) placeEager(sub int, from sdi.Rank, hb []byte, n int) []byte {
 		}
 		d.posted.remove(i)
 		d.recvSeq[h.src]++
+		r.status.Source, r.status.Tag = int(h.src), int(h.tag) // for failStatus
 		d.placing = append(d.placing, placedEager{r: r, sub: sub, src: h.src, seq: h.seq})
 		return r.buf[:n:n]
 	}
@@ -405,9 +406,9 @@ func (d *Device) failPlaced(sub int, peer sdi.Rank, err error) {
 	}
 	for _, r := range failed {
 		if r.rndvFail != nil { // it left every queue: nobody else writes it
-			r.complete(Status{}, r.rndvFail)
+			r.complete(r.failStatus(), r.rndvFail)
 		} else {
-			r.complete(Status{}, err)
+			r.complete(r.failStatus(), err)
 		}
 	}
 }

@@ -17,7 +17,9 @@ const (
 )
 
 // Status describes a completed receive or a probed message. Source is a
-// world rank.
+// world rank. A receive that fails reports the source and tag of the
+// message it matched or, before a match, those it was posted with
+// (wildcards included), and Count 0.
 type Status struct {
 	Source    int
 	Tag       int
@@ -64,7 +66,10 @@ type Request struct {
 	chMu   sync.Mutex
 	ch     chan struct{} // made by Done on demand, closed by complete
 	closed bool          // under chMu: complete has closed ch
-	status Status        // written once before state becomes reqDone
+	// status is written once before state becomes reqDone; a receive's
+	// holds, from the start, the source and tag it was posted with and,
+	// from its match, the message's (see failStatus).
+	status Status
 	err    error
 
 	// Receive side, guarded by Device.mu until matched.
@@ -202,6 +207,14 @@ func (r *Request) complete(st Status, err error) bool {
 	r.state.Store(reqDone)
 	d.notifyAll()
 	return true
+}
+
+// failStatus is the status a receive reports when it fails: no bytes,
+// and the source and tag of the message it matched or, before a match,
+// those it was posted with (wildcards included), not rank 0 and tag 0.
+// A send's is empty.
+func (r *Request) failStatus() Status {
+	return Status{Source: r.status.Source, Tag: r.status.Tag}
 }
 
 // completeOwned is complete for a completer that nobody can race: it
