@@ -171,10 +171,14 @@
 // environment, after which its ranks join the inner job. A program that
 // is not built on this package and runs under a PMI manager (mpirun under
 // Hydra) passes PMI_FD on to its children unchanged, as a number that is
-// no longer the manager's connection there; PMI_FD must name a socket, so
-// such a child's Open does not write into whatever file has the number:
-// beside a PMIx launcher's variables it joins that launcher's job, and
-// alone it fails ("bootstrap: pmi: PMI_FD=7 is a pipe, not a socket").
+// no longer the manager's connection there. PMI_FD must name a stream
+// socket, so such a child's Open writes nothing into a number that is
+// closed there or open on something else (a pipe, a file, the Go
+// runtime's eventfd): beside a PMIx launcher's variables it joins that
+// launcher's job, taking PMI_FD out of its environment, and alone it
+// fails ("bootstrap: pmi: PMI_FD=7 is a pipe, not a socket"). A number
+// that happens to name a stream socket there cannot be told from the
+// manager's, and the handshake goes into it.
 //
 // # Environment
 //
@@ -190,7 +194,8 @@
 //	MDRUN_HOST    the launcher's name for this rank's host
 //	MDRUN_EXIT_WITH_SERVICE
 //	              1 for ranks mdrun starts on other hosts: the rank sends itself
-//	              SIGTERM when its connection to the service ends before Close
+//	              SIGTERM when its connection to the service ends, unless it
+//	              called Close first (not during or after an Abort)
 //
 // mdrun also passes two variables to the ranks when its flags ask for them.
 // They are read by the library, not by this package:

@@ -27,8 +27,9 @@ const (
 	SecretFromStdin = "-"
 	EnvHost         = "MDRUN_HOST"
 	// EnvExitWithService=1 makes a rank send itself SIGTERM when its
-	// connection to the mdrun service ends before Close or Abort: mdrun
-	// closes the service to end ranks it started on other hosts.
+	// connection to the mdrun service ends, unless it called Close first
+	// (not during or after an Abort): mdrun closes the service to end
+	// ranks it started on other hosts.
 	EnvExitWithService = "MDRUN_EXIT_WITH_SERVICE"
 )
 

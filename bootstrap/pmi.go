@@ -161,9 +161,10 @@ func (st *openState) pmiConnOf() (*pmiConn, error) {
 	}
 	// A stale PMI_FD beside a PMIx launcher's variables: a PMIx rank
 	// whose parent (mpirun under Hydra, say) inherited it from a PMI rank.
-	var ns *notSocketError
-	if errors.As(st.pmiErr, &ns) && detectPMIx(st.env) {
-		st.pmiErr = &refusedError{fmt.Sprintf("%s is %s, not a socket", ns.desc, ns.kind)}
+	// The PMIx backend takes it out of the environment once it joins.
+	var stale *staleFDError
+	if errors.As(st.pmiErr, &stale) && detectPMIx(st.env) {
+		st.pmiErr = &refusedError{fmt.Sprintf("%s is %s", stale.desc, stale.what)}
 	}
 	return st.pmi, st.pmiErr
 }

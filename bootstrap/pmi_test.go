@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -706,64 +707,95 @@ func TestPMIConcurrentOpen(t *testing.T) {
 	}
 }
 
-// TestPMIStaleFD: a PMI_FD that names a pipe (the number a PMI rank's
-// PMI_FD had, passed down through a program that is not ours and reused
-// there) is no manager's connection. Open writes nothing into it and
-// leaves it open; beside a PMIx launcher's variables the PMI backends
-// step aside for PMIx, and alone they fail saying what the number is.
+// TestPMIStaleFD: a PMI_FD that is not a stream socket (the number a PMI
+// rank's PMI_FD had, passed down through a program that is not ours and
+// closed or reused there) is no manager's connection. Open writes nothing
+// into it and leaves it open; beside a PMIx launcher's variables the PMI
+// backends step aside for PMIx, and alone they fail saying what the
+// number is.
 func TestPMIStaleFD(t *testing.T) {
-	tests := []struct {
-		name    string
-		pmix    bool
-		want    string // substring of the error, or "" for a refusal
-		refusal string
+	kinds := []struct {
+		name string
+		open func(t *testing.T) (fd int, check func(t *testing.T)) // check: it is still open, and nothing was written into it
+		what string
 	}{
-		{name: "alone", want: "is a pipe, not a socket: it is not a process manager's connection"},
-		{name: "beside a pmix launcher", pmix: true, refusal: "is a pipe, not a socket"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
+		{"pipe", func(t *testing.T) (int, func(*testing.T)) {
 			pr, pw, err := os.Pipe()
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer pr.Close()
-			defer pw.Close()
-			env := []string{fmt.Sprintf("%s=%d", EnvPMIFD, pw.Fd()), "PMI_RANK=0", "PMI_SIZE=1"}
-			if tt.pmix {
-				env = append(env, openMPIEnv...)
-			}
-			st := &openState{env: envOf(env)}
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			for _, open := range []func(context.Context, hclog.Logger, *openState) (Bootstrap, error){openPMI2, openPMI1} {
-				_, err := open(ctx, testLogger(t), st)
-				var ref *refusedError
-				switch {
-				case err == nil:
-					t.Fatal("open succeeded")
-				case tt.refusal != "":
-					if !errors.As(err, &ref) || !strings.Contains(err.Error(), tt.refusal) {
-						t.Errorf("open: %v, want a refusal saying %q", err, tt.refusal)
-					}
-				case errors.As(err, &ref) || !strings.Contains(err.Error(), tt.want):
-					t.Errorf("open: %v, want an error saying %q", err, tt.want)
+			t.Cleanup(func() { pr.Close(); pw.Close() })
+			return int(pw.Fd()), func(t *testing.T) {
+				if _, err := pw.Write([]byte("x")); err != nil {
+					t.Fatalf("the pipe was closed: %v", err)
+				}
+				pw.Close()
+				if b, _ := io.ReadAll(pr); string(b) != "x" {
+					t.Errorf("read %q from the pipe, want just the test's own \"x\"", b)
 				}
 			}
-			// Still open, and nothing was written into it.
-			if _, err := pw.Write([]byte("x")); err != nil {
-				t.Fatalf("the pipe was closed: %v", err)
+		}, "is a pipe, not a socket"},
+		{"closed number", func(t *testing.T) (int, func(*testing.T)) {
+			return 99999, func(*testing.T) {} // far above what this process opens
+		}, "is not an open file descriptor"},
+		{"epoll", func(t *testing.T) (int, func(*testing.T)) {
+			fd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+			if err != nil {
+				t.Fatal(err)
 			}
-			runtime.GC() // an *os.File wrapping the number would close it when collected
-			runtime.GC()
-			if _, err := pw.Write([]byte("y")); err != nil {
-				t.Fatalf("the pipe was closed: %v", err)
+			t.Cleanup(func() { syscall.Close(fd) })
+			return fd, func(t *testing.T) {
+				var st syscall.Stat_t
+				if err := syscall.Fstat(fd, &st); err != nil {
+					t.Fatalf("the epoll descriptor was closed: %v", err)
+				}
 			}
-			pw.Close()
-			if b, _ := io.ReadAll(pr); string(b) != "xy" {
-				t.Errorf("read %q from the pipe, want just the test's own \"xy\"", b)
+		}, "is an anonymous inode"},
+		{"datagram socket", func(t *testing.T) (int, func(*testing.T)) {
+			fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
 			}
-		})
+			t.Cleanup(func() { syscall.Close(fds[0]); syscall.Close(fds[1]) })
+			return fds[0], func(t *testing.T) {
+				if _, err := syscall.Write(fds[0], []byte("x")); err != nil {
+					t.Fatalf("the socket was closed: %v", err)
+				}
+				buf := make([]byte, 100)
+				if n, err := syscall.Read(fds[1], buf); err != nil || string(buf[:n]) != "x" {
+					t.Errorf("read %q, %v from the socket, want just the test's own \"x\"", buf[:n], err)
+				}
+			}
+		}, "is a socket but not a stream socket"},
+	}
+	for _, k := range kinds {
+		for _, pmix := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/pmix=%v", k.name, pmix), func(t *testing.T) {
+				fd, check := k.open(t)
+				env := []string{fmt.Sprintf("%s=%d", EnvPMIFD, fd), "PMI_RANK=0", "PMI_SIZE=1"}
+				if pmix {
+					env = append(env, openMPIEnv...)
+				}
+				st := &openState{env: envOf(env)}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				for _, open := range []func(context.Context, hclog.Logger, *openState) (Bootstrap, error){openPMI2, openPMI1} {
+					_, err := open(ctx, testLogger(t), st)
+					var ref *refusedError
+					switch {
+					case err == nil:
+						t.Fatal("open succeeded")
+					case !strings.Contains(err.Error(), k.what):
+						t.Errorf("open: %v, want it to say %q", err, k.what)
+					case pmix != errors.As(err, &ref):
+						t.Errorf("open: %v; a refusal: %v, want %v", err, !pmix, pmix)
+					}
+				}
+				runtime.GC() // an *os.File of the number would close it when collected
+				runtime.GC()
+				check(t)
+			})
+		}
 	}
 }
 

@@ -47,24 +47,25 @@ func (e *rcError) Error() string {
 	return fmt.Sprintf("the process manager refused %s: rc=%d", e.cmd, e.rc)
 }
 
-// notSocketError is a PMI_FD that names an open descriptor other than a
-// socket: a pipe or a file cannot carry PMI's two-way conversation, so it
-// is not a manager's connection but a stale number, inherited from a PMI
-// rank through a parent that was not a multidevice program (which would
-// have replaced PMI_FD, see EnvPMIParent) and since reused.
-type notSocketError struct {
-	desc, kind string
+// staleFDError is a PMI_FD that cannot be a manager's connection: a
+// closed number, or one open on something other than a stream socket (a
+// pipe or a file cannot carry PMI's two-way conversation). It is a stale
+// number, inherited from a PMI rank through a parent that was not a
+// multidevice program (which would have replaced PMI_FD, see
+// EnvPMIParent), and closed or reused since.
+type staleFDError struct {
+	desc, what string
 }
 
-func (e *notSocketError) Error() string {
-	return fmt.Sprintf("bootstrap: pmi: %s is %s, not a socket: it is not a process manager's connection but a number inherited from a PMI rank through another program; unset %s to run this process as a singleton", e.desc, e.kind, EnvPMIFD)
+func (e *staleFDError) Error() string {
+	return fmt.Sprintf("bootstrap: pmi: %s is %s: it is not a process manager's connection but a number inherited from a PMI rank through another program; unset %s to run this process as a singleton", e.desc, e.what, EnvPMIFD)
 }
 
 // openPMIConn wraps the inherited descriptor named by PMI_FD, which must
-// be a socket: Hydra and Slurm hand out socketpairs. The descriptor is
-// looked at before it is wrapped, since an *os.File closes its descriptor
-// when collected, and one that is not the manager's belongs to somebody
-// else.
+// be a stream socket: Hydra and Slurm hand out socketpairs. The number may
+// belong to somebody else (staleFDError), so nothing here closes it but
+// on success: the connection is made from a duplicate, since an *os.File
+// closes its descriptor when it is collected.
 func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	s, _ := env(EnvPMIFD)
 	desc := EnvPMIFD + "=" + s
@@ -74,19 +75,30 @@ func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	}
 	var st syscall.Stat_t
 	if err := syscall.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("bootstrap: pmi: %s is not an open file descriptor: %w", desc, err)
+		if errors.Is(err, syscall.EBADF) {
+			return nil, &staleFDError{desc, "not an open file descriptor"}
+		}
+		return nil, fmt.Errorf("bootstrap: pmi: %s: %w", desc, err)
 	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFSOCK {
-		return nil, &notSocketError{desc, fileKind(st.Mode)}
+	if mode := uint32(st.Mode); mode&syscall.S_IFMT != syscall.S_IFSOCK {
+		return nil, &staleFDError{desc, fileKind(mode) + ", not a socket"}
 	}
-	// As a net.Conn, with deadlines and a close-on-exec duplicate, so the
-	// rank's own children do not inherit the manager's connection.
-	f := os.NewFile(uintptr(fd), "PMI_FD")
+	if typ, err := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TYPE); err != nil || typ != syscall.SOCK_STREAM {
+		return nil, &staleFDError{desc, "a socket but not a stream socket"}
+	}
+	dup, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_DUPFD_CLOEXEC, 0)
+	if errno != 0 {
+		return nil, fmt.Errorf("bootstrap: pmi: %s: duplicate: %w", desc, errno)
+	}
+	f := os.NewFile(dup, "PMI_FD")
 	nc, err := net.FileConn(f)
 	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: pmi: %s: %w", desc, err)
 	}
+	// The manager's connection is this process's now: its children must
+	// not inherit it (the number is not close-on-exec).
+	syscall.Close(fd)
 	c := &pmiConn{desc: desc, rw: nc}
 	c.r = bufio.NewReaderSize(c.rw, 4096)
 	return c, nil
@@ -95,6 +107,10 @@ func openPMIConn(env lookupFunc) (*pmiConn, error) {
 // fileKind names the type of file in a stat mode, for messages.
 func fileKind(mode uint32) string {
 	switch mode & syscall.S_IFMT {
+	case 0:
+		// The Go runtime's own eventfd, in a Go program, has the number
+		// Hydra gives its first rank.
+		return "an anonymous inode (an eventfd, epoll or timer descriptor)"
 	case syscall.S_IFIFO:
 		return "a pipe"
 	case syscall.S_IFREG:

@@ -353,13 +353,16 @@ func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc
 // and a fork from C, since under cgo os.Unsetenv clears the C
 // environment too), and must not join the job as a second copy of this
 // rank, as it cannot under mdrun (the service admits a rank once) or PMI
-// (PMI_FD is close-on-exec). A PMIx_Init that failed leaves them.
+// (PMI_FD is close-on-exec). A PMI_FD goes too: beside PMIx variables it is
+// a stale number the PMI backends stepped aside from, and a child would
+// write a handshake into whatever file has it (staleFDError). A PMIx_Init
+// that failed leaves them.
 func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
 	if err := pmixCallErr("PMIx_Init", C.md_init(me)); err != nil {
 		return err
 	}
 	var err error
-	unset := []string{EnvPMIParent} // a PMI rank above this one set it: this process's parent is a PMIx rank
+	unset := []string{EnvPMIParent, EnvPMIFD} // a PMI rank above this one set the first: this process's parent is a PMIx rank
 	for _, kv := range pmixLaunchVars(os.Environ()) {
 		k, _, _ := strings.Cut(kv, "=")
 		unset = append(unset, k)

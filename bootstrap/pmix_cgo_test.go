@@ -574,7 +574,10 @@ func TestPMIxCallAfterAbortRank(t *testing.T) {
 // launch variables never come back into the environment, where a child
 // started meanwhile would inherit them), also after a Close that dropped
 // a Fence under way (which a server refused to admit again with
-// PMIX_ERR_PARTIAL_SUCCESS).
+// PMIX_ERR_PARTIAL_SUCCESS). A rank that inherited a stale PMI_FD (from a
+// PMI rank above mpirun) joins all the same, and takes it out of its
+// environment, where its children would write a PMI handshake into
+// whatever file has the number.
 func TestPMIxOneClient(t *testing.T) {
 	for _, tt := range []struct {
 		name string
@@ -583,6 +586,7 @@ func TestPMIxOneClient(t *testing.T) {
 		{"closed", nil},
 		{"hash store", []string{"-x", "PMIX_MCA_gds=hash"}},
 		{"closed mid fence", []string{"-x", pmixMidFenceEnv + "=1"}},
+		{"stale PMI_FD", []string{"-x", EnvPMIFD + "=99999"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			mpirunEach(t, 3, "TestPMIxOneClientRank", "pmix open after close refused", tt.args...)
@@ -599,6 +603,9 @@ func TestPMIxOneClientRank(t *testing.T) {
 	a, err := Open(ctx, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if v, ok := os.LookupEnv(EnvPMIFD); ok {
+		t.Errorf("%s=%s still in the environment of a PMIx rank", EnvPMIFD, v)
 	}
 	b, err := Open(ctx, testLogger(t))
 	if err == nil {
