@@ -320,3 +320,21 @@ func TestPersistent(t *testing.T) {
 	idle.Cancel()
 	idle.Wait(ctx)
 }
+
+// TestFailedPrecvStatus: a partitioned receive whose source is lost
+// reports that source and its tag, as a receive does.
+func TestFailedPrecvStatus(t *testing.T) {
+	ws, f := loopWorlds(t, 3)
+	ctx := ctxT(t)
+	pr, err := ws[0].Comm().PrecvInit(make([]byte, 64), 4, 1, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pr.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Sever(1)
+	if st, err := pr.Wait(ctx); !errors.Is(err, adi.ErrPeerDown) || st != (adi.Status{Source: 1, Tag: 7}) {
+		t.Fatalf("partitioned receive from a lost rank: %+v, %v; want ErrPeerDown, source 1, tag 7", st, err)
+	}
+}

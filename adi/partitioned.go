@@ -639,7 +639,7 @@ func (p *partitioned) startRecv() *localOp {
 		return op
 	case p.remote == 0:
 		if err := p.c.w.dev.IrecvRequest(&p.setupReq, p.setup[:], p.world, 0, p.id|1); err != nil {
-			p.complete(op, Status{}, fmt.Errorf("adi: partitioned receive from rank %d: setup: %w", p.peer, err))
+			p.complete(op, p.failStatus(), fmt.Errorf("adi: partitioned receive from rank %d: setup: %w", p.peer, err))
 			return op
 		}
 		p.await(op, func(ctx context.Context) error {
@@ -676,7 +676,7 @@ func (p *partitioned) await(op *localOp, first func(ctx context.Context) error) 
 	if _, err := p.c.w.bg.launch(p.c, "partitioned receive", func() {}, func(ctx context.Context) error {
 		if first != nil {
 			if err := first(ctx); err != nil {
-				p.complete(op, Status{}, err)
+				p.complete(op, p.failStatus(), err)
 				return nil
 			}
 		}
@@ -684,9 +684,13 @@ func (p *partitioned) await(op *localOp, first func(ctx context.Context) error) 
 		p.complete(op, st, err)
 		return nil
 	}); err != nil {
-		p.complete(op, Status{}, err)
+		p.complete(op, p.failStatus(), err)
 	}
 }
+
+// failStatus is what a round of a partitioned receive that fails reports,
+// as a receive does (Status): its source and tag, no bytes.
+func (p *partitioned) failStatus() Status { return Status{Source: p.peer, Tag: p.tag} }
 
 // accept takes in the setup that st received: the sender's partitions,
 // and whether its length is this receive's.
@@ -767,7 +771,7 @@ func (p *partitioned) recvsResult(ctx context.Context) (Status, error) {
 		first = p.mismatch
 	}
 	if first != nil {
-		return Status{}, first
+		return p.failStatus(), first
 	}
 	return Status{Source: p.peer, Tag: p.tag, Count: len(p.buf)}, nil
 }

@@ -165,12 +165,18 @@ func (d *Device) cancelHeld(s *subdev, id uint64, cancelled bool, err error) {
 
 // postToSub posts r (or its duplicate) into a matching subdevice.
 func (d *Device) postToSub(r *Request, s *subdev) error {
-	// Read now: once r completes it may be reused.
+	// Read now: once r completes it may be reused. Not r.status: the copy
+	// of an ANY_SOURCE receive is posted after r, which a message may
+	// have matched meanwhile.
 	claim, id := r.claim, r.id
+	failed := Status{Source: int(r.peer), Tag: int(r.tag)} // r.failStatus before a match
 	p := &sdi.PostedRecv{
 		ID: id, Source: sdi.Rank(r.peer), Tag: r.tag, Context: r.context, Buf: r.buf, Claim: claim,
 		Done: func(env sdi.Envelope, n int, err error) {
 			st := Status{Source: int(env.Source), Tag: int(env.Tag), Count: n}
+			if err != nil && env == (sdi.Envelope{}) {
+				st = failed // before a message matched
+			}
 			if err == nil && env.Len > n {
 				err = fmt.Errorf("%w: message of %d bytes, buffer of %d", ErrTruncated, env.Len, n)
 			}

@@ -374,3 +374,30 @@ func sendCounted(t *testing.T, d *Device, n int) {
 		}
 	}
 }
+
+// failingTM fails, through Done, every receive from one source it is
+// given, as sdi.PostedRecv.Done allows ("or the subdevice failed").
+type failingTM struct{ *tmDev }
+
+func (f failingTM) PostRecv(p *sdi.PostedRecv) error {
+	if p.Claim != nil {
+		return f.tmDev.PostRecv(p)
+	}
+	f.post(func() { p.Done(sdi.Envelope{}, 0, errors.New("tm: receive failed")) })
+	return nil
+}
+
+// TestMatcherFailsHeldRecv: a receive that a matching subdevice fails
+// before any message matched it reports the source and tag it was posted
+// with, as the receives the device fails do.
+func TestMatcherFailsHeldRecv(t *testing.T) {
+	tm := newTMFabric()
+	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	newTM := func(l hclog.Logger) sdi.SubDevice { return failingTM{tm.New(l).(*tmDev)} }
+	devs := openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
+		factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
+	r := must(t)(devs[0].Irecv(make([]byte, 8), 1, 5, 2))
+	if st, err := waitDone(t, r); err == nil || st != (Status{Source: 1, Tag: 5}) {
+		t.Fatalf("held receive failed by its subdevice: %+v, %v; want source 1, tag 5 and the error", st, err)
+	}
+}

@@ -353,7 +353,9 @@ type PostedRecv struct {
 	Buf     []byte
 	Claim   *Claim
 	// Done is called once the message is in Buf (n bytes; truncated when the
-	// message was longer than Buf) or the subdevice failed.
+	// message was longer than Buf) or the subdevice failed. env is the
+	// matched message's envelope, or the zero Envelope when the subdevice
+	// failed the receive before a message matched it.
 	Done func(env Envelope, n int, err error)
 }
 
