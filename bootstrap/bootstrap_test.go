@@ -291,34 +291,44 @@ func TestSecondAbortSeesFirstsError(t *testing.T) {
 	}
 }
 
-// TestCloseAfterAbortKeepsLeash: a Close during or after an Abort (a
-// deferred Close, say) leaves the leash on, so a rank that mdrun started
-// on another host still ends when the service does; only a Close that
-// comes first takes it off.
-func TestCloseAfterAbortKeepsLeash(t *testing.T) {
+// TestCloseDuringAbortKeepsLeash: a Close made while an Abort waits for
+// the service (from another goroutine) leaves the leash on, so a rank
+// that mdrun started on another host still ends when the service does;
+// only a Close that comes first takes it off. (After an Abort returns,
+// its own end of the connection has already pulled the leash.)
+func TestCloseDuringAbortKeepsLeash(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
-		ops      []string
+		abort    bool // Close while an Abort waits, not alone
 		leashOff bool
 	}{
-		{"close", []string{opFinalize}, true},
-		{"abort then close", []string{opAbort, opFinalize}, false},
-		{"close then abort", []string{opFinalize, opAbort}, true},
+		{"close", false, true},
+		{"close during abort", true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cc, sc := net.Pipe()
 			c := newClient(hclog.NewNullLogger(), mdrunEnv{addr: "unix:/x", size: 1}, cc)
-			go func() { readMessage(sc); sc.Close() }() // the service ends without an acknowledgement
-			for _, op := range tc.ops {
-				if op == opAbort {
-					c.Abort(1, "bad input")
-				} else {
-					c.Close()
+			got := make(chan struct{})
+			go func() {
+				readMessage(sc)
+				if !tc.abort {
+					sc.Close() // Close need not wait for its acknowledgement
 				}
+				close(got)
+			}()
+			aborted := make(chan struct{})
+			if tc.abort {
+				go func() { c.Abort(1, "bad input"); close(aborted) }()
+				<-got // the Abort is out and waits for its acknowledgement
+			} else {
+				close(aborted)
 			}
+			c.Close()
 			c.mu.Lock()
 			off := c.leashOff
 			c.mu.Unlock()
+			sc.Close() // the service ends without an acknowledgement
+			<-aborted
 			if off != tc.leashOff {
 				t.Errorf("leash off %v, want %v", off, tc.leashOff)
 			}

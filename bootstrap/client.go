@@ -243,9 +243,9 @@ func (c *client) Abort(code int, reason string) error {
 }
 
 // Close says goodbye to the service and releases the connection. It is
-// idempotent; only the first call reports an error. A Close after or
-// during an Abort leaves the leash on: the rank is still ending with the
-// job.
+// idempotent; only the first call reports an error. A Close during an
+// Abort (from another goroutine) leaves the leash on: the rank is still
+// ending with the job.
 func (c *client) Close() error {
 	return c.finish(opFinalize, &message{Op: opFinalize})
 }
