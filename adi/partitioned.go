@@ -483,6 +483,9 @@ func (q *Request) startPartitioned() error {
 // last round that completed.
 func (p *partitioned) fail(err error) *localOp {
 	op := &localOp{done: make(chan struct{}), err: err}
+	if !p.send {
+		op.st = p.failStatus()
+	}
 	close(op.done)
 	p.op.Store(op)
 	return op

@@ -64,8 +64,8 @@ type openState struct {
 // sets PMI_FD and no PMIX_* variable, Open MPI's mpirun and Slurm's
 // srun --mpi=pmix the reverse, so the order matters only to a process
 // that has both (one launcher started under another); PMI_FD, an open
-// descriptor, is then the surer sign, unless it is no socket (see
-// notSocketError).
+// descriptor, is then the surer sign, unless it is no stream socket (see
+// staleFDError).
 func backends() []backend {
 	return []backend{
 		{name: "mdrun", detect: detectMdrun, open: openMdrun},

@@ -211,6 +211,7 @@ func openPMI2(ctx context.Context, logger hclog.Logger, st *openState) (Bootstra
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: pmi2: %s: handshake: %w", c.desc, err)
 	}
+	c.closeInherited()
 	return startPMIJob(ctx, logger, c, s)
 }
 
@@ -282,6 +283,7 @@ func openPMI1(ctx context.Context, logger hclog.Logger, st *openState) (Bootstra
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: pmi1: %s: handshake: %w", c.desc, err)
 	}
+	c.closeInherited()
 	return startPMIJob(ctx, logger, c, s)
 }
 

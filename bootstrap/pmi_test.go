@@ -799,6 +799,54 @@ func TestPMIStaleFD(t *testing.T) {
 	}
 }
 
+// TestPMIInheritedNumber: the number PMI_FD names is closed once a
+// handshake showed it is the manager's (the rank's children must not
+// inherit it), and left open when it is a stream socket that does not
+// answer as a manager: then it may be somebody else's.
+func TestPMIInheritedNumber(t *testing.T) {
+	t.Run("manager", func(t *testing.T) {
+		f := newFakePMI(t, 1, nil)
+		env := f.env(0)
+		fd, _ := strconv.Atoi(strings.TrimPrefix(env[0], EnvPMIFD+"="))
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		bs, err := open(ctx, testLogger(t), envOf(env), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bs.Close()
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fd, &st); err == nil {
+			t.Errorf("%s=%d, the manager's, still open after Open", EnvPMIFD, fd)
+		}
+	})
+	t.Run("not a manager", func(t *testing.T) {
+		fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer syscall.Close(fds[1])
+		go func() { // answers nonsense, as a peer that is no manager would
+			buf := make([]byte, 512)
+			syscall.Read(fds[1], buf)
+			syscall.Write(fds[1], []byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+		}()
+		env := envOf([]string{fmt.Sprintf("%s=%d", EnvPMIFD, fds[0]), "PMI_RANK=0", "PMI_SIZE=1"})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if bs, err := open(ctx, testLogger(t), env, nil); err == nil {
+			bs.Close()
+			t.Fatal("open succeeded")
+		}
+		var st syscall.Stat_t
+		if err := syscall.Fstat(fds[0], &st); err != nil {
+			t.Errorf("%s=%d, not the manager's, was closed by the failed Open: %v", EnvPMIFD, fds[0], err)
+		} else {
+			syscall.Close(fds[0])
+		}
+	})
+}
+
 // pmiChildEnv tells TestPMIChildOpen that TestPMIChildAndRejoin started it.
 const pmiChildEnv = "MD_PMI_TEST_CHILD"
 

@@ -20,9 +20,12 @@ import (
 // waits for a reply.
 type pmiConn struct {
 	desc string // "PMI_FD=6", for messages
-	rw   net.Conn
-	r    *bufio.Reader
-	wmu  sync.Mutex
+	// inherited is the number PMI_FD named, -1 once closed; rw is a
+	// duplicate of it.
+	inherited int
+	rw        net.Conn
+	r         *bufio.Reader
+	wmu       sync.Mutex
 }
 
 // connError is a failure of the connection itself (end of file, a message
@@ -63,9 +66,10 @@ func (e *staleFDError) Error() string {
 
 // openPMIConn wraps the inherited descriptor named by PMI_FD, which must
 // be a stream socket: Hydra and Slurm hand out socketpairs. The number may
-// belong to somebody else (staleFDError), so nothing here closes it but
-// on success: the connection is made from a duplicate, since an *os.File
-// closes its descriptor when it is collected.
+// belong to somebody else (staleFDError, or a stream socket that does not
+// answer as a manager), so the connection is made from a duplicate (an
+// *os.File closes its descriptor when it is collected), and the number
+// itself is closed only once a handshake succeeded (closeInherited).
 func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	s, _ := env(EnvPMIFD)
 	desc := EnvPMIFD + "=" + s
@@ -96,10 +100,7 @@ func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: pmi: %s: %w", desc, err)
 	}
-	// The manager's connection is this process's now: its children must
-	// not inherit it (the number is not close-on-exec).
-	syscall.Close(fd)
-	c := &pmiConn{desc: desc, rw: nc}
+	c := &pmiConn{desc: desc, inherited: fd, rw: nc}
 	c.r = bufio.NewReaderSize(c.rw, 4096)
 	return c, nil
 }
@@ -163,6 +164,17 @@ func (c *pmiConn) during(ctx context.Context, fn func() error) error {
 }
 
 func (c *pmiConn) close() error { return c.rw.Close() }
+
+// closeInherited closes the number PMI_FD named, once a handshake showed
+// it was the manager's connection: this process's children must not
+// inherit it (it is not close-on-exec). Until then it may be somebody
+// else's.
+func (c *pmiConn) closeInherited() {
+	if c.inherited >= 0 {
+		syscall.Close(c.inherited)
+		c.inherited = -1
+	}
+}
 
 // initPMI sends the init line both versions start with and returns the
 // manager's answer.

@@ -361,19 +361,21 @@ func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
 	if err := pmixCallErr("PMIx_Init", C.md_init(me)); err != nil {
 		return err
 	}
-	var err error
-	unset := []string{EnvPMIParent, EnvPMIFD} // a PMI rank above this one set the first: this process's parent is a PMIx rank
-	for _, kv := range pmixLaunchVars(os.Environ()) {
-		k, _, _ := strings.Cut(kv, "=")
-		unset = append(unset, k)
-	}
-	for _, k := range unset {
-		if uerr := unsetC(k); uerr != nil && err == nil {
-			err = uerr
-		}
-	}
+	// EnvPMIxParent first: an Open that reads the environment meanwhile
+	// finds it or the launch variables, never neither (and becomes a
+	// singleton).
+	err := os.Setenv(EnvPMIxParent, C.GoString(&me.nspace[0])+"."+strconv.FormatUint(uint64(me.rank), 10))
 	if err == nil {
-		err = os.Setenv(EnvPMIxParent, C.GoString(&me.nspace[0])+"."+strconv.FormatUint(uint64(me.rank), 10))
+		unset := []string{EnvPMIParent, EnvPMIFD} // a PMI rank above this one set the first: this process's parent is a PMIx rank
+		for _, kv := range pmixLaunchVars(os.Environ()) {
+			k, _, _ := strings.Cut(kv, "=")
+			unset = append(unset, k)
+		}
+		for _, k := range unset {
+			if uerr := unsetC(k); uerr != nil && err == nil {
+				err = uerr
+			}
+		}
 	}
 	if err != nil {
 		// Joined, but children could join too: leave.

@@ -15,6 +15,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -592,6 +594,49 @@ func TestPMIxOneClient(t *testing.T) {
 			mpirunEach(t, 3, "TestPMIxOneClientRank", "pmix open after close refused", tt.args...)
 		})
 	}
+}
+
+// TestPMIxConcurrentOpen: Opens racing in one rank never make it a
+// singleton: while one joins, the others find the launch variables or the
+// variable that replaces them in the environment, never neither.
+func TestPMIxConcurrentOpen(t *testing.T) {
+	mpirunEach(t, 2, "TestPMIxConcurrentOpenRank", "pmix concurrent opens: one joined")
+}
+
+func TestPMIxConcurrentOpenRank(t *testing.T) {
+	ctx := asRank(t)
+	var stop atomic.Bool
+	var singletons, opens atomic.Int64
+	joined := make(chan Bootstrap, 1)
+	var wg sync.WaitGroup
+	for range 6 {
+		wg.Go(func() {
+			for !stop.Load() && ctx.Err() == nil {
+				opens.Add(1)
+				b, err := Open(ctx, testLogger(t))
+				switch {
+				case err != nil:
+				case b.Size() == 1:
+					singletons.Add(1)
+					b.Close()
+				default:
+					joined <- b
+					stop.Store(true)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case b := <-joined:
+		defer b.Close()
+	default:
+		t.Fatal("no Open joined the job")
+	}
+	if n := singletons.Load(); n > 0 {
+		t.Fatalf("%d of %d Opens became singletons", n, opens.Load())
+	}
+	fmt.Println("pmix concurrent opens: one joined")
 }
 
 // pmixMidFenceEnv makes TestPMIxOneClientRank's rank 1 close while a

@@ -174,8 +174,11 @@ func (d *Device) postToSub(r *Request, s *subdev) error {
 		ID: id, Source: sdi.Rank(r.peer), Tag: r.tag, Context: r.context, Buf: r.buf, Claim: claim,
 		Done: func(env sdi.Envelope, n int, err error) {
 			st := Status{Source: int(env.Source), Tag: int(env.Tag), Count: n}
-			if err != nil && env == (sdi.Envelope{}) {
+			switch {
+			case err != nil && env == (sdi.Envelope{}):
 				st = failed // before a message matched
+			case err != nil:
+				st.Count = 0 // what it wrote before it failed is no message
 			}
 			if err == nil && env.Len > n {
 				err = fmt.Errorf("%w: message of %d bytes, buffer of %d", ErrTruncated, env.Len, n)

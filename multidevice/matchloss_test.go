@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -376,28 +377,44 @@ func sendCounted(t *testing.T, d *Device, n int) {
 }
 
 // failingTM fails, through Done, every receive from one source it is
-// given, as sdi.PostedRecv.Done allows ("or the subdevice failed").
-type failingTM struct{ *tmDev }
+// given, as sdi.PostedRecv.Done allows ("or the subdevice failed"):
+// before a message matched it (zero envelope), or after writing half of
+// one (mid).
+type failingTM struct {
+	*tmDev
+	mid bool
+}
 
 func (f failingTM) PostRecv(p *sdi.PostedRecv) error {
 	if p.Claim != nil {
 		return f.tmDev.PostRecv(p)
 	}
-	f.post(func() { p.Done(sdi.Envelope{}, 0, errors.New("tm: receive failed")) })
+	f.post(func() {
+		if !f.mid {
+			p.Done(sdi.Envelope{}, 0, errors.New("tm: receive failed"))
+			return
+		}
+		copy(p.Buf, "half")
+		p.Done(sdi.Envelope{Source: p.Source, Tag: p.Tag, Context: p.Context, Len: 8}, 4, errors.New("tm: link lost mid-message"))
+	})
 	return nil
 }
 
 // TestMatcherFailsHeldRecv: a receive that a matching subdevice fails
-// before any message matched it reports the source and tag it was posted
-// with, as the receives the device fails do.
+// reports the source and tag it was posted with (or its message's) and no
+// bytes, as the receives the device fails do.
 func TestMatcherFailsHeldRecv(t *testing.T) {
-	tm := newTMFabric()
-	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-	newTM := func(l hclog.Logger) sdi.SubDevice { return failingTM{tm.New(l).(*tmDev)} }
-	devs := openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
-		factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
-	r := must(t)(devs[0].Irecv(make([]byte, 8), 1, 5, 2))
-	if st, err := waitDone(t, r); err == nil || st != (Status{Source: 1, Tag: 5}) {
-		t.Fatalf("held receive failed by its subdevice: %+v, %v; want source 1, tag 5 and the error", st, err)
+	for _, mid := range []bool{false, true} {
+		t.Run(fmt.Sprintf("mid=%v", mid), func(t *testing.T) {
+			tm := newTMFabric()
+			loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+			newTM := func(l hclog.Logger) sdi.SubDevice { return failingTM{tm.New(l).(*tmDev), mid} }
+			devs := openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
+				factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
+			r := must(t)(devs[0].Irecv(make([]byte, 8), 1, 5, 2))
+			if st, err := waitDone(t, r); err == nil || st != (Status{Source: 1, Tag: 5}) {
+				t.Fatalf("held receive failed by its subdevice: %+v, %v; want source 1, tag 5, no bytes and the error", st, err)
+			}
+		})
 	}
 }

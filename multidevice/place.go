@@ -218,7 +218,7 @@ func (d *Device) blockDone(r *Request, n uint64) {
 	var st Status
 	err := r.rndvFail
 	if err != nil {
-		done = r.rndvBusy == 0
+		done, st = r.rndvBusy == 0, r.failStatus()
 		d.abandonedLocked(r.id, r.status.Source, n)
 	} else {
 		// Complete only once no block is being written any more: a

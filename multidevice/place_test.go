@@ -569,3 +569,29 @@ func TestPlacedCopyRace(t *testing.T) {
 		t.Fatalf("receive: %+v, %v; buffer right: %v", st, err, bytes.Equal(buf, msg))
 	}
 }
+
+// TestPlacedBlockFailureStatus: a rendezvous receive (matched: source 2,
+// tag 5) whose source is lost while a subdevice fills a block placed in
+// its buffer completes once that block is delivered, with the matched
+// source and tag and no bytes, as every other failed receive.
+func TestPlacedBlockFailureStatus(t *testing.T) {
+	d := loopJob(t, 3, smallCaps)[1]
+	h := &handler{d: d, sub: 1}
+	const id = 901
+	r := &Request{d: d, id: id, buf: make([]byte, 500), rndvLen: 500, status: Status{Source: 2, Tag: 5, Count: 500}}
+	d.mu.Lock()
+	d.rndvRecv[id] = r
+	d.mu.Unlock()
+	hb := longHeader(header{kind: kindSys, tag: sysData, src: 2, dst: 1, rreq: id, length: 500})
+	dst := h.Place(2, hb, 250)
+	if dst == nil {
+		t.Fatal("block got no place")
+	}
+	lost := errors.New("link lost")
+	d.failPeer(2, lost, fmt.Errorf("%w: %v", ErrPeerDown, lost))
+	copy(dst, pattern(250, 3))
+	h.Deliver(2, hb, dst)
+	if st, err := wait(t, r); !errors.Is(err, ErrPeerDown) || st != (Status{Source: 2, Tag: 5}) {
+		t.Fatalf("receive ended with %+v, %v; want source 2, tag 5, ErrPeerDown", st, err)
+	}
+}
