@@ -264,9 +264,10 @@ func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
 }
 
 // Recv receives one message into buf. When ctx ends first the receive is
-// cancelled and Recv returns an error wrapping ctx.Err(). If it had
-// matched a large message whose data was still coming, that message is
-// given up (lost to the program; its sender completes as usual): nothing
+// cancelled and Recv returns an error wrapping ctx.Err(), with a status
+// that says Cancelled. If it had matched a large message whose data was
+// still coming, that message is given up (lost to the program; its sender
+// completes as usual), and the status names its source and tag: nothing
 // is written into buf after Recv returns.
 func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, error) {
 	if source == ProcNull {

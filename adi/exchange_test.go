@@ -344,3 +344,43 @@ func TestFailedPrecvStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestRecvTimeoutStatus: a blocking Recv or Sendrecv whose ctx ends first
+// reports its receive cancelled, as Isendrecv does, not world rank 0's
+// number in its communicator and tag 0.
+func TestRecvTimeoutStatus(t *testing.T) {
+	const n = 3
+	ws, _ := loopWorlds(t, n)
+	ctx := ctxT(t)
+	comms := make([]*adi.Comm, n) // comm rank (world+1)%3
+	var wg sync.WaitGroup
+	for r, w := range ws {
+		wg.Go(func() {
+			c, err := w.Comm().Split(ctx, 0, (r+1)%n)
+			if err != nil {
+				t.Error(err)
+			}
+			comms[r] = c
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	for _, tc := range []struct {
+		name string
+		call func(context.Context) (adi.Status, error)
+	}{
+		{"recv", func(ctx context.Context) (adi.Status, error) { return comms[0].Recv(ctx, make([]byte, 8), 2, 7) }},
+		{"sendrecv", func(ctx context.Context) (adi.Status, error) { // its rendezvous send is never received
+			return comms[0].Sendrecv(ctx, make([]byte, 1<<20), 2, 9, make([]byte, 8), 2, 7)
+		}},
+	} {
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		st, err := tc.call(short)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || !st.Cancelled || st.Source == 1 {
+			t.Errorf("%s when its ctx ended: %+v, %v; want the deadline's error and a cancelled receive", tc.name, st, err)
+		}
+	}
+}

@@ -171,14 +171,16 @@
 // environment, after which its ranks join the inner job. A program that
 // is not built on this package and runs under a PMI manager (mpirun under
 // Hydra) passes PMI_FD on to its children unchanged, as a number that is
-// no longer the manager's connection there. PMI_FD must name a stream
-// socket, so such a child's Open writes nothing into a number that is
-// closed there or open on something else (a pipe, a file, the Go
-// runtime's eventfd): beside a PMIx launcher's variables it joins that
-// launcher's job, taking PMI_FD out of its environment, and alone it
-// fails ("bootstrap: pmi: PMI_FD=7 is a pipe, not a socket"). A number
-// that happens to name a stream socket there cannot be told from the
-// manager's, and the handshake goes into it.
+// no longer the manager's connection there. PMI_FD must name one end of a
+// stream socketpair, as Hydra's and Slurm's do, so such a child's Open
+// writes nothing into a number that is closed there or open on something
+// else (a pipe, a file, the Go runtime's eventfd, a network connection, a
+// connection through a named Unix socket): beside a PMIx launcher's
+// variables it joins that launcher's job, taking PMI_FD out of its
+// environment, and alone it fails ("bootstrap: pmi: PMI_FD=7 is a pipe,
+// not a socket"). A number that happens to name a socketpair of the
+// program's own cannot be told from the manager's; the handshake goes
+// into it, and it is left open when that fails.
 //
 // # Environment
 //

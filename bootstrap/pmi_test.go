@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -587,6 +589,12 @@ func TestPMIChildAndRejoin(t *testing.T) {
 	openOwn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	// Not inherited by children either: the number is closed (the fake
+	// manager's is close-on-exec; Hydra's is not).
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err == nil {
+		t.Errorf("%s=%d still open after Open", EnvPMIFD, fd)
+	}
 	if v, ok := os.LookupEnv(EnvPMIFD); ok {
 		t.Errorf("%s=%s still set after Open", EnvPMIFD, v)
 	}
@@ -707,9 +715,9 @@ func TestPMIConcurrentOpen(t *testing.T) {
 	}
 }
 
-// TestPMIStaleFD: a PMI_FD that is not a stream socket (the number a PMI
-// rank's PMI_FD had, passed down through a program that is not ours and
-// closed or reused there) is no manager's connection. Open writes nothing
+// TestPMIStaleFD: a PMI_FD that is not one end of a stream socketpair
+// (the number a PMI rank's PMI_FD had, passed down through a program that
+// is not ours and closed or reused there) is no manager's connection. Open writes nothing
 // into it and leaves it open; beside a PMIx launcher's variables the PMI
 // backends step aside for PMIx, and alone they fail saying what the
 // number is.
@@ -767,6 +775,12 @@ func TestPMIStaleFD(t *testing.T) {
 				}
 			}
 		}, "is a socket but not a stream socket"},
+		{"tcp connection", func(t *testing.T) (int, func(*testing.T)) {
+			return connectedFD(t, "tcp", "127.0.0.1:0")
+		}, "is a network socket"},
+		{"connection to a named unix socket", func(t *testing.T) (int, func(*testing.T)) {
+			return connectedFD(t, "unix", filepath.Join(t.TempDir(), "s"))
+		}, "is a connection to the Unix socket"},
 	}
 	for _, k := range kinds {
 		for _, pmix := range []bool{false, true} {
@@ -795,6 +809,43 @@ func TestPMIStaleFD(t *testing.T) {
 				runtime.GC()
 				check(t)
 			})
+		}
+	}
+}
+
+// connectedFD connects to a listener of its own on network and address
+// and returns the connection's descriptor, and a check that it is still
+// open and that the other end received only the check's own byte.
+func connectedFD(t *testing.T, network, address string) (int, func(*testing.T)) {
+	ln, err := net.Listen(network, address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	c, err := net.Dial(network, ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	srv, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	raw, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	raw.Control(func(f uintptr) { fd = int(f) })
+	return fd, func(t *testing.T) {
+		if _, err := c.Write([]byte("x")); err != nil {
+			t.Fatalf("the connection was closed: %v", err)
+		}
+		srv.SetReadDeadline(time.Now().Add(10 * time.Second))
+		buf := make([]byte, 100)
+		if n, err := srv.Read(buf); err != nil || string(buf[:n]) != "x" {
+			t.Errorf("the other end read %q, %v; want just the test's own \"x\"", buf[:n], err)
 		}
 	}
 }

@@ -51,8 +51,10 @@ func (e *rcError) Error() string {
 }
 
 // staleFDError is a PMI_FD that cannot be a manager's connection: a
-// closed number, or one open on something other than a stream socket (a
-// pipe or a file cannot carry PMI's two-way conversation). It is a stale
+// closed number, or one open on something other than one end of a stream
+// socketpair (a pipe or a file cannot carry PMI's two-way conversation,
+// and a network connection or one through a named socket is some other
+// program's). It is a stale
 // number, inherited from a PMI rank through a parent that was not a
 // multidevice program (which would have replaced PMI_FD, see
 // EnvPMIParent), and closed or reused since.
@@ -65,11 +67,12 @@ func (e *staleFDError) Error() string {
 }
 
 // openPMIConn wraps the inherited descriptor named by PMI_FD, which must
-// be a stream socket: Hydra and Slurm hand out socketpairs. The number may
-// belong to somebody else (staleFDError, or a stream socket that does not
-// answer as a manager), so the connection is made from a duplicate (an
-// *os.File closes its descriptor when it is collected), and the number
-// itself is closed only once a handshake succeeded (closeInherited).
+// be one end of a stream socketpair: Hydra and Slurm hand out nothing
+// else. The number may belong to somebody else (staleFDError, or a
+// socketpair of the program's own that does not answer as a manager), so
+// the connection is made from a duplicate (an *os.File closes its
+// descriptor when it is collected), and the number itself is closed only
+// once a handshake succeeded (closeInherited).
 func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	s, _ := env(EnvPMIFD)
 	desc := EnvPMIFD + "=" + s
@@ -87,8 +90,8 @@ func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	if mode := uint32(st.Mode); mode&syscall.S_IFMT != syscall.S_IFSOCK {
 		return nil, &staleFDError{desc, fileKind(mode) + ", not a socket"}
 	}
-	if typ, err := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TYPE); err != nil || typ != syscall.SOCK_STREAM {
-		return nil, &staleFDError{desc, "a socket but not a stream socket"}
+	if what := notSocketpairEnd(fd); what != "" {
+		return nil, &staleFDError{desc, what}
 	}
 	dup, _, errno := syscall.Syscall(syscall.SYS_FCNTL, uintptr(fd), syscall.F_DUPFD_CLOEXEC, 0)
 	if errno != 0 {
@@ -103,6 +106,45 @@ func openPMIConn(env lookupFunc) (*pmiConn, error) {
 	c := &pmiConn{desc: desc, inherited: fd, rw: nc}
 	c.r = bufio.NewReaderSize(c.rw, 4096)
 	return c, nil
+}
+
+// notSocketpairEnd says what keeps the socket fd from being one end of a
+// socketpair, the only thing a manager hands out as PMI_FD (Hydra and
+// Slurm call socketpair(AF_UNIX, SOCK_STREAM)), or "" if nothing does. A
+// network socket, a listening one, and a connection to or from a named
+// Unix socket (a PMIx client's to its server, say) are somebody else's:
+// the handshake would go into their stream and the reply read out of it.
+func notSocketpairEnd(fd int) string {
+	if typ, err := syscall.GetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_TYPE); err != nil || typ != syscall.SOCK_STREAM {
+		return "a socket but not a stream socket"
+	}
+	local, err := syscall.Getsockname(fd)
+	if err != nil {
+		return fmt.Sprintf("a socket whose address cannot be read (%v)", err)
+	}
+	lu, ok := local.(*syscall.SockaddrUnix)
+	if !ok {
+		return "a network socket, not one end of a socketpair"
+	}
+	peer, err := syscall.Getpeername(fd)
+	if err != nil {
+		return fmt.Sprintf("an unconnected Unix socket (%v), not one end of a socketpair", err)
+	}
+	pu, _ := peer.(*syscall.SockaddrUnix)
+	// Unnamed ends read back as "@" (the syscall package's spelling of a
+	// leading NUL), or "".
+	unnamed := func(name string) bool { return name == "" || name == "@" }
+	switch {
+	case !unnamed(lu.Name):
+		return fmt.Sprintf("a connection accepted on the Unix socket %q, not one end of a socketpair", lu.Name)
+	case pu == nil || !unnamed(pu.Name):
+		name := "?"
+		if pu != nil {
+			name = pu.Name
+		}
+		return fmt.Sprintf("a connection to the Unix socket %q, not one end of a socketpair", name)
+	}
+	return ""
 }
 
 // fileKind names the type of file in a stat mode, for messages.

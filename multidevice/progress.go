@@ -412,7 +412,11 @@ func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 			d.abandonRecv(r, err)
 			r.Result() // not <-r.Done(): closed a moment before r counts as done
 		}
-		if r.isDone() && !r.status.Cancelled { // it matched after all
+		switch {
+		case !r.isDone():
+		case r.status.Cancelled: // its status says so, not rank 0's tag 0
+			st = r.status
+		default: // it matched after all, or was given up matched
 			st, err = r.status, r.err
 		}
 	}
