@@ -212,19 +212,17 @@ func TestProbeWakesOnLoss(t *testing.T) {
 	}
 }
 
-// TestFailedRecvStatus: a receive that fails when its source is lost
-// reports that source as a rank of its communicator, and its tag, not
-// world rank 0's number there and tag 0.
-func TestFailedRecvStatus(t *testing.T) {
-	const n = 3
-	ws, f := loopWorlds(t, n)
+// rotatedComms splits the world of ws into one communicator in which world
+// rank r is rank (r+1) mod the size, so that a status's source tells
+// world and communicator ranks apart, and returns each rank's.
+func rotatedComms(t *testing.T, ws []*adi.World) []*adi.Comm {
+	t.Helper()
 	ctx := ctxT(t)
-	// Comm rank (world+1)%3: world rank 1 is rank 2 there.
-	comms := make([]*adi.Comm, n)
+	comms := make([]*adi.Comm, len(ws))
 	var wg sync.WaitGroup
 	for r, w := range ws {
 		wg.Go(func() {
-			c, err := w.Comm().Split(ctx, 0, (r+1)%n)
+			c, err := w.Comm().Split(ctx, 0, (r+1)%len(ws))
 			if err != nil {
 				t.Error(err)
 			}
@@ -233,8 +231,18 @@ func TestFailedRecvStatus(t *testing.T) {
 	}
 	wg.Wait()
 	if t.Failed() {
-		return
+		t.FailNow()
 	}
+	return comms
+}
+
+// TestFailedRecvStatus: a receive that fails when its source is lost
+// reports that source as a rank of its communicator, and its tag, not
+// world rank 0's number there and tag 0.
+func TestFailedRecvStatus(t *testing.T) {
+	ws, f := loopWorlds(t, 3)
+	ctx := ctxT(t)
+	comms := rotatedComms(t, ws) // world rank 1 is rank 2 there
 	q, err := comms[0].Irecv(make([]byte, 8), 2, 7)
 	if err != nil {
 		t.Fatal(err)
@@ -349,24 +357,9 @@ func TestFailedPrecvStatus(t *testing.T) {
 // reports its receive cancelled, as Isendrecv does, not world rank 0's
 // number in its communicator and tag 0.
 func TestRecvTimeoutStatus(t *testing.T) {
-	const n = 3
-	ws, _ := loopWorlds(t, n)
+	ws, _ := loopWorlds(t, 3)
 	ctx := ctxT(t)
-	comms := make([]*adi.Comm, n) // comm rank (world+1)%3
-	var wg sync.WaitGroup
-	for r, w := range ws {
-		wg.Go(func() {
-			c, err := w.Comm().Split(ctx, 0, (r+1)%n)
-			if err != nil {
-				t.Error(err)
-			}
-			comms[r] = c
-		})
-	}
-	wg.Wait()
-	if t.Failed() {
-		return
-	}
+	comms := rotatedComms(t, ws) // world rank 1 is rank 2 there
 	for _, tc := range []struct {
 		name string
 		call func(context.Context) (adi.Status, error)

@@ -150,7 +150,8 @@ func TestPlacedDeliver(t *testing.T) {
 // completes with the failure only once that block is delivered: until
 // then the subdevice may write into the buffer, which the receive's
 // owner reuses once it completes. If the subdevice that placed the block
-// reports the source down instead, the receive fails at once.
+// reports the source down instead, the receive fails at once. Either way
+// it reports the source and tag of the message it matched, and no bytes.
 func TestPlacedBlockOutlivesFailure(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -164,7 +165,7 @@ func TestPlacedBlockOutlivesFailure(t *testing.T) {
 			d := loopJob(t, 2, smallCaps)[1]
 			h := &handler{d: d, sub: 1}
 			const id = 900
-			r := &Request{d: d, id: id, buf: make([]byte, 500), rndvLen: 500, status: Status{Source: 0, Count: 500}}
+			r := &Request{d: d, id: id, buf: make([]byte, 500), rndvLen: 500, status: Status{Source: 0, Tag: 5, Count: 500}}
 			d.mu.Lock()
 			d.rndvRecv[id] = r
 			d.mu.Unlock()
@@ -187,8 +188,8 @@ func TestPlacedBlockOutlivesFailure(t *testing.T) {
 				copy(dst, pattern(250, 3))
 				h.Deliver(0, hb, dst)
 			}
-			if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
-				t.Fatalf("receive ended with %v, want ErrPeerDown", err)
+			if st, err := wait(t, r); !errors.Is(err, ErrPeerDown) || st != (Status{Source: 0, Tag: 5}) {
+				t.Fatalf("receive ended with %+v, %v; want source 0, tag 5, ErrPeerDown", st, err)
 			}
 			d.mu.Lock()
 			_, left := d.rndvRecv[id]
@@ -567,31 +568,5 @@ func TestPlacedCopyRace(t *testing.T) {
 	}
 	if st, err := r.Result(); err != nil || st.Count != 2000 || !bytes.Equal(buf, msg) {
 		t.Fatalf("receive: %+v, %v; buffer right: %v", st, err, bytes.Equal(buf, msg))
-	}
-}
-
-// TestPlacedBlockFailureStatus: a rendezvous receive (matched: source 2,
-// tag 5) whose source is lost while a subdevice fills a block placed in
-// its buffer completes once that block is delivered, with the matched
-// source and tag and no bytes, as every other failed receive.
-func TestPlacedBlockFailureStatus(t *testing.T) {
-	d := loopJob(t, 3, smallCaps)[1]
-	h := &handler{d: d, sub: 1}
-	const id = 901
-	r := &Request{d: d, id: id, buf: make([]byte, 500), rndvLen: 500, status: Status{Source: 2, Tag: 5, Count: 500}}
-	d.mu.Lock()
-	d.rndvRecv[id] = r
-	d.mu.Unlock()
-	hb := longHeader(header{kind: kindSys, tag: sysData, src: 2, dst: 1, rreq: id, length: 500})
-	dst := h.Place(2, hb, 250)
-	if dst == nil {
-		t.Fatal("block got no place")
-	}
-	lost := errors.New("link lost")
-	d.failPeer(2, lost, fmt.Errorf("%w: %v", ErrPeerDown, lost))
-	copy(dst, pattern(250, 3))
-	h.Deliver(2, hb, dst)
-	if st, err := wait(t, r); !errors.Is(err, ErrPeerDown) || st != (Status{Source: 2, Tag: 5}) {
-		t.Fatalf("receive ended with %+v, %v; want source 2, tag 5, ErrPeerDown", st, err)
 	}
 }
