@@ -372,12 +372,6 @@ func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.C
 // {"ip", "netns", "exec", ns}. Call [Bed.Settle] before using it.
 func (h *Host) ExecPrefix() []string { return []string{"ip", "netns", "exec", h.ns} }
 
-// Name returns the interface name inside its host.
-func (i *Iface) Name() string { return i.name }
-
-// Host returns the host the interface is in.
-func (i *Iface) Host() *Host { return i.host }
-
 // Limit rate-limits the interface's egress with a tc token bucket (rate as
 // tc takes it: "100mbit", "1gbit", "500kbit"). The bucket holds 10 ms of
 // traffic but at least 64 KiB, so segmentation-offloaded packets pass.
