@@ -99,6 +99,29 @@ func envSnapshot(kv []string) lookupFunc {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
+// markRank hands this process's environment over from the launcher to the
+// rank that joined through it, for the processes the rank starts: it sets
+// parent (the variable that makes their Open fail as a rank's child) to
+// value, then removes the variables in unset and every PMIx launch
+// variable with remove. In that order: an Open that reads the environment
+// meanwhile finds the one or the others, never neither (and becomes a
+// singleton).
+func markRank(parent, value string, unset []string, remove func(key string) error) error {
+	if err := os.Setenv(parent, value); err != nil {
+		return fmt.Errorf("setting %s: %w", parent, err)
+	}
+	for _, kv := range pmixLaunchVars(os.Environ()) {
+		k, _, _ := strings.Cut(kv, "=")
+		unset = append(unset, k)
+	}
+	for _, k := range unset {
+		if err := remove(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // open is Open in an environment of the caller's, which it leaves alone.
 func open(ctx context.Context, logger hclog.Logger, env lookupFunc, stdin io.Reader) (Bootstrap, error) {
 	return openIn(ctx, logger, &openState{env: env, stdin: stdin})

@@ -99,24 +99,17 @@ func takePMIFD(env lookupFunc) (*pmiConn, error) {
 		return nil, err
 	}
 	pmiTaken.desc = c.desc
-	// EnvPMIParent first: an Open that reads the environment meanwhile
-	// finds one or the other, never neither (and becomes a singleton).
-	if err := os.Setenv(EnvPMIParent, strconv.Itoa(os.Getpid())); err != nil {
-		c.close()
-		return nil, fmt.Errorf("bootstrap: pmi: %s: setting %s: %w", c.desc, EnvPMIParent, err)
-	}
-	// And the PMIx launch variables of a launcher above the PMI manager:
-	// this rank's children would otherwise join that launcher's job.
-	unset := []string{EnvPMIFD, EnvPMIxParent}
-	for _, kv := range pmixLaunchVars(os.Environ()) {
-		k, _, _ := strings.Cut(kv, "=")
-		unset = append(unset, k)
-	}
-	for _, k := range unset {
+	// The PMIx launch variables go too, a launcher's above the PMI
+	// manager: this rank's children would otherwise join that job.
+	unsetenv := func(k string) error {
 		if err := os.Unsetenv(k); err != nil {
-			c.close()
-			return nil, fmt.Errorf("bootstrap: pmi: %s: unsetting %s: %w", c.desc, k, err)
+			return fmt.Errorf("unsetting %s: %w", k, err)
 		}
+		return nil
+	}
+	if err := markRank(EnvPMIParent, strconv.Itoa(os.Getpid()), []string{EnvPMIFD, EnvPMIxParent}, unsetenv); err != nil {
+		c.close()
+		return nil, fmt.Errorf("bootstrap: pmi: %s: %w", c.desc, err)
 	}
 	return c, nil
 }

@@ -361,40 +361,29 @@ func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
 	if err := pmixCallErr("PMIx_Init", C.md_init(me)); err != nil {
 		return err
 	}
-	// EnvPMIxParent first: an Open that reads the environment meanwhile
-	// finds it or the launch variables, never neither (and becomes a
-	// singleton).
-	err := os.Setenv(EnvPMIxParent, C.GoString(&me.nspace[0])+"."+strconv.FormatUint(uint64(me.rank), 10))
-	if err == nil {
-		unset := []string{EnvPMIParent, EnvPMIFD} // a PMI rank above this one set the first: this process's parent is a PMIx rank
-		for _, kv := range pmixLaunchVars(os.Environ()) {
-			k, _, _ := strings.Cut(kv, "=")
-			unset = append(unset, k)
-		}
-		for _, k := range unset {
-			if uerr := unsetC(k); uerr != nil && err == nil {
-				err = uerr
-			}
-		}
-	}
+	// EnvPMIParent: a PMI rank above this one set it, but this process's
+	// parent is a PMIx rank.
+	err := markRank(EnvPMIxParent, C.GoString(&me.nspace[0])+"."+strconv.FormatUint(uint64(me.rank), 10),
+		[]string{EnvPMIParent, EnvPMIFD}, unsetC)
 	if err != nil {
 		// Joined, but children could join too: leave.
 		C.md_finalize()
 		c.finalized(C.GoString(&me.nspace[0]), int(me.rank))
+		return fmt.Errorf("bootstrap: pmix: %w", err)
 	}
-	return err
+	return nil
 }
 
 // unsetC removes key from the environment, Go's and C's: under cgo
 // os.Unsetenv calls unsetenv(3), which md_has_env checks.
 func unsetC(key string) error {
 	if err := os.Unsetenv(key); err != nil {
-		return fmt.Errorf("bootstrap: pmix: unsetting %s: %w", key, err)
+		return fmt.Errorf("unsetting %s: %w", key, err)
 	}
 	ck := C.CString(key)
 	defer C.free(unsafe.Pointer(ck))
 	if C.md_has_env(ck) != 0 {
-		return fmt.Errorf("bootstrap: pmix: %s is still in the C environment after os.Unsetenv", key)
+		return fmt.Errorf("%s is still in the C environment after os.Unsetenv", key)
 	}
 	return nil
 }
