@@ -22,9 +22,6 @@ import (
 
 func testLogger(t testing.TB) hclog.Logger { return testlog.New(t, t.Name(), hclog.Off) }
 
-// envOf turns "KEY=value" strings into a lookupFunc.
-func envOf(kv []string) lookupFunc { return envSnapshot(kv) }
-
 // startServer runs a server for n ranks until the test ends.
 func startServer(t *testing.T, n int, ln net.Listener) *Server {
 	t.Helper()
@@ -52,7 +49,7 @@ func startServer(t *testing.T, n int, ln net.Listener) *Server {
 
 func openRank(t *testing.T, srv *Server, rank int) Bootstrap {
 	t.Helper()
-	bs, err := open(context.Background(), testLogger(t).Named(fmt.Sprint("rank", rank)), envOf(srv.Env(rank)), nil)
+	bs, err := open(context.Background(), testLogger(t).Named(fmt.Sprint("rank", rank)), envSnapshot(srv.Env(rank)), nil)
 	if err != nil {
 		t.Fatalf("open rank %d: %v", rank, err)
 	}
@@ -435,7 +432,7 @@ func TestBadConnectionsDropped(t *testing.T) {
 	// The job goes on: the real ranks still connect, and a rank cannot be
 	// claimed twice.
 	a, b := openRank(t, srv, 0), openRank(t, srv, 1)
-	if _, err := open(context.Background(), nil, envOf(srv.Env(1)), nil); err == nil || !strings.Contains(err.Error(), "rank 1 connected before") {
+	if _, err := open(context.Background(), nil, envSnapshot(srv.Env(1)), nil); err == nil || !strings.Contains(err.Error(), "rank 1 connected before") {
 		t.Errorf("second hello for rank 1: %v", err)
 	}
 	var wg sync.WaitGroup
@@ -451,7 +448,7 @@ func TestBadConnectionsDropped(t *testing.T) {
 
 func TestOpenEnvErrors(t *testing.T) {
 	srv := startServer(t, 2, nil)
-	good := envOf(srv.Env(1))
+	good := envSnapshot(srv.Env(1))
 	with := func(key, value string) lookupFunc {
 		return func(k string) (string, bool) {
 			if k == key {
@@ -462,7 +459,7 @@ func TestOpenEnvErrors(t *testing.T) {
 	}
 	// A remote rank's environment, without the self-termination that
 	// would end this test process with the refused connection.
-	remote := envOf(slices.DeleteFunc(srv.RemoteEnv(1, "h2"), func(kv string) bool {
+	remote := envSnapshot(slices.DeleteFunc(srv.RemoteEnv(1, "h2"), func(kv string) bool {
 		return strings.HasPrefix(kv, EnvExitWithService+"=")
 	}))
 	tests := []struct {
@@ -641,7 +638,7 @@ func TestRemoteSecretOnStdin(t *testing.T) {
 		}
 	}
 	in := io.MultiReader(bytes.NewReader(srv.SecretLine()), strings.NewReader("the application's input\n"))
-	bs, err := open(context.Background(), testLogger(t), envOf(env), in)
+	bs, err := open(context.Background(), testLogger(t), envSnapshot(env), in)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func TestPMIxNotBuilt(t *testing.T) {
 	// A rank's child, in a binary without the backend too, fails as a
 	// rank's child.
 	t.Run("rank's child", func(t *testing.T) {
-		bs, err := open(context.Background(), testLogger(t), envOf([]string{EnvPMIxParent + "=389349377.0"}), nil)
+		bs, err := open(context.Background(), testLogger(t), envSnapshot([]string{EnvPMIxParent + "=389349377.0"}), nil)
 		if err == nil {
 			bs.Close()
 			t.Fatalf("open succeeded with a %T", bs)
@@ -34,7 +34,7 @@ func TestPMIxNotBuilt(t *testing.T) {
 	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			bs, err := open(context.Background(), testLogger(t), envOf(tt.env), nil)
+			bs, err := open(context.Background(), testLogger(t), envSnapshot(tt.env), nil)
 			if err == nil {
 				bs.Close()
 				t.Fatalf("open succeeded with a %T", bs)

@@ -39,7 +39,7 @@ func TestDetectPMIx(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			env := envOf(tt.env)
+			env := envSnapshot(tt.env)
 			mark, ok := pmixMark(env)
 			if tt.want != "child" && (mark != tt.want || ok != (tt.want != "")) {
 				t.Errorf("pmixMark = %q, %v; want %q", mark, ok, tt.want)
@@ -59,7 +59,7 @@ func TestPMIOverPMIx(t *testing.T) {
 	defer cancel()
 	t.Run("pmi", func(t *testing.T) {
 		f := newFakePMI(t, 1, nil)
-		bs, err := open(ctx, testLogger(t), envOf(append(f.env(0), openMPIEnv...)), nil)
+		bs, err := open(ctx, testLogger(t), envSnapshot(append(f.env(0), openMPIEnv...)), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +70,7 @@ func TestPMIOverPMIx(t *testing.T) {
 	})
 	t.Run("mdrun", func(t *testing.T) {
 		srv := startServer(t, 1, nil)
-		bs, err := open(ctx, testLogger(t), envOf(append(srv.Env(0), openMPIEnv...)), nil)
+		bs, err := open(ctx, testLogger(t), envSnapshot(append(srv.Env(0), openMPIEnv...)), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,7 +210,7 @@ func TestPMIxChildErr(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := pmixChildErr(envOf(tt.env))
+			err := pmixChildErr(envSnapshot(tt.env))
 			switch {
 			case tt.want == "" && err != nil:
 				t.Errorf("pmixChildErr = %v, want nil", err)
@@ -233,7 +233,7 @@ func TestPMIxLaunchDesc(t *testing.T) {
 		{"namespace alone", []string{"PMIX_NAMESPACE=n"}, "PMIX_NAMESPACE=n"},
 	}
 	for _, tt := range tests {
-		if got := pmixLaunchDesc(envOf(tt.env)); got != tt.want {
+		if got := pmixLaunchDesc(envSnapshot(tt.env)); got != tt.want {
 			t.Errorf("%s: pmixLaunchDesc = %q, want %q", tt.name, got, tt.want)
 		}
 	}
