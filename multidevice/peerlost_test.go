@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,11 +37,10 @@ type lossySub struct {
 	sdi.SubDevice
 	mode *atomic.Int32
 	h    sdi.Handler
-	rank sdi.Rank
 }
 
 func (l *lossySub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
-	l.h, l.rank = p.Handler, p.Rank
+	l.h = p.Handler
 	return l.SubDevice.Open(ctx, p)
 }
 
@@ -167,30 +165,15 @@ func TestFailedFrameLosesPeer(t *testing.T) {
 // (The subdevice keeps blocking here: switching it back could let a try
 // that began before the loss send the frame, as on any link.)
 func TestQueuedFrameToLostPeer(t *testing.T) {
-	mode := new(atomic.Int32)
-	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-	var (
-		mu    sync.Mutex
-		lossy []*lossySub
-	)
-	factory := func(log hclog.Logger) sdi.SubDevice {
-		l := &lossySub{SubDevice: fab.New(log), mode: mode}
-		mu.Lock()
-		lossy = append(lossy, l)
-		mu.Unlock()
-		return l
-	}
-	d := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})[0]
+	devs, mode := lossyJob(t)
+	d := devs[0]
 	mode.Store(lossFull)
 	r, err := d.Isend(make([]byte, 16), 1, 1, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, l := range lossy {
-		if l.rank == 0 {
-			l.h.PeerDown(1, fmt.Errorf("lossy: rank 1 down: %w", sdi.ErrPeerUnreachable))
-		}
-	}
+	sub := slices.IndexFunc(d.subs, func(s *subdev) bool { return s.name == "loop" })
+	(&handler{d: d, sub: sub}).PeerDown(1, fmt.Errorf("lossy: rank 1 down: %w", sdi.ErrPeerUnreachable))
 	if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
 		t.Fatalf("got %v, want ErrPeerDown", err)
 	}
@@ -206,10 +189,8 @@ func TestSyncSendPeerDownFirst(t *testing.T) {
 		mode int32
 	}{{"frame failed", lossDownFirst}, {"frame sent", lossDownFirstSent}} {
 		t.Run(m.name, func(t *testing.T) {
-			mode := new(atomic.Int32)
-			fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-			factory := func(log hclog.Logger) sdi.SubDevice { return &lossySub{SubDevice: fab.New(log), mode: mode} }
-			d := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": factory}})[0]
+			devs, mode := lossyJob(t)
+			d := devs[0]
 			mode.Store(m.mode)
 			var r Request
 			if err := d.IsendRequest(&r, make([]byte, 16), 1, 2, 0, true); err != nil {
