@@ -475,6 +475,23 @@ func openErr(t *testing.T, n int, relayAt func(int) bool, factory sdi.Factory) [
 	return errs
 }
 
+// viaTables gives every rank a direct route over sub to every other, and
+// the ranks in via their routes to dst: through gateways (hop).
+func viaTables(sub string, dst int, via map[int][]conntable.Route) func(r int) *conntable.Table {
+	return func(r int) *conntable.Table {
+		e := []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: sub}}}}}
+		if routes, ok := via[r]; ok {
+			e = append(e, conntable.Entry{To: fmt.Sprint("rank:", dst), Routes: map[string][]conntable.Route{conntable.AllClasses: routes}})
+		}
+		return &conntable.Table{Version: conntable.Version, Peers: e}
+	}
+}
+
+// hop is a route over sub through gateway gw.
+func hop(sub string, gw int) conntable.Route {
+	return conntable.Route{SubDevice: sub, Via: fmt.Sprint("rank:", gw)}
+}
+
 // TestGatewayPassesOnOverLiveTrunk: in the chain 0 -a-> 1 -b-> 3 -a-> 2,
 // gateway 1 losing its direct "a" link to rank 3 marks rank 3 down for
 // its own messages, yet still passes blocks from 0 to 2 on to gateway 3
@@ -485,19 +502,7 @@ func TestGatewayPassesOnOverLiveTrunk(t *testing.T) {
 		fab := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
 		factories[name] = func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }
 	}
-	route := func(sub, via string) map[string][]conntable.Route {
-		return map[string][]conntable.Route{"*": {{SubDevice: sub, Via: via}}}
-	}
-	tableOf := func(r int) *conntable.Table {
-		e := []conntable.Entry{{To: conntable.SelectAll, Routes: route("a", "")}}
-		switch r {
-		case 0:
-			e = append(e, conntable.Entry{To: "rank:2", Routes: route("a", "rank:1")})
-		case 1:
-			e = append(e, conntable.Entry{To: "rank:2", Routes: route("b", "rank:3")})
-		}
-		return &conntable.Table{Version: conntable.Version, Peers: e}
-	}
+	tableOf := viaTables("a", 2, map[int][]conntable.Route{0: {hop("a", 1)}, 1: {hop("b", 3)}})
 	devs := openJob(t, jobSpec{n: 4, subs: []string{"a", "b"}, factories: factories, tableOf: tableOf,
 		forward: ForwardOptions{BlockSize: 1500, Window: 6000}})
 	send := func(tag int) error {
@@ -569,23 +574,7 @@ func TestFailedPassedFrame(t *testing.T) {
 			factories := map[string]sdi.Factory{"a": func(log hclog.Logger) sdi.SubDevice {
 				return &linkCut{SubDevice: fab.New(log), at: at, to: to}
 			}}
-			route := func(via ...int) map[string][]conntable.Route {
-				var rs []conntable.Route
-				for _, v := range via {
-					rs = append(rs, conntable.Route{SubDevice: "a", Via: fmt.Sprint("rank:", v)})
-				}
-				return map[string][]conntable.Route{"*": rs}
-			}
-			tableOf := func(r int) *conntable.Table {
-				e := []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{"*": {{SubDevice: "a"}}}}}
-				switch r {
-				case 0:
-					e = append(e, conntable.Entry{To: fmt.Sprint("rank:", c.dst), Routes: route(c.gw)})
-				case c.gw:
-					e = append(e, conntable.Entry{To: fmt.Sprint("rank:", c.dst), Routes: route(c.cut, c.alt)})
-				}
-				return &conntable.Table{Version: conntable.Version, Peers: e}
-			}
+			tableOf := viaTables("a", c.dst, map[int][]conntable.Route{0: {hop("a", c.gw)}, c.gw: {hop("a", c.cut), hop("a", c.alt)}})
 			devs := openJob(t, jobSpec{n: 5, subs: []string{"a"}, factories: factories, tableOf: tableOf, relays: c.relays,
 				forward: ForwardOptions{BlockSize: 1500, Window: 6000, Retry: -1}})
 			gw := devs[c.gw]
