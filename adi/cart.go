@@ -86,10 +86,12 @@ func (c *Comm) gridSize(dims []int, periodic []bool) (int, error) {
 		if d <= 0 {
 			return 0, fmt.Errorf("adi: cart create: dimension %d has %d ranks", i, d)
 		}
-		n *= d
-		if n > c.Size() {
+		// Tested before multiplying: a product past MaxInt would wrap
+		// and pass for a grid that fits.
+		if d > c.Size()/n {
 			return 0, fmt.Errorf("adi: cart create: a grid of %v needs more than the communicator's %d ranks", dims, c.Size())
 		}
+		n *= d
 	}
 	return n, nil
 }
@@ -226,6 +228,8 @@ func DimsCreate(n int, dims []int) error {
 			return fmt.Errorf("adi: dims create: dimension %d is %d", i, d)
 		case d == 0:
 			free++
+		case d > n/fixed: // before fixed wraps past MaxInt (to 0, say)
+			return fmt.Errorf("adi: dims create: the dimensions %v hold more than %d ranks", dims, n)
 		default:
 			fixed *= d
 		}
@@ -254,7 +258,8 @@ func DimsCreate(n int, dims []int) error {
 // placement of prime factors gave 72 ranks as 12x6, where 9x8 is there.
 func balanced(n, k int) []int {
 	var divs []int // of n, largest first
-	for d := 1; d*d <= n; d++ {
+	// d <= n/d, not d*d <= n, which wraps for n near MaxInt.
+	for d := 1; d <= n/d; d++ {
 		if n%d == 0 {
 			divs = append(divs, d)
 			if d*d != n {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"testing"
 
@@ -33,6 +34,8 @@ func TestDimsCreate(t *testing.T) {
 		{6, []int{4}, nil},
 		{0, []int{0}, nil},
 		{6, []int{-1, 0}, nil},
+		{4, []int{1 << 32, 1 << 32, 0}, nil},    // the product wraps to 0
+		{1, []int{7, 7905747460161236407}, nil}, // and to 1, whose inverse mod 2^64 it is
 	} {
 		dims := slices.Clone(tc.dims)
 		err := adi.DimsCreate(tc.n, dims)
@@ -262,6 +265,22 @@ func TestCartSub(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestCartTooLarge: a grid larger than the communicator is an error on
+// every rank, also one whose size wraps past MaxInt, which once came out
+// as a negative size and left every rank beyond the grid (nil, nil).
+func TestCartTooLarge(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		for _, dims := range [][]int{{3}, {2, 2}, {2, math.MaxInt}, {math.MaxInt, 2}} {
+			if cart, err := c.CartCreate(ctx, dims, make([]bool, len(dims))); err == nil {
+				return fmt.Errorf("CartCreate(%v) on %d ranks = %v, nil; want an error", dims, c.Size(), cart)
+			}
+		}
+		return nil
+	})
 }
 
 // TestCartArgumentsDisagree: ranks that pass other arguments to
