@@ -458,6 +458,19 @@ func (s *Server) abort(rank int, m *message) {
 	s.leave(rank, "aborted")
 }
 
+// Exited tells the service that rank's process has ended. One that ended
+// without saying hello (a program that never called Open, or that exited
+// before it) never will, so fences fail now, naming it, instead of
+// waiting for it until the launcher's timeout.
+func (s *Server) Exited(rank int) {
+	s.mu.Lock()
+	never := rank >= 0 && rank < s.size && s.ranks[rank] == rankWaiting
+	s.mu.Unlock()
+	if never {
+		s.leave(rank, "exited without joining the job (did it call Init?)")
+	}
+}
+
 // leave marks rank gone. No fence can complete without it, so the running
 // fence and every later one fail with the reason instead of hanging.
 func (s *Server) leave(rank int, why string) {

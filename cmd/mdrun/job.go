@@ -62,7 +62,6 @@ type rank struct {
 	cmd    *exec.Cmd
 	out    *lineWriter
 	errOut *lineWriter
-	exited bool
 }
 
 // exitEvent reports that rank's process was reaped.
@@ -424,8 +423,8 @@ func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 
 func (j *job) exited(e exitEvent) {
 	rk := e.rank
-	rk.exited = true
 	j.running--
+	j.srv.Exited(rk.id)
 	rk.out.Flush()
 	rk.errOut.Flush()
 	ws, ok := e.state.Sys().(syscall.WaitStatus)
@@ -530,13 +529,12 @@ func (j *job) endRemote() {
 	}
 }
 
-// signalAll signals the process group of every rank that has not been
-// reaped.
+// signalAll signals the process group of every rank, also of one that
+// has exited and been reaped: what it started may still run in its group.
+// The kernel does not give a new process that number while the group
+// lives, and once it is empty the signal finds nothing (ESRCH).
 func (j *job) signalAll(sig syscall.Signal) {
 	for _, rk := range j.ranks {
-		if rk.exited {
-			continue
-		}
 		pid := rk.cmd.Process.Pid
 		if err := syscall.Kill(-pid, sig); err != nil {
 			j.logger.Debug("cannot signal rank", "rank", rk.id, "pid", pid, "signal", sig, "error", err)

@@ -181,7 +181,11 @@
 // The job ends when every rank has exited, or as soon as one rank fails:
 // exits non-zero, is killed by a signal, panics, or calls Abort. mdrun then
 // names that rank, sends the others SIGTERM and, after a grace period,
-// SIGKILL. Its exit status is:
+// SIGKILL; what ranks started, also ranks that have exited, gets the
+// SIGTERM too. A rank that exits 0 without joining the job (it never
+// called Init) does not fail it, but the other ranks' next fence (in Init
+// or Finalize) then fails naming it, instead of waiting for it. Its exit
+// status is:
 //
 //	0        every rank exited 0
 //	N        the first failing rank exited with status N, or aborted with code N

@@ -112,6 +112,10 @@ func rankMain(args []string) int {
 		}
 		fmt.Printf("cpus %v gomaxprocs %d\n", cpus, runtime.GOMAXPROCS(0))
 		return 0
+	case "noinit": // rank 1 ends before it joins; the others' fence must fail
+		if os.Getenv("MDRUN_RANK") == "1" {
+			return 0
+		}
 	case "env":
 		wd, _ := os.Getwd()
 		fmt.Printf("MD_PLUGINS=%s\nMD_CONNTABLE=%s\nMDRUN_SECRET=%s\nPWD=%s\n", os.Getenv("MD_PLUGINS"), os.Getenv("MD_CONNTABLE"), os.Getenv("MDRUN_SECRET"), wd)
@@ -399,6 +403,15 @@ func TestJobs(t *testing.T) {
 			pidsPrint: 2,
 		},
 		{
+			// Until mdrun told the service, the others waited in their
+			// first fence for it until the timeout.
+			name: "rank exits without joining", flags: []string{"-timeout", "50s"}, n: 3, behaviour: "noinit", status: 1,
+			stderr: []*regexp.Regexp{
+				regexp.MustCompile(`(?m)^\[[02]\] .*rank 1 exited without joining the job \(did it call Init\?\); the fence cannot complete$`),
+				regexp.MustCompile(`(?m)^mdrun: rank [02] \(pid \d+\) exited with status 1; terminating the job$`),
+			},
+		},
+		{
 			name: "timeout", flags: []string{"-timeout", "2s"}, n: 2, behaviour: "block", status: exitTimeout,
 			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: the job ran longer than -timeout 2s; terminating the job$`)},
 			pidsPrint: 2,
@@ -683,6 +696,52 @@ func checkUsageErrors(t *testing.T, tests []usageCase) {
 			}
 		})
 	}
+}
+
+// TestFailedJobEndsWhatRanksStarted: when a job fails, the processes its
+// ranks started go with it, also those of a rank that had already exited
+// (mdrun once signalled only ranks it had not reaped).
+func TestFailedJobEndsWhatRanksStarted(t *testing.T) {
+	dir := t.TempDir()
+	// Rank 0 starts a child and exits 0; rank 1, once mdrun has reaped
+	// rank 0 (kill -0 finds a zombie too), starts one and fails.
+	script := `pids=` + dir + `; sleep 300 </dev/null >/dev/null 2>&1 & echo $! > $pids/child$MDRUN_RANK
+if [ "$MDRUN_RANK" = 0 ]; then echo $$ > $pids/rank0.tmp; mv $pids/rank0.tmp $pids/rank0; exit 0; fi
+until [ -f $pids/rank0 ]; do sleep 0.01; done
+while kill -0 $(cat $pids/rank0) 2>/dev/null; do sleep 0.01; done
+exit 5`
+	if status, _, _ := runMdrun(t, []string{"-n", "2", "sh", "-c", script}, nil, nil); status != 5 {
+		t.Fatalf("status %d, want 5", status)
+	}
+	for r := range 2 {
+		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("child%d", r)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The signal is sent before mdrun returns; dying takes a moment.
+		// An orphan's zombie counts as gone: its reaper is not ours.
+		for deadline := time.Now().Add(watchdog); running(pid); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				syscall.Kill(pid, syscall.SIGKILL)
+				t.Fatalf("rank %d's child %d still runs after the job failed", r, pid)
+			}
+		}
+	}
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// The state follows the command, which is in parentheses.
+	_, after, ok := strings.Cut(string(b), ") ")
+	return ok && !strings.HasPrefix(after, "Z")
 }
 
 func TestSignalForwarding(t *testing.T) {
