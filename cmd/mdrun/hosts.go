@@ -82,21 +82,18 @@ func parseHostEntry(s string) (hostSpec, error) {
 // parseHostSlots is parseHostEntry, and reports whether s gave the slots.
 func parseHostSlots(s string) (hostSpec, bool, error) {
 	h := hostSpec{name: s, slots: 1}
-	slots := ""
+	slots, given := "", false // "a:" gives slots, and no number
 	switch {
 	case strings.HasPrefix(s, "["):
 		name, rest, ok := strings.Cut(s[1:], "]")
 		if !ok || (rest != "" && !strings.HasPrefix(rest, ":")) {
 			return h, false, fmt.Errorf("host %q: want [address] or [address]:slots", s)
 		}
-		h.name, slots = name, strings.TrimPrefix(rest, ":")
-		if rest == ":" {
-			slots = "?"
-		}
+		h.name, slots, given = name, strings.TrimPrefix(rest, ":"), rest != ""
 	case strings.Count(s, ":") == 1:
-		h.name, slots, _ = strings.Cut(s, ":")
+		h.name, slots, given = strings.Cut(s, ":")
 	}
-	if slots != "" {
+	if given {
 		n, err := strconv.Atoi(slots)
 		if err != nil || n < 1 || n > maxSlots {
 			return h, false, fmt.Errorf("host %q: slots %q is not a number from 1 to %d", s, slots, maxSlots)
@@ -108,8 +105,8 @@ func parseHostSlots(s string) (hostSpec, bool, error) {
 	if h.name == "" || h.name[0] == '-' || !hostName.MatchString(h.name) {
 		return h, false, fmt.Errorf("host %q is not a host name", s)
 	}
-	h.slotsGiven = slots != ""
-	return h, h.slotsGiven, nil
+	h.slotsGiven = given
+	return h, given, nil
 }
 
 // parseHosts reads -hosts: "h1,h2:2,...", each entry optionally with

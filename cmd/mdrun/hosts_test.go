@@ -38,7 +38,9 @@ func TestParseHosts(t *testing.T) {
 		{"a:x", "", `slots "x" is not a number`},
 		{"a:70000", "", `slots "70000"`},
 		{"[fd00::1", "", "want [address] or [address]:slots"},
-		{"[fd00::1]:", "", `slots "?"`},
+		{"[fd00::1]:", "", `slots "" is not a number`},
+		{"a:", "", `host "a:": slots "" is not a number`}, // not 1 slot
+		{"a:,b:2", "", `host "a:": slots ""`},
 		{"a b", "", `host "a b" is not a host name`},
 		{"a;rm", "", "is not a host name"},
 		{"-Elog", "", `host "-Elog" is not a host name`},
@@ -85,6 +87,7 @@ func TestParseHostfile(t *testing.T) {
 	}{
 		{"# cluster\nn1\nn2:2  # two\n\nn3 slots=4\n", "n1:1 n2:2 n3:4", ""},
 		{"n1\nn2 slots=0\n", "", ":2: slots=\"0\" is not a number"},
+		{"n1:\n", "", `:1: host "n1:": slots "" is not a number`},
 		{"n1 cpus=4\n", "", `:1: want "host", "host:slots" or "host slots=N", each optionally with site=NAME, got "n1 cpus=4"`},
 		{"n1 slots=1 x\n", "", ":1: want"},
 		{"n1 slots\n", "", ":1: want"},
