@@ -107,7 +107,7 @@ func (r *router) shortest() {
 	}
 	r.pq.reset()
 	r.dist[r.src] = 0
-	r.pq.push(item{0, 0, r.src, 0})
+	r.pq.push(item{0, 0, r.src, 0, 0})
 	for r.pq.len() > 0 {
 		it := r.pq.pop()
 		v := it.v
@@ -154,7 +154,7 @@ func (r *router) relax(u int32, nd float64, hops int32, f hop) {
 	old := r.dist[u]
 	if nd < old || nd == old && (hops < r.hops[u] || hops == r.hops[u] && hopLess(f, r.first[u])) {
 		r.dist[u], r.hops[u], r.first[u] = nd, hops, f
-		r.pq.push(item{nd, hops, u, 0})
+		r.pq.push(item{nd, hops, u, 0, 0})
 	}
 }
 
@@ -188,7 +188,8 @@ func (r *router) nearShortest() {
 	r.pq.reset()
 	for _, n := range d.hostNets[r.src] {
 		if !math.IsInf(cost[n], 1) {
-			r.pq.push(item{cost[n], 0, r.nh + n, r.hopID(hop{n, -1})})
+			f := hop{n, -1}
+			r.pq.push(item{cost[n], 0, r.nh + n, r.hopID(f), hopKey(f)})
 		}
 	}
 	for r.pq.len() > 0 {
@@ -209,6 +210,16 @@ func (r *router) nearShortest() {
 		if dup {
 			continue
 		}
+		// A label whose next hop is no closer to host v than the source
+		// is refused by routes at v and, extended, at every vertex beyond
+		// (what it adds there the shortest path to them adds at most), so
+		// it is dropped before it takes one of v's k places: neighbours
+		// that all reach v only back through the source's network once
+		// crowded out a real alternative.
+		if f := r.hopList[id]; v < r.nh && f.host != v &&
+			c-cost[f.net]-d.penalty[f.host] >= r.dist[v]*(1-1e-9) {
+			continue
+		}
 		r.labHop[base+cnt], r.labCost[base+cnt] = id, c
 		r.labN[v]++
 		if v < r.nh {
@@ -218,7 +229,7 @@ func (r *router) nearShortest() {
 			}
 			for _, n := range d.hostNets[v] {
 				if !math.IsInf(cost[n], 1) {
-					r.pq.push(item{c + p + cost[n], 0, r.nh + n, id})
+					r.pq.push(item{c + p + cost[n], 0, r.nh + n, id, it.tie})
 				}
 			}
 			continue
@@ -228,11 +239,11 @@ func (r *router) nearShortest() {
 			if h == r.src {
 				continue
 			}
-			hid := id
+			hid, tie := id, it.tie
 			if f.host < 0 {
-				hid = r.hopID(hop{f.net, h})
+				hid, tie = r.hopID(hop{f.net, h}), hopKey(hop{f.net, h})
 			}
-			r.pq.push(item{c, 0, h, hid})
+			r.pq.push(item{c, 0, h, hid, tie})
 		}
 	}
 }
@@ -324,13 +335,24 @@ func (r *router) sameRoute(have []choice, h hop) bool {
 }
 
 // item is a heap entry: a tentative cost to vertex v. label is the first-step
-// id in the near-shortest pass and unused in the shortest pass.
+// id in the near-shortest pass and unused in the shortest pass; tie orders
+// that pass's labels of equal cost by their first step (hopKey), and is 0
+// in the shortest pass, whose relax breaks ties itself.
 type item struct {
 	dist  float64
 	hops  int32
 	v     int32
 	label int32
+	tie   int64
 }
+
+// hopKey orders first steps as hopLess does, for the heap. Ties between
+// labels of equal cost go by it, not by the order they were pushed in:
+// that order follows the host numbering, which differs between two hosts
+// that are interchangeable (tables.go), so a host's own search could keep
+// another of two equal alternatives than its group's representative's did
+// for it, and generate's table would differ from what route explains.
+func hopKey(h hop) int64 { return int64(h.net)<<32 | int64(h.host+1) }
 
 // heap is a binary min-heap on (dist, hops) with lazy deletion; written out
 // rather than through container/heap to avoid an interface call per
@@ -344,7 +366,10 @@ func (h *heap) less(i, j int) bool {
 	if h.a[i].dist != h.a[j].dist {
 		return h.a[i].dist < h.a[j].dist
 	}
-	return h.a[i].hops < h.a[j].hops
+	if h.a[i].hops != h.a[j].hops {
+		return h.a[i].hops < h.a[j].hops
+	}
+	return h.a[i].tie < h.a[j].tie
 }
 
 func (h *heap) push(it item) {
