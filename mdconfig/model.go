@@ -224,7 +224,9 @@ func (b *builder) sizeClasses(raw []rawClass) {
 		case !last:
 			c.Typical = c.MaxBytes
 		default:
-			c.Typical = max(prev*8, 1<<20)
+			// Capped where ParseSize stops, as prev*8 would wrap past
+			// MaxInt64 for a previous class above 1EiB.
+			c.Typical = max(min(prev, 1<<62/8)*8, 1<<20)
 		}
 		b.d.classes = append(b.d.classes, c)
 		prev = c.MaxBytes

@@ -303,4 +303,16 @@ func TestParseDefaults(t *testing.T) {
 			t.Errorf("Class(%d) = %d, want %d", i, got, want)
 		}
 	}
+	// The last class is costed at eight times the one before it, also
+	// where that would wrap past MaxInt64 (it once came out as 1MiB).
+	for _, small := range []string{"1MiB", "2000000TiB", "4000000TiB"} {
+		src := base + "size_class \"small\" {\n  max = \"" + small + "\"\n}\nsize_class \"large\" {}\n"
+		d, diags := Parse([]byte(src), "net.hcl")
+		if diags.HasErrors() {
+			t.Fatal(FormatDiagnostics(diags, []byte(src)))
+		}
+		if cs := d.Classes(); cs[1].Typical <= cs[0].MaxBytes && cs[0].MaxBytes < 1<<62 {
+			t.Errorf("small up to %s: large is costed at %d bytes, not above %d", small, cs[1].Typical, cs[0].MaxBytes)
+		}
+	}
 }
