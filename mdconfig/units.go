@@ -84,6 +84,10 @@ func parseBandwidth(s string) (float64, error) {
 	if bytesPerSec <= 0 {
 		return 0, fmt.Errorf("%q is not positive; a bandwidth must be greater than zero", s)
 	}
+	if math.IsInf(bytesPerSec, 1) {
+		// It would make every transfer free but for the latency.
+		return 0, fmt.Errorf("%q is too large; %s", s, hint)
+	}
 	return bytesPerSec / 1e6, nil
 }
 

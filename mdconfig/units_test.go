@@ -23,6 +23,7 @@ func TestParseBandwidth(t *testing.T) {
 		{in: "100", err: "no known unit"},
 		{in: "100MB", err: "no known unit"},
 		{in: "fast", err: "not a bandwidth"},
+		{in: "1" + strings.Repeat("0", 300) + "TB/s", err: "is too large"}, // +Inf
 	} {
 		got, err := parseBandwidth(tc.in)
 		if tc.err != "" {
