@@ -60,6 +60,10 @@ func TestHangMidJob(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if !locals[1].Caps.Flags.Has(sdi.FlagPoll) {
+		t.Fatal("the helper has no ring plane: the polls below would test nothing")
+	}
+	cs[1].Poll() // a polling spell is on when the plugin is taken out
 	pid := cs[1].PID()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -81,6 +85,14 @@ func TestHangMidJob(t *testing.T) {
 	if _, err := cs[1].Send(&sdi.Frame{Peer: 0, Payload: []byte("x")}); !errors.Is(err, sdi.ErrPeerUnreachable) || !errors.Is(err, plugin.ErrPluginExited) {
 		t.Errorf("Send after the plugin hung = %v, want ErrPeerUnreachable and ErrPluginExited", err)
 	}
+	// A rank may still poll it: the ring's segment is unmapped, and Poll
+	// and Idle once wrote into it and crashed the process (the spell's
+	// ticks, its end, a new spell's start).
+	for range 100 {
+		cs[1].Poll()
+	}
+	cs[1].Idle()
+	cs[1].Poll()
 	done := make(chan error, 1)
 	go func() { done <- cs[1].Close(ctx) }()
 	select {

@@ -136,7 +136,7 @@ func (p *hostRing) poll() int {
 	if !p.polling.Load() {
 		p.startPolling()
 	} else if n%pollsPerTick == 0 {
-		p.act.polls.Store(uint32(n))
+		p.mapped(func() { p.act.polls.Store(uint32(n)) })
 	}
 	if !p.inMu.TryLock() {
 		return 0
@@ -151,10 +151,25 @@ func (p *hostRing) poll() int {
 // start of a polling spell, not per message.
 func (p *hostRing) startPolling() {
 	p.polling.Store(true)
-	p.act.polls.Store(uint32(p.polls.Load()))
-	p.act.parked.Store(0)
-	p.out.nudge()
-	p.in.r.nudge()
+	p.mapped(func() {
+		p.act.polls.Store(uint32(p.polls.Load()))
+		p.act.parked.Store(0)
+		p.out.nudge()
+		p.in.r.nudge()
+	})
+}
+
+// mapped calls write, which writes into the segment, unless stop has
+// unmapped it: Poll and Idle may come after the plugin was taken out, or
+// race with Close, and a write there would fault and end the process.
+// Only a spell's start and end and every pollsPerTick-th Poll come here;
+// the records themselves are read under inMu, which stop waits for.
+func (p *hostRing) mapped(write func()) {
+	p.outMu.Lock()
+	defer p.outMu.Unlock()
+	if !p.unmapped {
+		write()
+	}
 }
 
 // idle ends a polling spell because the rank parks (sdi.Idler), and ends
@@ -174,7 +189,7 @@ func (p *hostRing) endSpell() bool {
 	if !p.polling.Swap(false) {
 		return false
 	}
-	p.act.parked.Store(1)
+	p.mapped(func() { p.act.parked.Store(1) })
 	return true
 }
 
