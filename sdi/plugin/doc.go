@@ -72,7 +72,9 @@
 // the process is killed, every connected peer is reported down through the
 // Handler, and every later call fails with an error wrapping
 // ErrPluginExited (and sdi.ErrPeerUnreachable for sends). The plugin, for
-// its part, closes its subdevice and exits when the host goes away.
+// its part, closes its subdevice and exits when the host goes away: at
+// once when its data stream breaks, and within a second when a host that
+// never opened it ends (it watches its parent process).
 //
 // # Limitations
 //

@@ -27,7 +27,9 @@ func serveHelper(behaviour string) {
 	case "v99":
 		plugin.ServeVersion(99, tcp.New)
 	case "host":
-		hostHelper()
+		hostHelper(true)
+	case "host-unopened":
+		hostHelper(false)
 	case "crash-in-open":
 		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return crashInOpen{tcp.New(l)} })
 	}

@@ -1,9 +1,11 @@
 package plugin
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
@@ -39,6 +41,7 @@ func Serve(factory sdi.Factory) {
 		}
 		os.Exit(3)
 	})
+	go watchHost(srv, time.Second)
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig:  handshake,
 		VersionedPlugins: pluginSets(srv),
@@ -47,4 +50,21 @@ func Serve(factory sdi.Factory) {
 		},
 		Logger: log,
 	})
+}
+
+// watchHost shuts the plugin down when the process that started it ends.
+// Once the host opened the subdevice the end of the Transfer stream says
+// so at once; before that (a rank killed while it starts, between Info
+// and Open, or in an Open that takes long) nothing else would, and the
+// plugin would run on for good.
+func watchHost(srv *server, every time.Duration) {
+	ppid := os.Getppid()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for range tick.C {
+		if os.Getppid() != ppid {
+			srv.hostGone(fmt.Errorf("the host process (pid %d) ended", ppid))
+			return
+		}
+	}
 }
