@@ -562,13 +562,34 @@ func (sd *subDevice) reportDown(rank sdi.Rank, err error, except *inbound) {
 	}
 	sd.mu.Unlock()
 	for _, in := range streams {
-		in.mu.Lock()
+		if !lockUnlessEnded(in) {
+			continue
+		}
 		if in.fr != nil {
 			in.fr.abandon()
 		}
 		in.mu.Unlock()
 	}
 	sd.h.PeerDown(rank, err)
+}
+
+// lockUnlessEnded locks in.mu, unless in's stream has ended: then it
+// reads nothing more into its place, and its reader may hold in.mu while
+// it reports the end of a frame it was placing, and so waits for the lock
+// of this caller's stream (two lanes of a peer that died while each
+// placed a frame). Waiting for in.mu there would deadlock both readers.
+func lockUnlessEnded(in *inbound) bool {
+	for !in.mu.TryLock() {
+		select {
+		case <-in.ended:
+			return false
+		default:
+			// Rare (a peer lost while another reader holds the lock),
+			// and short: a drain of at most readerBudget frames.
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	return true
 }
 
 func (sd *subDevice) inboundEnded(rank sdi.Rank, remote string, err error) {

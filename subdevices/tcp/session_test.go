@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -233,4 +234,63 @@ func TestPlaceFailedDuringLaneReport(t *testing.T) {
 	// Both are reported: the place needs its own report, the lane's
 	// report ends what the stream may place later.
 	a.rec.waitFor(t, "both reports", func() bool { return a.rec.downCount[b.rank] == 2 })
+}
+
+// A striped peer that dies while a large frame is being placed on each of
+// its two lanes ends both our streams inside their frames at once. Each
+// reader reports the end of its place under its own stream's lock, and a
+// report gives up the places of the peer's other streams, under their
+// locks: the two readers once waited for each other's lock for good, the
+// peer was reported down once instead of twice and Close hung. Here the
+// test plays both readers at the moment both hold their locks.
+func TestPlacedStreamsEndTogether(t *testing.T) {
+	pl := &placer{placed: make(chan struct{}, 2)}
+	o := jobOpts{size: 2, config: `{"listen": "0.0.0.0:0"}`, twoLoopbacks: true}
+	a := openNode(t, 0, jobOpts{size: 2, config: o.config, twoLoopbacks: true, handler: func(r *recorder) sdi.Handler { pl.recorder = r; return pl }})
+	b := openNode(t, 1, o)
+	var w [sdi.WireHeaderSize]byte
+	sdi.WireHeader{HeaderLen: 8, PayloadLen: 512 << 10}.Put(w[:])
+	for lane := range 2 {
+		c := dialLane(t, b, a, laneID{session: 9, lane: uint16(lane), lanes: 2})
+		defer c.Close()
+		if _, err := c.Write(append(append(w[:], make([]byte, 8)...), make([]byte, 1000)...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sd := a.sd.(*subDevice)
+	var streams []*inbound
+	for range 2 {
+		select {
+		case <-pl.placed:
+		case <-time.After(watchdog):
+			t.Fatal("watchdog: a frame was never placed")
+		}
+	}
+	sd.mu.Lock()
+	for in := range sd.inbound {
+		streams = append(streams, in)
+	}
+	sd.mu.Unlock()
+	if len(streams) != 2 {
+		t.Fatalf("%d streams from the peer, want 2", len(streams))
+	}
+	var locked, done sync.WaitGroup
+	locked.Add(2)
+	for _, in := range streams {
+		done.Go(func() {
+			in.mu.Lock()
+			defer in.mu.Unlock()
+			if !in.fr.placing() {
+				t.Error("the stream is not placing a frame")
+			}
+			locked.Done()
+			locked.Wait()
+			sd.streamEnded(in, io.ErrUnexpectedEOF)
+		})
+	}
+	// Not t.Fatal: the test's cleanup, Close, would wait for the two.
+	dog := time.AfterFunc(watchdog, func() { panic("watchdog: the two readers wait for each other's lock") })
+	done.Wait()
+	dog.Stop()
+	a.rec.waitFor(t, "a report per place", func() bool { return a.rec.downCount[b.rank] == 2 })
 }
