@@ -117,6 +117,7 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	}
 	aborts := srv.Aborts()
 	done := ctx.Done()
+	lost := j.stdout.lost
 	for j.running > 0 {
 		select {
 		case e := <-exits:
@@ -132,6 +133,10 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 			j.aborted(a)
 		case sig := <-sigs:
 			j.signalled(sig)
+		case <-lost:
+			lost = nil
+			// As a program writing into a closed pipe ends, by SIGPIPE.
+			j.fail(128+int(syscall.SIGPIPE), "mdrun: standard output is closed (its reader went away); terminating the job")
 		case <-deadline:
 			j.fail(exitTimeout, fmt.Sprintf("mdrun: the job ran longer than -timeout %v; terminating the job", j.cfg.timeout))
 		case <-done:

@@ -191,7 +191,8 @@
 //	N        the first failing rank exited with status N, or aborted with code N
 //	         (an abort code outside 1..255 becomes 1)
 //	128+S    the first failing rank was killed by signal S, or mdrun itself
-//	         received signal S
+//	         received signal S; 141 (SIGPIPE) when mdrun's standard output
+//	         was closed (mdrun ... | head), which ends the job
 //	124      the job ran longer than -timeout
 //	2        usage error: bad flags, no program, program not found
 //	1        mdrun could not run the job (rendezvous service, starting a rank)
@@ -207,5 +208,10 @@ import (
 func main() {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	// Caught rather than ignored, so that a write to a closed stdout
+	// (mdrun ... | head) fails with EPIPE instead of killing mdrun before
+	// it ended the job, and the ranks still start with SIGPIPE's default
+	// (an ignored signal would stay ignored in them).
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr, sigs))
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -731,6 +732,48 @@ exit 5`
 			}
 		}
 	}
+}
+
+// TestClosedStdout: mdrun's reader goes away (mdrun ... | head) while the
+// ranks run. mdrun once died of SIGPIPE at its next line, leaving its
+// ranks running without it and its rendezvous directory behind. It now
+// ends the job as a failure, with SIGPIPE's status.
+func TestClosedStdout(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	closed := filepath.Join(t.TempDir(), "closed")
+	script := `echo pid $$; if [ "$MDRUN_RANK" = 0 ]; then until [ -f ` + closed + ` ]; do sleep 0.01; done; echo more; fi; exec sleep 300`
+	var stderr lockedBuffer
+	status := make(chan int, 1)
+	go func() { status <- run(t.Context(), []string{"-n", "2", "sh", "-c", script}, w, &stderr, nil) }()
+	var out strings.Builder
+	for br := bufio.NewReader(r); len(pids(t, out.String())) < 2; {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading mdrun's output: %v", err)
+		}
+		out.WriteString(line)
+	}
+	r.Close()
+	if err := os.WriteFile(closed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-status:
+		if s != 128+int(syscall.SIGPIPE) {
+			t.Errorf("status %d, want %d; stderr:\n%s", s, 128+int(syscall.SIGPIPE), &stderr)
+		}
+	case <-time.After(watchdog):
+		t.Fatal("watchdog: mdrun did not end the job")
+	}
+	if want := "mdrun: standard output is closed"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr %q, want %q", &stderr, want)
+	}
+	checkGone(t, pids(t, out.String()))
 }
 
 // running reports whether pid exists and is not a zombie.

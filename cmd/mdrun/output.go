@@ -14,15 +14,31 @@ const maxLine = 64 << 10
 // different ranks (and mdrun's own messages) never mix. It is safe for
 // concurrent use.
 type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu     sync.Mutex
+	w      io.Writer
+	broken bool // a write failed: the reader went away (mdrun ... | head)
+	// lost, if not nil, is closed when a write first fails, so that the
+	// job ends as a program whose output is gone does.
+	lost chan struct{}
 }
 
-// Write writes p in one call; hclog writes whole lines through it.
+// Write writes p in one call; hclog writes whole lines through it. Once a
+// write has failed it drops what comes, and reports success: the ranks'
+// pipes must keep draining, or ranks would block on a full pipe instead
+// of ending with the job.
 func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.w.Write(p)
+	if s.broken {
+		return len(p), nil
+	}
+	if _, err := s.w.Write(p); err != nil {
+		s.broken = true
+		if s.lost != nil {
+			close(s.lost)
+		}
+	}
+	return len(p), nil
 }
 
 // lineWriter receives one output stream of one rank (os/exec copies into

@@ -98,7 +98,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, sigs <-ch
 	j := &job{
 		cfg:    cfg,
 		logger: logger,
-		stdout: &syncWriter{w: stdout},
+		stdout: &syncWriter{w: stdout, lost: make(chan struct{})},
 		stderr: errw,
 	}
 	return j.run(ctx, sigs)
