@@ -214,7 +214,7 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		}
 	}
 	self := newSelf()
-	if err := d.addSub(ctx, "self", self, nil, sdi.APIVersion); err != nil {
+	if err := d.addSub(ctx, selfName, self, nil, sdi.APIVersion); err != nil {
 		return err
 	}
 	for _, spec := range plugins.SubDevices {
@@ -348,7 +348,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			cands = append(cands, conntable.Candidate{Name: s.name, HostOnly: s.caps.Reach == sdi.ReachHost, Exclusivity: s.caps.Exclusivity})
 		}
 		if len(cands) == 0 { // a singleton with every subdevice disabled
-			cands = append(cands, conntable.Candidate{Name: "self"})
+			cands = append(cands, conntable.Candidate{Name: selfName})
 		}
 		var err error
 		if t, err = conntable.Derive(cands); err != nil {
@@ -363,8 +363,10 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 		return fmt.Errorf("multidevice: %w", err)
 	}
 	d.table = res
+	// Not subs[0], the self path: it carries nothing to another rank, and
+	// a table that names it for one must fail here, not at a send.
 	byName := make(map[string]*subdev, len(d.subs))
-	for _, s := range d.subs {
+	for _, s := range d.subs[1:] {
 		byName[s.name] = s
 	}
 	nclass := len(res.Classes())
@@ -488,8 +490,8 @@ func (d *Device) connect(ctx context.Context, s *subdev, peer int, host string) 
 }
 
 func (d *Device) subNames() string {
-	var names []string
-	for _, s := range d.subs {
+	names := []string{}
+	for _, s := range d.subs[1:] {
 		names = append(names, s.name)
 	}
 	return fmt.Sprint(names)

@@ -65,6 +65,10 @@ func (d *Device) openExternal(ctx context.Context, spec SubDeviceSpec) {
 // missingSubDevice is the error for a table that routes over a subdevice
 // that is not loaded, saying why when it was a skipped plugin.
 func (d *Device) missingSubDevice(peer int, host, name string) error {
+	if name == selfName {
+		return fmt.Errorf("%w: the table routes rank %d (host %q) over %q, the path to this rank itself, which reaches no other (loaded: %s)",
+			ErrNoRoute, peer, host, name, d.subNames())
+	}
 	if why := d.skipped[name]; why != nil {
 		return fmt.Errorf("%w: the table routes rank %d (host %q) over subdevice %q, whose plugin was skipped: %v",
 			ErrNoRoute, peer, host, name, why)

@@ -312,3 +312,19 @@ func TestExternalPluginCrash(t *testing.T) {
 		t.Errorf("rank 1 received %d messages, want the 3 the plugin carried before it crashed", got)
 	}
 }
+
+// TestTableRoutesOverSelf: "self" is the device's path to its own rank. A
+// table that routes another rank over it once opened, and the first send
+// there failed with the peer down; plugins.hcl could even define a
+// subdevice of that name beside it. Open now says what is wrong.
+func TestTableRoutesOverSelf(t *testing.T) {
+	table := &conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "self"}}}}}}
+	plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "shm", Enabled: true}}}
+	devs, errs := openPluginJob(t, 2, plugins, table, hclog.NewNullLogger())
+	closeAll(devs)
+	for r, err := range errs {
+		if !errors.Is(err, ErrNoRoute) || !strings.Contains(err.Error(), `over "self", the path to this rank itself`) || !strings.Contains(err.Error(), "(loaded: [shm])") {
+			t.Errorf("open rank %d with a table routing over self: %v; want ErrNoRoute naming self and the loaded [shm]", r, err)
+		}
+	}
+}

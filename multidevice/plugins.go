@@ -127,6 +127,12 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 			return nil, fmt.Errorf("multidevice: plugins: %s: subdevice %q is already defined at %s; merge the two blocks", where, s.Name, prev)
 		}
 		seen[s.Name] = where
+		switch s.Name {
+		case "":
+			return nil, fmt.Errorf("multidevice: plugins: %s: a subdevice needs a name", where)
+		case selfName:
+			return nil, fmt.Errorf("multidevice: plugins: %s: the name %q is the device's own path to its rank; name the subdevice otherwise", where, s.Name)
+		}
 		if s.Checksum != "" && !checksumRE.MatchString(s.Checksum) {
 			return nil, fmt.Errorf("multidevice: plugins: %s: checksum %q: want \"sha256:\" and 64 lower-case hex digits", where, s.Checksum)
 		}

@@ -57,6 +57,8 @@ func TestParsePluginsErrors(t *testing.T) {
 		{"args without command", `subdevice "a" { args = ["x"] }`, "need a command"},
 		{"builtin and command", "subdevice \"a\" {\n builtin = \"tcp\"\n command = \"sdi-tcp\"\n}", `p.hcl:1,1-14: builtin "tcp" and command "sdi-tcp" exclude each other`},
 		{"empty", ``, "no subdevice blocks"},
+		{"self", `subdevice "self" { builtin = "shm" }`, `p.hcl:1,1-17: the name "self" is the device's own path`},
+		{"no name", `subdevice "" {}`, "p.hcl:1,1-13: a subdevice needs a name"},
 		{"config not literal", "subdevice \"a\" {\n  config {\n    x = var.y\n  }\n}", "p.hcl:3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

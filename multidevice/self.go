@@ -8,6 +8,10 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
+// selfName is self's name among the subdevices; plugins.hcl may not use
+// it, and a connection table may name it only for the rank itself.
+const selfName = "self"
+
 // self is the built-in path from a rank to itself. Send copies the frame
 // (so it completes at once, like MPICH's self device buffering) and a
 // goroutine delivers it, so the handler is never entered from Send.
@@ -27,7 +31,7 @@ type selfFrame struct{ hdr, payload []byte }
 func newSelf() *self { return &self{wake: make(chan struct{}, 1), quit: make(chan struct{})} }
 
 func (s *self) Info(context.Context) (sdi.Info, error) {
-	return sdi.Info{Name: "self", Version: "1", APIVersions: []string{sdi.APIVersion}}, nil
+	return sdi.Info{Name: selfName, Version: "1", APIVersions: []string{sdi.APIVersion}}, nil
 }
 
 func (s *self) Open(_ context.Context, p sdi.OpenParams) (sdi.Local, error) {
