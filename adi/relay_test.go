@@ -3,6 +3,7 @@ package adi_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 
@@ -80,6 +81,12 @@ func TestRunRelay(t *testing.T) {
 			}
 			if _, err := sr.Wait(ctx); err != nil {
 				t.Errorf("rank %d send: %v", r, err)
+			}
+			if sub, gw, err := w.Path(1-r, len(msg)); err != nil || sub != "loop" || !slices.Equal(gw, []int{2}) {
+				t.Errorf("rank %d: Path(%d) = %q, %v, %v; want loop through the relay, rank 2", r, 1-r, sub, gw, err)
+			}
+			if fs := w.ForwardStats(); fs.Forwarded != 0 || fs.Resent != 0 {
+				t.Errorf("rank %d, no gateway, lost nothing: %+v", r, fs)
 			}
 		})
 	}

@@ -269,6 +269,22 @@ func (w *World) Stats() []LinkStats { return w.dev.Stats() }
 // to world rank peer.
 func (w *World) Route(peer, n int) (string, error) { return w.dev.Route(peer, n) }
 
+// Path describes how a message of n bytes travels to world rank peer: the
+// subdevice of its first hop and the gateways it may pass through, by
+// their ranks in the job (a dedicated relay's come after the world's);
+// none for a direct link. After a failover it names the routes that carry
+// traffic now.
+func (w *World) Path(peer, n int) (subdevice string, gateways []int, err error) {
+	return w.dev.Path(peer, n)
+}
+
+// ForwardStats describe this rank's part in indirect communication: what
+// it holds and passed on as a gateway, and what it sent again.
+type ForwardStats = multidevice.ForwardStats
+
+// ForwardStats reports what this rank forwarded, holds and sent again.
+func (w *World) ForwardStats() ForwardStats { return w.dev.ForwardStats() }
+
 // Host is the launcher's name for this rank's host.
 func (w *World) Host() string { return w.boot.Host() }
 

@@ -6,9 +6,20 @@
 //
 // # Usage
 //
+// Applications use package adi, which opens the device for them. A
+// program that drives the device itself links the subdevices its
+// plugins.hcl names as built in (adi's builtin.go does the same):
+//
+//	import (
+//		_ "github.com/hpc-multidevice/multidevice/subdevices/shm"
+//		_ "github.com/hpc-multidevice/multidevice/subdevices/tcp"
+//	)
+//
+//	b, err := bootstrap.Open(ctx, nil) // mdrun's rank, PMI, or a singleton
 //	d, err := multidevice.Open(ctx, multidevice.Options{Bootstrap: b})
-//	r, err := d.Irecv(buf, multidevice.AnySource, multidevice.AnyTag, ctxID)
-//	err = d.Send(ctx, msg, peer, tag, ctxID, false)
+//	const cid uint64 = 0 // the context id: separates communicators
+//	r, err := d.Irecv(buf, multidevice.AnySource, multidevice.AnyTag, cid)
+//	err = d.Send(ctx, msg, peer, tag, cid, false)
 //	st, err := r.Wait(ctx)
 //	err = d.Close(ctx)
 //

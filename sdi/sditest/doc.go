@@ -43,7 +43,7 @@
 //	sditest.Run(t, sditest.Harness{New: sditest.Plugin(plugin.Config{Path: bin}), Peers: 3})
 //
 // Without writing Go: cmd/sdi-conformance -plugin ./sdi-myfabric, or
-// SDI_CONFORMANCE_PLUGIN=./sdi-myfabric go test ./sdi/sditest -run ExternalPlugin.
+// SDI_CONFORMANCE_PLUGIN=$PWD/sdi-myfabric go test ./sdi/sditest -run ExternalPlugin.
 //
 // # The catalogue
 //
