@@ -229,7 +229,11 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		if factory == nil {
 			var err error
 			if factory, err = sdi.Lookup(spec.BuiltinName()); err != nil {
-				return fmt.Errorf("multidevice: %s: %w", spec.Where, err)
+				where := spec.Where // empty in a config made in code
+				if where == "" {
+					where = fmt.Sprintf("subdevice %q", spec.Name)
+				}
+				return fmt.Errorf("multidevice: %s: %w", where, err)
 			}
 		}
 		sd := factory(d.log.Named(spec.Name))

@@ -328,3 +328,20 @@ func TestTableRoutesOverSelf(t *testing.T) {
 		}
 	}
 }
+
+// TestUnknownBuiltin: a subdevice that is neither registered nor a plugin
+// is named in Open's error, by its block in plugins.hcl or, in a config
+// made in code, by its name (the error once began "multidevice: : sdi").
+func TestUnknownBuiltin(t *testing.T) {
+	for _, tc := range []struct{ where, want string }{
+		{"", `multidevice: subdevice "tpc": sdi: unknown subdevice "tpc"`},
+		{"p.hcl:3,1-16", `multidevice: p.hcl:3,1-16: sdi: unknown subdevice "tpc"`},
+	} {
+		plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "tpc", Enabled: true, Where: tc.where}}}
+		devs, errs := openPluginJob(t, 1, plugins, nil, hclog.NewNullLogger())
+		closeAll(devs)
+		if err := errs[0]; !errors.Is(err, sdi.ErrUnknownSubDevice) || !strings.HasPrefix(err.Error(), tc.want) {
+			t.Errorf("Open = %v, want ErrUnknownSubDevice starting %q", err, tc.want)
+		}
+	}
+}
