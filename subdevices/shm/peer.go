@@ -82,6 +82,15 @@ func (sd *device) Connect(ctx context.Context, r sdi.Rank, addr []byte) error {
 	}
 	old := sd.peers[r].Load()
 	if old != nil && old.segmentName() == c.Segment {
+		// A no-op while that connection works; a rank reported down
+		// keeps its card, and the caller (the multidevice reviving a
+		// route) must not take its route for back.
+		old.mu.Lock()
+		gone := old.gone
+		old.mu.Unlock()
+		if gone != nil {
+			return fmt.Errorf("shm: connect to rank %d: %w: %w", r, sdi.ErrPeerUnreachable, gone)
+		}
 		return nil
 	}
 	seg, err := shmem.Open(c.Segment)

@@ -527,6 +527,9 @@ func (rc *receiver) checkPeers() {
 			continue
 		}
 		if err := p.alive(); err != nil {
+			// Descriptors it read before it went are complete: reaped
+			// first, or a payload it delivered would fail too.
+			rc.doneBuf, _ = p.reap(rc.doneBuf)
 			p.markDown(err) // descriptors it will never read fail
 			rc.drainGone(r)
 			rc.reportDown(r, err)
@@ -672,7 +675,15 @@ func (sd *device) sleep() {
 	sd.locked(func(rc *receiver) { pending = rc.pending() })
 	if !pending && !sd.stop.Load() {
 		sd.sleeps.Add(1)
-		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, sd.sleepFor); err != nil {
+		timeout := sd.sleepFor
+		if sd.inflight.Load() > 0 {
+			// A receiver that disconnected from this rank still reads
+			// the descriptors it had, but has no mapping of this
+			// segment to ring the doorbell through: their SendDone
+			// would wait for the whole timeout (or for good in tests).
+			timeout = napFor
+		}
+		if err := futex.Wait(rawWord32(mem, offDoorbell), seq, timeout); err != nil {
 			// Should not happen; fall back to a short nap rather than a busy loop.
 			sd.log.Warn("futex wait failed", "error", err)
 			time.Sleep(time.Millisecond)

@@ -454,3 +454,23 @@ func TestAttachWhileReceiverSleeps(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectAfterPeerDown: rank 1 closed and rank 0 reported it down. A
+// new Connect with rank 1's card (what the multidevice does to put a
+// route back) once returned nil, a no-op since the segment name is
+// unchanged, although the connection was dead: the Send right after it
+// failed.
+func TestConnectAfterPeerDown(t *testing.T) {
+	j := openJob(t, 2, jobOpts{})
+	if err := j.sds[1].Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d := j.hs[0].nextDown(t); d.peer != 1 {
+		t.Fatalf("PeerDown(%d)", d.peer)
+	}
+	err := j.sds[0].Connect(context.Background(), 1, j.local[1].Addr)
+	if !errors.Is(err, sdi.ErrPeerUnreachable) {
+		_, serr := j.sds[0].Send(&sdi.Frame{Peer: 1, Payload: []byte("x")})
+		t.Fatalf("Connect to a rank reported down (its segment closed) = %v, want ErrPeerUnreachable; the Send after it = %v", err, serr)
+	}
+}

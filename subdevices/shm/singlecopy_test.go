@@ -572,3 +572,111 @@ func TestYamaScope(t *testing.T) {
 		}
 	}
 }
+
+// TestReadDescriptorNotFailedWhenReceiverCloses: rank 1 reads and delivers
+// a payload sent by descriptor, advances its head past the record, then
+// closes. Rank 0's liveness check (before a sleep, or every livenessEvery
+// polls, right after a poll whose reap came before rank 1's head store)
+// finds the segment closed before a reap saw the new head. It once failed
+// the descriptor, whose payload had been delivered.
+func TestReadDescriptorNotFailedWhenReceiverCloses(t *testing.T) {
+	requireSingleCopy(t)
+	j := openJob(t, 2, jobOpts{})
+	tx := j.sds[0].(*device)
+	tx.rxMu.Lock() // rank 0's progress goroutine neither reaps nor checks meanwhile
+	locked := true
+	defer func() {
+		if locked {
+			tx.rxMu.Unlock()
+		}
+	}()
+	payload := pattern(7, defaultSingleCopyMin)
+	done, err := j.sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("h"), Payload: payload, Token: 42})
+	if err != nil || done {
+		t.Fatalf("Send = %v, %v; want a descriptor in flight", done, err)
+	}
+	j.hs[1].next(t) // rank 1 delivered it
+	rx := j.sds[1].(*device)
+	for i := 0; rx.inbound[0].head.Load() == 0; i++ {
+		if i > 2000 {
+			t.Fatal("rank 1 never advanced its head")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := j.sds[1].Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// What progress does before it sleeps (or every livenessEvery polls,
+	// right after a poll whose reap came before rank 1's head store).
+	tx.rx.checkPeers()
+	tx.rxMu.Unlock()
+	locked = false
+	d := j.hs[0].nextDone(t)
+	if d.token != 42 || d.err != nil {
+		t.Fatalf("SendDone(%d, %v) for a payload the receiver read and delivered; want (42, nil)", d.token, d.err)
+	}
+}
+
+// TestDescriptorReadAfterDisconnectWakesSender: rank 1 disconnects from
+// rank 0 (its sends to 0 are done; frames 0 sends still arrive, as the
+// Disconnect godoc says). A descriptor rank 0 published before it saw the
+// ring mode change is read after the Disconnect; wakeSender finds no
+// connection to ring rank 0's doorbell through, so a rank 0 asleep on its
+// doorbell once never learned that the payload was read: SendDone waited
+// for the sleep timeout (500 ms), or for ever with an unbounded sleep, the
+// setting the tests use to turn a lost wake-up into a hang.
+func TestDescriptorReadAfterDisconnectWakesSender(t *testing.T) {
+	requireSingleCopy(t)
+	j := openJob(t, 2, jobOpts{noSleepBound: true})
+	tx, rx := j.sds[0].(*device), j.sds[1].(*device)
+	rx.connMu.Lock() // Disconnect below stops holding rx's receive lock
+	disc := make(chan error, 1)
+	go func() { disc <- j.sds[1].Disconnect(context.Background(), 0) }()
+	// Wait until Disconnect holds the receive lock (and waits for connMu).
+	for i := 0; rx.rxMu.TryLock(); i++ {
+		rx.rxMu.Unlock()
+		if i > 5000 {
+			rx.connMu.Unlock()
+			t.Fatal("Disconnect never took the receive lock")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	payload := pattern(9, defaultSingleCopyMin)
+	done, err := j.sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("h"), Payload: payload, Token: 7})
+	if err != nil || done {
+		rx.connMu.Unlock()
+		t.Fatalf("Send = %v, %v; want a descriptor in flight", done, err)
+	}
+	// Rank 0's progress goroutine goes to sleep on its doorbell, waiting
+	// for the read.
+	asleep := func() bool { return word32(tx.seg.Bytes(), offSleeping).Load() == 1 && tx.sleeps.Load() > 0 }
+	for i := 0; ; i++ {
+		if asleep() {
+			time.Sleep(10 * time.Millisecond)
+			if asleep() {
+				break
+			}
+		}
+		if i > 5000 {
+			rx.connMu.Unlock()
+			t.Fatalf("rank 0 never slept: sleeps %d naps %d sleeping %d", tx.sleeps.Load(), tx.naps.Load(), word32(tx.seg.Bytes(), offSleeping).Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	rx.connMu.Unlock()
+	if err := <-disc; err != nil {
+		t.Fatal(err)
+	}
+	if m := j.hs[1].next(t); string(m.header) != "h" {
+		t.Fatalf("got %q", m.header)
+	}
+	select {
+	case d := <-j.hs[0].dones:
+		if d.token != 7 || d.err != nil {
+			t.Fatalf("SendDone(%d, %v), want (7, nil)", d.token, d.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("rank 1 read the payload (head %d) but rank 0 got no SendDone in 5 s: its doorbell was never rung",
+			rx.inbound[0].head.Load())
+	}
+}
