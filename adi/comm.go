@@ -206,12 +206,17 @@ func (c *Comm) isendInto(q *Request, buf []byte, dest, tag int, sync bool) error
 }
 
 // Send sends buf to rank dest with tag and returns when buf may be reused.
+// If ctx ends first, Send returns its error and buf is the caller's again,
+// but the message is not withdrawn: it may still be received, as buf held
+// it at the call (sent from a copy). A caller that sends again after such
+// an error may have the message received twice.
 func (c *Comm) Send(ctx context.Context, buf []byte, dest, tag int) error {
 	return c.send(ctx, buf, dest, tag, false)
 }
 
 // Ssend sends synchronously: it returns once the receiver matched the
-// message.
+// message. If ctx ends first, it is as for Send: the message may still be
+// matched later.
 func (c *Comm) Ssend(ctx context.Context, buf []byte, dest, tag int) error {
 	return c.send(ctx, buf, dest, tag, true)
 }

@@ -123,6 +123,41 @@ func TestSsendWaitsForMatch(t *testing.T) {
 	}
 }
 
+// TestSendCtxEndGivesBufBack: a blocking Send whose ctx ends (nobody has
+// posted its receive) returns with buf the caller's again. The message
+// still arrives, as buf held it at the call: a rendezvous send once sent
+// its data from buf when the receive came, long after Send returned, so
+// the receiver got what the caller wrote there afterwards.
+func TestSendCtxEndGivesBufBack(t *testing.T) {
+	devs := loopJob(t, 2, smallCaps)
+	for i, tc := range []struct {
+		size int
+		sync bool
+	}{{8, false}, {8, true}, {2000, false}, {2000, true}, {20000, false}} {
+		t.Run(fmt.Sprintf("%d sync=%v", tc.size, tc.sync), func(t *testing.T) {
+			tag := 20 + i
+			buf := pattern(tc.size, i)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			err := devs[0].Send(ctx, buf, 1, tag, 2, tc.sync)
+			cancel()
+			if (err != nil) != (tc.sync || tc.size > 1000) {
+				t.Fatalf("Send = %v; want ctx's error only where it waits for the receiver", err)
+			}
+			for j := range buf {
+				buf[j] = 0xff // the caller's again
+			}
+			got := make([]byte, tc.size)
+			rr := must(t)(devs[1].Irecv(got, 0, tag, 2))
+			if st, err := wait(t, rr); err != nil || st.Count != tc.size {
+				t.Fatalf("receive: %+v, %v", st, err)
+			}
+			if want := pattern(tc.size, i); !bytes.Equal(got, want) {
+				t.Errorf("received %x..., want %x...: bytes written after Send returned", got[:8], want[:8])
+			}
+		})
+	}
+}
+
 // TestCancelPostedRecv: a cancelled receive does not consume the next
 // message; the next receive gets it.
 func TestCancelPostedRecv(t *testing.T) {

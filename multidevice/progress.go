@@ -355,6 +355,12 @@ func (d *Device) putRequest(r *Request) {
 // Send sends buf to world rank dst and returns when buf may be reused (with
 // sync set: when the receiver matched it). It is Isend plus Wait without a
 // request the caller could keep, so the request is recycled.
+//
+// When ctx ends first Send returns its error, and buf is the caller's
+// again, but the message is not taken back: one whose receiver has not
+// asked for its data yet (rendezvous) goes on from a copy, and data
+// already under way is waited for. So the message may still be received,
+// as the bytes buf held when Send was called.
 func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uint64, sync bool) error {
 	if !sync {
 		if handled, err := d.sendNow(ctx, buf, dst, tag, context); handled {
@@ -365,9 +371,48 @@ func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uin
 	if err != nil {
 		return err
 	}
-	_, err = r.Wait(ctx)
+	if _, err = r.Wait(ctx); err != nil && !r.isDone() {
+		d.giveBackBuf(r)
+	}
 	d.putRequest(r)
 	return err
+}
+
+// giveBackBuf returns once no frame of r, a send whose caller's ctx ended,
+// reads its buffer any more. A rendezvous send still waiting for its
+// clear-to-send takes a copy, which onCTS (under d.mu too) sends from;
+// otherwise frames are under way (eager, or the data after a
+// clear-to-send), and end soon: the subdevice completes or fails them. A
+// synchronous eager send then waits only for its frame, not for the
+// acknowledgement, which comes when the receiver matches.
+func (d *Device) giveBackBuf(r *Request) {
+	d.mu.Lock()
+	if r.id != 0 && d.rndvSend[r.id] == r {
+		r.buf = slices.Clone(r.buf)
+		d.mu.Unlock()
+		return
+	}
+	d.mu.Unlock()
+	reading := func() bool {
+		if r.isDone() {
+			return false
+		}
+		// pending first: onAck takes r out of syncSend before it counts
+		// the acknowledgement, so r still there means that pending did
+		// not count it, and pending 1 is the acknowledgement's.
+		n := r.pending.Load()
+		d.mu.Lock()
+		ackDue := r.id != 0 && d.syncSend[r.id] == r
+		d.mu.Unlock()
+		return !(ackDue && n <= 1)
+	}
+	for reading() {
+		if !d.spin(r.pollers(), func() bool { return !reading() }) {
+			// Nobody need poll for it: the subdevices' own goroutines
+			// and the outbox's finish what is under way.
+			time.Sleep(time.Millisecond)
+		}
+	}
 }
 
 // Recv receives one message into buf, as Irecv plus Wait. When ctx ends

@@ -457,7 +457,9 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 	r.pending.Store(1)
 	of.req = r
 	d.sent(s, of, complete, err, true)
-	_, err = r.Wait(ctx)
+	if _, err = r.Wait(ctx); err != nil && !r.isDone() {
+		d.giveBackBuf(r)
+	}
 	d.putRequest(r)
 	return true, err
 }
