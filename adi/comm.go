@@ -2,7 +2,6 @@ package adi
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -357,7 +356,12 @@ func (c *Comm) awaitProbe(ctx context.Context, try func() (bool, error)) error {
 func (c *Comm) Sendrecv(ctx context.Context, send []byte, dest, sendTag int, recv []byte, source, recvTag int) (Status, error) {
 	switch {
 	case source == ProcNull:
-		return nullStatus, errors.Join(checkTag(recvTag, true), c.Send(ctx, send, dest, sendTag))
+		// Checked before anything is sent, as Isendrecv does: a refused
+		// call sends nothing.
+		if err := checkTag(recvTag, true); err != nil {
+			return Status{}, err
+		}
+		return nullStatus, c.Send(ctx, send, dest, sendTag)
 	case dest == ProcNull:
 		if err := checkTag(sendTag, false); err != nil {
 			return Status{}, err

@@ -78,6 +78,53 @@ func TestSendrecvErrors(t *testing.T) {
 	if _, err := cs[0].Recv(ctx, got, 1, 4); err != nil || got[0] != 42 {
 		t.Fatalf("receive after the failed sendrecv: %v %v", got, err)
 	}
+	// Refused for its receive tag with nothing to receive (ProcNull), it
+	// sends nothing either; it once sent, then reported ErrTag. A
+	// message sent after it is the first to arrive.
+	if _, err := cs[0].Sendrecv(ctx, []byte{1}, 1, 5, nil, adi.ProcNull, -5); !errors.Is(err, adi.ErrTag) {
+		t.Errorf("bad receive tag from ProcNull: %v, want ErrTag", err)
+	}
+	if err := cs[0].Send(ctx, []byte{2}, 1, 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs[1].Recv(ctx, got, 0, 5); err != nil || got[0] != 2 {
+		t.Errorf("first message after the refused Sendrecv: %v %v, want the one sent after it", got, err)
+	}
+}
+
+// TestWaitAnySkipsInactive: WaitAny, WaitSome, TestAny and TestSome skip
+// what MPI's skip: null requests, zero ones never started, and persistent
+// requests between their operations. An inactive persistent request once
+// came out of WaitAny at once, as if completed, in place of the pending
+// receive beside it.
+func TestWaitAnySkipsInactive(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	idle, err := cs[1].RecvInit(make([]byte, 8), 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var zero adi.Request
+	if i, _, ok, err := adi.TestAny(nil, &zero, idle); i != -1 || ok || err != nil {
+		t.Errorf("TestAny with no active request = %d, %v, %v; want -1, false, nil", i, ok, err)
+	}
+	if i, _, err := adi.WaitAny(ctx, nil, &zero, idle); i != -1 || err != nil {
+		t.Errorf("WaitAny with no active request = %d, %v; want -1", i, err)
+	}
+	if idx, _, err := adi.WaitSome(ctx, nil, &zero, idle); len(idx) != 0 || err != nil {
+		t.Errorf("WaitSome with no active request = %v, %v; want none", idx, err)
+	}
+	pending, err := cs[1].Irecv(make([]byte, 8), 0, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idx, _, err := adi.TestSome(nil, &zero, idle, pending); len(idx) != 0 || err != nil {
+		t.Errorf("TestSome before the message = %v, %v; want none", idx, err)
+	}
+	go cs[0].Send(ctx, []byte("x"), 1, 2)
+	if i, st, err := adi.WaitAny(ctx, nil, &zero, idle, pending); i != 3 || err != nil || st.Count != 1 {
+		t.Errorf("WaitAny = %d, %+v, %v; want 3, the pending receive", i, st, err)
+	}
 }
 
 // TestMatchedProbe: goroutines of one rank probe for any message and

@@ -261,7 +261,8 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 }
 
 // WaitAny waits until one of the requests completes and returns its index.
-// Nil entries are skipped; with none left it returns -1.
+// Nil entries, requests never started and persistent ones not started now
+// are skipped; with none left it returns -1.
 func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
 	i := -1 // if no request is left
 	var st Status
@@ -277,8 +278,9 @@ func WaitAny(ctx context.Context, reqs ...*Request) (int, Status, error) {
 
 // WaitSome waits until at least one of the requests completes and returns
 // the indexes of all that have, with their statuses (MPI_Waitsome). Nil
-// entries are skipped, so a caller sets those it has dealt with to nil;
-// with none left it returns no index.
+// entries are skipped, so a caller sets those it has dealt with to nil, and
+// so are requests not started (see WaitAny); with none left it returns no
+// index.
 func WaitSome(ctx context.Context, reqs ...*Request) ([]int, []Status, error) {
 	var idx []int
 	var sts []Status
@@ -299,7 +301,7 @@ func await(ctx context.Context, what string, reqs []*Request, done func() bool) 
 		var changed <-chan struct{}
 		var dev *multidevice.Device
 		for _, q := range reqs {
-			if q != nil && q.c != nil {
+			if q.active() {
 				dev = q.c.w.dev
 				changed = dev.Changed()
 				break
@@ -322,7 +324,7 @@ func await(ctx context.Context, what string, reqs []*Request, done func() bool) 
 // TestAny reports the first completed request, if any.
 func TestAny(reqs ...*Request) (int, Status, bool, error) {
 	for i, q := range reqs {
-		if q == nil {
+		if !q.active() {
 			continue
 		}
 		if st, ok, err := q.Test(); ok {
@@ -334,13 +336,14 @@ func TestAny(reqs ...*Request) (int, Status, bool, error) {
 
 // TestSome returns the indexes and statuses of the requests that have
 // completed, none if none has (MPI_Testsome), and their errors joined,
-// each naming its request's index. Nil entries are skipped.
+// each naming its request's index. Nil entries and requests not started
+// are skipped.
 func TestSome(reqs ...*Request) ([]int, []Status, error) {
 	var idx []int
 	var sts []Status
 	var errs []error
 	for i, q := range reqs {
-		if q == nil {
+		if !q.active() {
 			continue
 		}
 		if st, ok, err := q.Test(); ok {
@@ -391,6 +394,12 @@ type persistent struct {
 	peer, tag  int
 	coll       func() (*Request, error)
 }
+
+// active reports whether q holds an operation that WaitAny, WaitSome,
+// TestAny and TestSome wait for: not nil (MPI_REQUEST_NULL), started, and
+// not a persistent request between its operations, which MPI's skip as
+// they do null ones.
+func (q *Request) active() bool { return q != nil && q.c != nil && q.local != inactive }
 
 // inactive is the status of a persistent request between its operations:
 // Wait and Test return at once, with an empty status (as MPI's do).
