@@ -64,6 +64,9 @@ type Segment struct {
 	// lock is the creator's open descriptor, holding the flock that
 	// tells RemoveStale the segment is alive; nil for an opener.
 	lock *os.File
+	// file is an opener's descriptor, for CreatorLives; nil for the
+	// creator.
+	file *os.File
 }
 
 // ValidName reports whether name is usable as a segment name: non-empty, at
@@ -255,19 +258,51 @@ func Open(name string) (*Segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shmem: open: %w", err)
 	}
-	defer f.Close()
+	fail := func(err error) (*Segment, error) {
+		f.Close()
+		return nil, err
+	}
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("shmem: stat %s: %w", path, err)
+		return fail(fmt.Errorf("shmem: stat %s: %w", path, err))
 	}
 	if !fi.Mode().IsRegular() || fi.Size() <= 0 || fi.Size() != int64(int(fi.Size())) {
-		return nil, fmt.Errorf("shmem: open %s: not a usable segment (mode %v, size %d)", path, fi.Mode(), fi.Size())
+		return fail(fmt.Errorf("shmem: open %s: not a usable segment (mode %v, size %d)", path, fi.Mode(), fi.Size()))
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, int(fi.Size()), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("shmem: map %s: %w", path, err)
+		return fail(fmt.Errorf("shmem: map %s: %w", path, err))
 	}
-	return &Segment{name: name, mem: mem}, nil
+	return &Segment{name: name, mem: mem, file: f}, nil
+}
+
+// CreatorLives reports whether the process that created the segment
+// still runs, on an opener's mapping: the creator holds the segment's
+// lock for as long as it lives (see "Stale segments"), so a try for it
+// that succeeds means it is gone. Unlike its pid, this tells across pid
+// namespaces, where the creator's pid names no process, or another one.
+// On the creator's own mapping, and after Close, it reports true.
+func (s *Segment) CreatorLives() (bool, error) {
+	if s.file == nil {
+		return true, nil
+	}
+	for {
+		err := unix.Flock(int(s.file.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		switch {
+		case err == nil:
+			// Let go at once: a sweep (RemoveStale) may remove it now.
+			unix.Flock(int(s.file.Fd()), unix.LOCK_UN)
+			return false, nil
+		case errors.Is(err, unix.EWOULDBLOCK):
+			// Held: by the creator, or for a moment by a sweep or
+			// another opener asking the same, which a creator that
+			// lives would have kept from taking it.
+			return true, nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		}
+		return false, fmt.Errorf("shmem: lock of %s: %w", s.name, err)
+	}
 }
 
 // Name returns the segment's name.
@@ -301,6 +336,10 @@ func (s *Segment) Close() error {
 		// unlocked while this process lives.
 		errs = append(errs, s.Unlink(), s.lock.Close())
 		s.lock = nil
+	}
+	if s.file != nil {
+		errs = append(errs, s.file.Close())
+		s.file = nil
 	}
 	return errors.Join(errs...)
 }

@@ -171,6 +171,49 @@ func TestRemoveStale(t *testing.T) {
 	}
 }
 
+// TestCreatorLives: an opener sees the creator live while it runs, here
+// or in this process, and gone once its process exited without closing.
+func TestCreatorLives(t *testing.T) {
+	prefix := fmt.Sprintf("shmem-lives-test-%d.", os.Getpid())
+	t.Cleanup(func() {
+		names, _ := filepath.Glob(filepath.Join(Dir, prefix+"*"))
+		for _, n := range names {
+			os.Remove(n)
+		}
+	})
+	live, err := Create(prefix+"live", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashEnv+"="+prefix+"crashed")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("creating process: %v: %s", err, out)
+	}
+	for _, tc := range []struct {
+		name string
+		want bool
+	}{{"live", true}, {"crashed", false}} {
+		seg, err := Open(prefix + tc.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // asking does not change the answer
+			if lives, err := seg.CreatorLives(); lives != tc.want || err != nil {
+				t.Errorf("%s: CreatorLives = %v, %v; want %v", tc.name, lives, err, tc.want)
+			}
+		}
+		if err := seg.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+	// Asking left no lock behind: a sweep still removes the crashed one.
+	if n, err := RemoveStale(prefix); n != 1 || err != nil {
+		t.Errorf("RemoveStale after the questions = %d, %v; want the crashed segment", n, err)
+	}
+}
+
 // TestCreateLeavesNoTemporary checks that Create, successful or not,
 // leaves only the segment's own name in Dir.
 func TestCreateLeavesNoTemporary(t *testing.T) {

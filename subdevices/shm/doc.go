@@ -287,4 +287,10 @@
 // the receiver's other rings are drained meanwhile. A rank
 // whose process dies without Close is noticed by its pidfd (its pid where
 // there is none), within a sleep timeout; its segment file is left behind.
+// That pid is trusted only once the probe above found the peer's memory
+// in it: until then, and for good where the probe fails, a peer's
+// liveness goes by the lock its process holds on its segment (shmem),
+// which tells across pid namespaces. So ranks in different pid namespaces
+// that share /dev/shm (containers) and a host name connect, and their
+// large messages take the ring.
 package shm

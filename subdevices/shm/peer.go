@@ -43,6 +43,11 @@ type peer struct {
 	// canWrite is set once this rank may write into the peer's memory,
 	// to copy part of its own payloads there (assist.go).
 	canWrite atomic.Bool
+	// procKnown is set once the probe showed that proc is the process
+	// that made the segment (singlecopy.go). Until then its pid may name
+	// nobody, or a stranger: the peer may run in another pid namespace
+	// that shares /dev/shm. Liveness then goes by the segment's lock.
+	procKnown atomic.Bool
 	// choose picks the path of large payloads where the peer leaves it
 	// open (choose.go).
 	choose chooser
@@ -168,7 +173,16 @@ func (sd *device) newPeer(r sdi.Rank, seg *shmem.Segment) (*peer, error) {
 	// pidfd to the segment's owner (pidfd.go).
 	proc, unavail, err := openPeerProc(int(int32(word32(mem, offPID).Load())), sd.pidfdOpen)
 	if err != nil {
-		return nil, err
+		// No process has that pid here. One in another pid namespace
+		// sharing /dev/shm (containers) may still hold the segment's
+		// lock: then its messages take the ring, and the lock tells
+		// whether it lives.
+		if lives, lerr := seg.CreatorLives(); lerr != nil || !lives {
+			return nil, err
+		}
+		sd.log.Debug("peer's process is not visible from here (another pid namespace?); large messages take the ring, and liveness goes by its segment's lock",
+			"peer", r, "pid", word32(mem, offPID).Load())
+		proc, unavail = &peerProc{fd: -1, refs: 1}, nil
 	}
 	if unavail != nil {
 		sd.pidfdOnce.Do(func() {
@@ -365,6 +379,18 @@ func (p *peer) alive() error {
 	}
 	if word32(p.mem, offState).Load() != stateOpen {
 		p.gone = fmt.Errorf("shm: rank %d closed its segment: %w", p.rank, sdi.ErrPeerUnreachable)
+		return p.gone
+	}
+	if !p.procKnown.Load() {
+		// Its pid may name another process than the peer's: the lock
+		// its process holds on the segment says, wherever it runs.
+		lives, err := p.seg.CreatorLives()
+		switch {
+		case err != nil:
+			p.gone = fmt.Errorf("shm: rank %d: %w: %w", p.rank, sdi.ErrPeerUnreachable, err)
+		case !lives:
+			p.gone = fmt.Errorf("shm: rank %d: its process exited (its segment's lock is free): %w", p.rank, sdi.ErrPeerUnreachable)
+		}
 		return p.gone
 	}
 	// Ranks in this process share its pid and never look exited; their

@@ -31,20 +31,42 @@ const (
 // rank 1 (the re-executed test binary) echoes every frame back until told to
 // stop, then closes, which rank 0 must see as PeerDown. It runs with large
 // frames through the ring and again read from the other process's memory.
+//
+// In a pid namespace of its own that shares /dev/shm (as containers may),
+// the child's pid names no process here, or another one, and this one's
+// none there: large frames take the ring, and each side watches the other
+// through its segment's lock. Connect once failed there ("process N
+// exited"); a killed child must still be reported down.
 func TestCrossProcess(t *testing.T) {
 	t.Run("ring", func(t *testing.T) {
 		t.Setenv(envSingleCopy, "off")
-		crossProcess(t)
+		crossProcess(t, nil, false)
 	})
 	t.Run("process_vm_readv", func(t *testing.T) {
 		requireSingleCopy(t) // through the environment: the child inherits it
-		crossProcess(t)
+		crossProcess(t, nil, false)
 	})
+	for _, kill := range []bool{false, true} {
+		t.Run(fmt.Sprintf("other pid namespace, killed=%v", kill), func(t *testing.T) {
+			if os.Geteuid() != 0 {
+				t.Skip("a pid namespace needs root (unshare --pid)")
+			}
+			unshare, err := exec.LookPath("unshare")
+			if err != nil {
+				t.Skip("no unshare(1) to make a pid namespace with")
+			}
+			// --kill-child: the child (pid 1 there) dies with unshare.
+			crossProcess(t, []string{unshare, "--pid", "--fork", "--kill-child"}, kill)
+		})
+	}
 }
 
-func crossProcess(t *testing.T) {
-	jobID := fmt.Sprintf("xproc-%d-%s", os.Getpid(), strings.ReplaceAll(t.Name(), "/", "-"))
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+// crossProcess runs the exchange with the child started through wrap, and
+// ends it with a goodbye or, with kill set, by killing it.
+func crossProcess(t *testing.T, wrap []string, kill bool) {
+	jobID := fmt.Sprintf("xproc-%d-%s", os.Getpid(), strings.NewReplacer("/", "-", " ", "-", ",", "", "=", "-").Replace(t.Name()))
+	argv := append(wrap, os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), helperEnv+"=1", helperJobEnv+"="+jobID)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -96,10 +118,19 @@ func crossProcess(t *testing.T) {
 			t.Fatalf("echo %d: from %d, header %x, %d payload bytes (want %d)", i, m.from, m.header, len(m.payload), size)
 		}
 	}
-	mustSend(t, sd, &sdi.Frame{Peer: 1, Header: []byte(byeHeader)})
+	if kill {
+		if err := cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		mustSend(t, sd, &sdi.Frame{Peer: 1, Header: []byte(byeHeader)})
+	}
 	d := h.nextDown(t)
 	if d.peer != 1 || !errors.Is(d.err, sdi.ErrPeerUnreachable) {
 		t.Fatalf("PeerDown(%d, %v), want rank 1 and ErrPeerUnreachable", d.peer, d.err)
+	}
+	if kill {
+		return
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Fatalf("child: %v; stderr:\n%s", err, stderr.String())

@@ -229,6 +229,7 @@ func (sd *device) setupSingleCopy(p *peer) {
 			"reason", "process_vm_readv probe failed", "error", err)
 		return
 	}
+	p.procKnown.Store(true)
 	// The process is stored before the flag: a sender that sees the flag
 	// writes descriptors, and the receiver reading one finds the process.
 	if old := sd.srcProc[r].Swap(p.proc.acquire()); old != nil {
