@@ -154,7 +154,7 @@ func (r *router) relax(u int32, nd float64, hops int32, f hop) {
 	old := r.dist[u]
 	if nd < old || nd == old && (hops < r.hops[u] || hops == r.hops[u] && hopLess(f, r.first[u])) {
 		r.dist[u], r.hops[u], r.first[u] = nd, hops, f
-		r.pq.push(item{nd, hops, u, 0, 0})
+		r.pq.push(item{nd, hops, u, 0, hopKey(f)})
 	}
 }
 
@@ -336,8 +336,9 @@ func (r *router) sameRoute(have []choice, h hop) bool {
 
 // item is a heap entry: a tentative cost to vertex v. label is the first-step
 // id in the near-shortest pass and unused in the shortest pass; tie orders
-// that pass's labels of equal cost by their first step (hopKey), and is 0
-// in the shortest pass, whose relax breaks ties itself.
+// entries of equal cost and hops by their first step (hopKey), in both
+// passes: relax prefers the lower first step only until its vertex is
+// popped, so the pop order must prefer it too.
 type item struct {
 	dist  float64
 	hops  int32
