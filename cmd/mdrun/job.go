@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -135,8 +136,12 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 			j.signalled(sig)
 		case <-lost:
 			lost = nil
-			// As a program writing into a closed pipe ends, by SIGPIPE.
-			j.fail(128+int(syscall.SIGPIPE), "mdrun: standard output is closed (its reader went away); terminating the job")
+			if err := j.stdout.failure(); errors.Is(err, syscall.EPIPE) {
+				// As a program writing into a closed pipe ends, by SIGPIPE.
+				j.fail(128+int(syscall.SIGPIPE), "mdrun: standard output is closed (its reader went away); terminating the job")
+			} else {
+				j.fail(exitFailed, fmt.Sprintf("mdrun: writing standard output: %v; terminating the job", err))
+			}
 		case <-deadline:
 			j.fail(exitTimeout, fmt.Sprintf("mdrun: the job ran longer than -timeout %v; terminating the job", j.cfg.timeout))
 		case <-done:

@@ -776,6 +776,24 @@ func TestClosedStdout(t *testing.T) {
 	checkGone(t, pids(t, out.String()))
 }
 
+// TestStdoutWriteError: a standard output that fails otherwise than by a
+// closed pipe (a full disk; /dev/full here) ends the job naming the error,
+// not as if its reader had gone away.
+func TestStdoutWriteError(t *testing.T) {
+	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+	if err != nil {
+		t.Skipf("no /dev/full to write to: %v", err)
+	}
+	defer full.Close()
+	var stderr lockedBuffer
+	if status := run(t.Context(), []string{"-n", "1", "sh", "-c", "echo hi"}, full, &stderr, nil); status != exitFailed {
+		t.Errorf("status %d, want %d", status, exitFailed)
+	}
+	if want := "mdrun: writing standard output: write /dev/full: no space left on device; terminating the job"; !strings.Contains(stderr.String(), want) {
+		t.Errorf("stderr %q, want %q", &stderr, want)
+	}
+}
+
 // running reports whether pid exists and is not a zombie.
 func running(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))

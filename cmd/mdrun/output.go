@@ -14,12 +14,19 @@ const maxLine = 64 << 10
 // different ranks (and mdrun's own messages) never mix. It is safe for
 // concurrent use.
 type syncWriter struct {
-	mu     sync.Mutex
-	w      io.Writer
-	broken bool // a write failed: the reader went away (mdrun ... | head)
+	mu  sync.Mutex
+	w   io.Writer
+	err error // the first failed write's: EPIPE when the reader went away (mdrun ... | head)
 	// lost, if not nil, is closed when a write first fails, so that the
 	// job ends as a program whose output is gone does.
 	lost chan struct{}
+}
+
+// failure returns the error of the write that failed, nil before.
+func (s *syncWriter) failure() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
 }
 
 // Write writes p in one call; hclog writes whole lines through it. Once a
@@ -29,11 +36,11 @@ type syncWriter struct {
 func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.broken {
+	if s.err != nil {
 		return len(p), nil
 	}
 	if _, err := s.w.Write(p); err != nil {
-		s.broken = true
+		s.err = err
 		if s.lost != nil {
 			close(s.lost)
 		}
