@@ -63,6 +63,9 @@ type rank struct {
 	cmd    *exec.Cmd
 	out    *lineWriter
 	errOut *lineWriter
+	// reaped is set once the rank's process was waited for, and
+	// groupGone if its process group was empty then: see signalAll.
+	reaped, groupGone bool
 }
 
 // exitEvent reports that rank's process was reaped.
@@ -434,6 +437,9 @@ func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 func (j *job) exited(e exitEvent) {
 	rk := e.rank
 	j.running--
+	rk.reaped = true
+	// Once empty, the group's number is free for another process.
+	rk.groupGone = errors.Is(syscall.Kill(-rk.cmd.Process.Pid, 0), syscall.ESRCH)
 	j.srv.Exited(rk.id)
 	rk.out.Flush()
 	rk.errOut.Flush()
@@ -540,12 +546,18 @@ func (j *job) endRemote() {
 }
 
 // signalAll signals the process group of every rank, also of one that
-// has exited and been reaped: what it started may still run in its group.
-// The kernel does not give a new process that number while the group
-// lives, and once it is empty the signal finds nothing (ESRCH).
+// has exited and been reaped while what it started still ran in its
+// group: the kernel gives no process that number while the group has a
+// member. Once reaped, the rank's pid is free, and once its group empties
+// so is the group's number: a group that was empty at the reap is not
+// signalled, nor one whose number a process has now (a new process that
+// got the pid after the group emptied, and leads a group of its own).
 func (j *job) signalAll(sig syscall.Signal) {
 	for _, rk := range j.ranks {
 		pid := rk.cmd.Process.Pid
+		if rk.reaped && (rk.groupGone || syscall.Kill(pid, 0) == nil) {
+			continue
+		}
 		if err := syscall.Kill(-pid, sig); err != nil {
 			j.logger.Debug("cannot signal rank", "rank", rk.id, "pid", pid, "signal", sig, "error", err)
 		}

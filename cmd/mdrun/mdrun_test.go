@@ -794,6 +794,100 @@ func TestStdoutWriteError(t *testing.T) {
 	}
 }
 
+// TestFailedJobSparesReusedPid: rank 0 exits 0 and is reaped; its process
+// group is empty, so its pid is free and the kernel hands it to an
+// unrelated process that leads a group of its own (another job's rank, a
+// shell's job). When rank 1 then fails, mdrun's SIGTERM to the exited
+// rank's group must not reach that stranger. The pid is made to repeat at
+// once through ns_last_pid, in a pid namespace of the test's own; on a
+// busy machine it takes pid_max forks.
+func TestFailedJobSparesReusedPid(t *testing.T) {
+	if os.Getenv("MDRUN_PIDNS_INNER") != "1" {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root for a pid namespace")
+		}
+		exe, _ := os.Executable()
+		cmd := exec.Command(exe, "-test.run=^TestFailedJobSparesReusedPid$", "-test.v", "-test.timeout=60s")
+		cmd.Env = append(os.Environ(), "MDRUN_PIDNS_INNER=1")
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID}
+		out, err := cmd.CombinedOutput()
+		t.Logf("in a pid namespace:\n%s", out)
+		if err != nil {
+			t.Fatalf("inner test: %v", err)
+		}
+		return
+	}
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "go")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Rank 1 waits without forking, so it takes no pid meanwhile.
+	script := `if [ "$MDRUN_RANK" = 0 ]; then echo $$ > ` + dir + `/r0.tmp; mv ` + dir + `/r0.tmp ` + dir + `/r0; exit 0; fi
+read x < ` + fifo + `; exit 5`
+	status := make(chan int, 1)
+	go func() {
+		s, _, _ := runMdrun(t, []string{"-n", "2", "sh", "-c", script}, nil, nil)
+		status <- s
+	}()
+	var pid int
+	for deadline := time.Now().Add(watchdog); ; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("rank 0 never wrote its pid")
+		}
+		b, err := os.ReadFile(filepath.Join(dir, "r0"))
+		if err != nil {
+			continue
+		}
+		if pid, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+			t.Fatal(err)
+		}
+		break
+	}
+	// Until mdrun reaped rank 0 (kill 0 finds a zombie).
+	for deadline := time.Now().Add(watchdog); !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("rank 0 was never reaped")
+		}
+	}
+	var victim *exec.Cmd
+	for try := 0; ; try++ {
+		if try == 100 {
+			t.Fatalf("could not get pid %d again", pid)
+		}
+		if err := os.WriteFile("/proc/sys/kernel/ns_last_pid", []byte(strconv.Itoa(pid-1)), 0); err != nil {
+			t.Skipf("ns_last_pid: %v", err)
+		}
+		c := exec.Command("sleep", "300")
+		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // leads its own group, as a shell's job or another job's rank
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if c.Process.Pid == pid {
+			victim = c
+			break
+		}
+		c.Process.Kill()
+		c.Wait()
+	}
+	t.Logf("unrelated process %d, group %d, has rank 0's old pid", victim.Process.Pid, victim.Process.Pid)
+	f, err := os.OpenFile(fifo, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintln(f, "fail")
+	f.Close()
+	if s := <-status; s != 5 {
+		t.Errorf("mdrun status %d, want 5", s)
+	}
+	victim.Process.Signal(syscall.SIGKILL)
+	victim.Wait()
+	ws := victim.ProcessState.Sys().(syscall.WaitStatus)
+	if ws.Signaled() && ws.Signal() == syscall.SIGTERM {
+		t.Errorf("mdrun's SIGTERM for rank 0's group killed unrelated process %d, which had rank 0's pid after it was reaped", victim.Process.Pid)
+	}
+}
+
 // running reports whether pid exists and is not a zombie.
 func running(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
