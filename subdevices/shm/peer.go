@@ -427,6 +427,9 @@ func (p *peer) segmentName() string {
 // detach makes later sends fail with reason, wakes the peer so that it
 // notices a closing rank promptly, and unmaps the peer's segment.
 func (p *peer) detach(reason error) error {
+	// Descriptors the peer read by now are complete: reported so before
+	// the rest fail (a reconnect detaches without a Flush).
+	p.reap(nil)
 	p.mu.Lock()
 	if p.seg == nil {
 		p.mu.Unlock()

@@ -496,6 +496,9 @@ func (rc *receiver) fail(r int, err error) {
 		rc.sd.log.Error("corrupt shared-memory ring", "peer", r, "error", err)
 	}
 	if p := rc.sd.peers[r].Load(); p != nil {
+		// What r's receiver read of ours before this is complete, as
+		// in checkPeers.
+		rc.doneBuf, _ = p.reap(rc.doneBuf)
 		p.markDown(err)
 	}
 	rc.reportDown(r, err)

@@ -617,6 +617,36 @@ func TestReadDescriptorNotFailedWhenReceiverCloses(t *testing.T) {
 	}
 }
 
+// TestReadDescriptorNotFailedWhenDetached: as above, but the connection
+// ends on this side (a reconnect, or a Disconnect whose Flush gave up)
+// before a reap saw the receiver's new head: the payload it delivered
+// once got SendDone with the detach's error.
+func TestReadDescriptorNotFailedWhenDetached(t *testing.T) {
+	requireSingleCopy(t)
+	j := openJob(t, 2, jobOpts{})
+	tx := j.sds[0].(*device)
+	tx.rxMu.Lock() // rank 0's progress goroutine does not reap meanwhile
+	defer tx.rxMu.Unlock()
+	done, err := j.sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("h"), Payload: pattern(7, defaultSingleCopyMin), Token: 43})
+	if err != nil || done {
+		t.Fatalf("Send = %v, %v; want a descriptor in flight", done, err)
+	}
+	j.hs[1].next(t)
+	rx := j.sds[1].(*device)
+	for i := 0; rx.inbound[0].head.Load() == 0; i++ {
+		if i > 2000 {
+			t.Fatal("rank 1 never advanced its head")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := tx.peers[1].Load().detach(fmt.Errorf("test: detached: %w", sdi.ErrNotConnected)); err != nil {
+		t.Fatal(err)
+	}
+	if d := j.hs[0].nextDone(t); d.token != 43 || d.err != nil {
+		t.Fatalf("SendDone(%d, %v) for a payload the receiver read and delivered; want (43, nil)", d.token, d.err)
+	}
+}
+
 // TestDescriptorReadAfterDisconnectWakesSender: rank 1 disconnects from
 // rank 0 (its sends to 0 are done; frames 0 sends still arrive, as the
 // Disconnect godoc says). A descriptor rank 0 published before it saw the
