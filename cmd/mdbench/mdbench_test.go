@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -104,6 +105,16 @@ func TestParseArgs(t *testing.T) {
 		{[]string{"-n", "-2", "barrier"}, "", "-n (-ranks) -2"},
 		{[]string{"-n", "3", "-sizes", "8,256M", "alltoall"}, "", "alltoall at -sizes 256 MiB on 3 ranks"},
 		{[]string{"-n", "3", "-sizes", "8,256M", "bcast"}, "bcast", ""},
+		// Refused here rather than failing later, misleadingly or not at all.
+		{[]string{"-baseline", "-mpi", "foo", "lat"}, "", `-mpi: unknown MPI "foo"`}, // compared with nothing
+		{[]string{"-scale", "NaN", "lat"}, "", "-scale NaN"},                         // the ranks' JSON failed
+		{[]string{"-seconds", "NaN", "idle"}, "", "-seconds NaN"},
+		{[]string{"-scale", "1e300", "lat"}, "", "-scale 1e+300"},                                   // one iteration each, silently
+		{[]string{"-window", "1000", "-sizes", "256M", "bw"}, "", "-window 1000 at -sizes 256 MiB"}, // out of memory
+		{[]string{"-window", "1000", "-sizes", "256M", "lat"}, "lat", ""},
+		// A flag's value that is a test's name is the flag's.
+		{[]string{"-o", "lat", "bw"}, "bw", ""},
+		{[]string{"-o", "lat", "-reps", "1"}, "lat bw bibw", ""},
 	} {
 		o, ok := parseCase(t, tc.args, tc.err)
 		if !ok {
@@ -641,5 +652,86 @@ func TestExampleRoutes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// fakeMPICH puts a fake mpicc.mpich (it creates the -o file) and a fake
+// mpiexec.mpich running script first on PATH, and returns the directory.
+func fakeMPICH(t *testing.T, script string) string {
+	t.Helper()
+	dir := t.TempDir()
+	cc := "#!/bin/sh\nwhile [ $# -gt 0 ]; do if [ \"$1\" = -o ]; then printf '#!/bin/sh\\n' > \"$2\"; chmod +x \"$2\"; fi; shift; done\n"
+	if err := os.WriteFile(filepath.Join(dir, "mpicc.mpich"), []byte(cc), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "mpiexec.mpich"), []byte("#!/bin/sh\n"+script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+":"+os.Getenv("PATH"))
+	return dir
+}
+
+// TestIdleBaselineSeconds: -seconds 0.4 is accepted and our rank
+// blocks 0.4 s, and so is the baseline's: it was told "0" (osu.c atoi'd
+// it and slept 0 s), and its CPU share was measured over no time.
+func TestIdleBaselineSeconds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	dir := fakeMPICH(t, "echo \"$@\" > \"$(dirname \"$0\")/args\"\necho 'idle 0 50.000'\n")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	if code := run(ctx, []string{"-baseline", "-mpi", "mpich", "-seconds", "0.4", "-format", "json", "idle"}, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	args, err := os.ReadFile(filepath.Join(dir, "args"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`idle (\S+)`).FindSubmatch(args)
+	if m == nil || string(m[1]) != "0.4" {
+		t.Errorf("baseline idle ran as %q; ours blocked 0.4 s, the MPI was told %q", strings.TrimSpace(string(args)), m[1])
+	}
+}
+
+// TestIdleTimeout: -timeout is documented as giving up on any
+// launch, ours or a baseline's, that runs longer; the idle launches once
+// ignored it.
+func TestIdleTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	fakeMPICH(t, "exec sleep 15\n")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	start := time.Now()
+	var out, errOut bytes.Buffer
+	code := run(ctx, []string{"-baseline", "-mpi", "mpich", "-seconds", "1", "-timeout", "2s", "idle"}, &out, &errOut)
+	if d := time.Since(start); d > 8*time.Second || code == 0 {
+		t.Errorf("a baseline idle launch hanging 15 s with -timeout 2s: exit %d after %v, want a -timeout error after about 3 s\n%s", code, d.Round(time.Second), out.String())
+	}
+}
+
+// TestSVGColours: every series beyond ours, direct, mpich and openmpi
+// (plugin, table, -vs-env, -vs-build) has a colour of its own: they were
+// all grey, and the plot could not tell them apart.
+func TestSVGColours(t *testing.T) {
+	c := newCollector()
+	for i, se := range []string{ours, "plugin", "old"} {
+		c.add(se, 0, []sample{{"lat", 8, float64(i + 1)}, {"lat", 64, float64(i + 2)}})
+	}
+	var r report
+	c.summarize(&r)
+	var b bytes.Buffer
+	if err := r.writeSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	colours := map[string]bool{}
+	for _, m := range regexp.MustCompile(`<polyline fill="none" stroke="([^"]+)"`).FindAllStringSubmatch(b.String(), -1) {
+		colours[m[1]] = true
+	}
+	if len(colours) != 3 {
+		t.Errorf("3 series drawn in %d colours: %v", len(colours), colours)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -132,21 +133,21 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.out, "o", "", "write the output to this file instead of stdout")
 
 	// Tests may come before, between or after the flags.
-	var flags []string
-	for _, a := range args {
-		if slices.Contains(allTests, a) {
-			if !slices.Contains(o.tests, a) {
-				o.tests = append(o.tests, a)
-			}
-			continue
+	for rest := args; ; {
+		if err := fs.Parse(rest); err != nil {
+			return nil, err
 		}
-		flags = append(flags, a)
-	}
-	if err := fs.Parse(flags); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unknown test %q (tests: %s)", fs.Arg(0), strings.Join(allTests, ", "))
+		if fs.NArg() == 0 {
+			break
+		}
+		a := fs.Arg(0)
+		if !slices.Contains(allTests, a) {
+			return nil, fmt.Errorf("unknown test %q (tests: %s)", a, strings.Join(allTests, ", "))
+		}
+		if !slices.Contains(o.tests, a) {
+			o.tests = append(o.tests, a)
+		}
+		rest = fs.Args()[1:]
 	}
 	if len(o.tests) == 0 {
 		o.tests = []string{"lat", "bw", "bibw"}
@@ -162,6 +163,11 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	}
 	slices.Sort(o.sizes)
 	o.mpis = strings.Split(*mpiList, ",")
+	for _, name := range o.mpis {
+		if !slices.ContainsFunc(mpis, func(m mpi) bool { return m.name == name }) {
+			return nil, fmt.Errorf("-mpi: unknown MPI %q (want mpich, openmpi)", name)
+		}
+	}
 	switch {
 	case o.sub == "" && o.plugins == "" && o.conntable == "" && o.hosts <= 1:
 		o.sub = "shm"
@@ -181,11 +187,11 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 		return nil, fmt.Errorf("-n (-ranks) %d: want at least 2, or 0 for one a core", o.ranks)
 	case o.hosts < 1:
 		return nil, fmt.Errorf("-hosts %d: want at least 1", o.hosts)
-	case o.scale <= 0:
-		return nil, fmt.Errorf("-scale %g: want more than 0", o.scale)
+	case !(o.scale > 0) || o.scale*50000 > math.MaxInt32:
+		return nil, fmt.Errorf("-scale %g: want more than 0 and at most %g", o.scale, math.MaxInt32/50000.0)
 	case o.timeout <= 0:
 		return nil, fmt.Errorf("-timeout %v: want more than 0", o.timeout)
-	case o.seconds <= 0:
+	case !(o.seconds > 0) || o.seconds > 1e6:
 		return nil, fmt.Errorf("-seconds %g: want more than 0", o.seconds)
 	case o.format != "table" && o.format != "csv" && o.format != "json":
 		return nil, fmt.Errorf("-format %q: want table, csv or json", o.format)
@@ -198,6 +204,12 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	}
 	if err := o.checkHosts(); err != nil {
 		return nil, err
+	}
+	if slices.ContainsFunc(o.tests, func(t string) bool { return t == "bw" || t == "bibw" || t == "mr" }) {
+		if size := o.sizes[len(o.sizes)-1]; int64(size)*int64(o.window+1) > maxRankBytes {
+			return nil, fmt.Errorf("-window %d at -sizes %s: each rank needs a receive buffer of %d x %s, more than %s; give a smaller window or sizes",
+				o.window, formatSize(size), o.window, formatSize(size), formatSize(maxRankBytes))
+		}
 	}
 	if slices.Contains(o.tests, "alltoall") {
 		if size := o.sizes[len(o.sizes)-1]; 2*size*o.ranks > maxRankBytes {
@@ -511,13 +523,21 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 		fmt.Fprintf(stderr, "mdbench: idle: a rank blocks in Recv for %gs\n", o.seconds)
 		j := job
 		j.Tests = []string{"idle"}
-		l, err := launch(ctx, 2, j, o.bind, o.hosts, logger)
+		idleTimeout := o.timeout + time.Duration(o.seconds*float64(time.Second))
+		ictx, cancel := context.WithTimeout(ctx, idleTimeout)
+		defer cancel()
+		l, err := launch(ictx, 2, j, o.bind, o.hosts, logger)
 		if err != nil {
 			return nil, fmt.Errorf("idle: %w", err)
 		}
 		col.add(ours, 0, l.samples)
 		for _, m := range mpis {
-			s, err := m.runBaseline(ctx, 2, o.sub, o.bind, 1, "idle", strconv.FormatFloat(o.seconds, 'f', 0, 64))
+			mctx, cancel := context.WithTimeout(ctx, idleTimeout)
+			s, err := m.runBaseline(mctx, 2, o.sub, o.bind, 1, "idle", strconv.FormatFloat(o.seconds, 'g', -1, 64))
+			if mctx.Err() == context.DeadlineExceeded {
+				err = fmt.Errorf("gave up after -timeout %v plus -seconds: %w", o.timeout, err)
+			}
+			cancel()
 			if err != nil {
 				return nil, fmt.Errorf("idle: %w", err)
 			}

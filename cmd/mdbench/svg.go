@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 )
 
@@ -23,6 +24,8 @@ var seriesColors = map[string]string{
 	"mpich":   "#1f77b4",
 	"openmpi": "#2ca02c",
 }
+
+var extraColors = []string{"#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"}
 
 // writeSVG draws the lat and bw medians of r, with min-max whiskers.
 func (r *report) writeSVG(w io.Writer) error {
@@ -90,7 +93,9 @@ func (r *report) panel(b *strings.Builder, x0, y0 int, test, title string) {
 		var line []string
 		color := seriesColors[se]
 		if color == "" {
-			color = "#7f7f7f"
+			// Other series take the rest of the palette in report order.
+			others := slices.DeleteFunc(slices.Clone(r.Series), func(s string) bool { return seriesColors[s] != "" })
+			color = extraColors[slices.Index(others, se)%len(extraColors)]
 		}
 		for _, p := range pts {
 			if p.Series != se {

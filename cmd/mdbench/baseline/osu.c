@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include <sys/resource.h>
 
@@ -155,14 +156,15 @@ int main(int argc, char **argv) {
 	}
 	const char *test = argv[1];
 	if (strcmp(test, "idle") == 0) {
-		int secs = atoi(argv[2]);
+		double secs = atof(argv[2]);
 		char b[8] = {0};
 		double share = 0;
 		if (rank == 0) {
-			sleep(secs);
+			struct timespec ts = {(time_t)secs, (long)((secs - (time_t)secs) * 1e9)};
+			nanosleep(&ts, NULL);
 			MPI_Send(b, 8, MPI_CHAR, 1, 4, MPI_COMM_WORLD);
 			MPI_Recv(&share, 1, MPI_DOUBLE, 1, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-			printf("idle %d %.3f\n", secs, share);
+			printf("idle 8 %.3f\n", share);
 		} else if (rank == 1) {
 			struct rusage a, z;
 			getrusage(RUSAGE_SELF, &a);
