@@ -41,7 +41,7 @@ func Serve(factory sdi.Factory) {
 		}
 		os.Exit(3)
 	})
-	go watchHost(srv, time.Second)
+	go watchHost(srv, os.Getppid(), time.Second)
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig:  handshake,
 		VersionedPlugins: pluginSets(srv),
@@ -57,8 +57,9 @@ func Serve(factory sdi.Factory) {
 // so at once; before that (a rank killed while it starts, between Info
 // and Open, or in an Open that takes long) nothing else would, and the
 // plugin would run on for good.
-func watchHost(srv *server, every time.Duration) {
-	ppid := os.Getppid()
+// ppid is read before the goroutine starts, so that a host that ends
+// before it runs is noticed too.
+func watchHost(srv *server, ppid int, every time.Duration) {
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for range tick.C {
