@@ -101,30 +101,37 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// liveAndCrashed makes prefix+"live", a segment of this process, and
+// prefix+"crashed", whose creating process exited without closing it; the
+// test's end closes the one and removes every name with prefix.
+func liveAndCrashed(t *testing.T, prefix string) {
+	t.Helper()
+	t.Cleanup(func() {
+		names, _ := filepath.Glob(filepath.Join(Dir, prefix+"*"))
+		for _, n := range names {
+			os.Remove(n)
+		}
+	})
+	live, err := Create(prefix+"live", 4096)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { live.Close() })
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashEnv+"="+prefix+"crashed")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("creating process: %v: %s", err, out)
+	}
+}
+
 // TestRemoveStale checks that a sweep removes the segments whose creator
 // is gone, and only those: not a live one, not another prefix, not
 // through a symlink.
 func TestRemoveStale(t *testing.T) {
 	prefix := fmt.Sprintf("shmem-stale-test-%d.", os.Getpid())
 	path := func(n string) string { return filepath.Join(Dir, prefix+n) }
-	t.Cleanup(func() {
-		names, _ := filepath.Glob(filepath.Join(Dir, prefix+"*"))
-		for _, n := range names {
-			os.Remove(n)
-		}
-		os.Remove(filepath.Join(Dir, "other-"+prefix+"x"))
-	})
-
-	live, err := Create(prefix+"live", 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer live.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), crashEnv+"="+prefix+"crashed")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("creating process: %v: %s", err, out)
-	}
+	t.Cleanup(func() { os.Remove(filepath.Join(Dir, "other-"+prefix+"x")) })
+	liveAndCrashed(t, prefix)
 	if err := os.WriteFile(path("old-build"), make([]byte, 4096), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -175,22 +182,7 @@ func TestRemoveStale(t *testing.T) {
 // or in this process, and gone once its process exited without closing.
 func TestCreatorLives(t *testing.T) {
 	prefix := fmt.Sprintf("shmem-lives-test-%d.", os.Getpid())
-	t.Cleanup(func() {
-		names, _ := filepath.Glob(filepath.Join(Dir, prefix+"*"))
-		for _, n := range names {
-			os.Remove(n)
-		}
-	})
-	live, err := Create(prefix+"live", 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer live.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), crashEnv+"="+prefix+"crashed")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("creating process: %v: %s", err, out)
-	}
+	liveAndCrashed(t, prefix)
 	for _, tc := range []struct {
 		name string
 		want bool
