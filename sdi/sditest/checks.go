@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -132,6 +133,9 @@ func testConnectBadAddr(t testing.TB, e *env) {
 	switch err := e.sds[0].Connect(e.ctx, 1, foreign.Addr); {
 	case err == nil:
 		t.Log("Connect accepted a card of another job; checking that no frame crosses")
+		e.mu.Lock()
+		e.lenient = true // the frame to a stranger may fail
+		e.mu.Unlock()
 		e.send(0, e.frame(msg{from: 0, to: 1, stream: 9, size: 1}))
 		time.Sleep(e.tm.quiet)
 		e.mu.Lock()
@@ -142,6 +146,33 @@ func testConnectBadAddr(t testing.TB, e *env) {
 		}
 	case !errors.Is(err, sdi.ErrPeerUnreachable):
 		t.Errorf("Connect with another job's card = %v, want nil or an error wrapping sdi.ErrPeerUnreachable", err)
+	}
+
+	// An instance of this job's id that lacks the job's secret (OpenParams.Secret:
+	// "peers that cannot show it are refused") gets no frame to rank 0.
+	e.openExtra(t, e.params(1, e.h.Peers, Host, e.jobID, []byte(randomHex(16)), newRecorder(e, 1)))
+	impostor := e.extra[len(e.extra)-1]
+	switch err := impostor.Connect(e.ctx, 0, e.locals[0].Addr); {
+	case err == nil:
+		e.mu.Lock()
+		e.lenient = true // the impostor's frame may fail
+		e.mu.Unlock()
+		f := e.frame(msg{from: 1, to: 0, stream: 10, size: 1})
+		for range 100 {
+			if _, err := e.sendOnce(1, impostor, f); !errors.Is(err, sdi.ErrWouldBlock) {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(e.tm.quiet)
+		e.mu.Lock()
+		crossed := len(e.recs[0].arrivals[streamKey{1, 10}])
+		e.mu.Unlock()
+		if crossed > 0 {
+			t.Error("rank 0 took a frame from an instance of its job id that does not know the job's secret")
+		}
+	case !errors.Is(err, sdi.ErrPeerUnreachable):
+		t.Errorf("Connect of an instance without the job's secret = %v, want nil or an error wrapping sdi.ErrPeerUnreachable", err)
 	}
 
 	if e.caps.Reach == sdi.ReachHost {
@@ -427,6 +458,39 @@ func testFlushCompletesAll(t testing.TB, e *env) {
 	if owed > 0 {
 		t.Errorf("Flush returned while %d accepted frames still lacked SendDone (e.g. token %d)", owed, example)
 	}
+	// Frames of the largest size from several goroutines at once, so that
+	// some queue behind others, each followed by a Flush from its sender:
+	// frames are surely in flight when Flush is called sometimes, so a Flush
+	// that does not wait is caught.
+	var inFlight atomic.Int64
+	parallel(t, 4, func(g int) error {
+		for i := range count(16) {
+			f := e.frame(msg{from: 0, to: 1, stream: uint16(10 + g), seq: uint64(i), size: e.caps.MaxFrame})
+			done, err := e.send(0, f)
+			if err != nil || done {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			e.mu.Lock()
+			if e.tokens[f.Token].sendDones == 0 {
+				inFlight.Add(1)
+			}
+			e.mu.Unlock()
+			if err := e.sds[0].Flush(e.ctx, 1); err != nil {
+				return fmt.Errorf("Flush after a frame of MaxFrame bytes: %w", err)
+			}
+			e.mu.Lock()
+			lacks := e.tokens[f.Token].sendDones == 0
+			e.mu.Unlock()
+			if lacks {
+				return fmt.Errorf("Flush returned before SendDone for token %d, accepted before it was called", f.Token)
+			}
+		}
+		return nil
+	})
+	t.Logf("%d frames of MaxFrame bytes were in flight when Flush was called", inFlight.Load())
 	e.awaitStream(t, 1, 0, 1, n)
 	e.checkStream(t, 1, 0, 1, n, e.ordered())
 }
@@ -437,6 +501,16 @@ func testCloseFailsPending(t testing.TB, e *env) {
 	parallel(t, 2, func(i int) error {
 		return e.sendStream(i, 1-i, 1, n, e.mixedSize)
 	})
+	// Then rank 0 floods rank 1 without waiting for room and closes the
+	// moment it runs out of it, so frames are still queued when it closes.
+	for i := range count(20000) {
+		m := msg{from: 0, to: 1, stream: 2, seq: uint64(i), size: 1 + e.mixedSize(i)%e.caps.MaxFrame}
+		if _, err := e.sendOnce(0, e.sds[0], e.frame(m)); errors.Is(err, sdi.ErrWouldBlock) {
+			break
+		} else if err != nil {
+			t.Fatalf("rank 0: Send of frame %d: %v", i, err)
+		}
+	}
 	if err := e.closeRank(0); err != nil {
 		t.Fatalf("rank 0: Close: %v", err)
 	}
@@ -497,6 +571,21 @@ func testCloseIdempotent(t testing.TB, e *env) {
 func testNoLeakedGoroutines(t testing.TB, e *env) {
 	base := runtime.NumGoroutine()
 	e.open(t)
+	// Failed Connects too: a garbage card, and the card of an instance
+	// that has closed (a refused connection).
+	stale := e.h.New(t)
+	local, err := stale.Open(e.ctx, e.params(1, e.h.Peers, Host, e.jobID, e.secret, newRecorder(e, 1)))
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if err := stale.Close(e.ctx); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	for _, card := range [][]byte{[]byte(randomHex(24)), local.Addr} {
+		ctx, cancel := context.WithTimeout(e.ctx, e.tm.patience)
+		e.sds[0].Connect(ctx, 1, card)
+		cancel()
+	}
 	e.connectAll(t)
 	// Leave frames in flight, so Close has something to tear down.
 	parallel(t, len(e.sds), func(i int) error {
@@ -566,6 +655,7 @@ func testPeerDownOnPeerClose(t testing.TB, e *env) {
 	e.mu.Unlock()
 
 	// Sends to the closed peer fail or complete; they never hang.
+	var completed int // accepted and completed without an error
 	for i := range 5 {
 		f := e.frame(msg{from: 0, to: 1, stream: 2, seq: uint64(i), size: 1})
 		done, err := e.send(0, f)
@@ -574,8 +664,25 @@ func testPeerDownOnPeerClose(t testing.TB, e *env) {
 			if i == 0 {
 				t.Logf("Send to the closed peer: %v", err)
 			}
-		case !done:
+		case done:
+			completed++
+		default:
 			e.awaitToken(t, f.Token)
+			e.mu.Lock()
+			if e.tokens[f.Token].err == nil {
+				completed++
+			}
+			e.mu.Unlock()
+		}
+	}
+	// FlagReliable: every accepted frame arrives once, or the peer is
+	// reported down. Frames to a closed peer cannot arrive.
+	if completed > 0 && e.caps.Flags.Has(sdi.FlagReliable) {
+		err := e.awaitFor(e.tm.patience, func() (bool, string) {
+			return len(e.recs[0].peerDowns) > 0, "PeerDown on rank 0"
+		})
+		if err != nil {
+			t.Errorf("FlagReliable, yet %d frames sent to the closed rank 1 completed without error and rank 1 was never reported down: they vanished", completed)
 		}
 	}
 	ctx, cancel := context.WithTimeout(e.ctx, e.tm.patience)

@@ -49,7 +49,8 @@
 //
 //	Info/NoSideEffects               Info is static and callable before Open
 //	Open/CapsSane                    valid caps, one card per rank, same limits on every rank
-//	Connect/BadAddr                  garbage or foreign cards: ErrPeerUnreachable; no harm done
+//	Connect/BadAddr                  garbage or foreign cards: ErrPeerUnreachable; no harm done;
+//	                                 an instance without the job's Secret gets no frame through
 //	Send/Sizes                       0, 1, MaxEager, MaxFrame bytes intact; one more: ErrTooLarge
 //	Send/CompletionExactlyOnce       done=true or exactly one SendDone, never both
 //	Send/BufferReuseAfterDone        a buffer reused after completion does not alter the frame
@@ -58,12 +59,21 @@
 //	Ordering/PerPeerFIFO             send order per peer (FlagOrdered)
 //	ManyToOne                        every rank sends to rank 0 at once
 //	Concurrent/Sends                 8 goroutines per rank to every peer; each frame once
-//	Flush/CompletesAll               Flush returns after SendDone for every frame
-//	Close/FailsPendingOrCompletes    Close completes every frame; then the Handler is silent
+//	Flush/CompletesAll               Flush returns after SendDone for every frame, also with
+//	                                 MaxFrame frames from 4 goroutines in flight
+//	Close/FailsPendingOrCompletes    Close completes every frame, also ones queued when it is
+//	                                 called; then the Handler is silent
 //	Close/Idempotent                 Close again, and concurrently
-//	Close/NoLeakedGoroutines         closing every instance ends every goroutine
+//	Close/NoLeakedGoroutines         closing every instance ends every goroutine, refused
+//	                                 Connects' too
 //	Close/SendAfterClose             calls after Close return ErrClosed
-//	PeerDown/OnPeerClose             PeerDown names the closed peer; sends to it never hang
+//	PeerDown/OnPeerClose             PeerDown names the closed peer; sends to it never hang;
+//	                                 with FlagReliable, frames to it that complete without
+//	                                 an error come with its PeerDown
+//
+// Every check also fails a frame delivered twice, when it arrives, and a
+// SendDone with an error while every rank is open and connected: to the
+// multidevice a failed frame is the loss of its peer.
 //
 // The suite needs Caps.MaxHeader of at least 16 bytes: it puts its own
 // header (destination, stream, sequence number, length) in every frame.

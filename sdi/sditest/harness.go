@@ -140,6 +140,7 @@ type env struct {
 	violations []string
 	dropped    int // violations beyond maxViolations
 	reported   int
+	lenient    bool // a rank closed or a frame went to a stranger: SendDone may fail
 }
 
 const maxViolations = 50
@@ -217,6 +218,13 @@ func (e *env) cleanup(t testing.TB) {
 func (e *env) finish(t testing.TB) {
 	t.Helper()
 	e.mu.Lock()
+	if !e.lenient {
+		for tok, st := range e.tokens {
+			if st.sendDones > 0 && st.err != nil {
+				e.violateLocked("rank %d: SendDone(%d, %v) failed a frame while every rank was open and connected; a failed frame is the loss of its peer", st.from, tok, st.err)
+			}
+		}
+	}
 	for _, r := range e.recs {
 		if r.closed {
 			continue
@@ -340,6 +348,9 @@ func (e *env) connectAll(t testing.TB) {
 
 // closeRank closes rank i and records that its handler must stay silent.
 func (e *env) closeRank(i int) error {
+	e.mu.Lock()
+	e.lenient = true
+	e.mu.Unlock()
 	ctx, cancel := context.WithTimeout(e.ctx, e.tm.patience)
 	defer cancel()
 	err := e.sds[i].Close(ctx)
@@ -485,11 +496,12 @@ type recorder struct {
 	closed    bool // Close returned: any call now is a violation
 	inDeliver map[sdi.Rank]bool
 	arrivals  map[streamKey][]uint64
+	seen      map[streamKey]map[uint64]bool // to report a duplicate whenever it comes
 	peerDowns []peerDown
 }
 
 func newRecorder(e *env, rank sdi.Rank) *recorder {
-	return &recorder{e: e, rank: rank, inDeliver: make(map[sdi.Rank]bool), arrivals: make(map[streamKey][]uint64)}
+	return &recorder{e: e, rank: rank, inDeliver: make(map[sdi.Rank]bool), arrivals: make(map[streamKey][]uint64), seen: make(map[streamKey]map[uint64]bool)}
 }
 
 func (r *recorder) Deliver(from sdi.Rank, header, payload []byte) {
@@ -512,6 +524,13 @@ func (r *recorder) Deliver(from sdi.Rank, header, payload []byte) {
 	if problem != "" {
 		e.violateLocked("rank %d: Deliver from rank %d: %s", r.rank, from, problem)
 	} else {
+		if r.seen[key] == nil {
+			r.seen[key] = make(map[uint64]bool)
+		}
+		if r.seen[key][seq] {
+			e.violateLocked("rank %d: Deliver from rank %d: stream %d seq %d again; every frame arrives once", r.rank, from, key.stream, seq)
+		}
+		r.seen[key][seq] = true
 		r.arrivals[key] = append(r.arrivals[key], seq)
 	}
 	e.broadcastLocked()

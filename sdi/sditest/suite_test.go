@@ -27,6 +27,7 @@ type faulty struct {
 	held *sdi.Frame
 
 	openF    func(x *faulty)
+	paramsF  func(p *sdi.OpenParams)
 	sendF    func(x *faulty, f *sdi.Frame) (bool, error)
 	connectF func(x *faulty, err error) error
 	flushF   func(ctx context.Context) error
@@ -41,6 +42,9 @@ func (x *faulty) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) 
 	}
 	if x.openF != nil {
 		x.openF(x)
+	}
+	if x.paramsF != nil {
+		x.paramsF(&p)
 	}
 	return x.SubDevice.Open(ctx, p)
 }
@@ -80,6 +84,15 @@ type handlerFuncs struct {
 	sdi.Handler
 	deliver  func(from sdi.Rank, header, payload []byte)
 	sendDone func(token uint64, err error)
+	peerDown func(peer sdi.Rank, err error)
+}
+
+func (h handlerFuncs) PeerDown(peer sdi.Rank, err error) {
+	if h.peerDown != nil {
+		h.peerDown(peer, err)
+		return
+	}
+	h.Handler.PeerDown(peer, err)
 }
 
 func (h handlerFuncs) Deliver(from sdi.Rank, header, payload []byte) {
@@ -243,6 +256,54 @@ var faults = []fault{
 	{"leaks a goroutine", "Close/NoLeakedGoroutines", "still running",
 		func(x *faulty, stop <-chan struct{}) {
 			x.openF = func(*faulty) { go func() { <-stop }() }
+		}},
+	{"leaks a goroutine per refused Connect", "Close/NoLeakedGoroutines", "still running",
+		func(x *faulty, stop <-chan struct{}) {
+			x.connectF = func(_ *faulty, err error) error {
+				if err != nil {
+					go func() { <-stop }()
+				}
+				return err
+			}
+		}},
+	{"fails frames it delivered", "Send/CompletionExactlyOnce", "failed a frame while every rank was open",
+		func(x *faulty, _ <-chan struct{}) {
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				return handlerFuncs{Handler: h, sendDone: func(token uint64, err error) {
+					if err == nil {
+						err = errors.New("fault: lost")
+					}
+					h.SendDone(token, err)
+				}}
+			}
+		}},
+	{"takes any secret", "Connect/BadAddr", "does not know the job's secret",
+		func(x *faulty, _ <-chan struct{}) {
+			x.paramsF = func(p *sdi.OpenParams) { p.Secret = []byte("one secret for all") }
+		}},
+	{"delivers every 7th frame twice", "Ordering/PerPeerFIFO", "again; every frame arrives once",
+		func(x *faulty, _ <-chan struct{}) {
+			var n atomic.Int64
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				return handlerFuncs{Handler: h, deliver: func(from sdi.Rank, header, payload []byte) {
+					h.Deliver(from, header, payload)
+					if n.Add(1)%7 == 0 {
+						h.Deliver(from, header, payload)
+					}
+				}}
+			}
+		}},
+	{"claims FlagReliable but drops frames to a closed peer unreported", "PeerDown/OnPeerClose", "they vanished",
+		func(x *faulty, _ <-chan struct{}) {
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				if done, err := x.SubDevice.Send(f); err == nil || errors.Is(err, sdi.ErrWouldBlock) {
+					return done, err
+				}
+				return true, nil
+			}
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				return handlerFuncs{Handler: h, peerDown: func(sdi.Rank, error) {}}
+			}
 		}},
 	{"accepts frames after Close", "Close/SendAfterClose", "Send after Close",
 		func(x *faulty, _ <-chan struct{}) {
