@@ -158,6 +158,72 @@ func TestSendCtxEndGivesBufBack(t *testing.T) {
 	}
 }
 
+// stalledSub refuses (ErrWouldBlock) every frame whose payload is size
+// bytes while stall is set: a receiver that is alive but does not poll,
+// whose ring is full.
+type stalledSub struct {
+	sdi.SubDevice
+	stall *atomic.Bool
+	size  int
+}
+
+func (s stalledSub) Send(f *sdi.Frame) (bool, error) {
+	if s.stall.Load() && len(f.Payload) == s.size {
+		return false, sdi.ErrWouldBlock
+	}
+	return s.SubDevice.Send(f)
+}
+
+// TestSendCtxEndsFrameQueued: a blocking Send whose eager frame waits in
+// the outbox (the peer's ring stays full) returns when its ctx ends, and
+// the message, once the peer takes it, is what buf held at the call. The
+// first way of giving buf back waited for the frame instead, for as long
+// as the peer did not make room; so did an Ssend over a subdevice that
+// matches on its own, until the receive was posted.
+func TestSendCtxEndsFrameQueued(t *testing.T) {
+	f := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	var stall atomic.Bool
+	mk := func(l hclog.Logger) sdi.SubDevice { return stalledSub{f.New(l), &stall, 64} }
+	loop := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": mk}})
+	tm := newTMFabric()
+	matching := openJob(t, jobSpec{n: 2, subs: []string{"tm"}, factories: map[string]sdi.Factory{"tm": tm.New}})
+	for i, tc := range []struct {
+		name string
+		devs []*Device
+		sync bool
+	}{{"queued", loop, false}, {"queued sync", loop, true}, {"matching sync", matching, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			stall.Store(true)
+			tag := 30 + i
+			buf := pattern(64, i)
+			ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+			defer cancel()
+			done := make(chan error, 1)
+			go func() { done <- tc.devs[0].Send(ctx, buf, 1, tag, 0, tc.sync) }()
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Send = %v, want the ctx's deadline", err)
+				}
+			case <-time.After(10 * time.Second):
+				stall.Store(false)
+				t.Fatal("Send with a 50 ms ctx did not return in 10 s while its frame waited")
+			}
+			for j := range buf {
+				buf[j] = 0xff // the caller's again
+			}
+			stall.Store(false)
+			got := make([]byte, 64)
+			if _, err := wait(t, must(t)(tc.devs[1].Irecv(got, 0, tag, 0))); err != nil {
+				t.Fatal(err)
+			}
+			if want := pattern(64, i); !bytes.Equal(got, want) {
+				t.Errorf("received %x..., want %x...: bytes written after Send returned", got[:8], want[:8])
+			}
+		})
+	}
+}
+
 // TestCancelPostedRecv: a cancelled receive does not consume the next
 // message; the next receive gets it.
 func TestCancelPostedRecv(t *testing.T) {

@@ -357,34 +357,55 @@ func (d *Device) putRequest(r *Request) {
 // request the caller could keep, so the request is recycled.
 //
 // When ctx ends first Send returns its error, and buf is the caller's
-// again, but the message is not taken back: one whose receiver has not
-// asked for its data yet (rendezvous) goes on from a copy, and data
-// already under way is waited for. So the message may still be received,
-// as the bytes buf held when Send was called.
+// again, but the message is not taken back: it may still be received, as
+// buf held it at the call. An eager message goes from a copy, taken up
+// front when ctx can end at all (it may wait in queues for as long as the
+// peer does not take it, and a synchronous one for the match); a
+// rendezvous message whose receiver has not asked for its data yet takes
+// a copy then; data the receiver asked for, already under way, is waited
+// for.
 func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uint64, sync bool) error {
 	if !sync {
 		if handled, err := d.sendNow(ctx, buf, dst, tag, context); handled {
 			return err
 		}
 	}
+	copied := false
+	if ctx.Done() != nil && d.sendsEager(dst, len(buf)) {
+		buf, copied = slices.Clone(buf), true
+	}
 	r, err := d.isend(d.getRequest(true, int32(dst)), buf, dst, tag, context, sync)
 	if err != nil {
 		return err
 	}
-	if _, err = r.Wait(ctx); err != nil && !r.isDone() {
+	if _, err = r.Wait(ctx); err != nil && !r.isDone() && !copied {
 		d.giveBackBuf(r)
 	}
 	d.putRequest(r)
 	return err
 }
 
-// giveBackBuf returns once no frame of r, a send whose caller's ctx ended,
-// reads its buffer any more. A rendezvous send still waiting for its
-// clear-to-send takes a copy, which onCTS (under d.mu too) sends from;
-// otherwise frames are under way (eager, or the data after a
-// clear-to-send), and end soon: the subdevice completes or fails them. A
-// synchronous eager send then waits only for its frame, not for the
-// acknowledgement, which comes when the receiver matches.
+// sendsEager reports whether isend sends n bytes to dst in one frame, from
+// the caller's buffer until the frame is done: eagerly, or through a
+// subdevice that matches on its own, which keeps the buffer until its
+// SendDone (for a synchronous message, until the match).
+func (d *Device) sendsEager(dst, n int) bool {
+	if uint(dst) >= uint(d.appSize) {
+		return false
+	}
+	if d.matchSub[dst] >= 0 {
+		return true
+	}
+	class := d.table.Class(n)
+	return n <= d.eagerMax(int32(dst), class, d.subs[d.routes[dst][class]])
+}
+
+// giveBackBuf returns once nothing reads the buffer of r, a rendezvous send
+// (or sendNow's frame that its subdevice kept) whose caller's ctx ended. A
+// rendezvous send still waiting for its clear-to-send takes a copy, which
+// onCTS (under d.mu too) sends from; otherwise its data is under way to a
+// receiver that matched it, or the subdevice holds the frame, and the
+// subdevice completes or fails those frames.
 func (d *Device) giveBackBuf(r *Request) {
 	d.mu.Lock()
 	if r.id != 0 && d.rndvSend[r.id] == r {
@@ -393,21 +414,8 @@ func (d *Device) giveBackBuf(r *Request) {
 		return
 	}
 	d.mu.Unlock()
-	reading := func() bool {
-		if r.isDone() {
-			return false
-		}
-		// pending first: onAck takes r out of syncSend before it counts
-		// the acknowledgement, so r still there means that pending did
-		// not count it, and pending 1 is the acknowledgement's.
-		n := r.pending.Load()
-		d.mu.Lock()
-		ackDue := r.id != 0 && d.syncSend[r.id] == r
-		d.mu.Unlock()
-		return !(ackDue && n <= 1)
-	}
-	for reading() {
-		if !d.spin(r.pollers(), func() bool { return !reading() }) {
+	for !r.isDone() {
+		if !d.spin(r.pollers(), r.isDone) {
 			// Nobody need poll for it: the subdevices' own goroutines
 			// and the outbox's finish what is under way.
 			time.Sleep(time.Millisecond)

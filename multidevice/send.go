@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -453,11 +454,18 @@ func (d *Device) sendNow(ctx context.Context, buf []byte, dst, tag int, context 
 		recycleFrame(of)
 		return true, nil
 	}
+	// Refused, the frame waits in the outbox for as long as the peer
+	// does not make room: from a copy when ctx can end, so that the
+	// caller has buf back then (see Send).
+	copied := err != nil && ctx.Done() != nil
+	if copied {
+		of.f.Payload = slices.Clone(buf)
+	}
 	r := d.getRequest(true, int32(dst))
 	r.pending.Store(1)
 	of.req = r
 	d.sent(s, of, complete, err, true)
-	if _, err = r.Wait(ctx); err != nil && !r.isDone() {
+	if _, err = r.Wait(ctx); err != nil && !r.isDone() && !copied {
 		d.giveBackBuf(r)
 	}
 	d.putRequest(r)
