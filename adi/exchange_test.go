@@ -105,8 +105,8 @@ func TestWaitAnySkipsInactive(t *testing.T) {
 		t.Fatal(err)
 	}
 	var zero adi.Request
-	if i, _, ok, err := adi.TestAny(nil, &zero, idle); i != -1 || ok || err != nil {
-		t.Errorf("TestAny with no active request = %d, %v, %v; want -1, false, nil", i, ok, err)
+	if i, _, ok, err := adi.TestAny(nil, &zero, idle); i != -1 || !ok || err != nil {
+		t.Errorf("TestAny with no active request = %d, %v, %v; want -1, true, nil (MPI_UNDEFINED)", i, ok, err)
 	}
 	if i, _, err := adi.WaitAny(ctx, nil, &zero, idle); i != -1 || err != nil {
 		t.Errorf("WaitAny with no active request = %d, %v; want -1", i, err)

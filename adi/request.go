@@ -321,17 +321,21 @@ func await(ctx context.Context, what string, reqs []*Request, done func() bool) 
 	}
 }
 
-// TestAny reports the first completed request, if any.
+// TestAny reports the first completed request, if any. With no active
+// request (see WaitAny) it reports index -1 and true, as MPI_Testany
+// reports MPI_UNDEFINED, so that a loop testing until true ends.
 func TestAny(reqs ...*Request) (int, Status, bool, error) {
+	active := false
 	for i, q := range reqs {
 		if !q.active() {
 			continue
 		}
+		active = true
 		if st, ok, err := q.Test(); ok {
 			return i, st, true, err
 		}
 	}
-	return -1, Status{}, false, nil
+	return -1, Status{}, !active, nil
 }
 
 // TestSome returns the indexes and statuses of the requests that have
