@@ -569,7 +569,7 @@ func testCloseIdempotent(t testing.TB, e *env) {
 }
 
 func testNoLeakedGoroutines(t testing.TB, e *env) {
-	base := runtime.NumGoroutine()
+	base := settledGoroutines(e.tm.quiet)
 	e.open(t)
 	// Failed Connects too: a garbage card, and the card of an instance
 	// that has closed (a refused connection).
@@ -604,6 +604,24 @@ func testNoLeakedGoroutines(t testing.TB, e *env) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// settledGoroutines counts the goroutines once no more are ending, waiting
+// at most quiet: those of an earlier check (instances closed, a test's
+// cleanup) may still be on their way out, and counted in the base they
+// would hide as many leaked by this one.
+func settledGoroutines(quiet time.Duration) int {
+	n := runtime.NumGoroutine()
+	deadline := time.Now().Add(quiet)
+	for steady := 0; steady < 5 && time.Now().Before(deadline); {
+		time.Sleep(2 * time.Millisecond)
+		if m := runtime.NumGoroutine(); m < n {
+			n, steady = m, 0
+		} else {
+			steady++
+		}
+	}
+	return n
 }
 
 func testSendAfterClose(t testing.TB, e *env) {
