@@ -345,7 +345,14 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 	if byDesc {
 		at := p.tail - recordLen(len(hdr), len(body))
 		p.inflight = append(p.inflight, inflight{token: f.Token, at: at, end: p.tail, payload: payload})
-		p.sd.inflight.Add(1)
+		if p.sd.inflight.Add(1) == 1 {
+			// Our progress goroutine may sleep without a bound, having
+			// had nothing in flight: woken, it naps instead while
+			// descriptors are (sleep), as a receiver that disconnects
+			// reads them but cannot ring for them. Our segment is
+			// mapped: Close detaches every peer, under p.mu, first.
+			p.sd.ringDoorbell(p.sd.seg.Bytes())
+		}
 	}
 	p.wake()
 	return !byDesc, nil

@@ -672,21 +672,17 @@ func TestDescriptorReadAfterDisconnectWakesSender(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	payload := pattern(9, defaultSingleCopyMin)
+	before := tx.sleeps.Load()
 	done, err := j.sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("h"), Payload: payload, Token: 7})
 	if err != nil || done {
 		rx.connMu.Unlock()
 		t.Fatalf("Send = %v, %v; want a descriptor in flight", done, err)
 	}
 	// Rank 0's progress goroutine goes to sleep on its doorbell, waiting
-	// for the read.
-	asleep := func() bool { return word32(tx.seg.Bytes(), offSleeping).Load() == 1 && tx.sleeps.Load() > 0 }
-	for i := 0; ; i++ {
-		if asleep() {
-			time.Sleep(10 * time.Millisecond)
-			if asleep() {
-				break
-			}
-		}
+	// for the read: for good before the fix, for a nap at a time after
+	// it, so once seen asleep is enough.
+	asleep := func() bool { return word32(tx.seg.Bytes(), offSleeping).Load() == 1 && tx.sleeps.Load() > before }
+	for i := 0; !asleep(); i++ {
 		if i > 5000 {
 			rx.connMu.Unlock()
 			t.Fatalf("rank 0 never slept: sleeps %d naps %d sleeping %d", tx.sleeps.Load(), tx.naps.Load(), word32(tx.seg.Bytes(), offSleeping).Load())
