@@ -409,9 +409,17 @@ func (p *peer) alive() error {
 	return nil
 }
 
-// markDown stops further sends to the peer with err, and fails the
-// descriptors it has not read.
+// markDown stops further sends to the peer with err: the descriptors it
+// read by now complete (a payload it delivered must not fail), the rest
+// fail.
 func (p *peer) markDown(err error) {
+	p.reap(nil)
+	p.failUnread(err)
+}
+
+// failUnread is markDown without the reap, for reap itself: a peer whose
+// cursor cannot be trusted has read nothing we could tell.
+func (p *peer) failUnread(err error) {
 	p.mu.Lock()
 	if p.gone == nil {
 		p.gone = err

@@ -496,9 +496,6 @@ func (rc *receiver) fail(r int, err error) {
 		rc.sd.log.Error("corrupt shared-memory ring", "peer", r, "error", err)
 	}
 	if p := rc.sd.peers[r].Load(); p != nil {
-		// What r's receiver read of ours before this is complete, as
-		// in checkPeers.
-		rc.doneBuf, _ = p.reap(rc.doneBuf)
 		p.markDown(err)
 	}
 	rc.reportDown(r, err)
@@ -530,10 +527,7 @@ func (rc *receiver) checkPeers() {
 			continue
 		}
 		if err := p.alive(); err != nil {
-			// Descriptors it read before it went are complete: reaped
-			// first, or a payload it delivered would fail too.
-			rc.doneBuf, _ = p.reap(rc.doneBuf)
-			p.markDown(err) // descriptors it will never read fail
+			p.markDown(err) // what it read completes, the rest fails
 			rc.drainGone(r)
 			rc.reportDown(r, err)
 		}

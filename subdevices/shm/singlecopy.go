@@ -290,7 +290,7 @@ func (p *peer) reap(buf []uint64) ([]uint64, int) {
 	h := p.ring.head.Load()
 	if h-p.head > p.tail-p.head || h%recAlign != 0 {
 		p.mu.Unlock()
-		p.markDown(fmt.Errorf("shm: rank %d: consumer cursor %d outside [%d, %d]: %w: %w",
+		p.failUnread(fmt.Errorf("shm: rank %d: consumer cursor %d outside [%d, %d]: %w: %w",
 			p.rank, h, p.head, p.tail, sdi.ErrPeerUnreachable, sdi.ErrBadFrame))
 		return buf, 0
 	}
