@@ -143,18 +143,29 @@ func TestSendCtxEndGivesBufBack(t *testing.T) {
 			if (err != nil) != (tc.sync || tc.size > 1000) {
 				t.Fatalf("Send = %v; want ctx's error only where it waits for the receiver", err)
 			}
-			for j := range buf {
-				buf[j] = 0xff // the caller's again
-			}
-			got := make([]byte, tc.size)
-			rr := must(t)(devs[1].Irecv(got, 0, tag, 2))
-			if st, err := wait(t, rr); err != nil || st.Count != tc.size {
-				t.Fatalf("receive: %+v, %v", st, err)
-			}
-			if want := pattern(tc.size, i); !bytes.Equal(got, want) {
-				t.Errorf("received %x..., want %x...: bytes written after Send returned", got[:8], want[:8])
-			}
+			receivedAsAtCall(t, devs[1], buf, pattern(tc.size, i), tag, 2, nil)
 		})
+	}
+}
+
+// receivedAsAtCall writes over buf, which a Send whose ctx ended gave back
+// to its caller, lets the peer take the message (release, if any), and
+// receives it on d from rank 0: it must be want, what buf held at the
+// call.
+func receivedAsAtCall(t *testing.T, d *Device, buf, want []byte, tag int, cid uint64, release func()) {
+	t.Helper()
+	for j := range buf {
+		buf[j] = 0xff // the caller's again
+	}
+	if release != nil {
+		release()
+	}
+	got := make([]byte, len(want))
+	if st, err := wait(t, must(t)(d.Irecv(got, 0, tag, cid))); err != nil || st.Count != len(want) {
+		t.Fatalf("receive: %+v, %v", st, err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("received %x..., want %x...: bytes written after Send returned", got[:8], want[:8])
 	}
 }
 
@@ -209,17 +220,7 @@ func TestSendCtxEndsFrameQueued(t *testing.T) {
 				stall.Store(false)
 				t.Fatal("Send with a 50 ms ctx did not return in 10 s while its frame waited")
 			}
-			for j := range buf {
-				buf[j] = 0xff // the caller's again
-			}
-			stall.Store(false)
-			got := make([]byte, 64)
-			if _, err := wait(t, must(t)(tc.devs[1].Irecv(got, 0, tag, 0))); err != nil {
-				t.Fatal(err)
-			}
-			if want := pattern(64, i); !bytes.Equal(got, want) {
-				t.Errorf("received %x..., want %x...: bytes written after Send returned", got[:8], want[:8])
-			}
+			receivedAsAtCall(t, tc.devs[1], buf, pattern(64, i), tag, 0, func() { stall.Store(false) })
 		})
 	}
 }
