@@ -388,7 +388,9 @@ func (d *Device) Send(ctx context.Context, buf []byte, dst, tag int, context uin
 // sendsEager reports whether isend sends n bytes to dst in one frame, from
 // the caller's buffer until the frame is done: eagerly, or through a
 // subdevice that matches on its own, which keeps the buffer until its
-// SendDone (for a synchronous message, until the match).
+// SendDone (for a synchronous message, until the match). The eager test
+// is isend's, which writes it out: a helper shared with it is too big to
+// inline on Isend's path.
 func (d *Device) sendsEager(dst, n int) bool {
 	if uint(dst) >= uint(d.appSize) {
 		return false
