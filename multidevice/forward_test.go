@@ -622,6 +622,7 @@ func TestOpenRefuses(t *testing.T) {
 		text    string
 	}{
 		{"no gateway between sites", 2, plain, siteCut([]int{0, 1}), ErrNoRoute, "no chain of ranks"},
+		{"says why each subdevice failed", 2, plain, siteCut([]int{0, 1}), ErrNoRoute, `reaches it; loop: multidevice: connect to rank 1 (host "localhost") over "loop": cut: rank 0 to 1`},
 		{"relay before an application rank", 3, func(r int) bool { return r == 1 }, func(int, int) bool { return false }, nil, "relays must be the last ranks"},
 		{"only relays", 2, func(int) bool { return true }, func(int, int) bool { return false }, nil, "needs an application rank"},
 	} {

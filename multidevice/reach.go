@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 
 	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -13,9 +15,10 @@ import (
 // Routes through gateways come from two places. A connection table may name
 // them (mdconfig writes "via" hops; every route of a class's list that has
 // a next hop is a trunk). Without one, they are found automatically: a peer
-// that every subdevice tried reports unreachable (sdi.ErrPeerUnreachable,
-// e.g. two sites using the same private range) is reached through other
-// ranks. Each rank publishes which ranks it reaches directly under the
+// that the subdevices its routes name report unreachable
+// (sdi.ErrPeerUnreachable, e.g. two sites using the same private range)
+// is tried on the other subdevices, and one that none of them reaches
+// either is reached through other ranks. Each rank publishes which ranks it reaches directly under the
 // bootstrap key "reach" and, after a second fence, every rank computes the
 // same shortest paths over those rows; the next hops that lie on a shortest
 // path (all ranks that reach both ends, for two hops) become the trunks.
@@ -137,10 +140,21 @@ func (d *Device) directTrunk(ctx context.Context, lk *linker, byName map[string]
 // Every rank calls it, whether it needs gateways or not: it takes part in
 // the fence that exchanges reachability.
 func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, hosts []string) error {
-	var lost []int
+	var lost, fell []int
+	over := map[string]bool{}
+	var whyFell error
 	for peer, classes := range needVia {
 		if classes == nil {
 			continue
+		}
+		if len(lk.ok[peer]) == 0 {
+			if s := d.connectAny(ctx, lk, peer); s != nil {
+				fell = append(fell, peer)
+				over[s.name] = true
+				if whyFell == nil {
+					whyFell = lk.tried[[2]int{d.routes[peer][0], peer}]
+				}
+			}
 		}
 		if len(lk.ok[peer]) > 0 {
 			// Another subdevice reached it: carry those classes there.
@@ -152,6 +166,10 @@ func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, ho
 			continue
 		}
 		lost = append(lost, peer)
+	}
+	if len(fell) > 0 {
+		d.log.Warn("the routes to some peers failed; their traffic goes over other subdevices",
+			"peers", fell, "over", slices.Sorted(maps.Keys(over)), "first_error", whyFell)
 	}
 	row := make([]bool, d.size)
 	for peer := range row {
@@ -179,8 +197,8 @@ func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, ho
 	for _, peer := range lost {
 		gws := nextHops(rows, int(d.rank), peer)
 		if len(gws) == 0 {
-			return fmt.Errorf("%w: rank %d (host %q) is unreachable from rank %d (host %q) on every subdevice, and no chain of ranks reaches it",
-				ErrNoRoute, peer, hosts[peer], d.rank, hosts[d.rank])
+			return fmt.Errorf("%w: rank %d (host %q) is unreachable from rank %d (host %q) on every subdevice, and no chain of ranks reaches it%s",
+				ErrNoRoute, peer, hosts[peer], d.rank, hosts[d.rank], lk.why(peer))
 		}
 		for ci, need := range needVia[peer] {
 			if !need {
@@ -196,6 +214,40 @@ func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, ho
 		d.log.Debug("no direct link, routing through gateways", "peer", peer, "gateways", gws)
 	}
 	return nil
+}
+
+// connectAny tries, for a peer that no subdevice its routes name could
+// reach, the other subdevices that may reach it, in the order plugins.hcl
+// lists them, as an MPI library falls back to another transport: the
+// shared memory of a host whose /dev/shm is full, say, leaves TCP over
+// loopback. A subdevice that matches on its own is left out (it must
+// carry all of a peer's traffic from the start), and so is one that
+// reaches only its host for a peer on another. It returns the subdevice
+// that connected, or nil; failures stay in lk.tried for the error that
+// follows when none connects.
+func (d *Device) connectAny(ctx context.Context, lk *linker, peer int) *subdev {
+	for _, s := range d.subs[1:] {
+		if _, tried := lk.tried[[2]int{s.idx, peer}]; tried ||
+			s.matcher != nil || s.caps.Reach == sdi.ReachHost && lk.hosts[peer] != lk.hosts[d.rank] {
+			continue
+		}
+		if lk.connect(ctx, s, peer) == nil {
+			return s
+		}
+	}
+	return nil
+}
+
+// why lists how each subdevice tried for peer failed, for an error that
+// says it is unreachable.
+func (lk *linker) why(peer int) string {
+	var b strings.Builder
+	for _, s := range lk.d.subs[1:] {
+		if err, tried := lk.tried[[2]int{s.idx, peer}]; tried && err != nil {
+			fmt.Fprintf(&b, "; %s: %v", s.name, err)
+		}
+	}
+	return b.String()
 }
 
 // firstHopSub is the subdevice that carries class ci to gateway g: its own

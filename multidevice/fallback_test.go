@@ -1,0 +1,56 @@
+package multidevice
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/sditest"
+)
+
+// TestFallBackToAnotherSubDevice: the subdevice the routes name cannot
+// connect one pair of ranks (as shm cannot when /dev/shm is full), while
+// another subdevice reaches them. Their traffic goes over that one,
+// directly, as an MPI library falls back to another transport, instead of
+// through a third rank as a gateway or not at all; the other pairs keep
+// their routes.
+func TestFallBackToAnotherSubDevice(t *testing.T) {
+	nearCaps := fwdCaps
+	nearCaps.Exclusivity = 2
+	cut02 := func(a, b int) bool { return a+b == 2 && a != b }
+	near := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "near", Caps: nearCaps}), cut: cut02}
+	far := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "far", Caps: fwdCaps}), cut: func(int, int) bool { return false }}
+	devs := openJob(t, jobSpec{n: 3, subs: []string{"near", "far"},
+		factories: map[string]sdi.Factory{"near": near.New, "far": far.New}})
+
+	for _, tc := range []struct {
+		from, to int
+		want     string
+	}{
+		{0, 1, "near"}, {1, 2, "near"}, {0, 2, "far"}, {2, 0, "far"},
+	} {
+		for _, n := range []int{8, 1 << 20} {
+			if got, err := devs[tc.from].Route(tc.to, n); err != nil || got != tc.want {
+				t.Errorf("rank %d: Route(%d, %d) = %q, %v; want %q", tc.from, tc.to, n, got, err, tc.want)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, pair := range [][2]int{{0, 2}, {2, 0}} {
+		src, dst := pair[0], pair[1]
+		for i, size := range []int{8, 5000} {
+			rr := must(t)(devs[dst].Irecv(make([]byte, size), src, i, 0))
+			if err := devs[src].Send(ctx, numbered(size, src, i), dst, i, 0, false); err != nil {
+				t.Fatalf("%d->%d: send %d: %v", src, dst, i, err)
+			}
+			if _, err := wait(t, rr); err != nil {
+				t.Fatalf("%d->%d: message %d: %v", src, dst, i, err)
+			}
+		}
+	}
+	if f := devs[1].ForwardStats().Forwarded; f != 0 {
+		t.Errorf("rank 1 forwarded %d frames between ranks 0 and 2, which reach each other over far", f)
+	}
+}
