@@ -134,8 +134,8 @@ func create(name string, size int, reserve bool) (*Segment, error) {
 		return fail("size", err)
 	}
 	if reserve {
-		if err := fallocate(f, int64(size)); err != nil {
-			return fail("reserve memory for", err)
+		if err := fallocateRange(f, 0, int64(size)); err != nil {
+			return fail("reserve memory for", fmt.Errorf("%w%s", err, roomLeft(err)))
 		}
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
@@ -170,11 +170,11 @@ func unnamed(name string) (f *os.File, link func(path string) error, discard fun
 	return f, func(path string) error { return os.Link(tmp, path) }, func() { os.Remove(tmp) }, nil
 }
 
-// fallocate allocates f's first size bytes, retrying when a signal
+// fallocateRange allocates n bytes of f from off, retrying when a signal
 // interrupts it (a large tmpfs allocation takes long enough to meet one).
-func fallocate(f *os.File, size int64) error {
+func fallocateRange(f *os.File, off, n int64) error {
 	for {
-		err := unix.Fallocate(int(f.Fd()), 0, 0, size)
+		err := unix.Fallocate(int(f.Fd()), 0, off, n)
 		if !errors.Is(err, unix.EINTR) {
 			return err
 		}
@@ -302,6 +302,57 @@ func (s *Segment) CreatorLives() (bool, error) {
 			continue
 		}
 		return false, fmt.Errorf("shmem: lock of %s: %w", s.name, err)
+	}
+}
+
+// Reserve allocates the memory of bytes [off, off+n) of the segment, on
+// the creator's mapping or an opener's, before they are first touched:
+// tmpfs allocates a page when it is first read or written, and a touch
+// that finds Dir full kills the process with SIGBUS. It fails instead,
+// with an error that says how full Dir is. Reserving memory that is
+// already allocated does nothing.
+func (s *Segment) Reserve(off, n int) error {
+	f := s.lock
+	if f == nil {
+		f = s.file
+	}
+	if f == nil || s.mem == nil {
+		return fmt.Errorf("shmem: reserve in %s: segment is closed", s.name)
+	}
+	if off < 0 || n <= 0 || off > len(s.mem)-n {
+		return fmt.Errorf("shmem: reserve [%d, %d+%d) in %s: outside its %d bytes", off, off, n, s.name, len(s.mem))
+	}
+	if err := fallocateRange(f, int64(off), int64(n)); err != nil {
+		return fmt.Errorf("shmem: reserve %d bytes of %s: %w%s", n, filepath.Join(Dir, s.name), err, roomLeft(err))
+	}
+	return nil
+}
+
+// roomLeft says, after an allocation in Dir failed for want of room, how
+// much room Dir has, so that a user knows what to grow.
+func roomLeft(err error) string {
+	if !errors.Is(err, unix.ENOSPC) && !errors.Is(err, unix.ENOMEM) {
+		return ""
+	}
+	var st unix.Statfs_t
+	if unix.Statfs(Dir, &st) != nil {
+		return ""
+	}
+	bs := uint64(st.Bsize)
+	return fmt.Sprintf(" (%s holds %s, %s of it free; give it more room, such as docker run --shm-size)",
+		Dir, sizeText(st.Blocks*bs), sizeText(st.Bavail*bs))
+}
+
+// sizeText writes n bytes in the largest of KiB, MiB and GiB that keeps
+// three digits.
+func sizeText(n uint64) string {
+	switch {
+	case n >= 100<<30:
+		return fmt.Sprintf("%d GiB", n>>30)
+	case n >= 100<<20:
+		return fmt.Sprintf("%d MiB", n>>20)
+	default:
+		return fmt.Sprintf("%d KiB", n>>10)
 	}
 }
 

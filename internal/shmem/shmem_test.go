@@ -329,3 +329,53 @@ func TestJobPrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReserve: Reserve allocates exactly the range asked, on the
+// creator's mapping and an opener's, and refuses a range outside the
+// segment or a closed segment with an error naming both.
+func TestReserve(t *testing.T) {
+	const size = 1 << 20
+	name := fmt.Sprintf("shmem-test-reserve-%d", os.Getpid())
+	s, err := Create(name, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	o, err := Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	allocated := func() int64 {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(Dir, name), &st); err != nil {
+			t.Fatal(err)
+		}
+		return st.Blocks * 512
+	}
+	if err := s.Reserve(4096, 8192); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Reserve(size-4096, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Reserve(4096, 8192); err != nil { // again: nothing to do
+		t.Fatal(err)
+	}
+	if got := allocated(); got != 3*4096 {
+		t.Fatalf("%d bytes allocated after reserving 3 pages", got)
+	}
+	for _, r := range [][2]int{{-1, 10}, {0, 0}, {0, -1}, {size - 10, 11}, {size, 1}, {1, size}} {
+		if err := s.Reserve(r[0], r[1]); err == nil || !strings.Contains(err.Error(), "outside") || !strings.Contains(err.Error(), name) {
+			t.Errorf("Reserve(%d, %d) = %v, want an error naming the segment and the range outside it", r[0], r[1], err)
+		}
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := o.Reserve(0, 4096); err == nil || !strings.Contains(err.Error(), "closed") {
+		t.Errorf("Reserve after Close = %v, want an error saying the segment is closed", err)
+	}
+	if got := allocated(); got != 3*4096 {
+		t.Fatalf("%d bytes allocated after failed reservations, want 3 pages", got)
+	}
+}

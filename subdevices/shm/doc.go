@@ -36,8 +36,9 @@
 // receiver polls all its rings. A ring is written by exactly one sender
 // (goroutines of that sender take turns under a mutex) and read by exactly
 // one receiver. The receiver polls only the rings a sender has attached to
-// (flagged at Connect, announced by the attach generation), so its polling
-// cost grows with the ranks that talk to it, not with the job.
+// (flagged in the attach table at Connect, announced by the attach
+// generation), so its polling cost grows with the ranks that talk to it,
+// not with the job.
 //
 //	segment of rank R (offsets in bytes)
 //	+-----------------------------------------------------------------+ 0
@@ -53,7 +54,10 @@
 //	+-----------------------------------------------------------------+ 512
 //	| attach generation (bumped when a sender attaches to a ring)     |
 //	+-----------------------------------------------------------------+ 4096
-//	| ring 0: tail (producer cursor at disconnect), attached, revoked,|
+//	| attach table: a uint32 per ring, set when its sender attached   |
+//	| (whole pages: one per 1024 rings)                               |
+//	+-----------------------------------------------------------------+
+//	| ring 0: tail (producer cursor at disconnect), revoked,          |
 //	|         fast frames sent (at disconnect) | pad to 128           |
 //	|         head (consumer cursor), copy mode | pad to 256          |
 //	|         assist request: cursor, address, length | pad to 384    |
@@ -66,8 +70,18 @@
 //	+-----------------------------------------------------------------+
 //
 // The words that different parties write sit 128 bytes apart so that they
-// never share a cache line (nor a prefetched pair of lines). tmpfs allocates
-// pages on first touch, so rings nobody writes cost only address space.
+// never share a cache line (nor a prefetched pair of lines).
+//
+// tmpfs allocates a page when it is first touched, read or written, and a
+// touch that finds /dev/shm full kills the process with SIGBUS (a
+// container's /dev/shm is 64 MiB unless told otherwise). So no page is
+// touched before it is allocated: Open allocates the header and attach
+// table, and Connect the pair's two rings, this rank's in the peer's
+// segment and the peer's in this one, or fails with an error that says
+// how full /dev/shm is and wraps [sdi.ErrPeerUnreachable] (the
+// multidevice then carries that peer's traffic over another subdevice).
+// Rings of ranks that never connect, those on other hosts, cost only
+// address space.
 //
 // Cursors are monotonic uint64 byte counts, masked with ring_bytes-1 on use.
 // A record is a stamp (8 bytes), a [sdi.WireHeader], the opaque header and

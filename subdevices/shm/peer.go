@@ -161,7 +161,19 @@ func (sd *device) newPeer(r sdi.Rank, seg *shmem.Segment) (*peer, error) {
 	if want, err := segmentSize(nrings, ringBytes); err != nil || want != len(mem) {
 		return nil, fmt.Errorf("%d bytes, want %d for %d rings of %d bytes", len(mem), want, nrings, ringBytes)
 	}
-	p := &peer{rank: r, sd: sd, seg: seg, mem: mem, ring: ringAt(mem, int(sd.rank), ringBytes)}
+	// Both rings of the pair get their memory before either side touches
+	// them: this rank writes into its ring in r's segment, and r into its
+	// own in this rank's, which this rank also writes (its head and
+	// copy-mode words). Without it a full Dir would kill whichever
+	// process first touched a page it has no room for.
+	stride := ringStride(ringBytes)
+	if err := seg.Reserve(ringOffset(nrings, int(sd.rank), ringBytes), stride); err != nil {
+		return nil, fmt.Errorf("no room for this rank's ring in it: %w", err)
+	}
+	if err := sd.seg.Reserve(ringOffset(nrings, int(r), ringBytes), stride); err != nil {
+		return nil, fmt.Errorf("no room for its ring in this rank's segment: %w", err)
+	}
+	p := &peer{rank: r, sd: sd, seg: seg, mem: mem, ring: ringAt(mem, nrings, int(sd.rank), ringBytes)}
 	// Resume where an earlier connection from this rank stopped.
 	p.tail = p.ring.tail.Load()
 	p.head = p.ring.head.Load()
@@ -223,11 +235,13 @@ func (sd *device) Disconnect(ctx context.Context, r sdi.Rank) error {
 	}
 	sd.connMu.Lock()
 	defer sd.connMu.Unlock()
-	sd.inbound[r].copyMode.Store(copyRing)
 	p := sd.peers[r].Swap(nil)
 	if p == nil {
+		// Never connected, or disconnected before: the copy mode is
+		// copyRing (zero) already, and the ring may have no memory.
 		return nil
 	}
+	sd.inbound[r].copyMode.Store(copyRing)
 	sd.rx.disconnected(int(r), p.proc)
 	if err := p.detach(fmt.Errorf("shm: rank %d: disconnected: %w", r, sdi.ErrNotConnected)); err != nil {
 		return fmt.Errorf("shm: disconnect rank %d: %w", r, err)

@@ -145,6 +145,8 @@ func TestHelperProcess(t *testing.T) {
 	case "1":
 	case helperDying:
 		run = runDyingSender
+	case helperFull:
+		run = runFullDevShm
 	default:
 		t.Skip("helper process for TestCrossProcess and TestSenderDiesBeforeRead")
 	}

@@ -14,7 +14,7 @@ import (
 // words are naturally aligned.
 const (
 	segMagic   = "MDSHMSG1"
-	segVersion = 6
+	segVersion = 7
 
 	hdrBytes      = 4096 // segment header, one page
 	offMagic      = 0    // [8]byte
@@ -35,9 +35,15 @@ const (
 	offDoorbell  = 384 // uint32: futex word senders bump to wake the owner
 	offAttachGen = 512 // uint32: bumped by every sender that attaches to a ring
 
+	// The attach table follows the header: one uint32 per ring, non-zero
+	// once a sender attached; the receiver polls only those rings. It is
+	// apart from the rings so that the receiver's look at every ring
+	// touches a page per 1024 rings (see attachTableBytes), not a page of
+	// every ring's.
+	pageBytes = 4096
+
 	ringCtlBytes = 2560 // per-ring control block ahead of the data
 	offTail      = 0    // uint64: producer cursor, stored by the sender when it lets go of the ring
-	offAttached  = 8    // uint32: non-zero once a sender attached; the receiver polls only those rings
 	offRevoked   = 16   // uint64: sender: descriptors in records before this cursor may no longer be read
 	offFastSent  = 24   // uint64: fast frames sent, stored by the sender when it lets go of the ring
 	offHead      = 128  // uint64: consumer cursor, written only by the receiver
@@ -126,11 +132,25 @@ func rawWord32(mem []byte, off int) *uint32 {
 // segmentSize returns the bytes of a segment with nrings rings of ringBytes.
 func segmentSize(nrings int, ringBytes uint64) (int, error) {
 	stride := uint64(ringCtlBytes) + ringBytes
-	if nrings <= 0 || ringBytes == 0 || uint64(nrings) > (maxSegmentBytes-hdrBytes)/stride {
+	// The attach table takes at most 4 bytes per ring and a page.
+	if nrings <= 0 || ringBytes == 0 || uint64(nrings) > (maxSegmentBytes-hdrBytes-pageBytes)/(stride+4) {
 		return 0, fmt.Errorf("shm: %d rings of %d bytes exceed the %d-byte segment limit", nrings, ringBytes, uint64(maxSegmentBytes))
 	}
-	return hdrBytes + nrings*int(stride), nil
+	return ringOffset(nrings, nrings, ringBytes), nil
 }
+
+// attachTableBytes is the size of the attach table of nrings rings, in
+// whole pages.
+func attachTableBytes(nrings int) int { return (4*nrings + pageBytes - 1) &^ (pageBytes - 1) }
+
+// ringOffset is where ring i of a segment of nrings rings of ringBytes
+// starts: its control block, then its data.
+func ringOffset(nrings, i int, ringBytes uint64) int {
+	return hdrBytes + attachTableBytes(nrings) + i*(ringCtlBytes+int(ringBytes))
+}
+
+// ringStride is the bytes of one ring: control block and data.
+func ringStride(ringBytes uint64) int { return ringCtlBytes + int(ringBytes) }
 
 // maxSegmentBytes bounds a segment's virtual size. tmpfs allocates pages
 // only when touched, so this is about address space, not memory.
@@ -151,13 +171,13 @@ type ring struct {
 	fast     [fastSlots][]byte // each fastSlotSize bytes
 }
 
-// ringAt returns ring i of a segment mapped at mem.
-func ringAt(mem []byte, i int, ringBytes uint64) ring {
-	base := hdrBytes + i*(ringCtlBytes+int(ringBytes))
+// ringAt returns ring i of a segment of nrings rings mapped at mem.
+func ringAt(mem []byte, nrings, i int, ringBytes uint64) ring {
+	base := ringOffset(nrings, i, ringBytes)
 	return ring{
 		tail:     word64(mem, base+offTail),
 		head:     word64(mem, base+offHead),
-		attached: word32(mem, base+offAttached),
+		attached: word32(mem, hdrBytes+4*i),
 		revoked:  word64(mem, base+offRevoked),
 		copyMode: word32(mem, base+offCopyMode),
 		outRate:  word32(mem, base+offOutRate),

@@ -203,6 +203,12 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 		sd.state.Store(devNew)
 		return sdi.Local{}, fmt.Errorf("shm: open: %w", err)
 	}
+	// The header and attach table are touched at once; the rings when a
+	// connection reserves them (Connect).
+	if err := seg.Reserve(0, ringOffset(p.Size, 0, cfg.RingBytes)); err != nil {
+		sd.state.Store(devNew)
+		return sdi.Local{}, errors.Join(fmt.Errorf("shm: open: %w", err), seg.Close())
+	}
 	sd.seg = seg
 	mem := seg.Bytes()
 	copy(mem[offMagic:], segMagic)
@@ -217,7 +223,7 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	word64(mem, offProbeVal).Store(probeWord)
 	sd.inbound = make([]ring, p.Size)
 	for r := range sd.inbound {
-		sd.inbound[r] = ringAt(mem, r, cfg.RingBytes)
+		sd.inbound[r] = ringAt(mem, p.Size, r, cfg.RingBytes)
 	}
 	sd.peers = make([]atomic.Pointer[peer], p.Size)
 	sd.rx = newReceiver(sd)
