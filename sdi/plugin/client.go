@@ -194,7 +194,7 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 			c.log.Debug("removed stale data-plane segments", "count", n)
 		}
 		name := segmentName()
-		if seg, err = shmem.Create(name, segmentSize(bytes, bytes)); err != nil {
+		if seg, err = shmem.CreateReserved(name, segmentSize(bytes, bytes)); err != nil {
 			c.log.Warn("no shared memory for the data plane, using the stream", "error", err)
 		} else {
 			initSegment(seg.Bytes(), bytes, bytes)
@@ -279,7 +279,14 @@ func (c *Client) createPlaceArea(seg *shmem.Segment, lim limits) *shmem.Segment 
 	if slotBytes == 0 {
 		return nil
 	}
+	// Only the header's memory now: the plugin reserves a slot's when
+	// it first fills it (placer.place), as a frame that large comes.
 	aseg, err := shmem.Create(placeName(seg.Name()), placeAreaSize(placeSlots, slotBytes))
+	if err == nil {
+		if err = aseg.Reserve(0, placeDataOffset); err != nil {
+			aseg.Close()
+		}
+	}
 	if err != nil {
 		c.log.Warn("no place area for large payloads; they take a copy more", "error", err)
 		return nil

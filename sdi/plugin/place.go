@@ -158,8 +158,15 @@ type placer struct {
 	ring *pluginRing
 	max  int // largest payload a record may claim
 
-	mu      sync.Mutex
-	filling []placing // per slot; guarded by mu
+	// reserve allocates the area's bytes [off, off+n) before they are
+	// first written: the host created the area without its slots'
+	// memory, which a full /dev/shm would turn into SIGBUS at the first
+	// touch (shmem.Segment.Reserve).
+	reserve func(off, n int) error
+
+	mu       sync.Mutex
+	filling  []placing // per slot; guarded by mu
+	reserved []int     // per slot, its first bytes known allocated; guarded by mu
 }
 
 // placing is a slot the subdevice fills for a frame from peer.
@@ -169,8 +176,9 @@ type placing struct {
 	n    int
 }
 
-func newPlacer(a *placeArea, ring *pluginRing, maxPayload int) *placer {
-	return &placer{a: a, ring: ring, max: maxPayload, filling: make([]placing, a.slots)}
+func newPlacer(a *placeArea, ring *pluginRing, maxPayload int, reserve func(off, n int) error) *placer {
+	return &placer{a: a, ring: ring, max: maxPayload, reserve: reserve,
+		filling: make([]placing, a.slots), reserved: make([]int, a.slots)}
 }
 
 // place returns a free slot's first n bytes for a frame from peer, or nil.
@@ -183,6 +191,14 @@ func (pl *placer) place(from sdi.Rank, n int) []byte {
 	for i := range pl.filling {
 		if pl.filling[i].on || pl.a.word(i).Load() != slotFree {
 			continue
+		}
+		if n > pl.reserved[i] {
+			// No room: the frame takes the copy through the ring,
+			// which has its memory.
+			if pl.reserve(placeDataOffset+i*pl.a.slotBytes, n) != nil {
+				return nil
+			}
+			pl.reserved[i] = n
 		}
 		pl.a.word(i).Store(slotTaken)
 		pl.filling[i] = placing{on: true, peer: from, n: n}

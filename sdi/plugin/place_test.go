@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -91,7 +92,7 @@ func newPlacePair(t *testing.T, maxPayload int) *placePair {
 	ring := newPluginRing(plugSeg, plugArea, srv, lim)
 	srv.plane = ring
 	close(srv.attached)
-	srv.placer.Store(newPlacer(placeAreaAt(plugArea.Bytes()), ring, lim.maxPayload))
+	srv.placer.Store(newPlacer(placeAreaAt(plugArea.Bytes()), ring, lim.maxPayload, plugArea.Reserve))
 	h := &recHandler{}
 	p := &placePair{host: newHostRing(hostSeg, aseg, h, lim, func(err error) { t.Errorf("data plane failed: %v", err) }), srv: srv, h: h}
 	t.Cleanup(func() {
@@ -328,4 +329,53 @@ func FuzzCheckPlaceArea(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The host makes the place area without its slots' memory; the plugin
+// reserves each slot's, up to the largest frame it placed there, before
+// handing it out, and a slot it cannot reserve (a full /dev/shm) is not
+// handed out: that frame takes the copy through the ring.
+func TestPlaceReservesSlots(t *testing.T) {
+	const slotBytes = 64 << 10
+	mem := make([]byte, placeAreaSize(2, slotBytes))
+	initPlaceArea(mem, 2, slotBytes)
+	var asked [][2]int
+	full := false
+	reserve := func(off, n int) error {
+		if full {
+			return errors.New("no space left on device")
+		}
+		asked = append(asked, [2]int{off, n})
+		return nil
+	}
+	pl := newPlacer(placeAreaAt(mem), nil, slotBytes, reserve)
+	release := func(i int) { pl.filling[i] = placing{}; pl.a.free(i) }
+
+	for _, step := range []struct {
+		n    int
+		want [][2]int
+	}{
+		{placeMin + 100, [][2]int{{placeDataOffset, placeMin + 100}}},
+		{placeMin, nil}, // slot 0 has its memory for that many
+		{slotBytes, [][2]int{{placeDataOffset, slotBytes}}},
+	} {
+		asked = nil
+		if s := pl.place(1, step.n); len(s) != step.n || &s[0] != &mem[placeDataOffset] {
+			t.Fatalf("place(%d) = %d bytes, not slot 0's", step.n, len(s))
+		}
+		if !slices.Equal(asked, step.want) {
+			t.Fatalf("place(%d) reserved %v, want %v", step.n, asked, step.want)
+		}
+		release(0)
+	}
+	full = true
+	if s := pl.place(1, slotBytes); len(s) != slotBytes {
+		t.Fatal("slot 0, already reserved, was not handed out while /dev/shm is full")
+	}
+	if s := pl.place(1, placeMin); s != nil {
+		t.Fatal("slot 1, which could not be reserved, was handed out")
+	}
+	if pl.filling[1].on || pl.a.word(1).Load() != slotFree {
+		t.Fatal("slot 1 is marked taken after its reservation failed")
+	}
 }

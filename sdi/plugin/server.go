@@ -232,7 +232,7 @@ func (s *server) Transfer(st sdiv1.SubDevice_TransferServer) error {
 	if ring != nil {
 		s.plane = ring
 		if ring.aseg != nil {
-			s.placer.Store(newPlacer(placeAreaAt(ring.aseg.Bytes()), ring, s.lim.maxPayload))
+			s.placer.Store(newPlacer(placeAreaAt(ring.aseg.Bytes()), ring, s.lim.maxPayload, ring.aseg.Reserve))
 		}
 	} else {
 		stream = newPluginStream(st, s, s.lim, max(window, 1<<16))
