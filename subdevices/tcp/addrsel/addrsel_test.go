@@ -192,6 +192,26 @@ func TestFallbackRoutedPrivate(t *testing.T) {
 	if want := "eth0 - eth0: 10.2.0.2/24 - 10.1.0.2/24: 10.2.0.2 is on 2 hosts"; !strings.Contains(back.Explain(), want) {
 		t.Errorf("explanation %q lacks %q", back.Explain(), want)
 	}
+
+	// Nor is a network that collides across the job, even when neither
+	// address does: two sites number 10.0.0.0/24 alike (10.0.0.1 on a1
+	// and b1), so from a1 the 10.0.0.3 of b3 is an address of a1's own
+	// segment. The routed 192.168.1/24 - 192.168.2/24 pair is the one to
+	// try; the fallback once dialed 10.0.0.3 from eth1.
+	a1 := ep("a1", "eth0 10.0.0.1/24", "eth1 192.168.1.1/24")
+	a2 := ep("a2", "eth0 10.0.0.2/24", "eth1 192.168.1.2/24")
+	b1 := ep("b1", "eth0 10.0.0.1/24", "eth1 192.168.2.1/24")
+	b3 := ep("b3", "eth0 10.0.0.3/24", "eth1 192.168.2.3/24")
+	job := NewJob([]Endpoint{a1, a2, b1, b3})
+	for _, left := range []bool{true, false} {
+		res := Select(job, a1, b3, left)
+		if got, want := fmt.Sprint(res.Pairs), "[eth1 192.168.1.1 -> eth1 192.168.2.3 (weight 0)]"; !res.Fallback || got != want {
+			t.Errorf("colliding sites, localLeft=%v: fallback %v, pairs %s; want the fallback %s", left, res.Fallback, got, want)
+		}
+		if !strings.Contains(res.Explain(), "10.0.0.0/24 collides across the job") {
+			t.Errorf("colliding sites: the refusals do not name the collision: %s", res.Explain())
+		}
+	}
 }
 
 // Link-local needs another network to show the link is shared; then it wins

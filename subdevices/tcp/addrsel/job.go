@@ -302,6 +302,16 @@ func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reaso
 			return 0, fmt.Sprintf("%v is on %d hosts of the job", d, len(hosts)), false
 		}
 	}
+	// Nor is a colliding network of use as a fallback between two: a
+	// host of one site dialing 10.0.0.3 in another reaches its own
+	// site's 10.0.0.3, if anybody.
+	if private && !sameNet(x, y) {
+		for _, n := range []netip.Prefix{x.Masked(), y.Masked()} {
+			if d := c.job.collisionIn(n, inSite); d.IsValid() {
+				return 0, fmt.Sprintf("private network %v collides across the job (%v is on several hosts)", n, d), false
+			}
+		}
+	}
 	switch {
 	case sa == ScopeLinkLocal || sb == ScopeLinkLocal:
 		switch {
