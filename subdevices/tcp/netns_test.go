@@ -535,6 +535,59 @@ func TestNetnsRoutedPrivate(t *testing.T) {
 	}
 }
 
+// Two clusters number their LAN 10.0.0.0/24 alike (10.0.0.1 on a1 and
+// on b1) and reach each other only between their management networks
+// 192.168.1/24 and 192.168.2/24, through a router. No pair qualifies
+// across the clusters, so the fallback tries private addresses: the
+// routed management ones, never the colliding LAN, whose 10.0.0.3 is, from
+// a2, an address of its own segment. a2 and b1 once never connected.
+func TestNetnsFallbackBesideCollidingLAN(t *testing.T) {
+	bed := netns.New(t)
+	r := bed.Router("r")
+	var hosts []*netns.Host
+	for c, names := range [][]string{{"a1", "a2"}, {"b1", "b3"}} {
+		lan, mgmt := bed.Switch(fmt.Sprintf("lan%d", c)), bed.Switch(fmt.Sprintf("mgmt%d", c))
+		bed.Attach(r, fmt.Sprintf("r%d", c), mgmt, fmt.Sprintf("192.168.%d.254/24", c+1))
+		for _, n := range names {
+			h := bed.Host(n)
+			bed.Attach(h, "eth0", lan, "10.0.0."+n[1:]+"/24")
+			bed.Attach(h, "eth1", mgmt, fmt.Sprintf("192.168.%d.%s/24", c+1, n[1:]))
+			h.Route(fmt.Sprintf("192.168.%d.0/24", 2-c), fmt.Sprintf("192.168.%d.254", c+1))
+			hosts = append(hosts, h)
+		}
+	}
+	reps := scenario(t, hosts, envRole+"=exchange", envBytes+"=100000", envConfig+`={"connect_timeout": "3s"}`)
+	for _, rep := range reps {
+		for peer, ls := range rep.Links {
+			for _, l := range ls {
+				if rep.Rank/2 != int(peer)/2 && l.PeerIface != "eth1" {
+					t.Errorf("rank %d -> %d, across the clusters: links %s, want the management network's eth1", rep.Rank, peer, linkDesc(ls))
+				}
+			}
+		}
+	}
+}
+
+// Two machines that the launcher names alike (os.Hostname in two network
+// namespaces or containers; PMI without a process mapping): their cards
+// share no address but loopback, so they are two hosts to address
+// selection, which once dialed 127.0.0.1 between them.
+func TestNetnsOneNameTwoMachines(t *testing.T) {
+	bed := netns.New(t)
+	a, b := bed.Host("a"), bed.Host("b")
+	sw := bed.Switch("lan")
+	bed.Attach(a, "eth0", sw, "10.0.0.1/24")
+	bed.Attach(b, "eth0", sw, "10.0.0.2/24")
+	reps := scenario(t, []*netns.Host{a, b}, envRole+"=exchange", envBytes+"=100000", "MDRUN_HOST=node")
+	for _, rep := range reps {
+		for peer, ls := range rep.Links {
+			if len(ls) != 1 || ls[0].LocalIface != "eth0" || ls[0].PeerIface != "eth0" {
+				t.Errorf("rank %d -> %d: links %s, want one over eth0", rep.Rank, peer, linkDesc(ls))
+			}
+		}
+	}
+}
+
 // Scenario 5: a docker0-like interface with the same address on every host
 // is never selected; the real network is.
 func TestNetnsDockerBridge(t *testing.T) {

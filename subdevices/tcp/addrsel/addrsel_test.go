@@ -241,12 +241,31 @@ func TestLinkLocal(t *testing.T) {
 	}
 }
 
-// Ranks on one host use loopback only, one connection.
+// Ranks on one host use loopback only, one connection. Two endpoints
+// whose launcher gave them one host name (os.Hostname, in containers)
+// but no address in common are two machines: loopback would reach
+// neither's peer.
 func TestSameHost(t *testing.T) {
-	h := ep("h", "lo 127.0.0.1/8 ::1/128", "eth0 10.0.0.1/24", "eth1 2001:db8::1/64")
-	res := Select(nil, h, h, true)
-	if got, want := fmt.Sprint(res.Pairs), "[lo 127.0.0.1 -> lo 127.0.0.1 (weight 1)]"; got != want {
-		t.Errorf("pairs %s, want %s", got, want)
+	for _, tc := range []struct {
+		name        string
+		left, right Endpoint
+		want        string
+	}{
+		{"one machine", ep("h", "lo 127.0.0.1/8 ::1/128", "eth0 10.0.0.1/24", "eth1 2001:db8::1/64"),
+			ep("h", "lo 127.0.0.1/8 ::1/128", "eth0 10.0.0.1/24", "eth1 2001:db8::1/64"),
+			"[lo 127.0.0.1 -> lo 127.0.0.1 (weight 1)]"},
+		{"loopback only", ep("h", "lo 127.0.0.1/8"), ep("h", "lo 127.0.0.1/8"),
+			"[lo 127.0.0.1 -> lo 127.0.0.1 (weight 1)]"},
+		{"one name, two machines", ep("node", "lo 127.0.0.1/8", "eth0 10.0.0.1/24"),
+			ep("node", "lo 127.0.0.1/8", "eth0 10.0.0.2/24"),
+			"[eth0 10.0.0.1 -> eth0 10.0.0.2 (weight 1)]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := Select(nil, tc.left, tc.right, true)
+			if got := fmt.Sprint(res.Pairs); got != tc.want {
+				t.Errorf("pairs %s, want %s", got, tc.want)
+			}
+		})
 	}
 }
 

@@ -140,7 +140,7 @@ func sameNet(x, y netip.Prefix) bool { return x.Contains(y.Addr()) && y.Contains
 // interface k of right.
 func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 	li, ri := left.Ifaces[i], right.Ifaces[k]
-	c := addrCtx{job: j, lh: left.Host, rh: right.Host, sameHost: left.Host == right.Host}
+	c := addrCtx{job: j, lh: left.Host, rh: right.Host, sameHost: left.Host == right.Host && sameMachine(left, right)}
 	c.loopback = c.sameHost && hasLoopback(left) && hasLoopback(right)
 
 	var best edge
@@ -236,6 +236,34 @@ func families(ifc Interface) string {
 		return "IPv6 only"
 	}
 	return "no addresses"
+}
+
+// sameMachine reports whether two endpoints of one host name are one
+// machine, as their cards show it: they share an address that is not
+// loopback, or neither has one. A launcher that names hosts by
+// os.Hostname gives one name to containers, or machines, that are not
+// one; their loopbacks do not meet.
+func sameMachine(a, b Endpoint) bool {
+	addrs := map[netip.Addr]bool{}
+	for _, ifc := range a.Ifaces {
+		for _, p := range ifc.Addrs {
+			if ScopeOf(p.Addr()) != ScopeLoopback {
+				addrs[p.Addr()] = true
+			}
+		}
+	}
+	other := false
+	for _, ifc := range b.Ifaces {
+		for _, p := range ifc.Addrs {
+			if ScopeOf(p.Addr()) != ScopeLoopback {
+				if addrs[p.Addr()] {
+					return true
+				}
+				other = true
+			}
+		}
+	}
+	return !other && len(addrs) == 0
 }
 
 func hasLoopback(ep Endpoint) bool {
