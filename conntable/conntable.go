@@ -175,9 +175,12 @@ func checkSelector(s string) error {
 // checkHop accepts "rank:N" or a host name.
 func checkHop(s string) error {
 	if n, ok := strings.CutPrefix(s, rankPrefix); ok {
+		// Written as Resolve looks it up (strconv.Itoa): "rank:05"
+		// or "rank:+5" would cover no rank, and pass the duplicate
+		// check beside "rank:5".
 		r, err := strconv.ParseInt(n, 10, 32)
-		if err != nil || r < 0 {
-			return fmt.Errorf("%q: want rank:N with N a non-negative integer", s)
+		if err != nil || r < 0 || strconv.FormatInt(r, 10) != n {
+			return fmt.Errorf("%q: want rank:N with N a non-negative integer in decimal, without sign or leading zeros", s)
 		}
 		return nil
 	}
@@ -196,7 +199,8 @@ func Parse(data []byte) (*Table, error) {
 	if err := dec.Decode(&t); err != nil {
 		return nil, fmt.Errorf("%w: %s", ErrInvalid, describeJSONError(data, err))
 	}
-	if dec.More() {
+	// Token, not More: More is false before a stray '}' or ']'.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: %s: trailing data after the table", ErrInvalid, position(data, dec.InputOffset()))
 	}
 	if err := t.Validate(); err != nil {

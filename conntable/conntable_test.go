@@ -71,6 +71,12 @@ func TestParseErrors(t *testing.T) {
 		{"all on standby", `{"version":1,"peers":[{"to":"*","failover":true,"routes":{"*":[{"subdevice":"tcp","standby":true}]}}]}`,
 			"peers[0].routes.*: every route is on standby"},
 		{"trailing", `{"version":1,"peers":[]} {}`, "trailing data"},
+		{"trailing brace", `{"version":1,"peers":[]}}`, "trailing data"},
+		{"trailing bracket", `{"version":1,"peers":[]}]`, "trailing data"},
+		{"rank with a leading zero", `{"version":1,"peers":[{"to":"rank:05","routes":{"*":[{"subdevice":"tcp"}]}}]}`, "without sign or leading zeros"},
+		{"rank with a sign", `{"version":1,"peers":[{"to":"rank:+5","routes":{"*":[{"subdevice":"tcp"}]}}]}`, "without sign or leading zeros"},
+		{"rank minus zero", `{"version":1,"peers":[{"to":"rank:-0","routes":{"*":[{"subdevice":"tcp"}]}}]}`, "without sign or leading zeros"},
+		{"via rank with a leading zero", `{"version":1,"peers":[{"to":"*","routes":{"*":[{"subdevice":"tcp","via":"rank:01"}]}}]}`, "without sign or leading zeros"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Parse([]byte(tc.src))

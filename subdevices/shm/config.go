@@ -3,7 +3,9 @@ package shm
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -74,7 +76,8 @@ func parseConfig(raw []byte) (config, error) {
 		if err := dec.Decode(&c); err != nil {
 			return config{}, fmt.Errorf("shm: config: %w (want {\"ring_bytes\": N, \"single_copy\": bool, \"single_copy_min\": N})", err)
 		}
-		if dec.More() {
+		// Token, not More: More is false before a stray '}' or ']'.
+		if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 			return config{}, fmt.Errorf("shm: config: trailing data after the JSON object")
 		}
 	}

@@ -20,6 +20,8 @@ func TestParseConfig(t *testing.T) {
 		{`{"single_copy_min": -4}`, 0, "single_copy_min -4 must be positive"},
 		{`{"ring": 65536}`, 0, `unknown field "ring"`},
 		{`{} {}`, 0, "trailing data"},
+		{`{"ring_bytes": 65536}}`, 0, "trailing data"},
+		{`{}]`, 0, "trailing data"},
 		{`[1]`, 0, "shm: config:"},
 	}
 	for _, tt := range tests {
