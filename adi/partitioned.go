@@ -331,6 +331,9 @@ func overlap(j, rp, sp int) (lo, hi int) {
 // partitioned returns q's partitioned state for op, checking that q is
 // a partitioned request of the side op needs.
 func (q *Request) partitioned(op string, send bool) (*partitioned, error) {
+	if q == nil {
+		return nil, fmt.Errorf("adi: %s: %w", op, errNilRequest)
+	}
 	p := q.part
 	switch {
 	case p == nil:

@@ -56,6 +56,9 @@ func doneOp(st Status) *localOp {
 // start readies q for a new point-to-point operation: one that held a
 // local operation or an Isendrecv may take it once that is over.
 func (q *Request) start() error {
+	if q == nil {
+		return errNilRequest
+	}
 	if q.window {
 		return errWindowRequest
 	}
@@ -77,6 +80,9 @@ func (q *Request) start() error {
 // startLocal puts o, a local operation, into q, unless q's own operation
 // is still in flight.
 func (q *Request) startLocal(c *Comm, o *localOp) error {
+	if q == nil {
+		return errNilRequest
+	}
 	if q.window {
 		return errWindowRequest
 	}
@@ -114,6 +120,12 @@ func (q *Request) done() bool {
 // return: the zero value, or one whose last start failed.
 var errNotStarted = errors.New("adi: request holds no operation (never started, or its start failed)")
 
+// errNilRequest is what a nil *Request's methods return, and the Into
+// calls given one: an operation that returned an error returned no
+// request, and a program that went on with it finds out here rather
+// than in a panic.
+var errNilRequest = errors.New("adi: nil request (the call that should have made it failed?)")
+
 // failedStart records that starting an operation in q failed: unless q was
 // refused because it is still busy, it holds no operation any more.
 func (q *Request) failedStart(err error) {
@@ -127,6 +139,9 @@ func (q *Request) failedStart(err error) {
 // parks, so a message that comes soon is handled without a wake-up. On
 // ctx's end the request stays pending (Cancel it, or Wait again).
 func (q *Request) Wait(ctx context.Context) (Status, error) {
+	if q == nil {
+		return Status{}, errNilRequest
+	}
 	if q.c == nil {
 		return Status{}, errNotStarted
 	}
@@ -150,6 +165,9 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 
 // Test reports whether the request completed, with its status if so.
 func (q *Request) Test() (Status, bool, error) {
+	if q == nil {
+		return Status{}, true, errNilRequest
+	}
 	if q.c == nil {
 		return Status{}, true, errNotStarted
 	}
@@ -181,7 +199,7 @@ var errWindowRequest = fmt.Errorf("adi: %w: the request is a one-sided operation
 // and counts as cancelled only if its receive was (see Comm.Isendrecv).
 func (q *Request) Cancel() {
 	switch {
-	case q.c == nil || q.window || q.local != nil:
+	case q == nil || q.c == nil || q.window || q.local != nil:
 	case q.sr != nil:
 		if q.sr.hasRecv {
 			q.c.w.dev.Cancel(&q.r)
@@ -451,6 +469,9 @@ func (c *Comm) persistent(p *persistent) (*Request, error) {
 // Start changes the request, so it must not run concurrently with any
 // other method of the same request (as MPI says for MPI_Start too).
 func (q *Request) Start() error {
+	if q == nil {
+		return fmt.Errorf("adi: start: %w", errNilRequest)
+	}
 	if q.part != nil {
 		return q.startPartitioned()
 	}

@@ -2,6 +2,7 @@ package adi_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/hpc-multidevice/multidevice/adi"
@@ -122,5 +123,54 @@ func testRequestReuse(t *testing.T, cs []*adi.Comm) {
 	}
 	if string(buf[:4]) != "sync" {
 		t.Fatalf("got %q, want %q", buf[:4], "sync")
+	}
+}
+
+// TestNilRequest: a nil *Request is what a failed Isend or Irecv
+// returns. A program that goes on with it gets an error from every
+// method, and from the Into calls given it, instead of a panic; Cancel
+// does nothing.
+func TestNilRequest(t *testing.T) {
+	cs := shmJob(t, 2)
+	ctx := ctxT(t)
+	var q *adi.Request
+	q.Cancel()
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Wait", func() error { _, err := q.Wait(ctx); return err }},
+		{"Test", func() error {
+			_, done, err := q.Test()
+			if !done {
+				return errors.New("Test: not done")
+			}
+			return err
+		}},
+		{"Start", q.Start},
+		{"Pready", func() error { return q.Pready(0) }},
+		{"PreadyRange", func() error { return q.PreadyRange(0, 1) }},
+		{"PreadyList", func() error { return q.PreadyList([]int{0}) }},
+		{"Parrived", func() error { _, err := q.Parrived(0); return err }},
+		{"IsendInto", func() error { return cs[0].IsendInto(q, []byte("x"), 1, 0) }},
+		{"IssendInto", func() error { return cs[0].IssendInto(q, []byte("x"), 1, 0) }},
+		{"IsendInto ProcNull", func() error { return cs[0].IsendInto(q, nil, adi.ProcNull, 0) }},
+		{"IrecvInto", func() error { return cs[1].IrecvInto(q, make([]byte, 1), 0, 0) }},
+		{"IrecvInto ProcNull", func() error { return cs[1].IrecvInto(q, nil, adi.ProcNull, 0) }},
+		{"StartAll", func() error { return adi.StartAll(q) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); err == nil || !strings.Contains(err.Error(), "nil request") {
+				t.Fatalf("%s on a nil request: %v, want an error saying it is nil", tc.name, err)
+			}
+		})
+	}
+	// Nothing was sent: the next message from rank 0 is the one below.
+	if err := cs[0].Send(ctx, []byte("y"), 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1)
+	if _, err := cs[1].Recv(ctx, buf, 0, 0); err != nil || buf[0] != 'y' {
+		t.Fatalf("Recv = %q, %v; want the message sent after the nil-request calls", buf, err)
 	}
 }
