@@ -56,6 +56,12 @@ var catalogue = []check{
 	{"ManyToOne", setupConnected, testManyToOne},
 	// Eight goroutines per rank sending to every peer at once: each frame arrives exactly once.
 	{"Concurrent/Sends", setupConnected, testConcurrentSends},
+	// FlagPoll comes with sdi.Poller, FlagIdle with FlagPoll and sdi.Idler.
+	{"Poll/Caps", setupOpened, testPollCaps},
+	// Goroutines of every rank polling while all ranks send to all: each frame once, Deliver serialized per peer, no Poll blocks.
+	{"Poll/Concurrent", setupConnected, testPollConcurrent},
+	// A rank that stops polling (with Idle where there is one, and without) still receives.
+	{"Poll/HandsBack", setupConnected, testPollHandsBack},
 	// When Flush returns, SendDone has been called for every frame accepted for that peer.
 	{"Flush/CompletesAll", setupConnected, testFlushCompletesAll},
 	// Close completes or fails every accepted frame before it returns, then the Handler stays silent.

@@ -59,6 +59,12 @@
 //	Ordering/PerPeerFIFO             send order per peer (FlagOrdered)
 //	ManyToOne                        every rank sends to rank 0 at once
 //	Concurrent/Sends                 8 goroutines per rank to every peer; each frame once
+//	Poll/Caps                        FlagPoll comes with sdi.Poller, FlagIdle with sdi.Idler
+//	Poll/Concurrent                  (FlagPoll) 2 goroutines per rank poll while all send to
+//	                                 all: each frame once, Deliver serialized per peer, no
+//	                                 Poll call blocks
+//	Poll/HandsBack                   (FlagPoll) a rank that stops polling, with Idle
+//	                                 (FlagIdle) and without, still receives
 //	Flush/CompletesAll               Flush returns after SendDone for every frame, also with
 //	                                 MaxFrame frames from 4 goroutines in flight
 //	Close/FailsPendingOrCompletes    Close completes every frame, also ones queued when it is

@@ -33,6 +33,29 @@ type faulty struct {
 	flushF   func(ctx context.Context) error
 	closeF   func(x *faulty, err error) error
 	handlerF func(x *faulty, h sdi.Handler) sdi.Handler
+	capsF    func(c *sdi.Caps)
+	// pollF, when set, makes the subdevice a Poller (see pollingFaulty).
+	pollF func(x *faulty) int
+}
+
+// pollingFaulty is a faulty that implements sdi.Poller with its pollF.
+type pollingFaulty struct{ *faulty }
+
+func (x pollingFaulty) Poll() int { return x.pollF(x.faulty) }
+
+// subDevice is x, as a Poller when it has a pollF.
+func (x *faulty) subDevice() sdi.SubDevice {
+	if x.pollF != nil {
+		return pollingFaulty{x}
+	}
+	return x
+}
+
+// pollable makes x claim FlagPoll, with a Poll that leaves progress to
+// the loopback's goroutine: a legal, if idle, Poller.
+func (x *faulty) pollable() {
+	x.capsF = func(c *sdi.Caps) { c.Flags |= sdi.FlagPoll }
+	x.pollF = func(*faulty) int { return 0 }
 }
 
 func (x *faulty) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
@@ -46,7 +69,11 @@ func (x *faulty) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) 
 	if x.paramsF != nil {
 		x.paramsF(&p)
 	}
-	return x.SubDevice.Open(ctx, p)
+	l, err := x.SubDevice.Open(ctx, p)
+	if err == nil && x.capsF != nil {
+		x.capsF(&l.Caps)
+	}
+	return l, err
 }
 
 func (x *faulty) Send(f *sdi.Frame) (bool, error) {
@@ -305,6 +332,69 @@ var faults = []fault{
 				return handlerFuncs{Handler: h, peerDown: func(sdi.Rank, error) {}}
 			}
 		}},
+	{"sets FlagPoll without a Poller", "Poll/Caps", "does not implement sdi.Poller",
+		func(x *faulty, _ <-chan struct{}) {
+			x.capsF = func(c *sdi.Caps) { c.Flags |= sdi.FlagPoll }
+		}},
+	{"blocks in Poll", "Poll/Concurrent", "Poll must never block",
+		func(x *faulty, stop <-chan struct{}) {
+			x.pollable()
+			x.pollF = func(*faulty) int { <-stop; return 0 }
+		}},
+	{"delivers a frame again from Poll", "Poll/Concurrent", "again; every frame arrives once",
+		func(x *faulty, _ <-chan struct{}) {
+			x.pollable()
+			var mu sync.Mutex
+			var last *[3][]byte
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				return handlerFuncs{Handler: h, deliver: func(from sdi.Rank, header, payload []byte) {
+					h.Deliver(from, header, payload)
+					mu.Lock()
+					last = &[3][]byte{{byte(from)}, append([]byte(nil), header...), append([]byte(nil), payload...)}
+					mu.Unlock()
+				}}
+			}
+			x.pollF = func(x *faulty) int {
+				mu.Lock()
+				f := last
+				last = nil
+				mu.Unlock()
+				if f == nil {
+					return 0
+				}
+				x.h.Deliver(sdi.Rank(f[0][0]), f[1], f[2])
+				return 1
+			}
+		}},
+	{"stands its own progress by for good once polled", "Poll/HandsBack", "waiting for rank 1 to receive",
+		func(x *faulty, _ <-chan struct{}) {
+			x.pollable()
+			var mu sync.Mutex
+			var polled bool
+			var queue [][3][]byte
+			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
+				return handlerFuncs{Handler: h, deliver: func(from sdi.Rank, header, payload []byte) {
+					mu.Lock()
+					defer mu.Unlock()
+					if !polled {
+						h.Deliver(from, header, payload)
+						return
+					}
+					queue = append(queue, [3][]byte{{byte(from)}, append([]byte(nil), header...), append([]byte(nil), payload...)})
+				}}
+			}
+			x.pollF = func(x *faulty) int {
+				mu.Lock()
+				defer mu.Unlock()
+				polled = true
+				for _, f := range queue {
+					x.h.Deliver(sdi.Rank(f[0][0]), f[1], f[2])
+				}
+				n := len(queue)
+				queue = queue[:0]
+				return n
+			}
+		}},
 	{"accepts frames after Close", "Close/SendAfterClose", "Send after Close",
 		func(x *faulty, _ <-chan struct{}) {
 			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
@@ -402,7 +492,7 @@ func TestSuiteCatchesFaults(t *testing.T) {
 			rec := runRecorded(t, f.check, tm, func(testing.TB) sdi.SubDevice {
 				x := &faulty{SubDevice: fabric.New(hclog.NewNullLogger())}
 				f.setup(x, stop)
-				return x
+				return x.subDevice()
 			})
 			if rec.Skipped() {
 				t.Fatalf("%s skipped instead of catching the fault", f.check)
@@ -432,7 +522,11 @@ func TestFaultyWrapperIsTransparent(t *testing.T) {
 		checked[f.check] = true
 		fabric := NewFabric(LoopbackOptions{})
 		rec := runRecorded(t, f.check, defaultTiming, func(testing.TB) sdi.SubDevice {
-			return &faulty{SubDevice: fabric.New(hclog.NewNullLogger())}
+			x := &faulty{SubDevice: fabric.New(hclog.NewNullLogger())}
+			if strings.HasPrefix(f.check, "Poll/") {
+				x.pollable() // the checks skip a subdevice without FlagPoll
+			}
+			return x.subDevice()
 		})
 		if rec.Failed() || rec.Skipped() {
 			t.Errorf("%s failed or skipped on the unbroken wrapper: %q", f.check, rec.failures)
