@@ -735,3 +735,28 @@ func TestSVGColours(t *testing.T) {
 		t.Errorf("3 series drawn in %d colours: %v", len(colours), colours)
 	}
 }
+
+// TestSmallFigures: figures and ratios below a hundredth keep three
+// significant digits in the table, where fixed decimals printed an idle
+// rank's 0.0004 of a core as 0.000 and a ratio of 0.004 as 0.00.
+func TestSmallFigures(t *testing.T) {
+	for _, tc := range []struct {
+		v        float64
+		num, rat string
+	}{
+		{0, "0.000", "0.00"},
+		{0.0004, "0.0004", "0.0004"},
+		{0.00456, "0.00456", "0.00456"},
+		{0.05, "0.050", "0.05"},
+		{0.5, "0.500", "0.50"},
+		{1.234, "1.234", "1.23"},
+		{12.345, "12.35", "12.35"},
+	} {
+		if got := num(tc.v); got != tc.num {
+			t.Errorf("num(%v) = %q, want %q", tc.v, got, tc.num)
+		}
+		if got := ratioText(tc.v); got != tc.rat {
+			t.Errorf("ratioText(%v) = %q, want %q", tc.v, got, tc.rat)
+		}
+	}
+}

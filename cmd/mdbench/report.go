@@ -346,7 +346,7 @@ func (r *report) writeTable(w io.Writer) error {
 			}
 			for _, se := range others {
 				if x, ok := r.ratio(test, size, se); ok {
-					row = append(row, fmt.Sprintf("%.2f", x))
+					row = append(row, ratioText(x))
 				} else {
 					row = append(row, "-")
 				}
@@ -402,9 +402,20 @@ func num(v float64) string {
 		return strconv.FormatFloat(v, 'f', 1, 64)
 	case v >= 10:
 		return strconv.FormatFloat(v, 'f', 2, 64)
-	default:
+	case v >= 0.01 || v == 0:
 		return strconv.FormatFloat(v, 'f', 3, 64)
+	default: // three digits, not 0.000: an idle rank's share of a core
+		return strconv.FormatFloat(v, 'g', 3, 64)
 	}
+}
+
+// ratioText prints a ratio with two decimals, or three significant
+// digits below 0.1, where two decimals would print 0.00 for 0.004.
+func ratioText(x float64) string {
+	if x >= 0.1 || x == 0 {
+		return strconv.FormatFloat(x, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(x, 'g', 3, 64)
 }
 
 // formatSize prints bytes as B, KiB or MiB when exact.
