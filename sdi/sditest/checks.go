@@ -181,6 +181,30 @@ func testConnectBadAddr(t testing.TB, e *env) {
 		t.Errorf("Connect of an instance without the job's secret = %v, want nil or an error wrapping sdi.ErrPeerUnreachable", err)
 	}
 
+	// The card of another rank of this job, given for rank 1 (a launcher
+	// that mixed up its key-value store): refused, or, where Connect
+	// does not look, no frame for rank 1 reaches that rank.
+	owner := len(e.sds) - 1
+	if owner == 1 {
+		owner = 0
+	}
+	switch err := e.sds[0].Connect(e.ctx, 1, e.locals[owner].Addr); {
+	case err == nil:
+		e.mu.Lock()
+		e.lenient = true // the frame to the wrong rank may fail
+		e.mu.Unlock()
+		e.send(0, e.frame(msg{from: 0, to: 1, stream: 11, size: 1}))
+		time.Sleep(e.tm.quiet)
+		e.mu.Lock()
+		crossed := len(e.recs[owner].arrivals[streamKey{0, 11}])
+		e.mu.Unlock()
+		if crossed > 0 {
+			t.Errorf("Connect(1) with rank %d's card: a frame for rank 1 reached rank %d", owner, owner)
+		}
+	case !errors.Is(err, sdi.ErrPeerUnreachable):
+		t.Errorf("Connect(1) with rank %d's card = %v, want nil or an error wrapping sdi.ErrPeerUnreachable", owner, err)
+	}
+
 	if e.caps.Reach == sdi.ReachHost {
 		other := e.openExtra(t, e.params(1, e.h.Peers, "sditest-other-host", e.jobID, e.secret, newRecorder(e, 1)))
 		if err := e.sds[0].Connect(e.ctx, 1, other.Addr); !errors.Is(err, sdi.ErrPeerUnreachable) {

@@ -50,7 +50,8 @@
 //	Info/NoSideEffects               Info is static and callable before Open
 //	Open/CapsSane                    valid caps, one card per rank, same limits on every rank
 //	Connect/BadAddr                  garbage or foreign cards: ErrPeerUnreachable; no harm done;
-//	                                 an instance without the job's Secret gets no frame through
+//	                                 an instance without the job's Secret gets no frame through;
+//	                                 another rank's card given for rank 1 sends it nothing
 //	Send/Sizes                       0, 1, MaxEager, MaxFrame bytes intact; one more: ErrTooLarge
 //	Send/CompletionExactlyOnce       done=true or exactly one SendDone, never both
 //	Send/BufferReuseAfterDone        a buffer reused after completion does not alter the frame

@@ -34,6 +34,9 @@ type faulty struct {
 	closeF   func(x *faulty, err error) error
 	handlerF func(x *faulty, h sdi.Handler) sdi.Handler
 	capsF    func(c *sdi.Caps)
+	// connectAllF, when set, replaces Connect.
+	connectAllF func(x *faulty, ctx context.Context, peer sdi.Rank, addr []byte) error
+	redirect    atomic.Bool // for the fault that sends rank 1's frames elsewhere
 	// pollF, when set, makes the subdevice a Poller (see pollingFaulty).
 	pollF func(x *faulty) int
 }
@@ -84,6 +87,9 @@ func (x *faulty) Send(f *sdi.Frame) (bool, error) {
 }
 
 func (x *faulty) Connect(ctx context.Context, peer sdi.Rank, addr []byte) error {
+	if x.connectAllF != nil {
+		return x.connectAllF(x, ctx, peer, addr)
+	}
 	err := x.SubDevice.Connect(ctx, peer, addr)
 	if x.connectF != nil {
 		return x.connectF(x, err)
@@ -330,6 +336,30 @@ var faults = []fault{
 			}
 			x.handlerF = func(_ *faulty, h sdi.Handler) sdi.Handler {
 				return handlerFuncs{Handler: h, peerDown: func(sdi.Rank, error) {}}
+			}
+		}},
+	{"takes another rank's card for rank 1", "Connect/BadAddr", "a frame addressed to rank 1",
+		func(x *faulty, _ <-chan struct{}) {
+			x.connectAllF = func(x *faulty, ctx context.Context, peer sdi.Rank, addr []byte) error {
+				err := x.SubDevice.Connect(ctx, peer, addr)
+				if peer != 1 || err == nil {
+					x.redirect.Store(false)
+					return err
+				}
+				// The card is rank 0's: send rank 1's frames there.
+				if err := x.SubDevice.Connect(ctx, 0, addr); err != nil {
+					return err
+				}
+				x.redirect.Store(true)
+				return nil
+			}
+			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
+				if x.redirect.Load() && f.Peer == 1 {
+					g := *f
+					g.Peer = 0
+					return x.SubDevice.Send(&g)
+				}
+				return x.SubDevice.Send(f)
 			}
 		}},
 	{"sets FlagPoll without a Poller", "Poll/Caps", "does not implement sdi.Poller",
