@@ -4,11 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -275,7 +278,7 @@ func TestSecondAbortSeesFirstsError(t *testing.T) {
 		cc, sc := net.Pipe()
 		c := newClient(hclog.NewNullLogger(), mdrunEnv{addr: "unix:/x", size: 1}, cc)
 		got := make(chan struct{})
-		go func() { readMessage(sc); close(got) }()
+		go func() { readMessage(sc, maxMessage); close(got) }()
 		first, second := make(chan error, 1), make(chan error, 1)
 		go func() { first <- c.Abort(1, "first") }()
 		<-got
@@ -307,7 +310,7 @@ func TestCloseDuringAbortKeepsLeash(t *testing.T) {
 			c := newClient(hclog.NewNullLogger(), mdrunEnv{addr: "unix:/x", size: 1}, cc)
 			got := make(chan struct{})
 			go func() {
-				readMessage(sc)
+				readMessage(sc, maxMessage)
 				if !tc.abort {
 					sc.Close() // Close need not wait for its acknowledgement
 				}
@@ -374,6 +377,108 @@ func TestFinalizedRankFailsLaterFences(t *testing.T) {
 	}
 }
 
+// TestMdrunGetBadKey: a Get of a key the service would refuse fails alone,
+// as under PMI and in-process. Sent, it would make the service drop the
+// rank, and every later fence of the job would fail.
+func TestMdrunGetBadKey(t *testing.T) {
+	srv := startServer(t, 2, nil)
+	a, b := openRank(t, srv, 0), openRank(t, srv, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, tt := range []struct {
+		name, key, want string
+	}{
+		{"too long", strings.Repeat("k", maxKey+1), "key of 257 bytes, want 1 to 256"},
+		{"empty", "", "key of 0 bytes, want 1 to 256"},
+	} {
+		if _, err := a.Get(ctx, 1, tt.key); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("Get of a key %s: %v, want an error with %q", tt.name, err, tt.want)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, bs := range []Bootstrap{a, b} {
+		wg.Go(func() {
+			if err := bs.Fence(ctx); err != nil {
+				t.Errorf("rank %d's fence after the bad Gets: %v", bs.Rank(), err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestMdrunBinaryKeys: keys are bytes, and distinct keys stay distinct
+// under mdrun as under the other backends, also when they are not UTF-8
+// (which a JSON string would turn into U+FFFD).
+func TestMdrunBinaryKeys(t *testing.T) {
+	srv := startServer(t, 1, nil)
+	a := openRank(t, srv, 0)
+	ctx := context.Background()
+	puts := map[string]string{"card\xff": "A", "card\xfe": "B", "\x00\x01": "C"}
+	for k, v := range puts {
+		if err := a.Put(k, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for k, want := range puts {
+		if got, err := a.Get(ctx, 0, k); err != nil || string(got) != want {
+			t.Errorf("Get(%q) = %q, %v; want %q", k, got, err, want)
+		}
+	}
+	if got, err := a.Get(ctx, 0, "card\ufffd"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get of a key never put = %q, %v; want ErrNotFound", got, err)
+	}
+}
+
+// TestServerPreHelloMemory: before its hello a connection is a stranger's
+// (mdrun listens on TCP, on the network for remote hosts), and a stranger
+// must not make the service hold megabytes. Here 100 connections each claim
+// a message of 2 MiB and fall silent; each used to cost its 2 MiB.
+func TestServerPreHelloMemory(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	startServer(t, 1, ln)
+	runtime.GC()
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	for range 100 {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.Write(binary.BigEndian.AppendUint32(nil, 2<<20))
+	}
+	time.Sleep(500 * time.Millisecond) // for the server to read the claims
+	runtime.ReadMemStats(&after)
+	if grown := int64(after.HeapAlloc) - int64(before.HeapAlloc); grown > 20<<20 {
+		t.Errorf("100 unauthenticated connections grew the heap by %d MiB", grown>>20)
+	}
+}
+
+// TestLargestHelloFits: the hello limit leaves room for every hello a rank
+// of a real job sends, with rank and size at their largest.
+func TestLargestHelloFits(t *testing.T) {
+	srv := startServer(t, 1, nil)
+	e, err := parseMdrunEnv(envSnapshot(srv.Env(0)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	err = writeMessage(&b, &message{Op: opHello, ID: math.MaxUint64, Version: protocolVersion,
+		Rank: math.MaxInt32 - 1, Size: math.MaxInt32, JobID: e.jobID, Secret: hex.EncodeToString(e.secret)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readMessage(&b, maxHello); err != nil {
+		t.Errorf("largest hello: %v", err)
+	}
+}
+
 // frame builds a length-prefixed message from raw bytes.
 func frame(body string) []byte {
 	b := binary.BigEndian.AppendUint32(nil, uint32(len(body)))
@@ -384,7 +489,7 @@ func TestBadConnectionsDropped(t *testing.T) {
 	srv := startServer(t, 2, nil)
 	_, path, _ := strings.Cut(srv.Addr(), ":")
 	hello := func(rank int, secret string) string {
-		return fmt.Sprintf(`{"op":"hello","id":1,"version":1,"rank":%d,"size":2,"jobid":%q,"secret":%q}`, rank, srv.JobID(), secret)
+		return fmt.Sprintf(`{"op":"hello","id":1,"version":%d,"rank":%d,"size":2,"jobid":%q,"secret":%q}`, protocolVersion, rank, srv.JobID(), secret)
 	}
 	goodSecret := strings.TrimPrefix(srv.Env(0)[4], EnvSecret+"=")
 	tests := []struct {
@@ -394,6 +499,8 @@ func TestBadConnectionsDropped(t *testing.T) {
 	}{
 		{"garbage", []byte("GET / HTTP/1.0\r\n\r\n"), false},
 		{"oversized", binary.BigEndian.AppendUint32(nil, maxMessage+1), false},
+		// Before hello the limit is a hello's: see TestServerPreHelloMemory.
+		{"oversized hello", binary.BigEndian.AppendUint32(nil, maxHello+1), false},
 		{"zero length", binary.BigEndian.AppendUint32(nil, 0), false},
 		{"bad json", frame(`{"op":`), false},
 		{"unknown op", frame(`{"op":"launch"}`), false},
@@ -417,7 +524,7 @@ func TestBadConnectionsDropped(t *testing.T) {
 			// dropped would block this read forever.
 			conn.SetReadDeadline(time.Now().Add(20 * time.Second))
 			if tt.refusal {
-				m, err := readMessage(conn)
+				m, err := readMessage(conn, maxMessage)
 				if err != nil || m.Op != opError || m.ErrCode != errCodeRefused {
 					t.Fatalf("reply %+v, %v; want a refusal", m, err)
 				}
@@ -583,8 +690,8 @@ func TestPutLimits(t *testing.T) {
 func FuzzReadMessage(f *testing.F) {
 	for _, m := range []*message{
 		{Op: opHello, ID: 1, Version: protocolVersion, Rank: 3, Secret: "abcd"},
-		{Op: opFence, ID: 2, Puts: map[string][]byte{"card": []byte("tcp://127.0.0.1:1")}},
-		{Op: opGet, ID: 3, Rank: 1, Key: "card"},
+		{Op: opFence, ID: 2, Puts: []wirePut{{Key: []byte("card"), Value: []byte("tcp://127.0.0.1:1")}, {Key: []byte("card\xff")}}},
+		{Op: opGet, ID: 3, Rank: 1, Key: []byte("card")},
 		{Op: opOK, ID: 3, Value: []byte{0, 1, 2}},
 		{Op: opError, ID: 3, ErrCode: errCodeNotFound, Reason: "no"},
 		{Op: opAbort, ID: 4, Code: 7, Reason: "why"},
@@ -596,10 +703,11 @@ func FuzzReadMessage(f *testing.F) {
 		f.Add(b.Bytes())
 	}
 	f.Add(frame(`{"op":"get","rank":-1}`))
-	f.Add(frame(`{"op":"fence","puts":{"a":"!!"}}`))
+	f.Add(frame(`{"op":"fence","puts":[{"key":"YQ==","value":"!!"}]}`))
+	f.Add(frame(`{"op":"fence","puts":{"a":"YQ=="}}`)) // version 1's puts
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := readMessage(bytes.NewReader(data))
+		m, err := readMessage(bytes.NewReader(data), maxMessage)
 		if err != nil {
 			return
 		}
@@ -609,7 +717,7 @@ func FuzzReadMessage(f *testing.F) {
 			t.Fatalf("re-encode %+v: %v", m, err)
 		}
 		encoded := bytes.Clone(first.Bytes())
-		again, err := readMessage(&first)
+		again, err := readMessage(&first, maxMessage)
 		if err != nil {
 			t.Fatalf("re-decode %q: %v", encoded, err)
 		}

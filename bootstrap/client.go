@@ -181,7 +181,7 @@ func (c *client) Fence(ctx context.Context) error {
 		cl = c.newCallLocked()
 		c.fence = cl
 		c.mu.Unlock()
-		if err := c.send(ctx, &message{Op: opFence, ID: cl.id, Puts: puts}); err != nil {
+		if err := c.send(ctx, &message{Op: opFence, ID: cl.id, Puts: wirePuts(puts)}); err != nil {
 			c.unsendFence(cl, puts, putSize, err)
 			return fmt.Errorf("bootstrap: fence: %w", err)
 		}
@@ -201,6 +201,15 @@ func (c *client) Fence(ctx context.Context) error {
 		return fmt.Errorf("bootstrap: fence: %w", err)
 	}
 	return nil
+}
+
+// wirePuts lists puts for a fence message.
+func wirePuts(puts map[string][]byte) []wirePut {
+	out := make([]wirePut, 0, len(puts))
+	for k, v := range puts {
+		out = append(out, wirePut{Key: []byte(k), Value: v})
+	}
+	return out
 }
 
 // unsendFence undoes a fence that never reached the writer: its puts go back
@@ -226,7 +235,12 @@ func (c *client) Get(ctx context.Context, rank int, key string) ([]byte, error) 
 	if rank < 0 || rank >= c.env.size {
 		return nil, fmt.Errorf("bootstrap: get %q: rank %d not in [0, %d)", key, rank, c.env.size)
 	}
-	resp, err := c.roundTrip(ctx, &message{Op: opGet, Rank: rank, Key: key})
+	// A key the service would refuse must fail this Get alone: the service
+	// drops a rank that sends one.
+	if err := checkKey("get", key); err != nil {
+		return nil, err
+	}
+	resp, err := c.roundTrip(ctx, &message{Op: opGet, Rank: rank, Key: []byte(key)})
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: get %q of rank %d: %w", key, rank, err)
 	}
@@ -403,7 +417,7 @@ func (c *client) forget(cl *call) {
 func (c *client) readLoop() {
 	defer c.wg.Done()
 	for {
-		m, err := readMessage(c.conn)
+		m, err := readMessage(c.conn, maxMessage)
 		if err == nil && m.Op != opOK && m.Op != opError {
 			err = fmt.Errorf("%w: unexpected %q from the service", errBadMessage, m.Op)
 		}

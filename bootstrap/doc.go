@@ -209,9 +209,11 @@
 //
 // A rank talks to the service over one stream connection. Each message is a
 // 4-byte big-endian length followed by that many bytes of JSON (at most
-// 2 MiB). The client's first message is hello, with the protocol version,
-// its rank, the job's size and id, and the job secret; the service accepts
-// it or refuses with a reason and drops the connection. After that the
+// 2 MiB; at most 4 KiB for a hello, which comes before the peer is known).
+// Keys and values are bytes, base64 in the JSON. The client's first message
+// is hello, with the protocol version, its rank, the job's size and id, and
+// the job secret; the service accepts it or refuses with a reason and drops
+// the connection. After that the
 // client sends requests with an id and the service answers each with the
 // same id, so a Get can be answered while a Fence of the same rank waits:
 //

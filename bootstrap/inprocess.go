@@ -9,7 +9,9 @@ import (
 // InProcess returns the bootstraps of a job whose size ranks all live in
 // this process (ranks as goroutines: tests, and programs that run several
 // ranks per process). hostOf names each rank's host; nil puts every rank on
-// host "localhost". The job id and secret are random.
+// host "localhost". The job id and secret are random. As under mdrun, once
+// a rank has closed or aborted, every fence not yet complete fails naming
+// it: none can complete without it.
 func InProcess(size int, hostOf func(rank int) string) ([]Bootstrap, error) {
 	if size < 1 {
 		return nil, fmt.Errorf("bootstrap: in-process job of %d ranks", size)
@@ -43,7 +45,9 @@ type inJob struct {
 	published []map[string][]byte
 	arrived   int    // ranks in the current fence
 	epoch     uint64 // completed fences
-	aborted   error
+	// left says why no fence can complete any more: a rank closed or
+	// aborted. The first reason stays, as under mdrun.
+	left error
 }
 
 type inRank struct {
@@ -97,6 +101,11 @@ func (r *inRank) Fence(ctx context.Context) error {
 	defer stop()
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	// Before the arrival counts: it might be the last one, and a barrier
+	// that a rank left must not complete.
+	if j.left != nil {
+		return fmt.Errorf("bootstrap: fence: %w", j.left)
+	}
 	for k, v := range puts {
 		j.published[r.rank][k] = v
 	}
@@ -108,9 +117,11 @@ func (r *inRank) Fence(ctx context.Context) error {
 		j.cond.Broadcast()
 		return nil
 	}
+	// The epoch is checked first: a rank that leaves after the barrier
+	// completed does not fail the ranks that have yet to wake from it.
 	for j.epoch == epoch {
-		if j.aborted != nil {
-			return fmt.Errorf("bootstrap: fence: %w", j.aborted)
+		if j.left != nil {
+			return fmt.Errorf("bootstrap: fence: %w", j.left)
 		}
 		if err := ctx.Err(); err != nil {
 			j.arrived--
@@ -145,18 +156,30 @@ func (r *inRank) Get(ctx context.Context, rank int, key string) ([]byte, error) 
 
 // Abort fails the fences of every rank of the job with the reason.
 func (r *inRank) Abort(code int, reason string) error {
-	r.job.mu.Lock()
-	defer r.job.mu.Unlock()
-	if r.job.aborted == nil {
-		r.job.aborted = fmt.Errorf("%w: rank %d aborted with code %d: %s", ErrClosed, r.rank, code, reason)
-	}
-	r.job.cond.Broadcast()
+	r.job.leave(fmt.Errorf("%w: rank %d aborted with code %d: %s", ErrClosed, r.rank, code, reason))
 	return nil
 }
 
+// Close fails the fences of the other ranks, waiting or to come, as the
+// mdrun service does: none can complete without this rank.
 func (r *inRank) Close() error {
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	closed := r.closed
 	r.closed = true
+	r.mu.Unlock()
+	if !closed {
+		r.job.leave(fmt.Errorf("%w: rank %d closed; the fence cannot complete", ErrClosed, r.rank))
+	}
 	return nil
+}
+
+// leave records why no fence can complete any more, unless an earlier
+// reason is recorded, and wakes the ranks waiting in one.
+func (j *inJob) leave(why error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.left == nil {
+		j.left = why
+	}
+	j.cond.Broadcast()
 }

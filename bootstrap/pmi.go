@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"slices"
 	"strconv"
@@ -351,7 +352,13 @@ func envInt(env lookupFunc, k string) (int, error) {
 	return n, nil
 }
 
+// checkRankSize checks the rank and size that the manager (where) gave.
+// Ranks are int32 on the wire of the subdevices (sdi.Rank), so no job is
+// larger.
 func checkRankSize(rank, size int, where string) error {
+	if size > math.MaxInt32 {
+		return fmt.Errorf("%s: job of %d ranks, more than %d", where, size, math.MaxInt32)
+	}
 	if size < 1 || rank < 0 || rank >= size {
 		return fmt.Errorf("%s: rank %d of %d ranks", where, rank, size)
 	}
@@ -384,11 +391,11 @@ func hostOf(logger hclog.Logger, s *pmiSetup) (string, error) {
 		logger.Debug("the process manager gave no process mapping; ranks are placed by host name alone")
 		return hn, nil
 	}
-	nodes, err := parseProcessMapping(s.mapping, s.size)
+	node, err := processMappingNode(s.mapping, s.rank)
 	if err != nil {
 		return "", err
 	}
-	return hn + "#" + strconv.Itoa(nodes[s.rank]), nil
+	return hn + "#" + strconv.Itoa(node), nil
 }
 
 // startPMIJob turns a finished handshake into a Bootstrap: it starts the
@@ -673,8 +680,8 @@ func (j *pmiJob) Get(ctx context.Context, rank int, key string) ([]byte, error) 
 	if rank < 0 || rank >= j.size {
 		return nil, fmt.Errorf("bootstrap: get %q: rank %d not in [0, %d)", key, rank, j.size)
 	}
-	if key == "" || len(key) > maxKey {
-		return nil, fmt.Errorf("bootstrap: get: key of %d bytes, want 1 to %d", len(key), maxKey)
+	if err := checkKey("get", key); err != nil {
+		return nil, err
 	}
 	j.mu.Lock()
 	err := j.err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -324,6 +325,9 @@ func TestPMILateAbort(t *testing.T) {
 }
 
 func TestPMIOpenErrors(t *testing.T) {
+	// The manager says the job is of 2^46 ranks, in PMI_SIZE and in the
+	// fullinit reply, and has a process mapping to expand.
+	hugeJob := func(f *fakePMI) { f.size, f.mapping = 1<<46, "(vector,(0,1,1))" }
 	tests := []struct {
 		name string
 		env  func(f *fakePMI) []string
@@ -338,6 +342,10 @@ func TestPMIOpenErrors(t *testing.T) {
 		{"garbage", func(f *fakePMI) []string { return f.env(0) }, func(f *fakePMI) { f.garbage = "hello there\n" }, "bootstrap: pmi2: PMI_FD="},
 		{"manager hangs up", func(f *fakePMI) []string { return f.env(0) }, func(f *fakePMI) { f.hangUp = true }, "closed the connection"},
 		{"bad mapping", func(f *fakePMI) []string { return f.env(0) }, func(f *fakePMI) { f.mapping = "(vector,(0,1" }, "process mapping"},
+		// No job has more ranks than an int32 holds; a manager that says
+		// otherwise is refused by name, before anything is sized by it.
+		{"pmi1 size too large", func(f *fakePMI) []string { return append(f.env(0), "MD_PMI=1") }, hugeJob, "PMI_RANK/PMI_SIZE: job of 70368744177664 ranks"},
+		{"pmi2 size too large", func(f *fakePMI) []string { return f.env(0) }, hugeJob, "fullinit-response: job of 70368744177664 ranks"},
 		{"no version left", func(f *fakePMI) []string { return append(f.env(0), "MD_PMI=3") }, nil, "no backend accepted the launcher: pmi2: MD_PMI=3; pmi1: MD_PMI=3"},
 	}
 	for _, tt := range tests {
@@ -396,7 +404,13 @@ func TestParseProcessMapping(t *testing.T) {
 		{"(vector,[(0,1,1)x2)", 1, nil, "want \"]x\""},
 	}
 	for _, tt := range tests {
-		got, err := parseProcessMapping(tt.in, tt.size)
+		var got []int
+		var err error
+		for r := 0; r < tt.size && err == nil; r++ {
+			var node int
+			node, err = processMappingNode(tt.in, r)
+			got = append(got, node)
+		}
 		if tt.err != "" {
 			if err == nil || !strings.Contains(err.Error(), tt.err) {
 				t.Errorf("parse %q = %v, %v; want error with %q", tt.in, got, err, tt.err)
@@ -405,6 +419,56 @@ func TestParseProcessMapping(t *testing.T) {
 		}
 		if err != nil || fmt.Sprint(got) != fmt.Sprint(tt.want) {
 			t.Errorf("parse %q = %v, %v; want %v", tt.in, got, err, tt.want)
+		}
+	}
+}
+
+// TestProcessMappingLargeRank: the node of a rank far into a job is counted
+// out, not listed, so neither a large job nor a manager's nonsense rank
+// makes a rank allocate, and counts near the limits do not overflow.
+func TestProcessMappingLargeRank(t *testing.T) {
+	tests := []struct {
+		in   string
+		rank int
+		want int
+	}{
+		{"(vector,(0,1,1))", math.MaxInt32 - 1, 0},
+		{"(vector,(0,2,1))", math.MaxInt32 - 1, 0},
+		{"(vector,(0,2,1))", math.MaxInt32, 1},
+		{"(vector,[(0,2,1)]x2,(5,1,1))", 1_000_000_004, 5},
+		{"(vector,(3,1073741824,1073741824))", math.MaxInt64, 3 + 1<<30 - 1},
+		{"(vector,[(0,1073741824,1073741824)]x1073741824,(7,1,1))", math.MaxInt64, 1<<30 - 1},
+		{"(vector,[(0,0,0)]x1000000000,(1,1,1))", math.MaxInt64, 1},
+	}
+	for _, tt := range tests {
+		if got, err := processMappingNode(tt.in, tt.rank); err != nil || got != tt.want {
+			t.Errorf("node of rank %d in %q = %d, %v; want %d", tt.rank, tt.in, got, err, tt.want)
+		}
+	}
+}
+
+// expandMapping lists the nodes of ranks 0 to n-1 the slow way, block by
+// block: the reference that FuzzProcessMapping holds processMappingNode to.
+func expandMapping(items []mapItem, n int) []int {
+	var nodes []int
+	for {
+		before := len(nodes)
+		for _, it := range items {
+			for range min(it.repeat, n) {
+				for _, b := range it.group {
+					for i := 0; i < b.nodes && b.per > 0; i++ {
+						for range b.per {
+							if len(nodes) == n {
+								return nodes
+							}
+							nodes = append(nodes, b.node+i)
+						}
+					}
+				}
+			}
+		}
+		if len(nodes) == before {
+			return nil
 		}
 	}
 }
@@ -527,21 +591,28 @@ func FuzzReadPMI2(f *testing.F) {
 func FuzzProcessMapping(f *testing.F) {
 	f.Add("(vector,(0,2,2))", 4)
 	f.Add("(vector,[(0,2,1),3]x4,(1,1,1))", 9)
-	f.Fuzz(func(t *testing.T, s string, size int) {
-		if size < 1 || size > 4096 {
-			return
-		}
-		nodes, err := parseProcessMapping(s, size)
+	f.Add("(vector,(0,1,1))", math.MaxInt64)
+	// Any rank, however large: the manager gives it, and a node is counted
+	// out without listing the ranks before it. Small ranks are checked
+	// against the slow listing.
+	f.Fuzz(func(t *testing.T, s string, rank int) {
+		node, err := processMappingNode(s, rank)
 		if err != nil {
 			return
 		}
-		if len(nodes) != size {
-			t.Fatalf("%q gave %d nodes for %d ranks", s, len(nodes), size)
+		if node < 0 {
+			t.Fatalf("%q gave rank %d node %d", s, rank, node)
 		}
-		for _, n := range nodes {
-			if n < 0 {
-				t.Fatalf("%q gave node %d", s, n)
-			}
+		if rank >= 4096 {
+			return
+		}
+		p := mapParser{s: s}
+		items, err := p.parse()
+		if err != nil {
+			t.Fatalf("%q: node %d, but it does not parse: %v", s, node, err)
+		}
+		if nodes := expandMapping(items, rank+1); len(nodes) != rank+1 || nodes[rank] != node {
+			t.Fatalf("%q gave rank %d node %d; listing the ranks gives %v", s, rank, node, nodes)
 		}
 	})
 }

@@ -9,8 +9,8 @@ import (
 // node ids and counts cannot overflow.
 const maxMapNumber = 1 << 30
 
-// parseProcessMapping turns the PMI_process_mapping attribute of a job of
-// size ranks into the node number of every rank.
+// processMappingNode returns the node of rank in the PMI_process_mapping
+// attribute s.
 //
 // The attribute is MPICH's rank map: "(vector," then blocks, then ")". A
 // block (X,Y,Z) puts Z consecutive ranks on each of the Y nodes X, X+1, ...;
@@ -18,74 +18,85 @@ const maxMapNumber = 1 << 30
 // blocks N times. When the blocks run out before the ranks do, they start
 // over (Slurm's cyclic layouts and Hydra's "(vector,(0,1,1))" for a whole
 // job on one node are written that way).
-func parseProcessMapping(s string, size int) ([]int, error) {
-	if size < 1 {
-		return nil, fmt.Errorf("process mapping: job of %d ranks", size)
+//
+// The node is counted out block by block rather than by listing the node of
+// every rank before this one: rank comes from the process manager, and a
+// broken one must not make a rank allocate without bound.
+func processMappingNode(s string, rank int) (int, error) {
+	if rank < 0 {
+		return 0, fmt.Errorf("process mapping: rank %d", rank)
 	}
 	p := mapParser{s: s}
 	items, err := p.parse()
 	if err != nil {
-		return nil, fmt.Errorf("process mapping %.64q: %w", s, err)
+		return 0, fmt.Errorf("process mapping %.64q: %w", s, err)
 	}
-	nodes := make([]int, 0, size)
-	for len(nodes) < size {
-		before := len(nodes)
-		nodes = expandItems(nodes, items, size)
-		if len(nodes) == before {
-			return nil, fmt.Errorf("process mapping %.64q places no rank", s)
-		}
+	node, pass, ok := placeItems(items, rank)
+	if ok {
+		return node, nil
 	}
-	return nodes, nil
+	if pass == 0 {
+		return 0, fmt.Errorf("process mapping %.64q places no rank", s)
+	}
+	// The blocks start over after each pass, so rank sits where rank%pass
+	// does in the first.
+	node, _, _ = placeItems(items, rank%pass)
+	return node, nil
 }
 
 // mapBlock is (node, nodes, per): per ranks on each of nodes nodes from node.
 type mapBlock struct{ node, nodes, per int }
 
-// mapItem is one block, or a group of blocks repeated times.
+// mapItem is a group of blocks repeated times; a plain block is a group of
+// one, once.
 type mapItem struct {
-	block  mapBlock
 	group  []mapBlock
 	repeat int
 }
 
-func expandBlock(out []int, b mapBlock, size int) []int {
-	if b.per == 0 {
-		return out
-	}
-	for i := 0; i < b.nodes; i++ {
-		for j := 0; j < b.per; j++ {
-			if len(out) == size {
-				return out
-			}
-			out = append(out, b.node+i)
-		}
-	}
-	return out
-}
-
-func expandItems(out []int, items []mapItem, size int) []int {
-	for _, it := range items {
-		if it.group == nil {
-			out = expandBlock(out, it.block, size)
+// placeBlocks finds rank among the ranks that one pass over blocks places.
+// When the pass places at most rank ranks, ok is false and placed says how
+// many. Nothing is multiplied before it is known not to exceed rank, so
+// nothing overflows.
+func placeBlocks(blocks []mapBlock, rank int) (node, placed int, ok bool) {
+	left := rank
+	for _, b := range blocks {
+		if b.per == 0 {
 			continue
 		}
-		// A group that places no rank in one pass places none in a
-		// billion; stop after the first.
-		for r := 0; r < it.repeat && len(out) < size; r++ {
-			before := len(out)
-			for _, b := range it.group {
-				out = expandBlock(out, b, size)
-			}
-			if len(out) == before {
-				break
-			}
+		if q := left / b.per; q < b.nodes {
+			return b.node + q, 0, true
 		}
+		left -= b.nodes * b.per
 	}
-	return out
+	return 0, rank - left, false
+}
+
+// placeItems is placeBlocks over items, each group repeated.
+func placeItems(items []mapItem, rank int) (node, placed int, ok bool) {
+	left := rank
+	for _, it := range items {
+		if it.repeat == 0 {
+			continue
+		}
+		node, once, ok := placeBlocks(it.group, left)
+		if ok {
+			return node, 0, true
+		}
+		if once == 0 {
+			continue
+		}
+		if left/once < it.repeat {
+			node, _, _ = placeBlocks(it.group, left%once)
+			return node, 0, true
+		}
+		left -= it.repeat * once
+	}
+	return 0, rank - left, false
 }
 
 // mapParser reads a process mapping; it is a recursive-descent parser over
-// the grammar in parseProcessMapping's doc, allowing spaces between tokens.
+// the grammar in processMappingNode's doc, allowing spaces between tokens.
 type mapParser struct {
 	s   string
 	pos int
@@ -172,7 +183,7 @@ func (p *mapParser) parse() ([]mapItem, error) {
 		if err != nil {
 			return nil, err
 		}
-		items = append(items, mapItem{block: b})
+		items = append(items, mapItem{group: []mapBlock{b}, repeat: 1})
 	}
 	if err := p.expect(")"); err != nil {
 		return nil, err

@@ -287,7 +287,10 @@ func (s *Server) handle(conn net.Conn) {
 	sc := &serverConn{conn: conn}
 
 	conn.SetReadDeadline(time.Now().Add(helloTimeout))
-	m, err := readMessage(conn)
+	// Anyone who can connect gets this far, so the hello is read with a
+	// limit of its own: strangers must not make the service hold a
+	// maximal message each.
+	m, err := readMessage(conn, maxHello)
 	if err != nil {
 		logger.Warn("dropping connection before hello", "error", err)
 		return
@@ -308,7 +311,7 @@ func (s *Server) handle(conn net.Conn) {
 	logger.Debug("rank connected")
 
 	for {
-		m, err := readMessage(conn)
+		m, err := readMessage(conn, maxMessage)
 		if err != nil {
 			s.leave(rank, "disconnected")
 			logger.Debug("rank disconnected", "error", err)
@@ -388,8 +391,8 @@ func (s *Server) fence(rank int, sc *serverConn, m *message) error {
 	}
 	s.arrived[rank] = &fenceWaiter{sc: sc, id: m.ID}
 	s.narrived++
-	for k, v := range m.Puts {
-		s.pending[rank][k] = v
+	for _, p := range m.Puts {
+		s.pending[rank][string(p.Key)] = p.Value
 	}
 	if s.narrived < s.size {
 		s.mu.Unlock()
@@ -436,7 +439,7 @@ func (s *Server) get(rank int, sc *serverConn, m *message) {
 		return
 	}
 	s.mu.Lock()
-	v, ok := s.published[m.Rank][m.Key]
+	v, ok := s.published[m.Rank][string(m.Key)]
 	s.mu.Unlock()
 	if !ok {
 		sc.reply(errorReply(m.ID, errCodeNotFound, fmt.Sprintf("rank %d published no key %q", m.Rank, m.Key)))

@@ -33,11 +33,19 @@ func newJobIdentity() (string, []byte, error) {
 // checkPut applies the wire limits in every backend, so a program that works
 // as a singleton does not fail once launched.
 func checkPut(key string, value []byte) error {
-	if key == "" || len(key) > maxKey {
-		return fmt.Errorf("bootstrap: put: key of %d bytes, want 1 to %d", len(key), maxKey)
+	if err := checkKey("put", key); err != nil {
+		return err
 	}
 	if len(value) > maxValue {
 		return fmt.Errorf("bootstrap: put %q: value of %d bytes exceeds %d", key, len(value), maxValue)
+	}
+	return nil
+}
+
+// checkKey applies the wire limits on a key to op's key.
+func checkKey(op, key string) error {
+	if key == "" || len(key) > maxKey {
+		return fmt.Errorf("bootstrap: %s: key of %d bytes, want 1 to %d", op, len(key), maxKey)
 	}
 	return nil
 }

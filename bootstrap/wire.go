@@ -10,14 +10,16 @@ import (
 )
 
 // protocolVersion changes whenever a message's meaning does; the service
-// refuses a hello of another version rather than guessing.
-const protocolVersion = 1
+// refuses a hello of another version rather than guessing. Version 2 carries
+// keys as bytes (see wirePut).
+const protocolVersion = 2
 
 // Limits on what crosses the wire. Business cards are a few hundred bytes;
 // the limits only keep a broken or hostile peer from making the service
 // allocate without bound.
 const (
 	maxMessage = 2 << 20  // bytes of JSON in one message
+	maxHello   = 4 << 10  // bytes of JSON in a hello, read before the peer is known; a real one is under 300
 	maxKey     = 256      // bytes of a key
 	maxValue   = 64 << 10 // bytes of one value
 	maxPuts    = 1 << 20  // bytes of keys and values one fence may carry
@@ -44,19 +46,27 @@ const (
 
 // message is every message of the protocol; each op uses a few fields.
 type message struct {
-	Op      string            `json:"op"`
-	ID      uint64            `json:"id,omitempty"`
-	Version int               `json:"version,omitempty"` // hello
-	Rank    int               `json:"rank,omitempty"`    // hello, get
-	Secret  string            `json:"secret,omitempty"`  // hello, hex
-	Key     string            `json:"key,omitempty"`     // get
-	Value   []byte            `json:"value,omitempty"`   // ok to get
-	Puts    map[string][]byte `json:"puts,omitempty"`    // fence
-	Code    int               `json:"code,omitempty"`    // abort
-	Reason  string            `json:"reason,omitempty"`  // abort; error reply text
-	ErrCode string            `json:"err,omitempty"`     // error reply
-	Size    int               `json:"size,omitempty"`    // hello
-	JobID   string            `json:"jobid,omitempty"`   // hello
+	Op      string    `json:"op"`
+	ID      uint64    `json:"id,omitempty"`
+	Version int       `json:"version,omitempty"` // hello
+	Rank    int       `json:"rank,omitempty"`    // hello, get
+	Secret  string    `json:"secret,omitempty"`  // hello, hex
+	Key     []byte    `json:"key,omitempty"`     // get
+	Value   []byte    `json:"value,omitempty"`   // ok to get
+	Puts    []wirePut `json:"puts,omitempty"`    // fence
+	Code    int       `json:"code,omitempty"`    // abort
+	Reason  string    `json:"reason,omitempty"`  // abort; error reply text
+	ErrCode string    `json:"err,omitempty"`     // error reply
+	Size    int       `json:"size,omitempty"`    // hello
+	JobID   string    `json:"jobid,omitempty"`   // hello
+}
+
+// wirePut is one put of a fence. Keys are any bytes, so they travel as
+// bytes (base64 in JSON): a JSON string would turn every invalid UTF-8
+// sequence into U+FFFD, and distinct keys into one.
+type wirePut struct {
+	Key   []byte `json:"key"`
+	Value []byte `json:"value"`
 }
 
 // errBadMessage marks input that does not follow the protocol; the
@@ -81,18 +91,18 @@ func writeMessage(w io.Writer, m *message) error {
 	return nil
 }
 
-// readMessage reads one length-prefixed message and checks it. The length is
-// checked before the body is read, so an oversized claim costs nothing.
-// Errors from r come back as they are (io.EOF for a clean close); bad
-// content wraps errBadMessage.
-func readMessage(r io.Reader) (*message, error) {
+// readMessage reads one length-prefixed message of at most limit bytes and
+// checks it. The length is checked before the body is read, so an oversized
+// claim costs nothing. Errors from r come back as they are (io.EOF for a
+// clean close); bad content wraps errBadMessage.
+func readMessage(r io.Reader, limit uint32) (*message, error) {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, err
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n == 0 || n > maxMessage {
-		return nil, fmt.Errorf("%w: length %d not in [1, %d]", errBadMessage, n, maxMessage)
+	if n == 0 || n > limit {
+		return nil, fmt.Errorf("%w: length %d not in [1, %d]", errBadMessage, n, limit)
 	}
 	body := make([]byte, n)
 	if _, err := io.ReadFull(r, body); err != nil {
@@ -137,11 +147,11 @@ func (m *message) validate() error {
 		return fmt.Errorf("%w: value of %d bytes exceeds %d", errBadMessage, len(m.Value), maxValue)
 	}
 	total := 0
-	for k, v := range m.Puts {
-		if len(k) > maxKey || len(v) > maxValue {
-			return fmt.Errorf("%w: put %.32q too large", errBadMessage, k)
+	for _, p := range m.Puts {
+		if len(p.Key) > maxKey || len(p.Value) > maxValue {
+			return fmt.Errorf("%w: put %.32q too large", errBadMessage, p.Key)
 		}
-		total += len(k) + len(v)
+		total += len(p.Key) + len(p.Value)
 	}
 	if total > maxPuts {
 		return fmt.Errorf("%w: puts of %d bytes exceed %d", errBadMessage, total, maxPuts)
