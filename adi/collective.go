@@ -1217,6 +1217,11 @@ func checkCounts(counts []int, p, me, send, recv int, group string) error {
 		if n < 0 {
 			return fmt.Errorf("count of %srank %d is %d", group, r, n)
 		}
+		// Before the sum wraps: counts adding up to 0 modulo 2^64 would
+		// pass for an empty send slice.
+		if n > send-total {
+			return fmt.Errorf("send slice of %d elements for counts adding up to more (the counts through %srank %d do)", send, group, r)
+		}
 		total += n
 	}
 	if total != send {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -781,6 +782,31 @@ func TestReduceScatter(t *testing.T) {
 				})
 			}
 		}
+	}
+}
+
+// TestReduceScatterCountsWrap: counts that add up to the send slice's
+// length only modulo 2^64 are refused, where they once passed the check
+// and the cut of the vector panicked, in a worker goroutine for the
+// nonblocking and persistent forms, which took the process down.
+func TestReduceScatterCountsWrap(t *testing.T) {
+	cs := loopJob(t, 3)
+	ctx := ctxT(t)
+	counts := []int{2, math.MaxInt, math.MaxInt} // 2^64 in all: 0 when it wraps
+	send, recv := []int64{}, make([]int64, 2)
+	const want = "adding up to more"
+	if err := adi.ReduceScatter(ctx, cs[0], send, recv, counts, adi.Sum); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("ReduceScatter: %v, want an error saying the counts add up to more", err)
+	}
+	if q, err := adi.IreduceScatter(cs[0], send, recv, counts, adi.Sum); err == nil {
+		if _, err = q.Wait(ctx); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("IreduceScatter: %v, want an error saying the counts add up to more", err)
+		}
+	} else if !strings.Contains(err.Error(), want) {
+		t.Errorf("IreduceScatter: %v, want an error saying the counts add up to more", err)
+	}
+	if _, err := adi.ReduceScatterInit(cs[0], send, recv, counts, adi.Sum); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("ReduceScatterInit: %v, want an error saying the counts add up to more", err)
 	}
 }
 
