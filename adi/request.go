@@ -149,6 +149,12 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 		return q.sr.wait(ctx, q)
 	}
 	if q.local != nil {
+		// Completion first: with both ready, select picks at random, and
+		// a finished operation must report itself whatever ctx says, as
+		// the point-to-point path does.
+		if q.local.over() {
+			return q.local.st, q.local.err
+		}
 		select {
 		case <-q.local.done:
 			return q.local.st, q.local.err

@@ -1,6 +1,7 @@
 package adi_test
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -172,5 +173,48 @@ func TestNilRequest(t *testing.T) {
 	buf := make([]byte, 1)
 	if _, err := cs[1].Recv(ctx, buf, 0, 0); err != nil || buf[0] != 'y' {
 		t.Fatalf("Recv = %q, %v; want the message sent after the nil-request calls", buf, err)
+	}
+}
+
+// TestWaitFinishedWithEndedCtx: Wait on a request whose operation is
+// over reports it, whatever its ctx says, as a finished Isend's does.
+// A nonblocking collective's, and an inactive persistent one's, picked
+// at random between the two (select with both ready): draining finished
+// requests with a cancelled ctx at shutdown failed about half the time.
+func TestWaitFinishedWithEndedCtx(t *testing.T) {
+	c := loopJob(t, 1)[0]
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	isend, err := c.Isend(nil, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	irecv, err := c.Irecv(nil, 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := c.Ibarrier()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := adi.WaitAll(ctxT(t), isend, irecv, ib); err != nil {
+		t.Fatal(err)
+	}
+	inactive, err := c.BarrierInit()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		q    *adi.Request
+	}{{"Isend", isend}, {"Ibarrier", ib}, {"inactive BarrierInit", inactive}} {
+		for i := range 100 {
+			if _, err := tc.q.Wait(ended); err != nil {
+				t.Fatalf("%s, finished: Wait %d with an ended ctx: %v", tc.name, i, err)
+			}
+		}
+		if _, err := adi.WaitAll(ended, tc.q, tc.q); err != nil {
+			t.Fatalf("%s, finished: WaitAll with an ended ctx: %v", tc.name, err)
+		}
 	}
 }
