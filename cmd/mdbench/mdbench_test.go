@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -759,4 +760,53 @@ func TestSmallFigures(t *testing.T) {
 			t.Errorf("ratioText(%v) = %q, want %q", tc.v, got, tc.rat)
 		}
 	}
+}
+
+// TestRepeatLeavesFailedRepetitionsOut: a repetition in which one launch
+// fails is left out whole (so the series stay paired), the run goes on,
+// and the failures come back; two failing in a row end the run.
+func TestRepeatLeavesFailedRepetitionsOut(t *testing.T) {
+	fake := func(name string, failAt ...int) step {
+		rep := 0
+		return step{name, func(context.Context) ([]sample, []traffic, error) {
+			rep++
+			if slices.Contains(failAt, rep) {
+				return nil, nil, fmt.Errorf("launch %d of %s failed", rep, name)
+			}
+			return []sample{{"lat", 8, float64(rep)}}, nil, nil
+		}}
+	}
+	t.Run("one fails", func(t *testing.T) {
+		col, rep := newCollector(), &report{}
+		var log bytes.Buffer
+		failed, err := repeat(context.Background(), 4, time.Minute, []step{fake(ours), fake("direct", 2)}, col, rep, &log)
+		if err != nil || len(failed) != 1 || !strings.Contains(failed[0].Error(), "repetition 2, direct: launch 2 of direct failed") {
+			t.Fatalf("failed %v, err %v", failed, err)
+		}
+		col.summarize(rep)
+		// Repetition 2 is gone from both series: it ran direct first
+		// (the order alternates), which failed, so ours launched three
+		// times, in repetitions 1, 3 and 4.
+		if s, ok := rep.stat("lat", 8, ours); !ok || !slices.Equal(s.Values, []float64{1, 2, 3}) {
+			t.Fatalf("ours: %+v", s)
+		}
+		if vs := col.paired("lat", 8, ours, "direct"); len(vs) != 3 {
+			t.Fatalf("paired ratios %v, want 3 (repetitions 1, 3, 4)", vs)
+		}
+		if !strings.Contains(log.String(), "the repetition is left out") {
+			t.Fatalf("log does not say the repetition was left out:\n%s", log.String())
+		}
+	})
+	t.Run("two in a row", func(t *testing.T) {
+		_, err := repeat(context.Background(), 5, time.Minute, []step{fake(ours, 2, 3), fake("direct")}, newCollector(), &report{}, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "launch 2 of") || !strings.Contains(err.Error(), "launch 3 of") {
+			t.Fatalf("err %v, want both failures", err)
+		}
+	})
+	t.Run("the only one", func(t *testing.T) {
+		_, err := repeat(context.Background(), 1, time.Minute, []step{fake(ours, 1)}, newCollector(), &report{}, io.Discard)
+		if err == nil {
+			t.Fatal("a run whose every repetition failed succeeded")
+		}
+	})
 }

@@ -304,12 +304,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	rep, err := measure(ctx, o, stderr)
-	if err != nil {
+	if rep == nil {
 		fmt.Fprintf(stderr, "mdbench: %v\n", err)
 		return 1
 	}
 	rep.Command = "mdbench " + strings.Join(args, " ")
-	if err := o.write(rep, stdout); err != nil {
+	if werr := o.write(rep, stdout); werr != nil {
+		fmt.Fprintf(stderr, "mdbench: %v\n", werr)
+		return 1
+	}
+	if err != nil { // some repetitions failed: the figures are of the others
 		fmt.Fprintf(stderr, "mdbench: %v\n", err)
 		return 1
 	}
@@ -410,10 +414,6 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	}
 
 	// steps are the launches of one repetition; their order alternates.
-	type step struct {
-		name string
-		fn   func(ctx context.Context) ([]sample, []traffic, error)
-	}
 	// jobOf runs the two-rank tests, then message rate on its pairs, then
 	// the collectives, as one job described by base.
 	jobOf := func(base childJob) func(ctx context.Context) ([]sample, []traffic, error) {
@@ -486,36 +486,10 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			return all, nil, nil
 		}})
 	}
-	for i := range o.reps {
-		order := slices.Clone(steps)
-		if i%2 == 1 {
-			slices.Reverse(order)
-		}
-		var names []string
-		for _, st := range order {
-			names = append(names, st.name)
-		}
-		fmt.Fprintf(stderr, "mdbench: repetition %d/%d: %s\n", i+1, o.reps, strings.Join(names, ", "))
-		for _, st := range order {
-			if len(two)+len(rate)+len(coll) == 0 {
-				break
-			}
-			sctx, cancel := context.WithTimeout(ctx, o.timeout)
-			s, tr, err := st.fn(sctx)
-			if sctx.Err() == context.DeadlineExceeded {
-				err = fmt.Errorf("gave up after -timeout %v: %w", o.timeout, err)
-			}
-			cancel()
-			if err != nil {
-				return nil, fmt.Errorf("repetition %d, %s: %w", i+1, st.name, err)
-			}
-			col.add(st.name, i, s)
-			for _, t := range tr {
-				t.Series = st.name
-				rep.addTraffic(t)
-			}
-		}
-		if err := ctx.Err(); err != nil {
+	var failed []error
+	if len(two)+len(rate)+len(coll) > 0 {
+		var err error
+		if failed, err = repeat(ctx, o.reps, o.timeout, steps, col, rep, stderr); err != nil {
 			return nil, err
 		}
 	}
@@ -553,7 +527,80 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	if cpu1, ok1 := readCPUTimes(); ok0 && ok1 {
 		rep.Steal = cpu1.stealShare(cpu0)
 	}
+	if len(failed) > 0 {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of %d repetitions failed and are left out of the figures; the first: %v", len(failed), o.reps, failed[0]))
+		return rep, fmt.Errorf("%d of %d repetitions failed (left out of the figures above): %w", len(failed), o.reps, errors.Join(failed...))
+	}
 	return rep, nil
+}
+
+// step is one launch of a repetition: a series' ranks running the tests.
+type step struct {
+	name string
+	fn   func(ctx context.Context) ([]sample, []traffic, error)
+}
+
+// repeat runs reps repetitions of steps, alternating their order, each
+// step bounded by timeout, and adds what they measured to col and rep.
+// A repetition in which a launch fails is left out whole, so that the
+// series stay paired within every repetition kept, and the run goes on:
+// one launch that failed (a port taken, a rank killed by the host)
+// does not cost the others. Two failing in a row, or all, end the run
+// with their errors; otherwise repeat returns the failures.
+func repeat(ctx context.Context, reps int, timeout time.Duration, steps []step, col *collector, rep *report, stderr io.Writer) ([]error, error) {
+	type result struct {
+		name    string
+		samples []sample
+		traffic []traffic
+	}
+	var failed []error
+	streak := 0
+	for i := range reps {
+		order := slices.Clone(steps)
+		if i%2 == 1 {
+			slices.Reverse(order)
+		}
+		var names []string
+		for _, st := range order {
+			names = append(names, st.name)
+		}
+		fmt.Fprintf(stderr, "mdbench: repetition %d/%d: %s\n", i+1, reps, strings.Join(names, ", "))
+		var got []result
+		var repErr error
+		for _, st := range order {
+			sctx, cancel := context.WithTimeout(ctx, timeout)
+			s, tr, err := st.fn(sctx)
+			if sctx.Err() == context.DeadlineExceeded {
+				err = fmt.Errorf("gave up after -timeout %v: %w", timeout, err)
+			}
+			cancel()
+			if err != nil {
+				repErr = fmt.Errorf("repetition %d, %s: %w", i+1, st.name, err)
+				break
+			}
+			got = append(got, result{st.name, s, tr})
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if repErr != nil {
+			failed = append(failed, repErr)
+			if streak++; streak == 2 || len(failed) == reps {
+				return nil, errors.Join(failed...)
+			}
+			fmt.Fprintf(stderr, "mdbench: %v; the repetition is left out\n", repErr)
+			continue
+		}
+		streak = 0
+		for _, g := range got {
+			col.add(g.name, i, g.samples)
+			for _, t := range g.traffic {
+				t.Series = g.name
+				rep.addTraffic(t)
+			}
+		}
+	}
+	return failed, nil
 }
 
 // cpuTimes are the all-CPU totals of /proc/stat's first line, in ticks.
