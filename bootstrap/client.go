@@ -150,12 +150,12 @@ func (c *client) Put(key string, value []byte) error {
 	if c.closing || c.err != nil {
 		return fmt.Errorf("bootstrap: put: %w", ErrClosed)
 	}
-	size := c.putSize + len(key) + len(value)
+	size := c.putSize + putWireSize(len(key), len(value))
 	if old, ok := c.puts[key]; ok {
-		size -= len(key) + len(old)
+		size -= putWireSize(len(key), len(old))
 	}
 	if size > maxPuts {
-		return fmt.Errorf("bootstrap: put %q: the puts of one fence would exceed %d bytes", key, maxPuts)
+		return fmt.Errorf("bootstrap: put %q: the puts of one fence would take more than %d bytes on the wire", key, maxPuts)
 	}
 	c.puts[key] = append([]byte(nil), value...)
 	c.putSize = size
@@ -221,10 +221,10 @@ func (c *client) unsendFence(cl *call, puts map[string][]byte, putSize int, err 
 	delete(c.calls, cl.id)
 	for k, v := range c.puts {
 		if old, ok := puts[k]; ok {
-			putSize -= len(k) + len(old)
+			putSize -= putWireSize(len(k), len(old))
 		}
 		puts[k] = v
-		putSize += len(k) + len(v)
+		putSize += putWireSize(len(k), len(v))
 	}
 	c.puts, c.putSize = puts, putSize
 	cl.err = err

@@ -22,7 +22,7 @@ const (
 	maxHello   = 4 << 10  // bytes of JSON in a hello, read before the peer is known; a real one is under 300
 	maxKey     = 256      // bytes of a key
 	maxValue   = 64 << 10 // bytes of one value
-	maxPuts    = 1 << 20  // bytes of keys and values one fence may carry
+	maxPuts    = 1 << 20  // bytes one fence's puts take in its message (putWireSize), well under maxMessage
 )
 
 // Operations. Requests come from the rank, replies from the service.
@@ -59,6 +59,16 @@ type message struct {
 	ErrCode string    `json:"err,omitempty"`     // error reply
 	Size    int       `json:"size,omitempty"`    // hello
 	JobID   string    `json:"jobid,omitempty"`   // hello
+}
+
+// putWireSize bounds the bytes a put of a key and value of these lengths
+// takes in a fence message: both in base64, and the JSON around them
+// ({"key":"","value":""},). Limits count this, not the raw lengths: many
+// small puts take three times their bytes on the wire, and a fence of
+// them once outgrew maxMessage, which closed the rank's connection.
+func putWireSize(key, value int) int {
+	b64 := func(n int) int { return (n + 2) / 3 * 4 }
+	return b64(key) + b64(value) + len(`{"key":"","value":""},`)
 }
 
 // wirePut is one put of a fence. Keys are any bytes, so they travel as
@@ -151,7 +161,7 @@ func (m *message) validate() error {
 		if len(p.Key) > maxKey || len(p.Value) > maxValue {
 			return fmt.Errorf("%w: put %.32q too large", errBadMessage, p.Key)
 		}
-		total += len(p.Key) + len(p.Value)
+		total += putWireSize(len(p.Key), len(p.Value))
 	}
 	if total > maxPuts {
 		return fmt.Errorf("%w: puts of %d bytes exceed %d", errBadMessage, total, maxPuts)
