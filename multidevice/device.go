@@ -346,6 +346,10 @@ func (d *Device) addSub(ctx context.Context, name string, sd sdi.SubDevice, conf
 
 // route resolves the connection table and connects what it names.
 func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) error {
+	// A derived table names one subdevice per kind of peer; where it
+	// cannot connect one, the other loaded subdevices are tried
+	// (connectAny). A table given lists its own later routes.
+	derived := t == nil
 	if t == nil {
 		var cands []conntable.Candidate
 		for _, s := range d.subs[1:] {
@@ -410,28 +414,24 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 				}
 				continue
 			}
-			hop := hops[0]
-			s, ok := byName[hop.SubDevice]
+			first, ok := byName[hops[0].SubDevice]
 			if !ok {
-				return d.missingSubDevice(peer, hosts[peer], hop.SubDevice)
+				return d.missingSubDevice(peer, hosts[peer], hops[0].SubDevice)
 			}
-			if s.caps.Reach == sdi.ReachHost && hosts[peer] != hosts[d.rank] {
+			if first.caps.Reach == sdi.ReachHost && hosts[peer] != hosts[d.rank] {
 				return fmt.Errorf("%w: the table routes rank %d on host %q over %q, which only reaches host %q",
-					ErrNoRoute, peer, hosts[peer], s.name, hosts[d.rank])
+					ErrNoRoute, peer, hosts[peer], first.name, hosts[d.rank])
 			}
-			d.routes[peer][ci] = s.idx
-			if err := lk.connect(ctx, s, peer); err != nil {
-				if !errors.Is(err, sdi.ErrPeerUnreachable) {
-					return err
-				}
+			d.routes[peer][ci] = first.idx
+			ok, err := d.directHops(ctx, lk, byName, peer, ci, hops)
+			if err != nil {
+				return err
+			}
+			if !ok {
 				if needVia[peer] == nil {
 					needVia[peer] = make([]bool, nclass)
 				}
 				needVia[peer][ci] = true
-				continue
-			}
-			if s.matcher != nil {
-				d.matchSub[peer] = s.idx
 			}
 		}
 		if m := d.matchSub[peer]; m >= 0 {
@@ -443,7 +443,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			}
 		}
 	}
-	if err := d.autoRoute(ctx, lk, needVia, hosts); err != nil {
+	if err := d.autoRoute(ctx, lk, needVia, hosts, derived); err != nil {
 		return err
 	}
 	lk.keepCards()
@@ -480,6 +480,43 @@ func (d *Device) shareCards(ctx context.Context, hosts []string) error {
 		}
 	}
 	return nil
+}
+
+// directHops routes class ci of peer over the first route of hops, a
+// list without failover that starts with a direct one, that connects:
+// the later direct routes stand in where the earlier ones cannot connect
+// (one whose subdevice is not loaded here, or reaches only this host for
+// a peer on another, is passed over), and gateways the list names after
+// them take the class when none does. It reports false when nothing in
+// the list reaches the peer.
+func (d *Device) directHops(ctx context.Context, lk *linker, byName map[string]*subdev, peer, ci int, hops []conntable.Hop) (bool, error) {
+	for i, hop := range hops {
+		if hop.Via >= 0 {
+			trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops[i:], false)
+			if err != nil || len(trunks) == 0 {
+				return false, err
+			}
+			d.fwd.setPath(peer, ci, trunks)
+			d.routes[peer][ci] = trunks[0].sub.idx
+			return true, nil
+		}
+		s, ok := byName[hop.SubDevice]
+		if !ok || s.caps.Reach == sdi.ReachHost && lk.hosts[peer] != lk.hosts[d.rank] {
+			continue
+		}
+		if err := lk.connect(ctx, s, peer); err != nil {
+			if !errors.Is(err, sdi.ErrPeerUnreachable) {
+				return false, err
+			}
+			continue
+		}
+		d.routes[peer][ci] = s.idx
+		if s.matcher != nil {
+			d.matchSub[peer] = s.idx
+		}
+		return true, nil
+	}
+	return false, nil
 }
 
 func (d *Device) connect(ctx context.Context, s *subdev, peer int, host string) ([]byte, error) {

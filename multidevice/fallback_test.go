@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
@@ -52,5 +53,41 @@ func TestFallBackToAnotherSubDevice(t *testing.T) {
 	}
 	if f := devs[1].ForwardStats().Forwarded; f != 0 {
 		t.Errorf("rank 1 forwarded %d frames between ranks 0 and 2, which reach each other over far", f)
+	}
+}
+
+// TestTableLaterRoutes: a table's list without failover is tried in
+// order, and a later direct route carries the class where the first
+// cannot connect; with a table given, a subdevice it does not list for
+// the peer is not tried, though it is loaded and would reach it.
+func TestTableLaterRoutes(t *testing.T) {
+	cut02 := func(a, b int) bool { return a+b == 2 && a != b }
+	never := func(int, int) bool { return false }
+	near := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "near", Caps: fwdCaps}), cut: cut02}
+	far1 := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "far1", Caps: fwdCaps}), cut: never}
+	far2 := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "far2", Caps: fwdCaps}), cut: never}
+	tab := &conntable.Table{Version: 1, Peers: []conntable.Entry{{To: "*", Routes: map[string][]conntable.Route{
+		"*": {{SubDevice: "near"}, {SubDevice: "far2"}}}}}}
+	devs := openJob(t, jobSpec{n: 3, subs: []string{"near", "far1", "far2"}, table: tab,
+		factories: map[string]sdi.Factory{"near": near.New, "far1": far1.New, "far2": far2.New}})
+	for _, tc := range []struct {
+		from, to int
+		want     string
+	}{{0, 1, "near"}, {0, 2, "far2"}, {2, 0, "far2"}, {2, 1, "near"}} {
+		if got, err := devs[tc.from].Route(tc.to, 8); err != nil || got != tc.want {
+			t.Errorf("rank %d: Route(%d) = %q, %v; want %q", tc.from, tc.to, got, err, tc.want)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rr := must(t)(devs[2].Irecv(make([]byte, 5000), 0, 1, 0))
+	if err := devs[0].Send(ctx, numbered(5000, 0, 1), 2, 1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wait(t, rr); err != nil {
+		t.Fatal(err)
+	}
+	if f := devs[1].ForwardStats().Forwarded; f != 0 {
+		t.Errorf("rank 1 forwarded %d frames; far2 is a direct route", f)
 	}
 }

@@ -139,7 +139,7 @@ func (d *Device) directTrunk(ctx context.Context, lk *linker, byName map[string]
 // autoRoute finds gateways for the classes of peers no subdevice reached.
 // Every rank calls it, whether it needs gateways or not: it takes part in
 // the fence that exchanges reachability.
-func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, hosts []string) error {
+func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, hosts []string, fallBack bool) error {
 	var lost, fell []int
 	over := map[string]bool{}
 	var whyFell error
@@ -147,7 +147,7 @@ func (d *Device) autoRoute(ctx context.Context, lk *linker, needVia [][]bool, ho
 		if classes == nil {
 			continue
 		}
-		if len(lk.ok[peer]) == 0 {
+		if len(lk.ok[peer]) == 0 && fallBack {
 			if s := d.connectAny(ctx, lk, peer); s != nil {
 				fell = append(fell, peer)
 				over[s.name] = true
