@@ -404,6 +404,7 @@ import (
 var (
 	_ = [1]int{int(C.DAT_NAME_MAX_LENGTH) - 1 - maxIANameLen: 0}
 	_ = [1]int{int(C.DAT_CONN_QUAL_IN_USE) - int(datConnQualInUse): 0}
+	_ = [1]int{int(C.DAT_INSUFFICIENT_RESOURCES) - int(datInsufficientRes): 0}
 	_ = [1]int{int(C.DAT_INVALID_STATE) - int(datInvalidState): 0}
 	_ = [1]int{int(C.DAT_PROVIDER_NOT_FOUND) - int(datProviderNotFound): 0}
 	_ = [1]int{int(C.DAT_TIMEOUT_EXPIRED) - int(datTimeoutExpired): 0}

@@ -62,8 +62,8 @@ func (p *provider) newEndpoint(id uint32) (*endpoint, error) {
 	defer p.lifeMu.Unlock()
 	h, st := epCreate(p.ia, p.pz, p.dtoEVD, p.connEVD, p.attrs)
 	if !st.ok() {
-		return nil, fmt.Errorf("udapl: dat_ep_create (queue depth %d, reads %d/%d): %w",
-			p.attrs.maxRecv, p.attrs.readIn, p.attrs.readOut, st)
+		return nil, fmt.Errorf("udapl: dat_ep_create (queue depth %d, reads %d/%d)%s: %w",
+			p.attrs.maxRecv, p.attrs.readIn, p.attrs.readOut, st.memlockHint(), st)
 	}
 	e := &endpoint{p: p, h: h, id: id, outcome: make(chan error, 1)}
 	p.mu.Lock()

@@ -257,13 +257,13 @@ func (p *provider) setUp(cfg config) error {
 	}
 	cq := capQ(dtoQlen)
 	if p.dtoEVD, st = evdCreate(p.ia, cq, evdDTO); !st.ok() {
-		return fmt.Errorf("udapl: dat_evd_create of the completion EVD (%d events): %w", cq, st)
+		return fmt.Errorf("udapl: dat_evd_create of the completion EVD (%d events)%s: %w", cq, st.memlockHint(), st)
 	}
 	if p.crEVD, st = evdCreate(p.ia, capQ(crQlen), evdCR); !st.ok() {
-		return fmt.Errorf("udapl: dat_evd_create of the connection request EVD: %w", st)
+		return fmt.Errorf("udapl: dat_evd_create of the connection request EVD%s: %w", st.memlockHint(), st)
 	}
 	if p.connEVD, st = evdCreate(p.ia, capQ(connQlen), evdConnection); !st.ok() {
-		return fmt.Errorf("udapl: dat_evd_create of the connection EVD: %w", st)
+		return fmt.Errorf("udapl: dat_evd_create of the connection EVD%s: %w", st.memlockHint(), st)
 	}
 	port, err := p.createPSP(cfg.port)
 	if err != nil {

@@ -53,7 +53,7 @@ func (p *provider) Register(buf []byte) (rdma.Region, error) {
 	l, st := lmrCreate(p.ia, p.pz, base, len(buf))
 	if !st.ok() {
 		r.pin.Unpin()
-		return nil, fmt.Errorf("udapl: dat_lmr_create of %d bytes: %w", len(buf), st)
+		return nil, fmt.Errorf("udapl: dat_lmr_create of %d bytes%s: %w", len(buf), st.memlockHint(), st)
 	}
 	r.lmr, r.addr = l, uint64(base)
 	p.mu.Lock()

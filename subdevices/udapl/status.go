@@ -15,6 +15,7 @@ const (
 
 	datSuccess            datStatus = 0
 	datConnQualInUse      datStatus = 0x00020000
+	datInsufficientRes    datStatus = 0x00030000
 	datInvalidState       datStatus = 0x00070000
 	datProviderNotFound   datStatus = 0x000a0000
 	datQueueEmpty         datStatus = 0x000d0000
@@ -34,6 +35,18 @@ func (s datStatus) typ() datStatus { return s & datTypeMask }
 // (dapl returns a bare DAT_INTERNAL_ERROR from dat_ia_open), so only the
 // type decides.
 func (s datStatus) ok() bool { return s.typ() == datSuccess }
+
+// memlockHint names the likely cause of DAT_INSUFFICIENT_RESOURCES from a
+// call that pins memory (a memory region, an endpoint's queues, an EVD):
+// dapl reports the kernel's refusal to pin past the locked-memory limit
+// so, which containers and older systems keep at 64 KiB. verbs gives the
+// same hint for the same refusal.
+func (s datStatus) memlockHint() string {
+	if s.typ() == datInsufficientRes {
+		return " (is the locked-memory limit, ulimit -l, too low?)"
+	}
+	return ""
+}
 
 // idle reports the outcomes of a timed wait that found nothing: the timeout
 // expired, or a signal cut the wait short.

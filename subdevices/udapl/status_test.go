@@ -3,6 +3,7 @@ package udapl
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -45,6 +46,26 @@ func TestDatStatusWraps(t *testing.T) {
 	var st datStatus
 	if !errors.As(err, &st) || st.typ() != 0x00030000 {
 		t.Fatalf("errors.As(%v) = %#x, want the status back", err, uint32(st))
+	}
+}
+
+// TestMemlockHint: dapl reports the kernel's refusal to pin memory past
+// RLIMIT_MEMLOCK as DAT_INSUFFICIENT_RESOURCES (with any class or
+// subtype); the error then names the limit, as verbs' does.
+func TestMemlockHint(t *testing.T) {
+	for _, tc := range []struct {
+		st   datStatus
+		hint bool
+	}{
+		{0x00030002, true}, // DAT_RESOURCE_MEMORY, from dat_lmr_create
+		{0x80030000, true},
+		{0x00030004, true},
+		{0x00040000, false},
+		{datSuccess, false},
+	} {
+		if got := strings.Contains(tc.st.memlockHint(), "ulimit -l"); got != tc.hint {
+			t.Errorf("%v: hint %v, want %v", tc.st, got, tc.hint)
+		}
 	}
 }
 

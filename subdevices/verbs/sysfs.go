@@ -29,7 +29,7 @@ func (s sysfs) devices() ([]string, error) {
 	dir := s.ibDir()
 	ents, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("verbs: no RDMA device: %s does not exist (no RDMA driver is loaded): %w", dir, rdma.ErrNoDevice)
+		return nil, fmt.Errorf("verbs: no RDMA device: %s does not exist (no RDMA driver is loaded%s): %w", dir, noDeviceNext, rdma.ErrNoDevice)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("verbs: list RDMA devices: %w", err)
@@ -39,10 +39,13 @@ func (s sysfs) devices() ([]string, error) {
 		names = append(names, e.Name())
 	}
 	if len(names) == 0 {
-		return nil, fmt.Errorf("verbs: no RDMA device: %s is empty: %w", dir, rdma.ErrNoDevice)
+		return nil, fmt.Errorf("verbs: no RDMA device: %s is empty (%s): %w", dir, noDeviceNext[2:], rdma.ErrNoDevice)
 	}
 	return names, nil
 }
+
+// noDeviceNext says what a user can do on a host without an RDMA device.
+const noDeviceNext = `; load the adapter's driver (modprobe mlx5_ib, say), or leave verbs out of plugins.hcl, or run it as a plugin (command = "sdi-verbs"), which a host without the device skips`
 
 // portState is one port of a device as sysfs shows it.
 type portState struct {

@@ -82,6 +82,13 @@ func TestNoDevice(t *testing.T) {
 			if !errors.Is(err, rdma.ErrNoDevice) || !strings.Contains(err.Error(), "class/infiniband") {
 				t.Fatalf("findTarget = %v, want ErrNoDevice naming /sys/class/infiniband", err)
 			}
+			// And what to do about it: a job that names verbs on a host
+			// without the hardware stops here.
+			for _, next := range []string{"modprobe", "plugins.hcl", `command = "sdi-verbs"`} {
+				if !strings.Contains(err.Error(), next) {
+					t.Errorf("findTarget = %v: no next step mentions %s", err, next)
+				}
+			}
 		})
 	}
 }
