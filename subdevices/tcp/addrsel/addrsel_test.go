@@ -259,6 +259,9 @@ func TestSameHost(t *testing.T) {
 		{"one name, two machines", ep("node", "lo 127.0.0.1/8", "eth0 10.0.0.1/24"),
 			ep("node", "lo 127.0.0.1/8", "eth0 10.0.0.2/24"),
 			"[eth0 10.0.0.1 -> eth0 10.0.0.2 (weight 1)]"},
+		{"one name, two machines with docker", ep("node", "lo 127.0.0.1/8", "docker0 172.17.0.1/16", "eth0 10.0.0.1/24"),
+			ep("node", "lo 127.0.0.1/8", "docker0 172.17.0.1/16", "eth0 10.0.0.2/24"),
+			"[eth0 10.0.0.1 -> eth0 10.0.0.2 (weight 1)]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res := Select(nil, tc.left, tc.right, true)

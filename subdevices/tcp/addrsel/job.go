@@ -2,6 +2,7 @@ package addrsel
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -239,31 +240,25 @@ func families(ifc Interface) string {
 }
 
 // sameMachine reports whether two endpoints of one host name are one
-// machine, as their cards show it: they share an address that is not
-// loopback, or neither has one. A launcher that names hosts by
-// os.Hostname gives one name to containers, or machines, that are not
-// one; their loopbacks do not meet.
+// machine, as their cards show it: they list the same addresses besides
+// loopback (the ranks of a machine publish its interfaces alike). A
+// launcher that names hosts by os.Hostname gives one name to containers,
+// or machines, that are not one, and their loopbacks do not meet; one
+// address in common is not enough, as docker0's 172.17.0.1 is on every
+// host that runs docker.
 func sameMachine(a, b Endpoint) bool {
-	addrs := map[netip.Addr]bool{}
-	for _, ifc := range a.Ifaces {
-		for _, p := range ifc.Addrs {
-			if ScopeOf(p.Addr()) != ScopeLoopback {
-				addrs[p.Addr()] = true
-			}
-		}
-	}
-	other := false
-	for _, ifc := range b.Ifaces {
-		for _, p := range ifc.Addrs {
-			if ScopeOf(p.Addr()) != ScopeLoopback {
-				if addrs[p.Addr()] {
-					return true
+	addrs := func(ep Endpoint) map[netip.Addr]bool {
+		m := map[netip.Addr]bool{}
+		for _, ifc := range ep.Ifaces {
+			for _, p := range ifc.Addrs {
+				if ScopeOf(p.Addr()) != ScopeLoopback {
+					m[p.Addr()] = true
 				}
-				other = true
 			}
 		}
+		return m
 	}
-	return !other && len(addrs) == 0
+	return maps.Equal(addrs(a), addrs(b))
 }
 
 func hasLoopback(ep Endpoint) bool {
