@@ -50,7 +50,13 @@ import (
 // its receiver finds wrong in turn. Lengths can also disagree in ways no
 // message shows (lengths on either side of 64 KiB choose different
 // algorithms, whose ranks then wait for each other), as with any MPI: a
-// program must not count on the error. A collective that fails otherwise
+// program must not count on the error. Two such ways: the poison of a
+// rank whose own message would be empty is one byte, which a peer that
+// expects one byte takes for its data (a one-element []bool or []byte
+// against an empty one); and a rank whose arguments fail its own checks
+// below (a root out of range, counts that do not fit its slices) returns
+// that error at once and sends nothing, so its peers wait for it until
+// their ctx ends. A collective that fails otherwise
 // (a peer lost, ctx ending) cancels the receives it still had posted and
 // returns at once; its peers may still be waiting in it. As in MPI, the
 // communicator's collectives are then undefined: end the job, or go on
