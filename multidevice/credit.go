@@ -42,6 +42,11 @@ type txLine struct {
 	load     []int          // unacknowledged bytes per trunk, by trunk.slot
 	ways     []trunk        // the trunks of load's slots; set during Open
 	failed   error          // every trunk died; the line takes nothing more
+	// cut is, per trunk slot, until when the slot carries nothing: a
+	// gateway beyond its first hop lost a block of this line (lost.go).
+	// Nil until that happens; cutFor is the slot's pause, doubling.
+	cut    []time.Time
+	cutFor []time.Duration
 
 	// The watch (see watch): armed while blocks are retained on a line
 	// whose trunks all go straight to the peer.
@@ -172,7 +177,7 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	}
 	t, ok := d.pickTrunkLocked(l, peer, pf.class)
 	if !ok {
-		d.failLineLocked(l, peer, bt)
+		d.failLineLocked(l, peer, bt, nil)
 		bt.failed = append(bt.failed, pf.of)
 		return true
 	}
@@ -199,23 +204,26 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	l.load[t.slot] += n
 	l.retained = append(l.retained, b)
 	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
-	if !l.watching && !d.fwd.gated[peer] {
-		l.watching, l.pause = true, nudgeAfter
+	if !l.watching {
+		l.watching, l.pause = true, d.watchPause(peer)
 		time.AfterFunc(l.pause, func() { d.watch(peer) })
 	}
 	return true
 }
 
-// watch looks at a line whose trunks all go straight to the peer while it
-// retains blocks. If no credit released any since it last looked, it
-// sends the oldest block again (nudge) and looks again after twice the
-// pause, up to watchMax. Resending relies on a trunk's subdevice
-// reporting the peer down; a frame lost without that report (a credit on
-// a connection that broke as it was replaced, say) would otherwise stall
-// the line until Close, the only other place that nudges. Lines through
-// gateways are not watched: there a copy sent again would sit in a
-// gateway beside the original, beyond the window that bounds what
-// gateways hold.
+// watch looks at a line while it retains blocks. If no credit released
+// any since it last looked, it sends the oldest block again (nudge) and
+// looks again after twice the pause, up to watchMax, or eight first
+// pauses through gateways.
+// Resending relies on a trunk's subdevice reporting the peer down; a
+// frame lost without that report (a credit on a connection that broke as
+// it was replaced, say) would otherwise stall the line until Close, the
+// only other place that nudges. Through gateways, the same: a gateway
+// that passed a block to a subdevice which then lost its link lost the
+// block unknowing, and the copy sent again meets the gateway's lost route
+// and comes back as a notice (lost.go). There a copy sits in a gateway
+// beside the original, beyond the window that bounds what gateways hold,
+// so such a line is looked at only after gatedWatch without credit.
 func (d *Device) watch(peer int32) {
 	l := d.fwd.tx[peer]
 	l.mu.Lock()
@@ -227,9 +235,9 @@ func (d *Device) watch(peer int32) {
 	stalled := l.acked == l.seen
 	l.seen = l.acked
 	if stalled {
-		l.pause = min(2*l.pause, watchMax)
+		l.pause = min(2*l.pause, max(watchMax, d.watchPause(peer)*8))
 	} else {
-		l.pause = nudgeAfter
+		l.pause = d.watchPause(peer)
 	}
 	pause := l.pause
 	l.mu.Unlock()
@@ -242,8 +250,20 @@ func (d *Device) watch(peer int32) {
 }
 
 // watchMax is the longest pause of a line's watch: a destination that is
-// slow rather than cut off gets at most a copy of one block this often.
+// slow rather than cut off gets at most a copy of one block this often;
+// through gateways every eight gatedWatch.
 const watchMax = time.Second
+
+// gatedWatch is the first pause of the watch of a line through gateways.
+const gatedWatch = time.Second
+
+// watchPause is the first pause of the watch of the line to peer.
+func (d *Device) watchPause(peer int32) time.Duration {
+	if d.fwd.gated[peer] {
+		return gatedWatch
+	}
+	return nudgeAfter
+}
 
 // blockFrame wraps a retained block for one trip through trunk t: to a
 // gateway, or to the peer itself over a failover route.
@@ -252,6 +272,7 @@ func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 	var h header
 	h.kind, h.tag, h.src, h.dst = kindSys, sysFwd, d.rank, peer
 	h.seq, h.length, h.offset = b.seq, uint64(b.size()), uint64(b.msgLen)
+	h.sreq = uint64(t.slot) + 1 // for a gateway that loses it to name (lost.go)
 	if b.urgent {
 		h.flags |= flagUrgent
 	}

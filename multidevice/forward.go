@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // Indirect communication. A peer the connection table (or the automatic
@@ -56,13 +58,18 @@ import (
 // together (credit.go). Several gateways to one destination are trunks;
 // blocks go to the least loaded one, and the blocks a dead gateway held are
 // sent again through the others (trunk.go); the destination drops the
-// duplicates by block number.
+// duplicates by block number. A gateway that cannot pass a block on tells
+// its source with a sysLost message, forwarded like a credit (lost.go).
 
 // System message tags for indirect communication (see send.go for the
 // others).
 const (
 	sysFwd    int32 = -4 // a forwarded block: inner header + data
 	sysCredit int32 = -5 // the destination acknowledges blocks: seq = every block below is received
+	// sysLost: a gateway could not pass a block on (lost.go). seq = the
+	// block, offset = its line's destination, sreq = the block's trunk
+	// slot plus one, as the source stamped it; payload: why.
+	sysLost int32 = -6
 )
 
 // ForwardOptions tune indirect routes. The zero value takes the defaults.
@@ -207,14 +214,15 @@ type forwarder struct {
 	stopLife context.CancelFunc
 	lifeMu   sync.Mutex
 
-	held      atomic.Int64 // bytes this rank holds as a gateway
-	heldMax   atomic.Int64
-	forwarded atomic.Uint64 // frames this rank passed on as a gateway
-	fwdBytes  atomic.Uint64
-	resent    atomic.Uint64 // blocks sent again after a gateway died
-	nudged    atomic.Uint64 // blocks sent again because credit stopped coming (watch)
-	credits   atomic.Uint64 // credit messages sent: spreads them over trunks
-	dups      atomic.Uint64 // blocks that arrived here twice and were dropped
+	held       atomic.Int64 // bytes this rank holds as a gateway
+	heldMax    atomic.Int64
+	forwarded  atomic.Uint64 // frames this rank passed on as a gateway
+	fwdBytes   atomic.Uint64
+	resent     atomic.Uint64 // blocks sent again after a gateway died
+	nudged     atomic.Uint64 // blocks sent again because credit stopped coming (watch)
+	credits    atomic.Uint64 // credit messages sent: spreads them over trunks
+	dups       atomic.Uint64 // blocks that arrived here twice and were dropped
+	lostBlocks atomic.Uint64 // blocks this rank, a gateway, could not pass on (lost.go)
 
 	// Frames to forward or unwrap can arrive while this rank still computes
 	// its routes (peers that finished Open already send); they wait in
@@ -335,12 +343,13 @@ type ForwardStats struct {
 	Resent    uint64 // blocks this rank sent again after a gateway died
 	Nudged    uint64 // blocks this rank sent again because their credit stopped coming
 	Dropped   uint64 // blocks that reached this rank twice (sent again) and were dropped
+	Lost      uint64 // blocks this rank could not pass on as a gateway; each source was told
 }
 
 // ForwardStats reports what this rank forwarded and holds.
 func (d *Device) ForwardStats() ForwardStats {
 	f := &d.fwd
-	return ForwardStats{Held: f.held.Load(), MaxHeld: f.heldMax.Load(), Forwarded: f.forwarded.Load(), Bytes: f.fwdBytes.Load(), Resent: f.resent.Load(), Nudged: f.nudged.Load(), Dropped: f.dups.Load()}
+	return ForwardStats{Held: f.held.Load(), MaxHeld: f.heldMax.Load(), Forwarded: f.forwarded.Load(), Bytes: f.fwdBytes.Load(), Resent: f.resent.Load(), Nudged: f.nudged.Load(), Dropped: f.dups.Load(), Lost: f.lostBlocks.Load()}
 }
 
 // Path describes how a message of n bytes travels to peer: the subdevice of
@@ -433,6 +442,8 @@ func (d *Device) onIndirect(sub int, from int32, h *header, inner, data []byte) 
 		d.passOn(from, h, inner, data)
 	case h.tag == sysFwd:
 		d.onForward(sub, from, h, inner, data)
+	case h.tag == sysLost:
+		d.onLost(h, string(inner)+string(data))
 	default:
 		d.onCredit(h.src, h.seq)
 	}
@@ -459,12 +470,14 @@ func (d *Device) fwdStart() {
 func (d *Device) passOn(from int32, h *header, inner, data []byte) {
 	if h.context >= maxHops {
 		d.log.Warn("dropping forwarded frame that passed too many gateways (routing loop?)", "from", from, "source", h.src, "destination", h.dst, "hops", h.context)
+		d.lost(h, fmt.Sprintf("it passed %d gateways (the tables route in a loop?)", h.context))
 		return
 	}
 	class := d.table.Class(int(min(h.offset, maxMessage)))
 	t, ok := d.nextHop(h.dst, class, h.seq)
 	if !ok {
 		d.log.Warn("dropping forwarded frame: no live route from this gateway", "from", from, "source", h.src, "destination", h.dst)
+		d.lost(h, "no live route from there")
 		return
 	}
 	n := len(inner) + len(data)
@@ -514,6 +527,11 @@ func (d *Device) pass(fh *header, class int, t trunk, buf []byte, bufp *[]byte) 
 				return
 			}
 			d.log.Warn("forwarding failed", "source", h.src, "destination", h.dst, "next", t.via, "error", err)
+			why := fmt.Sprintf("passing it on to rank %d over %q failed: %v", t.via, t.sub.name, err)
+			if errors.Is(err, sdi.ErrTooLarge) {
+				why += fmt.Sprintf(" (blocks are cut for the source's first hop; MD_FORWARD_BLOCK below %d bytes fits this one)", t.sub.caps.MaxFrame-headerSize)
+			}
+			d.lost(&h, why)
 		}
 		d.fwd.held.Add(-int64(len(buf)))
 		if bufp != nil {
@@ -569,7 +587,7 @@ func unwrap(outer *header, ib, data []byte, size int) (header, []byte, error) {
 		return header{}, nil, fmt.Errorf("%w: inner %w", errBadForward, err)
 	}
 	switch {
-	case inner.kind == kindSys && (inner.tag == sysFwd || inner.tag == sysCredit):
+	case inner.kind == kindSys && (inner.tag == sysFwd || inner.tag == sysCredit || inner.tag == sysLost):
 		return header{}, nil, fmt.Errorf("%w: nested %d system message", errBadForward, inner.tag)
 	case inner.src != outer.src || inner.dst != outer.dst:
 		return header{}, nil, fmt.Errorf("%w: inner frame %d->%d in a block %d->%d", errBadForward, inner.src, inner.dst, outer.src, outer.dst)

@@ -46,7 +46,7 @@ func (h *handler) Deliver(from sdi.Rank, hb, payload []byte) {
 		d.log.Warn("dropping malformed frame", "subdevice", d.subs[h.sub].name, "from", from, "error", err)
 		return
 	}
-	if hdr.kind == kindSys && (hdr.tag == sysFwd || hdr.tag == sysCredit) {
+	if hdr.kind == kindSys && (hdr.tag == sysFwd || hdr.tag == sysCredit || hdr.tag == sysLost) {
 		// forward.go: may be for another rank. A block's payload
 		// begins with its inner header; Place placed none of this form.
 		inner, data := payload[:min(len(payload), headerSize)], payload[min(len(payload), headerSize):]

@@ -246,7 +246,10 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 			// after the subdevice's PeerDown. Finalizing too: a relay
 			// passes frames on from inside its Close, until the job's
 			// last rank has closed.
-			if !d.closed.Load() {
+			// A frame too large for the next hop's subdevice is not
+			// the link's end: the block was cut for the source's first
+			// hop (its done tells the source, lost.go).
+			if !d.closed.Load() && !errors.Is(err, sdi.ErrTooLarge) {
 				d.trunkDown(int32(peer), s.idx, err)
 			}
 		default:

@@ -31,9 +31,15 @@ import (
 // line's two directions are separate. A trunk that dies again after a
 // revival starts over from the first pause.
 //
-// Limits: only the first hop of a route is watched this way; a gateway
-// further along that dies loses what it held, and the source notices only
-// that credit stops coming.
+// A gateway that cannot pass a block on (no live route from it, a next
+// hop that failed it, a routing loop) tells the block's source
+// (lost.go): the source cuts the trunk the block took from the line for a
+// while, sends what it held through the others, and fails the line with
+// the gateway's reason when none is left.
+//
+// Limits: a gateway further along that dies, rather than losing its
+// route, loses what it held, and the source notices only that credit
+// stops coming.
 
 // pickTrunkLocked returns the live trunk of (peer, class) with the least
 // unacknowledged bytes on line l, first in route order on a tie; trunks on
@@ -43,7 +49,7 @@ func (d *Device) pickTrunkLocked(l *txLine, peer int32, class int) (trunk, bool)
 	found := false
 	for _, standby := range [2]bool{false, true} {
 		for _, t := range d.fwd.paths[peer][class] {
-			if t.standby != standby || d.fwd.isDead(t) {
+			if t.standby != standby || d.fwd.isDead(t) || l.cut != nil && l.cut[t.slot].After(time.Now()) {
 				continue
 			}
 			if !found || l.load[t.slot] < l.load[best.slot] {
@@ -69,9 +75,13 @@ func (d *Device) trunksLive(peer int32) bool {
 }
 
 // failLineLocked gives up on a line whose every trunk died: what waits
-// fails, what was sent is dropped, and the peer is reported lost.
-func (d *Device) failLineLocked(l *txLine, peer int32, bt *fwdBatch) {
+// fails, what was sent is dropped, and the peer is reported lost, with
+// why the last route went if known.
+func (d *Device) failLineLocked(l *txLine, peer int32, bt *fwdBatch, why error) {
 	err := fmt.Errorf("%w: rank %d: every route to it is down", ErrPeerDown, peer)
+	if why != nil {
+		err = fmt.Errorf("%w: rank %d: every route to it is down: %w", ErrPeerDown, peer, why)
+	}
 	l.failed = err
 	for _, pf := range l.waiting {
 		bt.failed = append(bt.failed, pf.of)
@@ -108,7 +118,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 			}
 			t, ok := d.pickTrunkLocked(l, int32(peer), b.class)
 			if !ok {
-				d.failLineLocked(l, int32(peer), bt)
+				d.failLineLocked(l, int32(peer), bt, nil)
 				break
 			}
 			n := b.size()
@@ -119,7 +129,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 			resent++
 		}
 		if l.failed == nil && !d.trunksLive(int32(peer)) {
-			d.failLineLocked(l, int32(peer), bt)
+			d.failLineLocked(l, int32(peer), bt, nil)
 		}
 		l.mu.Unlock()
 		d.finishBatch(bt, false)
