@@ -33,7 +33,7 @@ type peer struct {
 	mu      sync.Mutex // guards the fields below and the send side of c
 	state   connState
 	settled chan struct{} // closed when a dial or accept settles
-	c       *conn         // the connection frames go on; nil before the first
+	c       *conn         // the connection frames go on, or the last one until it has finished
 	downErr error         // why the last connection failed
 }
 
@@ -55,11 +55,13 @@ type conn struct {
 	outstanding int  // work requests posted and not yet completed
 	failing     bool // no more work is posted; finish runs when outstanding is 0
 	epClosed    bool
-	byeSlot     int  // the send slot of the goodbye, whose completion closes the endpoint; -1 before one
-	quiet       bool // the end was a goodbye: finish reports no failure
-	up          bool // upLocked made it the peer's connection
-	spoke       bool // a frame of the peer's arrived on it, before or after up
-	finished    bool // finish has taken it out; p.c is not to become it
+	byeSlot     int           // the send slot of the goodbye, whose completion closes the endpoint; -1 before one
+	byeDue      bool          // a goodbye waits behind fins; sendOwedLocked says it after the last
+	byeSaid     chan struct{} // closed when the goodbye that was due is said, for Disconnect
+	quiet       bool          // the end was a goodbye: finish reports no failure
+	up          bool          // upLocked made it the peer's connection
+	spoke       bool          // a frame of the peer's arrived on it, before or after up
+	finished    bool          // finish has taken it out; p.c is not to become it
 	err         error
 	large       map[uint64]Region // by token: frames the peer is to read
 	// credits are the data slots the peer has posted for this rank and
@@ -233,11 +235,8 @@ func (s *SubDevice) finish(c *conn) {
 	large := c.large
 	c.large = nil
 	c.finished = true
-	if p.c == c {
-		p.c = nil
-		if p.state == stateUp {
-			p.state = stateDown
-		}
+	if p.c == c && p.state == stateUp {
+		p.state = stateDown
 	}
 	err, quiet := c.err, c.quiet
 	report := !closing && ((c.up || c.spoke) && !quiet || placing)
@@ -264,6 +263,12 @@ func (s *SubDevice) finish(c *conn) {
 	if c.drained != nil { // after the SendDones, as Flush promises
 		close(c.drained)
 		c.drained = nil
+	}
+	// The peer keeps c until now: a Flush finds the frames above
+	// unfinished until their SendDones are over, and a new connection
+	// waits for the report.
+	if p.c == c {
+		p.c = nil
 	}
 	close(c.gone)
 	p.mu.Unlock()

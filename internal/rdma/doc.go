@@ -45,7 +45,9 @@
 // rank that dials while its peer still holds a connection tells the peer
 // that connection is dead. Disconnect and Close say goodbye first, so the
 // peer drops the connection without reporting a failure, unless a place
-// was being filled.
+// was being filled. The goodbye follows the fins still owed for frames
+// read and delivered, which may wait for the peer's credits: the peer fails
+// every frame it has heard no fin for when the goodbye comes.
 //
 // # Progress
 //

@@ -491,3 +491,106 @@ func TestEarlyFailureReported(t *testing.T) {
 		})
 	}
 }
+
+// A rank that closes or disconnects while the fin of a frame it read and
+// delivered is still owed must send that fin before its goodbye: the peer
+// ends a connection on the goodbye and fails every frame it heard no fin
+// for, and a failed frame is the loss of the peer to the multidevice,
+// though here nothing was lost. The fin is owed from the Deliver on, not
+// from its return: the connection ends while Deliver is held, as when the
+// handler wakes a goroutine that ends it, and while the fin waits for a
+// data credit.
+func TestGoodbyeAfterOwedFins(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(ctx context.Context, sd *rdma.SubDevice) error
+	}{
+		{"close", func(ctx context.Context, sd *rdma.SubDevice) error { return sd.Close(ctx) }},
+		{"disconnect", func(ctx context.Context, sd *rdma.SubDevice) error { return sd.Disconnect(ctx, 0) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs := [2]*recorder{newRecorder(false), newRecorder(false)}
+			h1 := &holdHandler{recorder: hs[1], header: "L", release: make(chan struct{})}
+			var release sync.Once
+			releaseAll := func() { release.Do(func() { close(h1.release) }) }
+			t.Cleanup(releaseAll) // before the ranks close, should the test fail first
+			sds, cards, ws := wpair(t, [2]sdi.Handler{hs[0], h1}, rdma.Settings{RecvSlots: 4})
+			if err := sds[0].Connect(ctxT(t), 1, cards[1]); err != nil {
+				t.Fatal(err)
+			}
+			// Rank 1's accept may not have settled yet; this waits for it.
+			if err := sds[1].Connect(ctxT(t), 0, cards[0]); err != nil {
+				t.Fatal(err)
+			}
+			ws[0].paused.Store(true) // rank 0 returns no credits for a while
+			for i := range 4 {       // rank 1 spends its data credits
+				if _, err := sds[1].Send(&sdi.Frame{Peer: 0, Header: []byte{byte(i)}, Payload: []byte("x")}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("L"), Payload: make([]byte, 100_000), Token: 42}); err != nil {
+				t.Fatal(err)
+			}
+			hs[1].await(t, "the large frame", func() bool { return len(hs[1].frames) == 1 })
+			// Rank 1's Deliver returns and rank 0 catches up while rank 1
+			// ends the connection. (The wrapper hid the arrivals from the
+			// progress goroutine, which then sleeps: one Poll stands in
+			// for the completion that would wake it.)
+			time.AfterFunc(50*time.Millisecond, func() { releaseAll(); ws[0].paused.Store(false); sds[0].Poll() })
+			if err := tc.end(ctxT(t), sds[1]); err != nil {
+				t.Fatal(err)
+			}
+			hs[0].await(t, "SendDone(42)", func() bool { _, ok := hs[0].done[42]; return ok })
+			hs[0].mu.Lock()
+			defer hs[0].mu.Unlock()
+			if err := hs[0].done[42]; err != nil {
+				t.Fatalf("rank 1 delivered the frame, yet rank 0 got SendDone(42, %v)", err)
+			}
+		})
+	}
+}
+
+// holdHandler records like its recorder, then holds the Deliver of the
+// frame with header until release is closed: a slow handler, which widens
+// the window between a Deliver and its return.
+type holdHandler struct {
+	*recorder
+	header  string
+	release chan struct{}
+}
+
+func (h *holdHandler) Deliver(from sdi.Rank, hd, p []byte) {
+	h.recorder.Deliver(from, hd, p)
+	if string(hd) == h.header {
+		<-h.release
+	}
+}
+
+// Flush waits for the SendDone of every frame, also of those a failed
+// connection fails: finish calls them after deregistering the frames, and
+// a Flush in between must not take the connection for gone.
+func TestFlushAfterFailedSendDone(t *testing.T) {
+	hs := [2]*recorder{newRecorder(false), newRecorder(false)}
+	sds, cards, ws := wpair(t, [2]sdi.Handler{hs[0], hs[1]}, rdma.Settings{})
+	const size = 100_000
+	ws[0].slowRegSize, ws[0].slowRegDelay = size, 300*time.Millisecond
+	if err := sds[0].Connect(ctxT(t), 1, cards[1]); err != nil {
+		t.Fatal(err)
+	}
+	ws[1].paused.Store(true)                        // rank 1 does not read the frame
+	t.Cleanup(func() { ws[1].paused.Store(false) }) // before the ranks close
+	if _, err := sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("L"), Payload: make([]byte, size), Token: 7}); err != nil {
+		t.Fatal(err)
+	}
+	softrdma.Sever(ws[0].Provider, ws[1].Provider)
+	time.Sleep(100 * time.Millisecond) // rank 0 finishes the connection, in the slow deregistration
+	if err := sds[0].Flush(ctxT(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	hs[0].mu.Lock()
+	_, ok := hs[0].done[7]
+	hs[0].mu.Unlock()
+	if !ok {
+		t.Fatal("Flush returned nil before SendDone(7)")
+	}
+}

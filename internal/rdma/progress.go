@@ -166,7 +166,8 @@ func (s *SubDevice) arrived(c *conn, slot, n int) {
 func clone(b []byte) []byte { return append([]byte(nil), b...) }
 
 // sendOwedLocked sends the fins waiting for credits, then a credit message
-// if the peer may be short of credits and nothing else carried them.
+// if the peer may be short of credits and nothing else carried them, then
+// the goodbye that waited for the fins.
 func (s *SubDevice) sendOwedLocked(p *peer, c *conn) {
 	if p.c != c || c.failing {
 		return
@@ -177,9 +178,21 @@ func (s *SubDevice) sendOwedLocked(p *peer, c *conn) {
 		c.credits--
 		s.postLocked(p, c, kindFIN, &sdi.Frame{Token: tok})
 	}
-	if c.owed >= max(1, s.nData/2) && c.ctlCredits > 0 && len(c.freeSend) > 0 && !c.failing {
+	// A goodbye that is due keeps a control slot for itself. Credit
+	// messages still go while fins wait: the peer may owe fins as well.
+	keep := 0
+	if c.byeDue {
+		keep = 1
+	}
+	if c.owed >= max(1, s.nData/2) && c.ctlCredits > keep && len(c.freeSend) > 0 && !c.failing {
 		c.ctlCredits--
 		s.postLocked(p, c, kindCredit, nil)
+	}
+	// Without a control slot the goodbye becomes a closed endpoint, once
+	// every send has left, lest the fins flush unsent.
+	if c.byeDue && len(c.fins) == 0 && !c.failing &&
+		(c.ctlCredits > 0 && len(c.freeSend) > 0 || len(c.freeSend) == s.nData+ctlSlots) {
+		s.sayByeLocked(p, c)
 	}
 }
 
@@ -203,13 +216,17 @@ func (s *SubDevice) advance(c *conn) {
 		}
 		c.queue[0] = nil
 		c.queue = c.queue[1:]
-		s.h.Deliver(p.rank, in.header, in.payload)
+		// The fin is owed before Deliver, not after: a goodbye said
+		// meanwhile, by a goroutine the handler woke, must find it and
+		// wait for it, or the peer fails a frame that was delivered. The
+		// read is done, so the peer's region may go already.
 		if in.isRead {
 			p.mu.Lock()
 			c.fins = append(c.fins, in.rts.token)
 			s.sendOwedLocked(p, c)
 			p.mu.Unlock()
 		}
+		s.h.Deliver(p.rank, in.header, in.payload)
 	}
 }
 

@@ -472,7 +472,9 @@ func (s *SubDevice) holdLocked(p *peer, c *conn) {
 }
 
 // Disconnect flushes the frames for peer, says goodbye and closes the
-// connection.
+// connection. The goodbye waits for the fins this rank owes the peer, which
+// may wait for its credits; when ctx ends first, it goes without them and
+// the peer fails their frames.
 func (s *SubDevice) Disconnect(ctx context.Context, r sdi.Rank) error {
 	if err := s.Flush(ctx, r); err != nil {
 		return err
@@ -489,19 +491,54 @@ func (s *SubDevice) Disconnect(ctx context.Context, r sdi.Rank) error {
 	}
 	s.byeLocked(p, c)
 	p.state = stateGone
+	said := c.byeSaid
 	p.mu.Unlock()
+	if said == nil {
+		return nil
+	}
+	select {
+	case <-said:
+	case <-c.gone:
+	case <-ctx.Done():
+		// Released all the same: the peer fails the frames whose fins
+		// are still owed, which is a loss it reports.
+		p.mu.Lock()
+		owed := len(c.fins)
+		if c.byeDue && !c.failing {
+			s.sayByeLocked(p, c)
+		}
+		p.mu.Unlock()
+		return fmt.Errorf("%s: disconnect from rank %d: the fins of %d frames still waited for credits: %w", s.info.Name, r, owed, ctx.Err())
+	}
 	return nil
 }
 
-// byeLocked tells the peer this end goes, if a control slot is left for
-// it, and closes the connection once the goodbye has left: closing at once
-// would flush it unsent. Without a slot the peer sees a failure instead.
+// byeLocked tells the peer this end goes, after the fins still owed to it
+// (sendOwedLocked says the goodbye once the last has gone): on the goodbye
+// the peer fails every frame it has heard no fin for, and these were
+// delivered.
 func (s *SubDevice) byeLocked(p *peer, c *conn) {
-	if c.failing {
+	if c.failing || c.byeDue {
 		return
 	}
-	c.failing = true
 	c.quiet = true
+	if len(c.fins) > 0 {
+		c.byeDue = true
+		c.byeSaid = make(chan struct{})
+		return
+	}
+	s.sayByeLocked(p, c)
+}
+
+// sayByeLocked tells the peer this end goes, if a control slot is left for
+// it, and closes the connection once the goodbye has left: closing at once
+// would flush it unsent. Without a slot the peer sees a failure instead.
+func (s *SubDevice) sayByeLocked(p *peer, c *conn) {
+	if c.byeDue {
+		c.byeDue = false
+		close(c.byeSaid)
+	}
+	c.failing = true
 	if c.ctlCredits > 0 && len(c.freeSend) > 0 {
 		c.ctlCredits--
 		c.byeSlot = c.freeSend[len(c.freeSend)-1]
@@ -688,9 +725,9 @@ func (s *SubDevice) nap(ctx context.Context, d time.Duration) time.Duration {
 	return min(2*d, time.Second)
 }
 
-// Close says goodbye to every peer, waits for their connections' work to
-// complete, fails the frames still in flight with ErrClosed and closes the
-// provider.
+// Close says goodbye to every peer, each after the fins it is owed, waits
+// for their connections' work to complete, fails the frames still in
+// flight with ErrClosed and closes the provider.
 func (s *SubDevice) Close(ctx context.Context) error {
 	s.mu.Lock()
 	if s.closed.Load() {

@@ -23,7 +23,9 @@ import (
 //	        the payload waits in the sender's region for the peer to read
 //	fin     token 8: the read of that rts is done, the region may go
 //	credit  nothing: the header's counts are the message
-//	bye     nothing: the sender closes this connection; no failure follows
+//	bye     nothing: the sender closes this connection; no failure follows.
+//	        It comes after the fins of every frame the sender delivered,
+//	        so a frame with no fin by then was not, and fails
 //
 // All integers are little-endian.
 const (
