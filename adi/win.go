@@ -476,12 +476,20 @@ func Accumulate[T Real](w *Win, origin []T, target, offset int, op AccOp) error 
 // started has completed, every operation that targets this rank has been
 // applied to its window, and every other rank has got that far too. It
 // is collective, and returns what applying met that it could not apply
-// since the last Fence.
+// since the last Fence (an operation whose origin was lost as it came,
+// say). Inside a Lock or LockAll epoch it fails with ErrRMASync and sends
+// nothing; the other ranks then wait in theirs. A Fence that fails on its
+// ctx leaves the window's epochs undefined, as a collective leaves its
+// communicator's: the counts exchanged may be half read.
 func (w *Win) Fence(ctx context.Context) error {
 	w.mu.Lock()
 	if w.freed {
 		w.mu.Unlock()
 		return fmt.Errorf("adi: fence: %w", errWinFreed)
+	}
+	if w.all != lockNone || len(w.locks) > 0 {
+		w.mu.Unlock()
+		return fmt.Errorf("adi: fence: %w: this rank is in a Lock or LockAll epoch (Unlock first)", ErrRMASync)
 	}
 	pending, sent, writes := slices.Clone(w.pending), slices.Clone(w.sent), slices.Clone(w.writes)
 	clear(w.sent)
@@ -616,11 +624,15 @@ func (w *Win) caughtUp() bool {
 }
 
 // Free ends the window after a last Fence (MPI_Win_free). It is
-// collective.
+// collective. Inside a Lock or LockAll epoch it fails with ErrRMASync and
+// leaves the window as it was, as Fence does there.
 func (w *Win) Free(ctx context.Context) error {
 	err := w.Fence(ctx)
 	if errors.Is(err, errWinFreed) {
 		return fmt.Errorf("adi: free: %w", errWinFreed)
+	}
+	if errors.Is(err, ErrRMASync) { // nothing sent: the window stays
+		return fmt.Errorf("adi: free: %w", err)
 	}
 	w.mu.Lock()
 	w.freed = true
@@ -665,7 +677,19 @@ func (w *Win) applyNext(ctx context.Context) (bool, error) {
 	}
 	msg := w.msg[:st.Count]
 	if _, err := m.Recv(ctx, msg); err != nil {
-		return true, err
+		if ctx.Err() != nil {
+			return true, err
+		}
+		// Its origin was lost while it came: the operation is, and the
+		// next Fence says so. The window goes on serving the others,
+		// whose Locks and Gets would otherwise wait for their ctx.
+		w.smu.Lock()
+		w.applied[st.Source]++
+		w.serverErr = errors.Join(w.serverErr, fmt.Errorf("operation from rank %d lost: %w", st.Source, err))
+		close(w.arrived)
+		w.arrived = make(chan struct{})
+		w.smu.Unlock()
+		return true, nil
 	}
 	err = w.apply(ctx, st.Source, msg)
 	w.smu.Lock()

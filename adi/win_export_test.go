@@ -12,6 +12,13 @@ func UnlockUnheld(ctx context.Context, w *Win, target int) error {
 	return err
 }
 
+// HoldApply keeps w's server from applying operations until the
+// function it returns is called, as a server busy applying others does.
+func HoldApply(w *Win) func() {
+	w.amu.Lock()
+	return w.amu.Unlock
+}
+
 // SentTo is how many operations w sent target since the last Fence:
 // FlushAll's round trips among them.
 func SentTo(w *Win, target int) int64 {

@@ -9,6 +9,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
 	"github.com/hpc-multidevice/multidevice/internal/leakcheck"
@@ -294,4 +295,73 @@ func windows(t *testing.T, ctx context.Context, cs []*adi.Comm, size int) []*adi
 func freeWindows(t *testing.T, ctx context.Context, cs []*adi.Comm, wins []*adi.Win) {
 	t.Helper()
 	each(t, cs, func(c *adi.Comm) error { return wins[c.Rank()].Free(ctx) })
+}
+
+// TestWinServesOnAfterLostOrigin: an origin lost while its large Put was
+// coming to a target costs that operation, which the target's next Fence
+// reports, and nothing else: the target's window still serves the ranks
+// that live. Its server once stopped at the failed receive, and every
+// other rank's Lock and Get on that window waited until its ctx ended.
+func TestWinServesOnAfterLostOrigin(t *testing.T) {
+	ws, f := loopWorlds(t, 3)
+	ctx := ctxT(t)
+	cs := comms(ws)
+	wins := windows(t, ctx, cs, 1<<16)
+	release := adi.HoldApply(wins[1]) // rank 1's server is busy
+	if err := wins[2].Put(make([]byte, 1<<16), 1, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	f.Sever(2)
+	time.Sleep(50 * time.Millisecond)
+	release()
+	short, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var got [8]byte
+	if err := wins[0].Lock(short, 1, false); err != nil {
+		t.Fatalf("rank 0 cannot lock live rank 1's window after rank 2 was lost: %v", err)
+	}
+	if err := errors.Join(wins[0].Get(got[:], 1, 0), wins[0].Unlock(short, 1)); err != nil {
+		t.Fatalf("rank 0's Get from rank 1's window after rank 2 was lost: %v", err)
+	}
+}
+
+// TestFenceInLockEpoch: Fence and Free inside a Lock or LockAll epoch
+// fail with ErrRMASync, send nothing, and leave the lock and the window
+// as they were: the package promises that of every synchronization call
+// made in the wrong epoch, and Fence once returned nil with the lock
+// still held.
+func TestFenceInLockEpoch(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		w, err := c.WinCreate(ctx, make([]byte, 8))
+		if err != nil {
+			return err
+		}
+		if c.Rank() == 0 {
+			for _, all := range []bool{false, true} {
+				lock, unlock := func() error { return w.Lock(ctx, 1, true) }, func() error { return w.Unlock(ctx, 1) }
+				if all {
+					lock, unlock = func() error { return w.LockAll(ctx) }, func() error { return w.UnlockAll(ctx) }
+				}
+				if err := lock(); err != nil {
+					return err
+				}
+				if err := w.Fence(ctx); !errors.Is(err, adi.ErrRMASync) {
+					return fmt.Errorf("Fence in a lock epoch (all %v): %v, want ErrRMASync", all, err)
+				}
+				if err := w.Free(ctx); !errors.Is(err, adi.ErrRMASync) {
+					return fmt.Errorf("Free in a lock epoch (all %v): %v, want ErrRMASync", all, err)
+				}
+				if err := w.Put([]byte("abcdefgh"), 1, 0); err != nil {
+					return fmt.Errorf("Put after the refused Fence (all %v): %v", all, err)
+				}
+				if err := unlock(); err != nil {
+					return err
+				}
+			}
+		}
+		return w.Free(ctx)
+	})
 }
