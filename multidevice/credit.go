@@ -47,6 +47,12 @@ type txLine struct {
 	// Nil until that happens; cutFor is the slot's pause, doubling.
 	cut    []time.Time
 	cutFor []time.Duration
+	cutWhy error // the reason of the latest cut, for the line's failure
+	// nudged is the block number plus one of the oldest block when a
+	// line through gateways was last nudged: another nudge waits until
+	// that block is acknowledged, so that gateways hold at most one copy
+	// beyond the window.
+	nudged uint64
 
 	// The watch (see watch): armed while blocks are retained on a line
 	// whose trunks all go straight to the peer.
@@ -177,7 +183,7 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	}
 	t, ok := d.pickTrunkLocked(l, peer, pf.class)
 	if !ok {
-		d.failLineLocked(l, peer, bt, nil)
+		d.failLineLocked(l, peer, bt, l.cutWhy)
 		bt.failed = append(bt.failed, pf.of)
 		return true
 	}
@@ -234,6 +240,9 @@ func (d *Device) watch(peer int32) {
 	}
 	stalled := l.acked == l.seen
 	l.seen = l.acked
+	if stalled && d.fwd.gated[peer] && l.nudged == l.retained[0].seq+1 {
+		stalled = false // its copy may sit in a gateway still
+	}
 	if stalled {
 		l.pause = min(2*l.pause, max(watchMax, d.watchPause(peer)*8))
 	} else {
@@ -656,6 +665,9 @@ func (d *Device) nudge(peer int32) {
 	l.mu.Lock()
 	if len(l.retained) > 0 {
 		b := l.retained[0]
+		if d.fwd.gated[peer] {
+			l.nudged = b.seq + 1
+		}
 		if live := d.fwd.live(int(peer), b.class); len(live) > 0 {
 			t := live[l.nudges%uint64(len(live))]
 			l.nudges++

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -418,10 +419,6 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			if !ok {
 				return d.missingSubDevice(peer, hosts[peer], hops[0].SubDevice)
 			}
-			if first.caps.Reach == sdi.ReachHost && hosts[peer] != hosts[d.rank] {
-				return fmt.Errorf("%w: the table routes rank %d on host %q over %q, which only reaches host %q",
-					ErrNoRoute, peer, hosts[peer], first.name, hosts[d.rank])
-			}
 			d.routes[peer][ci] = first.idx
 			ok, err := d.directHops(ctx, lk, byName, peer, ci, hops)
 			if err != nil {
@@ -484,24 +481,42 @@ func (d *Device) shareCards(ctx context.Context, hosts []string) error {
 
 // directHops routes class ci of peer over the first route of hops, a
 // list without failover that starts with a direct one, that connects:
-// the later direct routes stand in where the earlier ones cannot connect
-// (one whose subdevice is not loaded here, or reaches only this host for
-// a peer on another, is passed over), and gateways the list names after
-// them take the class when none does. It reports false when nothing in
-// the list reaches the peer.
+// the later routes stand in, in order, where the earlier ones cannot
+// connect. A direct route whose subdevice is not loaded here (past the
+// first), reaches only this host for a peer on another, or, past the
+// first, matches on its own (it must carry all of the peer's traffic
+// from the start, on both sides) is passed over; a run of routes through
+// gateways becomes the class's trunks, those gateways that connect. It
+// reports false when nothing in the list reaches the peer.
 func (d *Device) directHops(ctx context.Context, lk *linker, byName map[string]*subdev, peer, ci int, hops []conntable.Hop) (bool, error) {
-	for i, hop := range hops {
-		if hop.Via >= 0 {
-			trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops[i:], false)
-			if err != nil || len(trunks) == 0 {
+	for i := 0; i < len(hops); i++ {
+		if hops[i].Via >= 0 {
+			j := i
+			for j < len(hops) && hops[j].Via >= 0 {
+				j++
+			}
+			trunks, err := d.gatewayTrunks(ctx, lk, byName, peer, hops[i:j])
+			if err != nil {
 				return false, err
 			}
-			d.fwd.setPath(peer, ci, trunks)
-			d.routes[peer][ci] = trunks[0].sub.idx
-			return true, nil
+			if len(trunks) > 0 {
+				d.fwd.setPath(peer, ci, trunks)
+				d.routes[peer][ci] = trunks[0].sub.idx
+				return true, nil
+			}
+			i = j - 1
+			continue
 		}
-		s, ok := byName[hop.SubDevice]
-		if !ok || s.caps.Reach == sdi.ReachHost && lk.hosts[peer] != lk.hosts[d.rank] {
+		s, ok := byName[hops[i].SubDevice]
+		if !ok || i > 0 && s.matcher != nil {
+			continue
+		}
+		if s.caps.Reach == sdi.ReachHost && lk.hosts[peer] != lk.hosts[d.rank] {
+			key := [2]int{s.idx, peer}
+			if _, tried := lk.tried[key]; !tried {
+				lk.tried[key] = fmt.Errorf("%w: the table routes rank %d on host %q over %q, which only reaches host %q",
+					sdi.ErrPeerUnreachable, peer, lk.hosts[peer], s.name, lk.hosts[d.rank])
+			}
 			continue
 		}
 		if err := lk.connect(ctx, s, peer); err != nil {
@@ -517,6 +532,29 @@ func (d *Device) directHops(ctx context.Context, lk *linker, byName map[string]*
 		return true, nil
 	}
 	return false, nil
+}
+
+// gatewayTrunks connects to the gateways of hops, routes through gateways
+// in a list without failover, and returns the trunks of those it reached;
+// a gateway that is unreachable is left out, the list's later routes may
+// stand in.
+func (d *Device) gatewayTrunks(ctx context.Context, lk *linker, byName map[string]*subdev, peer int, hops []conntable.Hop) ([]trunk, error) {
+	var trunks []trunk
+	for _, hop := range hops {
+		one, err := d.tableTrunks(ctx, lk, byName, peer, []conntable.Hop{hop}, false)
+		switch {
+		case errors.Is(err, sdi.ErrPeerUnreachable):
+			continue
+		case err != nil:
+			return nil, err
+		}
+		for _, t := range one {
+			if !slices.ContainsFunc(trunks, t.same) {
+				trunks = append(trunks, t)
+			}
+		}
+	}
+	return trunks, nil
 }
 
 func (d *Device) connect(ctx context.Context, s *subdev, peer int, host string) ([]byte, error) {

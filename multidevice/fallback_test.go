@@ -2,9 +2,13 @@ package multidevice
 
 import (
 	"context"
+	"errors"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/hpc-multidevice/multidevice/bootstrap"
 	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
@@ -89,5 +93,82 @@ func TestTableLaterRoutes(t *testing.T) {
 	}
 	if f := devs[1].ForwardStats().Forwarded; f != 0 {
 		t.Errorf("rank 1 forwarded %d frames; far2 is a direct route", f)
+	}
+}
+
+// TestTableHostOnlyFirstRoute: "*": [a subdevice that reaches only its
+// host, far]: for a peer on another host the first route cannot connect,
+// and the later one takes it, as conntable says; Open once failed.
+func TestTableHostOnlyFirstRoute(t *testing.T) {
+	hostCaps := fwdCaps
+	hostCaps.Reach = sdi.ReachHost
+	near := sditest.NewFabric(sditest.LoopbackOptions{Name: "near", Caps: hostCaps})
+	far := sditest.NewFabric(sditest.LoopbackOptions{Name: "far", Caps: fwdCaps})
+	tab := &conntable.Table{Version: 1, Peers: []conntable.Entry{{To: "*", Routes: map[string][]conntable.Route{
+		"*": {{SubDevice: "near"}, {SubDevice: "far"}}}}}}
+	devs := openJob(t, jobSpec{n: 3, subs: []string{"near", "far"}, table: tab,
+		hostOf:    func(r int) string { return []string{"h1", "h1", "h2"}[r] },
+		factories: map[string]sdi.Factory{"near": near.New, "far": far.New}})
+	if got, err := devs[0].Route(2, 8); err != nil || got != "far" {
+		t.Fatalf("Route(2) = %q, %v; want far", got, err)
+	}
+}
+
+// TestTableMixedList: rank 2's list is [near, near via rank:1, far2];
+// near connects rank 0 neither to 2 nor to 1, so neither the direct route
+// nor the gateway connects, and the list's last route, far2, takes it.
+// Open once failed at the unreachable gateway.
+func TestTableMixedList(t *testing.T) {
+	cut := func(a, b int) bool { return a != b && (a == 0 || b == 0) && a+b != 3 } // 0 cut from 1 and 2 on near
+	never := func(int, int) bool { return false }
+	near := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "near", Caps: fwdCaps}), cut: cut}
+	far2 := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "far2", Caps: fwdCaps}), cut: never}
+	tab := &conntable.Table{Version: 1, Peers: []conntable.Entry{
+		{To: "*", Routes: map[string][]conntable.Route{"*": {{SubDevice: "near"}, {SubDevice: "far2"}}}},
+		{To: "rank:2", Routes: map[string][]conntable.Route{"*": {{SubDevice: "near"}, {SubDevice: "near", Via: "rank:1"}, {SubDevice: "far2"}}}},
+	}}
+	devs := openJob(t, jobSpec{n: 4, subs: []string{"near", "far2"}, table: tab,
+		factories: map[string]sdi.Factory{"near": near.New, "far2": far2.New}})
+	if got, err := devs[0].Route(2, 8); err != nil || got != "far2" {
+		t.Fatalf("Route(2) = %q, %v; want far2", got, err)
+	}
+}
+
+// TestTableLaterMatcherNotStandIn: "*": [x, tm], where tm matches on its
+// own, and x cannot connect 0 to 1 but connects 1 to 0 (rank 1 behind a
+// NAT, say). tm must carry all of a peer's traffic on both sides or none:
+// rank 0 taking it for 1 while rank 1 keeps x for 0 left 1's receives
+// unmatched forever. Open fails with the reason instead.
+func TestTableLaterMatcherNotStandIn(t *testing.T) {
+	x := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "x", Caps: fwdCaps}), cut: func(a, b int) bool { return a == 0 && b == 1 }}
+	tm := newTMFabric()
+	tab := &conntable.Table{Version: 1, Peers: []conntable.Entry{{To: "*", Routes: map[string][]conntable.Route{
+		"*": {{SubDevice: "x"}, {SubDevice: "tm"}}}}}}
+	boots, err := bootstrap.InProcess(2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "x", Enabled: true}, {Name: "tm", Enabled: true}}}
+	devs, errs := make([]*Device, 2), make([]error, 2)
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Table: tab,
+				Factories: map[string]sdi.Factory{"x": x.New, "tm": tm.New}, Logger: testLogger(t)})
+			if errs[r] != nil {
+				_ = boots[r].Abort(1, errs[r].Error())
+			}
+		})
+	}
+	wg.Wait()
+	for _, d := range devs {
+		if d != nil {
+			_ = d.shutdown(ctx)
+		}
+	}
+	if err := errs[0]; !errors.Is(err, ErrNoRoute) || !strings.Contains(err.Error(), "cut: rank 0 to 1") {
+		t.Fatalf("rank 0's Open = %v, want ErrNoRoute saying x could not connect", err)
 	}
 }

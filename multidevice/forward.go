@@ -521,7 +521,13 @@ func (d *Device) pass(fh *header, class int, t trunk, buf []byte, bufp *[]byte) 
 	of.done = func(err error) {
 		// Finalizing too: a relay passes frames on from inside its Close.
 		if err != nil && !d.closed.Load() {
-			if next, ok := d.nextHop(h.dst, class, h.seq); ok && next != t {
+			next, ok := d.nextHop(h.dst, class, h.seq)
+			if errors.Is(err, sdi.ErrTooLarge) {
+				// The trunk lives (it is not marked dead for this), so
+				// nextHop would give it again: another that takes it.
+				next, ok = d.hopThatFits(h.dst, class, t, len(buf))
+			}
+			if ok && next != t {
 				d.log.Debug("forwarding failed; passing on through another hop", "source", h.src, "destination", h.dst, "next", t.via, "then", next.via, "error", err)
 				d.pass(&h, class, next, buf, bufp)
 				return
@@ -567,6 +573,19 @@ func (d *Device) nextHop(dst int32, class int, key uint64) (trunk, bool) {
 					return t, true
 				}
 				k--
+			}
+		}
+	}
+	return trunk{}, false
+}
+
+// hopThatFits is a live trunk to dst other than not whose subdevice
+// carries frames of n bytes, standing by or not.
+func (d *Device) hopThatFits(dst int32, class int, not trunk, n int) (trunk, bool) {
+	for _, standby := range [2]bool{false, true} {
+		for _, t := range d.fwd.paths[dst][class] {
+			if t.standby == standby && t != not && !d.fwd.isDead(t) && t.sub.caps.MaxFrame >= n {
+				return t, true
 			}
 		}
 	}

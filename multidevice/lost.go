@@ -60,7 +60,18 @@ func (d *Device) onLost(h *header, why string) {
 	bt := newBatch()
 	l.mu.Lock()
 	slot := int(h.sreq) - 1
-	if slot < 0 || slot >= len(l.ways) || l.failed != nil {
+	// Only a notice of a block still retained that last went through the
+	// slot counts: another is stale (the block went again through
+	// another trunk since, or arrived) and must neither cut nor lengthen
+	// a cut, as a burst of lost blocks would otherwise.
+	stale := true
+	for _, b := range l.retained {
+		if b.seq == h.seq {
+			stale = b.t.slot != slot
+			break
+		}
+	}
+	if slot < 0 || slot >= len(l.ways) || l.failed != nil || stale {
 		l.mu.Unlock()
 		bt.recycle()
 		return
@@ -72,6 +83,7 @@ func (d *Device) onLost(h *header, why string) {
 	l.cutFor[slot] = min(max(2*l.cutFor[slot], lostPause), retryMax)
 	l.cut[slot] = time.Now().Add(l.cutFor[slot])
 	cause := errors.New(why)
+	l.cutWhy = cause
 	for _, b := range l.retained {
 		if b.t.slot != slot {
 			continue

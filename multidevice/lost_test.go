@@ -3,7 +3,9 @@ package multidevice
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -115,4 +117,168 @@ func TestOversizedPassedFrame(t *testing.T) {
 	if _, err := wait(t, rr); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestPassedTooLargeTakesAnotherHop: gateway 1 has two ways on to 2:
+// through 3 over "b" (MaxFrame 1024) and through 4 over "a" (4096). A
+// block too large for "b" goes through 4. Once ErrTooLarge no longer took
+// the trunk for dead, nextHop gave the same trunk again, and the block
+// was lost though a route fit.
+func TestPassedTooLargeTakesAnotherHop(t *testing.T) {
+	small := fwdCaps
+	small.MaxFrame = 1024
+	factories := map[string]sdi.Factory{}
+	for name, caps := range map[string]sdi.Caps{"a": fwdCaps, "b": small} {
+		fab := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: caps})
+		factories[name] = func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }
+	}
+	tables := viaTables("a", 2, map[int][]conntable.Route{0: {hop("a", 1)}, 1: {hop("b", 3), hop("a", 4)}})
+	devs := openJob(t, jobSpec{n: 5, subs: []string{"a", "b"}, factories: factories, tableOf: tables,
+		forward: ForwardOptions{Retry: -1}})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 6 {
+		size := []int{4000, 10, 3000}[i%3]
+		rr := must(t)(devs[2].Irecv(make([]byte, size), 0, i, 5))
+		if err := devs[0].Send(ctx, numbered(size, 0, i), 2, i, 5, false); err != nil {
+			t.Fatalf("send %d: %v (gateway 1 lost %d blocks)", i, err, devs[1].ForwardStats().Lost)
+		}
+		if _, err := wait(t, rr); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLostBurstCutsBriefly: a short outage beyond gateway 1 loses several
+// blocks; only the first notice cuts the source's trunk through 1 (the
+// others name blocks already sent again through gateway 2), so the cut
+// lasts its first pause, not up to 30 s. Once the outage is over and
+// gateway 2 dies, the line goes on through gateway 1.
+func TestLostBurstCutsBriefly(t *testing.T) {
+	fabs, factories := map[string]*sditest.Fabric{}, map[string]sdi.Factory{}
+	for _, name := range []string{"a", "b"} {
+		fab := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
+		fabs[name], factories[name] = fab, func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }
+	}
+	tables := viaTables("a", 4, map[int][]conntable.Route{0: {hop("a", 1), hop("a", 2)}, 1: {hop("b", 3)}})
+	devs := openJob(t, jobSpec{n: 5, subs: []string{"a", "b"}, factories: factories, tableOf: tables,
+		forward: ForwardOptions{Retry: 50 * time.Millisecond}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	send := func(i, size int) error {
+		rr := must(t)(devs[4].Irecv(make([]byte, size), 0, i, 5))
+		if err := devs[0].Send(ctx, numbered(size, 0, i), 4, i, 5, false); err != nil {
+			return err
+		}
+		_, err := wait(t, rr)
+		return err
+	}
+	fabs["b"].Sever(3) // gateway 1 loses its way on, briefly
+	var reqs []*Request
+	for i := range 20 { // a burst: blocks in flight over both trunks
+		reqs = append(reqs, must(t)(devs[4].Irecv(make([]byte, 400), 0, 100+i, 5)))
+		reqs = append(reqs, must(t)(devs[0].Isend(numbered(400, 0, i), 4, 100+i, 5, false)))
+	}
+	waitAll(t, reqs)
+	fabs["b"].Mend(3)
+	time.Sleep(3 * time.Second) // gateway 1 revived its trunk long ago; the source's first pause is 1 s
+	fabs["a"].Kill(2)           // the other gateway dies
+	time.Sleep(100 * time.Millisecond)
+	if err := send(1, 10); err != nil {
+		t.Fatalf("after the outage beyond gateway 1 ended (it lost %d blocks): %v", devs[1].ForwardStats().Lost, err)
+	}
+}
+
+// TestLostNoticeThroughGateways: 0 -a-> 1 -b-> 2 -c-> 3, and gateway 2
+// reaches the source 0 only through 1. Gateway 2 loses its link to 3; its
+// notice travels back through 1, and the source's send fails with its
+// reason.
+func TestLostNoticeThroughGateways(t *testing.T) {
+	fabs, factories := map[string]*sditest.Fabric{}, map[string]sdi.Factory{}
+	for _, name := range []string{"a", "b", "c"} {
+		fab := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
+		fabs[name], factories[name] = fab, func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }
+	}
+	all := func(sub string) conntable.Entry {
+		return conntable.Entry{To: "*", Routes: map[string][]conntable.Route{"*": {{SubDevice: sub}}}}
+	}
+	to := func(r int, routes ...conntable.Route) conntable.Entry {
+		return conntable.Entry{To: fmt.Sprint("rank:", r), Routes: map[string][]conntable.Route{"*": routes}}
+	}
+	tables := map[int]*conntable.Table{
+		0: {Version: 1, Peers: []conntable.Entry{all("a"), to(3, hop("a", 1)), to(2, hop("a", 1))}},
+		1: {Version: 1, Peers: []conntable.Entry{all("a"), to(2, conntable.Route{SubDevice: "b"}), to(3, hop("b", 2))}},
+		2: {Version: 1, Peers: []conntable.Entry{all("c"), to(1, conntable.Route{SubDevice: "b"}), to(0, hop("b", 1))}},
+		3: {Version: 1, Peers: []conntable.Entry{all("a"), to(2, conntable.Route{SubDevice: "c"}), to(1, conntable.Route{SubDevice: "a"}), to(0, conntable.Route{SubDevice: "a"})}},
+	}
+	devs := openJob(t, jobSpec{n: 4, subs: []string{"a", "b", "c"}, factories: factories,
+		tableOf: func(r int) *conntable.Table { return tables[r] }, forward: ForwardOptions{Retry: -1}})
+	fabs["c"].Sever(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	must(t)(devs[3].Irecv(make([]byte, 10), 0, 1, 5))
+	err := devs[0].Send(ctx, numbered(10, 0, 1), 3, 1, 5, true)
+	if err == nil || !strings.Contains(err.Error(), "gateway rank 2 lost a block") {
+		t.Fatalf("Ssend = %v (gateway 2 lost %d)", err, devs[2].ForwardStats().Lost)
+	}
+}
+
+// TestWatchKeepsGatewayWithinWindow: ForwardOptions.Window promises that
+// a gateway holds at most Window bytes of a line plus one block. A
+// destination that stalls for 4 s (slow, not cut off) gets one copy of
+// its oldest block from the source's watch, not one per look: each would
+// sit in the gateway beyond the window.
+func TestWatchKeepsGatewayWithinWindow(t *testing.T) {
+	const block, window = 2000, 2 * (2000 + 64)
+	caps := fwdCaps
+	caps.MaxEager = 4096
+	sites := []int{0, 1, -1}
+	sn := &stallNet{inner: &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: caps, QueueLimit: 2}), cut: siteCut(sites)}, rank: 1}
+	devs := openJob(t, jobSpec{n: 3, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": sn.New}, relays: 1,
+		forward: ForwardOptions{BlockSize: block, Window: window}})
+	sn.until.Store(time.Now().Add(4 * time.Second).UnixNano()) // rank 1 stops handling frames for 4 s
+	var reqs []*Request
+	for i := range 4 {
+		reqs = append(reqs, must(t)(devs[1].Irecv(make([]byte, 1990), 0, i, 9)))
+		reqs = append(reqs, must(t)(devs[0].Isend(numbered(1990, 0, i), 1, i, 9, false)))
+	}
+	waitAll(t, reqs)
+	st := devs[2].ForwardStats()
+	if bound := int64(window + block + headerSize); st.MaxHeld > bound {
+		t.Fatalf("relay held %d bytes, more than the window %d plus one block (%d); rank 0 nudged %d", st.MaxHeld, window, bound, devs[0].ForwardStats().Nudged)
+	}
+}
+
+// stallNet makes one rank's Deliver wait until a time, as a destination
+// that stops handling frames for a while.
+type stallNet struct {
+	inner *cutNet
+	rank  int
+	until atomic.Int64 // unix nanoseconds
+}
+
+func (n *stallNet) New(log hclog.Logger) sdi.SubDevice {
+	return &stallSub{SubDevice: n.inner.New(log), n: n}
+}
+
+type stallSub struct {
+	sdi.SubDevice
+	n *stallNet
+}
+
+func (s *stallSub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	if int(p.Rank) == s.n.rank {
+		p.Handler = stallHandler{Handler: p.Handler, n: s.n}
+	}
+	return s.SubDevice.Open(ctx, p)
+}
+
+type stallHandler struct {
+	sdi.Handler
+	n *stallNet
+}
+
+func (h stallHandler) Deliver(from sdi.Rank, hdr, payload []byte) {
+	time.Sleep(time.Until(time.Unix(0, h.n.until.Load())))
+	h.Handler.Deliver(from, hdr, payload)
 }

@@ -17,7 +17,8 @@ import (
 // a next hop is a trunk). Without one, they are found automatically: a peer
 // that the subdevices its routes name report unreachable
 // (sdi.ErrPeerUnreachable, e.g. two sites using the same private range)
-// is tried on the other subdevices, and one that none of them reaches
+// is tried on the other subdevices when the table was derived (a table
+// given lists its own stand-ins), and one that none of them reaches
 // either is reached through other ranks. Each rank publishes which ranks it reaches directly under the
 // bootstrap key "reach" and, after a second fence, every rank computes the
 // same shortest paths over those rows; the next hops that lie on a shortest

@@ -118,7 +118,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 			}
 			t, ok := d.pickTrunkLocked(l, int32(peer), b.class)
 			if !ok {
-				d.failLineLocked(l, int32(peer), bt, nil)
+				d.failLineLocked(l, int32(peer), bt, l.cutWhy)
 				break
 			}
 			n := b.size()
@@ -129,7 +129,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 			resent++
 		}
 		if l.failed == nil && !d.trunksLive(int32(peer)) {
-			d.failLineLocked(l, int32(peer), bt, nil)
+			d.failLineLocked(l, int32(peer), bt, l.cutWhy)
 		}
 		l.mu.Unlock()
 		d.finishBatch(bt, false)
