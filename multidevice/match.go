@@ -611,6 +611,15 @@ func (d *Device) mrecv(r *Request, m *Message, buf []byte) error {
 	}
 	r.peer, r.tag, r.context, r.buf = msg.h.src, msg.h.tag, msg.h.context, buf
 	d.mu.Lock()
+	// As irecv: Close marks the device closed before failAll sweeps the
+	// receives under d.mu, and a large message's receive filed after
+	// that sweep would wait for data nobody asks for any more.
+	if d.closed.Load() {
+		d.freeMsgLocked(msg)
+		d.mu.Unlock()
+		r.completeOwned(r.failStatus(), ErrClosed)
+		return nil
+	}
 	d.deliverLocked(r, &msg.h, msg.data)
 	d.freeMsgLocked(msg)
 	d.mu.Unlock()

@@ -31,6 +31,9 @@ type outbox struct {
 	mu      sync.Mutex
 	items   []outItem
 	stopped bool // set by failRest: nothing queued from then on is sent
+	// passing is how many items a pass took out of items and has not
+	// put back or sent: drain waits for them too.
+	passing int
 	// Owned by the drainMu holder: the slices pass collects kept items in
 	// and the links found full, reused from pass to pass. A sender with a
 	// window of large messages finds the ring full on most passes, and
@@ -125,6 +128,7 @@ func (o *outbox) pass() (sent int, blocked, idle bool) {
 	o.mu.Lock()
 	items := o.items
 	o.items = nil
+	o.passing = len(items)
 	o.mu.Unlock()
 
 	// Once a link would block, later frames for it wait their turn
@@ -153,6 +157,25 @@ func (o *outbox) pass() (sent int, blocked, idle bool) {
 	}
 
 	o.mu.Lock()
+	o.passing = 0
+	if o.stopped {
+		// failRest ran while this pass held the items, and the outbox
+		// goroutine is gone: kept items would wait where nobody looks.
+		// (push fails what comes after failRest, so nothing else is
+		// queued.)
+		o.empty.Broadcast()
+		o.mu.Unlock()
+		for _, it := range kept {
+			if it.frame != nil {
+				o.backlog[it.frame.f.Peer].Add(-1)
+				o.d.finishFrame(it.frame, ErrClosed)
+			}
+		}
+		clear(items)
+		clear(kept)
+		o.kept, o.full = kept[:0], full[:0]
+		return len(items) - len(kept), false, true
+	}
 	// The kept items go first, then what was pushed meanwhile; the slice
 	// that is not the queue any more becomes next pass's kept, cleared
 	// so that it holds no frames for the collector.
@@ -281,7 +304,7 @@ func (o *outbox) drain(ctx context.Context) error {
 	defer stop()
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	for len(o.items) > 0 {
+	for len(o.items) > 0 || o.passing > 0 {
 		if err := ctx.Err(); err != nil {
 			return err
 		}

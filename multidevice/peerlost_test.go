@@ -316,3 +316,38 @@ func TestFramesFailingTogether(t *testing.T) {
 		}
 	}
 }
+
+// TestMrecvAfterClose: a message taken by Improbe and received with Mrecv
+// after Close fails with ErrClosed, as Irecv does then. A large one's
+// receive was filed after Close had swept the receives, sent its
+// clear-to-send into a stopped outbox, and waited forever.
+func TestMrecvAfterClose(t *testing.T) {
+	for _, size := range []int{10, 3000} { // eager, rendezvous
+		devs := loopJob(t, 2, smallCaps)
+		must(t)(devs[0].Isend(pattern(size, 1), 1, 5, 0, false))
+		var m *Message
+		for deadline := time.Now().Add(10 * time.Second); m == nil && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			var err error
+			if m, _, _, err = devs[1].Improbe(0, 5, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if m == nil {
+			t.Fatal("the message never came")
+		}
+		closeJob(t, devs)
+		done := make(chan error, 1)
+		go func() {
+			_, err := devs[1].Mrecv(context.Background(), m, make([]byte, size))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if !errors.Is(err, ErrClosed) {
+				t.Fatalf("Mrecv of %d bytes after Close: %v, want ErrClosed", size, err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("Mrecv of %d bytes after Close still blocked", size)
+		}
+	}
+}
