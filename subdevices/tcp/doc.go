@@ -281,6 +281,12 @@
 //	                 Default "30s"; "0s" leaves the system's limits, about
 //	                 15 minutes of retransmissions and none for a
 //	                 connection that only reads (see linktimeout.go).
+//	                 TCP_USER_TIMEOUT also ends a connection whose peer,
+//	                 though alive, reads nothing for this long while data
+//	                 waits for it (its window stays shut): a rank stopped
+//	                 in a debugger or by SIGSTOP for longer is reported
+//	                 down by the ranks that had frames for it. Raise
+//	                 link_timeout while debugging.
 //
 // # Close
 //

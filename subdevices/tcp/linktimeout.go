@@ -20,6 +20,13 @@ import (
 // gives up on after that long, catch a connection with nothing to send.
 // Every connection gets both, the ones this rank dials and the ones it
 // accepts.
+//
+// The kernel counts a shut window against TCP_USER_TIMEOUT too: a peer
+// that stops reading (stopped in a debugger, or by SIGSTOP) while data
+// waits for it is taken for dead after link_timeout, though its kernel
+// answers every window probe. Telling the two apart needs a timer of our
+// own on the time since the last ACK (TCP_INFO), left for later; the doc
+// of link_timeout says so.
 
 // maxLinkTimeout is the most TCP_USER_TIMEOUT takes (an int of
 // milliseconds), rounded down to a day.

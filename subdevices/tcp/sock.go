@@ -116,7 +116,7 @@ func (s *sock) result() (int, error) {
 	case s.errno == unix.EAGAIN:
 		return 0, nil
 	case s.errno != 0:
-		return 0, fmt.Errorf("write: %w", s.errno)
+		return 0, s.errno // its callers say what failed: "write"
 	}
 	return s.n, nil
 }
