@@ -29,6 +29,10 @@ type wprov struct {
 	paused       atomic.Bool
 	slowRegSize  int
 	slowRegDelay time.Duration
+	// flushed: a Poll returned a flushed completion (a broken
+	// connection); pastFlush: the provider was polled or armed again
+	// after that, so the subdevice has handled it.
+	flushed, pastFlush atomic.Bool
 }
 
 func wrap(p *softrdma.Provider) *wprov {
@@ -45,10 +49,38 @@ func wrap(p *softrdma.Provider) *wprov {
 func (w *wprov) Requests() <-chan rdma.Request { return w.reqs }
 
 func (w *wprov) Poll(cs []rdma.Completion) (int, error) {
+	if w.flushed.Load() {
+		w.pastFlush.Store(true)
+	}
 	if w.paused.Load() {
 		return 0, nil
 	}
-	return w.Provider.Poll(cs)
+	n, err := w.Provider.Poll(cs)
+	for _, c := range cs[:n] {
+		if errors.Is(c.Err, rdma.ErrFlushed) {
+			w.flushed.Store(true)
+		}
+	}
+	return n, err
+}
+
+func (w *wprov) Arm() error {
+	if w.flushed.Load() {
+		w.pastFlush.Store(true)
+	}
+	return w.Provider.Arm()
+}
+
+// awaitFlushHandled polls sd until its provider w has handed it a flushed
+// completion and been asked again, so that sd knows the connection broke.
+func awaitFlushHandled(t *testing.T, sd *rdma.SubDevice, w *wprov) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !w.pastFlush.Load(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the broken connection's flushed completions were never handled")
+		}
+		sd.Poll()
+	}
 }
 
 type slowReg struct {
@@ -467,7 +499,10 @@ func TestEarlyFailureReported(t *testing.T) {
 				frames, downs = 1, 1
 			}
 			softrdma.Sever(ws[0].Provider, ws[1].Provider)
-			sds[1].Poll()
+			// Rank 1 must know the connection broke before Accept
+			// returns: one Poll of its own could find the progress
+			// goroutine at work, and the connection then came up.
+			awaitFlushHandled(t, sds[1], ws[1])
 			close(release) // Accept returns on a connection that has failed
 			if early {
 				hs[1].await(t, "rank 1 to report rank 0 down", func() bool { return len(hs[1].down) == 1 })
