@@ -165,12 +165,7 @@ func (o *outbox) pass() (sent int, blocked, idle bool) {
 		// queued.)
 		o.empty.Broadcast()
 		o.mu.Unlock()
-		for _, it := range kept {
-			if it.frame != nil {
-				o.backlog[it.frame.f.Peer].Add(-1)
-				o.d.finishFrame(it.frame, ErrClosed)
-			}
-		}
+		o.fail(kept)
 		clear(items)
 		clear(kept)
 		o.kept, o.full = kept[:0], full[:0]
@@ -286,6 +281,11 @@ func (o *outbox) failRest() {
 	o.queued.Store(0)
 	o.empty.Broadcast()
 	o.mu.Unlock()
+	o.fail(items)
+}
+
+// fail fails the frames of items, taken out of the queue, with ErrClosed.
+func (o *outbox) fail(items []outItem) {
 	for _, it := range items {
 		if it.frame != nil {
 			o.backlog[it.frame.f.Peer].Add(-1)

@@ -399,20 +399,7 @@ func testPerPeerFIFO(t testing.TB, e *env) {
 	n := count(2000)
 	peers := len(e.sds)
 	// Each rank interleaves its frames to all peers from one goroutine.
-	parallel(t, peers, func(i int) error {
-		for seq := range n {
-			for j := range peers {
-				if j == i {
-					continue
-				}
-				m := msg{from: i, to: j, stream: 1, seq: uint64(seq), size: e.mixedSize(seq)}
-				if _, err := e.send(i, e.frame(m)); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
+	parallel(t, peers, func(i int) error { return e.sendToAll(i, n) })
 	for i := range peers {
 		for j := range peers {
 			if i != j {
@@ -422,6 +409,23 @@ func testPerPeerFIFO(t testing.TB, e *env) {
 		}
 	}
 	e.awaitCompletions(t)
+}
+
+// sendToAll sends n frames of stream 1 from rank from to every other
+// rank, interleaved, from the calling goroutine.
+func (e *env) sendToAll(from, n int) error {
+	for seq := range n {
+		for to := range len(e.sds) {
+			if to == from {
+				continue
+			}
+			m := msg{from: from, to: to, stream: 1, seq: uint64(seq), size: e.mixedSize(seq)}
+			if _, err := e.send(from, e.frame(m)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 func testManyToOne(t testing.TB, e *env) {

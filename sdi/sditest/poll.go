@@ -96,42 +96,12 @@ func testPollConcurrent(t testing.TB, e *env) {
 		ranks[i] = i
 	}
 	p := startPollers(e, ranks, 2)
+	defer p.stop(e) // after a failure too; a second stop returns at once
 	// Every rank sends a stream to every peer from one goroutine while
 	// two goroutines per rank poll, beside its own progress: Deliver
 	// must stay serialized per peer (the recorder reports overlaps),
 	// each frame must come once and, with FlagOrdered, in order.
-	err := func() error {
-		var errs []error
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		for i := range peers {
-			wg.Go(func() {
-				for seq := range n {
-					for j := range peers {
-						if j == i {
-							continue
-						}
-						m := msg{from: i, to: j, stream: 1, seq: uint64(seq), size: e.mixedSize(seq)}
-						if _, err := e.send(i, e.frame(m)); err != nil {
-							mu.Lock()
-							errs = append(errs, err)
-							mu.Unlock()
-							return
-						}
-					}
-				}
-			})
-		}
-		wg.Wait()
-		if len(errs) > 0 {
-			return errs[0]
-		}
-		return nil
-	}()
-	if err != nil {
-		p.stop(e)
-		t.Fatal(err)
-	}
+	parallel(t, peers, func(i int) error { return e.sendToAll(i, n) })
 	for i := range peers {
 		for j := range peers {
 			if i != j {
