@@ -199,8 +199,8 @@ var errWindowRequest = fmt.Errorf("adi: %w: the request is a one-sided operation
 
 // Cancel asks to cancel the request. A receive that has not matched yet
 // completes with ErrCanceled and Status.Cancelled; a matched receive, a
-// send, a collective or a one-sided operation completes normally (as MPI
-// allows). Of an Isendrecv only the receive is cancelled: the request
+// send, a collective, a partitioned round or a one-sided operation
+// completes normally (as MPI allows). Of an Isendrecv only the receive is cancelled: the request
 // completes once its send is done, which may have delivered its message,
 // and counts as cancelled only if its receive was (see Comm.Isendrecv).
 func (q *Request) Cancel() {

@@ -250,7 +250,8 @@
 //	                 job on one host off the network.
 //	connect_timeout  Go duration bounding each address's dial plus handshake
 //	                 in Connect, and a stranger's handshake on the listener.
-//	                 Default "10s".
+//	                 Default "10s". A shorter link_timeout bounds the dial
+//	                 too: the kernel gives up the connection attempt then.
 //	queue_bytes      send queue bound in bytes per connection, 1 to 1 GiB.
 //	                 Default 4 MiB.
 //	include          interfaces to publish: names, shell patterns ("eth*")
