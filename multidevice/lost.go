@@ -84,22 +84,8 @@ func (d *Device) onLost(h *header, why string) {
 	l.cut[slot] = time.Now().Add(l.cutFor[slot])
 	cause := errors.New(why)
 	l.cutWhy = cause
-	for _, b := range l.retained {
-		if b.t.slot != slot {
-			continue
-		}
-		t, ok := d.pickTrunkLocked(l, dst, b.class)
-		if !ok {
-			d.failLineLocked(l, dst, bt, cause)
-			break
-		}
-		n := b.size()
-		l.load[b.t.slot] -= n
-		l.load[t.slot] += n
-		b.t = t
-		bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(dst, b, t)})
-		d.fwd.resent.Add(1)
-	}
+	n := d.resendLocked(l, dst, bt, func(t trunk) bool { return t.slot == slot }, cause)
+	d.fwd.resent.Add(uint64(n))
 	l.mu.Unlock()
 	d.finishBatch(bt, false)
 }

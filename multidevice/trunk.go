@@ -112,22 +112,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 		}
 		bt := newBatch()
 		l.mu.Lock()
-		for _, b := range l.retained {
-			if b.t.via != via || b.t.sub.idx != sub {
-				continue
-			}
-			t, ok := d.pickTrunkLocked(l, int32(peer), b.class)
-			if !ok {
-				d.failLineLocked(l, int32(peer), bt, l.cutWhy)
-				break
-			}
-			n := b.size()
-			l.load[b.t.slot] -= n
-			l.load[t.slot] += n
-			b.t = t
-			bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(int32(peer), b, t)})
-			resent++
-		}
+		resent += d.resendLocked(l, int32(peer), bt, func(t trunk) bool { return t.via == via && t.sub.idx == sub }, l.cutWhy)
 		if l.failed == nil && !d.trunksLive(int32(peer)) {
 			d.failLineLocked(l, int32(peer), bt, l.cutWhy)
 		}
@@ -148,6 +133,31 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 	}
 	// Credits this rank returned through it may be lost too.
 	d.recredit()
+}
+
+// resendLocked sends the blocks of line l that last went through a trunk
+// gone reports true for again through the line's other live trunks, and
+// fails the line with why when one finds none. It returns how many went
+// again; the sends are in bt.
+func (d *Device) resendLocked(l *txLine, peer int32, bt *fwdBatch, gone func(trunk) bool, why error) int {
+	resent := 0
+	for _, b := range l.retained {
+		if !gone(b.t) {
+			continue
+		}
+		t, ok := d.pickTrunkLocked(l, peer, b.class)
+		if !ok {
+			d.failLineLocked(l, peer, bt, why)
+			break
+		}
+		n := b.size()
+		l.load[b.t.slot] -= n
+		l.load[t.slot] += n
+		b.t = t
+		bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
+		resent++
+	}
+	return resent
 }
 
 // retryMax is the longest pause between two attempts to revive a trunk,
