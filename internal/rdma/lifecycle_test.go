@@ -278,15 +278,7 @@ func TestFlushAfterSendDone(t *testing.T) {
 	if _, err := sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("L"), Payload: make([]byte, size), Token: 7}); err != nil {
 		t.Fatal(err)
 	}
-	if err := sds[0].Flush(ctxT(t), 1); err != nil {
-		t.Fatal(err)
-	}
-	hs[0].mu.Lock()
-	_, ok := hs[0].done[7]
-	hs[0].mu.Unlock()
-	if !ok {
-		t.Fatal("Flush returned before SendDone(7)")
-	}
+	flushAfterDone(t, sds[0], hs[0], 7)
 }
 
 // fins of a replaced connection stay in p.fins and go out on the new
@@ -619,13 +611,20 @@ func TestFlushAfterFailedSendDone(t *testing.T) {
 	}
 	softrdma.Sever(ws[0].Provider, ws[1].Provider)
 	time.Sleep(100 * time.Millisecond) // rank 0 finishes the connection, in the slow deregistration
-	if err := sds[0].Flush(ctxT(t), 1); err != nil {
+	flushAfterDone(t, sds[0], hs[0], 7)
+}
+
+// flushAfterDone flushes sd's frames to rank 1 and checks that the frame
+// with token had its SendDone before Flush returned, as Flush promises.
+func flushAfterDone(t *testing.T, sd *rdma.SubDevice, h *recorder, token uint64) {
+	t.Helper()
+	if err := sd.Flush(ctxT(t), 1); err != nil {
 		t.Fatal(err)
 	}
-	hs[0].mu.Lock()
-	_, ok := hs[0].done[7]
-	hs[0].mu.Unlock()
+	h.mu.Lock()
+	_, ok := h.done[token]
+	h.mu.Unlock()
 	if !ok {
-		t.Fatal("Flush returned nil before SendDone(7)")
+		t.Fatalf("Flush returned nil before SendDone(%d)", token)
 	}
 }
