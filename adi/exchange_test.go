@@ -416,3 +416,85 @@ func TestRecvTimeoutStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestWaitAnyPersistentOnce: a persistent request whose round WaitAny,
+// WaitSome, TestAny, TestSome, Wait or Test has reported is inactive, as
+// MPI makes it, until it is started again. The usual halo loop (StartAll,
+// then WaitAny once per request) once got the first request that completed
+// at every call and never saw the others.
+func TestWaitAnyPersistentOnce(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	const k = 3
+	for round := range 2 {
+		recvs := make([]*adi.Request, k)
+		for i := range recvs {
+			recvs[i] = must(cs[1].RecvInit(make([]byte, 1), 0, i))
+		}
+		bar0, bar1 := must(cs[0].BarrierInit()), must(cs[1].BarrierInit())
+		reqs := append(recvs, bar1)
+		if err := adi.StartAll(reqs...); err != nil {
+			t.Fatal(err)
+		}
+		if err := bar0.Start(); err != nil {
+			t.Fatal(err)
+		}
+		for i := range k {
+			if err := cs[0].Send(ctx, []byte{byte(i)}, 1, i); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := bar0.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		seen := map[int]bool{}
+		for range k + 1 {
+			var idx []int
+			var err error
+			if round == 0 {
+				var i int
+				i, _, err = adi.WaitAny(ctx, reqs...)
+				idx = []int{i}
+			} else {
+				idx, _, err = adi.WaitSome(ctx, reqs...)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, i := range idx {
+				if i < 0 || seen[i] {
+					t.Fatalf("round %d: request %d reported again (seen %v)", round, i, seen)
+				}
+				seen[i] = true
+			}
+			if len(seen) == k+1 {
+				break
+			}
+		}
+		if i, _, err := adi.WaitAny(ctx, reqs...); i != -1 || err != nil {
+			t.Errorf("round %d: WaitAny once every round was reported = %d, %v; want -1", round, i, err)
+		}
+		if i, _, ok, _ := adi.TestAny(reqs...); i != -1 || !ok {
+			t.Errorf("round %d: TestAny once every round was reported = %d, %v; want -1, true", round, i, ok)
+		}
+		if st, err := recvs[0].Wait(ctx); err != nil || st != (adi.Status{}) {
+			t.Errorf("round %d: Wait on a reported round = %+v, %v; want an inactive request's empty status", round, st, err)
+		}
+	}
+	// Wait reports a round once too, and Start makes the request active again.
+	q := must(cs[1].RecvInit(make([]byte, 1), 0, 7))
+	for range 2 {
+		if err := q.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if err := cs[0].Send(ctx, []byte{7}, 1, 7); err != nil {
+			t.Fatal(err)
+		}
+		if st, err := q.Wait(ctx); err != nil || st.Tag != 7 {
+			t.Fatalf("Wait = %+v, %v; want the message", st, err)
+		}
+		if i, _, ok, _ := adi.TestAny(q); i != -1 || !ok {
+			t.Errorf("TestAny after Wait reported the round = %d, %v; want -1, true", i, ok)
+		}
+	}
+}

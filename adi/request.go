@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/hpc-multidevice/multidevice/multidevice"
 )
@@ -30,6 +31,12 @@ type Request struct {
 	// sr is set for an Isendrecv (sendrecv_nb.go): r is its receive, and
 	// sr its send. Test and Wait look at both.
 	sr *sendrecvOp
+	// reported is set once Wait, Test or one of the Any, Some and All
+	// calls has reported the completed round of a persistent or
+	// partitioned request, and cleared by Start: MPI makes the request
+	// inactive then, so that a loop calling WaitAny once per request sees
+	// each round once. Atomic because Wait and Test may run concurrently.
+	reported atomic.Bool
 }
 
 // localOp is an operation of this package's own: done is closed once st
@@ -105,6 +112,9 @@ func (o *localOp) over() bool {
 
 // done reports whether q's operation completed (q holds one).
 func (q *Request) done() bool {
+	if q.reported.Load() {
+		return true
+	}
 	if q.sr != nil {
 		_, done, _ := q.sr.test(q)
 		return done
@@ -142,6 +152,21 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 	if q == nil {
 		return Status{}, errNilRequest
 	}
+	if q.reported.Load() {
+		return Status{}, nil // inactive: see reported
+	}
+	st, err := q.wait(ctx)
+	if q.restartable() && q.done() {
+		q.reported.Store(true)
+	}
+	return st, err
+}
+
+// restartable reports whether Start may start q again, so that reporting
+// its round makes it inactive.
+func (q *Request) restartable() bool { return q.persist != nil || q.part != nil }
+
+func (q *Request) wait(ctx context.Context) (Status, error) {
 	if q.c == nil {
 		return Status{}, errNotStarted
 	}
@@ -174,6 +199,17 @@ func (q *Request) Test() (Status, bool, error) {
 	if q == nil {
 		return Status{}, true, errNilRequest
 	}
+	if q.reported.Load() {
+		return Status{}, true, nil // inactive: see reported
+	}
+	st, done, err := q.test()
+	if done && q.restartable() {
+		q.reported.Store(true)
+	}
+	return st, done, err
+}
+
+func (q *Request) test() (Status, bool, error) {
 	if q.c == nil {
 		return Status{}, true, errNotStarted
 	}
@@ -266,7 +302,7 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 		var st Status
 		mst, done, err := q.r.Test()
 		switch {
-		case q.c == nil || q.local != nil || q.sr != nil || !done:
+		case q.c == nil || q.local != nil || q.sr != nil || q.restartable() || !done:
 			st, err = q.Wait(ctx)
 		case sts != nil:
 			st = q.c.status(mst)
@@ -425,9 +461,11 @@ type persistent struct {
 
 // active reports whether q holds an operation that WaitAny, WaitSome,
 // TestAny and TestSome wait for: not nil (MPI_REQUEST_NULL), started, and
-// not a persistent request between its operations, which MPI's skip as
-// they do null ones.
-func (q *Request) active() bool { return q != nil && q.c != nil && q.local != inactive }
+// not a persistent request between its operations (not started, or its
+// round reported), which MPI's skip as they do null ones.
+func (q *Request) active() bool {
+	return q != nil && q.c != nil && q.local != inactive && !q.reported.Load()
+}
 
 // inactive is the status of a persistent request between its operations:
 // Wait and Test return at once, with an empty status (as MPI's do).
@@ -436,7 +474,10 @@ var inactive = doneOp(Status{})
 // SendInit makes a persistent standard-mode send of buf to dest with tag
 // (MPI_Send_init): Start sends it, as many times as the program likes,
 // each time with buf's contents then; Wait or Test completes each. Until
-// the first Start, Wait returns at once. SsendInit makes a synchronous
+// the first Start, and again once Wait, Test, WaitAny or another of the
+// Any, Some and All calls has reported a round, the request is inactive:
+// Wait and Test return an empty status at once, and WaitAny and the like
+// skip it, as MPI's do. SsendInit makes a synchronous
 // one, RecvInit a receive.
 func (c *Comm) SendInit(buf []byte, dest, tag int) (*Request, error) {
 	return c.persistent(&persistent{send: true, buf: buf, peer: dest, tag: tag})
@@ -478,6 +519,7 @@ func (q *Request) Start() error {
 	if q == nil {
 		return fmt.Errorf("adi: start: %w", errNilRequest)
 	}
+	q.reported.Store(false) // a new round, or the last one still running
 	if q.part != nil {
 		return q.startPartitioned()
 	}
