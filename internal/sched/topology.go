@@ -108,6 +108,9 @@ func parseCPURange(item string) (lo, hi, stride int, err error) {
 		if stride, err = strconv.Atoi(st); err != nil || stride < 1 {
 			return 0, 0, 0, fmt.Errorf("stride in %q is not a positive number", item)
 		}
+		// Any stride past the range's end means lo alone; a huge one
+		// would wrap the caller's loop.
+		stride = min(stride, hi-lo+1)
 	}
 	return lo, hi, stride, nil
 }

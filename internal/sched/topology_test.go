@@ -17,6 +17,10 @@ func TestParseCPUList(t *testing.T) {
 		{in: "62-65,200", want: "62-65,200"},
 		{in: "3,1,2", want: "1-3"},
 		{in: "8191", want: "8191"},
+		// A stride past the range's end takes its first CPU only; one
+		// near MaxInt once wrapped the loop negative and panicked.
+		{in: "1-1:9223372036854775807", want: "1"},
+		{in: "0-8191:8192", want: "0"},
 		{in: "", err: "empty CPU list"},
 		{in: "\n", err: "empty CPU list"},
 		{in: "a", err: `"a" is not a CPU number`},
@@ -47,7 +51,7 @@ func TestParseCPUList(t *testing.T) {
 // FuzzParseCPUList: no panic, and what parses prints as a list that
 // parses back to the same CPUs.
 func FuzzParseCPUList(f *testing.F) {
-	for _, s := range []string{"0", "0-3,8\n", "0-7:2", "1,3,5", "62-65,200", "3-1", "0-8191:4096"} {
+	for _, s := range []string{"0", "0-3,8\n", "0-7:2", "1,3,5", "62-65,200", "3-1", "0-8191:4096", "1-1:9223372036854775807"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, in string) {
