@@ -153,15 +153,22 @@ func create(name string, size int, reserve bool) (*Segment, error) {
 // unnamed opens a new file in Dir that has no name yet, the function
 // that gives it one, and the one that removes what is left of it once it
 // has its name or failed. The file is unnamed (O_TMPFILE) where the
-// kernel allows it, and otherwise a hidden temporary that no sweep
-// matches.
+// kernel allows it and /proc is there to name it through, and otherwise
+// a hidden temporary that no sweep matches.
 func unnamed(name string) (f *os.File, link func(path string) error, discard func(), err error) {
 	fd, err := unix.Open(Dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_CLOEXEC, 0o600)
 	if err == nil {
-		f := os.NewFile(uintptr(fd), filepath.Join(Dir, name))
-		return f, func(path string) error {
-			return unix.Linkat(unix.AT_FDCWD, fmt.Sprintf("/proc/self/fd/%d", fd), unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
-		}, func() {}, nil
+		// Linking an unnamed file takes /proc/self/fd (AT_EMPTY_PATH
+		// would need CAP_DAC_READ_SEARCH); a sandbox or chroot without
+		// /proc takes the temporary instead.
+		proc := fmt.Sprintf("/proc/self/fd/%d", fd)
+		if unix.Access(proc, unix.F_OK) == nil {
+			f := os.NewFile(uintptr(fd), filepath.Join(Dir, name))
+			return f, func(path string) error {
+				return unix.Linkat(unix.AT_FDCWD, proc, unix.AT_FDCWD, path, unix.AT_SYMLINK_FOLLOW)
+			}, func() {}, nil
+		}
+		unix.Close(fd)
 	}
 	if f, err = os.CreateTemp(Dir, "."+name+"-"); err != nil {
 		return nil, nil, nil, err

@@ -379,3 +379,27 @@ func TestReserve(t *testing.T) {
 		t.Fatalf("%d bytes allocated after failed reservations, want 3 pages", got)
 	}
 }
+
+// TestCreateWithoutProc: in a sandbox or chroot without /proc, Create
+// still makes the segment, through a temporary name, and leaves no
+// temporary behind. It used to fail with "create /dev/shm/NAME: no such
+// file or directory", /proc/self/fd being what was missing.
+func TestCreateWithoutProc(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("needs root, to mount an empty /proc in a mount namespace")
+	}
+	name := fmt.Sprintf("shmem-noproc-test-%d", os.Getpid())
+	t.Cleanup(func() { os.Remove(filepath.Join(Dir, name)) })
+	cmd := exec.Command("unshare", "-m", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs none /proc && exec "$0" -test.run=^$`, os.Args[0])
+	cmd.Env = append(os.Environ(), crashEnv+"="+name)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("Create without /proc: %v: %s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(Dir, name)); err != nil {
+		t.Errorf("segment made without /proc: %v", err)
+	}
+	if tmps, _ := filepath.Glob(filepath.Join(Dir, "."+name+"*")); len(tmps) != 0 {
+		t.Errorf("temporary files left: %v", tmps)
+	}
+}
