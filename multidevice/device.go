@@ -395,8 +395,8 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			if len(hops) == 0 {
 				return fmt.Errorf("%w: rank %d, class %q", ErrNoRoute, peer, res.Classes()[ci].Name)
 			}
-			if failover := res.Failover(peer) && len(hops) > 1; failover || hops[0].Via >= 0 {
-				trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops, failover)
+			if res.Failover(peer) && len(hops) > 1 {
+				trunks, err := d.tableTrunks(ctx, lk, byName, peer, hops, true)
 				if err != nil {
 					return err
 				}
@@ -480,9 +480,8 @@ func (d *Device) shareCards(ctx context.Context, hosts []string) error {
 }
 
 // directHops routes class ci of peer over the first route of hops, a
-// list without failover that starts with a direct one, that connects:
-// the later routes stand in, in order, where the earlier ones cannot
-// connect. A direct route whose subdevice is not loaded here (past the
+// list without failover, that connects: the later routes stand in, in
+// order, where the earlier ones cannot connect. A direct route whose subdevice is not loaded here (past the
 // first), reaches only this host for a peer on another, or, past the
 // first, matches on its own (it must carry all of the peer's traffic
 // from the start, on both sides) is passed over; a run of routes through

@@ -172,3 +172,37 @@ func TestTableLaterMatcherNotStandIn(t *testing.T) {
 		t.Fatalf("rank 0's Open = %v, want ErrNoRoute saying x could not connect", err)
 	}
 }
+
+// TestTableGatewayFirstThenDirect: rank 2's list is [near via rank:1,
+// far2], as mdconfig writes when a direct route comes within a few per
+// cent of the best one through a gateway. Rank 0 cannot reach rank 1
+// over near, so the gateway does not connect and the direct route stands
+// in, as conntable says of a list without failover. Open once failed at
+// the gateway: a list that began with a gateway was not walked.
+func TestTableGatewayFirstThenDirect(t *testing.T) {
+	cut01 := func(a, b int) bool { return a+b == 1 }
+	never := func(int, int) bool { return false }
+	near := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "near", Caps: fwdCaps}), cut: cut01}
+	far2 := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "far2", Caps: fwdCaps}), cut: never}
+	tab := &conntable.Table{Version: 1, Peers: []conntable.Entry{
+		{To: "*", Routes: map[string][]conntable.Route{"*": {{SubDevice: "near"}, {SubDevice: "far2"}}}},
+		{To: "rank:2", Routes: map[string][]conntable.Route{"*": {{SubDevice: "near", Via: "rank:1"}, {SubDevice: "far2"}}}},
+	}}
+	devs := openJob(t, jobSpec{n: 3, subs: []string{"near", "far2"}, table: tab,
+		factories: map[string]sdi.Factory{"near": near.New, "far2": far2.New}})
+	if got, err := devs[0].Route(2, 8); err != nil || got != "far2" {
+		t.Fatalf("Route(2) = %q, %v; want far2", got, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	rr := must(t)(devs[2].Irecv(make([]byte, 5000), 0, 1, 0))
+	if err := devs[0].Send(ctx, numbered(5000, 0, 1), 2, 1, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wait(t, rr); err != nil {
+		t.Fatal(err)
+	}
+	if f := devs[1].ForwardStats().Forwarded; f != 0 {
+		t.Errorf("rank 1 forwarded %d frames; it was never reached", f)
+	}
+}
