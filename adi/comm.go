@@ -194,6 +194,7 @@ func (c *Comm) isendInto(q *Request, buf []byte, dest, tag int, sync bool) error
 	}
 	d, err := c.dest(dest)
 	if err != nil {
+		q.failedStart(err)
 		return err
 	}
 	if err := c.w.dev.IsendRequest(&q.r, buf, d, tag, c.context, sync); err != nil {
@@ -257,6 +258,7 @@ func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
 	}
 	s, err := c.source(source)
 	if err != nil {
+		q.failedStart(err)
 		return err
 	}
 	if err := c.w.dev.IrecvRequest(&q.r, buf, s, tag, c.context); err != nil {

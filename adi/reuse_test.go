@@ -100,9 +100,20 @@ func testRequestReuse(t *testing.T, cs []*adi.Comm) {
 		}
 	}
 
-	// A failed start leaves a request that holds nothing, and can be reused.
+	// A failed start leaves a request that holds nothing, and can be
+	// reused: not its last operation's result, which a refused rank once
+	// left it reporting as if a new message had come.
 	if err := a.IsendInto(&sq, buf, 5, 0); !errors.Is(err, adi.ErrRank) {
 		t.Fatalf("IsendInto to rank 5 of 2: %v, want ErrRank", err)
+	}
+	if st, done, err := sq.Test(); err == nil {
+		t.Errorf("Test after IsendInto to no rank: %+v, %v, no error", st, done)
+	}
+	if err := b.IrecvInto(&rq, buf, 5, 0); !errors.Is(err, adi.ErrRank) {
+		t.Fatalf("IrecvInto from rank 5 of 2: %v, want ErrRank", err)
+	}
+	if st, err := rq.Wait(ctx); err == nil {
+		t.Errorf("Wait after IrecvInto from no rank: %+v, no error", st)
 	}
 	if err := a.IsendInto(&sq, buf, 1, -3); !errors.Is(err, adi.ErrTag) {
 		t.Fatalf("IsendInto with tag -3: %v, want ErrTag", err)
