@@ -9,6 +9,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -71,7 +72,8 @@ func ring(ctx context.Context, c *adi.Comm) error {
 		if _, err := c.Recv(ctx, buf, prev, tagRing); err != nil {
 			return fmt.Errorf("ring: %w", err)
 		}
-		buf[1]++
+		// Four bytes of count: one byte wrapped at 128 ranks.
+		binary.LittleEndian.PutUint32(buf[4:], binary.LittleEndian.Uint32(buf[4:])+1)
 		if c.Rank() != 0 {
 			if err := c.Send(ctx, buf, next, tagRing); err != nil {
 				return fmt.Errorf("ring: %w", err)
@@ -79,9 +81,10 @@ func ring(ctx context.Context, c *adi.Comm) error {
 		}
 	}
 	if c.Rank() == 0 {
-		fmt.Printf("ring: the token went around %d ranks twice and counted %d hops\n", c.Size(), buf[1])
-		if int(buf[1]) != 2*c.Size() {
-			return fmt.Errorf("ring: counted %d hops, want %d", buf[1], 2*c.Size())
+		hops := binary.LittleEndian.Uint32(buf[4:])
+		fmt.Printf("ring: the token went around %d ranks twice and counted %d hops\n", c.Size(), hops)
+		if int(hops) != 2*c.Size() {
+			return fmt.Errorf("ring: counted %d hops, want %d", hops, 2*c.Size())
 		}
 	}
 	return nil
