@@ -97,8 +97,10 @@ func remoteBind(mode bindMode, k int) []string {
 // the host's sysfs CPU directory dir describes, as sched.Cores reads it
 // here, or fails the command line. Cores are told apart by their lowest
 // CPU, so the thread lists sorted by it without repeats list each core
-// once, in order.
+// once, in order. The code is one group ending in &&, before the
+// command it binds: after a failed "cd -- DIR &&" it does not run, and
+// the cd's own message is the only one.
 func pickCore(dir string, k int) string {
-	return `c=$(sort -nu ` + dir + `/cpu[0-9]*/topology/thread_siblings_list | sed -n ` + strconv.Itoa(k+1) + `p) && [ -n "$c" ] || ` +
-		`{ echo 'mdrun: -bind core: this host has no ` + ordinal(k+1) + ` core' >&2; exit 1; };`
+	return `{ c=$(sort -nu ` + dir + `/cpu[0-9]*/topology/thread_siblings_list | sed -n ` + strconv.Itoa(k+1) + `p) && [ -n "$c" ] || ` +
+		`{ echo 'mdrun: -bind core: this host has no ` + ordinal(k+1) + ` core' >&2; exit 1; }; } &&`
 }

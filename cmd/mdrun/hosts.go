@@ -63,13 +63,15 @@ func sameSite(seen map[string]string, h hostSpec) error {
 	if before == h.site {
 		return nil
 	}
-	where := func(site string) string {
-		if site == "" {
-			return "in no site"
-		}
-		return "in site " + site
+	return fmt.Errorf("host %s is %s here and %s before: a host is in one site or in none", h.name, inSite(h.site), inSite(before))
+}
+
+// inSite says which site a host is in, for messages.
+func inSite(site string) string {
+	if site == "" {
+		return "in no site"
 	}
-	return fmt.Errorf("host %s is %s here and %s before: a host is in one site or in none", h.name, where(h.site), where(before))
+	return "in site " + site
 }
 
 // parseHostEntry reads "name" or "name:slots".

@@ -195,6 +195,8 @@ func TestRemoteCommand(t *testing.T) {
 		{"bound to a CPU", dir, false, remoteBind(bindHWThread, 0), "with space|" + dir + "|0", ""},
 		{"bound to a core", dir, false, remoteBind(bindCore, 0), "with space|" + dir + "|" + core0.String(), ""},
 		{"bound to a core not there", dir, false, remoteBind(bindCore, 8191), "", "mdrun: -bind core: this host has no 8192nd core\n"},
+		// The failed cd, not the core it never looked for.
+		{"given directory missing here, bound to a core", dir + "/none", true, remoteBind(bindCore, 0), "", dir + "/none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -221,6 +223,11 @@ func TestRemoteCommand(t *testing.T) {
 				}
 				if !strings.Contains(stderr.String(), tt.stderr) {
 					t.Errorf("the remote shell said %q, want %q", stderr.String(), tt.stderr)
+				}
+				// One failure, told once: what failed first ends the
+				// command line, and nothing after it runs.
+				if n := strings.Count(stderr.String(), "\n"); n != 1 {
+					t.Errorf("the remote shell said %d lines, want 1: %q", n, stderr.String())
 				}
 				return
 			}

@@ -30,6 +30,10 @@ const killGrace = 3 * time.Second
 // rank exited, in case a process it left behind still holds the pipe.
 const pipeGrace = 2 * time.Second
 
+// groupPoll is how often a terminating job whose ranks were all reaped
+// looks whether their process groups emptied: nothing reports it.
+const groupPoll = 20 * time.Millisecond
+
 // job is one run of mdrun. Only its run goroutine touches its fields; the
 // per-rank goroutines report through channels.
 type job struct {
@@ -52,6 +56,9 @@ type job struct {
 	status      int // exit status, decided by the first failure
 	terminating bool
 	killTimer   <-chan time.Time
+	// killed says the ranks' groups got SIGKILL: nothing is left to wait
+	// for.
+	killed bool
 }
 
 // rank is one started process.
@@ -79,6 +86,10 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	srv, err := j.newServer()
 	if err != nil {
 		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
+		var ue *usageError
+		if errors.As(err, &ue) {
+			return exitUsage
+		}
 		return exitFailed
 	}
 	serveCtx, stopServe := context.WithCancel(context.Background())
@@ -93,6 +104,10 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	j.logger.Debug("rendezvous service listening", "addr", srv.Addr(), "job", srv.JobID())
 
 	j.srv = srv
+	if err := j.checkWdirs(); err != nil {
+		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
+		return exitUsage
+	}
 	binds, err := j.placeBindings()
 	if err != nil {
 		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
@@ -122,13 +137,30 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	aborts := srv.Aborts()
 	done := ctx.Done()
 	lost := j.stdout.lost
-	for j.running > 0 {
+	var poll <-chan time.Time
+	for j.running > 0 || j.lingering() {
+		if j.running == 0 && poll == nil {
+			tick := time.NewTicker(groupPoll)
+			defer tick.Stop()
+			poll = tick.C
+		}
 		select {
 		case e := <-exits:
 			// A rank that aborted usually exits right after; its abort,
 			// already queued, is the better explanation.
 			aborts = j.drainAborts(aborts)
 			j.exited(e)
+			if j.running == 0 && lost != nil {
+				// The last ranks' last lines were written as they were
+				// reaped; a failed write must still fail the job.
+				select {
+				case <-lost:
+					lost = nil
+					j.outputLost()
+				default:
+				}
+			}
+		case <-poll:
 		case a, ok := <-aborts:
 			if !ok {
 				aborts = nil // the service stopped; the ranks' exits end the job
@@ -139,12 +171,7 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 			j.signalled(sig)
 		case <-lost:
 			lost = nil
-			if err := j.stdout.failure(); errors.Is(err, syscall.EPIPE) {
-				// As a program writing into a closed pipe ends, by SIGPIPE.
-				j.fail(128+int(syscall.SIGPIPE), "mdrun: standard output is closed (its reader went away); terminating the job")
-			} else {
-				j.fail(exitFailed, fmt.Sprintf("mdrun: writing standard output: %v; terminating the job", err))
-			}
+			j.outputLost()
 		case <-deadline:
 			j.fail(exitTimeout, fmt.Sprintf("mdrun: the job ran longer than -timeout %v; terminating the job", j.cfg.timeout))
 		case <-done:
@@ -154,10 +181,34 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 			j.killTimer = nil
 			j.logger.Debug("grace period over, killing the remaining ranks")
 			j.signalAll(syscall.SIGKILL)
+			j.killed = true
 		}
 	}
 	j.removeSegments(srv.JobID())
 	return j.status
+}
+
+// outputLost fails the job because writing its standard output failed.
+func (j *job) outputLost() {
+	if err := j.stdout.failure(); errors.Is(err, syscall.EPIPE) {
+		// As a program writing into a closed pipe ends, by SIGPIPE.
+		j.fail(128+int(syscall.SIGPIPE), "mdrun: standard output is closed (its reader went away); terminating the job")
+	} else {
+		j.fail(exitFailed, fmt.Sprintf("mdrun: writing standard output: %v; terminating the job", err))
+	}
+}
+
+// lingering reports whether a terminating job must still wait for the
+// grace period's SIGKILL: a rank's process group has a member left,
+// typically something the rank started that ignores the signal the job
+// got (sh starts background jobs with SIGINT ignored). A job that ends
+// well leaves what its ranks started alone, as mpirun does: a rank may
+// start a daemon on purpose.
+func (j *job) lingering() bool {
+	if !j.terminating || j.killed {
+		return false
+	}
+	return slices.ContainsFunc(j.ranks, (*rank).populated)
 }
 
 // removeSegments unlinks the shared-memory segments of ranks that died
@@ -187,12 +238,28 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 		return nil, fmt.Errorf("host name: %w", err)
 	}
 	j.self = self
+	// The ranks placed here, through "localhost" or the host name, are on
+	// one host, and the library tells hosts apart by MDRUN_HOST: all of
+	// them get one name, the first of this machine's in -hosts.
+	local, site := self, ""
+	if i := slices.IndexFunc(j.cfg.hosts, func(h hostSpec) bool { return isLocal(h.name, self) }); i >= 0 {
+		local, site = j.cfg.hosts[i].name, j.cfg.hosts[i].site
+	}
+	here := func(host string) string {
+		if isLocal(host, self) {
+			return local
+		}
+		return host
+	}
 	if j.cfg.hosts != nil {
 		j.hostOf = place(j.cfg.n, j.cfg.hosts, j.cfg.mapBy)
 		j.siteOf = map[string]string{}
 		for _, h := range j.cfg.hosts {
+			if isLocal(h.name, self) && h.site != site {
+				return nil, &usageError{fmt.Sprintf("-hosts: %s and %s are both this machine, %s and %s: a host is in one site or in none", local, h.name, inSite(site), inSite(h.site))}
+			}
 			if h.site != "" {
-				j.siteOf[h.name] = h.site
+				j.siteOf[here(h.name)] = h.site
 			}
 		}
 	} else {
@@ -201,6 +268,9 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 		}
 	}
 	j.hostOf = append(j.hostOf, j.cfg.relays...)
+	for r, h := range j.hostOf {
+		j.hostOf[r] = here(h)
+	}
 	remote := ""
 	for _, h := range j.hostOf {
 		if !isLocal(h, self) {
@@ -367,6 +437,31 @@ func ordinal(n int) string {
 	return strconv.Itoa(n) + suffix
 }
 
+// checkWdirs checks the -wdir of every rank placed here, before any
+// starts, as parseArgs does when every rank is: a missing one is the
+// user's mistake, to be named as such, not a program that failed to
+// start.
+func (j *job) checkWdirs() error {
+	checked := map[string]bool{}
+	for r := range j.size() {
+		if j.hostOf != nil && !isLocal(j.hostOf[r], j.self) {
+			continue
+		}
+		wdir, set := j.cfg.wdir, j.cfg.wdirSet
+		if _, a := j.appOf(r); a != nil {
+			wdir, set = a.wdir, a.wdirSet
+		}
+		if !set || checked[wdir] {
+			continue
+		}
+		checked[wdir] = true
+		if _, err := absWdir(wdir, true); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // start starts one rank, here or through the launcher, bound as b says.
 func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 	remote := j.hostOf != nil && !isLocal(j.hostOf[r], j.self)
@@ -400,8 +495,8 @@ func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 		id:     r,
 		remote: remote,
 		cmd:    cmd,
-		out:    &lineWriter{out: j.stdout, prefix: prefix},
-		errOut: &lineWriter{out: j.stderr, prefix: prefix},
+		out:    &lineWriter{out: j.stdout, prefix: prefix, raw: !j.cfg.prefix},
+		errOut: &lineWriter{out: j.stderr, prefix: prefix, raw: !j.cfg.prefix},
 	}
 	cmd.Stdout, cmd.Stderr = rk.out, rk.errOut
 	cmd.WaitDelay = pipeGrace
@@ -494,6 +589,7 @@ func (j *job) signalled(sig os.Signal) {
 	if j.terminating {
 		j.logger.Debug("second signal, killing the ranks", "signal", sig)
 		j.signalAll(syscall.SIGKILL)
+		j.killed = true
 		return
 	}
 	s, ok := sig.(syscall.Signal)
@@ -547,19 +643,37 @@ func (j *job) endRemote() {
 
 // signalAll signals the process group of every rank, also of one that
 // has exited and been reaped while what it started still ran in its
-// group: the kernel gives no process that number while the group has a
-// member. Once reaped, the rank's pid is free, and once its group empties
-// so is the group's number: a group that was empty at the reap is not
-// signalled, nor one whose number a process has now (a new process that
-// got the pid after the group emptied, and leads a group of its own).
+// group (see populated).
 func (j *job) signalAll(sig syscall.Signal) {
 	for _, rk := range j.ranks {
-		pid := rk.cmd.Process.Pid
-		if rk.reaped && (rk.groupGone || syscall.Kill(pid, 0) == nil) {
+		if !rk.populated() {
 			continue
 		}
+		pid := rk.cmd.Process.Pid
 		if err := syscall.Kill(-pid, sig); err != nil {
 			j.logger.Debug("cannot signal rank", "rank", rk.id, "pid", pid, "signal", sig, "error", err)
 		}
 	}
+}
+
+// populated reports whether the rank's process group may have a member
+// to signal: always while the rank runs. Once the rank is reaped its pid
+// is free, but the kernel gives no process the group's number while the
+// group has a member; once the group empties, the number is free too. So
+// a group that was empty at the reap, or found empty since (or holding
+// only processes mdrun may not signal), is gone for good, as is one
+// whose number a process has now (a new process that got the pid after
+// the group emptied, and leads a group of its own).
+func (rk *rank) populated() bool {
+	if !rk.reaped {
+		return true
+	}
+	if rk.groupGone {
+		return false
+	}
+	pid := rk.cmd.Process.Pid
+	if syscall.Kill(pid, 0) == nil || syscall.Kill(-pid, 0) != nil {
+		rk.groupGone = true
+	}
+	return !rk.groupGone
 }

@@ -46,8 +46,9 @@ func TestRankEnvSite(t *testing.T) {
 		t.Skipf("this machine is called %s, a remote host of this test", self)
 	}
 	// Ranks 0 (localhost) and 4 (self) start here, 1 to 3 remotely;
-	// relays 5 (far) and 6 (gw) remotely.
-	hosts, err := parseHosts("localhost:1@A,far:2@B,near:1," + self + ":1")
+	// relays 5 (far) and 6 (gw) remotely. This machine's two names are
+	// one host, in one site: it is the site of rank 4 too.
+	hosts, err := parseHosts("localhost:1@A,far:2@B,near:1," + self + ":1@A")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,8 +58,8 @@ func TestRankEnvSite(t *testing.T) {
 		mine string // mdrun's own MD_SITE; none: unset
 		want []string
 	}{
-		{"mdrun has none", none, []string{"A", "B", "B", none, none, "B", none}},
-		{"mdrun has one", "mine", []string{"A", "B", "B", "mine", "mine", "B", "mine"}},
+		{"mdrun has none", none, []string{"A", "B", "B", none, "A", "B", none}},
+		{"mdrun has one", "mine", []string{"A", "B", "B", "mine", "A", "B", "mine"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

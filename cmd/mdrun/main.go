@@ -14,7 +14,10 @@
 // paths, and MD_SITE on a host given a site), serves their
 // rendezvous,
 // and forwards their output line by line with a "[rank] " prefix (lines
-// over 64 KiB are split). The ranks' standard input is /dev/null. Each
+// over 64 KiB are split, and a last line gets a newline); -prefix=false
+// passes it on unchanged instead, binary output included, each piece
+// mdrun reads from a rank written whole, so that ranks' lines may mix.
+// The ranks' standard input is /dev/null. Each
 // rank runs in its own process group, so SIGINT and SIGTERM reach it once,
 // passed on by mdrun, together with any process it started; a second
 // signal kills the ranks at once.
@@ -38,7 +41,8 @@
 // must have the same path on every host. Ranks start in DIR, mdrun's own
 // directory, as mpiexec's do; a host without it starts them where the
 // launcher does (ssh: the home directory). -wdir DIR names the directory
-// instead, and a host without that one fails the rank ("cd -- DIR &&").
+// instead, and a host without that one fails the rank ("cd -- DIR &&");
+// if ranks start here, mdrun checks it here before any rank starts.
 // Remote ranks see only the MDRUN_* variables, the MD_* variables of
 // mdrun's environment and those named with -x; where mdrun sets a variable
 // itself (MD_PLUGINS from -plugins, MD_CONNTABLE from -conntable, MD_SITE,
@@ -87,7 +91,10 @@
 // users of either host cannot read it with ps. A launcher script must
 // therefore pass its standard input on to the rank, as ssh and
 // `ip netns exec` do. MDRUN_HOST is the name given in the list,
-// so ranks on one host use shared memory and those on different hosts TCP.
+// so ranks on one host use shared memory and those on different hosts TCP;
+// the ranks on this machine, relays included, all get the first of its
+// names ("localhost" or its host name) in the list, or its host name if
+// the list has none, and its entries must name one site.
 //
 // Output, exit statuses and signals work as on one host; a failing remote
 // rank is named with its host ("rank 3 on h2 (launcher pid 1234)"). A
@@ -181,8 +188,10 @@
 // The job ends when every rank has exited, or as soon as one rank fails:
 // exits non-zero, is killed by a signal, panics, or calls Abort. mdrun then
 // names that rank, sends the others SIGTERM and, after a grace period,
-// SIGKILL; what ranks started, also ranks that have exited, gets the
-// SIGTERM too. A rank that exits 0 without joining the job (it never
+// SIGKILL; what ranks started, also ranks that have exited, gets both
+// too, and mdrun waits for the grace period while any of it is left (a
+// job ended by a signal or -timeout likewise). A job whose ranks all
+// exit 0 leaves what they started alone, as mpirun does. A rank that exits 0 without joining the job (it never
 // called Init) does not fail it, but the other ranks' next fence (in Init
 // or Finalize) then fails naming it, instead of waiting for it. Its exit
 // status is:

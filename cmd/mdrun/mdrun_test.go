@@ -778,19 +778,128 @@ func TestClosedStdout(t *testing.T) {
 
 // TestStdoutWriteError: a standard output that fails otherwise than by a
 // closed pipe (a full disk; /dev/full here) ends the job naming the error,
-// not as if its reader had gone away.
+// not as if its reader had gone away; one whose reader went away ends it
+// as SIGPIPE would. Also when the failed write is the last rank's last
+// line, one without a newline, written only as mdrun reaps the rank:
+// mdrun once had stopped watching for failed writes by then and exited 0,
+// the output lost without a word.
 func TestStdoutWriteError(t *testing.T) {
-	full, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
-	if err != nil {
-		t.Skipf("no /dev/full to write to: %v", err)
+	full := func(t *testing.T) *os.File {
+		f, err := os.OpenFile("/dev/full", os.O_WRONLY, 0)
+		if err != nil {
+			t.Skipf("no /dev/full to write to: %v", err)
+		}
+		return f
 	}
-	defer full.Close()
-	var stderr lockedBuffer
-	if status := run(t.Context(), []string{"-n", "1", "sh", "-c", "echo hi"}, full, &stderr, nil); status != exitFailed {
-		t.Errorf("status %d, want %d", status, exitFailed)
+	closedPipe := func(t *testing.T) *os.File {
+		r, w, err := os.Pipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Close()
+		return w
 	}
-	if want := "mdrun: writing standard output: write /dev/full: no space left on device; terminating the job"; !strings.Contains(stderr.String(), want) {
-		t.Errorf("stderr %q, want %q", &stderr, want)
+	const noSpace = "mdrun: writing standard output: write /dev/full: no space left on device; terminating the job"
+	const gone = "mdrun: standard output is closed (its reader went away); terminating the job"
+	tests := []struct {
+		name   string
+		out    func(*testing.T) *os.File
+		script string
+		status int
+		stderr string
+	}{
+		{"full, a line", full, "echo hi", exitFailed, noSpace},
+		{"full, the last line unterminated", full, "printf hi", exitFailed, noSpace},
+		{"closed, the last line unterminated", closedPipe, "printf hi", 128 + int(syscall.SIGPIPE), gone},
+		// The rank's own failure came first and stands.
+		{"full, the rank failed", full, "printf hi; exit 3", 3, "exited with status 3"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := tt.out(t)
+			defer out.Close()
+			var stderr lockedBuffer
+			if status := run(t.Context(), []string{"-n", "1", "sh", "-c", tt.script}, out, &stderr, nil); status != tt.status {
+				t.Errorf("status %d, want %d", status, tt.status)
+			}
+			if !strings.Contains(stderr.String(), tt.stderr) {
+				t.Errorf("stderr %q, want %q", &stderr, tt.stderr)
+			}
+		})
+	}
+}
+
+// TestTerminationEndsWhatRanksLeft: a rank's process group may outlive
+// the rank, holding a process it started that ignores SIGINT or SIGTERM
+// (sh starts a background job with SIGINT ignored). Once the job ends by
+// a signal, a failure or -timeout, mdrun still sends SIGKILL after the
+// grace period to every group with a member left; it once returned as
+// soon as the last rank was reaped, leaving such a process orphaned. A
+// job that succeeds does not wait for the grace period, and leaves what
+// its ranks started alone, as mpirun does: a rank may start a daemon on
+// purpose.
+func TestTerminationEndsWhatRanksLeft(t *testing.T) {
+	// child starts a process that ignores what the job sends, and waits
+	// until it does: its pid is in the file child once it ignores them.
+	const child = `sh -c 'trap "" INT TERM; echo $$ > "$0.tmp"; mv "$0.tmp" "$0"; exec sleep 300' "$D/child" </dev/null >/dev/null 2>&1 &
+until [ -f "$D/child" ]; do sleep 0.01; done; `
+	tests := []struct {
+		name   string
+		flags  []string
+		script string // rank 0's; $D is a directory of the test's
+		sig    os.Signal
+		status int
+		left   bool // the child must still run when mdrun returns
+	}{
+		// sh ignores SIGINT in its background job by itself.
+		{"SIGINT", nil, `sleep 300 </dev/null >/dev/null 2>&1 & echo $! > "$D/child"; echo ready; wait`, syscall.SIGINT, 128 + int(syscall.SIGINT), false},
+		{"failure", nil, child + `exit 5`, nil, 5, false},
+		{"timeout", []string{"-timeout", "300ms"}, child + `echo ready; wait`, nil, exitTimeout, false},
+		{"success", nil, child + `exit 0`, nil, 0, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			dir := t.TempDir()
+			script := strings.ReplaceAll(tt.script, "$D", dir)
+			stdout := &lockedBuffer{watch: "ready", want: 1, seen: make(chan struct{})}
+			var sigs chan os.Signal
+			if tt.sig != nil {
+				sigs = make(chan os.Signal, 1)
+				go func() { <-stdout.seen; sigs <- tt.sig }()
+			}
+			start := time.Now()
+			status, _, _ := runMdrun(t, append(append([]string{}, tt.flags...), "-n", "1", "sh", "-c", script), stdout, sigs)
+			took := time.Since(start)
+			b, err := os.ReadFile(filepath.Join(dir, "child"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer syscall.Kill(pid, syscall.SIGKILL)
+			if status != tt.status {
+				t.Errorf("status %d, want %d", status, tt.status)
+			}
+			if tt.left {
+				if !running(pid) {
+					t.Errorf("the child %d of a rank that succeeded was ended", pid)
+				}
+				if took >= killGrace {
+					t.Errorf("a job that succeeded took %v, as long as the grace period", took)
+				}
+				return
+			}
+			// SIGKILL was sent before mdrun returned; dying takes a
+			// moment. An orphan's zombie counts as gone.
+			for deadline := time.Now().Add(2 * time.Second); running(pid); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("rank 0's child %d still runs after mdrun returned %d (orphaned)", pid, status)
+				}
+			}
+		})
 	}
 }
 
@@ -929,6 +1038,132 @@ func TestSignalForwarding(t *testing.T) {
 				t.Fatalf("%d ranks printed their pid, want %d", len(got), n)
 			}
 			checkGone(t, got)
+		})
+	}
+}
+
+// TestLocalNamesOneHost: ranks placed on this machine through "localhost"
+// and through its host name, relays included, are on one host, and get one
+// MDRUN_HOST and one MD_SITE: the library tells hosts apart by MDRUN_HOST,
+// and took such ranks for two hosts (no shared memory between them; TCP
+// refused them, both hosts having the same addresses). The name is the
+// first of this machine's in -hosts, else its host name.
+func TestLocalNamesOneHost(t *testing.T) {
+	self, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self == "localhost" || self == "far" {
+		t.Skipf("this machine is called %s, a name this test needs for another", self)
+	}
+	tests := []struct {
+		name   string
+		flags  []string
+		n      int    // ranks of the application; all but relays
+		hosts  string // every rank's MDRUN_HOST
+		site   string // every rank's MD_SITE, "" not checked
+		status int
+		stderr string
+	}{
+		{"localhost first", []string{"-hosts", "localhost," + self}, 2, "localhost", "", 0, ""},
+		{"host name first", []string{"-hosts", self + ",localhost"}, 2, self, "", 0, ""},
+		{"in a site", []string{"-hosts", "localhost@A," + self + "@A"}, 2, "localhost", "A", 0, ""},
+		{"a relay here", []string{"-relay", "localhost", "-relay-cmd", helper + " env"}, 1, self, "", 0, ""},
+		{"a relay beside -hosts", []string{"-hosts", self, "-relay", "localhost", "-relay-cmd", helper + " env"}, 1, self, "", 0, ""},
+		{"in two sites", []string{"-hosts", "localhost@A," + self}, 2, "", "", exitUsage,
+			"mdrun: -hosts: localhost and " + self + " are both this machine, in site A and in no site: a host is in one site or in none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			args := append(append([]string{}, tt.flags...), "-n", strconv.Itoa(tt.n), helper, "env")
+			status, stdout, stderr := runMdrun(t, args, nil, nil)
+			if status != tt.status {
+				t.Errorf("exit status %d, want %d", status, tt.status)
+			}
+			if !strings.Contains(stderr, tt.stderr) {
+				t.Errorf("stderr does not say %q", tt.stderr)
+			}
+			if tt.status != 0 {
+				return
+			}
+			ranks := 0
+			for _, m := range regexp.MustCompile(`(?m)^\[(\d+)\] MDRUN_RANK=\d+ MDRUN_HOST=(.*)$`).FindAllStringSubmatch(stdout, -1) {
+				ranks++
+				if m[2] != tt.hosts {
+					t.Errorf("rank %s: MDRUN_HOST=%s, want %s", m[1], m[2], tt.hosts)
+				}
+			}
+			if want := tt.n + strings.Count(strings.Join(tt.flags, " "), "-relay "); ranks != want {
+				t.Errorf("%d ranks said their host, want %d", ranks, want)
+			}
+			if tt.site != "" {
+				for _, m := range regexp.MustCompile(`(?m)^\[(\d+)\] MD_SITE=(.*)$`).FindAllStringSubmatch(stdout, -1) {
+					if m[2] != tt.site {
+						t.Errorf("rank %s: MD_SITE=%s, want %s", m[1], m[2], tt.site)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestLocalRankMissingWdir: a -wdir missing here, for a rank that -hosts
+// or -relay places here, is named as the missing directory before any
+// rank starts, as without -hosts. It was reported as the program's
+// failure to start ("fork/exec /usr/bin/true: no such file or
+// directory").
+func TestLocalRankMissingWdir(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "none")
+	tests := []struct {
+		name string
+		args []string
+	}{
+		{"-hosts localhost", []string{"-hosts", "localhost", "-wdir", missing, "-n", "1", "true"}},
+		{"a program's -wdir", []string{"-hosts", "localhost:2", "-n", "1", "true", ":", "-n", "1", "-wdir", missing, "true"}},
+		{"a relay here", append(remoteFlags("far"), "-relay", "localhost", "-relay-cmd", helper, "-wdir", missing, "-n", "1", "true")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			status, _, stderr := runMdrun(t, tt.args, nil, nil)
+			if status != exitUsage {
+				t.Errorf("exit status %d, want %d", status, exitUsage)
+			}
+			if want := "mdrun: -wdir " + missing + ": no such file or directory\n"; stderr != want {
+				t.Errorf("stderr %q, want %q", stderr, want)
+			}
+		})
+	}
+}
+
+// TestNoPrefixPassesOutputThrough: with -prefix=false the ranks' output
+// reaches mdrun's as they wrote it, binary output included (mdrun
+// -prefix=false -n 1 gzip -c f > f.gz). mdrun once still cut lines at
+// 64 KiB and ended an unterminated last line with a newline.
+func TestNoPrefixPassesOutputThrough(t *testing.T) {
+	tests := []struct {
+		name           string
+		script         string
+		stdout, stderr string
+	}{
+		{"a long last line", `head -c 100000 /dev/zero | tr '\0' x; printf end`, strings.Repeat("x", 100000) + "end", ""},
+		{"binary", `printf 'a\000b\r\n\377'`, "a\x00b\r\n\xff", ""},
+		{"standard error", `printf 'no newline' >&2`, "", "no newline"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			status, stdout, stderr := runMdrun(t, []string{"-prefix=false", "-n", "1", "sh", "-c", tt.script}, nil, nil)
+			if status != 0 {
+				t.Errorf("exit status %d, want 0", status)
+			}
+			if stdout != tt.stdout {
+				t.Errorf("stdout: %d bytes, %d newlines, want %d bytes, %d newlines", len(stdout), strings.Count(stdout, "\n"), len(tt.stdout), strings.Count(tt.stdout, "\n"))
+			}
+			if stderr != tt.stderr {
+				t.Errorf("stderr %q, want %q", stderr, tt.stderr)
+			}
 		})
 	}
 }

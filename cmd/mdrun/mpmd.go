@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"strconv"
 	"strings"
 
@@ -17,9 +16,13 @@ import (
 // wherever it is.
 const sectionSep = ":"
 
-// maxRanks bounds the ranks of a job: a rank is an int32 on the wire and
-// in the library.
-const maxRanks = math.MaxInt32
+// maxRanks bounds the ranks of a job, relays included. mdrun starts a
+// process here for each (a remote rank's launcher), and Linux has at
+// most 2^22 process ids (PID_MAX_LIMIT), so no larger job can start;
+// checked first, it keeps a typo from allocating gigabytes for the
+// ranks' bookkeeping. A rank is an int32 on the wire and in the library,
+// well above it.
+const maxRanks = 1 << 22
 
 // app is one program of the job, one section of the command line. Its
 // ranks are consecutive, and each gets MD_APPNUM, its section's index.

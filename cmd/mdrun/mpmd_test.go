@@ -119,8 +119,11 @@ func TestMPMDUsageErrors(t *testing.T) {
 		{"n zero", then(":", "-n", "0", helper2), `mdrun: after the 1st ":": -n 0: need at least 1 rank`},
 		{"n negative in the 2nd", then(":", "-n", "1", helper, ":", "-n", "-2", helper2), `mdrun: after the 2nd ":": -n -2: need at least 1 rank`},
 		{"n not a number", then(":", "-n", "two", helper2), `mdrun: after the 1st ":": invalid value "two" for flag -n`},
-		{"too many ranks", []string{"-n", "2147483647", helper, ":", "-n", "1", helper2}, `after the 1st ":": -n 1: a job has at most 2147483647 ranks, and the programs before have 2147483647`},
-		{"too many in one", []string{"-n", "2147483648", helper}, "mdrun: -n 2147483648: a job has at most 2147483647 ranks"},
+		{"too many ranks", []string{"-n", "4194304", helper, ":", "-n", "1", helper2}, `after the 1st ":": -n 1: a job has at most 4194304 ranks, and the programs before have 4194304`},
+		// Refused before anything is allocated for them: mdrun once took
+		// gigabytes for 10^8 ranks, and ran out of memory.
+		{"too many in one", []string{"-n", "100000000", helper}, "mdrun: -n 100000000: a job has at most 4194304 ranks"},
+		{"too many with the relays", []string{"-relay", "a:65536,a:2", "-n", "4128767", helper}, "mdrun: -relay: 65538 relays: a job has at most 4194304 ranks, and the programs have 4128767"},
 		{"no program", then(":", "-n", "2"), `mdrun: after the 1st ":": no program to run`},
 		{"no program after --", then(":", "-n", "2", "--"), `after the 1st ":": no program to run`},
 		{"program not found", then(":", "-n", "1", helper2, ":", "-n", "1", "/nonexistent/prog", "x"), `mdrun: after the 2nd ":": program "/nonexistent/prog" not found`},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"io"
+	"slices"
 	"sync"
 )
 
@@ -48,13 +49,33 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// panicMarks start the lines with which the Go runtime reports a panic or
+// a fatal error.
+var panicMarks = [][]byte{[]byte("panic: "), []byte("fatal error: ")}
+
+// markRoom is more than the longest of panicMarks.
+const markRoom = 16
+
+// isPanic reports whether line starts as a panic report does.
+func isPanic(line []byte) bool {
+	return slices.ContainsFunc(panicMarks, func(m []byte) bool { return bytes.HasPrefix(line, m) })
+}
+
 // lineWriter receives one output stream of one rank (os/exec copies into
-// it from a single goroutine) and forwards it line by line with a prefix.
-// It is not safe for concurrent use.
+// it from a single goroutine) and forwards it line by line with a prefix,
+// or, raw, as it comes. It is not safe for concurrent use.
 type lineWriter struct {
 	out    *syncWriter
 	prefix string
-	buf    []byte
+	// raw passes the output on unchanged (-prefix=false): not cut into
+	// lines, nor a newline added, so that binary output arrives whole.
+	// Each piece read from the rank is still written in one call, so
+	// ranks mix only between pieces.
+	raw bool
+	buf []byte
+	// start holds the beginning of the current line when raw, at most
+	// markRoom bytes, to find a panic mark written in pieces.
+	start []byte
 	// panicked records a line starting the way the Go runtime reports a
 	// panic or fatal error, to tell a panic from a plain exit status 2.
 	panicked bool
@@ -62,6 +83,11 @@ type lineWriter struct {
 
 func (w *lineWriter) Write(p []byte) (int, error) {
 	n := len(p)
+	if w.raw {
+		w.notePanics(p)
+		_, err := w.out.Write(p)
+		return n, err
+	}
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
@@ -90,8 +116,24 @@ func (w *lineWriter) Flush() error {
 	return w.emit()
 }
 
+// notePanics looks for a panic report in raw output, p being the next
+// piece of it.
+func (w *lineWriter) notePanics(p []byte) {
+	for !w.panicked {
+		line, rest, more := bytes.Cut(p, []byte("\n"))
+		if room := markRoom - len(w.start); room > 0 {
+			w.start = append(w.start, line[:min(room, len(line))]...)
+		}
+		w.panicked = isPanic(w.start)
+		if !more {
+			return
+		}
+		w.start, p = w.start[:0], rest
+	}
+}
+
 func (w *lineWriter) emit() error {
-	if bytes.HasPrefix(w.buf, []byte("panic: ")) || bytes.HasPrefix(w.buf, []byte("fatal error: ")) {
+	if isPanic(w.buf) {
 		w.panicked = true
 	}
 	line := make([]byte, 0, len(w.prefix)+len(w.buf)+1)

@@ -140,7 +140,7 @@ func jobFlags(cfg *config, raw *rawFlags, errw io.Writer) *flag.FlagSet {
 	fs.IntVar(&raw.n, "n", 0, "number of ranks of the (first) program (required; each program after ':' gives its own)")
 	fs.StringVar(&cfg.plugins, "plugins", "", "plugins.hcl for the ranks, passed as MD_PLUGINS")
 	fs.StringVar(&cfg.conntable, "conntable", "", "connection table file, or directory of per-host tables, passed as MD_CONNTABLE")
-	fs.BoolVar(&cfg.prefix, "prefix", true, `prefix each line of output with "[rank] "`)
+	fs.BoolVar(&cfg.prefix, "prefix", true, `prefix each line of output with "[rank] " (false: pass the ranks' output on unchanged, not cut into lines)`)
 	fs.DurationVar(&cfg.timeout, "timeout", 0, "end the job after this wall-clock time, e.g. 10m (0: no limit)")
 	fs.BoolVar(&cfg.verbose, "v", false, "log what the launcher does to stderr")
 	fs.StringVar(&raw.hosts, "hosts", "", "comma-separated hosts to place ranks on, each `host[:slots][@site]` (default: all on this machine); a host's ranks get MD_SITE=site, naming the cluster it is in")
@@ -273,6 +273,9 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 				return cfg, &usageError{fmt.Sprintf("-relay: %v", err)}
 			}
 			specs, count = append(specs, h), count+h.slots
+			if count > maxRanks-cfg.n {
+				return cfg, &usageError{fmt.Sprintf("-relay: %d relays: a job has at most %d ranks, and the programs have %d", count, maxRanks, cfg.n)}
+			}
 		}
 		cfg.relays = placeRanks(count, specs)
 		if cfg.relayCmd, err = relayCommand(raw.relayCmd); err != nil {
