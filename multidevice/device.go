@@ -250,6 +250,10 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		}
 	}
 	if len(d.subs) == 1 && d.size > 1 {
+		if len(d.skipped) > 0 {
+			// The plugins were enabled: why they are missing is the news.
+			return fmt.Errorf("multidevice: no subdevice is left: every enabled one is a plugin that was skipped: %s", d.skippedWhy())
+		}
 		return errors.New("multidevice: no subdevice is enabled; plugins.hcl must enable at least one")
 	}
 	for _, s := range d.subs[1:] {

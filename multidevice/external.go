@@ -3,6 +3,9 @@ package multidevice
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
@@ -75,4 +78,13 @@ func (d *Device) missingSubDevice(peer int, host, name string) error {
 	}
 	return fmt.Errorf("%w: the table routes rank %d (host %q) over subdevice %q, which is not loaded (loaded: %s)",
 		ErrNoRoute, peer, host, name, d.subNames())
+}
+
+// skippedWhy lists the skipped plugins with their reasons, in name order.
+func (d *Device) skippedWhy() string {
+	var why []string
+	for _, name := range slices.Sorted(maps.Keys(d.skipped)) {
+		why = append(why, fmt.Sprintf("%q: %v", name, d.skipped[name]))
+	}
+	return strings.Join(why, "; ")
 }

@@ -255,6 +255,16 @@ func TestExternalPluginSkipped(t *testing.T) {
 					t.Errorf("open rank %d with a table routing over fab: %v; want ErrNoRoute saying the plugin was skipped and %q", r, err, tc.want)
 				}
 			}
+
+			// The plugin alone: the error says why it is missing, not
+			// that plugins.hcl enables nothing.
+			devs, errs = openPluginJob(t, 2, &PluginsConfig{SubDevices: []SubDeviceSpec{fab}}, nil, hclog.NewNullLogger())
+			closeAll(devs)
+			for r, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), `"fab"`) || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("open rank %d with fab the only subdevice: %v; want an error naming fab and saying %q", r, err, tc.want)
+				}
+			}
 		})
 	}
 }
