@@ -2,6 +2,7 @@ package mdconfig
 
 import (
 	"math"
+	"slices"
 )
 
 // The graph has a vertex per host and one per network ("hub"): a host is
@@ -55,17 +56,29 @@ type router struct {
 	done  []bool
 	pq    heap
 	cost  []float64 // per network, for the current class
-	// near-shortest paths with distinct first steps (pass 2)
-	labN    []uint8
+	// near-shortest paths with distinct first steps (pass 2): the labels
+	// kept at vertex v, cheapest first, are the list from labHead[v]
+	// through labNext (-1 ends it); labTail[v] is its last.
+	labHead []int32
+	labTail []int32
+	labNext []int32
 	labCost []float64
 	labHop  []int32
 	hopIDs  map[hop]int32
 	hopList []hop
+	hopOver []float64  // per first step: its link cost plus its host's penalty
+	keys    []routeKey // scratch for keep
+}
+
+// routeKey is what a route is written as in a table: routes that share it
+// are one route (sameRoute).
+type routeKey struct {
+	sub  int
+	host int32
 }
 
 func newRouter(d *Description) *router {
 	nv := len(d.hosts) + len(d.nets)
-	k := d.maxRoutes
 	return &router{
 		d:       d,
 		nh:      int32(len(d.hosts)),
@@ -73,9 +86,8 @@ func newRouter(d *Description) *router {
 		hops:    make([]int32, nv),
 		first:   make([]hop, nv),
 		done:    make([]bool, nv),
-		labN:    make([]uint8, nv),
-		labCost: make([]float64, nv*k),
-		labHop:  make([]int32, nv*k),
+		labHead: make([]int32, nv),
+		labTail: make([]int32, nv),
 		hopIDs:  map[hop]int32{},
 		cost:    make([]float64, len(d.nets)),
 	}
@@ -165,15 +177,15 @@ func hopLess(a, b hop) bool {
 	return a.host < b.host
 }
 
-// nearShortest finds, for every vertex, up to maxRoutes cheapest paths that
-// start with distinct first steps and cost at most slack more than the
-// shortest. The slack is absolute (the alternatives fraction of the longest
-// shortest path) because an absolute bound is safe to prune with: a label
-// more than slack above the best at one vertex stays more than slack above
-// the best at every vertex beyond it. Paths never return to the source.
+// nearShortest finds, for every vertex, the cheapest paths that start with
+// distinct first steps and cost at most slack more than the shortest, as
+// many of them as routes can use there or beyond. The slack is absolute
+// (the alternatives fraction of the longest shortest path) because an
+// absolute bound is safe to prune with: a label more than slack above the
+// best at one vertex stays more than slack above the best at every vertex
+// beyond it. Paths never return to the source.
 func (r *router) nearShortest() {
 	d := r.d
-	k := d.maxRoutes
 	cost := r.cost
 	longest := 0.0
 	for h := int32(0); h < r.nh; h++ {
@@ -182,9 +194,12 @@ func (r *router) nearShortest() {
 		}
 	}
 	slack := d.alternatives*longest + longest*1e-9
-	clear(r.labN)
+	for v := range r.labHead {
+		r.labHead[v] = -1
+	}
+	r.labNext, r.labCost, r.labHop = r.labNext[:0], r.labCost[:0], r.labHop[:0]
 	clear(r.hopIDs)
-	r.hopList = r.hopList[:0]
+	r.hopList, r.hopOver = r.hopList[:0], r.hopOver[:0]
 	r.pq.reset()
 	for _, n := range d.hostNets[r.src] {
 		if !math.IsInf(cost[n], 1) {
@@ -195,41 +210,25 @@ func (r *router) nearShortest() {
 	for r.pq.len() > 0 {
 		it := r.pq.pop()
 		v, c, id := it.v, it.dist, it.label
-		cnt := int(r.labN[v])
-		if cnt == k || c > r.dist[v]+slack {
+		if c > r.dist[v]+slack || !r.keep(v, c, id) {
 			continue
 		}
-		base := int(v) * k
-		dup := false
-		for i := range cnt {
-			if r.labHop[base+i] == id {
-				dup = true
-				break
-			}
+		l := int32(len(r.labCost))
+		r.labCost, r.labHop, r.labNext = append(r.labCost, c), append(r.labHop, id), append(r.labNext, -1)
+		if r.labHead[v] < 0 {
+			r.labHead[v] = l
+		} else {
+			r.labNext[r.labTail[v]] = l
 		}
-		if dup {
-			continue
-		}
-		// A label whose next hop is no closer to host v than the source
-		// is refused by routes at v and, extended, at every vertex beyond
-		// (what it adds there the shortest path to them adds at most), so
-		// it is dropped before it takes one of v's k places: neighbours
-		// that all reach v only back through the source's network once
-		// crowded out a real alternative.
-		if f := r.hopList[id]; v < r.nh && f.host != v &&
-			c-cost[f.net]-d.penalty[f.host] >= r.dist[v]*(1-1e-9) {
-			continue
-		}
-		r.labHop[base+cnt], r.labCost[base+cnt] = id, c
-		r.labN[v]++
+		r.labTail[v] = l
 		if v < r.nh {
 			p := d.penalty[v]
 			if math.IsInf(p, 1) {
 				continue
 			}
 			for _, n := range d.hostNets[v] {
-				if !math.IsInf(cost[n], 1) {
-					r.pq.push(item{c + p + cost[n], 0, r.nh + n, id, it.tie})
+				if u, uc := r.nh+n, c+p+cost[n]; uc <= r.dist[u]+slack && r.keep(u, uc, id) {
+					r.pq.push(item{uc, 0, u, id, it.tie})
 				}
 			}
 			continue
@@ -243,9 +242,58 @@ func (r *router) nearShortest() {
 			if f.host < 0 {
 				hid, tie = r.hopID(hop{f.net, h}), hopKey(hop{f.net, h})
 			}
-			r.pq.push(item{c, 0, h, hid, tie})
+			if c <= r.dist[h]+slack && r.keep(h, c, hid) {
+				r.pq.push(item{c, 0, h, hid, tie})
+			}
 		}
 	}
+}
+
+// keep reports whether a label of cost c and first step id, popped at
+// vertex v after every cheaper one, is worth keeping there.
+//
+// routes refuses a label at a host when its next hop is no closer to the
+// host than the source, that is when the label's excess over the shortest
+// path reaches its first step's overhead (link cost plus next hop
+// penalty). The excess only grows along a path, so a label refused at v
+// would be refused at every vertex beyond and is dropped here. It is also
+// dropped once v keeps, from maxRoutes other next hops (or from its own),
+// labels that arrived first and have at least its overhead: wherever it
+// would be accepted those would be too, each as cheap or cheaper. Keeping
+// simply the maxRoutes cheapest labels is not enough: labels about to be
+// refused everywhere took a network's places and pushed out a real
+// alternative to the hosts beyond it.
+func (r *router) keep(v int32, c float64, id int32) bool {
+	f := r.hopList[id]
+	if f.host < 0 {
+		// One of the source's own networks, before the host reached
+		// first is known: the overhead is not known either.
+		return true
+	}
+	over := r.hopOver[id]
+	if f.host != v && c-over >= r.dist[v]*(1-1e-9) {
+		return false
+	}
+	own := routeKey{r.d.nets[f.net].sub, f.host}
+	r.keys = r.keys[:0]
+	for l := r.labHead[v]; l >= 0; l = r.labNext[l] {
+		j := r.labHop[l]
+		g := r.hopList[j]
+		if g.host < 0 || r.hopOver[j] < over {
+			continue
+		}
+		key := routeKey{r.d.nets[g.net].sub, g.host}
+		if key == own {
+			return false
+		}
+		if !slices.Contains(r.keys, key) {
+			r.keys = append(r.keys, key)
+			if len(r.keys) == r.d.maxRoutes {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (r *router) hopID(h hop) int32 {
@@ -255,6 +303,11 @@ func (r *router) hopID(h hop) int32 {
 	id := int32(len(r.hopList))
 	r.hopIDs[h] = id
 	r.hopList = append(r.hopList, h)
+	over := math.Inf(1) // unknown until the host is; keep does not read it
+	if h.host >= 0 {
+		over = r.cost[h.net] + r.d.penalty[h.host]
+	}
+	r.hopOver = append(r.hopOver, over)
 	return id
 }
 
@@ -279,13 +332,12 @@ func (r *router) routes(dst int32, buf []choice) []choice {
 	}
 	d := r.d
 	limit := best*(1+d.alternatives) + best*1e-9
-	base := int(dst) * d.maxRoutes
-	for i := range int(r.labN[dst]) {
-		c := r.labCost[base+i]
+	for l := r.labHead[dst]; l >= 0; l = r.labNext[l] {
+		c := r.labCost[l]
 		if c > limit {
 			break
 		}
-		h := r.hopList[r.labHop[base+i]]
+		h := r.hopList[r.labHop[l]]
 		if h.host != dst {
 			rest := c - d.nets[h.net].cost[r.class] - d.penalty[h.host]
 			if rest >= best*(1-1e-9) {
