@@ -68,8 +68,10 @@
 //
 //	# A network: hosts that reach each other directly over one subdevice.
 //	# Host patterns expand bracket groups: "a[01-16]", "n[1-4,8]",
-//	# "r[1-2]n[01-32]". Latency, bandwidth and class blocks here override
-//	# the subdevice's for this network only.
+//	# "r[1-2]n[01-32]". Host names are letters, digits, '.', '-', '_' and
+//	# '#' (under PMI a rank's host is "<hostname>#<node>", e.g. "n01#0").
+//	# Latency, bandwidth and class blocks here override the subdevice's for
+//	# this network only.
 //	network "eth" {
 //	  subdevice = "tcp"
 //	  hosts     = ["a[01-16]", "b[01-16]"]
@@ -102,8 +104,9 @@
 // Units: latencies and penalties are durations ("800ns", "5us", "1.5ms");
 // bandwidths are a number and a unit in bytes ("B/s", "KB/s", "MB/s",
 // "GB/s", "KiB/s", "MiB/s", "GiB/s") or bits ("bit/s", "Mbit/s",
-// "Gbit/s", "Mbps", "Gbps") per second; sizes are bytes or a number and
-// "B", "KB", "KiB", "MB", "MiB", "GB", "GiB".
+// "Gbit/s", "Mbps", "Gbps") per second, at least 1bit/s; sizes are bytes
+// or a number and "B", "KB", "KiB", "MB", "MiB", "GB", "GiB", from 1 byte
+// to 2^62.
 //
 // Latency and bandwidth of a network for a class are taken from the first
 // of: the network's class block, the network, the subdevice's class block,
@@ -159,7 +162,7 @@
 //
 // [Parse] reports every problem it finds, each with file, line and column
 // and what to change: syntax and unknown attributes (HCL's own diagnostics),
-// unknown or duplicate names, bad units, zero or negative bandwidth, bad
+// unknown or duplicate names, bad units, bandwidths below 1bit/s, bad
 // host patterns, hosts named outside every network, size classes out of
 // order, and hosts that a chain of networks joins but only through hosts
 // whose penalty is "off" (unreachable). Separate islands and one-host

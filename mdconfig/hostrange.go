@@ -50,9 +50,9 @@ func expandHosts(pattern string) ([]string, error) {
 			i += end + 1
 		case c == ']':
 			return nil, fmt.Errorf("%q: ']' at character %d has no matching '['", pattern, i+1)
-		case isNameByte(c):
+		case isHostByte(c):
 			j := i
-			for j < len(pattern) && isNameByte(pattern[j]) {
+			for j < len(pattern) && isHostByte(pattern[j]) {
 				j++
 			}
 			for k := range out {
@@ -60,12 +60,19 @@ func expandHosts(pattern string) ([]string, error) {
 			}
 			i = j
 		default:
-			return nil, fmt.Errorf("%q: character %d (%q) cannot be part of a host name; use letters, digits, '.', '-' and '_'", pattern, i+1, c)
+			return nil, fmt.Errorf("%q: character %d (%q) cannot be part of a host name; use letters, digits, '.', '-', '_' and '#'", pattern, i+1, c)
 		}
 	}
 	return out, nil
 }
 
+// isHostByte reports whether c may be part of a host name: a name's
+// bytes and '#', which the PMI bootstrap puts between the machine's name
+// and the node number in a rank's host ("<hostname>#<node>"); tables are
+// looked up by that host.
+func isHostByte(c byte) bool { return isNameByte(c) || c == '#' }
+
+// isNameByte reports whether c may be part of a subdevice or network name.
 func isNameByte(c byte) bool {
 	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '-' || c == '_'
 }

@@ -2,10 +2,13 @@ package mdconfig
 
 import (
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/hpc-multidevice/multidevice/conntable"
 )
 
 // base is a valid description the bad-input cases start from.
@@ -314,5 +317,36 @@ func TestParseDefaults(t *testing.T) {
 		if cs := d.Classes(); cs[1].Typical <= cs[0].MaxBytes && cs[0].MaxBytes < 1<<62 {
 			t.Errorf("small up to %s: large is costed at %d bytes, not above %d", small, cs[1].Typical, cs[0].MaxBytes)
 		}
+	}
+}
+
+// TestPMIHostNames: under PMI a rank's host is "<hostname>#<node>"
+// (bootstrap/pmi.go) and a job loads <dir>/<host>.json, so a description
+// must be able to name such hosts, and the tables, file names and drawing
+// must carry them. '#' was refused as a host name character, so no
+// description could make tables for a PMI job.
+func TestPMIHostNames(t *testing.T) {
+	src := base + "network \"ib\" {\n  subdevice = \"tcp\"\n  hosts     = [\"node[1-2]#[0-1]\"]\n}\n"
+	d, diags := Parse([]byte(src), "net.hcl")
+	if diags.HasErrors() {
+		t.Fatalf("PMI host names refused:\n%s", FormatDiagnostics(diags, []byte(src)))
+	}
+	dir := filepath.Join(t.TempDir(), "tables")
+	if _, err := WriteTables(d, dir); err != nil {
+		t.Fatal(err)
+	}
+	tab, err := conntable.Load(filepath.Join(dir, "node2#1.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tab.Host != "node2#1" || len(routesTo(tab, "node1#0", "small")) == 0 {
+		t.Errorf("table of node2#1: host %q, routes to node1#0 %v", tab.Host, routesTo(tab, "node1#0", "small"))
+	}
+	dot, err := d.Dot(DotOptions{From: "node1#0", To: "node2#1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(dot), `"host:node1#0"`) {
+		t.Errorf("dot output does not name host node1#0:\n%s", dot)
 	}
 }

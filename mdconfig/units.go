@@ -44,10 +44,25 @@ var byteUnits = map[string]float64{
 	"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40,
 }
 
-var bitUnits = map[string]float64{
-	"bit": 1, "Kbit": 1e3, "kbit": 1e3, "Mbit": 1e6, "Gbit": 1e9, "Tbit": 1e12,
-	"bps": 1, "Kbps": 1e3, "kbps": 1e3, "Mbps": 1e6, "Gbps": 1e9, "Tbps": 1e12,
-}
+// bandwidthUnits maps every accepted bandwidth unit to bytes per second:
+// a byte unit or "bit" unit per second, or bps. "1Gbit" (no "/s"),
+// "1Mbps/s" and "100/s" are refused rather than guessed at.
+var bandwidthUnits = func() map[string]float64 {
+	m := map[string]float64{}
+	for _, p := range []struct {
+		name string
+		f    float64
+	}{{"", 1}, {"K", 1e3}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}, {"T", 1e12}} {
+		m[p.name+"bit/s"] = p.f / 8
+		m[p.name+"bps"] = p.f / 8
+	}
+	for u, f := range byteUnits {
+		if u != "" {
+			m[u+"/s"] = f
+		}
+	}
+	return m
+}()
 
 // splitNumber separates "12.5MB/s" into 12.5 and "MB/s".
 func splitNumber(s string) (float64, string, bool) {
@@ -73,16 +88,18 @@ func parseBandwidth(s string) (float64, error) {
 	if !ok {
 		return 0, fmt.Errorf("%q is not a bandwidth; %s", s, hint)
 	}
-	var bytesPerSec float64
-	if f, ok := bitUnits[strings.TrimSuffix(unit, "/s")]; ok && unit != "" {
-		bytesPerSec = v * f / 8
-	} else if f, ok := byteUnits[strings.TrimSuffix(unit, "/s")]; ok && strings.HasSuffix(unit, "/s") {
-		bytesPerSec = v * f
-	} else {
-		return 0, fmt.Errorf("%q has no known unit; %s", s, hint)
+	f, ok := bandwidthUnits[unit]
+	if !ok {
+		return 0, fmt.Errorf("%q has no known unit; write a number and one of B/s, KB/s, MB/s, GB/s, TB/s, KiB/s, MiB/s, GiB/s, TiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s, Tbit/s, bps, Kbps, Mbps, Gbps or Tbps", s)
 	}
+	bytesPerSec := v * f
 	if bytesPerSec <= 0 {
 		return 0, fmt.Errorf("%q is not positive; a bandwidth must be greater than zero", s)
+	}
+	if bytesPerSec < 1.0/8 {
+		// Below that the cost of a large message overflows to +Inf,
+		// which would make the link unusable without saying so.
+		return 0, fmt.Errorf("%q is too small; a bandwidth is at least 1bit/s", s)
 	}
 	if math.IsInf(bytesPerSec, 1) {
 		// It would make every transfer free but for the latency.
@@ -90,6 +107,10 @@ func parseBandwidth(s string) (float64, error) {
 	}
 	return bytesPerSec / 1e6, nil
 }
+
+// maxSize is the largest message size, far above any real message and far
+// enough below the int64 limit that rounding cannot overflow.
+const maxSize = 1 << 62
 
 // ParseSize reads a message size such as "1MiB", "64KiB", "1500B" or "512"
 // (bytes).
@@ -100,8 +121,11 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("%q is not a size; write bytes or a number and a unit, e.g. \"512\", \"64KiB\", \"1MiB\", \"1.5MB\"", s)
 	}
 	n := v * f
-	if n < 1 || n > 1<<62 {
-		return 0, fmt.Errorf("%q is out of range; a size is at least 1 byte", s)
+	if n < 1 {
+		return 0, fmt.Errorf("%q is too small; a size is at least 1 byte", s)
+	}
+	if n > maxSize {
+		return 0, fmt.Errorf("%q is too large; a size is at most %s (2^62 bytes)", s, FormatSize(maxSize))
 	}
 	return int64(math.Round(n)), nil
 }

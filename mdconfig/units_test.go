@@ -24,6 +24,18 @@ func TestParseBandwidth(t *testing.T) {
 		{in: "100MB", err: "no known unit"},
 		{in: "fast", err: "not a bandwidth"},
 		{in: "1" + strings.Repeat("0", 300) + "TB/s", err: "is too large"}, // +Inf
+		// So small that a message's cost overflowed to +Inf (or, divided
+		// into bytes per microsecond, the bandwidth underflowed to 0): an
+		// unusable link, silently.
+		{in: "0." + strings.Repeat("0", 318) + "1bit/s", err: "is too small"},
+		{in: "0.1bit/s", err: "at least 1bit/s"},
+		// Units that were guessed at rather than refused.
+		{in: "1Gbit", err: "one of B/s"},
+		{in: "1Mbps/s", err: "one of B/s"},
+		{in: "100/s", err: "one of B/s"},
+		{in: "1kB/s", want: 1e-3},
+		{in: "1kbps", want: 1.25e-4},
+		{in: "1bit/s", want: 1.25e-7},
 	} {
 		got, err := parseBandwidth(tc.in)
 		if tc.err != "" {
@@ -64,9 +76,14 @@ func TestParseSize(t *testing.T) {
 			t.Errorf("ParseSize(%q) = %v, %v; want %v", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "0", "-1", "1MiB/s", "lots", "0.1"} {
-		if _, err := ParseSize(bad); err == nil {
-			t.Errorf("ParseSize(%q) succeeded", bad)
+	for bad, msg := range map[string]string{
+		"": "not a size", "-1": "not a size", "1MiB/s": "not a size", "lots": "not a size",
+		"0": "too small; a size is at least 1 byte", "0.1": "too small",
+		// It once said "a size is at least 1 byte".
+		"8388608TiB": "too large; a size is at most 4294967296GiB",
+	} {
+		if _, err := ParseSize(bad); err == nil || !strings.Contains(err.Error(), msg) {
+			t.Errorf("ParseSize(%q) error %v, want one containing %q", bad, err, msg)
 		}
 	}
 	for _, n := range []int64{1, 1000, 1024, 3 << 20, 1 << 30} {
@@ -100,6 +117,9 @@ func TestExpandHosts(t *testing.T) {
 		{in: "a[8-10]", want: []string{"a8", "a9", "a10"}},
 		{in: "n[1,3,5-6].site", want: []string{"n1.site", "n3.site", "n5.site", "n6.site"}},
 		{in: "r[1-2]n[1-2]", want: []string{"r1n1", "r1n2", "r2n1", "r2n2"}},
+		// PMI ranks' hosts are "<hostname>#<node>" (bootstrap/pmi.go).
+		{in: "node1#0", want: []string{"node1#0"}},
+		{in: "node[1-2]#[0-1]", want: []string{"node1#0", "node1#1", "node2#0", "node2#1"}},
 		{in: "", err: "empty"},
 		{in: "a[01-16", err: "never closed"},
 		{in: "a01]", err: "no matching"},
@@ -126,7 +146,7 @@ func TestExpandHosts(t *testing.T) {
 }
 
 func TestCompactHosts(t *testing.T) {
-	for _, pattern := range []string{"a[01-16]", "n[1,3,5-6]", "gw"} {
+	for _, pattern := range []string{"a[01-16]", "n[1,3,5-6]", "gw", "node7#[0-3]"} {
 		names, err := expandHosts(pattern)
 		if err != nil {
 			t.Fatal(err)
