@@ -208,8 +208,8 @@ func runGraph(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case *out == "":
 		_, err = stdout.Write(dot)
-	case strings.HasSuffix(*out, ".svg"):
-		err = writeSVG(dot, *out, stdout, stderr)
+	case strings.EqualFold(filepath.Ext(*out), ".svg"):
+		err = writeSVG(dot, *out, stdout)
 	default:
 		err = os.WriteFile(*out, dot, 0o644)
 	}
@@ -223,19 +223,21 @@ func runGraph(args []string, stdout, stderr io.Writer) int {
 // errNoDot is reported when an SVG is asked for without Graphviz installed.
 var errNoDot = errors.New("graphviz dot not found")
 
-func writeSVG(dot []byte, out string, stdout, stderr io.Writer) error {
-	dotFile := strings.TrimSuffix(out, filepath.Ext(out)) + ".dot"
-	if err := os.WriteFile(dotFile, dot, 0o644); err != nil {
-		return err
-	}
-	err := renderSVG(dotFile, out)
+// writeSVG renders dot into out, and nothing else: a DOT file beside it
+// could be one the user keeps. Without Graphviz it fails, rather than
+// succeed having written no SVG, and says how to get the drawing.
+func writeSVG(dot []byte, out string, stdout io.Writer) error {
+	svg, err := renderSVG(dot)
 	if errors.Is(err, errNoDot) {
-		fmt.Fprintf(stderr, "mdconfig graph: %v; wrote %s only (install graphviz, or run dot -Tsvg %s elsewhere)\n", err, dotFile, dotFile)
-		return nil
+		return fmt.Errorf("-o %s: %w in PATH; install graphviz, or write DOT with -o %s and render it with dot -Tsvg elsewhere",
+			out, err, strings.TrimSuffix(out, filepath.Ext(out))+".dot")
 	}
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "wrote %s and %s\n", dotFile, out)
+	if err := os.WriteFile(out, svg, 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "wrote %s\n", out)
 	return nil
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -164,22 +163,57 @@ func TestGraph(t *testing.T) {
 			t.Errorf("dot lacks %q", w)
 		}
 	}
-	svg := filepath.Join(t.TempDir(), "net.svg")
-	code, _, stderr = runCmd(t, "graph", example, "-o", svg)
-	if code != 0 {
-		t.Fatalf("svg: exit %d: %s", code, stderr)
+}
+
+// TestGraphSVG runs graph -o with a stand-in for Graphviz's dot, or none.
+// With no dot, -o x.svg used to exit 0 with only a notice, having
+// written no SVG and overwritten x.dot; and -o x.SVG wrote DOT text.
+func TestGraphSVG(t *testing.T) {
+	fake := t.TempDir()
+	// dot -Tsvg: DOT on stdin, the drawing on stdout.
+	script := "#!/bin/sh\necho '<svg>'; cat; echo '</svg>'\n"
+	if err := os.WriteFile(filepath.Join(fake, "dot"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
 	}
-	if _, err := os.Stat(strings.TrimSuffix(svg, ".svg") + ".dot"); err != nil {
-		t.Errorf("no .dot beside the svg: %v", err)
-	}
-	if _, err := exec.LookPath("dot"); err != nil {
-		if !strings.Contains(stderr, "graphviz dot not found") {
-			t.Errorf("no dot installed, yet no notice: %q", stderr)
-		}
-		return
-	}
-	if _, err := os.Stat(svg); err != nil {
-		t.Errorf("dot installed but no svg: %v", err)
+	withDot := fake + string(os.PathListSeparator) + os.Getenv("PATH")
+	for _, tc := range []struct {
+		name, path, out string
+		code            int
+		stderr          []string
+	}{
+		{name: "svg", path: withDot, out: "net.svg"},
+		{name: "upper-case extension", path: withDot, out: "net.SVG"},
+		{name: "no dot", path: t.TempDir(), out: "net.svg", code: exitError,
+			stderr: []string{"graphviz dot not found", "install graphviz", "net.dot"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("PATH", tc.path)
+			dir := t.TempDir()
+			mine := filepath.Join(dir, "net.dot")
+			if err := os.WriteFile(mine, []byte("mine"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(dir, tc.out)
+			code, _, stderr := runCmd(t, "graph", example, "-o", out)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d: %s", code, tc.code, stderr)
+			}
+			for _, w := range tc.stderr {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr lacks %q: %s", w, stderr)
+				}
+			}
+			if got, _ := os.ReadFile(mine); string(got) != "mine" {
+				t.Errorf("%s was overwritten: %.40q", mine, got)
+			}
+			svg, err := os.ReadFile(out)
+			switch {
+			case tc.code != exitOK && err == nil:
+				t.Errorf("failed, yet wrote %s", out)
+			case tc.code == exitOK && !strings.HasPrefix(string(svg), "<svg>"):
+				t.Errorf("%s is not what dot rendered: %.40q (%v)", out, svg, err)
+			}
+		})
 	}
 }
 
