@@ -3,6 +3,12 @@
 //
 //	sdi-conformance -plugin ./sdi-myfabric -config '{"port": 7000}'
 //
+// Get it with go install github.com/hpc-multidevice/multidevice/cmd/sdi-conformance@latest,
+// or, in a module that requires github.com/hpc-multidevice/multidevice (as
+// one that runs sditest does), go run
+// github.com/hpc-multidevice/multidevice/cmd/sdi-conformance at the version
+// your go.mod names.
+//
 // Each check starts fresh plugin processes (-peers of them), connects
 // them, runs, and closes them. Flags of go test work too, with their test.
 // prefix: -test.run 'Conformance/PingPong' picks checks, -test.v=false
@@ -23,6 +29,8 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
 
+const usage = "usage: sdi-conformance -plugin BINARY [-config JSON] [-args ARGS] [-peers N] [-stream] [-skip CHECK=REASON,...]"
+
 func main() {
 	testing.Init()
 	path := flag.String("plugin", "", "plugin binary to test (required)")
@@ -31,10 +39,10 @@ func main() {
 	peers := flag.Int("peers", 3, "instances per check (ranks of one job), at least 2")
 	stream := flag.Bool("stream", false, "use the gRPC stream data plane instead of shared memory")
 	timeout := flag.Duration("timeout", 10*time.Second, "bound on the plugin's start and each control call")
-	skip := flag.String("skip", "", "checks to skip, comma-separated, each name=reason")
+	skip := flag.String("skip", "", "checks to skip, comma-separated, each CHECK=REASON; the reason is printed with the skip and may not be empty")
 	flag.Set("test.v", "true")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: sdi-conformance -plugin BINARY [-config JSON] [-args ARGS] [-peers N] [-stream] [-skip CHECK=REASON,...]\n")
+		fmt.Fprintln(flag.CommandLine.Output(), usage)
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -52,7 +60,13 @@ func main() {
 		if s == "" {
 			continue
 		}
+		// A skip prints its reason instead of the check's result; without
+		// one the report would not say why a check did not run.
 		name, reason, _ := strings.Cut(s, "=")
+		if name == "" || strings.TrimSpace(reason) == "" {
+			fmt.Fprintf(flag.CommandLine.Output(), "sdi-conformance: -skip %q has no reason; write CHECK=REASON, e.g. -skip 'Ordering/PerPeerFIFO=frames are not ordered'\n%s\n", s, usage)
+			os.Exit(2)
+		}
 		h.Skip[name] = reason
 	}
 	tests := []testing.InternalTest{{Name: "Conformance", F: func(t *testing.T) { sditest.Run(t, h) }}}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,7 +34,23 @@ func TestAgainstExample(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "unknown field") || !strings.Contains(string(out), "FAIL") {
 		t.Fatalf("failing run: %v\n%s", err, out)
 	}
-	if out, err := exec.Command(conf).CombinedOutput(); err == nil || !strings.Contains(string(out), "usage: sdi-conformance") {
-		t.Fatalf("no -plugin: %v\n%s", err, out)
+	// Usage errors exit with status 2 and say what is wrong, before any check runs.
+	usage := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no -plugin", nil, "usage: sdi-conformance"},
+		// The help promises every skip states its reason; an empty one
+		// would print a skip that explains nothing.
+		{"-skip without a reason", []string{"-plugin", plugin, "-skip", "Send/Sizes"}, `-skip "Send/Sizes" has no reason`},
+		{"-skip with an empty reason", []string{"-plugin", plugin, "-skip", "PingPong/1000=ok,Send/Sizes="}, `-skip "Send/Sizes=" has no reason`},
+	}
+	for _, tc := range usage {
+		out, err := exec.Command(conf, tc.args...).CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%s: %v, want exit status 2 and %q in:\n%s", tc.name, err, tc.want, out)
+		}
 	}
 }
