@@ -73,12 +73,20 @@ const (
 // Has reports whether all bits of g are set in f.
 func (f Flag) Has(g Flag) bool { return f&g == g }
 
+// MinHeader is the smallest [Caps.MaxHeader] the multidevice can use: its
+// own header, which travels as the opaque header of every frame, takes up
+// to 64 bytes (multidevice/header.go). A subdevice that publishes less
+// passes [Caps.Validate], yet the multidevice refuses it at Open (a plugin
+// is left out of the job, a built-in fails it), so it never carries a
+// message; sdi/sditest fails it.
+const MinHeader = 64
+
 // Caps are the limits and hints a subdevice publishes from Open. Routing reads
 // them; it never probes behaviour. A sender sizes frames by its own Caps, so
 // every rank of a job that opens a subdevice with the same configuration must
 // publish the same limits.
 type Caps struct {
-	MaxHeader   int           // largest opaque header per frame, > 0
+	MaxHeader   int           // largest opaque header per frame; at least MinHeader for the multidevice to use it
 	MaxEager    int           // largest message the multidevice sends eagerly; <= MaxFrame
 	MaxFrame    int           // largest payload of one frame
 	Exclusivity uint32        // higher wins when several subdevices reach a peer

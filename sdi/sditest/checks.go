@@ -36,7 +36,7 @@ type check struct {
 var catalogue = []check{
 	// Info is static and has no side effects: repeated calls agree, before and after Open.
 	{"Info/NoSideEffects", setupNone, testInfoNoSideEffects},
-	// Open publishes valid caps, a business card per rank, and the same limits on every rank.
+	// Open publishes valid caps with room for the multidevice's header, a business card per rank, and the same limits on every rank.
 	{"Open/CapsSane", setupOpened, testOpenCapsSane},
 	// Unusable cards fail Connect with ErrPeerUnreachable, and a failed Connect harms nothing.
 	{"Connect/BadAddr", setupOpened, testConnectBadAddr},
@@ -56,6 +56,10 @@ var catalogue = []check{
 	{"ManyToOne", setupConnected, testManyToOne},
 	// Eight goroutines per rank sending to every peer at once: each frame arrives exactly once.
 	{"Concurrent/Sends", setupConnected, testConcurrentSends},
+	// With a Handler that implements sdi.Placer, frames from every rank to every rank arrive intact, each placed one in its place.
+	{"Place/Delivers", setupNone, testPlaceDelivers},
+	// A place for a frame of a peer that goes is filled and delivered or ended by PeerDown; nothing is written into it after PeerDown or Close.
+	{"Place/EndedByPeerDown", setupNone, testPlaceEndedByPeerDown},
 	// FlagPoll comes with sdi.Poller, FlagIdle with FlagPoll and sdi.Idler.
 	{"Poll/Caps", setupOpened, testPollCaps},
 	// Goroutines of every rank polling while all ranks send to all: each frame once, Deliver serialized per peer, no Poll blocks.
@@ -104,6 +108,9 @@ func testInfoNoSideEffects(t testing.TB, e *env) {
 
 func testOpenCapsSane(t testing.TB, e *env) {
 	t.Logf("caps: %+v", e.caps)
+	if e.caps.MaxHeader < sdi.MinHeader {
+		t.Errorf("Caps.MaxHeader is %d, below sdi.MinHeader = %d: the multidevice puts headers of up to %d bytes in frames and refuses this subdevice at Open, so it would never carry a message", e.caps.MaxHeader, sdi.MinHeader, sdi.MinHeader)
+	}
 	for i, l := range e.locals {
 		if len(l.Addr) == 0 {
 			t.Errorf("rank %d published an empty business card", i)

@@ -21,7 +21,9 @@
 // the published business cards, runs one check and closes everything. The
 // handlers check every call against the contract as it happens: frame
 // contents byte for byte, SendDone exactly once and never from within Send,
-// serialized Deliver per peer, no call after Close returned.
+// serialized Deliver per peer, no call after Close returned. In the Place
+// checks the handler also implements [sdi.Placer], as the multidevice's
+// does, and holds a subdevice that asks it for places to the Place rules.
 //
 // Send is retried on [sdi.ErrWouldBlock] with a short backoff, as the
 // contract asks of callers. Every wait is bounded, and a watchdog fails a
@@ -42,13 +44,28 @@
 //
 //	sditest.Run(t, sditest.Harness{New: sditest.Plugin(plugin.Config{Path: bin}), Peers: 3})
 //
-// Without writing Go: cmd/sdi-conformance -plugin ./sdi-myfabric, or
-// SDI_CONFORMANCE_PLUGIN=$PWD/sdi-myfabric go test ./sdi/sditest -run ExternalPlugin.
+// Without writing Go, cmd/sdi-conformance does the same (go install
+// github.com/hpc-multidevice/multidevice/cmd/sdi-conformance@latest):
+//
+//	sdi-conformance -plugin ./sdi-myfabric -config '{"port": 0}'
+//
+// or, from a module that requires this one, TestExternalPlugin of this
+// package, named by its full import path:
+//
+//	SDI_CONFORMANCE_PLUGIN=$PWD/sdi-myfabric SDI_CONFORMANCE_CONFIG='{"port": 0}' \
+//		go test github.com/hpc-multidevice/multidevice/sdi/sditest -run ExternalPlugin
+//
+// SDI_CONFORMANCE_PLUGIN is the binary's absolute path (go test runs in
+// this package's directory), SDI_CONFORMANCE_CONFIG the JSON every
+// instance's Open gets as OpenParams.Config (plugins.hcl's config block),
+// SDI_CONFORMANCE_ARGS the binary's arguments, separated by spaces. Without
+// SDI_CONFORMANCE_PLUGIN the test skips.
 //
 // # The catalogue
 //
 //	Info/NoSideEffects               Info is static and callable before Open
-//	Open/CapsSane                    valid caps, one card per rank, same limits on every rank
+//	Open/CapsSane                    valid caps, one card per rank, same limits on every rank,
+//	                                 MaxHeader at least sdi.MinHeader
 //	Connect/BadAddr                  garbage or foreign cards: ErrPeerUnreachable; no harm done;
 //	                                 an instance without the job's Secret gets no frame through;
 //	                                 another rank's card given for rank 1 sends it nothing
@@ -60,6 +77,16 @@
 //	Ordering/PerPeerFIFO             send order per peer (FlagOrdered)
 //	ManyToOne                        every rank sends to rank 0 at once
 //	Concurrent/Sends                 8 goroutines per rank to every peer; each frame once
+//	Place/Delivers                   with a Handler that is an sdi.Placer, frames of all
+//	                                 sizes from all to all arrive once, intact, in order
+//	                                 (FlagOrdered); Place asks for the frame's payload
+//	                                 length, never during a Deliver from the same peer; a
+//	                                 placed frame is filled, then delivered in its place,
+//	                                 which is not written into afterwards
+//	Place/EndedByPeerDown            a place given for a frame of a peer that closes is
+//	                                 filled and delivered or ended by PeerDown; after
+//	                                 PeerDown, or a Close that returned nil, the subdevice
+//	                                 neither delivers such a frame nor writes into its place
 //	Poll/Caps                        FlagPoll comes with sdi.Poller, FlagIdle with sdi.Idler
 //	Poll/Concurrent                  (FlagPoll) 2 goroutines per rank poll while all send to
 //	                                 all: each frame once, Deliver serialized per peer, no
@@ -82,6 +109,14 @@
 // SendDone with an error while every rank is open and connected: to the
 // multidevice a failed frame is the loss of its peer.
 //
-// The suite needs Caps.MaxHeader of at least 16 bytes: it puts its own
-// header (destination, stream, sequence number, length) in every frame.
+// A subdevice whose Caps.MaxHeader is below [sdi.MinHeader] fails
+// Open/CapsSane: the multidevice would refuse it. The other checks run
+// with headers of 16 bytes (destination, stream, sequence number, length)
+// and need at least that many.
+//
+// A subdevice that never calls Place passes the Place checks (the frames
+// must still arrive); it is told so in the log. Whether Place is called at
+// all, and for which frames, is the subdevice's choice, so the Place
+// checks catch what a subdevice does wrong with places, not a subdevice
+// that could place and does not.
 package sditest

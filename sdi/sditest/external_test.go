@@ -9,10 +9,12 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
 )
 
-// TestExternalPlugin runs the catalogue against any plugin binary:
+// TestExternalPlugin runs the catalogue against any plugin binary, from
+// this repository or, by the full import path, from any module that
+// requires it:
 //
-//	SDI_CONFORMANCE_PLUGIN=$PWD/sdi-myfabric \
-//	SDI_CONFORMANCE_CONFIG='{"port": 7000}' go test ./sdi/sditest -run ExternalPlugin
+//	SDI_CONFORMANCE_PLUGIN=$PWD/sdi-myfabric SDI_CONFORMANCE_CONFIG='{"port": 7000}' \
+//		go test github.com/hpc-multidevice/multidevice/sdi/sditest -run ExternalPlugin
 //
 // The path is absolute because go test runs the test in this package's
 // directory, not where it was typed. SDI_CONFORMANCE_ARGS holds the

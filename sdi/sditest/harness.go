@@ -133,6 +133,7 @@ type env struct {
 	extra     []sdi.SubDevice // instances outside the job, opened by a check
 	caps      sdi.Caps        // rank 0's; the suite sizes frames by it
 	nextToken atomic.Uint64
+	placing   bool // the handlers of instances opened from now on implement sdi.Placer
 
 	mu         sync.Mutex // guards the fields below and every recorder's state
 	changed    chan struct{}
@@ -141,6 +142,7 @@ type env struct {
 	dropped    int // violations beyond maxViolations
 	reported   int
 	lenient    bool // a rank closed or a frame went to a stranger: SendDone may fail
+	placeAsks  int  // Place calls that found nothing wrong (place.go)
 }
 
 const maxViolations = 50
@@ -192,16 +194,21 @@ func (e *env) cleanup(t testing.TB) {
 		if e.recs[i].isClosed() {
 			continue
 		}
-		if err := sd.Close(ctx); err != nil {
+		err := sd.Close(ctx)
+		if err != nil {
 			t.Errorf("rank %d: Close: %v", i, err)
 		}
 		e.recs[i].markClosed()
+		if err == nil {
+			e.recs[i].endPlaces(-1, "Close returned nil")
+		}
 	}
 	for _, sd := range e.extra {
 		if err := sd.Close(ctx); err != nil {
 			t.Errorf("extra instance: Close: %v", err)
 		}
 	}
+	e.checkEndedPlaces()
 	e.report(t)
 	e.tmu.Lock()
 	e.finished = true
@@ -275,7 +282,7 @@ func (e *env) params(rank sdi.Rank, size int, host, jobID string, secret []byte,
 		Secret:     secret,
 		APIVersion: sdi.APIVersion,
 		Config:     e.h.Config,
-		Handler:    rec,
+		Handler:    rec.handler(),
 		Logger:     e.logger.Named(e.name).With("rank", rank),
 	}
 }
@@ -355,6 +362,9 @@ func (e *env) closeRank(i int) error {
 	defer cancel()
 	err := e.sds[i].Close(ctx)
 	e.recs[i].markClosed()
+	if err == nil {
+		e.recs[i].endPlaces(-1, "Close returned nil")
+	}
 	return err
 }
 
@@ -452,8 +462,25 @@ func xorshift(x uint64) uint64 {
 
 // decode checks an arriving frame and says what is wrong with it, if anything.
 func decode(to, from sdi.Rank, header, payload []byte) (streamKey, uint64, string) {
+	m, plen, problem := decodeHeader(to, from, header)
+	key := streamKey{from: from, stream: m.stream}
+	switch {
+	case problem != "":
+		return key, m.seq, problem
+	case plen != len(payload):
+		return key, m.seq, fmt.Sprintf("stream %d seq %d with %d payload bytes, sent with %d", m.stream, m.seq, len(payload), plen)
+	}
+	if i := mismatch(payload, m.seed()); i >= 0 {
+		return key, m.seq, fmt.Sprintf("stream %d seq %d with payload byte %d of %d altered (or from rank %d is wrong)", m.stream, m.seq, i, len(payload), from)
+	}
+	return key, m.seq, ""
+}
+
+// decodeHeader checks the header of an arriving frame, which Place sees
+// without its payload, and returns the frame it names and its payload length.
+func decodeHeader(to, from sdi.Rank, header []byte) (msg, int, string) {
 	if len(header) < headerSize {
-		return streamKey{}, 0, fmt.Sprintf("a %d-byte header; the suite never sends less than %d", len(header), headerSize)
+		return msg{}, 0, fmt.Sprintf("a %d-byte header; the suite never sends less than %d", len(header), headerSize)
 	}
 	m := msg{
 		from:   int(from),
@@ -461,20 +488,14 @@ func decode(to, from sdi.Rank, header, payload []byte) (streamKey, uint64, strin
 		stream: binary.LittleEndian.Uint16(header[2:]),
 		seq:    binary.LittleEndian.Uint64(header[4:]),
 	}
-	key := streamKey{from: from, stream: m.stream}
-	switch plen := binary.LittleEndian.Uint32(header[12:]); {
-	case m.to != int(to):
-		return key, m.seq, fmt.Sprintf("a frame addressed to rank %d", m.to)
-	case int(plen) != len(payload):
-		return key, m.seq, fmt.Sprintf("stream %d seq %d with %d payload bytes, sent with %d", m.stream, m.seq, len(payload), plen)
+	plen := int(binary.LittleEndian.Uint32(header[12:]))
+	if m.to != int(to) {
+		return m, plen, fmt.Sprintf("a frame addressed to rank %d", m.to)
 	}
 	if i := mismatch(header[headerSize:], m.seed()^0x5a5a); i >= 0 {
-		return key, m.seq, fmt.Sprintf("stream %d seq %d with header byte %d altered (or from rank %d is wrong)", m.stream, m.seq, headerSize+i, from)
+		return m, plen, fmt.Sprintf("stream %d seq %d with header byte %d altered (or from rank %d is wrong)", m.stream, m.seq, headerSize+i, from)
 	}
-	if i := mismatch(payload, m.seed()); i >= 0 {
-		return key, m.seq, fmt.Sprintf("stream %d seq %d with payload byte %d of %d altered (or from rank %d is wrong)", m.stream, m.seq, i, len(payload), from)
-	}
-	return key, m.seq, ""
+	return m, plen, ""
 }
 
 type streamKey struct {
@@ -498,10 +519,11 @@ type recorder struct {
 	arrivals  map[streamKey][]uint64
 	seen      map[streamKey]map[uint64]bool // to report a duplicate whenever it comes
 	peerDowns []peerDown
+	places    map[frameKey]*place // the places Place gave, when e.placing (place.go)
 }
 
 func newRecorder(e *env, rank sdi.Rank) *recorder {
-	return &recorder{e: e, rank: rank, inDeliver: make(map[sdi.Rank]bool), arrivals: make(map[streamKey][]uint64), seen: make(map[streamKey]map[uint64]bool)}
+	return &recorder{e: e, rank: rank, inDeliver: make(map[sdi.Rank]bool), arrivals: make(map[streamKey][]uint64), seen: make(map[streamKey]map[uint64]bool), places: make(map[frameKey]*place)}
 }
 
 func (r *recorder) Deliver(from sdi.Rank, header, payload []byte) {
@@ -514,6 +536,7 @@ func (r *recorder) Deliver(from sdi.Rank, header, payload []byte) {
 		e.violateLocked("rank %d: overlapping Deliver calls for rank %d; they must be serialized per peer", r.rank, from)
 	}
 	r.inDeliver[from] = true
+	pl := r.placeOfLocked(from, header, payload)
 	e.mu.Unlock()
 
 	key, seq, problem := decode(r.rank, from, header, payload)
@@ -521,6 +544,9 @@ func (r *recorder) Deliver(from sdi.Rank, header, payload []byte) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	r.inDeliver[from] = false
+	if pl != nil {
+		pl.deliveredLocked()
+	}
 	if problem != "" {
 		e.violateLocked("rank %d: Deliver from rank %d: %s", r.rank, from, problem)
 	} else {
@@ -574,6 +600,7 @@ func (r *recorder) PeerDown(peer sdi.Rank, err error) {
 	if r.closed {
 		e.violateLocked("rank %d: PeerDown(%d, %v) after Close returned", r.rank, peer, err)
 	}
+	r.endPlacesLocked(peer, fmt.Sprintf("PeerDown(%d)", peer))
 	r.peerDowns = append(r.peerDowns, peerDown{peer, err})
 	e.broadcastLocked()
 }

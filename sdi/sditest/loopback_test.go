@@ -20,7 +20,7 @@ func TestLoopbackConformance(t *testing.T) {
 func TestLoopbackConformanceTiny(t *testing.T) {
 	fabric := NewFabric(LoopbackOptions{
 		Caps: sdi.Caps{
-			MaxHeader: headerSize + 4,
+			MaxHeader: sdi.MinHeader + 4,
 			MaxEager:  64,
 			MaxFrame:  200,
 			Reach:     sdi.ReachHost,

@@ -2,6 +2,7 @@ package sditest
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"runtime"
@@ -39,6 +40,52 @@ type faulty struct {
 	redirect    atomic.Bool // for the fault that sends rank 1's frames elsewhere
 	// pollF, when set, makes the subdevice a Poller (see pollingFaulty).
 	pollF func(x *faulty) int
+	// afterPlaceF, when set, runs after a frame was delivered in its place.
+	afterPlaceF func(dst []byte)
+	// holdPlacesF, when set, makes a placing x hold every placed frame
+	// from the third of its stream on, unfilled and undelivered, as if
+	// still in flight, and replaces PeerDown; held pairs place and payload.
+	holdPlacesF func(h sdi.Handler, peer sdi.Rank, err error, held [][2][]byte)
+}
+
+// placing makes x ask the suite's Handler for a place for every arriving
+// frame (it implements sdi.Placer in the Place checks), as a subdevice with
+// a single-copy path does. fill moves the payload into dst and returns the
+// slice to deliver; a correct fill copies all of it and returns dst.
+func (x *faulty) placing(fill func(dst, payload []byte) []byte) {
+	x.handlerF = func(x *faulty, h sdi.Handler) sdi.Handler {
+		pl, ok := h.(sdi.Placer)
+		if !ok {
+			return h
+		}
+		var mu sync.Mutex
+		var held [][2][]byte
+		hf := handlerFuncs{Handler: h, deliver: func(from sdi.Rank, header, payload []byte) {
+			dst := pl.Place(from, header, len(payload))
+			if dst == nil {
+				h.Deliver(from, header, payload)
+				return
+			}
+			if x.holdPlacesF != nil && binary.LittleEndian.Uint64(header[4:]) >= 2 {
+				mu.Lock()
+				held = append(held, [2][]byte{dst, append([]byte(nil), payload...)})
+				mu.Unlock()
+				return
+			}
+			h.Deliver(from, header, fill(dst, payload))
+			if x.afterPlaceF != nil {
+				x.afterPlaceF(dst)
+			}
+		}}
+		if x.holdPlacesF != nil {
+			hf.peerDown = func(peer sdi.Rank, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				x.holdPlacesF(h, peer, err, held)
+			}
+		}
+		return hf
+	}
 }
 
 // pollingFaulty is a faulty that implements sdi.Poller with its pollF.
@@ -425,6 +472,47 @@ var faults = []fault{
 				return n
 			}
 		}},
+	// The multidevice skips a subdevice whose headers cannot carry its own
+	// (multidevice/header.go); a suite that passed it would promise a
+	// subdevice that is then never used.
+	{"publishes MaxHeader below sdi.MinHeader", "Open/CapsSane", "below sdi.MinHeader",
+		func(x *faulty, _ <-chan struct{}) {
+			x.capsF = func(c *sdi.Caps) { c.MaxHeader = 40 }
+		}},
+	{"delivers a placed frame from its own buffer", "Place/Delivers", "not in the place Place returned",
+		func(x *faulty, _ <-chan struct{}) {
+			x.placing(func(dst, payload []byte) []byte { copy(dst, payload); return payload })
+		}},
+	{"delivers a place before filling all of it", "Place/Delivers", "payload byte",
+		func(x *faulty, _ <-chan struct{}) {
+			x.placing(func(dst, payload []byte) []byte { copy(dst, payload[:len(payload)/2]); return dst })
+		}},
+	{"writes into a place after delivering it", "Place/Delivers", "after delivering it",
+		func(x *faulty, _ <-chan struct{}) {
+			x.placing(func(dst, payload []byte) []byte { copy(dst, payload); return dst })
+			x.afterPlaceF = func(dst []byte) { dst[len(dst)-1] ^= 0xff }
+		}},
+	{"leaves a place unfilled when its peer goes", "Place/EndedByPeerDown", "neither filled and delivered nor ended by PeerDown",
+		func(x *faulty, _ <-chan struct{}) {
+			x.placing(func(dst, payload []byte) []byte { copy(dst, payload); return dst })
+			x.holdPlacesF = func(h sdi.Handler, peer sdi.Rank, err error, held [][2][]byte) {}
+		}},
+	{"writes into a place after reporting its peer down", "Place/EndedByPeerDown", "after PeerDown(1)",
+		func(x *faulty, _ <-chan struct{}) {
+			x.placing(func(dst, payload []byte) []byte { copy(dst, payload); return dst })
+			x.holdPlacesF = func(h sdi.Handler, peer sdi.Rank, err error, held [][2][]byte) {
+				h.PeerDown(peer, err)
+				// The late write is passed to the suite's checker through
+				// its lock, so that -race reports the fault's effect
+				// rather than the data race such a write is.
+				mu := &h.(placingRecorder).e.mu
+				mu.Lock()
+				defer mu.Unlock()
+				for _, f := range held {
+					copy(f[0], f[1])
+				}
+			}
+		}},
 	{"accepts frames after Close", "Close/SendAfterClose", "Send after Close",
 		func(x *faulty, _ <-chan struct{}) {
 			x.sendF = func(x *faulty, f *sdi.Frame) (bool, error) {
@@ -555,6 +643,10 @@ func TestFaultyWrapperIsTransparent(t *testing.T) {
 			x := &faulty{SubDevice: fabric.New(hclog.NewNullLogger())}
 			if strings.HasPrefix(f.check, "Poll/") {
 				x.pollable() // the checks skip a subdevice without FlagPoll
+			}
+			if strings.HasPrefix(f.check, "Place/") {
+				// The loopback never asks for a place; this one does, correctly.
+				x.placing(func(dst, payload []byte) []byte { copy(dst, payload); return dst })
 			}
 			return x.subDevice()
 		})
