@@ -3,6 +3,8 @@ package multidevice
 import (
 	"errors"
 	"testing"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // longHeader encodes h in the long form.
@@ -127,4 +129,13 @@ func FuzzDecodeShortHeader(f *testing.F) {
 			t.Fatalf("re-encoding a valid short header changed it: %+v -> %+v (%v)", h, h2, err)
 		}
 	})
+}
+
+// TestHeaderSizeIsSDIMinHeader: sdi.MinHeader tells subdevice authors
+// what the multidevice needs; the conformance suite fails a subdevice
+// below it, so the two must not drift apart.
+func TestHeaderSizeIsSDIMinHeader(t *testing.T) {
+	if headerSize != sdi.MinHeader {
+		t.Fatalf("the multidevice's header is %d bytes, sdi.MinHeader says %d", headerSize, sdi.MinHeader)
+	}
 }
