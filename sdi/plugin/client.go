@@ -39,7 +39,8 @@ type Client struct {
 	cfg     Config
 	log     hclog.Logger
 	pc      *goplugin.Client
-	sockDir string // the plugin's socket directory; removed once it has ended
+	sockDir string   // the plugin's socket directory; removed once it has ended
+	hostEnd *os.File // closed once the plugin has ended; see envHostFD
 	rpc     sdiv1.SubDeviceClient
 	exit    context.Context // done when the plugin process has exited
 
@@ -54,7 +55,8 @@ type Client struct {
 	wg     sync.WaitGroup        // the watcher and heartbeat goroutines
 	once   sync.Once
 
-	pinging atomic.Bool
+	pinging  atomic.Bool
+	nameOnce sync.Once // logs a subdevice name other than cfg.Name
 }
 
 // openState is fixed by Open.
@@ -67,8 +69,8 @@ type openState struct {
 	sendMu    sync.Mutex    // orders the count with the plane's order
 }
 
-func newClient(c Config, pc *goplugin.Client, d *dispensed, sockDir string) *Client {
-	cl := &Client{cfg: c, log: c.Logger, pc: pc, rpc: d.rpc, exit: d.done, sockDir: sockDir}
+func newClient(c Config, pc *goplugin.Client, d *dispensed, sockDir string, hostEnd *os.File) *Client {
+	cl := &Client{cfg: c, log: c.Logger, pc: pc, rpc: d.rpc, exit: d.done, sockDir: sockDir, hostEnd: hostEnd}
 	cl.life, cl.cancel = context.WithCancel(context.Background())
 	cl.wg.Add(1)
 	go cl.watch()
@@ -117,6 +119,15 @@ func (c *Client) Info(ctx context.Context) (sdi.Info, error) {
 	if err != nil {
 		return sdi.Info{}, err
 	}
+	if name := resp.GetName(); name != c.cfg.Name {
+		// Legitimate (one plugin binary may serve several blocks, as a
+		// built-in may run under another name), but a typo in
+		// plugins.hcl or the wrong command looks the same.
+		c.nameOnce.Do(func() {
+			c.log.Info("the plugin's subdevice calls itself by another name; the plugins.hcl block's name is used",
+				"plugin", c.cfg.Name, "path", c.cfg.Path, "subdevice", name)
+		})
+	}
 	return sdi.Info{Name: resp.GetName(), Version: resp.GetVersion(), APIVersions: resp.GetApiVersions()}, nil
 }
 
@@ -155,9 +166,10 @@ func (c *Client) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) 
 		return sdi.Local{}, fmt.Errorf("sdi/plugin: %q: open: the subdevice matches messages itself (FlagMatching), which plugin protocol %d does not carry; run it built in: %w",
 			c.cfg.Name, ProtocolVersion, sdi.ErrUnsupported)
 	}
+	own := caps.MaxFrame
 	bytes, caps := planeBytes(caps)
 	st := &openState{h: p.Handler, caps: caps, connected: make([]atomic.Bool, p.Size)}
-	lim := limits{maxHeader: caps.MaxHeader, maxPayload: caps.MaxFrame, size: p.Size}
+	lim := limits{maxHeader: caps.MaxHeader, maxPayload: caps.MaxFrame, maxPlaced: inboundMax(own, caps.MaxFrame), size: p.Size}
 	plane, err := c.attach(ctx, st, lim, bytes)
 	if err != nil {
 		return sdi.Local{}, fmt.Errorf("sdi/plugin: %q: attach the data plane: %w", c.cfg.Name, err)
@@ -275,7 +287,7 @@ func (c *Client) attach(ctx context.Context, st *openState, lim limits, bytes in
 // segment and announces it there, or returns nil when frames are too small
 // for it or it cannot be made; the plugin then never places.
 func (c *Client) createPlaceArea(seg *shmem.Segment, lim limits) *shmem.Segment {
-	slotBytes := placeSlotBytes(lim.maxPayload)
+	slotBytes := placeSlotBytes(max(lim.maxPayload, lim.maxPlaced))
 	if slotBytes == 0 {
 		return nil
 	}
@@ -292,7 +304,7 @@ func (c *Client) createPlaceArea(seg *shmem.Segment, lim limits) *shmem.Segment 
 		return nil
 	}
 	initPlaceArea(aseg.Bytes(), placeSlots, slotBytes)
-	announcePlace(seg.Bytes(), placeSlots, slotBytes)
+	announcePlace(seg.Bytes(), placeSlots, slotBytes, lim.maxPlaced)
 	return aseg
 }
 
@@ -488,7 +500,8 @@ func (c *Client) watch() {
 	}
 	why := *c.dead.Load()
 	c.log.Error("subdevice plugin taken out", "plugin", c.cfg.Name, "path", c.cfg.Path, "error", why)
-	c.kill(true)
+	// The peers first: ending the process may take a while, and nothing
+	// is to wait for it.
 	if st := c.st.Load(); st != nil {
 		st.plane.stop()
 		for peer := range st.connected {
@@ -497,24 +510,27 @@ func (c *Client) watch() {
 			}
 		}
 	}
+	c.kill(true)
 }
 
 // kill ends the plugin process. go-plugin's Kill asks the plugin to shut
 // down and waits for that without a deadline, which a hung plugin never
-// answers; so a plugin that was taken out is killed outright first, and
-// any other gets killGrace to exit gracefully.
+// answers, and then for the plugin's output to close, which a process the
+// plugin started may keep open; so a plugin that was taken out has its
+// process group killed outright first, any other gets killGrace to exit
+// gracefully, and the wait after a kill is bounded too.
 func (c *Client) kill(force bool) {
+	defer c.hostEnd.Close()
+	defer os.RemoveAll(c.sockDir)
 	pid := 0
 	if rc := c.pc.ReattachConfig(); rc != nil {
 		pid = rc.Pid
 	}
 	hardKill := func() {
-		// Only while go-plugin has not seen the process exit, so the pid
-		// cannot have been reused.
-		if pid > 0 && c.exit.Err() == nil {
-			if p, err := os.FindProcess(pid); err == nil {
-				p.Kill()
-			}
+		// Only while go-plugin has not seen the process exit, so the
+		// group cannot be gone and its id reused.
+		if c.exit.Err() == nil {
+			killGroup(pid)
 		}
 	}
 	if force {
@@ -527,12 +543,16 @@ func (c *Client) kill(force bool) {
 	}()
 	select {
 	case <-done:
+		return
 	case <-time.After(killGrace):
-		c.log.Warn("plugin did not exit when asked; killing it", "plugin", c.cfg.Name, "pid", pid)
-		hardKill()
-		<-done
 	}
-	os.RemoveAll(c.sockDir)
+	c.log.Warn("plugin did not exit when asked; killing it", "plugin", c.cfg.Name, "pid", pid)
+	hardKill()
+	select {
+	case <-done:
+	case <-time.After(killGrace):
+		c.log.Warn("plugin still holds its output open after it was killed; not waiting for it", "plugin", c.cfg.Name, "pid", pid)
+	}
 }
 
 // killGrace is how long a plugin has to exit when closed.

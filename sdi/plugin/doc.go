@@ -20,7 +20,10 @@
 // performs go-plugin's handshake (magic cookie, protocol version) and
 // secures the connection with automatically generated mutual TLS. The
 // plugin's log lines, JSON on its stderr, are re-logged through the host's
-// logger; the plugin formats nothing below the host's level.
+// logger; the plugin formats nothing below the host's level. Other text it
+// writes to os.Stderr is logged at info. The plugin runs in a process
+// group of its own, killed as a whole, so that a wrapper script that runs
+// it without exec leaves nothing behind.
 //
 // # Versions
 //
@@ -73,8 +76,9 @@
 // Handler, and every later call fails with an error wrapping
 // ErrPluginExited (and sdi.ErrPeerUnreachable for sends). The plugin, for
 // its part, closes its subdevice and exits when the host goes away: at
-// once when its data stream breaks, and within a second when a host that
-// never opened it ends (it watches its parent process).
+// once when its data stream breaks, and when a host that never opened it
+// ends: at once through a pipe only the host holds open, which a wrapper
+// script passes on, and within a second when its parent process ends.
 //
 // # Limitations
 //

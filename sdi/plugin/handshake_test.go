@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,15 +22,25 @@ import (
 const helperArg = "sdi-plugin-test-helper"
 
 func serveHelper(behaviour string) {
+	exe, _ := os.Executable()
+	if script, ok := strings.CutPrefix(behaviour, "host-of:"); ok {
+		hostHelper(script, nil, false)
+	}
+	if n, ok := strings.CutPrefix(behaviour, "deliver-at-connect:"); ok {
+		size, _ := strconv.Atoi(n)
+		serveDeliverAtConnect(size)
+	}
 	switch behaviour {
 	case "v1":
 		plugin.Serve(tcp.New)
 	case "v99":
 		plugin.ServeVersion(99, tcp.New)
 	case "host":
-		hostHelper(true)
+		hostHelper(exe, []string{helperArg, "v1"}, true)
 	case "host-unopened":
-		hostHelper(false)
+		hostHelper(exe, []string{helperArg, "v1"}, false)
+	case "stderr-in-open":
+		serveStderrInOpen()
 	case "crash-in-open":
 		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return crashInOpen{tcp.New(l)} })
 	}

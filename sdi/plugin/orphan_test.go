@@ -15,12 +15,12 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
 )
 
-// hostHelper is main of a host process that starts a plugin, asks its
-// Info, opens it if open says so (a rank may die between the two, or in
-// an Open that takes long), prints the plugin's pid and waits to be killed.
-func hostHelper(open bool) {
-	exe, _ := os.Executable()
-	c, err := plugin.Start(context.Background(), plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, "v1"}})
+// hostHelper is main of a host process that starts the plugin path args,
+// asks its Info, opens it if open says so (a rank may die between the two,
+// or in an Open that takes long), prints the plugin's pid and waits to be
+// killed.
+func hostHelper(path string, args []string, open bool) {
+	c, err := plugin.Start(context.Background(), plugin.Config{Name: "fab", Path: path, Args: args})
 	if err == nil {
 		_, err = c.Info(context.Background())
 	}

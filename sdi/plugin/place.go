@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -81,15 +82,28 @@ func initPlaceArea(mem []byte, slots, slotBytes int) {
 	binary.LittleEndian.PutUint64(mem[16:], uint64(slotBytes))
 }
 
-// announcePlace records the area's shape in the ring segment's header.
-func announcePlace(ringMem []byte, slots, slotBytes int) {
+// announcePlace records the area's shape in the ring segment's header, and
+// the largest payload the host takes placed.
+func announcePlace(ringMem []byte, slots, slotBytes, maxPlaced int) {
 	binary.LittleEndian.PutUint32(ringMem[offPlaceSlots:], uint32(slots))
 	binary.LittleEndian.PutUint64(ringMem[offSlotBytes:], uint64(slotBytes))
+	binary.LittleEndian.PutUint32(ringMem[offPlaceMax:], uint32(maxPlaced))
 }
 
 // announcedPlace reads the area's shape from the ring segment's header.
 func announcedPlace(ringMem []byte) (slots uint32, slotBytes uint64) {
 	return binary.LittleEndian.Uint32(ringMem[offPlaceSlots:]), binary.LittleEndian.Uint64(ringMem[offSlotBytes:])
+}
+
+// placedMax is the largest payload the plugin may place: what the host
+// announced, within the slots, or else the ring's own limit, maxPayload,
+// which is all a host that announces nothing takes.
+func placedMax(ringMem []byte, slotBytes, maxPayload int) int {
+	m := int(binary.LittleEndian.Uint32(ringMem[offPlaceMax:]))
+	if m > maxPayload && m <= slotBytes {
+		return m
+	}
+	return maxPayload
 }
 
 // checkPlaceArea validates an area the host created against the shape it
@@ -186,6 +200,41 @@ func (pl *placer) place(from sdi.Rank, n int) []byte {
 	if n < placeMin || n > pl.max || n > pl.a.slotBytes {
 		return nil
 	}
+	b, _ := pl.take(from, n)
+	return b
+}
+
+// carry copies payload, a frame from peer too large for the ring, into a
+// free slot and returns the slot, waiting while the host holds every slot.
+// It gives up when the payload is larger than a slot, the slot's memory
+// cannot be had, or quit is closed.
+func (pl *placer) carry(from sdi.Rank, payload []byte, quit <-chan struct{}) (int, bool) {
+	n := len(payload)
+	if n < placeMin || n > pl.max || n > pl.a.slotBytes {
+		return 0, false
+	}
+	// The host frees slots without a signal; frames this large are rare
+	// and take milliseconds to copy anyway.
+	for pause := 20 * time.Microsecond; ; pause = min(2*pause, 5*time.Millisecond) {
+		b, busy := pl.take(from, n)
+		if b != nil {
+			copy(b, payload)
+			return pl.claim(from, b)
+		}
+		if !busy {
+			return 0, false
+		}
+		select {
+		case <-quit:
+			return 0, false
+		case <-time.After(pause):
+		}
+	}
+}
+
+// take hands out a free slot's first n bytes for a frame from peer; busy
+// says that no slot was free.
+func (pl *placer) take(from sdi.Rank, n int) (b []byte, busy bool) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	for i := range pl.filling {
@@ -196,15 +245,15 @@ func (pl *placer) place(from sdi.Rank, n int) []byte {
 			// No room: the frame takes the copy through the ring,
 			// which has its memory.
 			if pl.reserve(placeDataOffset+i*pl.a.slotBytes, n) != nil {
-				return nil
+				return nil, false
 			}
 			pl.reserved[i] = n
 		}
 		pl.a.word(i).Store(slotTaken)
 		pl.filling[i] = placing{on: true, peer: from, n: n}
-		return pl.a.slot(i, n)
+		return pl.a.slot(i, n), false
 	}
-	return nil
+	return nil, true
 }
 
 // claim reports which slot payload is, if it is one place handed out for

@@ -46,11 +46,13 @@ func deliver(h sdi.Handler, rec record) bool {
 	return true
 }
 
-// planeBytes sizes the data plane for a subdevice's caps: each direction
-// holds at least two of its largest records. Subdevices whose frames would
-// need more than the largest ring get their MaxFrame lowered to fit; the
-// multidevice then cuts large messages into more frames. The result depends
-// on caps alone, so every rank publishes the same limits.
+// planeBytes sizes the data plane for a subdevice's caps: a ring is the
+// smallest power of two that holds four of its largest records, up to
+// maxPlaneBytes. A subdevice whose record would exceed half of that (a
+// ring takes records of up to half its size) gets its MaxFrame lowered to
+// fit, so a ring holds at least two; the multidevice then cuts large
+// messages into more frames. The result depends on caps alone, so every
+// rank that runs the subdevice as a plugin publishes the same limits.
 func planeBytes(c sdi.Caps) (int, sdi.Caps) {
 	rec := recordLen(c.MaxHeader, c.MaxFrame)
 	size := 1 << 20
@@ -62,6 +64,16 @@ func planeBytes(c sdi.Caps) (int, sdi.Caps) {
 		c.MaxEager = min(c.MaxEager, c.MaxFrame)
 	}
 	return size, c
+}
+
+// inboundMax is the largest payload the host takes from the plugin, in a
+// place-area slot: up to the subdevice's own MaxFrame, own, within
+// maxPlaneBytes, and never less than the ring's limit, fitted. A rank that
+// runs the subdevice built in cuts frames to own, not to fitted, and those
+// must reach this one (plugins.hcl.md: the same subdevice may be built in
+// on one rank and a plugin on another).
+func inboundMax(own, fitted int) int {
+	return max(fitted, min(own, maxPlaneBytes))
 }
 
 // maxPlaneBytes bounds one direction of the data plane.

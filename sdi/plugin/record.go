@@ -81,7 +81,10 @@ func putPlacedRecord(b []byte, peer sdi.Rank, slot uint32, header []byte, n int)
 type limits struct {
 	maxHeader  int
 	maxPayload int
-	size       int // ranks in the job: peer must be in [0, size)
+	// maxPlaced bounds the payload of a placed record (kindPlaced), which
+	// may exceed maxPayload (plane.go); 0 means maxPayload.
+	maxPlaced int
+	size      int // ranks in the job: peer must be in [0, size)
 }
 
 // decodeRecord parses the record at the start of b. It returns the record
@@ -96,6 +99,10 @@ func decodeRecord(b []byte, lim limits) (record, int, error) {
 	hl := int(binary.LittleEndian.Uint16(b[2:]))
 	pl := uint64(binary.LittleEndian.Uint32(b[4:]))
 	r := record{kind: kind, peer: sdi.Rank(int32(binary.LittleEndian.Uint32(b[8:]))), aux: binary.LittleEndian.Uint32(b[12:])}
+	maxPayload := lim.maxPayload
+	if kind == kindPlaced {
+		maxPayload = max(maxPayload, lim.maxPlaced)
+	}
 	switch {
 	case b[1] != 0:
 		return record{}, 0, fmt.Errorf("%w: record reserved byte is %#x", sdi.ErrBadFrame, b[1])
@@ -103,8 +110,8 @@ func decodeRecord(b []byte, lim limits) (record, int, error) {
 		return record{}, 0, fmt.Errorf("%w: record kind %d", sdi.ErrBadFrame, kind)
 	case hl > lim.maxHeader:
 		return record{}, 0, fmt.Errorf("%w: record header length %d exceeds %d", sdi.ErrBadFrame, hl, lim.maxHeader)
-	case pl > uint64(lim.maxPayload):
-		return record{}, 0, fmt.Errorf("%w: record payload length %d exceeds %d", sdi.ErrBadFrame, pl, lim.maxPayload)
+	case pl > uint64(maxPayload):
+		return record{}, 0, fmt.Errorf("%w: record payload length %d exceeds %d", sdi.ErrBadFrame, pl, maxPayload)
 	case kind != kindCredit && (r.peer < 0 || int(r.peer) >= lim.size):
 		return record{}, 0, fmt.Errorf("%w: record peer %d not in [0,%d)", sdi.ErrBadFrame, r.peer, lim.size)
 	}

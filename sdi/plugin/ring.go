@@ -43,6 +43,8 @@ import (
 //	+32   hostPolls   uint32  the host's Poll count, stored every pollsPerTick polls
 //	+36   hostParked  uint32  1 once the polling rank parked (sdi.Idler.Idle)
 //	+40   placeSlots  uint32  slots of the place area (place.go); 0: there is none
+//	+44   placeMax    uint32  the largest payload the host takes placed; 0 (older
+//	                          hosts): the ring's payload limit
 //	+48   slotBytes   uint64  bytes per slot of the place area
 //
 // While hostPolls moves and hostParked is 0, the plugin polls its subdevice
@@ -83,6 +85,7 @@ const (
 	offHostPolls  = 32
 	offHostParked = 36
 	offPlaceSlots = 40
+	offPlaceMax   = 44
 	offSlotBytes  = 48
 
 	minRingBytes = 1 << 16

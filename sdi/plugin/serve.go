@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -42,6 +44,14 @@ func Serve(factory sdi.Factory) {
 		os.Exit(3)
 	})
 	go watchHost(srv, os.Getppid(), time.Second)
+	if fd, err := strconv.Atoi(os.Getenv(envHostFD)); err == nil && fd > 2 {
+		// Only a pipe: a wrapper script may have reused the number for a
+		// file of its own, which an *os.File would close when collected.
+		var st syscall.Stat_t
+		if syscall.Fstat(fd, &st) == nil && st.Mode&syscall.S_IFMT == syscall.S_IFIFO {
+			go watchHostPipe(srv, os.NewFile(uintptr(fd), "host"))
+		}
+	}
 	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig:  handshake,
 		VersionedPlugins: pluginSets(srv),
@@ -50,6 +60,16 @@ func Serve(factory sdi.Factory) {
 		},
 		Logger: log,
 	})
+}
+
+// watchHostPipe shuts the plugin down when the host ends: r is a pipe only
+// the host writes to, and it never does, so any read ends with the host.
+// Unlike watchHost, it sees the host behind a wrapper script.
+func watchHostPipe(srv *server, r *os.File) {
+	var b [1]byte
+	_, err := r.Read(b[:])
+	r.Close()
+	srv.hostGone(fmt.Errorf("the host process ended (its pipe read %v)", err))
 }
 
 // watchHost shuts the plugin down when the process that started it ends.

@@ -232,7 +232,8 @@ func (s *server) Transfer(st sdiv1.SubDevice_TransferServer) error {
 	if ring != nil {
 		s.plane = ring
 		if ring.aseg != nil {
-			s.placer.Store(newPlacer(placeAreaAt(ring.aseg.Bytes()), ring, s.lim.maxPayload, ring.aseg.Reserve))
+			a := placeAreaAt(ring.aseg.Bytes())
+			s.placer.Store(newPlacer(a, ring, placedMax(ring.seg.Bytes(), a.slotBytes, s.lim.maxPayload), ring.aseg.Reserve))
 		}
 	} else {
 		stream = newPluginStream(st, s, s.lim, max(window, 1<<16))
@@ -423,21 +424,40 @@ type serverHandler server
 
 func (h *serverHandler) Deliver(from sdi.Rank, header, payload []byte) {
 	s := (*server)(h)
-	if len(header) > s.lim.maxHeader || len(payload) > s.lim.maxPayload {
-		// The host would take this for a broken plugin.
-		s.log.Warn("dropping a delivered frame beyond the subdevice's own limits", "from", from,
-			"header", len(header), "payload", len(payload))
-		return
-	}
-	if pl := s.placer.Load(); pl != nil {
-		if slot, ok := pl.claim(from, payload); ok {
+	if pl := s.placer.Load(); pl != nil && len(header) <= s.lim.maxHeader {
+		slot, ok := pl.claim(from, payload)
+		if !ok && len(payload) > s.lim.maxPayload {
+			// Beyond the ring, as a peer that runs the subdevice
+			// built in sends them: a slot carries it.
+			slot, ok = pl.carry(from, payload, s.closing)
+		}
+		if ok {
 			if !s.closed.Load() {
 				pl.ring.putPlaced(from, slot, header, len(payload))
 			}
 			return
 		}
 	}
+	if len(header) > s.lim.maxHeader || len(payload) > s.lim.maxPayload {
+		// The host would take the record for a broken plugin, and a
+		// frame dropped without a word leaves its receive waiting.
+		s.peerDown(from, s.beyondPlane(from, len(header), len(payload)))
+		return
+	}
 	s.put(kindDeliver, from, header, payload)
+}
+
+// beyondPlane is why a frame from peer of hdr+n bytes cannot reach the
+// host, naming what the plane carries and what to configure.
+func (s *server) beyondPlane(from sdi.Rank, hdr, n int) error {
+	carried := s.lim.maxPayload
+	if pl := s.placer.Load(); pl != nil {
+		carried = max(carried, min(pl.max, pl.a.slotBytes))
+	}
+	return fmt.Errorf("sdi/plugin: a frame of %d+%d bytes from rank %d exceeds the %d+%d bytes the plugin's data plane carries to the host "+
+		"(the subdevice's own limits, which a rank running it built in uses, are %d+%d): "+
+		"configure the subdevice's largest frame to at most %d bytes on every rank, or run it the same way on every rank, with shared_memory on: %w",
+		hdr, n, from, s.lim.maxHeader, carried, s.caps.MaxHeader, s.caps.MaxFrame, carried, sdi.ErrTooLarge)
 }
 
 // Place implements sdi.Placer: a large payload goes into a slot of the

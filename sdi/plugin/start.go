@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -73,8 +74,20 @@ func Start(ctx context.Context, c Config) (*Client, error) {
 	if err != nil {
 		return nil, fail("socket directory", err)
 	}
+	// The plugin's end of a pipe whose other end only this process holds:
+	// it reads EOF when the host dies, however it was started (serve.go).
+	pluginEnd, hostEnd, err := os.Pipe()
+	if err != nil {
+		os.RemoveAll(sockDir)
+		return nil, fail("host pipe", err)
+	}
+	defer pluginEnd.Close()
 	cmd := exec.Command(c.Path, c.Args...)
-	cmd.Env = append(cmd.Environ(), envLogLevel+"="+levelName(c.Logger), goplugin.EnvUnixSocketDir+"="+sockDir)
+	cmd.Env = append(cmd.Environ(), envLogLevel+"="+levelName(c.Logger), goplugin.EnvUnixSocketDir+"="+sockDir, envHostFD+"=3")
+	cmd.ExtraFiles = []*os.File{pluginEnd} // fd 3
+	// Its own process group, so that killing it also kills what a wrapper
+	// script started without exec (procgroup.go).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var secure *goplugin.SecureConfig
 	if c.Checksum != nil {
 		secure = &goplugin.SecureConfig{Checksum: c.Checksum, Hash: sha256.New()}
@@ -88,12 +101,25 @@ func Start(ctx context.Context, c Config) (*Client, error) {
 		AutoMTLS:         true,
 		StartTimeout:     startTimeout,
 		Logger:           c.Logger,
+		// go-plugin hands what the plugin writes to os.Stderr and
+		// os.Stdout once it serves (not the logger's JSON) to these;
+		// unset, it discards them.
+		SyncStderr: &lineLogger{log: c.Logger.Named("stderr"), level: hclog.Info},
+		SyncStdout: &lineLogger{log: c.Logger.Named("stdout"), level: hclog.Debug},
 		GRPCDialOptions: []grpc.DialOption{
 			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage), grpc.MaxCallSendMsgSize(maxMessage)),
 		},
 	})
 	stop := func() {
-		pc.Kill()
+		hostEnd.Close()
+		// A binary that never started has nothing to stop; go-plugin's
+		// Kill would log that it "failed to exit gracefully".
+		if cmd.Process != nil {
+			killGroup(cmd.Process.Pid)
+			if !within(killGrace, pc.Kill) {
+				c.Logger.Warn("plugin still holds its output open after it was killed; not waiting for it", "plugin", c.Name, "pid", cmd.Process.Pid)
+			}
+		}
 		os.RemoveAll(sockDir)
 	}
 	proto, err := pc.Client()
@@ -114,7 +140,7 @@ func Start(ctx context.Context, c Config) (*Client, error) {
 		stop()
 		return nil, fail("dispense", fmt.Errorf("got %T", raw))
 	}
-	return newClient(c, pc, d, sockDir), nil
+	return newClient(c, pc, d, sockDir, hostEnd), nil
 }
 
 func levelName(l hclog.Logger) string {
