@@ -73,7 +73,10 @@ type Device struct {
 	// hosts names each rank's host, as its launcher did, and sites its
 	// cluster, as Options.Site did; set by Open.
 	hosts, sites []string
-	isRelay      bool
+	// site is this rank's Options.Site, handed to every subdevice's Open
+	// so that one judging addresses (tcp) knows which hosts share a LAN.
+	site    string
+	isRelay bool
 
 	subs     []*subdev // subs[0] is the built-in self path
 	table    *conntable.Resolved
@@ -207,6 +210,7 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 }
 
 func (d *Device) open(ctx context.Context, o Options) error {
+	d.site = o.Site
 	plugins := o.Plugins
 	if plugins == nil {
 		var err error
@@ -318,6 +322,7 @@ func (d *Device) addSub(ctx context.Context, name string, sd sdi.SubDevice, conf
 		Rank:       sdi.Rank(d.rank),
 		Size:       d.size,
 		Host:       d.boot.Host(),
+		Site:       d.site,
 		JobID:      d.boot.JobID(),
 		Secret:     d.boot.Secret(),
 		APIVersion: api,

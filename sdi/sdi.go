@@ -142,10 +142,16 @@ type Handler interface {
 }
 
 // OpenParams configure a subdevice.
+//
+// Site is the launcher's name for the cluster of hosts this rank's host
+// belongs to, "" if none was given. Hosts of one site share their private
+// networks: a subdevice may use a private range that another site numbers
+// alike between hosts of one site, and never between sites.
 type OpenParams struct {
 	Rank       Rank
 	Size       int          // ranks in the job
 	Host       string       // the launcher's name for this rank's host
+	Site       string       // the launcher's name for this host's cluster; "" if none given
 	JobID      string       // unique per job; names shared resources
 	Secret     []byte       // per-job secret; peers that cannot show it are refused
 	APIVersion string       // the SDI version chosen from Info.APIVersions

@@ -5,6 +5,14 @@
 # Every message between the clusters goes p -> p-relay -> q-relay -> q, tcp
 # all the way: the penalty is charged at each relay although the subdevice
 # never changes.
+#
+# The hosts must name their sites, relays included:
+#   mdrun -hosts p01@P,p02@P,q01@Q -relay p-relay@P,q-relay@Q ...
+# Both LANs number 10.0.0.0/24 and the clusters share no other network, so
+# without sites tcp cannot tell which 10.0.0.x is on which cluster and
+# refuses the LAN between any two hosts ("private network 10.0.0.0/24
+# collides across the job"). With them it uses the LAN within each site
+# and never across.
 
 penalty = "off"
 

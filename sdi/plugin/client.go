@@ -149,7 +149,7 @@ func (c *Client) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) 
 	var resp *sdiv1.Open_Response
 	err := c.call(ctx, "open", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.Open(ctx, &sdiv1.Open_Request{
-			Rank: int32(p.Rank), Size: int64(p.Size), Host: p.Host, JobId: p.JobID, Secret: p.Secret,
+			Rank: int32(p.Rank), Size: int64(p.Size), Host: p.Host, Site: p.Site, JobId: p.JobID, Secret: p.Secret,
 			ApiVersion: p.APIVersion, Config: p.Config,
 		})
 		return err

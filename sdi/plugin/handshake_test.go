@@ -43,6 +43,8 @@ func serveHelper(behaviour string) {
 		serveStderrInOpen()
 	case "crash-in-open":
 		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return crashInOpen{tcp.New(l)} })
+	case "echo-open":
+		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return echoOpen{tcp.New(l)} })
 	}
 }
 
@@ -136,6 +138,35 @@ func TestCrashInOpen(t *testing.T) {
 	}
 	if err := c.Close(context.Background()); err != nil {
 		t.Fatalf("Close after the crash = %v", err)
+	}
+}
+
+// echoOpen answers Open with a card that repeats the host and site it was
+// given, so the host can see what crossed the boundary. The wrapper hides
+// tcp's optional interfaces, so it declares none of their flags.
+type echoOpen struct{ sdi.SubDevice }
+
+func (e echoOpen) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	l, err := e.SubDevice.Open(ctx, p)
+	l.Addr = []byte(p.Host + "@" + p.Site)
+	l.Caps.Flags &^= sdi.FlagJobCards | sdi.FlagPoll | sdi.FlagIdle
+	return l, err
+}
+
+// TestOpenParamsCrossTheBoundary: what Open is given reaches a plugin's
+// subdevice, the site included (tcp uses it to tell clusters apart).
+func TestOpenParamsCrossTheBoundary(t *testing.T) {
+	c, err := startHelper(t, "echo-open", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local, err := c.Open(context.Background(), sdi.OpenParams{Rank: 0, Size: 2, Host: "p01", Site: "P", JobID: "echo",
+		Secret: []byte("s"), Config: []byte(`{"listen": "127.0.0.1:0"}`), Handler: nopHandler{}, APIVersion: sdi.APIVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := string(local.Addr), "p01@P"; got != want {
+		t.Errorf("the plugin saw host@site %q, want %q", got, want)
 	}
 }
 

@@ -90,6 +90,7 @@ func (s *server) Open(ctx context.Context, req *sdiv1.Open_Request) (*sdiv1.Open
 		Rank:       sdi.Rank(req.GetRank()),
 		Size:       int(size),
 		Host:       req.GetHost(),
+		Site:       req.GetSite(),
 		JobID:      req.GetJobId(),
 		Secret:     req.GetSecret(),
 		APIVersion: req.GetApiVersion(),

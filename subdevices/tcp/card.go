@@ -24,13 +24,17 @@ import (
 //	interface: name length (1..64) | name | link speed in Mbit/s (4 bytes, 0 unknown) | naddr | naddr addresses
 //	address:   family (4 or 6) | 4 or 16 address bytes | prefix length
 //	extension: type (1 byte) | length (2 bytes) | value; decoders skip types they do not know
+//	site:      extension type 1, at most once, when the launcher names one; value: the site name (1..255 bytes)
 //
 // The job tag is the first 8 bytes of SHA-256(job id): enough to refuse a
 // card from another job with a clear message, without publishing the id.
 // An address's scope (loopback, link-local, private, public) follows from
 // the address itself, so the card does not repeat it. Interfaces are those
 // that are up; loopback is listed like the others and used only between
-// ranks on one host (see package addrsel).
+// ranks on one host (see package addrsel). The site travels as an
+// extension rather than a new version so that cards with and without one
+// stay readable both ways: a reader older than sites sees the site-less card
+// it always did.
 const (
 	cardMagic            = "mdtc"
 	cardVersion          = 2
@@ -40,6 +44,8 @@ const (
 	maxIfaceNameLen      = 64
 	maxCardLen           = 8192
 	maxCardHostLen       = 255
+	maxCardSiteLen       = 255
+	cardExtSite     byte = 1
 	familyIPv4      byte = 4
 	familyIPv6      byte = 6
 )
@@ -52,6 +58,7 @@ type card struct {
 	JobTag [8]byte
 	Port   uint16
 	Host   string
+	Site   string // [sdi.OpenParams.Site]; "" when the launcher names none
 	// Ifaces are the interfaces the listener can be reached on, in the
 	// owner's order, each with the addresses it publishes.
 	Ifaces []cardIface
@@ -76,7 +83,7 @@ func (c card) numAddrs() int {
 // host name (a launcher that does not say) is identified by its addresses,
 // which ranks on one host publish alike.
 func (c card) endpoint() addrsel.Endpoint {
-	ep := addrsel.Endpoint{Host: c.Host, Ifaces: make([]addrsel.Interface, len(c.Ifaces))}
+	ep := addrsel.Endpoint{Host: c.Host, Site: c.Site, Ifaces: make([]addrsel.Interface, len(c.Ifaces))}
 	var addrs []string
 	for i, f := range c.Ifaces {
 		ep.Ifaces[i] = addrsel.Interface{Name: f.Name, Addrs: f.Addrs, Speed: f.Speed}
@@ -105,13 +112,16 @@ func (c card) encode() ([]byte, error) {
 	if len(c.Host) > maxCardHostLen {
 		return nil, fmt.Errorf("%w: host name is %d bytes, at most %d fit", errBadCard, len(c.Host), maxCardHostLen)
 	}
+	if len(c.Site) > maxCardSiteLen {
+		return nil, fmt.Errorf("%w: site name is %d bytes, at most %d fit", errBadCard, len(c.Site), maxCardSiteLen)
+	}
 	if len(c.Ifaces) > maxCardIfaces {
 		return nil, fmt.Errorf("%w: %d interfaces, at most %d fit", errBadCard, len(c.Ifaces), maxCardIfaces)
 	}
 	if n := c.numAddrs(); n > maxCardAddrs {
 		return nil, fmt.Errorf("%w: %d addresses, at most %d fit", errBadCard, n, maxCardAddrs)
 	}
-	b := make([]byte, 0, cardFixedLen+len(c.Host)+1+len(c.Ifaces)*24+c.numAddrs()*18)
+	b := make([]byte, 0, cardFixedLen+len(c.Host)+1+len(c.Ifaces)*24+c.numAddrs()*18+3+len(c.Site))
 	b = append(b, cardMagic...)
 	b = append(b, cardVersion, 0)
 	b = binary.LittleEndian.AppendUint32(b, uint32(c.Rank))
@@ -141,6 +151,11 @@ func (c card) encode() ([]byte, error) {
 			b = append(b, a.AsSlice()...)
 			b = append(b, byte(p.Bits()))
 		}
+	}
+	if c.Site != "" {
+		b = append(b, cardExtSite)
+		b = binary.LittleEndian.AppendUint16(b, uint16(len(c.Site)))
+		b = append(b, c.Site...)
 	}
 	return b, nil
 }
@@ -206,9 +221,20 @@ func decodeCard(b []byte) (card, error) {
 			return c, fmt.Errorf("%w: truncated extension header at byte %d", errBadCard, start)
 		}
 		l := int(binary.LittleEndian.Uint16(hdr[1:]))
-		if _, ok := d.take(l); !ok {
+		v, ok := d.take(l)
+		if !ok {
 			return c, fmt.Errorf("%w: extension type %d of %d bytes at byte %d runs past the end", errBadCard, hdr[0], l, start)
 		}
+		if hdr[0] != cardExtSite {
+			continue
+		}
+		switch {
+		case c.Site != "":
+			return c, fmt.Errorf("%w: second site extension at byte %d", errBadCard, start)
+		case l == 0 || l > maxCardSiteLen:
+			return c, fmt.Errorf("%w: site extension at byte %d: name length %d, want 1 to %d", errBadCard, start, l, maxCardSiteLen)
+		}
+		c.Site = string(v)
 	}
 	return c, nil
 }

@@ -19,6 +19,7 @@ func sampleCard() card {
 		JobTag: jobTag("job"),
 		Port:   7000,
 		Host:   "node-17",
+		Site:   "cluster-a",
 		Ifaces: []cardIface{
 			{Name: "lo", Addrs: []netip.Prefix{pfx("127.0.0.1/8"), pfx("::1/128")}},
 			{Name: "eth0", Speed: 10000, Addrs: []netip.Prefix{pfx("10.0.0.5/24"), pfx("2001:db8::5/64"), pfx("fe80::5/64")}},
@@ -27,7 +28,7 @@ func sampleCard() card {
 }
 
 func cardsEqual(a, b card) bool {
-	return a.Rank == b.Rank && a.JobTag == b.JobTag && a.Port == b.Port && a.Host == b.Host &&
+	return a.Rank == b.Rank && a.JobTag == b.JobTag && a.Port == b.Port && a.Host == b.Host && a.Site == b.Site &&
 		slices.EqualFunc(a.Ifaces, b.Ifaces, func(x, y cardIface) bool {
 			return x.Name == y.Name && x.Speed == y.Speed && slices.Equal(x.Addrs, y.Addrs)
 		})
@@ -48,6 +49,17 @@ func TestCardRoundTrip(t *testing.T) {
 	if got, err := decodeCard(ext); err != nil || !cardsEqual(got, c) {
 		t.Fatalf("card with an unknown extension: %+v, %v", got, err)
 	}
+	// A card without a site, as a launcher that names none (or a build
+	// older than sites) makes it, carries no site extension.
+	nosite := c
+	nosite.Site = ""
+	if b, err := nosite.encode(); err != nil {
+		t.Fatal(err)
+	} else if got, err := decodeCard(b); err != nil || !cardsEqual(got, nosite) {
+		t.Fatalf("card without a site: %+v, %v", got, err)
+	} else if want, _ := c.encode(); !bytes.Equal(b, want[:len(b)]) || len(want) != len(b)+3+len(c.Site) {
+		t.Fatalf("the site is not one extension at the end: %x vs %x", b, want)
+	}
 	// No interfaces at all is a valid card (Connect refuses it).
 	empty := card{Rank: 1, Port: 1}
 	if b, err := empty.encode(); err != nil {
@@ -60,6 +72,8 @@ func TestCardRoundTrip(t *testing.T) {
 func TestCardEncodeLimits(t *testing.T) {
 	long := sampleCard()
 	long.Host = strings.Repeat("h", maxCardHostLen+1)
+	longSite := sampleCard()
+	longSite.Site = strings.Repeat("s", maxCardSiteLen+1)
 	many := sampleCard()
 	many.Ifaces = []cardIface{{Name: "eth0", Addrs: make([]netip.Prefix, maxCardAddrs+1)}}
 	for i := range many.Ifaces[0].Addrs {
@@ -74,7 +88,7 @@ func TestCardEncodeLimits(t *testing.T) {
 	invalid.Ifaces[1].Addrs = []netip.Prefix{{}}
 	noName := sampleCard()
 	noName.Ifaces[0].Name = ""
-	for name, c := range map[string]card{"long host": long, "too many addresses": many, "too many interfaces": ifaces,
+	for name, c := range map[string]card{"long host": long, "long site": longSite, "too many addresses": many, "too many interfaces": ifaces,
 		"invalid address": invalid, "unnamed interface": noName} {
 		if _, err := c.encode(); err == nil {
 			t.Errorf("%s: encode succeeded", name)
@@ -87,6 +101,12 @@ func TestDecodeCardErrors(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	siteExt := func(name string) []byte {
+		return append([]byte{cardExtSite}, append(binary.LittleEndian.AppendUint16(nil, uint16(len(name))), name...)...)
+	}
+	// bare is good without its site, for rows that need the interfaces to
+	// end the card.
+	bare := good[:len(good)-len(siteExt("cluster-a"))]
 	hostEnd := cardFixedLen + len("node-17") // the interface count
 	lo := hostEnd + 1                        // interface 0: name length, "lo", speed, count
 	loAddrs := lo + 1 + 2 + 4                // interface 0's address count
@@ -106,7 +126,7 @@ func TestDecodeCardErrors(t *testing.T) {
 		{"host past end", good[:cardFixedLen+3], "host name"},
 		{"interface count missing", good[:hostEnd], "interface count missing at byte 28"},
 		{"too many interfaces", mut(func(b []byte) []byte { b[hostEnd] = maxCardIfaces + 1; return b }), "interfaces at byte 28, at most"},
-		{"interface missing", mut(func(b []byte) []byte { b[hostEnd] = 3; return b }), "interface 2 missing"},
+		{"interface missing", func() []byte { b := bytes.Clone(bare); b[hostEnd] = 3; return b }(), "interface 2 missing"},
 		{"empty name", mut(func(b []byte) []byte { b[lo] = 0; return b }), "interface 0 at byte 29: name length 0"},
 		{"name past end", good[:lo+2], "name of 2 bytes runs past the end"},
 		{"speed truncated", good[:lo+4], "interface 0 (lo): link speed truncated"},
@@ -119,6 +139,9 @@ func TestDecodeCardErrors(t *testing.T) {
 		{"duplicate name", mut(func(b []byte) []byte { copy(b[eth+1:], "lo\x00\x00"); b[eth] = 2; return b }), ""},
 		{"truncated extension", append(bytes.Clone(good), 1, 2), "truncated extension"},
 		{"extension past end", append(bytes.Clone(good), 1, 9, 0, 1), "runs past the end"},
+		{"second site", append(bytes.Clone(good), siteExt("b")...), "second site extension"},
+		{"empty site", append(bytes.Clone(bare), siteExt("")...), "name length 0"},
+		{"site too long", append(bytes.Clone(bare), siteExt(strings.Repeat("s", maxCardSiteLen+1))...), "name length 256"},
 		{"oversized", append(bytes.Clone(good), make([]byte, maxCardLen)...), "at most"},
 	}
 	for _, tt := range tests {
@@ -141,6 +164,8 @@ func FuzzDecodeCard(f *testing.F) {
 	}
 	f.Add(good)
 	f.Add(append(bytes.Clone(good), 7, 1, 0, 'x'))
+	f.Add(append(bytes.Clone(good), cardExtSite, 1, 0, 'x'))
+	f.Add(append(bytes.Clone(good), cardExtSite, 0, 0))
 	f.Add([]byte{})
 	f.Add([]byte(cardMagic))
 	f.Add(good[:cardFixedLen+2])
@@ -150,7 +175,7 @@ func FuzzDecodeCard(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if len(c.Ifaces) > maxCardIfaces || c.numAddrs() > maxCardAddrs || len(c.Host) > maxCardHostLen || c.Port == 0 {
+		if len(c.Ifaces) > maxCardIfaces || c.numAddrs() > maxCardAddrs || len(c.Host) > maxCardHostLen || len(c.Site) > maxCardSiteLen || c.Port == 0 {
 			t.Fatalf("accepted a card beyond the limits: %+v", c)
 		}
 		enc, err := c.encode()

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"reflect"
@@ -378,5 +379,74 @@ func TestCardFilter(t *testing.T) {
 	}
 	if got := names(`{"exclude": ["lo", "127.0.0.0/8"]}`); slices.Contains(got, "lo") {
 		t.Errorf("lo excluded: card lists %v", got)
+	}
+}
+
+// TestSitesChooseInClusterLAN: the site from OpenParams travels on the
+// card into every rank's job, so that examples/networks/relays.hcl's two
+// clusters, both on 10.0.0.0/24 with nothing else but the relays' WAN, use
+// their LAN inside each cluster and never dial across it (package addrsel).
+// Without sites on the cards no host of the job may use the LAN.
+func TestSitesChooseInClusterLAN(t *testing.T) {
+	iface := func(name, addr string) cardIface {
+		return cardIface{Name: name, Addrs: []netip.Prefix{netip.MustParsePrefix(addr)}}
+	}
+	hosts := []struct {
+		host, site string
+		ifaces     []cardIface
+	}{
+		{"p01", "P", []cardIface{iface("eth0", "10.0.0.1/24")}},
+		{"p02", "P", []cardIface{iface("eth0", "10.0.0.2/24")}},
+		{"p-relay", "P", []cardIface{iface("eth0", "10.0.0.254/24"), iface("wan", "198.51.100.1/24")}},
+		{"q-relay", "Q", []cardIface{iface("eth0", "10.0.0.254/24"), iface("wan", "198.51.100.2/24")}},
+		{"q01", "Q", []cardIface{iface("eth0", "10.0.0.2/24")}},
+	}
+	ctx := context.Background()
+	sds := make([]*subDevice, len(hosts))
+	cards := make([][]byte, len(hosts))
+	for r, h := range hosts {
+		sd := New(nil).(*subDevice)
+		sd.ifaces = h.ifaces
+		local, err := sd.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(r), Size: len(hosts), Host: h.host, Site: h.site,
+			JobID: "job-" + t.Name(), Secret: []byte(testSecret), APIVersion: sdi.APIVersion,
+			Config: []byte(loopbackConfig("", "")), Handler: newRecorder()})
+		if err != nil {
+			t.Fatalf("open %s: %v", h.host, err)
+		}
+		t.Cleanup(func() { sd.Close(context.Background()) })
+		sds[r], cards[r] = sd, local.Addr
+	}
+	for r, sd := range sds {
+		if err := sd.SetJobCards(ctx, cards); err != nil {
+			t.Fatalf("%s: job cards: %v", hosts[r].host, err)
+		}
+	}
+	tests := []struct {
+		from, to int
+		want     string // the pairs, or "" for an error mentioning the collision
+	}{
+		{0, 1, "[eth0 10.0.0.1 -> eth0 10.0.0.2 (weight 1)]"},
+		{0, 2, "[eth0 10.0.0.1 -> eth0 10.0.0.254 (weight 1)]"},
+		{4, 3, "[eth0 10.0.0.2 -> eth0 10.0.0.254 (weight 1)]"},
+		{2, 3, "[wan 198.51.100.1 -> wan 198.51.100.2 (weight 2)]"},
+		{0, 4, ""},
+		{1, 3, ""},
+	}
+	for _, tt := range tests {
+		from, to := hosts[tt.from].host, hosts[tt.to].host
+		c, err := decodeCard(cards[tt.to])
+		if err != nil {
+			t.Fatalf("card of %s: %v", to, err)
+		}
+		if c.Site != hosts[tt.to].site {
+			t.Errorf("card of %s names site %q, want %q", to, c.Site, hosts[tt.to].site)
+		}
+		pairs, _, err := sds[tt.from].choose(sdi.Rank(tt.to), c)
+		switch {
+		case tt.want == "" && (err == nil || !strings.Contains(err.Error(), "10.0.0.0/24 collides across the job")):
+			t.Errorf("%s -> %s: pairs %v, error %v; want refused for the colliding LAN", from, to, pairs, err)
+		case tt.want != "" && (err != nil || fmt.Sprint(pairs) != tt.want):
+			t.Errorf("%s -> %s: pairs %v, error %v; want %s", from, to, pairs, err, tt.want)
+		}
 	}
 }

@@ -50,7 +50,8 @@
 // either end, then the best ones. Private ranges that several hosts of the
 // job number alike (two clusters on 10.0.0.0/24, a docker0 bridge on every
 // host) are found from all cards and not used between hosts that cannot be
-// shown to share them. IPv6 link-local addresses are used only on a link
+// shown to share them: hosts of one named site ([sdi.OpenParams.Site]), or,
+// where the launcher names none, hosts that share another network. IPv6 link-local addresses are used only on a link
 // that another network on the same two interfaces shows to be shared, and
 // are dialed with the local interface as zone. Loopback is used only
 // between ranks with the same [sdi.OpenParams.Host], and then alone. When
@@ -79,7 +80,9 @@
 //
 // [sdi.Local.Addr] is a versioned binary card (layout in card.go): the rank,
 // a tag derived from the job id, the port, the host name from
-// [sdi.OpenParams.Host], and the interfaces that are up (loopback
+// [sdi.OpenParams.Host], the site from [sdi.OpenParams.Site] when the
+// launcher names one (hosts of one site may use a private network that
+// another site numbers alike), and the interfaces that are up (loopback
 // included), each with its name, link speed in Mbit/s (0 where the system
 // does not report one) and addresses with prefix lengths. An address's
 // family and scope follow from the address. A listener bound to one address

@@ -167,7 +167,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	if ifaces == nil {
 		ifaces = cardIfaces(lnAddr.Addr(), cfg.filter, log)
 	}
-	c := card{Rank: p.Rank, JobTag: jobTag(p.JobID), Port: lnAddr.Port(), Host: p.Host, Ifaces: ifaces}
+	c := card{Rank: p.Rank, JobTag: jobTag(p.JobID), Port: lnAddr.Port(), Host: p.Host, Site: p.Site, Ifaces: ifaces}
 	b, err := c.encode()
 	if err != nil {
 		ln.Close()

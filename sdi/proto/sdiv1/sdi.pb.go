@@ -695,7 +695,11 @@ type Open_Request struct {
 	Secret     []byte                 `protobuf:"bytes,5,opt,name=secret,proto3" json:"secret,omitempty"`
 	ApiVersion string                 `protobuf:"bytes,6,opt,name=api_version,json=apiVersion,proto3" json:"api_version,omitempty"`
 	// config is the subdevice's config block from plugins.hcl, as JSON.
-	Config        []byte `protobuf:"bytes,7,opt,name=config,proto3" json:"config,omitempty"`
+	Config []byte `protobuf:"bytes,7,opt,name=config,proto3" json:"config,omitempty"`
+	// site is the launcher's name for the cluster of hosts the rank's
+	// host belongs to, empty if none was given (sdi.OpenParams.Site). A
+	// plugin older than this field ignores it.
+	Site          string `protobuf:"bytes,8,opt,name=site,proto3" json:"site,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -777,6 +781,13 @@ func (x *Open_Request) GetConfig() []byte {
 		return x.Config
 	}
 	return nil
+}
+
+func (x *Open_Request) GetSite() string {
+	if x != nil {
+		return x.Site
+	}
+	return ""
 }
 
 type Open_Response struct {
@@ -1656,8 +1667,8 @@ const file_sdi_proto_rawDesc = "" +
 	"latency_ns\x18\x05 \x01(\x03R\tlatencyNs\x12\x1c\n" +
 	"\tbandwidth\x18\x06 \x01(\x04R\tbandwidth\x12#\n" +
 	"\x05reach\x18\a \x01(\x0e2\r.sdi.v1.ReachR\x05reach\x12\x14\n" +
-	"\x05flags\x18\b \x01(\rR\x05flags\"\xf8\x01\n" +
-	"\x04Open\x1a\xad\x01\n" +
+	"\x05flags\x18\b \x01(\rR\x05flags\"\x8c\x02\n" +
+	"\x04Open\x1a\xc1\x01\n" +
 	"\aRequest\x12\x12\n" +
 	"\x04rank\x18\x01 \x01(\x05R\x04rank\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
@@ -1666,7 +1677,8 @@ const file_sdi_proto_rawDesc = "" +
 	"\x06secret\x18\x05 \x01(\fR\x06secret\x12\x1f\n" +
 	"\vapi_version\x18\x06 \x01(\tR\n" +
 	"apiVersion\x12\x16\n" +
-	"\x06config\x18\a \x01(\fR\x06config\x1a@\n" +
+	"\x06config\x18\a \x01(\fR\x06config\x12\x12\n" +
+	"\x04site\x18\b \x01(\tR\x04site\x1a@\n" +
 	"\bResponse\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\fR\x04addr\x12 \n" +
 	"\x04caps\x18\x02 \x01(\v2\f.sdi.v1.CapsR\x04caps\"\x8a\x01\n" +

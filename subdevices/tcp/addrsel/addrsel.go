@@ -31,10 +31,13 @@
 // Collisions are found from every rank's interfaces ([NewJob]). As in the
 // thesis a private network with a collision is refused, with one refinement
 // so that two clusters that both number their private network 10.0.0.0/24
-// still use it inside each cluster: hosts that share a network without
-// collisions (a public or IPv6 subnet, say) form a site, and a colliding
+// still use it inside each cluster: hosts form sites, and a colliding
 // private network is used between two hosts of one site if it has no
 // collision within that site. Two hosts of different sites never use it.
+// The launcher names a host's site ([Endpoint.Site]); for hosts it names
+// none, hosts that share a network without collisions (a public or IPv6
+// subnet, say) form a site. Clusters with nothing but the colliding network
+// (IPv4 only, joined by relays) can only be told apart by named sites.
 //
 // Link-local addresses (fe80::/10, 169.254/16) only reach their own link,
 // which cards cannot show directly: they are used between two interfaces
@@ -130,7 +133,11 @@ type Interface struct {
 type Endpoint struct {
 	// Host identifies the machine: endpoints with equal Host are ranks on
 	// one host, which reach each other over loopback. It must not be empty.
-	Host   string
+	Host string
+	// Site is the launcher's name for the cluster Host belongs to, "" if
+	// it names none. Hosts that name one site are one site, whatever their
+	// networks; see [NewJob].
+	Site   string
 	Ifaces []Interface
 }
 

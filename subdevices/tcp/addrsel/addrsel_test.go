@@ -167,6 +167,100 @@ func TestTwoClustersSameRange(t *testing.T) {
 	}
 }
 
+// examples/networks/relays.hcl: clusters p and q both number their LAN
+// 10.0.0.0/24 and have no other network (IPv4 only); p-relay and q-relay
+// also sit on a public WAN. No network the hosts share tells the sites
+// apart (the WAN would put the two relays in one), so without the launcher
+// naming sites no host may use the LAN at all. With sites named, the LAN
+// is used inside each cluster and never across: p01 must not dial a q
+// host's 10.0.0.x, which from p's LAN reaches a p host or nobody.
+func TestNamedSites(t *testing.T) {
+	sited := func(site string, e Endpoint) Endpoint { e.Site = site; return e }
+	hosts := []Endpoint{
+		ep("p01", "lo 127.0.0.1/8", "eth0 10.0.0.1/24"),
+		ep("p02", "lo 127.0.0.1/8", "eth0 10.0.0.2/24"),
+		ep("p-relay", "lo 127.0.0.1/8", "eth0 10.0.0.254/24", "wan 198.51.100.1/24"),
+		ep("q-relay", "lo 127.0.0.1/8", "eth0 10.0.0.254/24", "wan 198.51.100.2/24"),
+		ep("q01", "lo 127.0.0.1/8", "eth0 10.0.0.1/24"),
+		ep("q02", "lo 127.0.0.1/8", "eth0 10.0.0.2/24"),
+	}
+	bySite := make([]Endpoint, len(hosts))
+	for i, h := range hosts {
+		bySite[i] = sited(map[bool]string{true: "P", false: "Q"}[h.Host[0] == 'p'], h)
+	}
+	named := map[string]Endpoint{}
+	for _, e := range bySite {
+		named[e.Host] = e
+	}
+	unnamed := map[string]Endpoint{}
+	for _, e := range hosts {
+		unnamed[e.Host] = e
+	}
+	tests := []struct {
+		name     string
+		eps      []Endpoint
+		by       map[string]Endpoint
+		from, to string
+		want     string // the pairs; "[]" for none
+		refusal  string // substring of the refusals when want is "[]"
+	}{
+		{"named: same LAN in p", bySite, named, "p01", "p02", "[eth0 10.0.0.1 -> eth0 10.0.0.2 (weight 1)]", ""},
+		{"named: p host to its relay", bySite, named, "p01", "p-relay", "[eth0 10.0.0.1 -> eth0 10.0.0.254 (weight 1)]", ""},
+		{"named: q host to its relay", bySite, named, "q02", "q-relay", "[eth0 10.0.0.2 -> eth0 10.0.0.254 (weight 1)]", ""},
+		{"named: relays over the WAN", bySite, named, "p-relay", "q-relay", "[wan 198.51.100.1 -> wan 198.51.100.2 (weight 2)]", ""},
+		{"named: p host to a q host", bySite, named, "p01", "q02", "[]", "10.0.0.0/24 collides across the job"},
+		{"named: p host to the q relay", bySite, named, "p01", "q-relay", "[]", "10.0.0.0/24 collides across the job"},
+		{"unnamed: same LAN in p", hosts, unnamed, "p01", "p02", "[]", "10.0.0.0/24 collides across the job"},
+		{"unnamed: p host to its relay", hosts, unnamed, "p01", "p-relay", "[]", "10.0.0.0/24 collides across the job"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			job := NewJob(tc.eps)
+			a, b := tc.by[tc.from], tc.by[tc.to]
+			for _, left := range []bool{true, false} {
+				res := Select(job, a, b, left)
+				if got := fmt.Sprint(res.Pairs); got != tc.want {
+					t.Errorf("localLeft=%v: pairs %s, want %s (refused: %s)", left, got, tc.want, res.Explain())
+				}
+				if tc.want == "[]" && !strings.Contains(res.Explain(), tc.refusal) {
+					t.Errorf("localLeft=%v: refusals %q lack %q", left, res.Explain(), tc.refusal)
+				}
+			}
+		})
+	}
+}
+
+// A site the launcher names decides alone: a host that names one joins no
+// other site through a network it shares (here a public network every host
+// is on), one host whose ranks name two sites joins them, and hosts that
+// name none are still grouped by the networks they share.
+func TestNamedSitesGrouping(t *testing.T) {
+	sited := func(site string, e Endpoint) Endpoint { e.Site = site; return e }
+	eps := []Endpoint{
+		sited("A", ep("a1", "eth0 193.0.2.1/24")),
+		sited("A", ep("a2", "eth0 193.0.2.2/24")),
+		sited("B", ep("b1", "eth0 193.0.2.3/24")),
+		sited("C", ep("bc", "eth0 193.0.2.4/24")),
+		sited("B", ep("bc", "eth0 193.0.2.4/24")), // another rank of bc
+		ep("u1", "eth0 193.0.2.5/24", "eth1 2001:db8::1/64"),
+		ep("u2", "eth0 2001:db8::2/64"),
+		sited("C", ep("c1", "eth0 193.0.2.6/24")),
+	}
+	job := NewJob(eps)
+	same := [][2]string{{"a1", "a2"}, {"b1", "bc"}, {"bc", "c1"}, {"u1", "u2"}}
+	apart := [][2]string{{"a1", "b1"}, {"a1", "u1"}, {"b1", "u1"}, {"c1", "a2"}}
+	for _, p := range same {
+		if job.Site(p[0]) != job.Site(p[1]) {
+			t.Errorf("%s (site %d) and %s (site %d) should be one site", p[0], job.Site(p[0]), p[1], job.Site(p[1]))
+		}
+	}
+	for _, p := range apart {
+		if job.Site(p[0]) == job.Site(p[1]) {
+			t.Errorf("%s and %s should be different sites, both are %d", p[0], p[1], job.Site(p[0]))
+		}
+	}
+}
+
 // Test-bed scenario 4: private networks joined by a router. No pair
 // qualifies, so the thesis's fallback tries the private addresses.
 func TestFallbackRoutedPrivate(t *testing.T) {

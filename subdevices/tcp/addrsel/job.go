@@ -20,14 +20,25 @@ type Job struct {
 // NewJob indexes the endpoints of every rank of a job. Ranks on one host
 // (equal Host) count once; loopback addresses are ignored, since every host
 // has them.
+//
+// Sites come from the launcher where it names them ([Endpoint.Site]):
+// hosts that name one site are one site, and a host that names a site is
+// in no other, whatever networks it shares. Hosts that name none are
+// grouped by the networks they share without collisions, among themselves.
+// A host whose ranks name different sites joins those sites into one,
+// which can only find more collisions, never fewer.
 func NewJob(eps []Endpoint) *Job {
 	j := &Job{owners: map[netip.Addr][]string{}, site: map[string]int{}}
 	hosts := map[string][]netip.Prefix{}
+	named := map[string][]string{} // host -> the sites its ranks name
 	var order []string
 	for _, ep := range eps {
 		if _, seen := hosts[ep.Host]; !seen {
 			order = append(order, ep.Host)
 			hosts[ep.Host] = nil
+		}
+		if ep.Site != "" && !slices.Contains(named[ep.Host], ep.Site) {
+			named[ep.Host] = append(named[ep.Host], ep.Site)
 		}
 		for _, ifc := range ep.Ifaces {
 			for _, p := range ifc.Addrs {
@@ -50,8 +61,11 @@ func NewJob(eps []Endpoint) *Job {
 	}
 	slices.SortFunc(j.dups, netip.Addr.Compare)
 
-	// Sites: hosts joined by a network they share that has no collision
-	// (link-local and loopback say nothing about sites).
+	// Derived sites: hosts joined by a network they share that has no
+	// collision (link-local and loopback say nothing about sites). Hosts
+	// with a named site take no part: a network shared across two named
+	// sites, such as the WAN between two clusters' relays, says nothing
+	// about their private ranges.
 	parent := map[string]string{}
 	var find func(string) string
 	find = func(h string) string {
@@ -65,8 +79,22 @@ func NewJob(eps []Endpoint) *Job {
 	for _, h := range order {
 		parent[h] = h
 	}
+	union := func(a, b string) { parent[find(a)] = find(b) }
+	firstNamed := map[string]string{} // site name -> first host naming it
+	for _, h := range order {
+		for _, s := range named[h] {
+			if h0, ok := firstNamed[s]; ok {
+				union(h, h0)
+			} else {
+				firstNamed[s] = h
+			}
+		}
+	}
 	first := map[netip.Prefix]string{} // network -> first host seen on it
 	for _, h := range order {
+		if len(named[h]) > 0 {
+			continue
+		}
 		for _, p := range hosts[h] {
 			if ScopeOf(p.Addr()) == ScopeLinkLocal {
 				continue
@@ -76,7 +104,7 @@ func NewJob(eps []Endpoint) *Job {
 				continue
 			}
 			if h0, ok := first[n]; ok {
-				parent[find(h)] = find(h0)
+				union(h, h0)
 			} else {
 				first[n] = h
 			}
