@@ -49,10 +49,12 @@ type txLine struct {
 	cutFor []time.Duration
 	cutWhy error // the reason of the latest cut, for the line's failure
 	// nudged is the block number plus one of the oldest block when a
-	// line through gateways was last nudged: another nudge waits until
-	// that block is acknowledged, so that gateways hold at most one copy
-	// beyond the window.
-	nudged uint64
+	// line through gateways was last nudged, and nudgedVia the trunk
+	// slots (bit per slot) that carried a copy of it: a later nudge of
+	// that block takes only another trunk, so that each gateway holds at
+	// most one copy beyond the window.
+	nudged    uint64
+	nudgedVia uint64
 
 	// The watch (see watch): armed while blocks are retained on a line
 	// whose trunks all go straight to the peer.
@@ -229,7 +231,8 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 // block unknowing, and the copy sent again meets the gateway's lost route
 // and comes back as a notice (lost.go). There a copy sits in a gateway
 // beside the original, beyond the window that bounds what gateways hold,
-// so such a line is looked at only after gatedWatch without credit.
+// so such a line is looked at only after gatedWatch without credit, and
+// its oldest block goes again through each trunk at most once.
 func (d *Device) watch(peer int32) {
 	l := d.fwd.tx[peer]
 	l.mu.Lock()
@@ -240,8 +243,10 @@ func (d *Device) watch(peer int32) {
 	}
 	stalled := l.acked == l.seen
 	l.seen = l.acked
-	if stalled && d.fwd.gated[peer] && l.nudged == l.retained[0].seq+1 {
-		stalled = false // its copy may sit in a gateway still
+	if stalled && d.fwd.gated[peer] {
+		if _, ok := d.nudgeWayLocked(l, peer, l.retained[0], true); !ok {
+			stalled = false // its copies may sit in the gateways still
+		}
 	}
 	if stalled {
 		l.pause = min(2*l.pause, max(watchMax, d.watchPause(peer)*8))
@@ -253,7 +258,7 @@ func (d *Device) watch(peer int32) {
 	if stalled {
 		d.fwd.nudged.Add(1)
 		d.log.Debug("no credit for a while: sending the oldest block again", "to", peer, "next_look", pause)
-		d.nudge(peer)
+		d.nudge(peer, true)
 	}
 	time.AfterFunc(pause, func() { d.watch(peer) })
 }
@@ -635,7 +640,7 @@ func (d *Device) fwdDrain(ctx context.Context) error {
 			if n != last {
 				last, since = n, time.Now()
 			} else if time.Since(since) > nudgeAfter {
-				d.nudge(int32(peer))
+				d.nudge(int32(peer), false)
 				since = time.Now()
 			}
 			d.out.help()
@@ -658,22 +663,45 @@ const nudgeAfter = 50 * creditDelay
 // noticing; the destination drops a copy it has and answers it with a
 // credit at once, sent over the next of its trunks. Nudges take the live
 // trunks in turn, so that one that loses frames unnoticed does not take
-// them all.
-func (d *Device) nudge(peer int32) {
+// them all. With once (the watch), a block of a line through gateways
+// takes each trunk at most once (see txLine.nudged); Close's drain nudges
+// without that bound.
+func (d *Device) nudge(peer int32, once bool) {
 	l := d.fwd.tx[peer]
 	bt := newBatch()
 	l.mu.Lock()
 	if len(l.retained) > 0 {
 		b := l.retained[0]
-		if d.fwd.gated[peer] {
-			l.nudged = b.seq + 1
-		}
-		if live := d.fwd.live(int(peer), b.class); len(live) > 0 {
-			t := live[l.nudges%uint64(len(live))]
+		if t, ok := d.nudgeWayLocked(l, peer, b, once); ok {
+			if d.fwd.gated[peer] {
+				if l.nudged != b.seq+1 {
+					l.nudged, l.nudgedVia = b.seq+1, 0
+				}
+				if t.slot < 64 {
+					l.nudgedVia |= 1 << t.slot
+				}
+			}
 			l.nudges++
 			bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 		}
 	}
 	l.mu.Unlock()
 	d.finishBatch(bt, false)
+}
+
+// nudgeWayLocked picks the trunk a nudge of b, the oldest block of l, the
+// line to peer, takes: the live trunks in turn, and with once on a line
+// through gateways only one that carried no copy of b yet. A copy through
+// a gateway that lost its link unknowing is lost as the block was; the
+// next goes through another.
+func (d *Device) nudgeWayLocked(l *txLine, peer int32, b *block, once bool) (trunk, bool) {
+	live := d.fwd.live(int(peer), b.class)
+	for i := range uint64(len(live)) {
+		t := live[(l.nudges+i)%uint64(len(live))]
+		if once && d.fwd.gated[peer] && l.nudged == b.seq+1 && (t.slot >= 64 || l.nudgedVia&(1<<t.slot) != 0) {
+			continue
+		}
+		return t, true
+	}
+	return trunk{}, false
 }

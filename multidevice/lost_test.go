@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -281,4 +282,74 @@ type stallHandler struct {
 func (h stallHandler) Deliver(from sdi.Rank, hdr, payload []byte) {
 	time.Sleep(time.Until(time.Unix(0, h.n.until.Load())))
 	h.Handler.Deliver(from, hdr, payload)
+}
+
+// TestNudgeTakesAnotherGateway: gateway 1's link to the destination dies
+// as tcp's does: for a while it takes frames and loses them unknowing,
+// then reports the peer down. The source's watch sends the oldest block
+// again; its first copy went through gateway 1 in that while and was
+// lost too. A line through gateways once nudged a block only once, so the
+// stream stalled for good though gateway 2 was up; a later nudge now goes
+// through a gateway that has no copy of the block yet.
+func TestNudgeTakesAnotherGateway(t *testing.T) {
+	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: fwdCaps})
+	link := &quietLink{from: 1, to: 3, quiet: 1500 * time.Millisecond}
+	factories := map[string]sdi.Factory{"a": func(log hclog.Logger) sdi.SubDevice {
+		return &quietSub{SubDevice: fab.New(log), link: link}
+	}}
+	tables := viaTables("a", 3, map[int][]conntable.Route{0: {hop("a", 1), hop("a", 2)}})
+	devs := openJob(t, jobSpec{n: 4, subs: []string{"a"}, factories: factories, tableOf: tables,
+		forward: ForwardOptions{Retry: -1, BlockSize: 1000, Window: 4000}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var reqs []*Request
+	for i := range 40 {
+		if i == 4 {
+			link.start() // blocks in flight through both gateways
+		}
+		reqs = append(reqs, must(t)(devs[3].Irecv(make([]byte, 900), 0, i, 5)))
+		reqs = append(reqs, must(t)(devs[0].Isend(numbered(900, 0, i), 3, i, 5, false)))
+	}
+	for i, r := range reqs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatalf("request %d: %v (source nudged %d blocks)", i, err, devs[0].ForwardStats().Nudged)
+		}
+	}
+}
+
+// quietLink is the link from one rank to another dying as a tcp
+// connection does: from start on, for quiet, frames are taken and lost
+// without a word; then the peer is reported down and sends fail.
+type quietLink struct {
+	from, to sdi.Rank
+	quiet    time.Duration
+	since    atomic.Int64 // unix nanoseconds; 0 while the link works
+}
+
+func (l *quietLink) start() { l.since.Store(time.Now().UnixNano()) }
+
+type quietSub struct {
+	sdi.SubDevice
+	link *quietLink
+	rank sdi.Rank
+	h    sdi.Handler
+	once sync.Once
+}
+
+func (s *quietSub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	s.rank, s.h = p.Rank, p.Handler
+	return s.SubDevice.Open(ctx, p)
+}
+
+func (s *quietSub) Send(f *sdi.Frame) (bool, error) {
+	since := s.link.since.Load()
+	if s.rank != s.link.from || f.Peer != s.link.to || since == 0 {
+		return s.SubDevice.Send(f)
+	}
+	if time.Since(time.Unix(0, since)) < s.link.quiet {
+		return true, nil // into a socket buffer that will never drain
+	}
+	err := fmt.Errorf("link to rank %d timed out: %w", s.link.to, sdi.ErrPeerUnreachable)
+	s.once.Do(func() { s.h.PeerDown(s.link.to, err) })
+	return false, err
 }
