@@ -39,6 +39,20 @@ type Bootstrap interface {
 	Close() error
 }
 
+// LostReporter is a [Bootstrap] that can tell the launcher that this rank
+// lost another: mdrun's does, so that when ranks fail together it names
+// the one whose loss the others' failures follow, rather than the first
+// of them it happens to see exit (see [Departure.Lost]). A rank reports a
+// loss before any request fails for it, and so before the application
+// can exit because of it.
+type LostReporter interface {
+	// ReportLost says that this rank lost rank, and why. It does not
+	// fail; it waits a moment at most, for the report to be on its way,
+	// and does nothing for a rank reported before or once the bootstrap
+	// is closed.
+	ReportLost(rank int, why string)
+}
+
 // Sentinel errors.
 var (
 	// ErrNotFound: the key was not published by that rank.

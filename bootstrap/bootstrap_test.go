@@ -782,3 +782,171 @@ func TestRemoteSecretOnStdin(t *testing.T) {
 		t.Errorf("stdin after the secret: %q", rest)
 	}
 }
+
+// nextDeparture is the service's next departure, failing the test if
+// none comes within a few seconds.
+func nextDeparture(t *testing.T, srv *Server) Departure {
+	t.Helper()
+	select {
+	case d := <-srv.Departures():
+		return d
+	case <-time.After(5 * time.Second):
+		t.Fatal("no departure")
+		return Departure{}
+	}
+}
+
+// noDeparture fails the test if the service has a departure queued.
+func noDeparture(t *testing.T, srv *Server, when string) {
+	t.Helper()
+	select {
+	case d := <-srv.Departures():
+		t.Errorf("%s: unexpected departure %+v", when, d)
+	default:
+	}
+}
+
+// TestDepartures: the service reports each joined rank's departure once,
+// when it has read all the rank sent, with the ranks it lost: those it
+// reported lost, in order, each once, and those whose leaving failed a
+// fence of it. mdrun names the rank a failing rank lost, not the first
+// one it sees exit, which may be that failing rank (the order in which
+// dying ranks' connections end is the kernel's). So a rank that exited
+// (Exited) and is still connected has no departure until its connection
+// ends: a report may still be on its way.
+func TestDepartures(t *testing.T) {
+	srv := startServer(t, 5, nil)
+	ranks := make([]*client, 5)
+	for r := range 4 {
+		ranks[r] = openRank(t, srv, r).(*client)
+	}
+	fenceLoss := Loss{Rank: 4, Reason: "rank 4 exited without joining the job (did it call Init?); the fence cannot complete"}
+
+	if srv.Exited(4) {
+		t.Error("Exited(4) says a rank that never said hello joined")
+	}
+	noDeparture(t, srv, "rank 4 exited without joining")
+
+	ranks[2].conn.Close()
+	if got, want := nextDeparture(t, srv), (Departure{Rank: 2, Reason: "disconnected"}); !equalDepartures(got, want) {
+		t.Errorf("departure %+v, want %+v", got, want)
+	}
+
+	ranks[0].ReportLost(3, "links ended")
+	if !srv.Exited(0) {
+		t.Error("Exited(0) says a connected rank never joined")
+	}
+	noDeparture(t, srv, "rank 0 exited, its connection open")
+	ranks[0].conn.Close()
+	if got, want := nextDeparture(t, srv), (Departure{Rank: 0, Reason: "disconnected", Lost: []Loss{{3, "links ended"}}}); !equalDepartures(got, want) {
+		t.Errorf("departure %+v, want %+v", got, want)
+	}
+
+	ranks[1].ReportLost(3, "links ended")
+	ranks[1].ReportLost(2, "timed out")
+	ranks[1].ReportLost(3, "again") // once per rank
+	ranks[1].ReportLost(1, "itself")
+	ranks[1].ReportLost(5, "not in the job")
+	if err := ranks[1].Fence(context.Background()); err == nil {
+		t.Error("fence after rank 4 exited without joining succeeded")
+	}
+	if err := ranks[1].Close(); err != nil {
+		t.Fatal(err)
+	}
+	want := Departure{Rank: 1, Reason: "finalized", Finalized: true, Lost: []Loss{{3, "links ended"}, {2, "timed out"}, fenceLoss}}
+	if got := nextDeparture(t, srv); !equalDepartures(got, want) {
+		t.Errorf("departure %+v, want %+v", got, want)
+	}
+
+	if err := ranks[3].Abort(3, "gave up"); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := nextDeparture(t, srv), (Departure{Rank: 3, Reason: "aborted", Aborted: true}); !equalDepartures(got, want) {
+		t.Errorf("departure %+v, want %+v", got, want)
+	}
+	noDeparture(t, srv, "every rank left")
+}
+
+// TestFenceFailureIsLoss: a rank waiting in a fence when another leaves
+// lost that rank, as a rank whose device saw it go did: its failure
+// (Init aborting) follows the other's leaving.
+func TestFenceFailureIsLoss(t *testing.T) {
+	srv := startServer(t, 3, nil)
+	ranks := make([]*client, 3)
+	for r := range 3 {
+		ranks[r] = openRank(t, srv, r).(*client)
+	}
+	fenced := make(chan error, 1)
+	go func() { fenced <- ranks[0].Fence(context.Background()) }()
+	waitArrivals(srv, 1)
+	ranks[2].conn.Close()
+	if got, want := nextDeparture(t, srv), (Departure{Rank: 2, Reason: "disconnected"}); !equalDepartures(got, want) {
+		t.Errorf("departure %+v, want %+v", got, want)
+	}
+	if err := <-fenced; err == nil {
+		t.Fatal("fence succeeded without rank 2")
+	}
+	ranks[0].Abort(1, "fence failed")
+	want := Departure{Rank: 0, Reason: "aborted", Aborted: true, Lost: []Loss{{2, "rank 2 disconnected; the fence cannot complete"}}}
+	if got := nextDeparture(t, srv); !equalDepartures(got, want) {
+		t.Errorf("departure %+v, want %+v", got, want)
+	}
+}
+
+// equalDepartures compares departures, Lost included.
+func equalDepartures(a, b Departure) bool {
+	return a.Rank == b.Rank && a.Reason == b.Reason && a.Finalized == b.Finalized && a.Aborted == b.Aborted && slices.Equal(a.Lost, b.Lost)
+}
+
+// TestReportLostToOlderService: a service from before lost reports does
+// not list them in its hello reply, and drops a rank that sends a request
+// it does not know; a rank sends it none. The service here is such a
+// service's wire: it records what the rank sends.
+func TestReportLostToOlderService(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not served: it only makes the rank's environment, for ln.
+	srv, err := NewServerListener(ln, 2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	ops := make(chan []string, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			ops <- nil
+			return
+		}
+		defer conn.Close()
+		var seen []string
+		for {
+			m, err := readMessage(conn, maxMessage)
+			if err != nil {
+				ops <- seen
+				return
+			}
+			seen = append(seen, m.Op)
+			if m.Op != opLost {
+				writeMessage(conn, &message{Op: opOK, ID: m.ID})
+			}
+			if m.Op == opFinalize {
+				ops <- seen
+				return
+			}
+		}
+	}()
+	bs, err := open(context.Background(), testLogger(t), envSnapshot(srv.Env(0)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs.(LostReporter).ReportLost(1, "links ended")
+	if err := bs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := <-ops, []string{opHello, opFinalize}; !slices.Equal(got, want) {
+		t.Errorf("the service got %q, want %q", got, want)
+	}
+}

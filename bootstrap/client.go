@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +24,12 @@ const ackTimeout = 10 * time.Second
 // maxReason bounds an abort reason, so that it fits any message.
 const maxReason = 4 << 10
 
+// reportWait bounds how long ReportLost waits for its report to be
+// written. It runs where the device learns of the loss, which must not
+// stall; the writer is idle but for a fence or a request, written in
+// microseconds unless the service is wedged.
+const reportWait = 200 * time.Millisecond
+
 // client is the mdrun backend: one rank's connection to the rendezvous
 // service. It is safe for concurrent use.
 //
@@ -34,9 +41,13 @@ type client struct {
 	env    mdrunEnv
 	conn   net.Conn
 
-	out  chan *message // requests for the writer goroutine
-	dead chan struct{} // closed, with err set, when the connection is unusable
-	wg   sync.WaitGroup
+	out chan *message // requests for the writer goroutine
+	// reports is for the writer goroutine too: ReportLost's messages,
+	// which have no reply, each with a channel the writer closes once
+	// it is written.
+	reports chan lostReport
+	dead    chan struct{} // closed, with err set, when the connection is unusable
+	wg      sync.WaitGroup
 
 	mu      sync.Mutex
 	err     error // why dead is closed; wraps ErrClosed
@@ -54,6 +65,16 @@ type client struct {
 	// service does not end the process. Abort leaves the leash on: the
 	// job is ending, this rank with it.
 	leashOff bool
+	// takesLost says the service takes lost reports (its hello reply
+	// lists opLost); reported is the ranks reported lost.
+	takesLost bool
+	reported  map[int]bool
+}
+
+// lostReport is a message of ReportLost for the writer goroutine.
+type lostReport struct {
+	m       *message
+	written chan struct{}
 }
 
 // call is one request waiting for its reply.
@@ -91,7 +112,7 @@ func openMdrun(ctx context.Context, logger hclog.Logger, st *openState) (Bootstr
 		return nil, fmt.Errorf("bootstrap: cannot reach the mdrun service at %s=%s: %w", EnvAddr, e.addr, err)
 	}
 	c := newClient(logger.With("rank", e.rank), e, conn)
-	_, err = c.roundTrip(ctx, &message{
+	resp, err := c.roundTrip(ctx, &message{
 		Op:      opHello,
 		Version: protocolVersion,
 		Rank:    e.rank,
@@ -104,6 +125,9 @@ func openMdrun(ctx context.Context, logger hclog.Logger, st *openState) (Bootstr
 		c.shutdown()
 		return nil, fmt.Errorf("bootstrap: hello to the mdrun service at %s=%s: %w", EnvAddr, e.addr, err)
 	}
+	c.mu.Lock()
+	c.takesLost = slices.Contains(resp.Ops, opLost)
+	c.mu.Unlock()
 	c.logger.Debug("connected to the mdrun service", "addr", e.addr)
 	return c, nil
 }
@@ -119,13 +143,15 @@ func splitAddr(addr string) (network, address string, err error) {
 
 func newClient(logger hclog.Logger, e mdrunEnv, conn net.Conn) *client {
 	c := &client{
-		logger: logger,
-		env:    e,
-		conn:   conn,
-		out:    make(chan *message),
-		dead:   make(chan struct{}),
-		calls:  map[uint64]*call{},
-		puts:   map[string][]byte{},
+		logger:   logger,
+		env:      e,
+		conn:     conn,
+		out:      make(chan *message),
+		reports:  make(chan lostReport),
+		dead:     make(chan struct{}),
+		calls:    map[uint64]*call{},
+		puts:     map[string][]byte{},
+		reported: map[int]bool{},
 	}
 	c.wg.Add(2)
 	go c.readLoop()
@@ -245,6 +271,44 @@ func (c *client) Get(ctx context.Context, rank int, key string) ([]byte, error) 
 		return nil, fmt.Errorf("bootstrap: get %q of rank %d: %w", key, rank, err)
 	}
 	return resp.Value, nil
+}
+
+// ReportLost tells the service that this rank lost rank (see
+// [LostReporter]). The report has no reply: the service reads it before
+// the end of the connection, which is all mdrun needs. It waits until
+// the writer has written it, at most reportWait, so that it is out before
+// the caller fails requests for the loss and the application can exit.
+// A service that does not take reports (an older mdrun) is sent none.
+func (c *client) ReportLost(rank int, why string) {
+	if len(why) > maxReason {
+		why = why[:maxReason]
+	}
+	c.mu.Lock()
+	skip := !c.takesLost || c.closing || c.err != nil || rank < 0 || rank >= c.env.size || rank == c.env.rank || c.reported[rank]
+	if !skip {
+		c.reported[rank] = true
+	}
+	c.mu.Unlock()
+	if skip {
+		return
+	}
+	r := lostReport{m: &message{Op: opLost, Rank: rank, Reason: why}, written: make(chan struct{})}
+	t := time.NewTimer(reportWait)
+	defer t.Stop()
+	select {
+	case c.reports <- r:
+	case <-c.dead:
+		return
+	case <-t.C:
+		c.logger.Debug("gave up reporting a lost rank: the writer is busy", "lost", rank)
+		return
+	}
+	select {
+	case <-r.written:
+	case <-c.dead:
+	case <-t.C:
+		c.logger.Debug("a report of a lost rank is slow to go out", "lost", rank)
+	}
 }
 
 // Abort tells the service, waits for it to acknowledge (at most ackTimeout)
@@ -457,12 +521,26 @@ func (c *client) writeLoop() {
 	for {
 		select {
 		case m := <-c.out:
-			if err := writeMessage(c.conn, m); err != nil {
-				c.fail(fmt.Errorf("connection to the mdrun service at %s ended (%v): %w", c.env.addr, err, ErrClosed))
+			if !c.write(m) {
 				return
 			}
+		case r := <-c.reports:
+			if !c.write(r.m) {
+				return
+			}
+			close(r.written)
 		case <-c.dead:
 			return
 		}
 	}
+}
+
+// write writes m for the writer goroutine; on failure it marks the
+// connection unusable and reports false.
+func (c *client) write(m *message) bool {
+	if err := writeMessage(c.conn, m); err != nil {
+		c.fail(fmt.Errorf("connection to the mdrun service at %s ended (%v): %w", c.env.addr, err, ErrClosed))
+		return false
+	}
+	return true
 }

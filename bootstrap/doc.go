@@ -212,7 +212,8 @@
 // 2 MiB; at most 4 KiB for a hello, which comes before the peer is known).
 // Keys and values are bytes, base64 in the JSON. The client's first message
 // is hello, with the protocol version, its rank, the job's size and id, and
-// the job secret; the service accepts it or refuses with a reason and drops
+// the job secret; the service accepts it, listing the requests it takes
+// beyond those of the version (ops), or refuses with a reason and drops
 // the connection. After that the
 // client sends requests with an id and the service answers each with the
 // same id, so a Get can be answered while a Fence of the same rank waits:
@@ -221,6 +222,8 @@
 //	get       rank and key; answered with the value published at the last fence, or not_found
 //	abort     code and reason; the service reports it to the launcher (see [Server.Aborts])
 //	finalize  the rank is done; the service answers and closes the connection
+//	lost      rank and reason: this rank lost that one ([LostReporter]); not answered,
+//	          sent only to a service that lists it, and kept for the launcher ([Departure.Lost])
 //
 // Anything else (garbage, a wrong secret, a message over the limit, a
 // second hello for a rank) makes the service log the reason and drop that

@@ -9,10 +9,18 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+)
+
+// The reasons a rank that finalized or aborted left, as [Departure] gives
+// them.
+const (
+	reasonFinalized = "finalized"
+	reasonAborted   = "aborted"
 )
 
 // helloTimeout is how long a new connection may take to say hello; a
@@ -34,6 +42,31 @@ func (e *AbortError) Error() string {
 	return fmt.Sprintf("rank %d aborted with code %d: %s", e.Rank, e.Code, e.Reason)
 }
 
+// Departure reports that a rank that had joined the job (said hello) left
+// the service: it said goodbye or aborted, or the service read the end of
+// its connection.
+type Departure struct {
+	Rank int
+	// Reason is why, as the others' failing fences name it: "finalized",
+	// "aborted", "disconnected", ...
+	Reason string
+	// Finalized says the rank said goodbye (Close) first: it is done.
+	// Aborted says it called Abort: [Server.Aborts] has its report.
+	// Otherwise the rank was lost: its process or connection ended.
+	Finalized, Aborted bool
+	// Lost is the ranks this one lost before it left, in the order it
+	// did, each once: those it reported lost ([LostReporter]) and those
+	// whose leaving failed a fence of it. A rank that fails after losing
+	// another most likely fails because of it.
+	Lost []Loss
+}
+
+// Loss is one rank a departing rank lost, and why.
+type Loss struct {
+	Rank   int
+	Reason string
+}
+
 // Server is the rendezvous service of one job on one host: it checks each
 // rank's secret, collects Puts, runs Fences and answers Gets. mdrun runs one;
 // tests run one in-process. Its methods are safe for concurrent use.
@@ -48,9 +81,9 @@ type Server struct {
 	secret  []byte
 	aborts  chan *AbortError
 
-	closeOnce  sync.Once
-	abortsOnce sync.Once
-	wg         sync.WaitGroup
+	closeOnce   sync.Once
+	reportsOnce sync.Once // closes aborts and departures
+	wg          sync.WaitGroup
 
 	mu        sync.Mutex
 	serving   bool
@@ -62,6 +95,12 @@ type Server struct {
 	pending   []map[string][]byte // per rank: puts of the running fence
 	published []map[string][]byte // per rank: puts of completed fences
 	left      string              // why fences can no longer complete; "" while they can
+	leftRank  int                 // the rank whose leaving left says, once it is set
+	lost      [][]Loss            // per rank: the ranks it lost (see Departure.Lost)
+	// departures is sent to, under mu, until reportsClosed: Exited may
+	// run after Serve returned.
+	departures    chan Departure
+	reportsClosed bool
 }
 
 // rankState is where a rank is in its life.
@@ -70,6 +109,7 @@ type rankState int
 const (
 	rankWaiting   rankState = iota // not connected yet
 	rankConnected                  // said hello
+	rankExited                     // said hello, and its process ended (Exited); its connection is not read to its end yet
 	rankLeft                       // finalized, aborted or disconnected
 )
 
@@ -119,19 +159,22 @@ func NewServerListener(ln net.Listener, size int, logger hclog.Logger) (*Server,
 		return nil, fmt.Errorf("bootstrap: server: %w", err)
 	}
 	s := &Server{
-		logger:    logger,
-		size:      size,
-		ln:        ln,
-		addr:      ln.Addr().Network() + ":" + ln.Addr().String(),
-		host:      host,
-		jobID:     jobID,
-		secret:    secret,
-		aborts:    make(chan *AbortError, size), // a rank aborts at most once, so sends never block
-		conns:     map[net.Conn]struct{}{},
-		ranks:     make([]rankState, size),
-		arrived:   make([]*fenceWaiter, size),
-		pending:   make([]map[string][]byte, size),
-		published: make([]map[string][]byte, size),
+		logger: logger,
+		size:   size,
+		ln:     ln,
+		addr:   ln.Addr().Network() + ":" + ln.Addr().String(),
+		host:   host,
+		jobID:  jobID,
+		secret: secret,
+		aborts: make(chan *AbortError, size), // a rank aborts at most once, so sends never block
+		// A rank leaves at most once, so sends never block either.
+		departures: make(chan Departure, size),
+		conns:      map[net.Conn]struct{}{},
+		ranks:      make([]rankState, size),
+		lost:       make([][]Loss, size),
+		arrived:    make([]*fenceWaiter, size),
+		pending:    make([]map[string][]byte, size),
+		published:  make([]map[string][]byte, size),
 	}
 	for r := range size {
 		s.pending[r] = map[string][]byte{}
@@ -180,6 +223,33 @@ func (s *Server) SecretLine() []byte { return []byte(hex.EncodeToString(s.secret
 // rank.
 func (s *Server) Aborts() <-chan *AbortError { return s.aborts }
 
+// Departures delivers one [Departure] per rank that joined the job, in the
+// order the service saw them leave: a launcher that sees several ranks
+// fail together can tell which ranks each had lost ([Departure.Lost]),
+// the likely cause of its failure. A rank's departure is queued once the
+// service has read everything the rank sent, so it holds every loss the
+// rank reported; it is queued before any rank is told of it (a fence
+// failing because of it) and, if the rank finalized, before its Close
+// returns. The order of departures is the order the service read the
+// ends of connections in, which need not be the order the processes died
+// in: a dying process may close its connection to the service after those
+// to the other ranks, and they may fail and exit before the service sees
+// it go. It is closed when Serve returns. Nobody has to receive from it:
+// it has room for every rank.
+func (s *Server) Departures() <-chan Departure { return s.departures }
+
+// closeReports closes Aborts and Departures once no rank can abort any
+// more.
+func (s *Server) closeReports() {
+	s.reportsOnce.Do(func() {
+		close(s.aborts)
+		s.mu.Lock()
+		s.reportsClosed = true
+		close(s.departures)
+		s.mu.Unlock()
+	})
+}
+
 // Serve accepts and serves ranks until ctx ends or Close is called, then
 // closes every connection, waits for its goroutines and returns nil. It
 // returns an error if accepting fails otherwise or if it was called before.
@@ -191,7 +261,7 @@ func (s *Server) Serve(ctx context.Context) error {
 	}
 	s.serving = true
 	s.mu.Unlock()
-	defer s.abortsOnce.Do(func() { close(s.aborts) })
+	defer s.closeReports()
 	stop := context.AfterFunc(ctx, func() { s.Close() })
 	defer stop()
 
@@ -235,7 +305,7 @@ func (s *Server) Close() error {
 			os.RemoveAll(s.sockDir)
 		}
 		if !serving {
-			s.abortsOnce.Do(func() { close(s.aborts) })
+			s.closeReports()
 		}
 	})
 	return nil
@@ -303,7 +373,7 @@ func (s *Server) handle(conn net.Conn) {
 	}
 	conn.SetReadDeadline(time.Time{})
 	logger = s.logger.With("rank", rank)
-	if err := sc.reply(&message{Op: opOK, ID: m.ID}); err != nil {
+	if err := sc.reply(&message{Op: opOK, ID: m.ID, Ops: []string{opLost}}); err != nil {
 		s.leave(rank, "its connection failed")
 		logger.Warn("dropping rank", "error", err)
 		return
@@ -326,12 +396,14 @@ func (s *Server) handle(conn net.Conn) {
 			}
 		case opGet:
 			s.get(rank, sc, m)
+		case opLost:
+			s.reportLost(rank, m)
 		case opAbort:
 			s.abort(rank, m)
 			sc.reply(&message{Op: opOK, ID: m.ID})
 			return
 		case opFinalize:
-			s.leave(rank, "finalized")
+			s.leave(rank, reasonFinalized)
 			sc.reply(&message{Op: opOK, ID: m.ID})
 			logger.Debug("rank finalized")
 			return
@@ -385,6 +457,7 @@ func (s *Server) fence(rank int, sc *serverConn, m *message) error {
 	}
 	if s.left != "" {
 		reason := s.left
+		s.addLossLocked(rank, s.leftRank, reason)
 		s.mu.Unlock()
 		sc.reply(errorReply(m.ID, errCodeFence, reason))
 		return nil
@@ -448,6 +521,40 @@ func (s *Server) get(rank int, sc *serverConn, m *message) {
 	sc.reply(&message{Op: opOK, ID: m.ID, Value: v})
 }
 
+// reportLost records that rank lost the rank m names, a report without a
+// reply. A report of a rank not in the job, or of itself, means nothing:
+// it is logged and ignored rather than dropping a rank that broke only
+// this.
+func (s *Server) reportLost(rank int, m *message) {
+	if m.Rank >= s.size || m.Rank == rank {
+		s.logger.Warn("ignoring a report of a lost rank", "rank", rank, "lost", m.Rank, "size", s.size)
+		return
+	}
+	reason := m.Reason
+	if len(reason) > maxReason {
+		reason = reason[:maxReason]
+	}
+	s.logger.Debug("rank lost another", "rank", rank, "lost", m.Rank, "reason", reason)
+	s.mu.Lock()
+	s.addLossLocked(rank, m.Rank, reason)
+	s.mu.Unlock()
+}
+
+// addLossLocked records that rank lost the rank lost, unless it did
+// before: a rank has at most one loss per rank of the job, and none of
+// itself (a rank in a fence that then exits).
+func (s *Server) addLossLocked(rank, lost int, reason string) {
+	if lost == rank {
+		return
+	}
+	for _, l := range s.lost[rank] {
+		if l.Rank == lost {
+			return
+		}
+	}
+	s.lost[rank] = append(s.lost[rank], Loss{Rank: lost, Reason: reason})
+}
+
 func (s *Server) abort(rank int, m *message) {
 	reason := m.Reason
 	if len(reason) > maxReason {
@@ -458,37 +565,77 @@ func (s *Server) abort(rank int, m *message) {
 	// channel has room for every rank. The report goes out before the other
 	// ranks' fences fail, so a launcher sees the cause before the effects.
 	s.aborts <- &AbortError{Rank: rank, Code: m.Code, Reason: reason}
-	s.leave(rank, "aborted")
+	s.leave(rank, reasonAborted)
 }
 
-// Exited tells the service that rank's process has ended. One that ended
-// without saying hello (a program that never called Open, or that exited
-// before it) never will, so fences fail now, naming it, instead of
-// waiting for it until the launcher's timeout.
-func (s *Server) Exited(rank int) {
-	s.mu.Lock()
-	never := rank >= 0 && rank < s.size && s.ranks[rank] == rankWaiting
-	s.mu.Unlock()
-	if never {
-		s.leave(rank, "exited without joining the job (did it call Init?)")
+// Exited tells the service that rank's process has ended, and reports
+// whether the rank had joined the job (said hello): its departure, if not
+// queued yet, is queued once the service reads the end of its connection,
+// which may be later (see [Server.Departures]). One that ended without saying
+// hello (a program that never called Open, or that exited before it)
+// never will, so fences fail now, naming it, instead of waiting for it
+// until the launcher's timeout. So do they for one still connected: it
+// has left without finalizing.
+func (s *Server) Exited(rank int) (joined bool) {
+	if rank < 0 || rank >= s.size {
+		return false
 	}
+	s.mu.Lock()
+	switch s.ranks[rank] {
+	case rankWaiting:
+		s.mu.Unlock()
+		s.leave(rank, "exited without joining the job (did it call Init?)")
+		return false
+	case rankConnected:
+		s.ranks[rank] = rankExited
+		reason, waiters := s.stopFencesLocked(rank, "exited")
+		s.mu.Unlock()
+		failFences(reason, waiters)
+		return true
+	}
+	s.mu.Unlock()
+	return true
 }
 
-// leave marks rank gone. No fence can complete without it, so the running
-// fence and every later one fail with the reason instead of hanging.
+// leave marks rank gone, and queues its departure if it had joined. No
+// fence can complete without it, so the running fence and every later
+// one fail with the reason instead of hanging.
 func (s *Server) leave(rank int, why string) {
 	s.mu.Lock()
-	if s.ranks[rank] == rankLeft {
+	switch s.ranks[rank] {
+	case rankLeft:
 		s.mu.Unlock()
 		return
+	case rankConnected, rankExited:
+		if !s.reportsClosed {
+			s.departures <- Departure{Rank: rank, Reason: why, Finalized: why == reasonFinalized, Aborted: why == reasonAborted, Lost: slices.Clone(s.lost[rank])}
+		}
 	}
 	s.ranks[rank] = rankLeft
+	reason, waiters := s.stopFencesLocked(rank, why)
+	s.mu.Unlock()
+	failFences(reason, waiters)
+}
+
+// stopFencesLocked makes the running fence and every later one fail, the
+// first time because rank left (why), and returns the reason and the
+// ranks waiting in the running fence, to be told once mu is released
+// (failFences). Each of them lost the rank the reason names.
+func (s *Server) stopFencesLocked(rank int, why string) (string, []*fenceWaiter) {
 	if s.left == "" {
 		s.left = fmt.Sprintf("rank %d %s; the fence cannot complete", rank, why)
+		s.leftRank = rank
 	}
-	reason := s.left
-	waiters := s.takeArrivalsLocked()
-	s.mu.Unlock()
+	for r, w := range s.arrived {
+		if w != nil {
+			s.addLossLocked(r, s.leftRank, s.left)
+		}
+	}
+	return s.left, s.takeArrivalsLocked()
+}
+
+// failFences tells the ranks waiting in a fence that it failed.
+func failFences(reason string, waiters []*fenceWaiter) {
 	for _, w := range waiters {
 		w.sc.reply(errorReply(w.id, errCodeFence, reason))
 	}

@@ -12,6 +12,13 @@ import (
 // protocolVersion changes whenever a message's meaning does; the service
 // refuses a hello of another version rather than guessing. Version 2 carries
 // keys as bytes (see wirePut).
+//
+// A new request that an older peer may not know leaves the version alone,
+// so that ranks and mdrun of either age still work together: the
+// service's reply to hello lists such requests it takes (Ops), and a rank
+// sends one only to a service that listed it, since a service drops a
+// rank that sends a request it does not know. An older rank never sends
+// one, and an older rank ignores the list.
 const protocolVersion = 2
 
 // Limits on what crosses the wire. Business cards are a few hundred bytes;
@@ -32,6 +39,7 @@ const (
 	opGet      = "get"
 	opAbort    = "abort"
 	opFinalize = "finalize"
+	opLost     = "lost"  // a rank lost another (Rank, Reason); no reply. Listed in Ops.
 	opOK       = "ok"    // reply: the request succeeded
 	opError    = "error" // reply: the request failed; Code says how
 )
@@ -49,16 +57,17 @@ type message struct {
 	Op      string    `json:"op"`
 	ID      uint64    `json:"id,omitempty"`
 	Version int       `json:"version,omitempty"` // hello
-	Rank    int       `json:"rank,omitempty"`    // hello, get
+	Rank    int       `json:"rank,omitempty"`    // hello, get, lost
 	Secret  string    `json:"secret,omitempty"`  // hello, hex
 	Key     []byte    `json:"key,omitempty"`     // get
 	Value   []byte    `json:"value,omitempty"`   // ok to get
 	Puts    []wirePut `json:"puts,omitempty"`    // fence
 	Code    int       `json:"code,omitempty"`    // abort
-	Reason  string    `json:"reason,omitempty"`  // abort; error reply text
+	Reason  string    `json:"reason,omitempty"`  // abort, lost; error reply text
 	ErrCode string    `json:"err,omitempty"`     // error reply
 	Size    int       `json:"size,omitempty"`    // hello
 	JobID   string    `json:"jobid,omitempty"`   // hello
+	Ops     []string  `json:"ops,omitempty"`     // ok to hello: requests beyond the version's it takes
 }
 
 // putWireSize bounds the bytes a put of a key and value of these lengths
@@ -140,7 +149,7 @@ func decodeMessage(body []byte) (*message, error) {
 // allocate without checking again.
 func (m *message) validate() error {
 	switch m.Op {
-	case opHello, opFence, opGet, opAbort, opFinalize, opOK, opError:
+	case opHello, opFence, opGet, opAbort, opFinalize, opLost, opOK, opError:
 	default:
 		return fmt.Errorf("%w: unknown op %q", errBadMessage, m.Op)
 	}
