@@ -30,6 +30,15 @@ const killGrace = 3 * time.Second
 // rank exited, in case a process it left behind still holds the pipe.
 const pipeGrace = 2 * time.Second
 
+// blameWait bounds how long mdrun waits, when a rank fails, for the
+// rendezvous service to read the end of the connections of that rank and
+// of the ranks it lost: their ends come at once when the processes died,
+// but not in any order, and a rank's reports of the ranks it lost come
+// before the end of its connection. A rank reported lost whose
+// connection is still open after it was cut off from the reporter, not
+// dead.
+const blameWait = 2 * time.Second
+
 // groupPoll is how often a terminating job whose ranks were all reaped
 // looks whether their process groups emptied: nothing reports it.
 const groupPoll = 20 * time.Millisecond
@@ -55,7 +64,21 @@ type job struct {
 
 	status      int // exit status, decided by the first failure
 	terminating bool
-	killTimer   <-chan time.Time
+
+	// departures is srv.Departures(), nil once closed; left is, per
+	// rank, its departure from the service, nil while it has not left or
+	// if it never joined. firstLost is the first rank seen leaving
+	// without finalizing or aborting, -1 until one does: the culprit of a
+	// failure when the failing rank lost no rank (see culprit).
+	departures <-chan bootstrap.Departure
+	left       []*bootstrap.Departure
+	firstLost  int
+	// blamed is the rank a failure was charged to before it was reaped,
+	// -1 if none: its exit makes the job's message and status, and
+	// followed, the failure that came after it, is told then.
+	blamed    int
+	followed  string
+	killTimer <-chan time.Time
 	// killed says the ranks' groups got SIGKILL: nothing is left to wait
 	// for.
 	killed bool
@@ -104,6 +127,9 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	j.logger.Debug("rendezvous service listening", "addr", srv.Addr(), "job", srv.JobID())
 
 	j.srv = srv
+	j.departures = srv.Departures()
+	j.left = make([]*bootstrap.Departure, j.size())
+	j.firstLost, j.blamed = -1, -1
 	if err := j.checkWdirs(); err != nil {
 		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
 		return exitUsage
@@ -535,23 +561,171 @@ func (j *job) exited(e exitEvent) {
 	rk.reaped = true
 	// Once empty, the group's number is free for another process.
 	rk.groupGone = errors.Is(syscall.Kill(-rk.cmd.Process.Pid, 0), syscall.ESRCH)
-	j.srv.Exited(rk.id)
+	// A rank that joined leaves when the service reads the end of its
+	// connection, which a dead process has closed: then whether it
+	// finalized, and whom it lost, is known.
+	joined := j.srv.Exited(rk.id)
+	if joined {
+		j.awaitDeparture(rk.id, time.Now().Add(blameWait))
+	} else {
+		j.noteDepartures()
+	}
 	rk.out.Flush()
 	rk.errOut.Flush()
 	ws, ok := e.state.Sys().(syscall.WaitStatus)
 	j.logger.Debug("rank exited", "rank", rk.id, "pid", e.state.Pid(), "state", e.state.String(), "wait_error", e.err)
-	if !ok || (ws.Exited() && ws.ExitStatus() == 0) {
+	if !ok {
 		return
 	}
-	who := rk.describe(e.state.Pid())
+	status, what := j.exitFailure(rk, ws, e.state.Pid(), joined)
+	switch {
+	case rk.id == j.blamed:
+		j.blamed = -1
+		fmt.Fprintf(j.stderr, "mdrun: %s; terminating the job\n", what)
+		fmt.Fprintln(j.stderr, j.followed)
+		j.status = status
+	case status != 0:
+		j.failRank(rk.id, status, what)
+	}
+}
+
+// exitFailure is the job's exit status that rk's exit (ws, of process
+// pid) gives, and what to say of it, or 0 if the exit is no failure: a
+// rank that joined the job and exits 0 without finalizing fails it, since
+// the others cannot finish theirs; one that never joined does not (the
+// others' fences fail naming it, see Server.Exited). A rank that
+// finalized has left by the time its Close returns; one whose departure
+// is still missing did not.
+func (j *job) exitFailure(rk *rank, ws syscall.WaitStatus, pid int, joined bool) (int, string) {
+	who := rk.describe(pid)
 	switch {
 	case ws.Signaled():
-		j.fail(128+int(ws.Signal()), fmt.Sprintf("mdrun: %s was killed by signal %d (%v); terminating the job", who, int(ws.Signal()), ws.Signal()))
-	case rk.errOut.panicked:
-		j.fail(ws.ExitStatus(), fmt.Sprintf("mdrun: %s panicked and exited with status %d; terminating the job", who, ws.ExitStatus()))
-	default:
-		j.fail(ws.ExitStatus(), fmt.Sprintf("mdrun: %s exited with status %d; terminating the job", who, ws.ExitStatus()))
+		return 128 + int(ws.Signal()), fmt.Sprintf("%s was killed by signal %d (%v)", who, int(ws.Signal()), ws.Signal())
+	case ws.ExitStatus() != 0 && rk.errOut.panicked:
+		return ws.ExitStatus(), fmt.Sprintf("%s panicked and exited with status %d", who, ws.ExitStatus())
+	case ws.ExitStatus() != 0:
+		return ws.ExitStatus(), fmt.Sprintf("%s exited with status %d", who, ws.ExitStatus())
+	case joined && (j.left[rk.id] == nil || !j.left[rk.id].Finalized):
+		return exitFailed, fmt.Sprintf("%s exited with status 0 without finalizing", who)
 	}
+	return 0, ""
+}
+
+// noteDepartures records the departures the service has queued.
+func (j *job) noteDepartures() {
+	for {
+		select {
+		case d, ok := <-j.departures:
+			j.noteDeparture(d, ok)
+		default:
+			return
+		}
+	}
+}
+
+// noteDeparture records departure d, received from j.departures with ok.
+func (j *job) noteDeparture(d bootstrap.Departure, ok bool) {
+	if !ok {
+		j.departures = nil
+		return
+	}
+	j.left[d.Rank] = &d
+	if j.firstLost < 0 && !d.Finalized && !d.Aborted {
+		j.firstLost = d.Rank
+	}
+}
+
+// awaitDeparture records departures until rank r's is in, or until
+// deadline, and reports whether it is.
+func (j *job) awaitDeparture(r int, deadline time.Time) bool {
+	j.noteDepartures()
+	if j.left[r] != nil || j.departures == nil {
+		return j.left[r] != nil
+	}
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	for j.left[r] == nil && j.departures != nil {
+		select {
+		case d, ok := <-j.departures:
+			j.noteDeparture(d, ok)
+		case <-t.C:
+			return false
+		}
+	}
+	return j.left[r] != nil
+}
+
+// culprit is the rank whose loss the failure of rank r most likely
+// follows, r if none: the first rank r lost (its device saw the rank's
+// links end, or a fence of it failed because the rank left; see
+// bootstrap.Departure.Lost) that is gone without finalizing, then the
+// first such rank that one lost, and so on. The ranks' own reports make
+// this the same whichever of them mdrun reaps first, and whichever
+// connection to the service it sees end first. A rank that lost none
+// (it failed on its own, or by a loss nothing reported) falls back to
+// the first rank seen leaving without finalizing, followed the same way,
+// which may lead back to r. Call it once r's departure is in, if r
+// joined.
+func (j *job) culprit(r int) int {
+	deadline := time.Now().Add(blameWait)
+	if c := j.lostChain(r, deadline); c != r || j.firstLost < 0 {
+		return c
+	}
+	return j.lostChain(j.firstLost, deadline)
+}
+
+// lostChain follows, from rank r, the first rank each lost that is gone
+// (see culprit), and returns the last.
+func (j *job) lostChain(r int, deadline time.Time) int {
+	// A rank is gone once reaped (then, had it joined, its departure came
+	// or its exit failed the job), or once the service saw its
+	// connection end; one that is connected after blameWait was cut off
+	// from the rank that lost it, not dead, and is no culprit. Finalizing
+	// is no loss.
+	gone := func(x int) bool {
+		if x >= len(j.ranks) || (!j.ranks[x].reaped && !j.awaitDeparture(x, deadline)) {
+			return false
+		}
+		return j.left[x] == nil || !j.left[x].Finalized
+	}
+	seen := map[int]bool{r: true}
+	for {
+		next := -1
+		if d := j.left[r]; d != nil {
+			for _, l := range d.Lost {
+				if !seen[l.Rank] && gone(l.Rank) {
+					next = l.Rank
+					break
+				}
+			}
+		}
+		if next < 0 {
+			return r
+		}
+		seen[next] = true
+		r = next
+	}
+}
+
+// failRank fails the job because rank r failed as what says. If r lost
+// another rank before (culprit), r most likely failed because of it, as
+// a rank whose peer died does: the failure is charged to that rank, whose
+// own exit, once reaped, makes the job's message and status (it was not
+// reaped yet, or its exit would have failed the job), and r's is told
+// after it.
+func (j *job) failRank(r, status int, what string) {
+	d := r
+	if !j.terminating {
+		d = j.culprit(r)
+	}
+	if d == r || j.ranks[d].reaped {
+		j.fail(status, "mdrun: "+what+"; terminating the job")
+		return
+	}
+	j.logger.Debug("failure after a rank was lost", "failure", what, "lost", d)
+	j.blamed = d
+	j.followed = fmt.Sprintf("mdrun: after rank %d left the job, %s", d, what)
+	j.terminate(status)
 }
 
 // drainAborts handles the aborts already reported and returns the channel
@@ -580,7 +754,10 @@ func (j *job) aborted(a *bootstrap.AbortError) {
 		rk := j.ranks[a.Rank]
 		who = rk.describe(rk.cmd.Process.Pid)
 	}
-	j.fail(status, fmt.Sprintf("mdrun: %s aborted with code %d: %s; terminating the job", who, a.Code, a.Reason))
+	// The rank left as it aborted: its departure, with whom it lost,
+	// follows at once.
+	j.awaitDeparture(a.Rank, time.Now().Add(blameWait))
+	j.failRank(a.Rank, status, fmt.Sprintf("%s aborted with code %d: %s", who, a.Code, a.Reason))
 }
 
 // signalled passes a signal mdrun received on to the ranks. A second one
@@ -624,6 +801,12 @@ func (j *job) fail(status int, msg string) {
 		return
 	}
 	fmt.Fprintln(j.stderr, msg)
+	j.terminate(status)
+}
+
+// terminate ends the job with status: SIGTERM now, SIGKILL after the
+// grace period.
+func (j *job) terminate(status int) {
 	j.status = status
 	j.terminating = true
 	j.signalAll(syscall.SIGTERM)

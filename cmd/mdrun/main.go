@@ -186,19 +186,35 @@
 // # Exit status
 //
 // The job ends when every rank has exited, or as soon as one rank fails:
-// exits non-zero, is killed by a signal, panics, or calls Abort. mdrun then
-// names that rank, sends the others SIGTERM and, after a grace period,
+// exits non-zero, is killed by a signal, panics, calls Abort, or exits 0
+// after joining the job (Init) without Finalize, which the others cannot
+// finish without. mdrun then names that rank, sends the others SIGTERM
+// and, after a grace period,
 // SIGKILL; what ranks started, also ranks that have exited, gets both
 // too, and mdrun waits for the grace period while any of it is left (a
 // job ended by a signal or -timeout likewise). A job whose ranks all
 // exit 0 leaves what they started alone, as mpirun does. A rank that exits 0 without joining the job (it never
 // called Init) does not fail it, but the other ranks' next fence (in Init
-// or Finalize) then fails naming it, instead of waiting for it. Its exit
-// status is:
+// or Finalize) then fails naming it, instead of waiting for it.
+//
+// A rank that fails because another left the job before it (a peer's
+// ErrPeerDown, a fence that cannot complete) is not the one named: each
+// rank tells the rendezvous service which ranks it lost before it can
+// fail for them, and mdrun names the rank the failing one lost (and, if
+// that one failed after losing another, that other), once the service has
+// seen it go, with its own exit status once it has exited, and then the
+// failure that followed ("mdrun: after rank 3 left the job, rank 0 (pid
+// 1234) exited with status 1"). It waits up to two seconds for the
+// connections of the ranks concerned to end: a rank reported lost that is
+// still connected was cut off, not dead, and the failing rank is named.
+// A rank that lost none is charged to the first rank the service saw
+// leave without finalizing, if any.
+// Its exit status is:
 //
 //	0        every rank exited 0
 //	N        the first failing rank exited with status N, or aborted with code N
-//	         (an abort code outside 1..255 becomes 1)
+//	         (an abort code outside 1..255 becomes 1; 1 for a rank that
+//	         exited 0 without Finalize)
 //	128+S    the first failing rank was killed by signal S, or mdrun itself
 //	         received signal S; 141 (SIGPIPE) when mdrun's standard output
 //	         was closed (mdrun ... | head), which ends the job

@@ -113,6 +113,10 @@ func rankMain(args []string) int {
 		}
 		fmt.Printf("cpus %v gomaxprocs %d\n", cpus, runtime.GOMAXPROCS(0))
 		return 0
+	case leaveInInit:
+		return leavingRank()
+	case dieKilled, dieExit0:
+		return dyingRank(args[0])
 	case "noinit": // rank 1 ends before it joins; the others' fence must fail
 		if os.Getenv("MDRUN_RANK") == "1" {
 			return 0
@@ -184,6 +188,10 @@ func rankMain(args []string) int {
 	case "exit3":
 		if rank == 1 {
 			return 3
+		}
+	case "exit0":
+		if rank == 1 {
+			return 0 // without Close: the others could not finish
 		}
 	case "panic":
 		if rank == 2 {
@@ -384,6 +392,12 @@ func TestJobs(t *testing.T) {
 			name: "rank exits 3", n: 4, behaviour: "exit3", status: 3,
 			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 1 \(pid \d+\) exited with status 3; terminating the job$`)},
 			pidsPrint: 4,
+		},
+		{
+			// Once ignored: the others waited for it until -timeout.
+			name: "rank exits 0 without finalizing", flags: []string{"-timeout", "50s"}, n: 3, behaviour: "exit0", status: exitFailed,
+			stderr:    []*regexp.Regexp{regexp.MustCompile(`(?m)^mdrun: rank 1 \(pid \d+\) exited with status 0 without finalizing; terminating the job$`)},
+			pidsPrint: 3,
 		},
 		{
 			name: "rank panics", n: 4, behaviour: "panic", status: 2,
