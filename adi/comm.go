@@ -2,6 +2,7 @@ package adi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"sync"
@@ -311,28 +312,50 @@ func (c *Comm) Iprobe(source, tag int) (Status, bool, error) {
 }
 
 // Probe blocks until a message from source with tag is waiting and describes
-// it.
+// it. When ctx ends first Probe returns an error wrapping ctx.Err() and,
+// as Recv then, a status that says Cancelled, with source AnySource and
+// tag AnyTag: no message is described.
 func (c *Comm) Probe(ctx context.Context, source, tag int) (Status, error) {
 	var st Status
 	err := c.awaitProbe(ctx, func() (ok bool, err error) {
 		st, ok, err = c.Iprobe(source, tag)
 		return ok, err
 	})
+	if err != nil && errors.Is(err, ctx.Err()) {
+		st = probeEnded
+	}
 	return st, err
 }
+
+// probeEnded is the status of a blocking probe whose ctx ended first: a
+// cancelled receive's, not the zero Status, which names rank 0's message
+// with tag 0.
+var probeEnded = Status{Source: AnySource, Tag: AnyTag, Cancelled: true}
 
 // awaitProbe calls try, a probe, until it finds a message or fails, or ctx
 // ends: polling for a while, then parked until something arrives.
 func (c *Comm) awaitProbe(ctx context.Context, try func() (bool, error)) error {
+	_, err := c.awaitProbeOr(ctx, try, nil)
+	return err
+}
+
+// awaitProbeOr is awaitProbe that also ends, reporting true, once other
+// (if set) does: a check too costly to make at every poll, made instead
+// each time something changes (a message comes, a request completes, a
+// rank is lost), before try.
+func (c *Comm) awaitProbeOr(ctx context.Context, try func() (bool, error), other func() bool) (bool, error) {
 	poll := c.w.dev.HasMatchingSubDevices()
 	for {
 		changed := c.w.dev.Changed()
+		if other != nil && other() {
+			return true, nil
+		}
 		ok, err := try()
 		if err != nil || ok {
-			return err
+			return false, err
 		}
 		if c.w.dev.Progress(func() bool { ok, err = try(); return ok || err != nil }) {
-			return err
+			return false, err
 		}
 		var tick <-chan time.Time
 		if poll { // matching subdevices queue messages we are not told about
@@ -342,7 +365,7 @@ func (c *Comm) awaitProbe(ctx context.Context, try func() (bool, error)) error {
 		case <-changed:
 		case <-tick:
 		case <-ctx.Done():
-			return fmt.Errorf("adi: probe: %w", ctx.Err())
+			return false, fmt.Errorf("adi: probe: %w", ctx.Err())
 		}
 	}
 }

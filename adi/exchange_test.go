@@ -417,6 +417,87 @@ func TestRecvTimeoutStatus(t *testing.T) {
 	}
 }
 
+// TestProbeTimeoutStatus: a blocking Probe or Mprobe whose ctx ends first
+// reports what Recv does then, a cancelled wildcard status, not rank 0's
+// message with tag 0.
+func TestProbeTimeoutStatus(t *testing.T) {
+	comms := loopJob(t, 3)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		call func(context.Context) (adi.Status, error)
+	}{
+		{"probe", func(ctx context.Context) (adi.Status, error) { return comms[0].Probe(ctx, 2, 7) }},
+		{"probe any", func(ctx context.Context) (adi.Status, error) { return comms[0].Probe(ctx, adi.AnySource, adi.AnyTag) }},
+		{"mprobe", func(ctx context.Context) (adi.Status, error) {
+			m, st, err := comms[0].Mprobe(ctx, 2, 7)
+			if m != nil {
+				return st, fmt.Errorf("Mprobe returned a message with %v", err)
+			}
+			return st, err
+		}},
+	} {
+		short, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		st, err := tc.call(short)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) || st != (adi.Status{Source: adi.AnySource, Tag: adi.AnyTag, Cancelled: true}) {
+			t.Errorf("%s when its ctx ended: %+v, %v; want the deadline's error and a cancelled status", tc.name, st, err)
+		}
+	}
+}
+
+// TestManyFailedRequestsError: WaitAll, TestAll and TestSome over
+// hundreds of requests that failed for one cause (their source lost)
+// return an error errors.Is finds every cause in, one per failed request,
+// but whose message names each cause once: it once held a line per
+// request, tens of kilobytes.
+func TestManyFailedRequestsError(t *testing.T) {
+	const lost = 300
+	ws, f := loopWorlds(t, 3)
+	cs := comms(ws)
+	ctx := ctxT(t)
+	var reqs []*adi.Request
+	for i := range lost {
+		reqs = append(reqs, must(cs[0].Irecv(make([]byte, 8), 2, i%7)))
+	}
+	canceled := must(cs[0].Irecv(make([]byte, 8), 1, 9)) // nobody sends it
+	canceled.Cancel()
+	reqs = append(reqs, must(cs[0].Irecv(make([]byte, 8), 1, 8)), canceled, nil)
+	if err := cs[1].Send(ctx, make([]byte, 16), 0, 8); err != nil { // longer than its receive
+		t.Fatal(err)
+	}
+	f.Sever(2)
+	for {
+		if done, _ := adi.TestAll(nil, reqs...); done {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"WaitAll", func() error { _, err := adi.WaitAll(ctx, reqs...); return err }},
+		{"WaitAllInto", func() error { return adi.WaitAllInto(ctx, nil, reqs...) }},
+		{"TestAll", func() error { _, err := adi.TestAll(nil, reqs...); return err }},
+		{"TestSome", func() error { _, _, err := adi.TestSome(reqs...); return err }},
+	} {
+		err := tc.call()
+		for _, want := range []error{adi.ErrPeerDown, adi.ErrTruncated, adi.ErrCanceled} {
+			if !errors.Is(err, want) {
+				t.Errorf("%s: %v does not wrap %v", tc.name, err, want)
+			}
+		}
+		var each interface{ Unwrap() []error }
+		if !errors.As(err, &each) || len(each.Unwrap()) != lost+2 {
+			t.Errorf("%s: the error does not hold one error for each of the %d failed requests", tc.name, lost+2)
+		}
+		if n := len(err.Error()); n > 2048 {
+			t.Errorf("%s: %d bytes of error for %d failed requests: %.300s...", tc.name, n, lost+2, err)
+		}
+	}
+}
+
 // TestWaitAnyPersistentOnce: a persistent request whose round WaitAny,
 // WaitSome, TestAny, TestSome, Wait or Test has reported is inactive, as
 // MPI makes it, until it is started again. The usual halo loop (StartAll,

@@ -2,6 +2,7 @@ package adi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/hpc-multidevice/multidevice/multidevice"
@@ -44,7 +45,8 @@ func (c *Comm) Improbe(source, tag int) (*Message, Status, bool, error) {
 }
 
 // Mprobe blocks until a message from source with tag is waiting and takes
-// it, as Improbe.
+// it, as Improbe. When ctx ends first it returns no message and, as
+// Probe, a status that says Cancelled.
 func (c *Comm) Mprobe(ctx context.Context, source, tag int) (*Message, Status, error) {
 	var m *Message
 	var st Status
@@ -52,6 +54,9 @@ func (c *Comm) Mprobe(ctx context.Context, source, tag int) (*Message, Status, e
 		m, st, ok, err = c.Improbe(source, tag)
 		return ok, err
 	})
+	if err != nil && errors.Is(err, ctx.Err()) {
+		st = probeEnded
+	}
 	return m, st, err
 }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync/atomic"
 
 	"github.com/hpc-multidevice/multidevice/multidevice"
@@ -252,7 +254,12 @@ func (q *Request) Cancel() {
 }
 
 // WaitAll waits for every request. It returns all statuses and the errors
-// joined, each naming the request's index. Nil entries are skipped.
+// joined, each naming the request's index. Nil entries are skipped. As
+// errors.Join's, the error holds every request's (errors.Is finds each),
+// but its message spells out each distinct error once, with the first
+// few requests it failed, and only counts beyond a few such errors: it
+// stays short when hundreds of requests fail for one cause. TestAll,
+// TestSome and StartAll join theirs the same way.
 //
 // The calling goroutine drives progress for all of them at once before it
 // waits for each in turn, so that frames queued for several requests keep
@@ -289,7 +296,7 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 			return true
 		})
 	}
-	var errs []error
+	var errs requestErrors
 	for i, q := range reqs {
 		if q == nil { // MPI_REQUEST_NULL: nothing to wait for
 			if sts != nil {
@@ -314,10 +321,10 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 			if ctx.Err() != nil {
 				return err
 			}
-			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+			errs = append(errs, &requestError{i, err})
 		}
 	}
-	return errors.Join(errs...)
+	return errs.join()
 }
 
 // WaitAny waits until one of the requests completes and returns its index.
@@ -405,7 +412,7 @@ func TestAny(reqs ...*Request) (int, Status, bool, error) {
 func TestSome(reqs ...*Request) ([]int, []Status, error) {
 	var idx []int
 	var sts []Status
-	var errs []error
+	var errs requestErrors
 	for i, q := range reqs {
 		if !q.active() {
 			continue
@@ -413,11 +420,11 @@ func TestSome(reqs ...*Request) ([]int, []Status, error) {
 		if st, ok, err := q.Test(); ok {
 			idx, sts = append(idx, i), append(sts, st)
 			if err != nil {
-				errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+				errs = append(errs, &requestError{i, err})
 			}
 		}
 	}
-	return idx, sts, errors.Join(errs...)
+	return idx, sts, errs.join()
 }
 
 // TestAll reports whether every request has completed (MPI_Testall); if
@@ -433,7 +440,7 @@ func TestAll(sts []Status, reqs ...*Request) (bool, error) {
 			return false, nil
 		}
 	}
-	var errs []error
+	var errs requestErrors
 	for i, q := range reqs {
 		if q == nil {
 			continue
@@ -443,10 +450,109 @@ func TestAll(sts []Status, reqs ...*Request) (bool, error) {
 			sts[i] = st
 		}
 		if err != nil {
-			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+			errs = append(errs, &requestError{i, err})
 		}
 	}
-	return true, errors.Join(errs...)
+	return true, errs.join()
+}
+
+// requestError is the error of one request among several, naming its
+// index.
+type requestError struct {
+	index int
+	err   error
+}
+
+func (e *requestError) Error() string { return fmt.Sprintf("request %d: %v", e.index, e.err) }
+
+func (e *requestError) Unwrap() error { return e.err }
+
+// requestErrors joins the errors of the requests that failed in one
+// call over several (WaitAll, TestAll, TestSome, StartAll). errors.Is
+// and errors.As look into every one, as into errors.Join's, but the
+// message names each distinct error once, with the requests it failed,
+// and at most maxErrorCauses of them: hundreds of requests to one lost
+// rank once made it tens of kilobytes, a line each.
+type requestErrors []*requestError
+
+// maxErrorCauses bounds the distinct errors a requestErrors message
+// spells out; the others are only counted.
+const maxErrorCauses = 4
+
+// maxErrorIndexes bounds the request indexes a message lists for one
+// error; the others are only counted.
+const maxErrorIndexes = 3
+
+// join returns errs as one error, or nil if there is none.
+func (errs requestErrors) join() error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return errs
+}
+
+func (errs requestErrors) Error() string {
+	type cause struct {
+		msg     string
+		indexes []int // the first maxErrorIndexes
+		n       int
+	}
+	var causes []*cause
+	byMsg := map[string]*cause{}
+	for _, e := range errs {
+		msg := e.err.Error()
+		c := byMsg[msg]
+		if c == nil {
+			c = &cause{msg: msg}
+			byMsg[msg] = c
+			causes = append(causes, c)
+		}
+		if c.n++; len(c.indexes) < maxErrorIndexes {
+			c.indexes = append(c.indexes, e.index)
+		}
+	}
+	var b strings.Builder
+	for i, c := range causes[:min(len(causes), maxErrorCauses)] {
+		if i > 0 {
+			b.WriteByte('\n')
+		}
+		if c.n == 1 {
+			fmt.Fprintf(&b, "request %d: %s", c.indexes[0], c.msg)
+			continue
+		}
+		b.WriteString("requests ")
+		for j, index := range c.indexes {
+			switch {
+			case j == 0:
+			case j == len(c.indexes)-1 && c.n == len(c.indexes):
+				b.WriteString(" and ")
+			default:
+				b.WriteString(", ")
+			}
+			b.WriteString(strconv.Itoa(index))
+		}
+		if more := c.n - len(c.indexes); more > 0 {
+			fmt.Fprintf(&b, " and %d more", more)
+		}
+		fmt.Fprintf(&b, ": %s", c.msg)
+	}
+	if len(causes) > maxErrorCauses {
+		n := 0
+		for _, c := range causes[maxErrorCauses:] {
+			n += c.n
+		}
+		fmt.Fprintf(&b, "\nand %d more requests failed in %d other ways", n, len(causes)-maxErrorCauses)
+	}
+	return b.String()
+}
+
+// Unwrap returns every request's error, as errors.Join's does.
+func (errs requestErrors) Unwrap() []error {
+	out := make([]error, len(errs))
+	for i, e := range errs {
+		out[i] = e
+	}
+	return out
 }
 
 // persistent is what a persistent request starts each time: its
@@ -560,11 +666,11 @@ func (q *Request) startCollective() error {
 // StartAll starts every request, as Start (MPI_Startall), and returns the
 // errors joined, each naming its request's index.
 func StartAll(reqs ...*Request) error {
-	var errs []error
+	var errs requestErrors
 	for i, q := range reqs {
 		if err := q.Start(); err != nil {
-			errs = append(errs, fmt.Errorf("request %d: %w", i, err))
+			errs = append(errs, &requestError{i, err})
 		}
 	}
-	return errors.Join(errs...)
+	return errs.join()
 }

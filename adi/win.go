@@ -138,6 +138,10 @@ type Win struct {
 	// On a dynamic window, the puts and accumulates from each origin
 	// that found no memory attached, not yet reported to it.
 	missed []missReport
+	// The ranks holding or waiting for a lock here, as amu's holder last
+	// left the locks (watchLockers): the server looks, without amu, for
+	// one of them lost (lockerLost), which would never release its lock.
+	lockers atomic.Pointer[[]int]
 
 	// Guarded by smu: operations applied from each origin since the
 	// window was made, and what applying met that it could not apply
@@ -643,12 +647,24 @@ func (w *Win) Free(ctx context.Context) error {
 }
 
 // serve applies the operations that come to this rank's window until ctx
-// ends. It runs on a goroutine of its own, and parks while none come.
+// ends, and releases the locks of the ranks lost (releaseLost). It runs
+// on a goroutine of its own, and parks while nothing comes. It looks for
+// lost lockers each time something changes, not at every poll as for
+// the operations waiting: on a window every rank holds (LockAll) that
+// would be a probe of each rank at every poll.
 func (w *Win) serve(ctx context.Context) {
 	defer close(w.stopped)
+	waiting := func() (bool, error) {
+		_, ok, err := w.c.Iprobe(AnySource, rmaTag)
+		return ok, err
+	}
 	for {
-		_, err := w.c.Probe(ctx, AnySource, rmaTag)
-		if err == nil {
+		lost, err := w.c.awaitProbeOr(ctx, waiting, w.lockerLost)
+		switch {
+		case err != nil:
+		case lost:
+			w.releaseLost(ctx)
+		default:
 			_, err = w.applyNext(ctx) // none if a rank in Fence took it first
 		}
 		if err != nil {
@@ -752,19 +768,14 @@ func (w *Win) apply(ctx context.Context, src int, msg []byte) error {
 		w.waiting = append(w.waiting, rmaHeaderFrom{h, src})
 		return w.grant(ctx)
 	case rmaUnlock:
-		switch {
-		case w.exclusive == src:
-			w.exclusive = -1
-		case w.shared[src] > 0:
-			if w.shared[src]--; w.shared[src] == 0 {
-				delete(w.shared, src)
-			}
-		default:
+		if !w.unhold(src) {
 			err = fmt.Errorf("unlock by rank %d, which holds no lock", src)
 		}
-		// Acknowledged either way: the origin waits for it.
+		// Acknowledged either way: the origin waits for it. The lock is
+		// released and the next granted even if the acknowledgement
+		// fails (its origin lost): the others would wait for ever.
 		if serr := w.reply.Send(ctx, w.takeMissed(src), src, int(h.tag)); serr != nil {
-			return errors.Join(err, fmt.Errorf("unlock acknowledgement: %w", serr))
+			err = errors.Join(err, fmt.Errorf("unlock acknowledgement: %w", serr))
 		}
 		return errors.Join(err, w.grant(ctx))
 	}
@@ -802,8 +813,11 @@ type rmaHeaderFrom struct {
 // grant grants the waiting lock requests at the head of the queue that
 // the locks held allow: an exclusive one when nobody holds the window, a
 // shared one when nobody holds it exclusively. First come, first served,
-// so a waiting exclusive request is not starved by later shared ones.
+// so a waiting exclusive request is not starved by later shared ones. A
+// request whose rank is lost is dropped, not granted: that rank would
+// never release the lock. amu must be held.
 func (w *Win) grant(ctx context.Context) error {
+	defer w.watchLockers()
 	for len(w.waiting) > 0 {
 		q := w.waiting[0]
 		excl := q.h.op == lockExclusive
@@ -816,11 +830,100 @@ func (w *Win) grant(ctx context.Context) error {
 		} else {
 			w.shared[q.src]++
 		}
-		if err := w.reply.Send(ctx, nil, q.src, int(q.h.tag)); err != nil {
+		err := w.reply.Send(ctx, nil, q.src, int(q.h.tag))
+		switch {
+		case errors.Is(err, ErrPeerDown):
+			w.unhold(q.src)
+		case err != nil:
 			return fmt.Errorf("lock grant to rank %d: %w", q.src, err)
 		}
 	}
 	return nil
+}
+
+// unhold releases a lock src holds on this window, exclusive or shared,
+// and reports whether it held one. amu must be held.
+func (w *Win) unhold(src int) bool {
+	switch {
+	case w.exclusive == src:
+		w.exclusive = -1
+	case w.shared[src] > 0:
+		if w.shared[src]--; w.shared[src] == 0 {
+			delete(w.shared, src)
+		}
+	default:
+		return false
+	}
+	return true
+}
+
+// watchLockers publishes the ranks that hold or wait for a lock on this
+// window, for lockerLost. amu must be held.
+func (w *Win) watchLockers() {
+	var ranks []int
+	if w.exclusive >= 0 {
+		ranks = append(ranks, w.exclusive)
+	}
+	for r := range w.shared {
+		ranks = append(ranks, r)
+	}
+	for _, q := range w.waiting {
+		ranks = append(ranks, q.src)
+	}
+	if len(ranks) == 0 {
+		w.lockers.Store(nil)
+		return
+	}
+	slices.Sort(ranks)
+	ranks = slices.Compact(ranks)
+	w.lockers.Store(&ranks)
+}
+
+// lockerLost reports whether a rank that holds or waits for a lock on
+// this window, as watchLockers last published them, is lost.
+func (w *Win) lockerLost() bool {
+	ranks := w.lockers.Load()
+	if ranks == nil {
+		return false
+	}
+	return slices.ContainsFunc(*ranks, w.lost)
+}
+
+// lost reports whether rank r is lost with nothing it sent to this
+// window left to apply: only then does a probe for r alone fail with
+// ErrPeerDown. Through a subdevice that matches on its own
+// (sdi.FlagMatching) a probe never fails so: a lost rank's requests are
+// still dropped there as their grants fail, but a lock it holds stays.
+func (w *Win) lost(r int) bool {
+	_, _, err := w.c.Iprobe(r, rmaTag)
+	return errors.Is(err, ErrPeerDown)
+}
+
+// releaseLost releases the locks that lost ranks hold on this window and
+// drops their requests still waiting, and grants what that frees: nobody
+// else would, and every other rank's Lock of the window would wait until
+// its ctx ended. What such a rank sent before it was lost, an Unlock
+// say, is applied first: lost reports no rank with requests left. What
+// granting meets goes to the next Fence.
+func (w *Win) releaseLost(ctx context.Context) {
+	w.amu.Lock()
+	defer w.amu.Unlock()
+	if w.exclusive >= 0 && w.lost(w.exclusive) {
+		w.exclusive = -1
+	}
+	for r := range w.shared {
+		if w.lost(r) {
+			delete(w.shared, r)
+		}
+	}
+	w.waiting = slices.DeleteFunc(w.waiting, func(q rmaHeaderFrom) bool { return w.lost(q.src) })
+	if err := w.grant(ctx); err != nil {
+		w.smu.Lock()
+		if w.serverErr == nil {
+			w.serverErr = err
+		}
+		w.smu.Unlock()
+	}
 }
 
 // replyTag draws the tag of a reply this rank waits for.

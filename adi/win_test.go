@@ -326,6 +326,78 @@ func TestWinServesOnAfterLostOrigin(t *testing.T) {
 	}
 }
 
+// TestLockOfLostRank: a rank lost while it holds a passive-target lock on
+// a live rank's window (exclusive with Lock, or shared with LockAll), or
+// while its request for one waits there, or comes there, gives the lock
+// up: the window grants the ranks that live. Nothing released a lost
+// rank's lock, and every other rank's Lock of that window waited until
+// its ctx ended.
+func TestLockOfLostRank(t *testing.T) {
+	lockIn := func(ctx context.Context, w *adi.Win) <-chan error { // rank 2's Lock of rank 0, waiting
+		done := make(chan error, 1)
+		go func() { done <- w.Lock(ctx, 0, true) }()
+		time.Sleep(100 * time.Millisecond)
+		return done
+	}
+	for _, tc := range []struct {
+		name string
+		// before runs before rank 2 is lost, after once it is.
+		before func(t *testing.T, ctx context.Context, wins []*adi.Win) (after func())
+	}{
+		{"held", func(t *testing.T, ctx context.Context, wins []*adi.Win) func() {
+			if err := wins[2].Lock(ctx, 0, true); err != nil {
+				t.Fatal(err)
+			}
+			return func() {}
+		}},
+		{"held by LockAll", func(t *testing.T, ctx context.Context, wins []*adi.Win) func() {
+			if err := wins[2].LockAll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			return func() {}
+		}},
+		{"waiting", func(t *testing.T, ctx context.Context, wins []*adi.Win) func() {
+			if err := wins[1].Lock(ctx, 0, true); err != nil {
+				t.Fatal(err)
+			}
+			waiting := lockIn(ctx, wins[2]) // behind rank 1
+			return func() {
+				if err := wins[1].Unlock(ctx, 0); err != nil {
+					t.Fatal(err)
+				}
+				<-waiting // fails with its rank
+			}
+		}},
+		{"applied once lost", func(t *testing.T, ctx context.Context, wins []*adi.Win) func() {
+			release := adi.HoldApply(wins[0]) // the request waits unapplied
+			waiting := lockIn(ctx, wins[2])
+			return func() {
+				release()
+				<-waiting
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, f := loopWorlds(t, 3)
+			cs := comms(ws)
+			ctx := ctxT(t)
+			wins := windows(t, ctx, cs, 64)
+			after := tc.before(t, ctx, wins)
+			f.Sever(2)
+			time.Sleep(100 * time.Millisecond)
+			after()
+			short, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			if err := wins[1].Lock(short, 0, true); err != nil {
+				t.Fatalf("rank 1's Lock of rank 0's window after rank 2 was lost: %v", err)
+			}
+			if err := wins[1].Unlock(short, 0); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestFenceInLockEpoch: Fence and Free inside a Lock or LockAll epoch
 // fail with ErrRMASync, send nothing, and leave the lock and the window
 // as they were: the package promises that of every synchronization call
