@@ -114,6 +114,17 @@ func parseHostSlots(s string) (hostSpec, bool, error) {
 // parseHosts reads -hosts: "h1,h2:2,...", each entry optionally with
 // "@site" after it ("h1:2@A", "[fd00::1]:2@A").
 func parseHosts(s string) ([]hostSpec, error) {
+	return parseHostList("-hosts", s)
+}
+
+// parseRelays reads -relay, in -hosts' form: a relay sits on a cluster's
+// private network as its hosts do, so it needs their site as much.
+func parseRelays(s string) ([]hostSpec, error) {
+	return parseHostList("-relay", s)
+}
+
+// parseHostList reads the list of hosts flag gives; errors name the flag.
+func parseHostList(flag, s string) ([]hostSpec, error) {
 	var hosts []hostSpec
 	seen := map[string]string{}
 	for _, e := range strings.Split(s, ",") {
@@ -130,7 +141,7 @@ func parseHosts(s string) ([]hostSpec, error) {
 			err = sameSite(seen, h)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("-hosts: %w", err)
+			return nil, fmt.Errorf("%s: %w", flag, err)
 		}
 		hosts = append(hosts, h)
 	}

@@ -277,9 +277,9 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 		}
 		return host
 	}
+	j.siteOf = map[string]string{}
 	if j.cfg.hosts != nil {
 		j.hostOf = place(j.cfg.n, j.cfg.hosts, j.cfg.mapBy)
-		j.siteOf = map[string]string{}
 		for _, h := range j.cfg.hosts {
 			if isLocal(h.name, self) && h.site != site {
 				return nil, &usageError{fmt.Sprintf("-hosts: %s and %s are both this machine, %s and %s: a host is in one site or in none", local, h.name, inSite(site), inSite(h.site))}
@@ -292,6 +292,9 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 		for range j.cfg.n {
 			j.hostOf = append(j.hostOf, self)
 		}
+	}
+	if err := j.relaySites(here); err != nil {
+		return nil, err
 	}
 	j.hostOf = append(j.hostOf, j.cfg.relays...)
 	for r, h := range j.hostOf {
@@ -323,6 +326,45 @@ func (j *job) newServer() (*bootstrap.Server, error) {
 	}
 	j.remote = true
 	return bootstrap.NewServerListener(ln, j.size(), logger)
+}
+
+// relaySites adds the sites -relay names to siteOf, after -hosts' (here
+// gives a host's name in siteOf). A host that -hosts lists keeps the site
+// -hosts gives it: a relay's entry may name that one, or none to take it.
+// The ranks of one host are in one site, and a relay's site is its host's,
+// so any other is a usage error; without -hosts the ranks run on this
+// machine in no site. Entries for a host only relays are on must name one
+// site, or none, as -hosts' must, this machine's names being one host.
+func (j *job) relaySites(here func(string) string) error {
+	type entry struct{ name, site string }
+	fromHosts := map[string]entry{}
+	for _, h := range j.cfg.hosts {
+		if _, ok := fromHosts[here(h.name)]; !ok {
+			fromHosts[here(h.name)] = entry{h.name, h.site}
+		}
+	}
+	fromRelays := map[string]entry{}
+	for _, h := range j.cfg.relayHosts {
+		key := here(h.name)
+		if e, ok := fromHosts[key]; ok {
+			if h.site != "" && h.site != e.site {
+				return &usageError{fmt.Sprintf("-relay: %s is %s, and -hosts has %s %s: a host is in one site or in none", h.name, inSite(h.site), e.name, inSite(e.site))}
+			}
+			continue
+		}
+		if j.cfg.hosts == nil && h.site != "" && isLocal(h.name, j.self) {
+			return &usageError{fmt.Sprintf("-relay: %s is %s, and without -hosts the programs' ranks run there, in no site: a host is in one site or in none", h.name, inSite(h.site))}
+		}
+		if e, ok := fromRelays[key]; ok && e.site != h.site {
+			// parseRelays let only different names of one host through.
+			return &usageError{fmt.Sprintf("-relay: %s and %s are both this machine, %s and %s: a host is in one site or in none", e.name, h.name, inSite(e.site), inSite(h.site))}
+		}
+		fromRelays[key] = entry{h.name, h.site}
+		if h.site != "" {
+			j.siteOf[key] = h.site
+		}
+	}
+	return nil
 }
 
 // rankEnv is what a rank gets on top of the launcher's own variables.

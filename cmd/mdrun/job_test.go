@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"slices"
 	"strings"
@@ -198,4 +199,83 @@ func serve(t *testing.T, j *job) *bootstrap.Server {
 	}
 	t.Cleanup(func() { srv.Close() })
 	return srv
+}
+
+// TestRelaySites checks the site of each relay's host, which its rank
+// gets as MD_SITE: -relay names it as -hosts does ("gw@A"), since relays
+// sit on the private networks of the clusters they join and tcp tells
+// colliding ones apart only by site (mdrun once refused "gw@A" as no host
+// name). A host of -hosts keeps the site -hosts gives it, which an entry
+// of -relay may repeat or leave out, and a host is in one site or none:
+// anything else is a usage error naming both entries.
+func TestRelaySites(t *testing.T) {
+	self, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a1", "b1", "ga", "gb", "gw"} {
+		if self == name {
+			t.Skipf("this machine is called %s, a remote host of this test", self)
+		}
+	}
+	tests := []struct {
+		name          string
+		hosts, relays string // -hosts ("" none) and -relay
+		want          []string
+		err           string
+	}{
+		{"each cluster's relay in its site", "a1@A,b1@B", "ga@A,gb:2@B", []string{"A", "B", "B"}, ""},
+		{"a relay host of -hosts", "a1@A,ga@A", "ga@A,ga:2@A", []string{"A", "A", "A"}, ""},
+		{"a relay taking the site of -hosts", "a1@A,gw@B", "gw", []string{"B"}, ""},
+		{"relays in no site", "a1@A", "ga,gb", []string{"", ""}, ""},
+		{"without -hosts", "", "[fd00::1]:2@A,gw@B", []string{"A", "A", "B"}, ""},
+		{"here, in the site of -hosts", "a1@A," + self + "@A", "localhost@A", []string{"A"}, ""},
+		{"another site than -hosts'", "a1@A,gw@A", "gw@B",
+			nil, "-relay: gw is in site B, and -hosts has gw in site A: a host is in one site or in none"},
+		{"a site where -hosts has none", "a1@A,gw", "gw@A",
+			nil, "-relay: gw is in site A, and -hosts has gw in no site: a host is in one site or in none"},
+		{"here, in another site than -hosts'", self + "@A", "localhost@B",
+			nil, "-relay: localhost is in site B, and -hosts has " + self + " in site A"},
+		{"here without -hosts", "", "localhost@A",
+			nil, "-relay: localhost is in site A, and without -hosts the programs' ranks run there, in no site"},
+		{"here in two sites", "a1", "localhost@A," + self + "@B",
+			nil, "-relay: localhost and " + self + " are both this machine, in site A and in site B: a host is in one site or in none"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			relays, err := parseRelays(tt.relays)
+			if err != nil {
+				t.Fatal(err)
+			}
+			count := 0
+			for _, h := range relays {
+				count += h.slots
+			}
+			cfg := config{n: 1, relays: placeRanks(count, relays), relayHosts: relays, launcher: []string{"ssh"}, listen: "127.0.0.1:0"}
+			if tt.hosts != "" {
+				if cfg.hosts, err = parseHosts(tt.hosts); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j := &job{cfg: cfg, logger: hclog.NewNullLogger()}
+			srv, err := j.newServer()
+			if tt.err != "" {
+				var ue *usageError
+				if !errors.As(err, &ue) || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("error %v, want a usage error saying %q", err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			for i, want := range tt.want {
+				r := j.cfg.n + i
+				if got := j.siteOf[j.hostOf[r]]; got != want {
+					t.Errorf("relay %d on %s: site %q, want %q", i, j.hostOf[r], got, want)
+				}
+			}
+		})
+	}
 }

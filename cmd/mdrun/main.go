@@ -153,6 +153,13 @@
 // any MD_* variable. A host listed twice must name the same site (or
 // none) both times.
 //
+// -relay entries take "@site" too (see Relays below): a relay on a
+// cluster's private network needs its site as much as the cluster's
+// hosts do. A relay's rank is in its host's site: on a host of -hosts or
+// -hostfile, the site given there, which a -relay entry may repeat or
+// leave out; naming another is a usage error, as is naming one for this
+// machine when the ranks run here without -hosts.
+//
 // # Binding
 //
 // -bind core binds each rank to a core of its own before it starts, as
@@ -171,8 +178,9 @@
 //
 // # Relays
 //
-// -relay h1,h2 (or h1:2 for two on one host) adds dedicated relays, as
-// GridMPI puts relays on clusters' front-end hosts: each runs -relay-cmd
+// -relay h1,h2 (or h1:2 for two on one host, h1@A for one in site A: the
+// form of -hosts) adds dedicated relays, as GridMPI puts relays on
+// clusters' front-end hosts: each runs -relay-cmd
 // (default mdrelay, found next to mdrun or in PATH) on its host as one of
 // the job's last ranks, after the N ranks of prog. Relays take no rank in
 // the application's world; they forward between ranks that have no direct
@@ -182,6 +190,13 @@
 // any rank.
 //
 //	mdrun -hosts a1:4,b1:4 -relay gw1,gw2 -n 8 prog
+//
+// Clusters that number their private networks alike (both 10.0.0.0/24)
+// and share no other network need every host's site, relays' included:
+// without them tcp cannot tell whose 10.0.0.x is whose, and uses the
+// network between no two hosts.
+//
+//	mdrun -hosts a1:4@A,b1:4@B -relay gw1@A,gw2@B -n 8 prog
 //
 // # Exit status
 //

@@ -658,6 +658,9 @@ func TestUsageErrors(t *testing.T) {
 		{"empty site", []string{"-hosts", "a:2@,b", "-n", "1", helper}, `-hosts: host "a:2@": the site is empty`},
 		{"two sites for a host", []string{"-hosts", "a@A,b@A,a@B", "-n", "1", helper}, "-hosts: host a is in site B here and in site A before"},
 		{"bad relay host", []string{"-relay", "a,,b", "-n", "1", helper}, `-relay: host "" is not a host name`},
+		{"empty relay site", []string{"-relay", "gw:2@", "-n", "1", helper}, `-relay: host "gw:2@": the site is empty`},
+		{"bad relay site", []string{"-relay", "gw@A/B", "-n", "1", helper}, `-relay: host "gw@A/B": site "A/B": use only letters`},
+		{"two sites for a relay host", []string{"-relay", "gw@A,gw@B", "-n", "1", helper}, "-relay: host gw is in site B here and in site A before"},
 	})
 }
 
@@ -1086,6 +1089,14 @@ func TestLocalNamesOneHost(t *testing.T) {
 		{"a relay beside -hosts", []string{"-hosts", self, "-relay", "localhost", "-relay-cmd", helper + " env"}, 1, self, "", 0, ""},
 		{"in two sites", []string{"-hosts", "localhost@A," + self}, 2, "", "", exitUsage,
 			"mdrun: -hosts: localhost and " + self + " are both this machine, in site A and in no site: a host is in one site or in none"},
+		{"a relay here in the site of -hosts", []string{"-hosts", self + "@A", "-relay", "localhost@A", "-relay-cmd", helper + " env"}, 1, self, "A", 0, ""},
+		{"a relay here taking the site of -hosts", []string{"-hosts", self + "@A", "-relay", "localhost", "-relay-cmd", helper + " env"}, 1, self, "A", 0, ""},
+		{"a relay here in another site than -hosts'", []string{"-hosts", self + "@A", "-relay", "localhost@B", "-relay-cmd", helper + " env"}, 1, "", "", exitUsage,
+			"mdrun: -relay: localhost is in site B, and -hosts has " + self + " in site A: a host is in one site or in none"},
+		{"a relay here in a site without -hosts", []string{"-relay", "localhost@A", "-relay-cmd", helper + " env"}, 1, "", "", exitUsage,
+			"mdrun: -relay: localhost is in site A, and without -hosts the programs' ranks run there, in no site"},
+		{"relays here in two sites", []string{"-hosts", "far", "-launcher", "false", "-listen", "127.0.0.1:0", "-relay", "localhost@A," + self + "@B", "-relay-cmd", helper + " env"}, 1, "", "", exitUsage,
+			"mdrun: -relay: localhost and " + self + " are both this machine, in site A and in site B: a host is in one site or in none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -50,8 +50,10 @@ type config struct {
 	// every rank's environment).
 	exports []string
 	// relays are the hosts of dedicated relays, ranks n.. of the job.
-	relays   []string
-	relayCmd []string // the relay program (absolute) and its arguments
+	relays []string
+	// relayHosts are the entries of -relay, for the sites they name.
+	relayHosts []hostSpec
+	relayCmd   []string // the relay program (absolute) and its arguments
 	// wdir is where ranks start (-wdir, or mdrun's own directory), unless
 	// their app names another; wdirSet says -wdir named it, so a host
 	// without it is an error.
@@ -149,7 +151,7 @@ func jobFlags(cfg *config, raw *rawFlags, errw io.Writer) *flag.FlagSet {
 	fs.StringVar(&raw.hostfile, "hostfile", "", "file naming the hosts, one per line: host, host:slots or host slots=N, each optionally with site=NAME (as @site in -hosts)")
 	fs.StringVar(&raw.launcher, "launcher", "ssh", "command that runs a command line on a remote host, called as: launcher host command...")
 	fs.StringVar(&cfg.listen, "listen", "", "host:port where remote ranks reach the rendezvous service (default: this machine's address towards the first remote host, any port)")
-	fs.StringVar(&raw.relays, "relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count]`): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
+	fs.StringVar(&raw.relays, "relay", "", "comma-separated hosts that each run a dedicated relay (`host[:count][@site]`, as -hosts): extra ranks after the N, outside the application's world, that forward between ranks with no direct link")
 	fs.StringVar(&raw.relayCmd, "relay-cmd", "mdrelay", "the relay program and its arguments; a bare name is looked up next to mdrun, then in PATH")
 	fs.StringVar(&cfg.wdir, "wdir", "", "directory ranks start in, on every host (default: mdrun's own; a remote host without that one starts them where the launcher does); a program after ':' may give its own")
 	fs.StringVar(&raw.bind, "bind", "none", "`none`, core or hwthread: bind each rank before it starts to a core of its own (all its hardware threads) or to one hardware thread, in order on each host (here: of the CPUs mdrun may use; elsewhere: from CPU 0, through taskset), as mpiexec -bind-to does")
@@ -265,19 +267,17 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		cfg.n += a.n
 	}
 	if raw.relays != "" {
-		var specs []hostSpec
+		specs, err := parseRelays(raw.relays)
+		if err != nil {
+			return cfg, &usageError{err.Error()}
+		}
 		count := 0
-		for _, e := range strings.Split(raw.relays, ",") {
-			h, err := parseHostEntry(strings.TrimSpace(e))
-			if err != nil {
-				return cfg, &usageError{fmt.Sprintf("-relay: %v", err)}
-			}
-			specs, count = append(specs, h), count+h.slots
-			if count > maxRanks-cfg.n {
+		for _, h := range specs {
+			if count += h.slots; count > maxRanks-cfg.n {
 				return cfg, &usageError{fmt.Sprintf("-relay: %d relays: a job has at most %d ranks, and the programs have %d", count, maxRanks, cfg.n)}
 			}
 		}
-		cfg.relays = placeRanks(count, specs)
+		cfg.relays, cfg.relayHosts = placeRanks(count, specs), specs
 		if cfg.relayCmd, err = relayCommand(raw.relayCmd); err != nil {
 			return cfg, &usageError{fmt.Sprintf("-relay-cmd: %v", err)}
 		}
