@@ -172,30 +172,38 @@ func (c *Comm) isend(buf []byte, dest, tag int, sync bool) (*Request, error) {
 // one whose earlier operation completed, which is then reused. A program
 // that keeps its requests (an array for a window of messages) and reuses
 // them sends and receives without allocating. A request that has not
-// completed yet is refused with ErrRequestBusy and left as it was. q must
-// not be used concurrently for anything else meanwhile.
+// completed yet is refused with ErrRequestBusy and left as it was, and so
+// is a persistent or partitioned request, which Start starts. q must not
+// be used concurrently for anything else meanwhile.
 func (c *Comm) IsendInto(q *Request, buf []byte, dest, tag int) error {
+	if err := q.reusable(); err != nil {
+		return err
+	}
 	return c.isendInto(q, buf, dest, tag, false)
 }
 
 // IssendInto is Issend into q; see IsendInto.
 func (c *Comm) IssendInto(q *Request, buf []byte, dest, tag int) error {
+	if err := q.reusable(); err != nil {
+		return err
+	}
 	return c.isendInto(q, buf, dest, tag, true)
 }
 
 func (c *Comm) isendInto(q *Request, buf []byte, dest, tag int, sync bool) error {
 	if dest == ProcNull {
 		if err := checkTag(tag, false); err != nil {
+			q.refused()
 			return err
 		}
 		return q.startLocal(c, nullSend)
 	}
-	if err := q.start(); err != nil {
-		return err
-	}
 	d, err := c.dest(dest)
 	if err != nil {
-		q.failedStart(err)
+		q.refused()
+		return err
+	}
+	if err := q.start(); err != nil {
 		return err
 	}
 	if err := c.w.dev.IsendRequest(&q.r, buf, d, tag, c.context, sync); err != nil {
@@ -248,18 +256,26 @@ func (c *Comm) Irecv(buf []byte, source, tag int) (*Request, error) {
 
 // IrecvInto is Irecv into q, a Request the caller owns; see IsendInto.
 func (c *Comm) IrecvInto(q *Request, buf []byte, source, tag int) error {
+	if err := q.reusable(); err != nil {
+		return err
+	}
+	return c.irecvInto(q, buf, source, tag)
+}
+
+func (c *Comm) irecvInto(q *Request, buf []byte, source, tag int) error {
 	if source == ProcNull {
 		if err := checkTag(tag, true); err != nil {
+			q.refused()
 			return err
 		}
 		return q.startLocal(c, nullRecv)
 	}
-	if err := q.start(); err != nil {
-		return err
-	}
 	s, err := c.source(source)
 	if err != nil {
-		q.failedStart(err)
+		q.refused()
+		return err
+	}
+	if err := q.start(); err != nil {
 		return err
 	}
 	if err := c.w.dev.IrecvRequest(&q.r, buf, s, tag, c.context); err != nil {

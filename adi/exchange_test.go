@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -577,5 +578,99 @@ func TestWaitAnyPersistentOnce(t *testing.T) {
 		if i, _, ok, _ := adi.TestAny(q); i != -1 || !ok {
 			t.Errorf("TestAny after Wait reported the round = %d, %v; want -1, true", i, ok)
 		}
+	}
+}
+
+// TestPersistentRoundReportedOnce: a round is reported by exactly one
+// call. A Wait whose ctx had ended once marked a round that completed as
+// it returned reported, so the round's status was lost; and a Wait and a
+// concurrent Test (Request's methods may run concurrently) both reported
+// it, so WaitAny beside a Wait could return it twice.
+func TestPersistentRoundReportedOnce(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	t.Run("wait after a timed-out wait", func(t *testing.T) {
+		q := must(cs[1].RecvInit(make([]byte, 4), 0, 3))
+		dead, cancel := context.WithCancel(context.Background())
+		cancel()
+		for round := range 200 {
+			if err := q.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go cs[0].Send(ctx, []byte{1, 2, 3, 4}, 1, 3)
+			st, err := q.Wait(dead)
+			for err != nil {
+				st, err = q.Wait(dead)
+			}
+			if st.Count != 4 || st.Tag != 3 {
+				t.Fatalf("round %d: Wait = %+v after Waits that timed out; the round's status was lost", round, st)
+			}
+		}
+	})
+	t.Run("wait beside test", func(t *testing.T) {
+		q := must(cs[1].RecvInit(make([]byte, 4), 0, 4))
+		for round := range 200 {
+			if err := q.Start(); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var a, b adi.Status
+			wg.Go(func() { a, _ = q.Wait(ctx) })
+			wg.Go(func() {
+				for {
+					if st, ok, _ := q.Test(); ok {
+						b = st
+						return
+					}
+				}
+			})
+			if err := cs[0].Send(ctx, []byte{1, 2, 3, 4}, 1, 4); err != nil {
+				t.Fatal(err)
+			}
+			wg.Wait()
+			if n := btoi(a.Count == 4) + btoi(b.Count == 4); n != 1 {
+				t.Fatalf("round %d: reported by %d calls (Wait %+v, Test %+v), want 1", round, n, a, b)
+			}
+		}
+	})
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestIntoRefusesPersistent: an Into call given a persistent or
+// partitioned request refuses it, leaving it as it was: Start starts its
+// operation. IrecvInto once took it, and its round already reported made
+// the next Wait return at once, before the message came.
+func TestIntoRefusesPersistent(t *testing.T) {
+	cs := loopJob(t, 2)
+	q := must(cs[1].RecvInit(make([]byte, 4), 0, 3))
+	p := must(cs[0].PsendInit(make([]byte, 4), 2, 1, 3))
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"IrecvInto persistent", cs[1].IrecvInto(q, make([]byte, 4), 0, 9)},
+		{"IsendInto persistent", cs[1].IsendInto(q, []byte{1}, 0, 9)},
+		{"IssendInto partitioned", cs[0].IssendInto(p, []byte{1}, 1, 9)},
+		{"IrecvInto ProcNull persistent", cs[1].IrecvInto(q, nil, adi.ProcNull, 9)},
+	} {
+		if !errors.Is(tc.err, adi.ErrRequestBusy) || !strings.Contains(tc.err.Error(), "Start starts it") {
+			t.Errorf("%s: %v, want ErrRequestBusy saying Start starts it", tc.name, tc.err)
+		}
+	}
+	ctx := ctxT(t)
+	if err := q.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[0].Send(ctx, []byte{1, 2, 3, 4}, 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := q.Wait(ctx); err != nil || st.Tag != 3 || st.Count != 4 {
+		t.Fatalf("the persistent receive after the refused calls: %+v, %v", st, err)
 	}
 }

@@ -93,6 +93,9 @@ func (m *Message) IrecvInto(q *Request, buf []byte) error {
 	if m == nil || m.c == nil {
 		return fmt.Errorf("adi: receive of a nil message")
 	}
+	if err := q.reusable(); err != nil {
+		return err
+	}
 	if m.m == nil {
 		return q.startLocal(m.c, nullRecv)
 	}

@@ -138,6 +138,16 @@ var errNotStarted = errors.New("adi: request holds no operation (never started, 
 // than in a panic.
 var errNilRequest = errors.New("adi: nil request (the call that should have made it failed?)")
 
+// refused records that an operation was refused for its arguments before
+// anything started in q: q's operation still in flight keeps it (the call
+// was wrong twice); a finished one is not q's result any more, so that
+// Wait and Test do not report it as this call's.
+func (q *Request) refused() {
+	if q != nil && q.c != nil && q.done() {
+		q.c = nil
+	}
+}
+
 // failedStart records that starting an operation in q failed: unless q was
 // refused because it is still busy, it holds no operation any more.
 func (q *Request) failedStart(err error) {
@@ -158,8 +168,12 @@ func (q *Request) Wait(ctx context.Context) (Status, error) {
 		return Status{}, nil // inactive: see reported
 	}
 	st, err := q.wait(ctx)
-	if q.restartable() && q.done() {
-		q.reported.Store(true)
+	// A round completes once: the call that reports it claims it, and a
+	// Wait or Test beside it gets the inactive status. A Wait that ended
+	// with its ctx reported nothing, even if the round completed since.
+	ended := ctx.Err() != nil && errors.Is(err, ctx.Err())
+	if q.restartable() && !ended && !q.reported.CompareAndSwap(false, true) {
+		return Status{}, nil
 	}
 	return st, err
 }
@@ -205,8 +219,8 @@ func (q *Request) Test() (Status, bool, error) {
 		return Status{}, true, nil // inactive: see reported
 	}
 	st, done, err := q.test()
-	if done && q.restartable() {
-		q.reported.Store(true)
+	if done && q.restartable() && !q.reported.CompareAndSwap(false, true) {
+		return Status{}, true, nil // a Wait or Test beside this one reported it
 	}
 	return st, done, err
 }
@@ -230,6 +244,20 @@ func (q *Request) test() (Status, bool, error) {
 	}
 	return q.c.status(st), true, err
 }
+
+// reusable refuses a persistent or partitioned request given to an Into
+// call: Start starts its operation, which the call would replace while
+// Start went on starting it. A nil q is the Into calls' to refuse.
+func (q *Request) reusable() error {
+	if q != nil && (q.persist != nil || q.part != nil) {
+		return errPersistentRequest
+	}
+	return nil
+}
+
+// errPersistentRequest: a persistent or partitioned request given to
+// IsendInto or IrecvInto.
+var errPersistentRequest = fmt.Errorf("adi: %w: the request is persistent or partitioned; Start starts it", ErrRequestBusy)
 
 // errWindowRequest: a one-sided operation's request given to IsendInto
 // or IrecvInto.
@@ -640,7 +668,7 @@ func (q *Request) Start() error {
 	if p.send {
 		err = c.isendInto(q, p.buf, p.peer, p.tag, p.sync)
 	} else {
-		err = c.IrecvInto(q, p.buf, p.peer, p.tag)
+		err = c.irecvInto(q, p.buf, p.peer, p.tag)
 	}
 	if err != nil && !errors.Is(err, ErrRequestBusy) {
 		q.c, q.local = c, inactive // still the program's persistent request

@@ -115,6 +115,22 @@ func testRequestReuse(t *testing.T, cs []*adi.Comm) {
 	if st, err := rq.Wait(ctx); err == nil {
 		t.Errorf("Wait after IrecvInto from no rank: %+v, no error", st)
 	}
+	// The same for a ProcNull receive refused for its tag.
+	if err := b.Send(ctx, []byte("old"), 0, 5); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.IrecvInto(&rq, buf, 1, 5); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rq.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.IrecvInto(&rq, buf, adi.ProcNull, -7); !errors.Is(err, adi.ErrTag) {
+		t.Fatalf("IrecvInto from ProcNull with tag -7: %v, want ErrTag", err)
+	}
+	if st, _, err := rq.Test(); err == nil {
+		t.Errorf("Test after IrecvInto from ProcNull with a bad tag: %+v, no error", st)
+	}
 	if err := a.IsendInto(&sq, buf, 1, -3); !errors.Is(err, adi.ErrTag) {
 		t.Fatalf("IsendInto with tag -3: %v, want ErrTag", err)
 	}
