@@ -100,7 +100,11 @@ func (h *handler) PeerDown(peer sdi.Rank, err error) {
 	if d.closed.Load() || int(peer) < 0 || int(peer) >= d.size {
 		return
 	}
-	d.reportLost(h.sub, int(peer), err)
+	if !d.finalizing.Load() && d.carries(int(peer), h.sub) && d.down[peer].Load() == nil {
+		// A loss the device takes (see lostOver), told before anything
+		// fails for it, unless a failed frame told it (frameLost).
+		d.reportLost(h.sub, int(peer), err)
+	}
 	// Eager messages it placed will not come: their receives fail, even
 	// on a subdevice the routes no longer use.
 	d.failPlaced(h.sub, peer, fmt.Errorf("%w: rank %d over %q: %v", ErrPeerDown, peer, d.subs[h.sub].name, err))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -98,5 +99,126 @@ func TestPeerDownReportedLost(t *testing.T) {
 				t.Errorf("reports %q, want %q", rb.reports, tc.want)
 			}
 		})
+	}
+}
+
+// TestFrameLostReportedBeforeFailure: a subdevice that fails queued
+// frames (SendDone with ErrPeerUnreachable) before its PeerDown makes the
+// device fail everything for the peer (frameLost); the loss is reported
+// before that, once. It was reported only at the PeerDown, after the
+// receive had failed and the application could have exited.
+func TestFrameLostReportedBeforeFailure(t *testing.T) {
+	boots, err := bootstrap.InProcess(2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := &reportingBoot{Bootstrap: boots[0]}
+	boots[0] = rb
+	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	factories := map[string]sdi.Factory{"loop": func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }}
+	plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "loop", Enabled: true}}}
+	devs := make([]*Device, 2)
+	errs := make([]error, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Factories: factories, Logger: testLogger(t).Named(fmt.Sprint(r))})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeJob(t, devs) })
+	d := devs[0]
+	r, err := d.Irecv(make([]byte, 8), 1, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb.mu.Lock()
+	rb.pending = r
+	rb.mu.Unlock()
+	for range 200 { // frames rank 1 has not taken yet
+		if _, err := d.Isend(make([]byte, 8), 1, 2, 0, false); err != nil {
+			break
+		}
+	}
+	fab.Sever(0)
+	if _, err := wait(t, r); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("receive: %v", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if len(rb.reports) != 1 || strings.Contains(rb.reports[0], "after") {
+		t.Fatalf("reports %q: want one report, made before the receive failed", rb.reports)
+	}
+}
+
+// TestUnusedSubdeviceNotReportedLost: a PeerDown on a subdevice that
+// carries none of the peer's routes is "no loss here" for the device
+// (lostOver), yet it is reported to mdrun as the rank lost, and, reports
+// being once per rank, the real loss later is never reported with its
+// own reason.
+// TestUnusedSubdeviceNotReportedLost: a PeerDown on a subdevice that
+// carries none of the peer's routes is no loss for the device, and is not
+// reported: reports go once per rank, so the false one would have kept
+// the real loss's reason and place from mdrun.
+func TestUnusedSubdeviceNotReportedLost(t *testing.T) {
+	boots, err := bootstrap.InProcess(2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := &reportingBoot{Bootstrap: boots[0]}
+	boots[0] = rb
+	fa := sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: smallCaps})
+	capsB := smallCaps
+	capsB.Exclusivity = 0
+	fb := sditest.NewFabric(sditest.LoopbackOptions{Name: "b", Caps: capsB})
+	factories := map[string]sdi.Factory{
+		"a": func(log hclog.Logger) sdi.SubDevice { return fa.New(log) },
+		"b": func(log hclog.Logger) sdi.SubDevice { return fb.New(log) },
+	}
+	plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "a", Enabled: true}, {Name: "b", Enabled: true}}}
+	devs := make([]*Device, 2)
+	errs := make([]error, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Factories: factories, Logger: testLogger(t).Named(fmt.Sprint(r))})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeJob(t, devs) })
+	d := devs[0]
+	unused := -1
+	for i, s := range d.subs {
+		if i > 0 && !d.carries(1, s.idx) {
+			unused = i
+		}
+	}
+	if unused < 0 {
+		t.Skip("both subdevices carry rank 1")
+	}
+	(&handler{d: d, sub: unused}).PeerDown(1, errors.New("standby link reset"))
+	// The peer is not lost: it still talks over the other subdevice.
+	r, err := d.Isend([]byte("hi"), 1, 1, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := wait(t, r); err != nil {
+		t.Fatalf("send after the unused link's PeerDown: %v", err)
+	}
+	rb.mu.Lock()
+	defer rb.mu.Unlock()
+	if len(rb.reports) != 0 {
+		t.Fatalf("rank 1 reported lost though the device lost nothing: %q", rb.reports)
 	}
 }

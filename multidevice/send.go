@@ -296,7 +296,11 @@ func (d *Device) frameLost(s *subdev, peer sdi.Rank, err error) bool {
 	if d.closed.Load() || d.finalizing.Load() || !d.carries(int(peer), s.idx) {
 		return false
 	}
-	return d.down[peer].CompareAndSwap(nil, &err)
+	if !d.down[peer].CompareAndSwap(nil, &err) {
+		return false
+	}
+	d.reportLost(s.idx, int(peer), err) // before the caller fails anything
+	return true
 }
 
 // dropAck stops r, a synchronous eager send whose frame failed, from
