@@ -35,7 +35,12 @@ func WriteTables(d *Description, dir string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("write tables: %w", err)
 	}
-	defer os.RemoveAll(tmp) // a no-op once renamed into place
+	keep := false // the previous tables left in tmp/old are their only copy
+	defer func() {
+		if !keep {
+			os.RemoveAll(tmp) // a no-op once renamed into place
+		}
+	}()
 	var names []string
 	for t := range d.Tables() {
 		data, err := t.Encode()
@@ -58,10 +63,15 @@ func WriteTables(d *Description, dir string) (int, error) {
 		return len(names), nil
 	}
 	if err := replaceFiles(tmp, dir, names); err != nil {
+		keep = errors.Is(err, errMixed)
 		return 0, fmt.Errorf("write tables: %w", err)
 	}
 	return len(names), nil
 }
+
+// errMixed marks a WriteTables failure that left dir with tables of two
+// generations; the replaced ones stay in the temporary directory.
+var errMixed = errors.New("some tables could not be put back")
 
 // renameFile is os.Rename; tests replace it to fail partway.
 var renameFile = os.Rename
@@ -103,7 +113,8 @@ func replaceFiles(tmp, dir string, names []string) error {
 			}
 		}
 		if len(errs) > 0 {
-			return fmt.Errorf("%w; putting the previous tables back also failed, so %s mixes old and new tables: %w", cause, dir, errors.Join(errs...))
+			return fmt.Errorf("%w; putting the previous tables back also failed, so %s mixes old and new tables (%w; the previous ones are kept in %s): %w",
+				cause, dir, errMixed, old, errors.Join(errs...))
 		}
 		return cause
 	}

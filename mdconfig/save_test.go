@@ -108,3 +108,32 @@ func dirContents(t *testing.T, dir string) map[string]string {
 	}
 	return out
 }
+
+// TestWriteTablesKeepsOldWhenPutBackFails: when a rename fails and putting
+// a replaced table back fails too, dir mixes generations and the error
+// says so; the replaced table must then survive, in the temporary
+// directory the error names. It was removed with that directory, the
+// only copy left.
+func TestWriteTablesKeepsOldWhenPutBackFails(t *testing.T) {
+	d := mustParse(t, []byte(base))
+	dir := filepath.Join(t.TempDir(), "tables")
+	writeFile(t, filepath.Join(dir, "a01.json"), "OLD-a01")
+	defer func(f func(string, string) error) { renameFile = f }(renameFile)
+	renameFile = func(from, to string) error {
+		if to == filepath.Join(dir, "a02.json") || filepath.Base(filepath.Dir(from)) == "old" {
+			return errors.New("injected")
+		}
+		return os.Rename(from, to)
+	}
+	_, err := WriteTables(d, dir)
+	if err == nil || !strings.Contains(err.Error(), "mixes old and new tables") {
+		t.Fatalf("WriteTables = %v; want an error saying dir mixes generations", err)
+	}
+	kept, _ := filepath.Glob(filepath.Join(filepath.Dir(dir), ".tables.tmp-*", "old", "a01.json"))
+	if len(kept) != 1 || !strings.Contains(err.Error(), filepath.Dir(kept[0])) {
+		t.Fatalf("the previous a01.json kept in %v; the error %q should name where", kept, err)
+	}
+	if b, _ := os.ReadFile(kept[0]); string(b) != "OLD-a01" {
+		t.Errorf("kept a01.json holds %q", b)
+	}
+}
