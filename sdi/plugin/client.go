@@ -518,7 +518,10 @@ func (c *Client) watch() {
 // answers, and then for the plugin's output to close, which a process the
 // plugin started may keep open; so a plugin that was taken out has its
 // process group killed outright first, any other gets killGrace to exit
-// gracefully, and the wait after a kill is bounded too.
+// gracefully, and the wait after a kill is bounded too. After a graceful
+// exit the group is killed as well: a process a wrapper script started
+// that does not hold the plugin's output open, which go-plugin would wait
+// for, outlives the shell otherwise.
 func (c *Client) kill(force bool) {
 	defer c.hostEnd.Close()
 	defer os.RemoveAll(c.sockDir)
@@ -536,6 +539,9 @@ func (c *Client) kill(force bool) {
 	if force {
 		hardKill()
 	}
+	// A leader go-plugin had reaped before this call may have ended long
+	// ago, its group with it, and the group's id may be another's now.
+	reaped := c.exit.Err() != nil
 	done := make(chan struct{})
 	go func() {
 		c.pc.Kill()
@@ -543,6 +549,13 @@ func (c *Client) kill(force bool) {
 	}()
 	select {
 	case <-done:
+		if !reaped {
+			// go-plugin reaped the leader just now. A group's id is
+			// not reused while any member lives, and an empty group's
+			// only once the kernel's pids come round, which they do
+			// not in these moments.
+			killGroup(pid)
+		}
 		return
 	case <-time.After(killGrace):
 	}

@@ -1,12 +1,14 @@
 package plugin
 
 import (
+	"context"
 	"os"
 
 	"github.com/hashicorp/go-hclog"
 	goplugin "github.com/hashicorp/go-plugin"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/sdi/proto/sdiv1"
 )
 
 // ServeVersion serves factory's subdevice as protocol version v only, as a
@@ -24,3 +26,10 @@ func ServeVersion(v int, factory sdi.Factory) {
 
 // PID is the plugin process's id.
 func (c *Client) PID() int { return c.pc.ReattachConfig().Pid }
+
+// CloseSubDevice makes only Close's call to the plugin, not the shutdown
+// of the process that follows it, as a host killed in between does.
+func (c *Client) CloseSubDevice(ctx context.Context) error {
+	_, err := c.rpc.Close(ctx, &sdiv1.Close_Request{})
+	return err
+}

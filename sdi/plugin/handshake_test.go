@@ -24,11 +24,15 @@ const helperArg = "sdi-plugin-test-helper"
 func serveHelper(behaviour string) {
 	exe, _ := os.Executable()
 	if script, ok := strings.CutPrefix(behaviour, "host-of:"); ok {
-		hostHelper(script, nil, false)
+		hostHelper(script, nil, hostStarted)
 	}
 	if n, ok := strings.CutPrefix(behaviour, "deliver-at-connect:"); ok {
 		size, _ := strconv.Atoi(n)
 		serveDeliverAtConnect(size)
+	}
+	if n, ok := strings.CutPrefix(behaviour, "abandon-then-carry:"); ok {
+		size, _ := strconv.Atoi(n)
+		serveAbandonThenCarry(size)
 	}
 	switch behaviour {
 	case "v1":
@@ -36,9 +40,11 @@ func serveHelper(behaviour string) {
 	case "v99":
 		plugin.ServeVersion(99, tcp.New)
 	case "host":
-		hostHelper(exe, []string{helperArg, "v1"}, true)
+		hostHelper(exe, []string{helperArg, "v1"}, hostOpened)
 	case "host-unopened":
-		hostHelper(exe, []string{helperArg, "v1"}, false)
+		hostHelper(exe, []string{helperArg, "v1"}, hostStarted)
+	case "host-closed":
+		hostHelper(exe, []string{helperArg, "v1"}, hostClosed)
 	case "stderr-in-open":
 		serveStderrInOpen()
 	case "crash-in-open":

@@ -2,6 +2,7 @@ package plugin_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -125,5 +126,68 @@ func TestInboundBeyondRingLimit(t *testing.T) {
 				t.Log(ev.down)
 			}
 		})
+	}
+}
+
+// abandonThenCarry is deliverAtConnect that first, at Connect(0), takes
+// every place-area slot for frames from rank 2 and reports rank 2 down,
+// as tcp and shm do when a connection breaks in the middle of placed
+// frames, and only then delivers rank 0's frame, too large for the ring.
+type abandonThenCarry struct{ deliverAtConnect }
+
+func serveAbandonThenCarry(n int) {
+	plugin.Serve(func(l hclog.Logger) sdi.SubDevice {
+		return &abandonThenCarry{deliverAtConnect{SubDevice: tcp.New(l), n: n}}
+	})
+}
+
+func (d *abandonThenCarry) Connect(ctx context.Context, peer sdi.Rank, addr []byte) error {
+	if peer != 0 {
+		return nil
+	}
+	for range 8 {
+		d.h.(sdi.Placer).Place(2, []byte("hdr"), 1<<20)
+	}
+	d.h.PeerDown(2, errors.New("rank 2's connection broke mid-frame"))
+	return d.deliverAtConnect.Connect(ctx, peer, addr)
+}
+
+// TestPlacesEndedByPeerDownFreeSlots: a report of a peer down ends every
+// place given for its frames (sdi.Placer), so the plugin must hand their
+// slots out again. It once kept them taken for good, and once a few
+// broken connections had taken all 8, a frame too large for the ring,
+// which only a slot carries, held up the plugin's receive path for good.
+func TestPlacesEndedByPeerDownFreeSlots(t *testing.T) {
+	exe, _ := os.Executable()
+	const n = 40_000_000
+	ctx := context.Background()
+	c, err := plugin.Start(ctx, plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, "abandon-then-carry:" + strconv.Itoa(n)}, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	h := inboundHandler{got: make(chan inboundEvent, 8)}
+	if _, err := c.Open(ctx, sdi.OpenParams{Rank: 1, Size: 3, Host: "h", JobID: "abandon", Secret: []byte("s"), APIVersion: sdi.APIVersion,
+		Handler: h, Config: []byte(`{"listen": "127.0.0.1:0"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Connect(ctx, 0, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.After(15 * time.Second)
+	for {
+		select {
+		case ev := <-h.got:
+			if ev.down != nil {
+				t.Logf("PeerDown: %v", ev.down)
+				continue
+			}
+			if ev.n != n || !ev.ends {
+				t.Fatalf("got %+v, want %d bytes whole", ev, n)
+			}
+			return
+		case <-deadline:
+			t.Fatalf("the %d-byte frame from rank 0 never arrived: the 8 place-area slots given for rank 2's frames were not freed when rank 2 was reported down", n)
+		}
 	}
 }

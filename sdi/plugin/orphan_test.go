@@ -15,18 +15,32 @@ import (
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
 )
 
+// hostStage is how far a host helper gets with its plugin before it
+// waits to be killed.
+type hostStage int
+
+const (
+	hostStarted hostStage = iota // Info answered
+	hostOpened                   // and the subdevice opened
+	hostClosed                   // and closed, without the shutdown that Close follows it with
+)
+
 // hostHelper is main of a host process that starts the plugin path args,
-// asks its Info, opens it if open says so (a rank may die between the two,
-// or in an Open that takes long), prints the plugin's pid and waits to be
-// killed.
-func hostHelper(path string, args []string, open bool) {
-	c, err := plugin.Start(context.Background(), plugin.Config{Name: "fab", Path: path, Args: args})
+// asks its Info and goes on to stage (a rank may die between Info and
+// Open, in an Open that takes long, or in its Close), prints the plugin's
+// pid and waits to be killed.
+func hostHelper(path string, args []string, stage hostStage) {
+	ctx := context.Background()
+	c, err := plugin.Start(ctx, plugin.Config{Name: "fab", Path: path, Args: args})
 	if err == nil {
-		_, err = c.Info(context.Background())
+		_, err = c.Info(ctx)
 	}
-	if err == nil && open {
-		_, err = c.Open(context.Background(), sdi.OpenParams{Rank: 0, Size: 1, APIVersion: sdi.APIVersion, Handler: nopHandler{},
+	if err == nil && stage >= hostOpened {
+		_, err = c.Open(ctx, sdi.OpenParams{Rank: 0, Size: 1, APIVersion: sdi.APIVersion, Handler: nopHandler{},
 			Config: []byte(`{"listen": "127.0.0.1:0"}`)})
+	}
+	if err == nil && stage >= hostClosed {
+		err = c.CloseSubDevice(ctx)
 	}
 	if err != nil {
 		fmt.Println("error:", err)
@@ -36,12 +50,16 @@ func hostHelper(path string, args []string, open bool) {
 	select {}
 }
 
-// TestPluginExitsWithoutHost: when the host dies without closing (SIGKILL),
-// its plugin notices and exits; no process is left behind. A plugin that
-// was never opened has no Transfer stream to see end, and once ran on.
+// TestPluginExitsWithoutHost: when the host dies (SIGKILL), its plugin
+// notices and exits; no process is left behind. A plugin that was never
+// opened has no Transfer stream to see end, and once ran on; so did one
+// whose host died between closing the subdevice and shutting the plugin
+// down, which took the end of its host for the expected end of a Close.
+// Each plugin has a process group of its own, which the kill of the
+// rank's group does not reach.
 func TestPluginExitsWithoutHost(t *testing.T) {
 	exe, _ := os.Executable()
-	for _, helper := range []string{"host", "host-unopened"} {
+	for _, helper := range []string{"host", "host-unopened", "host-closed"} {
 		t.Run(helper, func(t *testing.T) {
 			host := exec.Command(exe, helperArg, helper)
 			out, err := host.StdoutPipe()

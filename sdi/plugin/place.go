@@ -18,9 +18,9 @@ import (
 // beyond its read buffer straight from the socket) fills shared memory
 // directly, and the payload reaches the host with no copy in the plugin.
 // A payload placed in the in ring itself would hold up every record behind
-// it until the subdevice delivers it, and a subdevice that gives up on a
-// placed frame (its peer went down) gives no sign of when it stops
-// writing; slots of their own keep both out of the ring.
+// it until the subdevice delivers it, and a placed frame the subdevice
+// gives up on leaves a hole there until its report of the peer down;
+// slots of their own keep both out of the ring.
 //
 // The host creates the area next to the ring segment, in a segment named
 // like it with ".p" appended, and announces it in the ring segment's
@@ -38,10 +38,11 @@ import (
 // once the subdevice delivers the placed slice, writes a kindPlaced record
 // naming the slot into the in ring, in order with the peer's other
 // deliveries. The host delivers the slot's bytes from there and frees the
-// slot. A placed frame the subdevice never delivers (its peer went down)
-// keeps its slot taken for good; with no free slot left, Place returns nil
-// and the subdevice delivers from its own buffer as usual, so that costs
-// speed, never correctness.
+// slot. A placed frame the subdevice gives up on ends with its report of
+// the peer down (sdi.Placer: it writes no more into the place), and the
+// plugin frees its slot then. With no free slot, Place returns nil and the
+// subdevice delivers from its own buffer as usual, so that costs speed,
+// never correctness.
 const (
 	placeMagic      = 0x314150494453444d // "MDSDIPA1" little-endian
 	placeDataOffset = 4096
@@ -55,6 +56,13 @@ const (
 	// placeMin is the smallest payload worth a slot; smaller ones are
 	// copied through the ring as before.
 	placeMin = 16 << 10
+	// carryWait bounds how long carry waits for a free slot. The host
+	// frees one within milliseconds of its record, and the subdevice's
+	// places end when their frames arrive or their peer goes down; every
+	// slot held that long is held for good (a place the subdevice never
+	// ends, or one the waiting goroutine itself would have to fill), and
+	// waiting on would stall the peer's receive path for good.
+	carryWait = 10 * time.Second
 
 	slotFree  uint32 = 0
 	slotTaken uint32 = 1
@@ -177,83 +185,138 @@ type placer struct {
 	// memory, which a full /dev/shm would turn into SIGBUS at the first
 	// touch (shmem.Segment.Reserve).
 	reserve func(off, n int) error
+	wait    time.Duration // carryWait; shorter in tests
 
 	mu       sync.Mutex
 	filling  []placing // per slot; guarded by mu
 	reserved []int     // per slot, its first bytes known allocated; guarded by mu
 }
 
-// placing is a slot the subdevice fills for a frame from peer.
+// placing is a slot being filled for a frame from peer: by the subdevice,
+// in a place it was given, or by carry.
 type placing struct {
-	on   bool
-	peer sdi.Rank
-	n    int
+	on      bool
+	carried bool // by carry, which no report of the peer down ends
+	peer    sdi.Rank
+	n       int
 }
 
 func newPlacer(a *placeArea, ring *pluginRing, maxPayload int, reserve func(off, n int) error) *placer {
-	return &placer{a: a, ring: ring, max: maxPayload, reserve: reserve,
+	return &placer{a: a, ring: ring, max: maxPayload, reserve: reserve, wait: carryWait,
 		filling: make([]placing, a.slots), reserved: make([]int, a.slots)}
 }
 
+// errSlotsBusy says that every slot is held, by the host or by frames
+// being filled.
+var errSlotsBusy = errors.New("every place-area slot is in use")
+
 // place returns a free slot's first n bytes for a frame from peer, or nil.
 func (pl *placer) place(from sdi.Rank, n int) []byte {
-	if n < placeMin || n > pl.max || n > pl.a.slotBytes {
+	if n < placeMin || !pl.carries(n) {
 		return nil
 	}
-	b, _ := pl.take(from, n)
-	return b
+	// Without a slot, or without its memory, the frame takes the copy
+	// through the ring, which has its memory.
+	i, err := pl.take(from, n, false)
+	if err != nil {
+		return nil
+	}
+	return pl.a.slot(i, n)
 }
 
-// carry copies payload, a frame from peer too large for the ring, into a
-// free slot and returns the slot, waiting while the host holds every slot.
-// It gives up when the payload is larger than a slot, the slot's memory
-// cannot be had, or quit is closed.
-func (pl *placer) carry(from sdi.Rank, payload []byte, quit <-chan struct{}) (int, bool) {
-	n := len(payload)
-	if n < placeMin || n > pl.max || n > pl.a.slotBytes {
-		return 0, false
-	}
+// carries reports whether a payload of n bytes fits a slot.
+func (pl *placer) carries(n int) bool { return n <= pl.max && n <= pl.a.slotBytes }
+
+// carry copies payload, a frame from peer too large for the ring that
+// fits a slot, into a free slot and returns the slot, waiting up to
+// pl.wait while every slot is held. It fails when no slot came free, the
+// slot's memory cannot be had, or quit is closed.
+func (pl *placer) carry(from sdi.Rank, payload []byte, quit <-chan struct{}) (int, error) {
 	// The host frees slots without a signal; frames this large are rare
 	// and take milliseconds to copy anyway.
+	deadline := time.Now().Add(pl.wait)
 	for pause := 20 * time.Microsecond; ; pause = min(2*pause, 5*time.Millisecond) {
-		b, busy := pl.take(from, n)
-		if b != nil {
-			copy(b, payload)
-			return pl.claim(from, b)
+		i, err := pl.take(from, len(payload), true)
+		if err == nil {
+			copy(pl.a.slot(i, len(payload)), payload)
+			pl.mu.Lock()
+			pl.filling[i] = placing{}
+			pl.mu.Unlock()
+			return i, nil
 		}
-		if !busy {
-			return 0, false
+		if !errors.Is(err, errSlotsBusy) {
+			return 0, err
+		}
+		if time.Now().After(deadline) {
+			filling, host := pl.holders()
+			return 0, fmt.Errorf("no place-area slot came free in %v (frames being placed hold %d of the %d, the host %d)", pl.wait, filling, pl.a.slots, host)
 		}
 		select {
 		case <-quit:
-			return 0, false
+			return 0, sdi.ErrClosed
 		case <-time.After(pause):
 		}
 	}
 }
 
-// take hands out a free slot's first n bytes for a frame from peer; busy
-// says that no slot was free.
-func (pl *placer) take(from sdi.Rank, n int) (b []byte, busy bool) {
+// holders counts the slots held by frames being filled and by the host.
+func (pl *placer) holders() (filling, host int) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
+	for i, f := range pl.filling {
+		switch {
+		case f.on:
+			filling++
+		case pl.a.word(i).Load() != slotFree:
+			host++
+		}
+	}
+	return filling, host
+}
+
+// take takes a free slot for a frame of n bytes from peer and returns it.
+// Of the free slots it takes the one with the most memory reserved, so
+// that a full /dev/shm fails only frames that no slot has room for, with
+// the reservation's error; errSlotsBusy says that no slot was free.
+func (pl *placer) take(from sdi.Rank, n int, carried bool) (int, error) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	best := -1
 	for i := range pl.filling {
 		if pl.filling[i].on || pl.a.word(i).Load() != slotFree {
 			continue
 		}
-		if n > pl.reserved[i] {
-			// No room: the frame takes the copy through the ring,
-			// which has its memory.
-			if pl.reserve(placeDataOffset+i*pl.a.slotBytes, n) != nil {
-				return nil, false
-			}
-			pl.reserved[i] = n
+		if best < 0 || pl.reserved[i] > pl.reserved[best] {
+			best = i
 		}
-		pl.a.word(i).Store(slotTaken)
-		pl.filling[i] = placing{on: true, peer: from, n: n}
-		return pl.a.slot(i, n), false
 	}
-	return nil, true
+	if best < 0 {
+		return 0, errSlotsBusy
+	}
+	if n > pl.reserved[best] {
+		if err := pl.reserve(placeDataOffset+best*pl.a.slotBytes, n); err != nil {
+			return 0, err
+		}
+		pl.reserved[best] = n
+	}
+	pl.a.word(best).Store(slotTaken)
+	pl.filling[best] = placing{on: true, carried: carried, peer: from, n: n}
+	return best, nil
+}
+
+// end ends the places handed out for frames from peer that the subdevice
+// has not delivered, once it reported the peer down: sdi.Placer promises
+// that it writes no more into them, so their slots are free again. The
+// host never saw a record for them.
+func (pl *placer) end(peer sdi.Rank) {
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	for i, f := range pl.filling {
+		if f.on && !f.carried && f.peer == peer {
+			pl.filling[i] = placing{}
+			pl.a.free(i)
+		}
+	}
 }
 
 // claim reports which slot payload is, if it is one place handed out for
@@ -266,7 +329,7 @@ func (pl *placer) claim(from sdi.Rank, payload []byte) (int, bool) {
 	pl.mu.Lock()
 	defer pl.mu.Unlock()
 	for i, f := range pl.filling {
-		if f.on && f.peer == from && f.n == len(payload) && p == unsafe.Pointer(&pl.a.mem[placeDataOffset+i*pl.a.slotBytes]) {
+		if f.on && !f.carried && f.peer == from && f.n == len(payload) && p == unsafe.Pointer(&pl.a.mem[placeDataOffset+i*pl.a.slotBytes]) {
 			pl.filling[i].on = false
 			return i, true
 		}

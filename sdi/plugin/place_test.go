@@ -4,13 +4,16 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
 
 	"github.com/hpc-multidevice/multidevice/internal/shmem"
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -21,6 +24,7 @@ type recHandler struct {
 	mu    sync.Mutex
 	got   []delivery
 	downs []sdi.Rank
+	whys  []error // each down's reason
 }
 
 type delivery struct {
@@ -34,10 +38,17 @@ func (h *recHandler) Deliver(from sdi.Rank, header, payload []byte) {
 	h.got = append(h.got, delivery{from, bytes.Clone(header), bytes.Clone(payload)})
 }
 func (h *recHandler) SendDone(uint64, error) {}
-func (h *recHandler) PeerDown(peer sdi.Rank, _ error) {
+func (h *recHandler) PeerDown(peer sdi.Rank, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.downs = append(h.downs, peer)
+	h.whys = append(h.whys, err)
+}
+
+func (h *recHandler) reasons() []error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]error(nil), h.whys...)
 }
 
 func (h *recHandler) snapshot() ([]delivery, []sdi.Rank) {
@@ -186,39 +197,43 @@ func TestPlacedFramesArriveIntact(t *testing.T) {
 }
 
 // A peer that goes down in the middle of a placed frame: the host gets the
-// peer down and nothing of the frame, and the abandoned slot is never
-// handed out again, so a subdevice still writing into it corrupts nothing.
+// peer down and nothing of the frame. The report ends the peer's places
+// (sdi.Placer: the subdevice writes no more into them), so their slots
+// are handed out again, while another peer's place carries on. The
+// plugin once kept them taken for good, and slots ran out.
 func TestPeerDownMidPlacedFrame(t *testing.T) {
 	const n = 64 << 10
 	p := newPlacePair(t, n)
 	h := p.handler()
 
 	abandoned := h.Place(2, []byte("lost"), n)
-	if abandoned == nil {
-		t.Fatal("no slot for the first frame")
+	other := h.Place(1, []byte("other"), n)
+	if abandoned == nil || other == nil {
+		t.Fatal("no slots for the first frames")
 	}
 	copy(abandoned[:n/2], pattern(n/2, 9))
+	copy(other, pattern(n, 8))
 	h.PeerDown(2, errors.New("stream ended inside a placed frame"))
+	h.Deliver(1, []byte("other"), other)
+	want := []delivery{{1, []byte("other"), pattern(n, 8)}}
+	p.await(t, len(want), 0)
 
-	// Every further placed frame, from either peer, lands elsewhere, while
-	// the late writer keeps scribbling over the abandoned slot.
-	var want []delivery
+	// Every slot serves further placed frames, the abandoned one too.
+	reused := false
 	for i := range 3 * placeSlots {
 		from := sdi.Rank(i % 2)
 		s := h.Place(from, []byte{byte(i)}, n)
 		if s == nil {
-			t.Fatalf("frame %d: no slot although only one is abandoned", i)
+			t.Fatalf("frame %d: no slot although none is busy", i)
 		}
-		if &s[0] == &abandoned[0] {
-			t.Fatalf("frame %d: Place handed out the abandoned slot again", i)
-		}
+		reused = reused || &s[0] == &abandoned[0]
 		copy(s, pattern(n, byte(i)))
-		for j := range abandoned {
-			abandoned[j] = 0xee
-		}
 		h.Deliver(from, []byte{byte(i)}, s)
 		want = append(want, delivery{from, []byte{byte(i)}, pattern(n, byte(i))})
-		p.await(t, len(want), 1) // the slot is free again for the next round
+		p.await(t, len(want), 0)
+	}
+	if !reused {
+		t.Fatal("the slot of the place the peer's report ended was never handed out again")
 	}
 	got, downs := p.h.snapshot()
 	if len(downs) != 1 || downs[0] != 2 {
@@ -234,8 +249,11 @@ func TestPeerDownMidPlacedFrame(t *testing.T) {
 	}
 	// A Deliver of a slice that is no placed slot (any more) is copied as
 	// an ordinary frame, not published as a slot.
+	for j := range placeMin {
+		abandoned[j] = 0xee
+	}
 	h.Deliver(1, []byte("x"), abandoned[:placeMin])
-	got = p.await(t, len(want)+1, 1)
+	got = p.await(t, len(want)+1, 0)
 	if last := got[len(got)-1]; len(last.payload) != placeMin || last.payload[0] != 0xee {
 		t.Fatalf("a frame delivered from a foreign slice arrived as %d bytes", len(last.payload))
 	}
@@ -377,5 +395,94 @@ func TestPlaceReservesSlots(t *testing.T) {
 	}
 	if pl.filling[1].on || pl.a.word(1).Load() != slotFree {
 		t.Fatal("slot 1 is marked taken after its reservation failed")
+	}
+}
+
+// With /dev/shm full, a frame still gets a free slot that has its memory,
+// though a free slot without comes first.
+func TestPlacePrefersReservedSlots(t *testing.T) {
+	const slotBytes = 64 << 10
+	mem := make([]byte, placeAreaSize(2, slotBytes))
+	initPlaceArea(mem, 2, slotBytes)
+	full := false
+	pl := newPlacer(placeAreaAt(mem), nil, slotBytes, func(off, n int) error {
+		if full {
+			return unix.ENOSPC
+		}
+		return nil
+	})
+	small, large := pl.place(1, placeMin), pl.place(1, slotBytes)
+	if small == nil || large == nil {
+		t.Fatal("no slots while /dev/shm has room")
+	}
+	for i := range 2 {
+		pl.filling[i] = placing{}
+		pl.a.free(i)
+	}
+	full = true
+	if s := pl.place(1, slotBytes); s == nil || &s[0] != &large[0] {
+		t.Fatal("with /dev/shm full, Place did not hand out the free slot that has room for the frame")
+	}
+}
+
+// A frame too large for the ring that no slot can carry takes its peer
+// down with the reason: once every slot stayed held (by places the
+// subdevice never ends, or by one the waiting goroutine itself would
+// fill), carrying it once waited for good; and a full /dev/shm was
+// reported as a frame beyond the configured limits.
+func TestCarryFailureNamesItsCause(t *testing.T) {
+	const slotBytes = 256 << 10
+	fullShm := fmt.Errorf("shmem: reserve 100000 bytes of /dev/shm/x.p: %w (/dev/shm holds 64 MiB, 0 KiB of it free; give it more room, such as docker run --shm-size)", unix.ENOSPC)
+	for _, tc := range []struct {
+		name    string
+		reserve func(off, n int) error // nil: the area's own
+		hold    bool                   // the subdevice holds every slot
+		want    string
+	}{
+		{"every slot held", nil, true, "no place-area slot came free"},
+		{"/dev/shm full", func(int, int) error { return fullShm }, false, "give it more room"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newPlacePair(t, slotBytes)
+			pl := p.srv.placer.Load()
+			if tc.reserve != nil {
+				pl = newPlacer(pl.a, pl.ring, pl.max, tc.reserve)
+				p.srv.placer.Store(pl)
+			}
+			pl.wait = 50 * time.Millisecond
+			p.srv.lim.maxPayload = 64 << 10 // the ring's limit, below the slots'
+			h := p.handler()
+			if tc.hold {
+				for i := range placeSlots {
+					if h.Place(1, []byte{byte(i)}, placeMin) == nil {
+						t.Fatalf("no slot for place %d", i)
+					}
+				}
+			}
+			delivered := make(chan struct{})
+			go func() {
+				h.Deliver(0, []byte("big"), pattern(100_000, 1))
+				close(delivered)
+			}()
+			select {
+			case <-delivered:
+			case <-time.After(5 * time.Second):
+				close(p.srv.closing) // lets the stuck Deliver go
+				t.Fatal("Deliver of a frame no slot can carry still waits 5s later")
+			}
+			eventually(t, "the report of rank 0 down reaches the host", func() bool {
+				_, downs := p.h.snapshot()
+				return len(downs) > 0
+			}, func() { p.host.poll() })
+			got, downs := p.h.snapshot()
+			whys := p.h.reasons()
+			if len(got) != 0 || len(downs) != 1 || downs[0] != 0 {
+				t.Fatalf("%d deliveries, peers down %v; want only rank 0 down", len(got), downs)
+			}
+			if why := whys[0].Error(); !strings.Contains(why, tc.want) || strings.Contains(why, "configure the subdevice's largest frame") {
+				t.Fatalf("PeerDown(%q): want the reason (%q), not the configured limits", why, tc.want)
+			}
+			t.Log(whys[0])
+		})
 	}
 }

@@ -18,7 +18,7 @@ import (
 
 // killGroup kills the process group led by pid. The group's id cannot
 // name another group while a process of it lives, and the callers kill
-// only before go-plugin has seen the leader exit.
+// only before go-plugin has seen the leader exit, or moments after.
 func killGroup(pid int) {
 	if pid > 0 {
 		syscall.Kill(-pid, syscall.SIGKILL)

@@ -69,7 +69,7 @@ func watchHostPipe(srv *server, r *os.File) {
 	var b [1]byte
 	_, err := r.Read(b[:])
 	r.Close()
-	srv.hostGone(fmt.Errorf("the host process ended (its pipe read %v)", err))
+	srv.hostEnded(fmt.Errorf("the host process ended (its pipe read %v)", err))
 }
 
 // watchHost shuts the plugin down when the process that started it ends.
@@ -84,7 +84,7 @@ func watchHost(srv *server, ppid int, every time.Duration) {
 	defer tick.Stop()
 	for range tick.C {
 		if os.Getppid() != ppid {
-			srv.hostGone(fmt.Errorf("the host process (pid %d) ended", ppid))
+			srv.hostEnded(fmt.Errorf("the host process (pid %d) ended", ppid))
 			return
 		}
 	}

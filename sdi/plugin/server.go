@@ -301,17 +301,29 @@ func (s *server) openPlaceArea(seg *shmem.Segment) *shmem.Segment {
 }
 
 // hostGone handles the end of the Transfer stream. After Close that is
-// expected; before, the host died or broke the protocol, and the plugin
-// has nobody to serve.
+// expected, and go-plugin's shutdown follows; before, the host died or
+// broke the protocol, and the plugin has nobody to serve.
 func (s *server) hostGone(err error) {
-	if s.closed.Load() {
-		return
+	if !s.closed.Load() {
+		s.hostEnded(err)
 	}
-	s.log.Error("host went away without closing the subdevice; shutting down", "error", err)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if cerr := s.close(ctx); cerr != nil {
-		s.log.Warn("close after the host went away", "error", cerr)
+}
+
+// hostEnded shuts the plugin down, closing the subdevice unless the host
+// did: the host is gone. When the host process itself has ended, that
+// holds after Close too, since a host killed between Close and go-plugin's
+// shutdown never asks for the shutdown, and the plugin, in a process group
+// of its own, is out of reach of the kill that ended the host.
+func (s *server) hostEnded(err error) {
+	if s.closed.Load() {
+		s.log.Error("host went away after closing the subdevice, without shutting the plugin down; exiting", "error", err)
+	} else {
+		s.log.Error("host went away without closing the subdevice; shutting down", "error", err)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if cerr := s.close(ctx); cerr != nil {
+			s.log.Warn("close after the host went away", "error", cerr)
+		}
 	}
 	if s.orphaned != nil {
 		s.orphaned()
@@ -427,10 +439,16 @@ func (h *serverHandler) Deliver(from sdi.Rank, header, payload []byte) {
 	s := (*server)(h)
 	if pl := s.placer.Load(); pl != nil && len(header) <= s.lim.maxHeader {
 		slot, ok := pl.claim(from, payload)
-		if !ok && len(payload) > s.lim.maxPayload {
+		if !ok && len(payload) > s.lim.maxPayload && pl.carries(len(payload)) {
 			// Beyond the ring, as a peer that runs the subdevice
 			// built in sends them: a slot carries it.
-			slot, ok = pl.carry(from, payload, s.closing)
+			var err error
+			if slot, err = pl.carry(from, payload, s.closing); err != nil {
+				s.peerDown(from, fmt.Errorf("sdi/plugin: a frame of %d bytes from rank %d, beyond the ring, needs a place-area slot to reach the host: %w",
+					len(payload), from, err))
+				return
+			}
+			ok = true
 		}
 		if ok {
 			if !s.closed.Load() {
@@ -480,7 +498,11 @@ func (h *serverHandler) SendDone(token uint64, err error) {
 }
 
 func (h *serverHandler) PeerDown(peer sdi.Rank, err error) {
-	(*server)(h).peerDown(peer, err)
+	s := (*server)(h)
+	if pl := s.placer.Load(); pl != nil {
+		pl.end(peer)
+	}
+	s.peerDown(peer, err)
 }
 
 // flagsImplemented checks that sd implements the optional interfaces its

@@ -142,3 +142,28 @@ func TestWrapperScriptOutlivesHost(t *testing.T) {
 	host.Wait()
 	waitGone(t, pid, 5*time.Second, "the plugin behind a wrapper after its host was killed")
 }
+
+// TestWrapperScriptChildEndsWithClose: what a wrapper script starts besides
+// the plugin ends with a normal Close too, even when it does not hold the
+// plugin's output open (so go-plugin does not wait for it) and outlives
+// the shell, which go-plugin reaps: Close kills the plugin's process group
+// after a graceful exit as well.
+func TestWrapperScriptChildEndsWithClose(t *testing.T) {
+	exe, _ := os.Executable()
+	dir := t.TempDir()
+	script, pidFile := filepath.Join(dir, "wrap.sh"), filepath.Join(dir, "pid")
+	body := "#!/bin/sh\nsleep 60 </dev/null >/dev/null 2>&1 &\necho $! > " + pidFile + "\n'" + exe + "' " + helperArg + " v1\n"
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c, err := plugin.Start(ctx, plugin.Config{Name: "fab", Path: script, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := readPID(t, pidFile)
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, pid, 2*time.Second, "a process the wrapper script started, after Close")
+}
