@@ -36,6 +36,45 @@ func (b *reportingBoot) ReportLost(rank int, why string) {
 	b.reports = append(b.reports, r)
 }
 
+// reportingJob opens two ranks over the given loopback fabrics (named by
+// their Info names, in this order), rank 0's bootstrap taking reports of
+// lost ranks, and returns rank 0's device and bootstrap.
+func reportingJob(t *testing.T, fabs ...*sditest.Fabric) (*Device, *reportingBoot) {
+	t.Helper()
+	boots, err := bootstrap.InProcess(2, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rb := &reportingBoot{Bootstrap: boots[0]}
+	boots[0] = rb
+	factories := map[string]sdi.Factory{}
+	plugins := &PluginsConfig{}
+	for _, fab := range fabs {
+		info, err := fab.New(hclog.NewNullLogger()).Info(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		factories[info.Name] = func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }
+		plugins.SubDevices = append(plugins.SubDevices, SubDeviceSpec{Name: info.Name, Enabled: true})
+	}
+	devs := make([]*Device, 2)
+	errs := make([]error, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for r := range 2 {
+		wg.Go(func() {
+			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Factories: factories, Logger: testLogger(t).Named(fmt.Sprint(r))})
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeJob(t, devs) })
+	return devs[0], rb
+}
+
 // TestPeerDownReportedLost: a device whose subdevice lost a peer tells a
 // bootstrap that takes such reports, before the receives from the peer
 // fail: mdrun names the rank that died first from these reports, and a
@@ -51,32 +90,9 @@ func TestPeerDownReportedLost(t *testing.T) {
 		{"finalizing", true, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			boots, err := bootstrap.InProcess(2, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			rb := &reportingBoot{Bootstrap: boots[0]}
-			boots[0] = rb
-			fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-			factories := map[string]sdi.Factory{"loop": func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }}
-			plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "loop", Enabled: true}}}
-			devs := make([]*Device, 2)
-			errs := make([]error, 2)
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			var wg sync.WaitGroup
-			for r := range 2 {
-				wg.Go(func() {
-					devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Factories: factories, Logger: testLogger(t).Named(fmt.Sprint(r))})
-				})
-			}
-			wg.Wait()
-			if err := errors.Join(errs...); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { closeJob(t, devs) })
-			d := devs[0]
+			d, rb := reportingJob(t, sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps}))
 			var r *Request
+			var err error
 			if !tc.finalizing { // a finalizing rank posts no receive
 				if r, err = d.Irecv(make([]byte, 8), 1, 1, 0); err != nil {
 					t.Fatal(err)
@@ -108,31 +124,8 @@ func TestPeerDownReportedLost(t *testing.T) {
 // before that, once. It was reported only at the PeerDown, after the
 // receive had failed and the application could have exited.
 func TestFrameLostReportedBeforeFailure(t *testing.T) {
-	boots, err := bootstrap.InProcess(2, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb := &reportingBoot{Bootstrap: boots[0]}
-	boots[0] = rb
 	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-	factories := map[string]sdi.Factory{"loop": func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }}
-	plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "loop", Enabled: true}}}
-	devs := make([]*Device, 2)
-	errs := make([]error, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Factories: factories, Logger: testLogger(t).Named(fmt.Sprint(r))})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeJob(t, devs) })
-	d := devs[0]
+	d, rb := reportingJob(t, fab)
 	r, err := d.Irecv(make([]byte, 8), 1, 1, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -158,46 +151,14 @@ func TestFrameLostReportedBeforeFailure(t *testing.T) {
 }
 
 // TestUnusedSubdeviceNotReportedLost: a PeerDown on a subdevice that
-// carries none of the peer's routes is "no loss here" for the device
-// (lostOver), yet it is reported to mdrun as the rank lost, and, reports
-// being once per rank, the real loss later is never reported with its
-// own reason.
-// TestUnusedSubdeviceNotReportedLost: a PeerDown on a subdevice that
 // carries none of the peer's routes is no loss for the device, and is not
 // reported: reports go once per rank, so the false one would have kept
 // the real loss's reason and place from mdrun.
 func TestUnusedSubdeviceNotReportedLost(t *testing.T) {
-	boots, err := bootstrap.InProcess(2, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb := &reportingBoot{Bootstrap: boots[0]}
-	boots[0] = rb
-	fa := sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: smallCaps})
 	capsB := smallCaps
-	capsB.Exclusivity = 0
-	fb := sditest.NewFabric(sditest.LoopbackOptions{Name: "b", Caps: capsB})
-	factories := map[string]sdi.Factory{
-		"a": func(log hclog.Logger) sdi.SubDevice { return fa.New(log) },
-		"b": func(log hclog.Logger) sdi.SubDevice { return fb.New(log) },
-	}
-	plugins := &PluginsConfig{SubDevices: []SubDeviceSpec{{Name: "a", Enabled: true}, {Name: "b", Enabled: true}}}
-	devs := make([]*Device, 2)
-	errs := make([]error, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Factories: factories, Logger: testLogger(t).Named(fmt.Sprint(r))})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeJob(t, devs) })
-	d := devs[0]
+	capsB.Exclusivity = 0 // "a" carries everything, "b" stands by
+	d, rb := reportingJob(t, sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: smallCaps}),
+		sditest.NewFabric(sditest.LoopbackOptions{Name: "b", Caps: capsB}))
 	unused := -1
 	for i, s := range d.subs {
 		if i > 0 && !d.carries(1, s.idx) {
