@@ -449,11 +449,15 @@ func testManyToOne(t testing.TB, e *env) {
 }
 
 func testConcurrentSends(t testing.TB, e *env) {
-	const goroutines = 8
-	n := count(250)
+	e.allToAllStreams(t, 8, count(250))
+	e.awaitCompletions(t)
+}
+
+// allToAllStreams has goroutine g of every rank send stream g+1, n
+// frames, to every peer in turn, and checks what each peer received; each
+// stream is sequential, so FlagOrdered applies to it.
+func (e *env) allToAllStreams(t testing.TB, goroutines, n int) {
 	peers := len(e.sds)
-	// Goroutine g of rank i sends stream g+1 to every peer in turn; each
-	// stream is sequential, so FlagOrdered applies to it.
 	parallel(t, peers*goroutines, func(k int) error {
 		from, g := k/goroutines, k%goroutines
 		for seq := range n {
@@ -479,7 +483,6 @@ func testConcurrentSends(t testing.TB, e *env) {
 			}
 		}
 	}
-	e.awaitCompletions(t)
 }
 
 func testFlushCompletesAll(t testing.TB, e *env) {

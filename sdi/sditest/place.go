@@ -199,36 +199,8 @@ func testPlaceDelivers(t testing.TB, e *env) {
 	e.placing = true
 	e.open(t)
 	e.connectAll(t)
-	const goroutines = 2
-	n := count(300)
-	peers := len(e.sds)
-	// As Concurrent/Sends, with fewer goroutines: goroutine g of rank i
-	// sends stream g+1 to every peer in turn.
-	parallel(t, peers*goroutines, func(k int) error {
-		from, g := k/goroutines, k%goroutines
-		for seq := range n {
-			for to := range peers {
-				if to == from {
-					continue
-				}
-				m := msg{from: from, to: to, stream: uint16(g + 1), seq: uint64(seq), size: e.mixedSize(seq + g)}
-				if _, err := e.send(from, e.frame(m)); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	for from := range peers {
-		for to := range peers {
-			for g := range goroutines {
-				if from != to {
-					e.awaitStream(t, to, from, uint16(g+1), n)
-					e.checkStream(t, to, from, uint16(g+1), n, e.ordered())
-				}
-			}
-		}
-	}
+	// As Concurrent/Sends, with fewer goroutines.
+	e.allToAllStreams(t, 2, count(300))
 	e.awaitCompletions(t)
 	time.Sleep(e.tm.quiet) // late writes into delivered places show in their canaries
 	e.checkPlaces(true)
