@@ -82,18 +82,7 @@ func TestTableLaterRoutes(t *testing.T) {
 			t.Errorf("rank %d: Route(%d) = %q, %v; want %q", tc.from, tc.to, got, err, tc.want)
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	rr := must(t)(devs[2].Irecv(make([]byte, 5000), 0, 1, 0))
-	if err := devs[0].Send(ctx, numbered(5000, 0, 1), 2, 1, 0, false); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := wait(t, rr); err != nil {
-		t.Fatal(err)
-	}
-	if f := devs[1].ForwardStats().Forwarded; f != 0 {
-		t.Errorf("rank 1 forwarded %d frames; far2 is a direct route", f)
-	}
+	sendsDirect(t, devs, 0, 2, 1)
 }
 
 // TestTableHostOnlyFirstRoute: "*": [a subdevice that reaches only its
@@ -193,16 +182,24 @@ func TestTableGatewayFirstThenDirect(t *testing.T) {
 	if got, err := devs[0].Route(2, 8); err != nil || got != "far2" {
 		t.Fatalf("Route(2) = %q, %v; want far2", got, err)
 	}
+	sendsDirect(t, devs, 0, 2, 1)
+}
+
+// sendsDirect checks that a rendezvous message from rank from reaches
+// rank to with rank not forwarding any of it: from's stand-in route to
+// to is a direct one.
+func sendsDirect(t *testing.T, devs []*Device, from, to, not int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	rr := must(t)(devs[2].Irecv(make([]byte, 5000), 0, 1, 0))
-	if err := devs[0].Send(ctx, numbered(5000, 0, 1), 2, 1, 0, false); err != nil {
+	rr := must(t)(devs[to].Irecv(make([]byte, 5000), from, 1, 0))
+	if err := devs[from].Send(ctx, numbered(5000, from, 1), to, 1, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := wait(t, rr); err != nil {
 		t.Fatal(err)
 	}
-	if f := devs[1].ForwardStats().Forwarded; f != 0 {
-		t.Errorf("rank 1 forwarded %d frames; it was never reached", f)
+	if f := devs[not].ForwardStats().Forwarded; f != 0 {
+		t.Errorf("rank %d forwarded %d frames; the route from %d to %d is direct", not, f, from, to)
 	}
 }
