@@ -40,26 +40,15 @@ func (h *downHandler) PeerDown(_ sdi.Rank, err error) {
 // sends fail instead of waiting.
 func TestHangMidJob(t *testing.T) {
 	var cs [2]*plugin.Client
-	var hs [2]*downHandler
-	var locals [2]sdi.Local
-	ctx := context.Background()
 	for i := range cs {
 		c, err := startHelperTimeout(t, "v1", nil, time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		cs[i], hs[i] = c, &downHandler{ch: make(chan struct{}, 1)}
-		locals[i], err = c.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, Host: "h", JobID: "hang", Secret: []byte("s"),
-			APIVersion: sdi.APIVersion, Handler: hs[i], Config: []byte(`{"listen": "127.0.0.1:0"}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs[i] = c
 	}
-	for i := range cs {
-		if err := cs[i].Connect(ctx, sdi.Rank(1-i), locals[1-i].Addr); err != nil {
-			t.Fatal(err)
-		}
-	}
+	hs, locals := openPair(t, cs, "hang")
+	ctx := context.Background()
 	if !locals[1].Caps.Flags.Has(sdi.FlagPoll) {
 		t.Fatal("the helper has no ring plane: the polls below would test nothing")
 	}
@@ -131,4 +120,28 @@ func TestCloseIsGraceful(t *testing.T) {
 			t.Log(l)
 		}
 	}
+}
+
+// openPair opens the tcp helper plugins cs as ranks 0 and 1 of job, each
+// with a handler that records PeerDown, and connects them.
+func openPair(t *testing.T, cs [2]*plugin.Client, job string) ([2]*downHandler, [2]sdi.Local) {
+	t.Helper()
+	var hs [2]*downHandler
+	var locals [2]sdi.Local
+	ctx := context.Background()
+	for i, c := range cs {
+		hs[i] = &downHandler{ch: make(chan struct{}, 1)}
+		var err error
+		locals[i], err = c.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, Host: "h", JobID: job, Secret: []byte("s"),
+			APIVersion: sdi.APIVersion, Handler: hs[i], Config: []byte(`{"listen": "127.0.0.1:0"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, c := range cs {
+		if err := c.Connect(ctx, sdi.Rank(1-i), locals[1-i].Addr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return hs, locals
 }

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/plugin"
 )
 
@@ -62,8 +61,6 @@ func waitGone(t *testing.T, pid int, d time.Duration, what string) {
 func TestWrapperScriptHang(t *testing.T) {
 	exe, _ := os.Executable()
 	var cs [2]*plugin.Client
-	var hs [2]*downHandler
-	var locals [2]sdi.Local
 	var pidFiles [2]string
 	ctx := context.Background()
 	for i := range cs {
@@ -76,18 +73,9 @@ func TestWrapperScriptHang(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close(context.Background()) })
-		cs[i], hs[i] = c, &downHandler{ch: make(chan struct{}, 1)}
-		locals[i], err = c.Open(ctx, sdi.OpenParams{Rank: sdi.Rank(i), Size: 2, Host: "h", JobID: "wrap", Secret: []byte("s"),
-			APIVersion: sdi.APIVersion, Handler: hs[i], Config: []byte(`{"listen": "127.0.0.1:0"}`)})
-		if err != nil {
-			t.Fatal(err)
-		}
+		cs[i] = c
 	}
-	for i := range cs {
-		if err := cs[i].Connect(ctx, sdi.Rank(1-i), locals[1-i].Addr); err != nil {
-			t.Fatal(err)
-		}
-	}
+	hs, _ := openPair(t, cs, "wrap")
 	pid := readPID(t, pidFiles[1])
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
