@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -39,7 +40,7 @@ type Options struct {
 	Relay bool
 	// Site names the cluster of hosts this rank's host belongs to, in a
 	// job that spans clusters; "" when the job does not say. Every rank
-	// learns every rank's (Device.Site).
+	// learns every rank's (Device.Site). UTF-8, at most 255 bytes, no NUL.
 	Site string
 }
 
@@ -152,11 +153,13 @@ func Open(ctx context.Context, o Options) (*Device, error) {
 	if o.Bootstrap == nil {
 		return nil, errors.New("multidevice: Options.Bootstrap is required")
 	}
-	if strings.IndexByte(o.Site, 0) >= 0 || len(o.Site) > maxSiteLen {
-		return nil, fmt.Errorf("multidevice: site %q: want at most %d bytes and no NUL", o.Site, maxSiteLen)
+	// UTF-8 because both go to every subdevice, a plugin's through a
+	// protobuf string field, which refuses anything else.
+	if strings.IndexByte(o.Site, 0) >= 0 || len(o.Site) > maxSiteLen || !utf8.ValidString(o.Site) {
+		return nil, fmt.Errorf("multidevice: site %q: want UTF-8 text of at most %d bytes and no NUL (MD_SITE, mdrun's host@SITE)", o.Site, maxSiteLen)
 	}
-	if strings.IndexByte(o.Bootstrap.Host(), 0) >= 0 { // the host key's separator
-		return nil, fmt.Errorf("multidevice: host name %q has a NUL", o.Bootstrap.Host())
+	if h := o.Bootstrap.Host(); strings.IndexByte(h, 0) >= 0 || !utf8.ValidString(h) { // NUL: the host key's separator
+		return nil, fmt.Errorf("multidevice: host name %q: want UTF-8 text and no NUL", h)
 	}
 	log := o.Logger
 	if log == nil {
