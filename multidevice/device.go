@@ -452,6 +452,7 @@ func (d *Device) route(ctx context.Context, t *conntable.Table, hosts []string) 
 			}
 		}
 	}
+	lk.warnStandIns()
 	if err := d.autoRoute(ctx, lk, needVia, hosts, derived); err != nil {
 		return err
 	}
@@ -500,6 +501,7 @@ func (d *Device) shareCards(ctx context.Context, hosts []string) error {
 // gateways becomes the class's trunks, those gateways that connect. It
 // reports false when nothing in the list reaches the peer.
 func (d *Device) directHops(ctx context.Context, lk *linker, byName map[string]*subdev, peer, ci int, hops []conntable.Hop) (bool, error) {
+	var hostOnly error // a host-local subdevice that could not connect peer
 	for i := 0; i < len(hops); i++ {
 		if hops[i].Via >= 0 {
 			j := i
@@ -534,7 +536,15 @@ func (d *Device) directHops(ctx context.Context, lk *linker, byName map[string]*
 			if !errors.Is(err, sdi.ErrPeerUnreachable) {
 				return false, err
 			}
+			if s.caps.Reach == sdi.ReachHost && hostOnly == nil {
+				hostOnly = err
+			}
 			continue
+		}
+		if hostOnly != nil && !slices.Contains(lk.standIns, peer) {
+			if lk.standIns = append(lk.standIns, peer); lk.standWhy == nil {
+				lk.standWhy = hostOnly
+			}
 		}
 		d.routes[peer][ci] = s.idx
 		if s.matcher != nil {

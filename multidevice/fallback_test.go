@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/hpc-multidevice/multidevice/bootstrap"
 	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/internal/testlog"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
@@ -201,5 +204,45 @@ func sendsDirect(t *testing.T, devs []*Device, from, to, not int) {
 	}
 	if f := devs[not].ForwardStats().Forwarded; f != 0 {
 		t.Errorf("rank %d forwarded %d frames; the route from %d to %d is direct", not, f, from, to)
+	}
+}
+
+// TestFallBackWarns: a subdevice that reaches only this host and cannot
+// connect a peer on it is never expected (shm with /dev/shm full, say),
+// and the later route that takes the peer instead costs a lot: each rank
+// says so once, naming the peers and the error. The fallback was silent,
+// so a container's jobs ran over tcp through loopback with no hint why. A
+// network subdevice that cannot connect a peer is the table's business
+// (a cluster's own network often reaches only the cluster), and is not
+// warned of.
+func TestFallBackWarns(t *testing.T) {
+	hostCaps := fwdCaps
+	hostCaps.Exclusivity, hostCaps.Reach = 2, sdi.ReachHost
+	netCaps := fwdCaps
+	netCaps.Exclusivity = 2
+	for _, tc := range []struct {
+		name string
+		caps sdi.Caps
+		warn bool
+	}{
+		{"host-local subdevice", hostCaps, true},
+		{"network subdevice", netCaps, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cut02 := func(a, b int) bool { return a+b == 2 && a != b }
+			near := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "near", Caps: tc.caps}), cut: cut02}
+			far := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "far", Caps: fwdCaps}), cut: func(int, int) bool { return false }}
+			var logs testlog.Buffer
+			devs := openJob(t, jobSpec{n: 3, subs: []string{"near", "far"}, logger: hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Warn}),
+				factories: map[string]sdi.Factory{"near": near.New, "far": far.New}})
+			if got, err := devs[0].Route(2, 8); err != nil || got != "far" {
+				t.Fatalf("Route(2) = %q, %v; want far", got, err)
+			}
+			l := logs.String()
+			warned := strings.Contains(l, "could not connect some peers on it") && strings.Contains(l, "cut: rank 0 to 2")
+			if warned != tc.warn || strings.Count(l, "could not connect some peers") > 2 {
+				t.Errorf("warned %v, want %v (once per rank of 0 and 2); log:\n%s", warned, tc.warn, l)
+			}
+		})
 	}
 }

@@ -36,6 +36,25 @@ type linker struct {
 	// cards are the business cards of the connections made, which the
 	// trunks among them keep (keepCards).
 	cards map[trunkKey][]byte
+	// standIns are the peers a later route of their list carries because
+	// a subdevice that reaches only this host could not connect them,
+	// with the first such error: see warnStandIns.
+	standIns []int
+	standWhy error
+}
+
+// warnStandIns logs, once per rank, the peers a host-local subdevice
+// could not connect and a later route took. That is never expected (the
+// peer is on this host, and the subdevice made it), and its price is
+// high: shm with a full /dev/shm leaves tcp through loopback carrying the
+// host's traffic, several times slower, so the reason must be seen. A
+// network subdevice that cannot connect a peer is left to the table: a
+// cluster's own network often reaches only the cluster.
+func (lk *linker) warnStandIns() {
+	if len(lk.standIns) > 0 {
+		lk.d.log.Warn("a subdevice of this host could not connect some peers on it; later routes carry them",
+			"peers", lk.standIns, "first_error", lk.standWhy)
+	}
 }
 
 func newLinker(d *Device, hosts []string) *linker {
