@@ -246,13 +246,18 @@ func (d *Device) open(ctx context.Context, o Options) error {
 		}
 		sd := factory(d.log.Named(spec.Name))
 		info, err := sd.Info(ctx)
+		switch {
+		case err != nil:
+			err = fmt.Errorf("multidevice: subdevice %q: info: %w", spec.Name, err)
+		case !speaks(info.APIVersions, sdi.APIVersion):
+			err = fmt.Errorf("multidevice: subdevice %q speaks SDI %v, this build needs %s", spec.Name, info.APIVersions, sdi.APIVersion)
+		default:
+			err = d.addSub(ctx, spec.Name, sd, spec.Config, sdi.APIVersion)
+		}
 		if err != nil {
-			return fmt.Errorf("multidevice: subdevice %q: info: %w", spec.Name, err)
-		}
-		if !speaks(info.APIVersions, sdi.APIVersion) {
-			return fmt.Errorf("multidevice: subdevice %q speaks SDI %v, this build needs %s", spec.Name, info.APIVersions, sdi.APIVersion)
-		}
-		if err := d.addSub(ctx, spec.Name, sd, spec.Config, sdi.APIVersion); err != nil {
+			if spec.Where != "" { // the plugins.hcl block, a config it refused
+				return fmt.Errorf("%s: %w", spec.Where, err)
+			}
 			return err
 		}
 	}
