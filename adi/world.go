@@ -12,6 +12,7 @@ import (
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
 	"github.com/hpc-multidevice/multidevice/conntable"
+	"github.com/hpc-multidevice/multidevice/internal/loglevel"
 	"github.com/hpc-multidevice/multidevice/multidevice"
 	"github.com/hpc-multidevice/multidevice/sdi"
 )
@@ -114,7 +115,7 @@ func Init(ctx context.Context, opts ...Option) (*World, error) {
 	if c.logger == nil {
 		c.logger = hclog.New(&hclog.LoggerOptions{
 			Name:   "multidevice",
-			Level:  hclog.LevelFromString(envOr("MD_LOG_LEVEL", "warn")),
+			Level:  loglevel.FromEnv("MD_LOG_LEVEL", hclog.Warn, os.Stderr),
 			Output: os.Stderr,
 		})
 	}
@@ -232,13 +233,6 @@ func pick(first, second string) string {
 		return first
 	}
 	return second
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }
 
 // Comm returns the world communicator.

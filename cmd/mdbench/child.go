@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/adi"
+	"github.com/hpc-multidevice/multidevice/internal/loglevel"
 	"github.com/hpc-multidevice/multidevice/multidevice"
 )
 
@@ -65,7 +66,7 @@ func childMain() int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
-	logger := hclog.New(&hclog.LoggerOptions{Name: "mdbench", Level: hclog.LevelFromString(envOr("MD_LOG_LEVEL", "warn")), Output: os.Stderr})
+	logger := hclog.New(&hclog.LoggerOptions{Name: "mdbench", Level: loglevel.FromEnv("MD_LOG_LEVEL", hclog.Warn, os.Stderr), Output: os.Stderr})
 	emit := func(s sample) {
 		b, _ := json.Marshal(s) // a struct of plain fields always marshals
 		fmt.Printf("%s%s\n", resultPrefix, b)
@@ -196,11 +197,4 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	_ "github.com/hpc-multidevice/multidevice/adi" // links the built-in subdevices for --direct
+	"github.com/hpc-multidevice/multidevice/internal/loglevel"
 )
 
 const usage = `usage: mdbench [flags] [test...]
@@ -358,7 +359,7 @@ func (o *options) write(rep *report, stdout io.Writer) error {
 
 // measure runs every repetition, interleaving the series.
 func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error) {
-	logger := hclog.New(&hclog.LoggerOptions{Name: "mdbench", Level: hclog.LevelFromString(envOr("MD_LOG_LEVEL", "warn")), Output: stderr})
+	logger := hclog.New(&hclog.LoggerOptions{Name: "mdbench", Level: loglevel.FromEnv("MD_LOG_LEVEL", hclog.Warn, stderr), Output: stderr})
 	if cores := usableCores(); slices.Contains(o.tests, "mr") && 2*o.pairs > cores {
 		fmt.Fprintf(stderr, "mdbench: mr: %d ranks on %d cores share them unbound; its figures, the MPIs' above all, say little\n", 2*o.pairs, cores)
 	}
