@@ -146,7 +146,10 @@ type Handler interface {
 // Site is the launcher's name for the cluster of hosts this rank's host
 // belongs to, "" if none was given. Hosts of one site share their private
 // networks: a subdevice may use a private range that another site numbers
-// alike between hosts of one site, and never between sites.
+// alike between hosts of one site. Between hosts of different sites a
+// private network may be one network (a routed campus network, a VPN) or
+// the same numbering on two, so a subdevice uses it only when nothing else
+// reaches the peer, and never one that another site numbers alike.
 type OpenParams struct {
 	Rank       Rank
 	Size       int          // ranks in the job

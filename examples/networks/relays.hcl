@@ -11,8 +11,11 @@
 # Both LANs number 10.0.0.0/24 and the clusters share no other network, so
 # without sites tcp cannot tell which 10.0.0.x is on which cluster and
 # refuses the LAN between any two hosts ("private network 10.0.0.0/24
-# collides across the job"). With them it uses the LAN within each site
-# and never across.
+# collides across the job"). With them it uses the LAN within each site.
+# Across sites a private network is only a fallback, tried when a pair of
+# hosts has nothing else (it may be routed between the clusters), and a
+# colliding one is never tried: here p hosts reach q hosts only through
+# the relays, and the relays use only the WAN between them.
 
 penalty = "off"
 

@@ -114,7 +114,7 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 func (sd *subDevice) choose(rank sdi.Rank, c card) ([]addrsel.Pair, bool, error) {
 	peerEP := c.endpoint()
 	job := sd.job.Load()
-	if job == nil || job.Site(peerEP.Host) < 0 {
+	if job == nil || !job.Knows(peerEP.Host) {
 		// No job cards (a subdevice driven without them), or a card the
 		// job did not list: judge collisions from the two cards alone.
 		job = addrsel.NewJob([]addrsel.Endpoint{sd.ep, peerEP})

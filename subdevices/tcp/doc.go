@@ -50,13 +50,16 @@
 // either end, then the best ones. Private ranges that several hosts of the
 // job number alike (two clusters on 10.0.0.0/24, a docker0 bridge on every
 // host) are found from all cards and not used between hosts that cannot be
-// shown to share them: hosts of one named site ([sdi.OpenParams.Site]), or,
-// where the launcher names none, hosts that share another network. IPv6 link-local addresses are used only on a link
-// that another network on the same two interfaces shows to be shared, and
-// are dialed with the local interface as zone. Loopback is used only
-// between ranks with the same [sdi.OpenParams.Host], and then alone. When
-// no pair qualifies, private addresses on different networks are tried in
-// case they route; when nothing is left, Connect fails with an error
+// shown to share them: hosts that name one site ([sdi.OpenParams.Site]),
+// or, where the launcher names none, hosts that share another network.
+// Between hosts that name different sites a private network is only a
+// fallback, even without a collision. IPv6 link-local addresses are used
+// only on a link that another network on the same two interfaces shows to
+// be shared, and are dialed with the local interface as zone. Loopback is
+// used only between ranks with the same [sdi.OpenParams.Host], and then
+// alone. When no pair qualifies, the fallbacks (private addresses on
+// different networks, facing a public one, or across named sites) are
+// tried in case they route; when nothing is left, Connect fails with an error
 // wrapping [sdi.ErrPeerUnreachable] that lists every interface pair
 // considered and why it was refused. The lower rank's interfaces are the
 // left side of the matching at both ends, so both choose the same pairs.
@@ -81,8 +84,8 @@
 // [sdi.Local.Addr] is a versioned binary card (layout in card.go): the rank,
 // a tag derived from the job id, the port, the host name from
 // [sdi.OpenParams.Host], the site from [sdi.OpenParams.Site] when the
-// launcher names one (hosts of one site may use a private network that
-// another site numbers alike), and the interfaces that are up (loopback
+// launcher names one (hosts that name one site may use a private network
+// that another site numbers alike), and the interfaces that are up (loopback
 // included), each with its name, link speed in Mbit/s (0 where the system
 // does not report one) and addresses with prefix lengths. An address's
 // family and scope follow from the address. A listener bound to one address

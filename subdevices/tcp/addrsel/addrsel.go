@@ -15,7 +15,8 @@
 //
 //	0  no connection: no common address family; private addresses on
 //	   different networks; a private network whose addresses collide (the
-//	   same address on two hosts of the job); an address that several hosts
+//	   same address on two hosts of the job); a private network between
+//	   hosts of different named sites; an address that several hosts
 //	   publish (a docker0-like bridge); a private address facing a public one;
 //	   loopback towards another host; link-local where the link is not known
 //	   to be shared
@@ -32,12 +33,21 @@
 // thesis a private network with a collision is refused, with one refinement
 // so that two clusters that both number their private network 10.0.0.0/24
 // still use it inside each cluster: hosts form sites, and a colliding
-// private network is used between two hosts of one site if it has no
-// collision within that site. Two hosts of different sites never use it.
-// The launcher names a host's site ([Endpoint.Site]); for hosts it names
-// none, hosts that share a network without collisions (a public or IPv6
-// subnet, say) form a site. Clusters with nothing but the colliding network
-// (IPv4 only, joined by relays) can only be told apart by named sites.
+// private network is used between two hosts that share a site if it has no
+// collision among the hosts of the sites they share. Two hosts that share
+// no site never use a colliding network. The launcher names a host's site
+// ([Endpoint.Site]); a host whose ranks name several is in each, and two
+// hosts share a site only when both name it. For hosts it names none,
+// hosts that share a network without collisions (a public or IPv6 subnet,
+// say) form a site. Clusters with nothing but the colliding network (IPv4
+// only, joined by relays) can only be told apart by named sites.
+//
+// Between two hosts that name different sites and share none, a private
+// network is not known to be one network even where no address on it
+// repeats: it may be the same numbering on two LANs, or a network the
+// clusters really share (a routed campus network, a VPN). Such a pair is
+// only a fallback (below): tried when no other pair between the two
+// qualifies, never striped beside one that does.
 //
 // Link-local addresses (fe80::/10, 169.254/16) only reach their own link,
 // which cards cannot show directly: they are used between two interfaces
@@ -50,9 +60,10 @@
 // pair.
 //
 // When no pair has a positive weight, [Select] falls back as the thesis does
-// to private addresses on different networks (routed private networks, a VPN),
-// hoping that routing is configured; addresses several hosts publish are
-// never tried.
+// to private addresses on different networks (routed private networks, a VPN)
+// or facing a public one, and to private networks between hosts of
+// different named sites, hoping that routing is configured; addresses
+// several hosts publish, and networks that collide, are never tried.
 //
 // # Agreement
 //
@@ -135,8 +146,9 @@ type Endpoint struct {
 	// one host, which reach each other over loopback. It must not be empty.
 	Host string
 	// Site is the launcher's name for the cluster Host belongs to, "" if
-	// it names none. Hosts that name one site are one site, whatever their
-	// networks; see [NewJob].
+	// it names none. Hosts that name one site share it, whatever their
+	// networks; hosts that name different sites use a private network
+	// between them only as a fallback; see [NewJob].
 	Site   string
 	Ifaces []Interface
 }
@@ -174,7 +186,9 @@ type Result struct {
 	// order (identical at both ends, up to the swap of Local and Peer).
 	Pairs []Pair
 	// Fallback is set when no pair qualified and Pairs are private
-	// addresses on different networks, tried in the hope that they route.
+	// addresses that may not reach each other (on different networks,
+	// facing a public one, or across named sites), tried in the hope that
+	// they route.
 	Fallback bool
 	// Refused lists every interface pair with weight 0 and why.
 	Refused []Refusal

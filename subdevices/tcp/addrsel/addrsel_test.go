@@ -145,8 +145,8 @@ func TestTwoClustersSameRange(t *testing.T) {
 	c2a := h("c2a", "2001:db8:2::2/64", "10.0.0.1/24")
 	c2b := h("c2b", "2001:db8:2::3/64", "10.0.0.2/24")
 	job := NewJob([]Endpoint{c1a, c1b, c2a, c2b})
-	if job.Site("c1a") != job.Site("c1b") || job.Site("c2a") != job.Site("c2b") || job.Site("c1a") == job.Site("c2a") {
-		t.Fatalf("sites: c1a %d c1b %d c2a %d c2b %d", job.Site("c1a"), job.Site("c1b"), job.Site("c2a"), job.Site("c2b"))
+	if !job.sameSite("c1a", "c1b") || !job.sameSite("c2a", "c2b") || job.sameSite("c1a", "c2a") {
+		t.Fatalf("sites: c1a %v c1b %v c2a %v c2b %v", job.sites["c1a"], job.sites["c1b"], job.sites["c2a"], job.sites["c2b"])
 	}
 	in := Select(job, c1a, c1b, true)
 	if got, want := fmt.Sprint(in.Pairs), "[eth0 2001:db8:1::2 -> eth0 2001:db8:1::3 (weight 2) eth1 10.0.0.1 -> eth1 10.0.0.2 (weight 1)]"; got != want {
@@ -175,7 +175,6 @@ func TestTwoClustersSameRange(t *testing.T) {
 // is used inside each cluster and never across: p01 must not dial a q
 // host's 10.0.0.x, which from p's LAN reaches a p host or nobody.
 func TestNamedSites(t *testing.T) {
-	sited := func(site string, e Endpoint) Endpoint { e.Site = site; return e }
 	hosts := []Endpoint{
 		ep("p01", "lo 127.0.0.1/8", "eth0 10.0.0.1/24"),
 		ep("p02", "lo 127.0.0.1/8", "eth0 10.0.0.2/24"),
@@ -232,10 +231,10 @@ func TestNamedSites(t *testing.T) {
 
 // A site the launcher names decides alone: a host that names one joins no
 // other site through a network it shares (here a public network every host
-// is on), one host whose ranks name two sites joins them, and hosts that
-// name none are still grouped by the networks they share.
+// is on), one host whose ranks name two sites shares each with its hosts
+// without joining the two, and hosts that name none are still grouped by
+// the networks they share.
 func TestNamedSitesGrouping(t *testing.T) {
-	sited := func(site string, e Endpoint) Endpoint { e.Site = site; return e }
 	eps := []Endpoint{
 		sited("A", ep("a1", "eth0 193.0.2.1/24")),
 		sited("A", ep("a2", "eth0 193.0.2.2/24")),
@@ -248,15 +247,15 @@ func TestNamedSitesGrouping(t *testing.T) {
 	}
 	job := NewJob(eps)
 	same := [][2]string{{"a1", "a2"}, {"b1", "bc"}, {"bc", "c1"}, {"u1", "u2"}}
-	apart := [][2]string{{"a1", "b1"}, {"a1", "u1"}, {"b1", "u1"}, {"c1", "a2"}}
+	apart := [][2]string{{"a1", "b1"}, {"a1", "u1"}, {"b1", "u1"}, {"c1", "a2"}, {"b1", "c1"}}
 	for _, p := range same {
-		if job.Site(p[0]) != job.Site(p[1]) {
-			t.Errorf("%s (site %d) and %s (site %d) should be one site", p[0], job.Site(p[0]), p[1], job.Site(p[1]))
+		if !job.sameSite(p[0], p[1]) {
+			t.Errorf("%s (sites %v) and %s (sites %v) should share a site", p[0], job.sites[p[0]], p[1], job.sites[p[1]])
 		}
 	}
 	for _, p := range apart {
-		if job.Site(p[0]) == job.Site(p[1]) {
-			t.Errorf("%s and %s should be different sites, both are %d", p[0], p[1], job.Site(p[0]))
+		if job.sameSite(p[0], p[1]) {
+			t.Errorf("%s (sites %v) and %s (sites %v) should share no site", p[0], job.sites[p[0]], p[1], job.sites[p[1]])
 		}
 	}
 }

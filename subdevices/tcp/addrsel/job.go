@@ -9,26 +9,28 @@ import (
 )
 
 // Job is what the whole job's cards say about addresses: which ones several
-// hosts publish, and which hosts form a site. It is immutable once made and
+// hosts publish, and which hosts share a site. It is immutable once made and
 // safe for concurrent use.
 type Job struct {
 	owners map[netip.Addr][]string // non-loopback address -> hosts publishing it, sorted
 	dups   []netip.Addr            // addresses with more than one owner, sorted
-	site   map[string]int          // host -> site number
+	sites  map[string][]int        // host -> the sites it is in, sorted; at least one
+	named  map[string]bool         // hosts whose ranks name a site
 }
 
 // NewJob indexes the endpoints of every rank of a job. Ranks on one host
 // (equal Host) count once; loopback addresses are ignored, since every host
 // has them.
 //
-// Sites come from the launcher where it names them ([Endpoint.Site]):
-// hosts that name one site are one site, and a host that names a site is
-// in no other, whatever networks it shares. Hosts that name none are
-// grouped by the networks they share without collisions, among themselves.
-// A host whose ranks name different sites joins those sites into one,
-// which can only find more collisions, never fewer.
+// Sites come from the launcher where it names them ([Endpoint.Site]): a
+// host is in each site its ranks name and in no other, whatever networks
+// it shares. A host whose ranks name two sites is in both without joining
+// them: two hosts share a site only through a site they both name, as
+// only then does the launcher say that their private networks are one.
+// Hosts that name none are grouped by the networks they share without
+// collisions, among themselves, each into one site.
 func NewJob(eps []Endpoint) *Job {
-	j := &Job{owners: map[netip.Addr][]string{}, site: map[string]int{}}
+	j := &Job{owners: map[netip.Addr][]string{}, sites: map[string][]int{}, named: map[string]bool{}}
 	hosts := map[string][]netip.Prefix{}
 	named := map[string][]string{} // host -> the sites its ranks name
 	var order []string
@@ -76,25 +78,12 @@ func NewJob(eps []Endpoint) *Job {
 		parent[h] = r
 		return r
 	}
-	for _, h := range order {
-		parent[h] = h
-	}
-	union := func(a, b string) { parent[find(a)] = find(b) }
-	firstNamed := map[string]string{} // site name -> first host naming it
-	for _, h := range order {
-		for _, s := range named[h] {
-			if h0, ok := firstNamed[s]; ok {
-				union(h, h0)
-			} else {
-				firstNamed[s] = h
-			}
-		}
-	}
 	first := map[netip.Prefix]string{} // network -> first host seen on it
 	for _, h := range order {
 		if len(named[h]) > 0 {
 			continue
 		}
+		parent[h] = h
 		for _, p := range hosts[h] {
 			if ScopeOf(p.Addr()) == ScopeLinkLocal {
 				continue
@@ -104,19 +93,31 @@ func NewJob(eps []Endpoint) *Job {
 				continue
 			}
 			if h0, ok := first[n]; ok {
-				union(h, h0)
+				parent[find(h)] = find(h0)
 			} else {
 				first[n] = h
 			}
 		}
 	}
+	// Site numbers only say which hosts share a site; a named site and a
+	// derived one never get the same number.
 	ids := map[string]int{}
-	for _, h := range order {
-		r := find(h)
-		if _, ok := ids[r]; !ok {
-			ids[r] = len(ids)
+	id := func(key string) int {
+		if _, ok := ids[key]; !ok {
+			ids[key] = len(ids)
 		}
-		j.site[h] = ids[r]
+		return ids[key]
+	}
+	for _, h := range order {
+		if len(named[h]) == 0 {
+			j.sites[h] = []int{id("derived " + find(h))}
+			continue
+		}
+		j.named[h] = true
+		for _, s := range named[h] {
+			j.sites[h] = append(j.sites[h], id("named "+s))
+		}
+		slices.Sort(j.sites[h])
 	}
 	return j
 }
@@ -147,19 +148,21 @@ func (j *Job) collisionIn(n netip.Prefix, in func(host string) bool) netip.Addr 
 	return netip.Addr{}
 }
 
-// Site returns the site number of host, or -1 for a host the job does not
-// know.
-func (j *Job) Site(host string) int {
-	if s, ok := j.site[host]; ok {
-		return s
-	}
-	return -1
+// Knows reports whether host is one of the job's.
+func (j *Job) Knows(host string) bool {
+	_, ok := j.sites[host]
+	return ok
 }
 
-func (j *Job) sameSite(a, b string) bool {
-	sa, ok1 := j.site[a]
-	sb, ok2 := j.site[b]
-	return ok1 && ok2 && sa == sb
+// sharedSites returns the sites both a and b are in, nil if none.
+func (j *Job) sharedSites(a, b string) []int {
+	var s []int
+	for _, x := range j.sites[a] {
+		if slices.Contains(j.sites[b], x) {
+			s = append(s, x)
+		}
+	}
+	return s
 }
 
 // sameNet reports whether x and y sit on one network by both prefixes.
@@ -329,12 +332,14 @@ func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reaso
 	case a == b && !c.sameHost:
 		return 0, fmt.Sprintf("both hosts have %v (a local bridge such as docker0?)", a), false
 	}
-	// A private network is judged within the site when both hosts are in
-	// one; everything else against the whole job.
+	// A private network is judged within the sites both hosts are in when
+	// they share one; everything else against the whole job.
 	var inSite func(string) bool
-	if c.job.sameSite(c.lh, c.rh) {
-		site := c.job.site[c.lh]
-		inSite = func(h string) bool { return c.job.site[h] == site }
+	shared := c.job.sharedSites(c.lh, c.rh)
+	if shared != nil {
+		inSite = func(h string) bool {
+			return slices.ContainsFunc(c.job.sites[h], func(s int) bool { return slices.Contains(shared, s) })
+		}
 	}
 	private := sa == ScopePrivate && sb == ScopePrivate
 	if private && sameNet(x, y) {
@@ -377,8 +382,15 @@ func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reaso
 		}
 		return WeightPrivateSame, "", false
 	case private:
-		if !sameNet(x, y) {
+		switch {
+		case !sameNet(x, y):
 			return 0, "private addresses on different networks", true
+		// The launcher says these two are different clusters: their
+		// private networks may be one (a routed campus network, a VPN)
+		// or merely numbered alike, so this is tried when nothing else
+		// is, never striped beside a pair that works.
+		case inSite == nil && c.job.named[c.lh] && c.job.named[c.rh]:
+			return 0, "private network across sites, tried only when no other pair qualifies", true
 		}
 		return WeightPrivateSame, "", false
 	case sa == ScopePrivate || sb == ScopePrivate:
