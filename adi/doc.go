@@ -74,8 +74,7 @@
 //
 // Every rank of a communicator calls its collectives in the same order,
 // one blocking collective at a time. They travel on a context of their
-// own and never match point-to-point receives. Ranks that pass
-// disagreeing lengths get [ErrMismatch]. Each has a nonblocking form
+// own and never match point-to-point receives. Each has a nonblocking form
 // ([Comm.Ibarrier], [Comm.Ibcast], ..., [Iallreduce]) that returns a
 // [Request]; any number of those may be in flight at once, each in its
 // place in the order in which it was started. A persistent form
@@ -85,6 +84,29 @@
 // [DistGraph.NeighborAlltoallInit], ...,
 // and on an intercommunicator [Intercomm.BcastInit],
 // [InterAllreduceInit], ....
+//
+// Ranks that pass disagreeing lengths get [ErrMismatch] where a message
+// arrives with another length than its receiver expects, and so does
+// every rank whose part of the result depends on such a rank: a rank
+// that met a mismatch goes through the rest of the collective sending,
+// in place of each of its messages, one of another length, which its
+// receiver finds wrong in turn. Lengths can also disagree in ways no
+// message shows, as with any MPI, and then ranks wait for each other
+// until their ctx ends: a program must not count on the error. Lengths
+// on either side of an algorithm's threshold choose different
+// algorithms (Allreduce, Reduce and ReduceScatter change at 64 KiB,
+// Bcast at 12 KiB on 8 ranks or more): of two ranks calling [Allreduce]
+// with 9000 and 4000 float64s, the first waits until its ctx ends.
+// After a mismatch, a rank whose own message would be empty sends one
+// byte in its place, which a peer that expects one byte takes for its
+// data (a one-element []bool or []byte against an empty one). A rank
+// whose arguments fail its own checks (a root out of range, counts that
+// do not fit its slices) returns that error at once and sends nothing,
+// so its peers wait for it until their ctx ends. A collective that
+// fails otherwise (a peer lost, ctx ending) returns at once, and its
+// peers may still be waiting in it. As in MPI, the communicator's
+// collectives are then undefined: end the job, or go on with
+// point-to-point messages only.
 //
 // Partitioned communication (MPI 4.0) sends one buffer that goroutines
 // fill part by part: [Comm.PsendInit] and [Comm.PrecvInit] make

@@ -82,9 +82,11 @@
 //
 // A standard-mode eager message to a directly reached peer carries a
 // 24-byte header (header.go), so that with shm an 8-byte message is a
-// 48-byte record, less than a cache line (shm aligns records to 64 bytes,
-// so the receiver reads one line per such message). A blocking Send of such a
-// message that the subdevice completes at once (done=true) uses the
+// 52-byte record (an 8-byte stamp, the 12-byte wire header, the header
+// and the payload), less than a cache line: shm pads records to 64
+// bytes, each starting on a line, so the receiver reads one line per
+// such message. A blocking Send of such a message that the subdevice
+// completes at once (done=true) uses the
 // peer's send lane (or, when another sender holds it, a pooled frame)
 // and no request at all; an Isend completes its request in place
 // with one store (none for a reused request, which stays done), and
