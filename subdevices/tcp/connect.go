@@ -96,7 +96,7 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 	if len(ok) == 0 {
 		msg := strings.Join(reasons, "; ")
 		if fallback {
-			msg = "no interface pair qualified, so private addresses on different networks were tried in case they route: " + msg
+			msg = "no interface pair qualified, so pairs that may still route were tried (private addresses on different networks, or a private network two sites share): " + msg
 		}
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("tcp: connect to rank %d: %w: %w after trying %s", rank, sdi.ErrPeerUnreachable, err, msg)

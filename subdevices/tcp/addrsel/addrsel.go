@@ -210,9 +210,13 @@ func (r Result) Explain() string {
 // edge is the best connection between two interfaces, in canonical
 // orientation (left, right).
 type edge struct {
-	w        Weight
-	l, r     netip.Addr // the addresses that give w
-	fallback bool       // w is 0 but l, r may route (private on different networks)
+	w    Weight
+	l, r netip.Addr // the addresses that give w
+	// fallback, when w is 0, ranks l, r as a pair that may still route:
+	// 0 not at all, then fallbackRouted (private addresses on different
+	// networks, or facing a public one), then fallbackAcrossSites (one
+	// private network of two sites, which is likelier the same).
+	fallback Weight
 	// Why w is 0: the families of each side when they share none, or the
 	// refused address pairs.
 	noFamily [2]string
@@ -249,12 +253,21 @@ func Select(job *Job, local, peer Endpoint, localLeft bool) Result {
 	}
 	match := Assign(w)
 	if len(match) == 0 {
+		// Only the likeliest rank of fallback: a pair that probably does
+		// not route, beside one that probably does, would cost its
+		// connect_timeout for nothing.
+		var top Weight
+		for i := range nl {
+			for j := range nr {
+				top = max(top, edges[i][j].fallback)
+			}
+		}
 		fw := make([][]Weight, nl)
 		for i := range nl {
 			fw[i] = make([]Weight, nr)
 			for j := range nr {
-				if edges[i][j].fallback {
-					fw[i][j] = 1
+				if edges[i][j].fallback == top {
+					fw[i][j] = top
 				}
 			}
 		}

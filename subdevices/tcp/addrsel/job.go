@@ -206,8 +206,8 @@ func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 					best = edge{w: w, l: x.Addr(), r: y.Addr()}
 				case w == 0:
 					notes = append(notes, note{x, y, reason})
-					if fb && best.w == 0 && !best.fallback {
-						best = edge{fallback: true, l: x.Addr(), r: y.Addr()}
+					if best.w == 0 && fb > best.fallback {
+						best = edge{fallback: fb, l: x.Addr(), r: y.Addr()}
 					}
 				}
 			}
@@ -311,26 +311,33 @@ type addrCtx struct {
 	loopback bool // both ranks are on one host and both list loopback
 }
 
+// Fallback ranks (edge.fallback): where no pair qualifies, the likelier
+// to route is tried first.
+const (
+	fallbackRouted      Weight = 1
+	fallbackAcrossSites Weight = 2
+)
+
 // weighAddrs grades the address pair (x on the left, y on the right) of one
 // family. sharedLink says whether the two interfaces share a network without
-// collisions, which is what makes link-local usable. fallback marks a
-// refused pair that may still route.
-func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reason string, fallback bool) {
+// collisions, which is what makes link-local usable. fallback ranks a
+// refused pair that may still route (edge.fallback).
+func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reason string, fallback Weight) {
 	a, b := x.Addr(), y.Addr()
 	sa, sb := ScopeOf(a), ScopeOf(b)
 	switch {
 	case sa == ScopeLoopback || sb == ScopeLoopback:
 		switch {
 		case !c.sameHost:
-			return 0, "loopback reaches only its own host", false
+			return 0, "loopback reaches only its own host", 0
 		case sa != sb:
-			return 0, "loopback facing a non-loopback address", false
+			return 0, "loopback facing a non-loopback address", 0
 		}
-		return WeightPrivateSame, "", false
+		return WeightPrivateSame, "", 0
 	case c.loopback:
-		return 0, "same host: loopback is used", false
+		return 0, "same host: loopback is used", 0
 	case a == b && !c.sameHost:
-		return 0, fmt.Sprintf("both hosts have %v (a local bridge such as docker0?)", a), false
+		return 0, fmt.Sprintf("both hosts have %v (a local bridge such as docker0?)", a), 0
 	}
 	// A private network is judged within the sites both hosts are in when
 	// they share one; everything else against the whole job.
@@ -345,7 +352,7 @@ func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reaso
 	if private && sameNet(x, y) {
 		for _, n := range []netip.Prefix{x.Masked(), y.Masked()} {
 			if d := c.job.collisionIn(n, inSite); d.IsValid() {
-				return 0, fmt.Sprintf("private network %v collides across the job (%v is on several hosts)", n, d), false
+				return 0, fmt.Sprintf("private network %v collides across the job (%v is on several hosts)", n, d), 0
 			}
 		}
 	}
@@ -355,7 +362,7 @@ func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reaso
 			hosts = slices.DeleteFunc(slices.Clone(hosts), func(h string) bool { return !inSite(h) })
 		}
 		if len(hosts) > 1 {
-			return 0, fmt.Sprintf("%v is on %d hosts of the job", d, len(hosts)), false
+			return 0, fmt.Sprintf("%v is on %d hosts of the job", d, len(hosts)), 0
 		}
 	}
 	// Nor is a colliding network of use as a fallback between two: a
@@ -364,7 +371,7 @@ func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reaso
 	if private && !sameNet(x, y) {
 		for _, n := range []netip.Prefix{x.Masked(), y.Masked()} {
 			if d := c.job.collisionIn(n, inSite); d.IsValid() {
-				return 0, fmt.Sprintf("private network %v collides across the job (%v is on several hosts)", n, d), false
+				return 0, fmt.Sprintf("private network %v collides across the job (%v is on several hosts)", n, d), 0
 			}
 		}
 	}
@@ -376,27 +383,27 @@ func (c addrCtx) weighAddrs(x, y netip.Prefix, sharedLink bool) (w Weight, reaso
 			if sa == ScopeLinkLocal {
 				other = sb
 			}
-			return 0, fmt.Sprintf("link-local facing a %v address", other), false
+			return 0, fmt.Sprintf("link-local facing a %v address", other), 0
 		case !sharedLink:
-			return 0, "link-local, and the interfaces share no other network, so the link may differ", false
+			return 0, "link-local, and the interfaces share no other network, so the link may differ", 0
 		}
-		return WeightPrivateSame, "", false
+		return WeightPrivateSame, "", 0
 	case private:
 		switch {
 		case !sameNet(x, y):
-			return 0, "private addresses on different networks", true
+			return 0, "private addresses on different networks", fallbackRouted
 		// The launcher says these two are different clusters: their
 		// private networks may be one (a routed campus network, a VPN)
 		// or merely numbered alike, so this is tried when nothing else
 		// is, never striped beside a pair that works.
 		case inSite == nil && c.job.named[c.lh] && c.job.named[c.rh]:
-			return 0, "private network across sites, tried only when no other pair qualifies", true
+			return 0, "private network across sites, tried only when no other pair qualifies", fallbackAcrossSites
 		}
-		return WeightPrivateSame, "", false
+		return WeightPrivateSame, "", 0
 	case sa == ScopePrivate || sb == ScopePrivate:
-		return 0, "private address facing a public one", true
+		return 0, "private address facing a public one", fallbackRouted
 	case sameNet(x, y):
-		return WeightPublicSame, "", false
+		return WeightPublicSame, "", 0
 	}
-	return WeightPublicRouted, "", false
+	return WeightPublicRouted, "", 0
 }

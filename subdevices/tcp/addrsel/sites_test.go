@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 )
 
@@ -148,5 +149,32 @@ func TestNamedSitesNeverShareLAN(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFallbackPrefersSharedNetworkAcrossSites: two hosts of different
+// sites with nothing but private networks, one of which they share (a
+// VPN). The shared network's pair is the fallback tried, within an
+// interface and across interfaces in either card order. Once such pairs
+// were fallbacks at all, the first fallback in card order was kept, and
+// matching interfaces gave every fallback edge one weight: the pair on
+// different networks was dialed and the job that worked before failed.
+func TestFallbackPrefersSharedNetworkAcrossSites(t *testing.T) {
+	want := "192.168.5.1 -> "
+	for _, tc := range []struct {
+		name string
+		p, q Endpoint
+	}{
+		{"one interface", sited("P", ep("p01", "eth0 10.1.0.1/16 192.168.5.1/24")), sited("Q", ep("q01", "eth0 10.2.0.1/16 192.168.5.2/24"))},
+		{"two interfaces, crossed order", sited("P", ep("p01", "vpn0 192.168.5.1/24", "eth0 10.1.0.1/16")), sited("Q", ep("q01", "eth0 10.2.0.1/16", "vpn0 192.168.5.2/24"))},
+	} {
+		job := NewJob([]Endpoint{tc.p, tc.q})
+		for _, left := range []bool{true, false} {
+			res := Select(job, tc.p, tc.q, left)
+			got := fmt.Sprint(res.Pairs)
+			if !res.Fallback || !strings.Contains(got, want) || !strings.Contains(got, "192.168.5.2") || strings.Contains(got, "10.2.0.1") {
+				t.Errorf("%s, localLeft=%v: pairs %s (fallback %v), want only the shared 192.168.5.0/24 as the fallback", tc.name, left, got, res.Fallback)
+			}
+		}
 	}
 }
