@@ -143,7 +143,7 @@ var errNilRequest = errors.New("adi: nil request (the call that should have made
 // was wrong twice); a finished one is not q's result any more, so that
 // Wait and Test do not report it as this call's.
 func (q *Request) refused() {
-	if q != nil && q.c != nil && q.done() {
+	if q != nil && !q.window && q.c != nil && q.done() {
 		q.c = nil
 	}
 }
@@ -245,11 +245,16 @@ func (q *Request) test() (Status, bool, error) {
 	return q.c.status(st), true, err
 }
 
-// reusable refuses a persistent or partitioned request given to an Into
-// call: Start starts its operation, which the call would replace while
-// Start went on starting it. A nil q is the Into calls' to refuse.
+// reusable refuses a request an Into call may not take: a one-sided
+// operation's, which its window keeps, and a persistent or partitioned
+// one, whose operation Start starts and the call would replace. A nil q
+// is the Into calls' to refuse.
 func (q *Request) reusable() error {
-	if q != nil && (q.persist != nil || q.part != nil) {
+	switch {
+	case q == nil:
+	case q.window: // before the arguments: refused() would drop its result
+		return errWindowRequest
+	case q.persist != nil || q.part != nil:
 		return errPersistentRequest
 	}
 	return nil

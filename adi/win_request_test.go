@@ -173,3 +173,40 @@ func TestWinRequestKept(t *testing.T) {
 	}
 	freeWindows(t, ctx, cs, wins)
 }
+
+// TestRefusedIntoKeepsWindowRequest: an Into call given a one-sided
+// operation's request refuses it whatever its other arguments, and the
+// window's flush still finds the operation. A refused IrecvInto with a
+// bad rank once dropped the finished Rget's result, and FlushAll failed
+// with "request holds no operation".
+func TestRefusedIntoKeepsWindowRequest(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	each(t, cs, func(c *adi.Comm) error {
+		win, err := c.WinCreate(ctx, make([]byte, 8))
+		if err != nil {
+			return err
+		}
+		if err := win.LockAll(ctx); err != nil {
+			return err
+		}
+		var got [8]byte
+		q, err := win.Rget(got[:], 1-c.Rank(), 0)
+		if err != nil {
+			return err
+		}
+		if _, err := q.Wait(ctx); err != nil {
+			return err
+		}
+		if err := c.IrecvInto(q, got[:], 99, 0); !errors.Is(err, adi.ErrRequestBusy) {
+			return fmt.Errorf("IrecvInto from rank 99 into an Rget's request: %v, want ErrRequestBusy", err)
+		}
+		if err := win.FlushAll(ctx); err != nil {
+			return fmt.Errorf("FlushAll after a refused IrecvInto on an Rget request: %w", err)
+		}
+		if err := win.UnlockAll(ctx); err != nil {
+			return err
+		}
+		return c.Barrier(ctx)
+	})
+}
