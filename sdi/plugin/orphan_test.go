@@ -61,19 +61,7 @@ func TestPluginExitsWithoutHost(t *testing.T) {
 	exe, _ := os.Executable()
 	for _, helper := range []string{"host", "host-unopened", "host-closed"} {
 		t.Run(helper, func(t *testing.T) {
-			host := exec.Command(exe, helperArg, helper)
-			out, err := host.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := host.Start(); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { host.Process.Kill(); host.Wait() })
-			line, err := bufio.NewReader(out).ReadString('\n')
-			if err != nil {
-				t.Fatalf("host helper: %v", err)
-			}
+			host, line := startHost(t, exe, helper)
 			pid, err := strconv.Atoi(strings.TrimSpace(line))
 			if err != nil {
 				t.Fatalf("host helper said %q", line)
@@ -102,4 +90,24 @@ func alive(pid int) bool {
 	}
 	f := strings.Fields(string(b))
 	return len(f) > 2 && f[2] != "Z" && f[2] != "X"
+}
+
+// startHost starts this test binary as a host helper with args and returns
+// it, with the first line it printed; the test's end kills it.
+func startHost(t *testing.T, exe string, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	host := exec.Command(exe, append([]string{helperArg}, args...)...)
+	out, err := host.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := host.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { host.Process.Kill(); host.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.HasPrefix(line, "error") {
+		t.Fatalf("host helper: %q, %v", line, err)
+	}
+	return host, line
 }

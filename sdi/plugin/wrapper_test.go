@@ -1,10 +1,8 @@
 package plugin_test
 
 import (
-	"bufio"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -113,18 +111,7 @@ func TestWrapperScriptStartFails(t *testing.T) {
 func TestWrapperScriptOutlivesHost(t *testing.T) {
 	exe, _ := os.Executable()
 	script, pidFile := writeWrapper(t, "'"+exe+"' "+helperArg+" v1")
-	host := exec.Command(exe, helperArg, "host-of:"+script)
-	out, err := host.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := host.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { host.Process.Kill(); host.Wait() })
-	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || strings.HasPrefix(line, "error") {
-		t.Fatalf("host helper: %q, %v", line, err)
-	}
+	host, _ := startHost(t, exe, "host-of:"+script)
 	pid := readPID(t, pidFile)
 	host.Process.Kill()
 	host.Wait()
