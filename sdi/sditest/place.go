@@ -200,7 +200,7 @@ func testPlaceDelivers(t testing.TB, e *env) {
 	e.open(t)
 	e.connectAll(t)
 	// As Concurrent/Sends, with fewer goroutines.
-	e.allToAllStreams(t, 2, count(300))
+	e.allToAllStreams(t, 2, count(100))
 	e.awaitCompletions(t)
 	time.Sleep(e.tm.quiet) // late writes into delivered places show in their canaries
 	e.checkPlaces(true)
