@@ -42,25 +42,11 @@ import (
 // algorithms within hosts and among hosts' leaders (hostcoll.go), and so
 // do Reduce and Allreduce where each host's ranks are consecutive.
 //
-// Ranks that pass disagreeing lengths get ErrMismatch wherever a message
-// arrives with another length than its receiver expects, and so does every
-// rank whose part of the result depends on such a rank: once a rank has
-// met a mismatch, it goes through the rest of the collective sending, in
-// place of each of its messages, one of another length (poison), which
-// its receiver finds wrong in turn. Lengths can also disagree in ways no
-// message shows (lengths on either side of 64 KiB choose different
-// algorithms, whose ranks then wait for each other), as with any MPI: a
-// program must not count on the error. Two such ways: the poison of a
-// rank whose own message would be empty is one byte, which a peer that
-// expects one byte takes for its data (a one-element []bool or []byte
-// against an empty one); and a rank whose arguments fail its own checks
-// below (a root out of range, counts that do not fit its slices) returns
-// that error at once and sends nothing, so its peers wait for it until
-// their ctx ends. A collective that fails otherwise
-// (a peer lost, ctx ending) cancels the receives it still had posted and
-// returns at once; its peers may still be waiting in it. As in MPI, the
-// communicator's collectives are then undefined: end the job, or go on
-// with point-to-point messages only.
+// What disagreeing lengths and failed collectives do is in the package
+// doc (doc.go, "Ranks that pass disagreeing lengths"): a mismatch a
+// message shows sends poison (a message of another length) through the
+// rest of the collective, so that every rank whose result depends on it
+// gets ErrMismatch.
 
 // ErrMismatch reports that the ranks of a collective passed arguments that
 // disagree: a message of another length than this rank's buffers call for.
