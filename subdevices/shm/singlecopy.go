@@ -102,23 +102,28 @@ func descriptorOf(payload []byte) descriptor {
 // singleCopyWanted returns, from this rank's configuration and
 // environment, the mode its rings take where a probe lets it read the
 // sender's memory (copyDesc, or copyAuto to let senders choose), or copyRing
-// with the reason.
-func singleCopyWanted(c config) (uint32, string) {
-	switch strings.ToLower(strings.TrimSpace(os.Getenv(envSingleCopy))) {
+// with the reason. A value of the environment variable it does not know
+// is an error: a misspelt "of" silently keeping single copy on would
+// leave a user measuring the wrong thing.
+func singleCopyWanted(c config) (uint32, string, error) {
+	switch v := os.Getenv(envSingleCopy); strings.ToLower(strings.TrimSpace(v)) {
 	case "0", "off", "false", "no":
-		return copyRing, "turned off by " + envSingleCopy
+		return copyRing, "turned off by " + envSingleCopy, nil
 	case "1", "on", "true", "yes":
-		return copyDesc, ""
+		return copyDesc, "", nil
 	case "auto":
-		return copyAuto, ""
+		return copyAuto, "", nil
+	case "":
+	default:
+		return 0, "", fmt.Errorf("shm: %s=%q: want on, off or auto (or 1, 0)", envSingleCopy, v)
 	}
 	switch {
 	case c.SingleCopy == nil:
-		return copyAuto, ""
+		return copyAuto, "", nil
 	case *c.SingleCopy:
-		return copyDesc, ""
+		return copyDesc, "", nil
 	}
-	return copyRing, "off in the config (single_copy)"
+	return copyRing, "off in the config (single_copy)", nil
 }
 
 // yamaScopePath is where Linux's Yama module says who may ptrace whom,

@@ -706,3 +706,27 @@ func TestDescriptorReadAfterDisconnectWakesSender(t *testing.T) {
 			rx.inbound[0].head.Load())
 	}
 }
+
+// TestSingleCopyEnvRefused checks that Open refuses a value of
+// MD_SHM_SINGLE_COPY it does not know, naming the variable, and stays
+// unopened: a misspelt value once fell through to the config silently,
+// so a user turning the single copy off measured it on.
+func TestSingleCopyEnvRefused(t *testing.T) {
+	for _, v := range []string{"of", "disable", "2"} {
+		t.Run(v, func(t *testing.T) {
+			t.Setenv(envSingleCopy, v)
+			sd := New(testLogger(t))
+			_, err := sd.Open(context.Background(), sdi.OpenParams{Rank: 0, Size: 2, Host: "h", JobID: t.Name(), Handler: newRecorder(t)})
+			if err == nil || !strings.Contains(err.Error(), envSingleCopy) || !strings.Contains(err.Error(), fmt.Sprintf("%q", v)) {
+				t.Fatalf("Open with %s=%q: err = %v, want one naming the variable and its value", envSingleCopy, v, err)
+			}
+			t.Setenv(envSingleCopy, "off")
+			if _, err := sd.Open(context.Background(), sdi.OpenParams{Rank: 0, Size: 2, Host: "h", JobID: t.Name(), Handler: newRecorder(t)}); err != nil {
+				t.Fatalf("Open after the refused one: %v", err)
+			}
+			if err := sd.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

@@ -153,6 +153,10 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	if err != nil {
 		return sdi.Local{}, fmt.Errorf("shm: open: %w", err)
 	}
+	copyWant, copyWhy, err := singleCopyWanted(cfg)
+	if err != nil {
+		return sdi.Local{}, err
+	}
 	if !sd.state.CompareAndSwap(devNew, devOpen) {
 		if sd.state.Load() == devClosed {
 			return sdi.Local{}, fmt.Errorf("shm: open: %w", sdi.ErrClosed)
@@ -174,7 +178,7 @@ func (sd *device) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error)
 	sd.cfg = cfg
 	sd.caps = cfg.caps()
 	sd.placer, _ = p.Handler.(sdi.Placer)
-	sd.copyWant, sd.singleCopyWhy = singleCopyWanted(cfg)
+	sd.copyWant, sd.singleCopyWhy = copyWant, copyWhy
 	sd.srcProc = make([]atomic.Pointer[peerProc], p.Size)
 	if sd.copyWant != copyRing {
 		allowPeerReads(sd.log)
