@@ -69,3 +69,24 @@ func TestDefaultExclusivity(t *testing.T) {
 		t.Fatalf("default exclusivity %d is not between tcp's %d and verbs' %d", defaultExclusivity, tcp, verbs)
 	}
 }
+
+// FuzzParseConfig feeds parseConfig arbitrary config blocks (plugins.hcl's
+// JSON for udapl): it must never panic, every refusal must say it is the
+// udapl config's, and what it accepts must be settings the engine takes.
+func FuzzParseConfig(f *testing.F) {
+	for _, s := range []string{"", "{}", `{"port": 1}`, `{"eager_bytes": 4096, "recv_slots": 64}`, `{"exclusivity": 0}`, `{"port": 1} {}`, `{"nope": 1}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := parseConfig(b)
+		if err != nil {
+			if !strings.HasPrefix(err.Error(), "udapl: config: ") {
+				t.Fatalf("parseConfig(%q): %q does not say whose config", b, err)
+			}
+			return
+		}
+		if err := c.settings.Validate(); err != nil {
+			t.Fatalf("parseConfig(%q) accepted settings the engine refuses: %v", b, err)
+		}
+	})
+}
