@@ -620,9 +620,15 @@ func remoteFlags(hosts string) []string {
 }
 
 func TestUsageErrors(t *testing.T) {
+	// A file that is there but not executable is not "not found".
+	noExec := filepath.Join(t.TempDir(), "prog.txt")
+	if err := os.WriteFile(noExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	checkUsageErrors(t, []usageCase{
-		{"nothing", nil, "-n 0: need at least 1 rank"},
-		{"n missing", []string{helper}, "-n 0: need at least 1 rank"},
+		{"nothing", nil, "-n is missing"},
+		{"n missing", []string{helper}, "-n is missing: give the number of ranks"},
+		{"program not executable", []string{"-n", "2", noExec}, fmt.Sprintf("program %q cannot be run", noExec)},
 		{"n zero", []string{"-n", "0", helper}, "-n 0"},
 		{"n negative", []string{"-n", "-2", helper}, "-n -2"},
 		{"n not a number", []string{"-n", "four", helper}, `invalid value "four" for flag -n`},

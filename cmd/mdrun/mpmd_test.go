@@ -113,7 +113,7 @@ func TestMPMDUsageErrors(t *testing.T) {
 		{"nothing before", []string{":", "-n", "1", helper}, `mdrun: nothing before the 1st ":"`},
 		{"nothing between", then(":", ":", "-n", "1", helper), `mdrun: nothing between the 1st and the 2nd ":"`},
 		{"nothing after the 3rd", then(":", "-n", "1", helper, ":", "-n", "1", helper, ":"), `mdrun: nothing after the 3rd ":"`},
-		{"n missing in the first", []string{helper, ":", "-n", "1", helper2}, "mdrun: -n 0: need at least 1 rank"},
+		{"n missing in the first", []string{helper, ":", "-n", "1", helper2}, "mdrun: -n is missing"},
 		{"n missing", then(":", helper2), `mdrun: after the 1st ":": -n is missing: give each program its number of ranks`},
 		{"n missing after a flag", then(":", "-x", "A", helper2), `after the 1st ":": -n is missing`},
 		{"n zero", then(":", "-n", "0", helper2), `mdrun: after the 1st ":": -n 0: need at least 1 rank`},

@@ -196,6 +196,11 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 		later = append(later, sec)
 	}
 	n := raw.n
+	nGiven := false
+	fs.Visit(func(f *flag.Flag) { nGiven = nGiven || f.Name == "n" })
+	if !nGiven {
+		return cfg, &usageError{"-n is missing: give the number of ranks to start (mdrun -n 4 prog)"}
+	}
 	if err := checkRanks(n); err != nil {
 		return cfg, &usageError{err.Error()}
 	}
@@ -323,7 +328,10 @@ func parseArgs(args []string, errw io.Writer) (config, error) {
 func lookProgram(name string) (string, error) {
 	prog, err := exec.LookPath(name)
 	if err != nil {
-		return "", fmt.Errorf("program %q not found: %v", name, err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return "", fmt.Errorf("program %q not found: %v", name, err)
+		}
+		return "", fmt.Errorf("program %q cannot be run: %v", name, err)
 	}
 	if prog, err = filepath.Abs(prog); err != nil {
 		return "", fmt.Errorf("program %q: %v", name, err)
