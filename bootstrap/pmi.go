@@ -441,12 +441,12 @@ func startPMIJob(ctx context.Context, logger hclog.Logger, c *pmiConn, s *pmiSet
 	}
 	if err := j.Fence(ctx); err != nil {
 		j.shutdown()
-		return nil, err
+		return fail(err)
 	}
 	if j.rank != 0 {
 		if j.secret, err = j.Get(ctx, 0, secretKey); err != nil {
 			j.shutdown()
-			return nil, err
+			return fail(err)
 		}
 	}
 	logger.Debug("joined the job", "version", s.name, "size", s.size, "host", host, "job", s.jobID)

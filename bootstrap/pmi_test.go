@@ -95,6 +95,7 @@ func TestPMIJob(t *testing.T) {
 	}{
 		{"pmi2", nil, nil, "fake_job_7"},
 		{"pmi2-lazy-fence", func(f *fakePMI) { f.lazy = true }, nil, "fake_job_7"},
+		{"pmi2-hydra", func(f *fakePMI) { f.lazy, f.missRC = true, true }, nil, "fake_job_7"},
 		{"pmi1-pinned", nil, []string{"MD_PMI=1"}, "kvs_fake_1"},
 		{"pmi1-after-refused-pmi2", func(f *fakePMI) { f.noV2 = true }, nil, "kvs_fake_1"},
 		{"pmi1-small-values", func(f *fakePMI) { f.valMax = 40 }, []string{"MD_PMI=1"}, "kvs_fake_1"},
@@ -150,6 +151,7 @@ func TestPMIFenceIsBarrier(t *testing.T) {
 		env  string
 	}{
 		{"pmi2-lazy-fence", func(f *fakePMI) { f.lazy = true }, "MD_PMI=2"},
+		{"pmi2-hydra", func(f *fakePMI) { f.lazy, f.missRC = true, true }, "MD_PMI=2"},
 		{"pmi2", nil, "MD_PMI=2"},
 		{"pmi1", nil, "MD_PMI=1"},
 	} {
@@ -265,12 +267,19 @@ func TestPMIGetAndPutErrors(t *testing.T) {
 	}
 }
 
+// TestPMIAbort: the manager hears the abort as one that ends the job with
+// the rank's code (and, under PMI-2, its reason); fakePMI ignores a PMI-2
+// abort that Slurm or Hydra would not act on.
 func TestPMIAbort(t *testing.T) {
-	for _, tt := range []struct{ env, want string }{{"MD_PMI=1", "7"}, {"MD_PMI=2", "rank 0 gives up, really"}} {
-		t.Run(tt.env, func(t *testing.T) {
+	for _, tt := range []struct{ name, env, reason, want string }{
+		{"pmi1", "MD_PMI=1", "rank 0 gives up;\nreally", "7"},
+		{"pmi2", "MD_PMI=2", "rank 0 gives up;\nreally", "7: rank 0 gives up, really"},
+		{"pmi2 without reason", "MD_PMI=2", "", "7: " + noAbortReason},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
 			f := newFakePMI(t, 2, nil)
 			ranks := openPMIRanks(t, f, tt.env)
-			if err := ranks[0].Abort(7, "rank 0 gives up;\nreally"); err != nil {
+			if err := ranks[0].Abort(7, tt.reason); err != nil {
 				t.Fatal(err)
 			}
 			deadline := time.Now().Add(10 * time.Second)
@@ -322,6 +331,100 @@ func TestPMILateAbort(t *testing.T) {
 			t.Errorf("second abort: %v, want the first's outcome, nil", err)
 		}
 	})
+}
+
+// TestPMI2MissingKey: a kvs-get of a key nobody put is "not found"
+// however the manager words it. Slurm's mpi/pmi2 answers found=FALSE;
+// current MPICH Hydra answers rc=1 (PMIU_msg_set_response_fail(.., 1,
+// "key_not_found")), which MPICH's own PMI-2 barrier ignores. Fence ends
+// in such a get, so reading rc=1 as a refusal fails Open and every Fence
+// under Hydra.
+func TestPMI2MissingKey(t *testing.T) {
+	for _, tt := range []struct{ name, missing string }{
+		{"slurm found=FALSE", formatPMI2("kvs-get-response", "rc", "0", "found", "FALSE")},
+		{"hydra rc=1", formatPMI2("kvs-get-response", "rc", "1", "errmsg", "key_not_found")},
+		{"hydra rc=1 bare", formatPMI2("kvs-get-response", "rc", "1")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			env := scriptedPMI2(t, slurmPMI2(tt.missing, nil))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			bs, err := open(ctx, testLogger(t), envSnapshot(env), nil)
+			if err != nil {
+				t.Fatalf("open: %v", err)
+			}
+			defer bs.Close()
+			if err := bs.Fence(ctx); err != nil {
+				t.Errorf("fence: %v", err)
+			}
+			if _, err := bs.Get(ctx, 0, "nothing"); !errors.Is(err, ErrNotFound) {
+				t.Errorf("get of a missing key = %v, want ErrNotFound", err)
+			}
+		})
+	}
+}
+
+// TestPMI2OpenFenceError: a refusal of Open's own fence names the backend
+// and the variable, as doc.go promises for every error of Open.
+func TestPMI2OpenFenceError(t *testing.T) {
+	slurm := slurmPMI2(formatPMI2("kvs-get-response", "rc", "0", "found", "FALSE"), nil)
+	env := scriptedPMI2(t, func(m *pmiMsg) string {
+		if m.cmd == "kvs-fence" {
+			return formatPMI2("kvs-fence-response", "rc", "-1", "errmsg", "out of memory")
+		}
+		return slurm(m)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, err := open(ctx, testLogger(t), envSnapshot(env), nil)
+	if err == nil {
+		bs.Close()
+		t.Fatal("open succeeded, want the fence's refusal")
+	}
+	if want := "bootstrap: pmi2: " + env[0] + ": "; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "out of memory") {
+		t.Errorf("open error %q, want %q... with the manager's reason", err, want)
+	}
+}
+
+// TestPMI2AbortKeys: a PMI-2 abort carries the keys that make each manager
+// end the whole job with the rank's code. Slurm's mpi/pmi2 _handle_abort
+// kills the step only for isworld=TRUE (the other ranks would otherwise
+// wait in Fence forever); Hydra reads exitcode (1 if missing) and message,
+// and MPICH's parser rejects an empty value, so an empty reason still
+// sends a message.
+func TestPMI2AbortKeys(t *testing.T) {
+	for _, tt := range []struct{ name, reason, message string }{
+		{"reason", "rank 0 gives up", "rank 0 gives up"},
+		{"no reason", "", noAbortReason},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			aborts := make(chan *pmiMsg, 1)
+			env := scriptedPMI2(t, slurmPMI2(formatPMI2("kvs-get-response", "rc", "0", "found", "FALSE"), aborts))
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			bs, err := open(ctx, testLogger(t), envSnapshot(env), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bs.Abort(3, tt.reason)
+			var m *pmiMsg
+			select {
+			case m = <-aborts:
+			case <-ctx.Done():
+				t.Fatal("the manager heard no abort")
+			}
+			for _, kv := range [][2]string{{"isworld", "TRUE"}, {"exitcode", "3"}, {"message", tt.message}} {
+				if v, _ := m.get(kv[0]); v != kv[1] {
+					t.Errorf("abort sent %v: %s=%q, want %q", m.attrs, kv[0], v, kv[1])
+				}
+			}
+			for k, v := range m.attrs {
+				if v == "" {
+					t.Errorf("abort sent %v: %s is empty, which MPICH's parser rejects", m.attrs, k)
+				}
+			}
+		})
+	}
 }
 
 func TestPMIOpenErrors(t *testing.T) {

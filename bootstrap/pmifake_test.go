@@ -20,6 +20,7 @@ type fakePMI struct {
 	size    int
 	noV2    bool   // answer a PMI-2 init with a PMI-1 refusal, like a PMI-1-only manager
 	lazy    bool   // PMI-2 kvs-fence answers at once and gets wait, like Hydra
+	missRC  bool   // PMI-2 kvs-get of a missing key answers rc=1, not found=FALSE, like current Hydra
 	keyMax  int    // longest key; 64 if 0
 	valMax  int    // longest value, longer ones are cut like Hydra does; 1024 if 0
 	mapping string // PMI_process_mapping; none if ""
@@ -287,13 +288,27 @@ func (f *fakePMI) serve2(c *os.File, r *bufio.Reader, rank int) {
 			k, _ := m.get("key")
 			if v, found := f.get(rank, k); found {
 				ok = reply("kvs-get-response", "found", "TRUE", "value", v, "rc", "0")
+			} else if f.missRC {
+				ok = reply("kvs-get-response", "rc", "1", "errmsg", "key_not_found")
 			} else {
 				ok = reply("kvs-get-response", "found", "FALSE", "rc", "0")
 			}
 		case "abort":
-			msg, _ := m.get("msg")
+			// Slurm ends the job only for isworld=TRUE and otherwise
+			// leaves the other ranks running; MPICH's parser drops a
+			// message with an empty value. Hydra's exit code is exitcode,
+			// 1 if missing. Recorded as "code: message".
+			world, _ := m.get("isworld")
+			msg, _ := m.get("message")
+			if world != "TRUE" || msg == "" {
+				continue
+			}
+			code, ok := m.get("exitcode")
+			if !ok {
+				code = "1"
+			}
 			f.mu.Lock()
-			f.aborts = append(f.aborts, msg)
+			f.aborts = append(f.aborts, code+": "+msg)
 			f.mu.Unlock()
 			return
 		case "finalize":
@@ -305,5 +320,82 @@ func (f *fakePMI) serve2(c *os.File, r *bufio.Reader, rank int) {
 		if !ok {
 			return
 		}
+	}
+}
+
+// scriptedPMI2 is a one-rank PMI-2 manager whose answers come from reply
+// ("" sends none), for pinning how the client reads one manager's exact
+// wording, which fakePMI's store would hide. It returns the rank's
+// environment.
+func scriptedPMI2(t *testing.T, reply func(m *pmiMsg) string) []string {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Non-blocking, so that the cleanup's Close interrupts a pending Read.
+	if err := syscall.SetNonblock(fds[0], true); err != nil {
+		t.Fatal(err)
+	}
+	srv := os.NewFile(uintptr(fds[0]), "scripted-pmi2")
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		srv.Close()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		r := bufio.NewReader(srv)
+		if m, err := readPMI1(r); err != nil || m.cmd != "init" {
+			return
+		}
+		io.WriteString(srv, "cmd=response_to_init rc=0 pmi_version=2 pmi_subversion=0\n")
+		for {
+			m, err := readPMI2(r)
+			if err != nil {
+				return
+			}
+			if s := reply(m); s != "" {
+				if _, err := io.WriteString(srv, s); err != nil {
+					return
+				}
+			}
+		}
+	})
+	return []string{"PMI_FD=" + strconv.Itoa(fds[1]), "PMI_RANK=0", "PMI_SIZE=1", "PMI_JOBID=7.0"}
+}
+
+// slurmPMI2 answers a one-rank job as Slurm's mpi/pmi2 plugin words it,
+// except that a kvs-get of a missing key is answered with missing. Each
+// abort is sent to aborts, if not nil, and gets no answer, as under Slurm.
+func slurmPMI2(missing string, aborts chan<- *pmiMsg) func(m *pmiMsg) string {
+	kvs := map[string]string{}
+	return func(m *pmiMsg) string {
+		k, _ := m.get("key")
+		switch m.cmd {
+		case "fullinit":
+			return formatPMI2("fullinit-response", "rc", "0", "rank", "0", "size", "1", "appnum", "0")
+		case "job-getid":
+			return formatPMI2("job-getid-response", "rc", "0", "jobid", "7.0")
+		case "info-getjobattr":
+			return formatPMI2("info-getjobattr-response", "rc", "0", "found", "FALSE")
+		case "kvs-put":
+			v, _ := m.get("value")
+			kvs[k] = v
+			return formatPMI2("kvs-put-response", "rc", "0")
+		case "kvs-fence":
+			return formatPMI2("kvs-fence-response", "rc", "0")
+		case "kvs-get":
+			if v, ok := kvs[k]; ok {
+				return formatPMI2("kvs-get-response", "rc", "0", "found", "TRUE", "value", v)
+			}
+			return missing
+		case "abort":
+			if aborts != nil {
+				aborts <- m
+			}
+		case "finalize":
+			return formatPMI2("finalize-response", "rc", "0")
+		}
+		return ""
 	}
 }

@@ -351,7 +351,8 @@ const barrierKey = "md.barrier"
 // answers at once and holds back kvs-gets until every rank has fenced. A
 // get of a missing key is answered only then, so the pair is a barrier
 // under Hydra and costs one round trip under a manager whose fence already
-// is one (Slurm).
+// is one (Slurm). Its answer is "not found", in whichever wording (see
+// get).
 func (p *pmi2) fence() error {
 	if _, err := p.roundTrip("kvs-fence-response", "kvs-fence"); err != nil {
 		return err
@@ -378,6 +379,13 @@ func found(m *pmiMsg) (string, bool, error) {
 
 func (p *pmi2) get(key string) (string, bool, error) {
 	m, err := p.roundTrip("kvs-get-response", "kvs-get", "srcid", "-1", "key", key)
+	var rc *rcError
+	if errors.As(err, &rc) {
+		// Slurm says found=FALSE; current Hydra answers a missing key with
+		// rc=1 (key_not_found) instead, and MPICH's own barrier, a get of
+		// a key nobody puts, ignores that error the same way.
+		return "", false, nil
+	}
 	if err != nil {
 		return "", false, err
 	}
@@ -393,9 +401,18 @@ func (p *pmi2) jobAttr(key string) (string, bool, error) {
 	return found(m)
 }
 
-func (p *pmi2) abort(_ int, msg string) error {
-	// PMI-2's abort has no exit code; the manager picks the job's status.
-	return p.c.write(formatPMI2("abort", "isworldabort", "TRUE", "msg", msg))
+// noAbortReason is the message of an abort given no reason: MPICH's
+// PMI-2 parser rejects a request with an empty value.
+const noAbortReason = "no reason given"
+
+func (p *pmi2) abort(code int, msg string) error {
+	if msg == "" {
+		msg = noAbortReason
+	}
+	// Slurm ends the job only for isworld=TRUE, and leaves the other
+	// ranks waiting otherwise; Hydra takes the job's status from exitcode
+	// (1 without it) and prints message. msg is MPICH's older spelling.
+	return p.c.write(formatPMI2("abort", "isworld", "TRUE", "exitcode", strconv.Itoa(code), "message", msg, "msg", msg))
 }
 
 func (p *pmi2) finalize() error {
