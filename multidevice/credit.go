@@ -7,6 +7,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 // Flow control over virtual lines (Madeleine III's answer to a gateway
@@ -307,10 +309,16 @@ func (d *Device) blockFrame(peer int32, b *block, t trunk) *outFrame {
 
 // trunkSent ends a frame's trip through trunk t, carrying block b (or a
 // credit, b nil): a trunk that failed it is down, and the trip's hold on
-// the block ends.
+// the block ends. A gateway whose direct route the trunk's subdevice
+// carries is lost with it, as after a failed direct frame (frameLost):
+// reported before trunkDown fails a line through it.
 func (d *Device) trunkSent(t trunk, b *block, err error) {
 	if err != nil && !d.closed.Load() && !d.finalizing.Load() {
-		d.trunkDown(t.via, t.sub.idx, err)
+		if d.frameLost(t.sub, sdi.Rank(t.via), err) {
+			d.lostOver(t.sub.idx, int(t.via), err)
+		} else {
+			d.trunkDown(t.via, t.sub.idx, err)
+		}
 	}
 	if b != nil {
 		b.release(d)

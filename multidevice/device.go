@@ -770,12 +770,13 @@ func (d *Device) shutdown(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// failAll completes every outstanding request with err, but for the
-// receives whose buffers the subdevices in unclosed may still write into:
-// those they were given as places (sdi.Placer ends a place only at its
-// Deliver or a report of the peer down), those a matching subdevice holds
-// (its Done may yet come), and duplicated receives whose claim a copy in
-// one of them may have won.
+// failAll completes every outstanding request with err (a rendezvous
+// receive that failed before, waiting only for its placed blocks, with
+// its own failure), but for the receives whose buffers the subdevices in
+// unclosed may still write into: those they were given as places
+// (sdi.Placer ends a place only at its Deliver or a report of the peer
+// down), those a matching subdevice holds (its Done may yet come), and
+// duplicated receives whose claim a copy in one of them may have won.
 func (d *Device) failAll(err error, unclosed map[int]bool) {
 	matcherUnclosed := false
 	for _, idx := range d.matchers {
@@ -805,9 +806,18 @@ func (d *Device) failAll(err error, unclosed map[int]bool) {
 		}
 	}
 	held := map[*Request]bool{}
+	var failed []*Request
 	for _, p := range d.filling {
 		if unclosed[p.sub] {
 			held[p.r] = true
+			continue
+		}
+		// Its subdevice closed: the block is done. A receive that failed
+		// meanwhile left rndvRecv and waits for nothing else once its
+		// last block is done (blockDone).
+		p.r.rndvBusy--
+		if p.r.rndvFail != nil && p.r.rndvBusy == 0 {
+			failed = append(failed, p.r)
 		}
 	}
 	d.placing, d.filling = nil, nil // the subdevices are closed: nothing delivers them any more
@@ -823,6 +833,9 @@ func (d *Device) failAll(err error, unclosed map[int]bool) {
 	d.mu.Unlock()
 	for _, r := range reqs {
 		r.complete(r.failStatus(), err)
+	}
+	for _, r := range failed {
+		r.complete(r.failStatus(), r.rndvFail)
 	}
 	failAcks(acks, err)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,11 +27,21 @@ func failoverJob(t *testing.T, n int, failover, standby bool) (devs []*Device, f
 
 // failoverJobCaps is failoverJob over subdevices with the given caps.
 func failoverJobCaps(t *testing.T, n int, failover, standby bool, caps sdi.Caps) (devs []*Device, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
-	return failoverJobOpts(t, n, failover, standby, caps, ForwardOptions{BlockSize: 2000, Window: 32 << 10})
+	return failoverJobOpts(t, n, failover, standby, caps, failoverForward)
 }
+
+// failoverForward are the forward options of failoverJob.
+var failoverForward = ForwardOptions{BlockSize: 2000, Window: 32 << 10}
 
 // failoverJobOpts is failoverJobCaps with the given forward options.
 func failoverJobOpts(t *testing.T, n int, failover, standby bool, caps sdi.Caps, fwd ForwardOptions) (devs []*Device, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
+	js, fabs, sends := failoverSpec(n, failover, standby, caps, fwd)
+	return openJob(t, js), fabs, sends
+}
+
+// failoverSpec is the job failoverJobOpts opens, for a test that opens it
+// its own way.
+func failoverSpec(n int, failover, standby bool, caps sdi.Caps, fwd ForwardOptions) (js jobSpec, fabs map[string]*sditest.Fabric, sends map[string]*atomic.Int64) {
 	fabs, sends = map[string]*sditest.Fabric{}, map[string]*atomic.Int64{}
 	factories := map[string]sdi.Factory{}
 	for _, name := range []string{"a", "b"} {
@@ -42,8 +53,8 @@ func failoverJobOpts(t *testing.T, n int, failover, standby bool, caps sdi.Caps,
 		To: conntable.SelectAll, Failover: failover,
 		Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b", Standby: standby}}},
 	}}}
-	devs = openJob(t, jobSpec{n: n, subs: []string{"a", "b"}, factories: factories, table: table, forward: fwd})
-	return devs, fabs, sends
+	js = jobSpec{n: n, subs: []string{"a", "b"}, factories: factories, table: table, forward: fwd}
+	return js, fabs, sends
 }
 
 // countingSub counts the frames its subdevice is given.
@@ -223,6 +234,56 @@ func TestFailoverLastRoute(t *testing.T) {
 	}
 	if !errors.Is(err, ErrPeerDown) {
 		t.Fatalf("send to the lost rank: %v, want ErrPeerDown", err)
+	}
+}
+
+// loseFailoverRank opens two ranks with failover over "a" and "b", rank
+// 0's bootstrap taking reports of lost ranks, cuts rank 1 off both
+// networks once a message went across, and returns the reports rank 0
+// made (a while after) and how its receive from rank 1 ended.
+func loseFailoverRank(t *testing.T) (reports []string, err error) {
+	t.Helper()
+	js, fabs, _ := failoverSpec(2, true, false, fwdCaps, failoverForward)
+	devs, rb := reportingOpen(t, js)
+	buf := make([]byte, 100)
+	rr := must(t)(devs[1].Irecv(buf, 0, 1, 0))
+	must(t)(devs[0].Isend(numbered(100, 0, 0), 1, 1, 0, false))
+	if _, err := wait(t, rr); err != nil {
+		t.Fatal(err)
+	}
+	pending := must(t)(devs[0].Irecv(buf, 1, 2, 0))
+	rb.watch(pending)
+	fabs["a"].Sever(1)
+	fabs["b"].Sever(1)
+	_, err = wait(t, pending)
+	time.Sleep(200 * time.Millisecond) // for a second report, if one comes
+	return rb.got(), err
+}
+
+// TestFailoverLastRouteReportedLost: a rank whose failover line lost its
+// last route is reported to the launcher, once, before the receive from
+// it fails, as a rank lost over a plain route is (reportLost). Neither
+// PeerDown nor a failed frame reports it, since a failover route does not
+// carry the rank directly; it went unreported, and mdrun could not name
+// the rank whose loss the others' failures followed.
+func TestFailoverLastRouteReportedLost(t *testing.T) {
+	reports, err := loseFailoverRank(t)
+	if !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("receive from the lost rank: %v, want ErrPeerDown", err)
+	}
+	if len(reports) != 1 || !strings.HasPrefix(reports[0], "rank 1: ") || strings.Contains(reports[0], "after") {
+		t.Fatalf("reports %q: want exactly one, of rank 1, made before the receive failed", reports)
+	}
+}
+
+// TestFailoverLastRouteSaysWhy: a request failed because a failover line
+// lost its last route says why that route went (the subdevice's reason),
+// as one failed by the loss of a plain route does. The line's error kept
+// only a gateway's lost notice, which a failover route never sends.
+func TestFailoverLastRouteSaysWhy(t *testing.T) {
+	_, err := loseFailoverRank(t)
+	if !errors.Is(err, ErrPeerDown) || !strings.Contains(err.Error(), "link is down") {
+		t.Fatalf("receive from the lost rank: %v; want ErrPeerDown saying why (the loopback's \"link is down\")", err)
 	}
 }
 

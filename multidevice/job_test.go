@@ -29,6 +29,9 @@ type jobSpec struct {
 	logger    hclog.Logger
 	relays    int            // the last relays ranks open as dedicated relays
 	forward   ForwardOptions // for every rank
+	// wrapBoot, if set, stands in for each rank's bootstrap: a test
+	// watches what a rank tells its launcher (reportingOpen).
+	wrapBoot func(rank int, b bootstrap.Bootstrap) bootstrap.Bootstrap
 }
 
 // openJob opens n devices concurrently (Open fences) and closes them at the
@@ -38,6 +41,11 @@ func openJob(t testing.TB, js jobSpec) []*Device {
 	boots, err := bootstrap.InProcess(js.n, js.hostOf)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if js.wrapBoot != nil {
+		for r, b := range boots {
+			boots[r] = js.wrapBoot(r, b)
+		}
 	}
 	plugins := &PluginsConfig{}
 	for _, s := range js.subs {

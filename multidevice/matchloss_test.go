@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -414,6 +415,73 @@ func TestMatcherFailsHeldRecv(t *testing.T) {
 			r := must(t)(devs[0].Irecv(make([]byte, 8), 1, 5, 2))
 			if st, err := waitDone(t, r); err == nil || st != (Status{Source: 1, Tag: 5}) {
 				t.Fatalf("held receive failed by its subdevice: %+v, %v; want source 1, tag 5, no bytes and the error", st, err)
+			}
+		})
+	}
+}
+
+// sendFailingTM is the matching subdevice whose tagged sends to rank 1
+// fail once fail is set, as over a link to rank 1 that broke, with no
+// PeerDown (the SDI does not require one): at once, by SendTagged's
+// error, or, with later, in the SendDone that follows.
+type sendFailingTM struct {
+	*tmDev
+	fail  *atomic.Bool
+	later bool
+}
+
+func (f sendFailingTM) SendTagged(m *sdi.TaggedMessage) (bool, error) {
+	if !f.fail.Load() || m.Peer != 1 {
+		return f.tmDev.SendTagged(m)
+	}
+	err := fmt.Errorf("tm: link to rank 1 broke: %w", sdi.ErrPeerUnreachable)
+	if !f.later {
+		return false, err
+	}
+	token := m.Token
+	f.post(func() { f.h.SendDone(token, err) })
+	return false, nil
+}
+
+// TestMatcherSendFailureLosesPeer: a tagged send that a matching
+// subdevice fails is its loss of the peer, as if PeerDown came with it
+// (sdi: SendTagged has Send's completion rules): the peer is reported
+// lost and the receive waiting for it fails, as after a failed frame
+// (frameLost). Only the send failed: the peer stayed up, and a receive
+// from it waited for ever.
+func TestMatcherSendFailureLosesPeer(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		later bool
+	}{
+		{name: "refused"},
+		{name: "failed in SendDone", later: true},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			tm := newTMFabric()
+			loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+			fail := new(atomic.Bool)
+			newTM := func(l hclog.Logger) sdi.SubDevice { return sendFailingTM{tm.New(l).(*tmDev), fail, tt.later} }
+			devs, rb := reportingOpen(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
+				factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
+			if devs[0].matchSub[1] < 0 {
+				t.Fatal("rank 1 is not routed over the matching subdevice; the test proves nothing")
+			}
+			pending := must(t)(devs[0].Irecv(make([]byte, 8), 1, 5, 2))
+			rb.watch(pending)
+			fail.Store(true)
+			r, err := devs[0].Isend([]byte("x"), 1, 5, 2, false)
+			if err == nil {
+				_, err = waitDone(t, r)
+			}
+			if !errors.Is(err, ErrPeerDown) {
+				t.Fatalf("send over the broken link: %v, want ErrPeerDown", err)
+			}
+			if _, err := waitDone(t, pending); !errors.Is(err, ErrPeerDown) {
+				t.Errorf("receive from rank 1 after a send to it failed: %v, want ErrPeerDown", err)
+			}
+			if reports := rb.got(); len(reports) != 1 || !strings.HasPrefix(reports[0], "rank 1: ") || strings.Contains(reports[0], "after") {
+				t.Errorf("reports %q: want rank 1's loss, reported before the receive failed", reports)
 			}
 		})
 	}

@@ -150,19 +150,25 @@ func TestPlacedDeliver(t *testing.T) {
 // completes with the failure only once that block is delivered: until
 // then the subdevice may write into the buffer, which the receive's
 // owner reuses once it completes. If the subdevice that placed the block
-// reports the source down instead, the receive fails at once. Either way
-// it reports the source and tag of the message it matched, and no bytes.
+// reports the source down instead, the receive fails at once; if it
+// closes cleanly instead (Close ends its places), the receive fails at
+// the Device's Close, which fails what is outstanding: it waited for the
+// block for ever, and a Wait on it hung. Either way it reports the source
+// and tag of the message it matched, and no bytes.
 func TestPlacedBlockOutlivesFailure(t *testing.T) {
 	tests := []struct {
 		name       string
 		placingSub bool // the subdevice that placed the block reports the loss
+		closes     bool // the Device closes before the block is delivered
 	}{
 		{name: "another subdevice loses the source"},
 		{name: "the placing subdevice loses the source", placingSub: true},
+		{name: "the placing subdevice closes", closes: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d := loopJob(t, 2, smallCaps)[1]
+			devs := loopJob(t, 2, smallCaps)
+			d := devs[1]
 			h := &handler{d: d, sub: 1}
 			const id = 900
 			r := &Request{d: d, id: id, buf: make([]byte, 500), rndvLen: 500, status: Status{Source: 0, Tag: 5, Count: 500}}
@@ -185,8 +191,12 @@ func TestPlacedBlockOutlivesFailure(t *testing.T) {
 				if r.isDone() {
 					t.Fatal("receive completed while a subdevice still fills its buffer")
 				}
-				copy(dst, pattern(250, 3))
-				h.Deliver(0, hb, dst)
+				if tt.closes {
+					closeJob(t, devs) // every subdevice closes cleanly
+				} else {
+					copy(dst, pattern(250, 3))
+					h.Deliver(0, hb, dst)
+				}
 			}
 			if st, err := wait(t, r); !errors.Is(err, ErrPeerDown) || st != (Status{Source: 0, Tag: 5}) {
 				t.Fatalf("receive ended with %+v, %v; want source 0, tag 5, ErrPeerDown", st, err)

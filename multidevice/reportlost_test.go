@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/hpc-multidevice/multidevice/bootstrap"
+	"github.com/hpc-multidevice/multidevice/conntable"
 	"github.com/hpc-multidevice/multidevice/sdi"
 	"github.com/hpc-multidevice/multidevice/sdi/sditest"
 )
@@ -36,42 +37,50 @@ func (b *reportingBoot) ReportLost(rank int, why string) {
 	b.reports = append(b.reports, r)
 }
 
+// watch makes r the request that must not be done when a report comes.
+func (b *reportingBoot) watch(r *Request) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.pending = r
+}
+
+// got returns the reports made so far.
+func (b *reportingBoot) got() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.reports)
+}
+
+// reportingOpen is openJob with rank 0's bootstrap taking reports of lost
+// ranks.
+func reportingOpen(t *testing.T, js jobSpec) ([]*Device, *reportingBoot) {
+	t.Helper()
+	var rb *reportingBoot
+	js.wrapBoot = func(rank int, b bootstrap.Bootstrap) bootstrap.Bootstrap {
+		if rank != 0 {
+			return b
+		}
+		rb = &reportingBoot{Bootstrap: b}
+		return rb
+	}
+	return openJob(t, js), rb
+}
+
 // reportingJob opens two ranks over the given loopback fabrics (named by
 // their Info names, in this order), rank 0's bootstrap taking reports of
 // lost ranks, and returns rank 0's device and bootstrap.
 func reportingJob(t *testing.T, fabs ...*sditest.Fabric) (*Device, *reportingBoot) {
 	t.Helper()
-	boots, err := bootstrap.InProcess(2, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rb := &reportingBoot{Bootstrap: boots[0]}
-	boots[0] = rb
-	factories := map[string]sdi.Factory{}
-	plugins := &PluginsConfig{}
+	js := jobSpec{n: 2, factories: map[string]sdi.Factory{}}
 	for _, fab := range fabs {
 		info, err := fab.New(hclog.NewNullLogger()).Info(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
-		factories[info.Name] = func(log hclog.Logger) sdi.SubDevice { return fab.New(log) }
-		plugins.SubDevices = append(plugins.SubDevices, SubDeviceSpec{Name: info.Name, Enabled: true})
+		js.factories[info.Name] = fab.New
+		js.subs = append(js.subs, info.Name)
 	}
-	devs := make([]*Device, 2)
-	errs := make([]error, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	var wg sync.WaitGroup
-	for r := range 2 {
-		wg.Go(func() {
-			devs[r], errs[r] = Open(ctx, Options{Bootstrap: boots[r], Plugins: plugins, Factories: factories, Logger: testLogger(t).Named(fmt.Sprint(r))})
-		})
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { closeJob(t, devs) })
+	devs, rb := reportingOpen(t, js)
 	return devs[0], rb
 }
 
@@ -181,5 +190,33 @@ func TestUnusedSubdeviceNotReportedLost(t *testing.T) {
 	defer rb.mu.Unlock()
 	if len(rb.reports) != 0 {
 		t.Fatalf("rank 1 reported lost though the device lost nothing: %q", rb.reports)
+	}
+}
+
+// TestGatewayLossReportedBeforeFailure: rank 0 reaches rank 2 only
+// through gateway 1, which it also reaches directly. When rank 0's link
+// fails, the blocks to 2 queued toward the gateway fail first; rank 1's
+// loss is reported before the receive from 2 fails because of it, as a
+// failed direct frame's is (frameLost). The failed blocks dropped the
+// trunk and failed the line at once, and the report came only with the
+// subdevice's PeerDown, after the application could have exited.
+func TestGatewayLossReportedBeforeFailure(t *testing.T) {
+	fab := sditest.NewFabric(sditest.LoopbackOptions{Name: "a", Caps: fwdCaps})
+	devs, rb := reportingOpen(t, jobSpec{n: 3, subs: []string{"a"}, factories: map[string]sdi.Factory{"a": fab.New},
+		tableOf: viaTables("a", 2, map[int][]conntable.Route{0: {hop("a", 1)}}), forward: ForwardOptions{Retry: -1}})
+	pending := must(t)(devs[0].Irecv(make([]byte, 8), 2, 9, 0))
+	rb.watch(pending)
+	for i := range 200 { // blocks gateway 1 has not taken yet
+		if _, err := devs[0].Isend(make([]byte, 8), 2, 1+i, 0, false); err != nil {
+			break
+		}
+	}
+	fab.Sever(0)
+	if _, err := wait(t, pending); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("receive: %v, want ErrPeerDown", err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if reports := rb.got(); len(reports) == 0 || !strings.HasPrefix(reports[0], "rank 1: ") || strings.Contains(reports[0], "after") {
+		t.Fatalf("reports %q: want rank 1's loss reported before the receive from 2 failed", reports)
 	}
 }

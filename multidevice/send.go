@@ -156,8 +156,8 @@ type outFrame struct {
 	blk   *block
 	trunk trunk
 	// sub is the subdevice that kept or failed the frame (set by sent
-	// only then: a frame done at once needs none): a failure is its loss
-	// of the peer (frameLost).
+	// and sendTagged only then: a frame done at once needs none): a
+	// failure is its loss of the peer (frameLost).
 	sub *subdev
 	// numbered: the frame carries a message of this rank's numbered
 	// stream to f.Peer (eager, short or ready-to-send), which the peer
@@ -522,7 +522,7 @@ func (d *Device) sendSys(peer int32, h header, payload []byte, done func(error))
 func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context uint64, sync bool) error {
 	r.pending.Store(1)
 	of := r.eagerFrame()
-	of.f, of.req = sdi.Frame{Token: of.token()}, r
+	of.f, of.req = sdi.Frame{Peer: sdi.Rank(r.peer), Token: of.token()}, r // Peer: whom a failure loses (finishFrame)
 	m := &sdi.TaggedMessage{Peer: sdi.Rank(r.peer), Tag: int32(tag), Context: context, Payload: buf, Sync: sync, Token: of.f.Token}
 	for {
 		complete, err := s.matcher.SendTagged(m)
@@ -532,13 +532,21 @@ func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context 
 			if complete {
 				d.finishFrame(of, nil)
 			} else {
+				of.sub = s // its failure is s's loss of the peer (frameLost)
 				d.register(of)
 			}
 			return nil
 		case errors.Is(err, sdi.ErrWouldBlock):
 			<-d.out.backoff()
 		default:
-			return peerLost(fmt.Errorf("multidevice: send to rank %d over %q: %w", r.peer, s.name, err))
+			// A failed send is the subdevice's loss of the peer, as a
+			// failed frame is (frameLost), reported before anything
+			// fails for it.
+			err = peerLost(fmt.Errorf("multidevice: send to rank %d over %q: %w", r.peer, s.name, err))
+			if d.frameLost(s, sdi.Rank(r.peer), err) {
+				d.lostOver(s.idx, int(r.peer), err)
+			}
+			return err
 		}
 	}
 }

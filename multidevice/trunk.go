@@ -106,17 +106,30 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 		return
 	}
 	resent, used := 0, false
+	// Why a line left without this trunk fails, unless a gateway said.
+	over := fmt.Errorf("over %q: %w", d.subs[sub].name, cause)
 	for peer, l := range f.tx {
 		if l == nil {
 			continue
 		}
 		bt := newBatch()
 		l.mu.Lock()
-		resent += d.resendLocked(l, int32(peer), bt, func(t trunk) bool { return t.via == via && t.sub.idx == sub }, l.cutWhy)
+		why := l.cutWhy // a gateway's notice says more than the trunk's end
+		if why == nil {
+			why = over
+		}
+		resent += d.resendLocked(l, int32(peer), bt, func(t trunk) bool { return t.via == via && t.sub.idx == sub }, why)
 		if l.failed == nil && !d.trunksLive(int32(peer)) {
-			d.failLineLocked(l, int32(peer), bt, l.cutWhy)
+			d.failLineLocked(l, int32(peer), bt, why)
 		}
 		l.mu.Unlock()
+		if bt.lost == via && !d.finalizing.Load() && d.down[via].Load() == nil {
+			// The peer lost its last failover route: a loss the device
+			// takes, which neither PeerDown nor frameLost reports, since
+			// no route carries the peer directly (carries). Reported
+			// before finishBatch fails anything for it (reportLost).
+			d.reportLost(sub, int(via), cause)
+		}
 		d.finishBatch(bt, false)
 	}
 	f.resent.Add(uint64(resent))
