@@ -1097,3 +1097,64 @@ func TestDetectPMI(t *testing.T) {
 		})
 	}
 }
+
+// TestPMI2FenceRefusedBarrierGet: a manager that refuses Fence's barrier
+// kvs-get with an error that is not "key not found" (rc=-1, its own
+// failure) must fail Fence: the get is what makes Fence a barrier under
+// Hydra. Reading every rc!=0 as "not
+// found", as Hydra's key_not_found is, let Fence return nil without a
+// barrier.
+func TestPMI2FenceRefusedBarrierGet(t *testing.T) {
+	slurm := slurmPMI2(formatPMI2("kvs-get-response", "rc", "0", "found", "FALSE"), nil)
+	fences := 0
+	env := scriptedPMI2(t, func(m *pmiMsg) string {
+		if m.cmd == "kvs-fence" {
+			fences++
+		}
+		if k, _ := m.get("key"); m.cmd == "kvs-get" && k == barrierKey && fences > 1 {
+			return formatPMI2("kvs-get-response", "rc", "-1", "errmsg", "PMI server lost the job's kvs")
+		}
+		return slurm(m)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, err := open(ctx, testLogger(t), envSnapshot(env), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	if err := bs.Fence(ctx); err == nil {
+		t.Fatal("Fence = nil although the manager refused its barrier get (rc=-1, \"PMI server lost the job's kvs\")")
+	}
+}
+
+// TestPMI2GetRefusedIsNotMissing: a kvs-get of a key that was put,
+// refused by the manager for a reason of its own, fails with the
+// manager's reason, not ErrNotFound.
+func TestPMI2GetRefusedIsNotMissing(t *testing.T) {
+	slurm := slurmPMI2(formatPMI2("kvs-get-response", "rc", "0", "found", "FALSE"), nil)
+	mine, _ := wireKey(0, "mykey", 0, 64)
+	env := scriptedPMI2(t, func(m *pmiMsg) string {
+		if k, _ := m.get("key"); m.cmd == "kvs-get" && k == mine {
+			return formatPMI2("kvs-get-response", "rc", "-1", "errmsg", "kvs daemon unreachable")
+		}
+		return slurm(m)
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	bs, err := open(ctx, testLogger(t), envSnapshot(env), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bs.Close()
+	if err := bs.Put("mykey", []byte("v")); err != nil {
+		t.Fatal(err)
+	}
+	if err := bs.Fence(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = bs.Get(ctx, 0, "mykey")
+	if errors.Is(err, ErrNotFound) || err == nil || !strings.Contains(err.Error(), "kvs daemon unreachable") {
+		t.Fatalf("get of a published key the manager refused: %v; want the manager's refusal, not ErrNotFound", err)
+	}
+}

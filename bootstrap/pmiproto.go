@@ -379,17 +379,23 @@ func found(m *pmiMsg) (string, bool, error) {
 
 func (p *pmi2) get(key string) (string, bool, error) {
 	m, err := p.roundTrip("kvs-get-response", "kvs-get", "srcid", "-1", "key", key)
-	var rc *rcError
-	if errors.As(err, &rc) {
-		// Slurm says found=FALSE; current Hydra answers a missing key with
-		// rc=1 (key_not_found) instead, and MPICH's own barrier, a get of
-		// a key nobody puts, ignores that error the same way.
+	if missingKey(err) {
 		return "", false, nil
 	}
 	if err != nil {
 		return "", false, err
 	}
 	return found(m)
+}
+
+// missingKey reports whether err is a manager's answer that a kvs-get's
+// key is not there. Slurm says found=FALSE; current Hydra answers rc=1
+// with errmsg=key_not_found instead (MPICH's own barrier, a get of a key
+// nobody puts, ignores that error the same way). Any other refusal is
+// the manager failing, which a Fence or Get must not read as "no value".
+func missingKey(err error) bool {
+	var rc *rcError
+	return errors.As(err, &rc) && rc.rc == 1 && (rc.msg == "" || rc.msg == "key_not_found")
 }
 
 // jobAttr asks for a job attribute such as PMI_process_mapping.
