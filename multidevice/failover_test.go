@@ -443,3 +443,48 @@ func TestLostSource(t *testing.T) {
 		})
 	}
 }
+
+// TestFailoverGatewayReportedBeforeFailure: rank 0 reaches rank 2 over a
+// failover line (a, b) and rank 1 only through gateway 2 over a. Rank 2
+// dies (b first, then a). The loss of rank 2 must be reported before the
+// receive from rank 1 fails because of it (as TestGatewayLossReportedBeforeFailure
+// demands for a gateway reached directly). trunkDown failed the lines in
+// rank order, reporting rank 2 only when it reached rank 2's own line.
+func TestFailoverGatewayReportedBeforeFailure(t *testing.T) {
+	fabs := map[string]*sditest.Fabric{}
+	factories := map[string]sdi.Factory{}
+	for _, name := range []string{"a", "b"} {
+		fabs[name] = sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps})
+		factories[name] = fabs[name].New
+	}
+	tableOf := func(r int) *conntable.Table {
+		e := []conntable.Entry{{To: conntable.SelectAll, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}}}}}
+		if r == 0 {
+			e = append(e,
+				conntable.Entry{To: "rank:2", Failover: true, Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b"}}}},
+				conntable.Entry{To: "rank:1", Routes: map[string][]conntable.Route{conntable.AllClasses: {hop("a", 2)}}})
+		}
+		return &conntable.Table{Version: conntable.Version, Peers: e}
+	}
+	devs, rb := reportingOpen(t, jobSpec{n: 3, subs: []string{"a", "b"}, factories: factories, tableOf: tableOf,
+		forward: ForwardOptions{Retry: -1}})
+	if !devs[0].indirect(1, 0) || !devs[0].indirect(2, 0) {
+		t.Fatal("rank 0 does not reach 1 and 2 through lines; the test proves nothing")
+	}
+	pending := must(t)(devs[0].Irecv(make([]byte, 8), 1, 9, 0))
+	rb.watch(pending)
+	fabs["b"].Sever(2)
+	time.Sleep(200 * time.Millisecond)
+	if pending.isDone() {
+		t.Fatal("receive from 1 failed while rank 2 was still reachable over a")
+	}
+	fabs["a"].Sever(2)
+	if _, err := wait(t, pending); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("receive from 1: %v, want ErrPeerDown", err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	reports := rb.got()
+	if len(reports) == 0 || !strings.HasPrefix(reports[0], "rank 2: ") || strings.Contains(reports[0], "after") {
+		t.Fatalf("reports %q: want rank 2's loss reported before the receive from 1 (through gateway 2) failed", reports)
+	}
+}

@@ -486,3 +486,46 @@ func TestMatcherSendFailureLosesPeer(t *testing.T) {
 		})
 	}
 }
+
+// limitTM is the matching subdevice refusing, as sdi.ErrTooLarge, a tagged
+// message larger than its MaxFrame (1 MiB), as Send refuses such a frame.
+type limitTM struct{ *tmDev }
+
+func (f limitTM) SendTagged(m *sdi.TaggedMessage) (bool, error) {
+	if len(m.Payload) > 1<<20 {
+		return false, fmt.Errorf("tm: message of %d bytes: %w", len(m.Payload), sdi.ErrTooLarge)
+	}
+	return f.tmDev.SendTagged(m)
+}
+
+// TestMatcherTooLargeKeepsPeer: a send the matching subdevice refuses as
+// too large fails alone; the peer, still up, stays usable and is not
+// reported lost. Taking every refusal as the loss of the peer,
+// sendTagged marked it down, reported it lost to the launcher and failed
+// every later send to it.
+func TestMatcherTooLargeKeepsPeer(t *testing.T) {
+	tm := newTMFabric()
+	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
+	newTM := func(l hclog.Logger) sdi.SubDevice { return limitTM{tm.New(l).(*tmDev)} }
+	devs, rb := reportingOpen(t, jobSpec{n: 2, subs: []string{"tm", "loop"}, tableOf: anyTables,
+		factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
+	if devs[0].matchSub[1] < 0 {
+		t.Fatal("rank 1 is not routed over the matching subdevice; the test proves nothing")
+	}
+	if _, err := devs[0].Isend(make([]byte, 2<<20), 1, 5, 2, false); !errors.Is(err, sdi.ErrTooLarge) {
+		t.Fatalf("oversized send: %v, want ErrTooLarge", err)
+	}
+	rr := must(t)(devs[1].Irecv(make([]byte, 8), 0, 6, 2))
+	r, err := devs[0].Isend([]byte("small"), 1, 6, 2, false)
+	if err == nil {
+		_, err = wait(t, r)
+	}
+	if err != nil {
+		t.Errorf("small send to rank 1 after an oversized one was refused: %v", err)
+	} else if _, err := wait(t, rr); err != nil {
+		t.Errorf("receive: %v", err)
+	}
+	if reports := rb.got(); len(reports) != 0 {
+		t.Errorf("rank 1, alive, reported lost: %q", reports)
+	}
+}

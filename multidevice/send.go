@@ -252,6 +252,9 @@ func (d *Device) finishFrame(of *outFrame, err error) {
 			if !d.closed.Load() && !errors.Is(err, sdi.ErrTooLarge) {
 				d.trunkDown(int32(peer), s.idx, err)
 			}
+		case errors.Is(err, sdi.ErrTooLarge):
+			// A tagged message too large for its matching subdevice,
+			// refused in its SendDone: not the link's end either.
 		default:
 			lost = d.frameLost(s, peer, err)
 			// Whoever marked it (this frame, another failing with it,
@@ -538,6 +541,9 @@ func (d *Device) sendTagged(r *Request, s *subdev, buf []byte, tag int, context 
 			return nil
 		case errors.Is(err, sdi.ErrWouldBlock):
 			<-d.out.backoff()
+		case errors.Is(err, sdi.ErrTooLarge):
+			// The message's size, not the link's end: the peer stays.
+			return fmt.Errorf("multidevice: send to rank %d over %q: %w", r.peer, s.name, err)
 		default:
 			// A failed send is the subdevice's loss of the peer, as a
 			// failed frame is (frameLost), reported before anything

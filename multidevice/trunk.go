@@ -108,6 +108,11 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 	resent, used := 0, false
 	// Why a line left without this trunk fails, unless a gateway said.
 	over := fmt.Errorf("over %q: %w", d.subs[sub].name, cause)
+	// Every line's batch is finished only after via's loss is reported:
+	// a line through via as a gateway, earlier in rank order than via's
+	// own, would fail its requests before the report otherwise.
+	var batches []*fwdBatch
+	viaLost := false
 	for peer, l := range f.tx {
 		if l == nil {
 			continue
@@ -123,13 +128,17 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 			d.failLineLocked(l, int32(peer), bt, why)
 		}
 		l.mu.Unlock()
-		if bt.lost == via && !d.finalizing.Load() && d.down[via].Load() == nil {
-			// The peer lost its last failover route: a loss the device
-			// takes, which neither PeerDown nor frameLost reports, since
-			// no route carries the peer directly (carries). Reported
-			// before finishBatch fails anything for it (reportLost).
-			d.reportLost(sub, int(via), cause)
-		}
+		viaLost = viaLost || bt.lost == via
+		batches = append(batches, bt)
+	}
+	if viaLost && !d.finalizing.Load() && d.down[via].Load() == nil {
+		// via lost its last failover route: a loss the device takes,
+		// which neither PeerDown nor frameLost reports, since no route
+		// carries via directly (carries). Reported before finishBatch
+		// fails anything for it or through it (reportLost).
+		d.reportLost(sub, int(via), cause)
+	}
+	for _, bt := range batches {
 		d.finishBatch(bt, false)
 	}
 	f.resent.Add(uint64(resent))
