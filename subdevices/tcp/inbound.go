@@ -115,7 +115,10 @@ func (sd *subDevice) acceptLoop() {
 			c.Close()
 			continue
 		}
-		in := &inbound{conn: c, rank: -1, done: make(chan struct{})}
+		// ended is made here, not with the socket: a report of the
+		// peer down waits on it without in.mu (lockUnlessEnded), even
+		// for a stream still in its handshake.
+		in := &inbound{conn: c, rank: -1, done: make(chan struct{}), ended: make(chan struct{})}
 		if !sd.track(in) {
 			<-sd.handshakes
 			c.Close()
@@ -281,7 +284,6 @@ func (sd *subDevice) serveInbound(in *inbound) {
 // registers it, unarmed, with the idle waiter; it returns the channel
 // that tells in's reader the socket is readable once armed.
 func (sd *subDevice) takeSocket(in *inbound) (<-chan struct{}, error) {
-	in.ended = make(chan struct{})
 	rx, err := takeFD(in.conn)
 	if err != nil {
 		return nil, err
@@ -366,6 +368,13 @@ func (sd *subDevice) read(in *inbound, remote string, readable <-chan struct{}) 
 			}
 			mu.Lock()
 			defer mu.Unlock()
+			if sd.reporting[rank] > 0 {
+				// A report of rank under way would end this place
+				// too, and this stream may be past the report's
+				// abandon or not in its list at all: read the frame
+				// into our own buffer and deliver it from there.
+				return nil
+			}
 			return pl.Place(rank, header, n)
 		}
 	}
@@ -552,7 +561,24 @@ func (sd *subDevice) placeFailed(in *inbound, err error) {
 // does not end the streams the peer opened to us, which go on reading.
 // except is a stream whose lock the caller holds; its place is being
 // given up anyway.
+//
+// The report ends places given up to its very end, yet abandon leaves a
+// stream free to place its next frame as soon as its lock is let go, and
+// a lane that registers after the snapshot is not visited at all: so no
+// place is given for rank from before the snapshot until PeerDown has
+// returned (see reporting), and such frames are read into our own
+// buffers. deliverMu is never held here while a stream's lock is awaited,
+// which keeps the order Place and Deliver follow: in.mu, then deliverMu.
 func (sd *subDevice) reportDown(rank sdi.Rank, err error, except *inbound) {
+	mu := &sd.deliverMu[rank]
+	mu.Lock()
+	sd.reporting[rank]++
+	mu.Unlock()
+	defer func() {
+		mu.Lock()
+		sd.reporting[rank]--
+		mu.Unlock()
+	}()
 	sd.mu.Lock()
 	var streams []*inbound
 	for in := range sd.inbound {

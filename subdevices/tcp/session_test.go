@@ -1,9 +1,13 @@
 package tcp
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -293,4 +297,192 @@ func TestPlacedStreamsEndTogether(t *testing.T) {
 	done.Wait()
 	dog.Stop()
 	a.rec.waitFor(t, "a report per place", func() bool { return a.rec.downCount[b.rank] == 2 })
+}
+
+// endingPlacer is a recorder that is also an sdi.Placer and keeps the
+// Placer contract the way the plugin host's placer does: a place lives
+// until its Deliver, and a report of the peer down ends every place still
+// live, after which another message owns its bytes (played by 0xEE).
+type endingPlacer struct {
+	*recorder
+	mu    sync.Mutex
+	live  map[*byte][]byte
+	ended [][]byte
+	late  int // Delivers of a place that PeerDown had ended
+}
+
+func (p *endingPlacer) Place(from sdi.Rank, header []byte, n int) []byte {
+	b := make([]byte, n)
+	p.mu.Lock()
+	p.live[&b[0]] = b
+	p.mu.Unlock()
+	return b
+}
+
+func (p *endingPlacer) PeerDown(peer sdi.Rank, err error) {
+	p.mu.Lock()
+	for k, b := range p.live {
+		for i := range b {
+			b[i] = 0xEE
+		}
+		p.ended = append(p.ended, b)
+		delete(p.live, k)
+	}
+	p.mu.Unlock()
+	p.recorder.PeerDown(peer, err)
+}
+
+func (p *endingPlacer) Deliver(from sdi.Rank, header, payload []byte) {
+	p.mu.Lock()
+	if len(payload) > 0 {
+		delete(p.live, &payload[0])
+		for _, b := range p.ended {
+			if &payload[0] == &b[0] {
+				p.late++
+			}
+		}
+	}
+	p.mu.Unlock()
+	p.recorder.Deliver(from, header, payload)
+}
+
+// A report of a peer down ends every place given for its frames, up to
+// the report's very end, while the peer's streams to us go on reading. A
+// stream must therefore get no place from the moment the report looks for
+// the peer's streams until the handler has it: neither a lane of the peer
+// that registers after the report listed the streams ("late lane"), nor
+// one whose place the report already gave up before it went on to wait
+// for another stream's lock ("abandoned lane"). Both used to place their
+// next frame in that window and, after PeerDown had freed the place, went
+// on reading into it and delivered it: a write into a receive buffer that
+// another message owned by then. The test holds the lock of the peer's
+// other stream, Y, as a long drain would, to keep the report open.
+func TestPlaceNotGivenDuringPeerDownReport(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// late: X is dialled once the report is under way; otherwise
+		// both lanes are open and busy when it starts, and X is let go
+		// first.
+		late bool
+		// tries: the report visits the streams in map order, and an
+		// abandoned X shows the race only when it comes before Y.
+		tries int
+	}{
+		{"late lane", true, 1},
+		{"abandoned lane", false, 12},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for try := range tc.tries {
+				t.Run(fmt.Sprintf("try %d", try), func(t *testing.T) {
+					placeDuringReport(t, tc.late)
+				})
+				if t.Failed() {
+					return
+				}
+			}
+		})
+	}
+}
+
+// placeDuringReport plays one round of TestPlaceNotGivenDuringPeerDownReport.
+func placeDuringReport(t *testing.T, late bool) {
+	pl := &endingPlacer{live: map[*byte][]byte{}}
+	o := jobOpts{size: 2, config: `{"listen": "0.0.0.0:0"}`, twoLoopbacks: true}
+	b := openNode(t, 1, o)
+	o.handler = func(r *recorder) sdi.Handler { pl.recorder = r; return pl }
+	a := openNode(t, 0, o)
+	if err := a.sd.Connect(t.Context(), b.rank, b.local.Addr); err != nil {
+		t.Fatal(err)
+	}
+	sd := a.sd.(*subDevice)
+	stream := func(c net.Conn) *inbound {
+		sd.mu.Lock()
+		defer sd.mu.Unlock()
+		for in := range sd.inbound {
+			if in.conn.LocalAddr().String() == c.RemoteAddr().String() {
+				return in
+			}
+		}
+		t.Fatalf("no stream from %v", c.LocalAddr())
+		return nil
+	}
+	y := dialLane(t, b, a, laneID{session: 9, lane: 1, lanes: 2})
+	defer y.Close()
+	ys := stream(y)
+	var x net.Conn
+	if !late {
+		x = dialLane(t, b, a, laneID{session: 9, lane: 0, lanes: 2})
+		defer x.Close()
+		stream(x).mu.Lock()
+	}
+	ys.mu.Lock()
+	p := sd.peers[b.rank].Load()
+	go p.laneDown(errors.New("test: our connection to b broke"), nil)
+	for _, l := range p.lanes {
+		<-l.halted // the report comes next
+	}
+	// Time for the report to list the streams and reach a lock it waits
+	// for; without it the round proves less, never fails wrongly.
+	time.Sleep(50 * time.Millisecond)
+	var xs *inbound
+	if late {
+		x = dialLane(t, b, a, laneID{session: 9, lane: 0, lanes: 2})
+		defer x.Close()
+		xs = stream(x)
+	} else {
+		xs = stream(x)
+		xs.mu.Unlock()
+		time.Sleep(50 * time.Millisecond) // the report may give up X's place now
+	}
+
+	// A frame too large to batch, in two writes: the first has X decide
+	// where the payload goes during the report, the second comes after it.
+	const n = 256 << 10
+	payload := pattern(n, 3)
+	var w [sdi.WireHeaderSize]byte
+	sdi.WireHeader{HeaderLen: 8, PayloadLen: n}.Put(w[:])
+	head := slices.Concat(w[:], binary.LittleEndian.AppendUint64(nil, 1), payload[:1000])
+	if _, err := x.Write(head); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(watchdog); ; time.Sleep(time.Millisecond) {
+		xs.mu.Lock()
+		decided := xs.fr != nil && xs.fr.dst != nil
+		xs.mu.Unlock()
+		if decided {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("watchdog: X never started reading the frame's payload")
+		}
+	}
+	ys.mu.Unlock()
+	a.rec.waitFor(t, "PeerDown", func() bool { return a.rec.downCount[b.rank] == 1 })
+
+	// The rest, then a small frame whose Deliver says X read it all.
+	sdi.WireHeader{HeaderLen: 8}.Put(w[:])
+	rest := slices.Concat(payload[1000:], w[:], binary.LittleEndian.AppendUint64(nil, 2))
+	if _, err := x.Write(rest); err != nil {
+		t.Fatal(err)
+	}
+	a.rec.waitFor(t, "the frame after the large one", func() bool {
+		d := a.rec.delivered[b.rank]
+		return len(d) > 0 && binary.LittleEndian.Uint64(d[len(d)-1].header) == 2
+	})
+
+	pl.mu.Lock()
+	defer pl.mu.Unlock()
+	if pl.late > 0 {
+		t.Errorf("a place PeerDown had ended was delivered %d time(s)", pl.late)
+	}
+	for _, e := range pl.ended {
+		if i := slices.IndexFunc(e, func(c byte) bool { return c != 0xEE }); i >= 0 {
+			t.Errorf("a place PeerDown had ended was written into after it (byte %d of %d)", i, len(e))
+		}
+	}
+	for _, d := range a.rec.frames(b.rank) {
+		if binary.LittleEndian.Uint64(d.header) == 1 && !bytes.Equal(d.payload, payload) {
+			t.Errorf("the large frame was delivered with a payload not the one sent")
+		}
+	}
 }

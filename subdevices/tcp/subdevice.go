@@ -62,6 +62,11 @@ type subDevice struct {
 
 	job atomic.Pointer[addrsel.Job] // from SetJobCards; nil until then
 
+	// reporting counts, per rank, the reports of the rank down under way
+	// (reportDown): while one is, no frame of the rank gets a place.
+	// Indexed by rank (made by Open), each guarded by deliverMu[rank].
+	reporting []int
+
 	// Progress by polling (poll.go): the inbound connections Poll reads
 	// and the outbound lanes it pushes, each replaced whole under mu; the
 	// lanes with frames queued; and the readers' and writers' stand-by
@@ -186,6 +191,7 @@ func (sd *subDevice) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, err
 	sd.life, sd.cancel = context.WithCancel(context.Background())
 	sd.peers = make([]atomic.Pointer[peer], p.Size)
 	sd.deliverMu = make([]sync.Mutex, p.Size)
+	sd.reporting = make([]int, p.Size)
 	sd.ep = c.endpoint()
 	sd.inbound = make(map[*inbound]struct{})
 	sd.latest = make(map[sdi.Rank]*session)
