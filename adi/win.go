@@ -82,9 +82,13 @@ type Win struct {
 	syncWord atomic.Uint64
 
 	mu      sync.Mutex
-	pending []*Request // sends and replies not yet waited for by a flush or Fence
-	sent    []int64    // operations sent to each rank this epoch
+	pending []pendingOp // sends and replies not yet waited for by a flush or Fence
+	sent    []int64     // operations sent to each rank this epoch
 	freed   bool
+	// Per rank, the operations on it that failed, taken off pending once
+	// done so that they do not fail every later wait: the next wait that
+	// covers the rank reports them, once (waitMissed).
+	failed []opFailures
 	// This rank's passive-target epochs: its lock on each target, taken
 	// or being taken with Lock, and LockAll's. Per target, the puts and
 	// accumulates sent, and how many of them a flush, Unlock or Fence
@@ -152,7 +156,28 @@ type Win struct {
 	expected  []int64 // what the Fences so far announced from each origin
 	arrived   chan struct{}
 	serverErr error
-	stopped   chan struct{}
+
+	// stopped ends once the server has stopped, its cause saying why:
+	// requests to this rank are no longer applied, so this rank's waits
+	// on the window end with it (waitAll).
+	stopped     context.Context
+	markStopped context.CancelCauseFunc
+}
+
+// pendingOp is a request of this rank's that a flush or Fence waits for,
+// and the rank its operation targets.
+type pendingOp struct {
+	q      *Request
+	target int
+}
+
+// opFailures counts the failed operations on one rank not yet reported,
+// with the first one's error: one error for them all, as they most often
+// fail for one cause (the rank lost), and hundreds of lines said it once
+// each.
+type opFailures struct {
+	n   int
+	err error
 }
 
 // Request kinds on the wire.
@@ -279,7 +304,8 @@ func (c *Comm) winCreate(ctx context.Context, what string, base []byte, dyn *dyn
 	w := &Win{c: req, reply: reply, base: base, sizes: make([]int, len(sizes)), exclusive: -1, shared: map[int]int{},
 		sent: make([]int64, c.Size()), applied: make([]int64, c.Size()), expected: make([]int64, c.Size()),
 		locks: map[int]lockState{}, lockGrants: map[int]*Request{}, writes: make([]uint64, c.Size()), acked: make([]uint64, c.Size()),
-		arrived: make(chan struct{}), stopped: make(chan struct{})}
+		failed: make([]opFailures, c.Size()), arrived: make(chan struct{})}
+	w.stopped, w.markStopped = context.WithCancelCause(context.Background())
 	for r, n := range sizes {
 		w.sizes[r] = int(n)
 	}
@@ -342,7 +368,7 @@ func (w *Win) start(h rmaHeader, payload []byte, target int) (*Request, error) {
 	}
 	q.window = true
 	w.mu.Lock()
-	w.pending = append(w.pending, q)
+	w.pending = append(w.pending, pendingOp{q, target})
 	w.sent[target]++
 	if h.kind == rmaPut || h.kind == rmaAcc {
 		w.writes[target]++
@@ -371,7 +397,7 @@ func (w *Win) fetch(h rmaHeader, payload, dst []byte, target int) (*Request, err
 	q.window = true
 	if h.kind != rmaLock && h.kind != rmaUnlock && h.kind != rmaFlush {
 		w.mu.Lock()
-		w.pending = append(w.pending, q)
+		w.pending = append(w.pending, pendingOp{q, target})
 		if w.dyn != nil && h.length > 0 {
 			w.expect[q] = rmaAccess{target: target, kind: h.kind, addr: h.offset, length: h.length}
 		}
@@ -383,51 +409,95 @@ func (w *Win) fetch(h rmaHeader, payload, dst []byte, target int) (*Request, err
 // wait waits for the requests of a flush or Fence, pending as it began,
 // and takes them off pending: others started meanwhile stay there, for
 // the flush that follows them. Two goroutines flushing at once both wait
-// for what either took. On a dynamic window, it also fails with
-// ErrNoRegion for each fetching operation whose target had no memory
-// attached there.
-func (w *Win) wait(ctx context.Context, pending []*Request) error {
-	missed, err := w.waitMissed(ctx, pending)
-	return errors.Join(err, missed)
+// for what either took. It fails with the failures of operations on
+// ranks (nil: on every rank) and, on a dynamic window, with ErrNoRegion
+// for each fetching operation whose target had no memory attached there.
+func (w *Win) wait(ctx context.Context, pending []pendingOp, ranks []int) error {
+	failed, err := w.waitMissed(ctx, pending, ranks)
+	return errors.Join(err, failed)
 }
 
-// waitMissed is wait with the operations that missed their target's
-// memory (ErrNoRegion) apart from the errors of waiting: the fetching
-// operations among pending whose answer was empty, and what the targets
-// reported to the flushes since the last wait, and to calls whose ctx
-// ended. Each miss is returned once, by whichever wait takes it. Its
-// error is of waiting, or of an answer left over that failed.
-func (w *Win) waitMissed(ctx context.Context, pending []*Request) (missed, err error) {
-	sts, err := WaitAll(ctx, pending...)
-	if err != nil {
+// waitMissed is wait with what the operations met apart from the errors
+// of waiting: the failures of operations on ranks (nil: on every rank),
+// the fetching operations among pending whose answer was empty
+// (ErrNoRegion), and what the targets reported to the flushes since the
+// last wait, and to calls whose ctx ended. Each is returned once, by
+// whichever wait takes it. A failed operation is taken off pending all
+// the same, or every later wait would fail with it; its failure waits
+// for a wait that covers its rank, so that a rank lost fails neither the
+// Flush nor the Unlock of another. Its error is of waiting, or of an
+// answer left over that failed: the requests not done then stay pending.
+func (w *Win) waitMissed(ctx context.Context, pending []pendingOp, ranks []int) (failed, err error) {
+	qs := make([]*Request, len(pending))
+	for i, p := range pending {
+		qs[i] = p.q
+	}
+	_, err = w.waitAll(ctx, qs...)
+	done := make(map[*Request]bool, len(pending))
+	w.mu.Lock()
+	for _, p := range pending {
+		st, ok, qerr := p.q.Test()
+		if !ok {
+			continue
+		}
+		done[p.q] = true
+		a, expected := w.expect[p.q]
+		delete(w.expect, p.q)
+		switch {
+		case qerr != nil:
+			f := &w.failed[p.target]
+			if f.n++; f.err == nil {
+				f.err = qerr
+			}
+		case expected && uint64(st.Count) < a.length: // the target's answer to a miss is empty
+			w.reported = append(w.reported, missReport{kind: a.kind, count: 1, addr: a.addr, length: a.length}.err(a.target))
+		}
+	}
+	w.pending = slices.DeleteFunc(w.pending, func(p pendingOp) bool { return done[p.q] })
+	if len(done) < len(pending) { // ctx ended, or the server stopped
+		w.mu.Unlock()
 		return nil, err
 	}
-	waited := make(map[*Request]bool, len(pending))
-	for _, q := range pending {
-		waited[q] = true
-	}
-	w.mu.Lock()
-	w.pending = slices.DeleteFunc(w.pending, func(q *Request) bool { return waited[q] })
+	// Every request is done: err, if any, is their failures, recorded
+	// above and taken below.
 	errs := w.reported
 	w.reported = nil
 	leftovers := w.leftovers
 	w.leftovers = nil
-	if len(w.expect) > 0 {
-		for i, q := range pending {
-			a, ok := w.expect[q]
-			if !ok {
-				continue
-			}
-			delete(w.expect, q)
-			if uint64(sts[i].Count) < a.length { // the target's answer to a miss is empty
-				errs = append(errs, missReport{kind: a.kind, count: 1, addr: a.addr, length: a.length}.err(a.target))
-			}
+	for t, f := range w.failed {
+		if f.n > 0 && (ranks == nil || slices.Contains(ranks, t)) {
+			errs = append(errs, f.report(t))
+			w.failed[t] = opFailures{}
 		}
 	}
 	w.mu.Unlock()
 	// The answers that calls whose ctx ended left, those come by now.
 	left, err := w.settle(ctx, leftovers, false)
 	return errors.Join(append(errs, left)...), err
+}
+
+// report is the error of f, the failures of operations on rank t.
+func (f opFailures) report(t int) error {
+	if f.n == 1 {
+		return fmt.Errorf("an operation on rank %d failed: %w", t, f.err)
+	}
+	return fmt.Errorf("%d operations on rank %d failed, the first: %w", f.n, t, f.err)
+}
+
+// waitAll is WaitAll for this rank's waits on the window: it ends as
+// well, with the server's error, once this rank's server has stopped.
+// The requests the other ranks send here are no longer applied then,
+// and what this rank waits for, which may hang on them, may never come:
+// such a wait said only "context deadline exceeded" once its ctx ended.
+func (w *Win) waitAll(ctx context.Context, qs ...*Request) ([]Status, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(w.stopped, cancel)()
+	sts, err := WaitAll(wctx, qs...)
+	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
+		return sts, context.Cause(w.stopped)
+	}
+	return sts, err
 }
 
 // Put writes origin into target's window at offset (bytes). It completes
@@ -516,7 +586,7 @@ func (w *Win) Fence(ctx context.Context) error {
 	for {
 		w.smu.Lock()
 		done := w.caughtUp()
-		arrived, stopped, serr := w.arrived, w.stopped, w.serverErr
+		arrived, serr := w.arrived, w.serverErr
 		if done {
 			w.serverErr = nil
 		}
@@ -539,7 +609,7 @@ func (w *Win) Fence(ctx context.Context) error {
 			continue
 		}
 		if done {
-			missed, err := w.waitMissed(ctx, pending)
+			missed, err := w.waitMissed(ctx, pending, nil)
 			if err != nil {
 				return fmt.Errorf("adi: fence: %w", err)
 			}
@@ -572,7 +642,7 @@ func (w *Win) Fence(ctx context.Context) error {
 		}
 		select {
 		case <-arrived:
-		case <-stopped:
+		case <-w.stopped.Done():
 			w.smu.Lock()
 			serr = w.serverErr
 			w.smu.Unlock()
@@ -642,7 +712,7 @@ func (w *Win) Free(ctx context.Context) error {
 	w.freed = true
 	w.mu.Unlock()
 	w.c.w.bg.unserve(w)
-	<-w.stopped
+	<-w.stopped.Done()
 	return errors.Join(err, w.unmap())
 }
 
@@ -653,7 +723,15 @@ func (w *Win) Free(ctx context.Context) error {
 // the operations waiting: on a window every rank holds (LockAll) that
 // would be a probe of each rank at every poll.
 func (w *Win) serve(ctx context.Context) {
-	defer close(w.stopped)
+	defer func() {
+		w.smu.Lock()
+		why := w.serverErr
+		w.smu.Unlock()
+		if why == nil {
+			why = fmt.Errorf("the window's server stopped: %w", ErrFinalized)
+		}
+		w.markStopped(why)
+	}()
 	waiting := func() (bool, error) {
 		_, ok, err := w.c.Iprobe(AnySource, rmaTag)
 		return ok, err
@@ -685,6 +763,15 @@ func (w *Win) applyNext(ctx context.Context) (bool, error) {
 	w.amu.Lock()
 	defer w.amu.Unlock()
 	m, st, ok, err := w.c.Improbe(AnySource, rmaTag)
+	// A subdevice that matches on its own (sdi.FlagMatching) cannot hand
+	// over a message it holds. A probe then a receive from the probed
+	// source takes the same message: only amu's holder receives requests
+	// on the window's context, and one origin's do not overtake each
+	// other. The matched probe stays first, as it is the cheaper.
+	held := errors.Is(err, errors.ErrUnsupported)
+	if held {
+		st, ok, err = w.c.Iprobe(AnySource, rmaTag)
+	}
 	if err != nil || !ok {
 		return false, err
 	}
@@ -692,7 +779,12 @@ func (w *Win) applyNext(ctx context.Context) (bool, error) {
 		w.msg = make([]byte, st.Count)
 	}
 	msg := w.msg[:st.Count]
-	if _, err := m.Recv(ctx, msg); err != nil {
+	if held {
+		_, err = w.c.Recv(ctx, msg, st.Source, rmaTag)
+	} else {
+		_, err = m.Recv(ctx, msg)
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return true, err
 		}
@@ -891,9 +983,7 @@ func (w *Win) lockerLost() bool {
 
 // lost reports whether rank r is lost with nothing it sent to this
 // window left to apply: only then does a probe for r alone fail with
-// ErrPeerDown. Through a subdevice that matches on its own
-// (sdi.FlagMatching) a probe never fails so: a lost rank's requests are
-// still dropped there as their grants fail, but a lock it holds stays.
+// ErrPeerDown.
 func (w *Win) lost(r int) bool {
 	_, _, err := w.c.Iprobe(r, rmaTag)
 	return errors.Is(err, ErrPeerDown)
@@ -972,7 +1062,7 @@ func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
 	case err == nil:
 		w.locks[target] = lockHeld
 		return nil
-	case len(grants) > 0 && ctx.Err() != nil:
+	case len(grants) > 0 && (ctx.Err() != nil || w.stopped.Err() != nil): // the grant may come yet
 		w.lockGrants[target] = grants[0]
 		return fmt.Errorf("adi: lock of rank %d's window: %w (the request stays queued there: Unlock withdraws it)", target, err)
 	default:
@@ -1025,15 +1115,16 @@ func (w *Win) Unlock(ctx context.Context, target int) error {
 // completes this rank's operations and releases its locks on targets. It
 // reports whether it sent a release: if not, the locks are still held.
 func (w *Win) release(ctx context.Context, what string, targets []int, grants []*Request) (sent bool, err error) {
-	if _, err := WaitAll(ctx, grants...); err != nil {
+	if _, err := w.waitAll(ctx, grants...); err != nil {
 		return false, fmt.Errorf("adi: %s: waiting for the lock's grant: %w", what, err)
 	}
-	// FlushLocal, but a dynamic window's operations that missed their
-	// memory do not keep the locks: they are reported with the release.
+	// FlushLocal, but operations that failed or, on a dynamic window,
+	// missed their memory do not keep the locks: they are reported with
+	// the release, those on targets only.
 	w.mu.Lock()
 	pending := slices.Clone(w.pending)
 	w.mu.Unlock()
-	missed, err := w.waitMissed(ctx, pending)
+	missed, err := w.waitMissed(ctx, pending, targets)
 	if err != nil {
 		return false, fmt.Errorf("adi: %s: flush local: %w", what, err)
 	}
@@ -1097,7 +1188,7 @@ func (w *Win) roundTripsMissed(ctx context.Context, h rmaHeader, targets []int) 
 	}
 	if h.kind == rmaLock { // Lock and LockAll keep their grants themselves
 		if err == nil {
-			_, err = WaitAll(ctx, answers...)
+			_, err = w.waitAll(ctx, answers...)
 		}
 		return answers, nil, err
 	}
@@ -1127,13 +1218,14 @@ type leftover struct {
 	writes uint64 // a request's: the puts and accumulates sent target before it, applied once it is answered
 }
 
-// waitLeftovers waits for the requests of ls, or until ctx ends.
-func waitLeftovers(ctx context.Context, ls []leftover) error {
+// waitLeftovers waits for the requests of ls, or until ctx ends or the
+// server stops (waitAll).
+func (w *Win) waitLeftovers(ctx context.Context, ls []leftover) error {
 	qs := make([]*Request, len(ls))
 	for i, l := range ls {
 		qs[i] = l.q
 	}
-	_, err := WaitAll(ctx, qs...)
+	_, err := w.waitAll(ctx, qs...)
 	return err
 }
 
@@ -1191,7 +1283,7 @@ func (w *Win) settle(ctx context.Context, ls []leftover, block bool) (missed, er
 	}
 	var werr error
 	if block {
-		werr = waitLeftovers(ctx, ls)
+		werr = w.waitLeftovers(ctx, ls)
 	}
 	var misses, errs []error
 	var kept []leftover
@@ -1247,13 +1339,19 @@ func (w *Win) read(l leftover) (done bool, miss error, epoch uint64, err error) 
 // ask sends a request h (lock, unlock, flush) to every target and
 // returns their answers, and on a dynamic window, for unlock and flush,
 // where the reports of missed operations come. If a send fails, it
-// returns the answers of those sent before, with the error.
+// returns the answers of those sent, with the errors. A lock request
+// stops at the first failure, the answers being those of the targets
+// before it (LockAll counts on that): it fails, and the fewer requests
+// it leaves queued the better. An unlock or flush request goes on to the
+// targets after it: an unlock that stopped at a lost rank left this
+// rank's locks on the live ranks after it held for ever.
 func (w *Win) ask(h rmaHeader, targets []int) ([]leftover, error) {
 	var reports []byte
 	if w.dyn != nil && (h.kind == rmaUnlock || h.kind == rmaFlush) {
 		reports = make([]byte, len(targets)*missReportSize)
 	}
 	asked := make([]leftover, 0, len(targets))
+	var errs []error
 	for i, t := range targets {
 		var dst []byte
 		if reports != nil {
@@ -1266,11 +1364,15 @@ func (w *Win) ask(h rmaHeader, targets []int) ([]leftover, error) {
 		w.mu.Unlock()
 		q, err := w.fetch(h, nil, dst, t)
 		if err != nil {
-			return asked, fmt.Errorf("to rank %d: %w", t, err)
+			errs = append(errs, fmt.Errorf("to rank %d: %w", t, err))
+			if h.kind == rmaLock {
+				break
+			}
+			continue
 		}
 		asked = append(asked, leftover{q: q, report: dst, target: t, kind: h.kind, writes: writes})
 	}
-	return asked, nil
+	return asked, errors.Join(errs...)
 }
 
 // ack records that the puts and accumulates to targets counted in

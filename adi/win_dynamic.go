@@ -341,12 +341,12 @@ func (w *Win) exchangeMisses(ctx context.Context, epoch uint64) (missed, err err
 		}
 		q.window = true
 		w.mu.Lock()
-		w.pending = append(w.pending, q) // the next wait completes it
+		w.pending = append(w.pending, pendingOp{q, o}) // the next wait completes it
 		w.mu.Unlock()
 	}
 	var errs []error
 	for len(recvs) > 0 {
-		werr := waitLeftovers(ctx, recvs)
+		werr := w.waitLeftovers(ctx, recvs)
 		var next, kept []leftover
 		for _, l := range recvs {
 			done, miss, sent, err := w.read(l)

@@ -12,7 +12,7 @@ func OnExchange(w *Win, f func()) { w.exchanging = f }
 // operations that come to w until its next Fence.
 func Halt(w *Win, err error) {
 	w.halt(err)
-	<-w.stopped
+	<-w.stopped.Done()
 }
 
 // Kept is how many answers and Fence reports w keeps for a later call.

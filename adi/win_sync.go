@@ -138,7 +138,11 @@ func (w *Win) flush(ctx context.Context, what string, only int) error {
 	if _, err := w.roundTrips(ctx, rmaHeader{kind: rmaFlush}, targets); err != nil {
 		return fmt.Errorf("adi: %s: %w", what, err)
 	}
-	return w.flushLocal(ctx, what)
+	var ranks []int // whose failed operations fail the flush: nil, every rank's
+	if only >= 0 {
+		ranks = []int{only}
+	}
+	return w.flushLocal(ctx, what, ranks)
 }
 
 // FlushLocal completes every operation this rank started on the window
@@ -151,11 +155,12 @@ func (w *Win) flush(ctx context.Context, what string, only int) error {
 // anything this rank sends that target later, but another rank may not
 // see it yet (FlushAll for that). It needs no round trip of its own.
 func (w *Win) FlushLocal(ctx context.Context) error {
-	return w.flushLocal(ctx, "flush local")
+	return w.flushLocal(ctx, "flush local", nil)
 }
 
-// flushLocal is FlushLocal, its errors named what.
-func (w *Win) flushLocal(ctx context.Context, what string) error {
+// flushLocal is FlushLocal, its errors named what, failing for the
+// operations that failed on ranks (nil: on every rank; see waitMissed).
+func (w *Win) flushLocal(ctx context.Context, what string, ranks []int) error {
 	w.mu.Lock()
 	if w.freed {
 		w.mu.Unlock()
@@ -163,7 +168,7 @@ func (w *Win) flushLocal(ctx context.Context, what string) error {
 	}
 	pending := slices.Clone(w.pending)
 	w.mu.Unlock()
-	if err := w.wait(ctx, pending); err != nil {
+	if err := w.wait(ctx, pending, ranks); err != nil {
 		return fmt.Errorf("adi: %s: %w", what, err)
 	}
 	return nil

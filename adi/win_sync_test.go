@@ -379,3 +379,83 @@ func TestWinFlushNothingWaitsForNobody(t *testing.T) {
 		return wrong
 	})
 }
+
+// TestWinUnlockAllPastLostRank: UnlockAll with a lost rank among its
+// targets still releases this rank's shared locks on the live targets
+// after it. It once stopped at the lost rank's failed send yet cleared
+// the epoch, and another rank's exclusive Lock of a live window behind
+// it waited for ever.
+func TestWinUnlockAllPastLostRank(t *testing.T) {
+	ws, f := loopWorlds(t, 4)
+	cs := comms(ws)
+	ctx := ctxT(t)
+	wins := windows(t, ctx, cs, 8)
+	if err := wins[0].LockAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.Sever(1)
+	time.Sleep(50 * time.Millisecond)
+	if err := wins[0].UnlockAll(ctx); !errors.Is(err, adi.ErrPeerDown) {
+		t.Errorf("UnlockAll with rank 1 lost: %v, want ErrPeerDown", err)
+	}
+	// A hang, not a slow Lock, runs out this ctx.
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	for _, target := range []int{2, 3} {
+		if err := errors.Join(wins[2].Lock(short, target, true), wins[2].Unlock(short, target)); err != nil {
+			t.Errorf("rank 2's exclusive Lock of live rank %d after rank 0's UnlockAll: %v", target, err)
+		}
+	}
+}
+
+// TestWinLostTargetSparesLiveTargets: an operation to a rank that is then
+// lost fails the next wait that covers that rank, once, and not the
+// Flush or Unlock of a live target: those complete, and Unlock releases
+// its lock. The failed operation once stayed pending, so that every
+// later flush and Unlock failed with the lost rank's error and the live
+// target stayed locked.
+func TestWinLostTargetSparesLiveTargets(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		live func(ctx context.Context, w *adi.Win) error // rank 0's calls on live rank 1
+	}{
+		{"unlock", func(ctx context.Context, w *adi.Win) error { return w.Unlock(ctx, 1) }},
+		{"flush then unlock", func(ctx context.Context, w *adi.Win) error {
+			return errors.Join(w.Flush(ctx, 1), w.Put([]byte("ijklmnop"), 1, 0), w.Unlock(ctx, 1))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, f := loopWorlds(t, 3)
+			cs := comms(ws)
+			ctx := ctxT(t)
+			wins := windows(t, ctx, cs, 1<<14)
+			w := wins[0]
+			if err := w.Lock(ctx, 2, true); err != nil {
+				t.Fatal(err)
+			}
+			if err := w.Put(make([]byte, 1<<13), 2, 0); err != nil { // rendezvous: in flight as rank 2 is lost
+				t.Fatal(err)
+			}
+			f.Sever(2)
+			time.Sleep(50 * time.Millisecond)
+			if err := errors.Join(w.Lock(ctx, 1, true), w.Put([]byte("abcdefgh"), 1, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if err := tc.live(ctx, w); err != nil {
+				t.Errorf("rank 0's calls on live rank 1 after rank 2 was lost: %v", err)
+			}
+			// A hang, not a slow Lock, runs out this ctx.
+			short, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := errors.Join(wins[1].Lock(short, 1, true), wins[1].Unlock(short, 1)); err != nil {
+				t.Errorf("rank 1's Lock of its own window after rank 0's Unlock: %v", err)
+			}
+			if err := w.FlushLocal(ctx); !errors.Is(err, adi.ErrPeerDown) {
+				t.Errorf("FlushLocal after the put to lost rank 2 failed: %v, want ErrPeerDown", err)
+			}
+			if err := w.FlushLocal(ctx); err != nil {
+				t.Errorf("FlushLocal again, the failure reported: %v", err)
+			}
+		})
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hpc-multidevice/multidevice/adi"
 	"github.com/hpc-multidevice/multidevice/internal/leakcheck"
+	"github.com/hpc-multidevice/multidevice/sdi"
 )
 
 func i64(b []byte, i int) int64 { return int64(binary.LittleEndian.Uint64(b[8*i:])) }
@@ -331,8 +332,24 @@ func TestWinServesOnAfterLostOrigin(t *testing.T) {
 // while its request for one waits there, or comes there, gives the lock
 // up: the window grants the ranks that live. Nothing released a lost
 // rank's lock, and every other rank's Lock of that window waited until
-// its ctx ended.
+// its ctx ended. The same holds over a subdevice that matches on its own
+// (sdi.FlagMatching), where a probe of the lost rank, by which the window
+// learns of the loss, once never failed.
 func TestLockOfLostRank(t *testing.T) {
+	fabrics := []struct {
+		name string
+		// worlds starts 3 ranks, and lose loses one of them.
+		worlds func(t *testing.T) (ws []*adi.World, lose func(r int))
+	}{
+		{"loopback", func(t *testing.T) ([]*adi.World, func(int)) {
+			ws, f := loopWorlds(t, 3)
+			return ws, func(r int) { f.Sever(sdi.Rank(r)) }
+		}},
+		{"matching", func(t *testing.T) ([]*adi.World, func(int)) {
+			ws, f := matchWorlds(t, 3)
+			return ws, func(r int) { f.Kill(sdi.Rank(r)) }
+		}},
+	}
 	lockIn := func(ctx context.Context, w *adi.Win) <-chan error { // rank 2's Lock of rank 0, waiting
 		done := make(chan error, 1)
 		go func() { done <- w.Lock(ctx, 0, true) }()
@@ -377,24 +394,26 @@ func TestLockOfLostRank(t *testing.T) {
 			}
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			ws, f := loopWorlds(t, 3)
-			cs := comms(ws)
-			ctx := ctxT(t)
-			wins := windows(t, ctx, cs, 64)
-			after := tc.before(t, ctx, wins)
-			f.Sever(2)
-			time.Sleep(100 * time.Millisecond)
-			after()
-			short, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			if err := wins[1].Lock(short, 0, true); err != nil {
-				t.Fatalf("rank 1's Lock of rank 0's window after rank 2 was lost: %v", err)
-			}
-			if err := wins[1].Unlock(short, 0); err != nil {
-				t.Fatal(err)
-			}
-		})
+		for _, fab := range fabrics {
+			t.Run(fab.name+"/"+tc.name, func(t *testing.T) {
+				ws, lose := fab.worlds(t)
+				cs := comms(ws)
+				ctx := ctxT(t)
+				wins := windows(t, ctx, cs, 64)
+				after := tc.before(t, ctx, wins)
+				lose(2)
+				time.Sleep(100 * time.Millisecond)
+				after()
+				short, cancel := context.WithTimeout(ctx, 10*time.Second)
+				defer cancel()
+				if err := wins[1].Lock(short, 0, true); err != nil {
+					t.Fatalf("rank 1's Lock of rank 0's window after rank 2 was lost: %v", err)
+				}
+				if err := wins[1].Unlock(short, 0); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
 	}
 }
 
@@ -436,4 +455,82 @@ func TestFenceInLockEpoch(t *testing.T) {
 		}
 		return w.Free(ctx)
 	})
+}
+
+// TestWinOverMatchingSubDevice: windows work when the ranks talk through
+// a subdevice that matches on its own (sdi.FlagMatching): a window's
+// server takes its requests with a matched probe, which such a
+// subdevice's messages refuse (errors.ErrUnsupported). The server once
+// stopped at the first request, so that every Fence failed and every
+// Lock waited until its ctx ended.
+func TestWinOverMatchingSubDevice(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		run  func(ctx context.Context, w *adi.Win, c *adi.Comm) error
+	}{
+		{"lock", func(ctx context.Context, w *adi.Win, c *adi.Comm) error {
+			if c.Rank() == 1 {
+				if err := errors.Join(w.Lock(ctx, 0, true), w.Put([]byte("abcdefgh"), 0, 0), w.Unlock(ctx, 0)); err != nil {
+					return fmt.Errorf("rank 1's Lock, Put and Unlock of rank 0's window: %w", err)
+				}
+			}
+			return c.Barrier(ctx)
+		}},
+		{"put and fence", func(ctx context.Context, w *adi.Win, c *adi.Comm) error {
+			return errors.Join(w.Put([]byte("abcdefgh"), 1-c.Rank(), 0), w.Fence(ctx))
+		}},
+		{"get and flush", func(ctx context.Context, w *adi.Win, c *adi.Comm) error {
+			var got [8]byte
+			if err := errors.Join(w.LockAll(ctx), w.Get(got[:], 1-c.Rank(), 0), w.FlushAll(ctx), w.UnlockAll(ctx)); err != nil {
+				return fmt.Errorf("rank %d's Get from rank %d: %w", c.Rank(), 1-c.Rank(), err)
+			}
+			return c.Barrier(ctx)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, _ := matchWorlds(t, 2)
+			cs := comms(ws)
+			// A hang, not a slow call, runs out this ctx.
+			ctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
+			defer cancel()
+			wins := windows(t, ctx, cs, 8)
+			each(t, cs, func(c *adi.Comm) error { return tc.run(ctx, wins[c.Rank()], c) })
+			freeWindows(t, ctx, cs, wins)
+		})
+	}
+}
+
+// TestWinStoppedServerFailsWaits: once a window's server has stopped (an
+// operation it could not receive), this rank's calls on the window that
+// wait fail with the server's error, at once, not when their ctx ends:
+// nothing they wait for may come, and "context deadline exceeded" did
+// not say why. (Fence, collective, reports it once every rank is in it,
+// as TestWinFinalizeHalted's windows do.)
+func TestWinStoppedServerFailsWaits(t *testing.T) {
+	why := errors.New("a receive failed, as the test has it")
+	for _, tc := range []struct {
+		name string
+		call func(ctx context.Context, w *adi.Win) error
+	}{
+		{"lock", func(ctx context.Context, w *adi.Win) error { return w.Lock(ctx, 0, true) }},
+		{"flush", func(ctx context.Context, w *adi.Win) error {
+			var got [8]byte
+			return errors.Join(w.LockAll(ctx), w.Get(got[:], 0, 0), w.FlushAll(ctx))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, _ := loopWorlds(t, 2)
+			cs := comms(ws)
+			wins := windows(t, ctxT(t), cs, 8)
+			// Both servers stop: rank 1's requests to rank 0 are never
+			// applied, and rank 1's own server is what says so.
+			adi.Halt(wins[0], why)
+			adi.Halt(wins[1], why)
+			ctx, cancel := context.WithTimeout(ctxT(t), 5*time.Second)
+			defer cancel()
+			if err := tc.call(ctx, wins[1]); !errors.Is(err, why) {
+				t.Errorf("%s on a window whose server stopped: %v, want the server's error", tc.name, err)
+			}
+		})
+	}
 }

@@ -480,7 +480,8 @@ func (d *Device) Cancel(r *Request) {
 }
 
 // Iprobe looks for a message that a receive with (src, tag, context) would
-// match, without receiving it.
+// match, without receiving it. A probe of one source that is lost, with
+// no message of it left, fails with ErrPeerDown.
 func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
 	if err := d.checkRecv(src, tag); err != nil {
 		return Status{}, false, err
@@ -514,6 +515,13 @@ func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
 	for _, idx := range subs {
 		if env, ok := d.subs[idx].matcher.Probe(sdi.Rank(src), int32(tag), context); ok {
 			return Status{Source: int(env.Source), Tag: int(env.Tag), Count: env.Len}, true, nil
+		}
+	}
+	// Nor does one whose messages a matching subdevice holds: what it
+	// sent before is there, and was found above.
+	if src != AnySource && d.matchSub[src] >= 0 {
+		if err := d.peerErr(int32(src)); err != nil {
+			return Status{}, false, err
 		}
 	}
 	return Status{}, false, nil
