@@ -458,15 +458,7 @@ func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 	// Not !r.isDone(): r may have matched since park gave up on ctx, and
 	// returning ctx's error then would lose its message.
 	if err != nil && ctx.Err() != nil {
-		d.Cancel(r)
-		// What still writes into the buffer ends soon: a copy, a
-		// placement its subdevice ends by delivering it or losing the
-		// peer, or a matching subdevice's fill, which its Done ends (the
-		// device completes those a closed subdevice holds).
-		if !r.isDone() {
-			d.abandonRecv(r, err)
-			r.Result() // not <-r.Done(): closed a moment before r counts as done
-		}
+		d.Abandon(r, err)
 		switch {
 		case !r.isDone():
 		case r.status.Cancelled: // its status says so, not rank 0's tag 0
@@ -477,6 +469,24 @@ func (d *Device) waitRecv(ctx context.Context, r *Request) (Status, error) {
 	}
 	d.putRequest(r)
 	return st, err
+}
+
+// Abandon gives up r, a receive whose caller no longer wants it (its ctx
+// ended, or the call it belongs to failed), with err: it is cancelled if
+// it has not matched, and if it matched a large message whose data is
+// still coming, the rest of that data is dropped. Abandon returns once
+// nothing writes into r's buffer any more, with r complete: cancelled,
+// failed with err, or with its own result if it finished meanwhile.
+func (d *Device) Abandon(r *Request, err error) {
+	d.Cancel(r)
+	// What still writes into the buffer ends soon: a copy, a placement
+	// its subdevice ends by delivering it or losing the peer, or a
+	// matching subdevice's fill, which its Done ends (the device
+	// completes those a closed subdevice holds).
+	if !r.isDone() {
+		d.abandonRecv(r, err)
+		r.Result() // not <-r.Done(): closed a moment before r counts as done
+	}
 }
 
 // Sendrecv sends sbuf to world rank dst with stag and receives into rbuf
