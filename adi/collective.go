@@ -84,12 +84,13 @@ type collective struct {
 	mismatch error
 }
 
-// pending is an outstanding request of a collective; a receive knows the
-// rank it comes from and how many bytes it must bring.
+// pending is an outstanding request of a collective: the rank it goes
+// to or comes from, for errors, and for a receive how many bytes it must
+// bring.
 type pending struct {
 	r    *multidevice.Request
 	recv bool
-	from int
+	peer int
 	want int
 }
 
@@ -145,21 +146,31 @@ func (k *collective) who(r int) int {
 	return r
 }
 
-// poison is what a rank that met a mismatch sends in place of an empty
-// message; in place of any other, it sends an empty one. Small, so that it
-// goes eagerly and the sender need not wait for a receiver that may have
-// given up already.
-var poison = []byte{0}
+// poison is what a rank that met a mismatch sends in place of a message:
+// its first byte, or in place of a one-byte message all three. The
+// receiver's length is not known, so poison takes one no receiver is
+// likely to expect: not the replaced message's, which a receiver that
+// agrees with the sender expects; not empty, which a rank passing an
+// empty vector expects (an empty poison once let such a rank succeed
+// while the others got ErrMismatch); and odd, which no vector of 2-, 4-
+// or 8-byte elements is. Small, so that it goes eagerly and the sender
+// need not wait for a receiver that may have given up already. Never
+// written: sends in flight read it.
+var poison = []byte{0, 0, 0}
+
+// poisonFor is the poison sent in place of an n-byte message.
+func poisonFor(n int) []byte {
+	if n == 1 {
+		return poison
+	}
+	return poison[:1]
+}
 
 // send starts sending buf to rank r of the communicator, or after a
 // mismatch a message of another length (poison).
 func (k *collective) send(buf []byte, r int) error {
 	if k.mismatch != nil {
-		if len(buf) == 0 {
-			buf = poison
-		} else {
-			buf = nil
-		}
+		buf = poisonFor(len(buf))
 	}
 	req, err := k.start(func(q *multidevice.Request) error {
 		return k.c.w.dev.IsendRequest(q, buf, k.c.ranks[r], k.tag, k.c.context|1, false)
@@ -167,7 +178,7 @@ func (k *collective) send(buf []byte, r int) error {
 	if err != nil {
 		return k.fail(k.errorf("send to rank %d: %w", k.who(r), err))
 	}
-	k.reqs = append(k.reqs, pending{r: req})
+	k.reqs = append(k.reqs, pending{r: req, peer: k.who(r)})
 	return nil
 }
 
@@ -180,7 +191,7 @@ func (k *collective) recv(buf []byte, r int) error {
 	if err != nil {
 		return k.fail(k.errorf("receive from rank %d: %w", k.who(r), err))
 	}
-	k.reqs = append(k.reqs, pending{r: req, recv: true, from: k.who(r), want: len(buf)})
+	k.reqs = append(k.reqs, pending{r: req, recv: true, peer: k.who(r), want: len(buf)})
 	return nil
 }
 
@@ -197,32 +208,34 @@ func (k *collective) wait() error {
 			continue
 		}
 		if err != nil {
-			k.reqs = k.reqs[i+1:]
+			// p itself stays for fail: a receive whose wait ended with
+			// ctx is still posted.
+			k.reqs = k.reqs[i:]
 			if p.recv {
-				return k.fail(k.errorf("from rank %d: %w", p.from, err))
+				return k.fail(k.errorf("from rank %d: %w", p.peer, err))
 			}
-			return k.fail(k.errorf("%w", err))
+			return k.fail(k.errorf("to rank %d: %w", p.peer, err))
 		}
 	}
 	k.reqs, k.used = k.reqs[:0], 0
 	return nil
 }
 
-// mismatchFrom describes a receive from p.from that brought count bytes
+// mismatchFrom describes a receive from p.peer that brought count bytes
 // where p.want were expected, or more than that (truncated). A message of
-// poison's shape (empty, or poison itself: more than an empty buffer
-// holds) may be poison, and then its sender only passes on a mismatch it
-// met from another rank: the error says so rather than blaming the
-// sender's arguments.
+// poison's shape (one or three bytes, or more than a buffer shorter than
+// three holds) may be poison, and then its sender only passes on a
+// mismatch it met from another rank: the error says so rather than
+// blaming the sender's arguments.
 func (k *collective) mismatchFrom(p pending, count int, truncated bool) error {
 	what := fmt.Sprintf("%d bytes where %d were expected", count, p.want)
 	if truncated {
 		what = fmt.Sprintf("more than the %d bytes expected", p.want)
 	}
-	if !truncated && (count == 0 || count == len(poison)) || truncated && p.want == 0 {
-		what += fmt.Sprintf(" (rank %d passed another length, or passes on a mismatch it met)", p.from)
+	if !truncated && (count == 1 || count == len(poison)) || truncated && p.want < len(poison) {
+		what += fmt.Sprintf(" (rank %d passed another length, or passes on a mismatch it met)", p.peer)
 	}
-	return k.errorf("from rank %d: %w: %s", p.from, ErrMismatch, what)
+	return k.errorf("from rank %d: %w: %s", p.peer, ErrMismatch, what)
 }
 
 // end completes the collective: it waits for what is outstanding and
@@ -245,13 +258,19 @@ func (k *collective) exchange(sbuf []byte, dst int, rbuf []byte, src int) error 
 	return k.wait()
 }
 
-// fail cancels the receives still outstanding, so that none of them takes
-// a later message, and returns err. The requests of the call stay where
-// they are: start replaces those still in flight next time.
+// fail gives up the receives still outstanding, the one whose wait failed
+// included, and returns err once nothing writes into their buffers. A
+// receive left posted took a late peer's message into the caller's
+// buffer after the collective returned, or into the communicator's
+// scratch space in the middle of its next collective: a wrong result and
+// no error. Abandon cancels a receive that has not matched and drops the
+// rest of a rendezvous that has, so a stalled sender cannot hold the
+// failed call. Sends stay in flight (they write nothing here); start
+// replaces their requests next time.
 func (k *collective) fail(err error) error {
 	for _, p := range k.reqs {
 		if p.recv {
-			k.c.w.dev.Cancel(p.r)
+			k.c.w.dev.Abandon(p.r, err)
 		}
 	}
 	k.reqs = k.reqs[:0]

@@ -97,16 +97,20 @@
 // algorithms (Allreduce, Reduce and ReduceScatter change at 64 KiB,
 // Bcast at 12 KiB on 8 ranks or more): of two ranks calling [Allreduce]
 // with 9000 and 4000 float64s, the first waits until its ctx ends.
-// After a mismatch, a rank whose own message would be empty sends one
-// byte in its place, which a peer that expects one byte takes for its
-// data (a one-element []bool or []byte against an empty one). A rank
-// whose arguments fail its own checks (a root out of range, counts that
-// do not fit its slices) returns that error at once and sends nothing,
-// so its peers wait for it until their ctx ends. A collective that
-// fails otherwise (a peer lost, ctx ending) returns at once, and its
-// peers may still be waiting in it. As in MPI, the communicator's
-// collectives are then undefined: end the job, or go on with
-// point-to-point messages only.
+// The message of another length is one byte long, three in place of a
+// one-byte message: never what a receiver that agrees with its sender
+// expects, nor empty, nor the length of any vector of 2-, 4- or 8-byte
+// elements; a peer that expects exactly that length (a one-element
+// []byte or []bool against a longer or an empty one) takes it for its
+// data. A rank whose arguments fail its own checks (a root out of range,
+// counts that do not fit its slices) returns that error at once and
+// sends nothing, so its peers wait for it until their ctx ends. A
+// collective that fails otherwise (a peer lost, ctx ending) returns at
+// once, and its peers may still be waiting in it. It cancels its
+// receives first, and waits only for a message one of them was already
+// taking, so that nothing writes into the program's buffers once it
+// returned. As in MPI, the communicator's collectives are then
+// undefined: end the job, or go on with point-to-point messages only.
 //
 // Partitioned communication (MPI 4.0) sends one buffer that goroutines
 // fill part by part: [Comm.PsendInit] and [Comm.PrecvInit] make

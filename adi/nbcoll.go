@@ -92,7 +92,7 @@ func (c *Comm) nonblocking(name string, run func(ctx context.Context, c *Comm) e
 	}
 	return c.w.bg.launch(c, name, draw, func(ctx context.Context) error {
 		err := run(ctx, own)
-		if err == nil { // a failed one may have receives still in flight into its scratch
+		if err == nil { // a failed one may have sends still in flight from its scratch
 			c.copies.Put(own)
 		}
 		return err
