@@ -29,14 +29,26 @@ type Bootstrap interface {
 	// It returns an error wrapping ErrNotFound when there is none.
 	Get(ctx context.Context, rank int, key string) ([]byte, error)
 	// Abort asks the launcher to end the whole job with code, and says why.
-	// It need not return once the launcher took the abort (the PMIx
-	// backend then exits with code); an error means the launcher was not
-	// told, as after Close (ErrClosed). An Abort while another runs
-	// returns when that one does, with its outcome.
+	// A code outside 1..255 becomes 1, in every backend and as mdrun does:
+	// a launcher keeps the low 8 bits of an exit status, so 0 or 256 would
+	// end an aborted job as a success. It need not return once the
+	// launcher took the abort (the PMIx backend then exits with the
+	// code); an error means the launcher was not told, as after Close
+	// (ErrClosed). An Abort while another runs returns when that one
+	// does, with its outcome.
 	Abort(code int, reason string) error
 	// Close tells the launcher this rank finished cleanly and releases the
 	// connection.
 	Close() error
+}
+
+// exitCode is what an Abort given code hands to the launcher, or exits
+// with (see [Bootstrap.Abort]).
+func exitCode(code int) int {
+	if code < 1 || code > 255 {
+		return 1
+	}
+	return code
 }
 
 // LostReporter is a [Bootstrap] that can tell the launcher that this rank

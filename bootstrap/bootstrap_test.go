@@ -13,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -331,6 +332,37 @@ func TestCloseDuringAbortKeepsLeash(t *testing.T) {
 			<-aborted
 			if off != tc.leashOff {
 				t.Errorf("leash off %v, want %v", off, tc.leashOff)
+			}
+		})
+	}
+}
+
+// TestExitCode: an abort's code becomes the job's exit status, of which
+// a launcher keeps the low 8 bits; codes that would end an aborted job
+// with status 0, or with one it did not ask for, become 1.
+func TestExitCode(t *testing.T) {
+	for _, tt := range []struct{ code, want int }{
+		{1, 1}, {3, 3}, {255, 255},
+		{0, 1}, {256, 1}, {257, 1}, {-1, 1}, {math.MinInt, 1}, {math.MaxInt, 1},
+	} {
+		if got := exitCode(tt.code); got != tt.want {
+			t.Errorf("exitCode(%d) = %d, want %d", tt.code, got, tt.want)
+		}
+	}
+}
+
+// TestAbortCodeReported: the service hears an abort with the code the
+// job is to end with, so that Abort(0) or Abort(256) cannot end an
+// aborted job as a success, whoever reads the report.
+func TestAbortCodeReported(t *testing.T) {
+	for _, tt := range []struct{ code, want int }{{3, 3}, {0, 1}, {256, 1}, {-2, 1}} {
+		t.Run(strconv.Itoa(tt.code), func(t *testing.T) {
+			srv := startServer(t, 1, nil)
+			if err := openRank(t, srv, 0).Abort(tt.code, "bad input"); err != nil {
+				t.Fatalf("abort: %v", err)
+			}
+			if got := <-srv.Aborts(); got.Code != tt.want {
+				t.Errorf("Abort(%d): the service heard code %d, want %d", tt.code, got.Code, tt.want)
 			}
 		})
 	}

@@ -317,7 +317,7 @@ func (c *client) Abort(code int, reason string) error {
 	if len(reason) > maxReason {
 		reason = reason[:maxReason]
 	}
-	return c.finish(opAbort, &message{Op: opAbort, Code: code, Reason: reason})
+	return c.finish(opAbort, &message{Op: opAbort, Code: exitCode(code), Reason: reason})
 }
 
 // Close says goodbye to the service and releases the connection. It is

@@ -113,7 +113,8 @@
 // aborting rank has exited, as MPI_Abort's caller does, and its
 // PMIx_Abort now and then never returns.
 // Close calls PMIx_Finalize, and a
-// Fence still under way then fails with [ErrClosed].
+// Fence still under way then fails with [ErrClosed]; a Close during an
+// Abort, like a Fence, returns only once PMIx_Abort has.
 //
 // Once PMIx_Init has succeeded, the rank takes out of its environment
 // (Go's and, under cgo, the C one) the variables that would let another
@@ -133,8 +134,12 @@
 // pmix: this process was rank R of namespace N and closed its PMIx
 // client; a process joins a PMIx job once". (Joining again would need the
 // launcher's variables back in the environment, where a child started
-// meanwhile would inherit them.) An Open whose PMIx_Init failed spends
-// nothing: the process may Open again.
+// meanwhile would inherit them.) A PMIx_Init that failed uses the client
+// up as well, also one an Open abandoned when its ctx ended: libpmix
+// keeps state from it, under which another PMIx_Init succeeds into a job
+// that is not the launcher's (rank 0 of 1, splitting the world without a
+// word), so a later Open fails with "bootstrap: pmix: an earlier Open's
+// PMIx_Init failed (...)", naming that failure.
 //
 // Verified with Open MPI 4.1.4's mpirun (one host, and two network
 // namespace hosts sharing a host name) and Slurm 22.05's srun --mpi=pmix

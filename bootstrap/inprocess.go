@@ -156,7 +156,7 @@ func (r *inRank) Get(ctx context.Context, rank int, key string) ([]byte, error) 
 
 // Abort fails the fences of every rank of the job with the reason.
 func (r *inRank) Abort(code int, reason string) error {
-	r.job.leave(fmt.Errorf("%w: rank %d aborted with code %d: %s", ErrClosed, r.rank, code, reason))
+	r.job.leave(fmt.Errorf("%w: rank %d aborted with code %d: %s", ErrClosed, r.rank, exitCode(code), reason))
 	return nil
 }
 

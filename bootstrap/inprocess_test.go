@@ -69,6 +69,9 @@ func TestInProcessLeftRank(t *testing.T) {
 	}{
 		{"close", func(b Bootstrap) { b.Close() }, "rank 0 closed"},
 		{"abort", func(b Bootstrap) { b.Abort(3, "bad") }, "rank 0 aborted with code 3: bad"},
+		// The code a launcher would end the job with, as the other
+		// backends report it.
+		{"abort with code 256", func(b Bootstrap) { b.Abort(256, "bad") }, "rank 0 aborted with code 1: bad"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

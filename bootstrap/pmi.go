@@ -755,7 +755,7 @@ func (j *pmiJob) Abort(code int, reason string) error {
 	time.Sleep(abortGrace)
 	// Written beside the worker, which may be waiting in a barrier.
 	// Slurm's PMI-2 takes no ';' in a value, escaped or not.
-	err = j.proto.abort(code, strings.NewReplacer("\n", " ", ";", ",").Replace(reason))
+	err = j.proto.abort(exitCode(code), strings.NewReplacer("\n", " ", ";", ",").Replace(reason))
 	if err != nil {
 		err = fmt.Errorf("bootstrap: %s: abort: %w", j.name, err)
 	}

@@ -269,17 +269,30 @@ func TestPMIGetAndPutErrors(t *testing.T) {
 
 // TestPMIAbort: the manager hears the abort as one that ends the job with
 // the rank's code (and, under PMI-2, its reason); fakePMI ignores a PMI-2
-// abort that Slurm or Hydra would not act on.
+// abort that Slurm or Hydra would not act on. A code that is no failing
+// exit status (0, or one whose low 8 bits are 0 such as 256) reaches the
+// manager as 1: the manager ends the job with it, and the job would
+// otherwise count as a success.
 func TestPMIAbort(t *testing.T) {
-	for _, tt := range []struct{ name, env, reason, want string }{
-		{"pmi1", "MD_PMI=1", "rank 0 gives up;\nreally", "7"},
-		{"pmi2", "MD_PMI=2", "rank 0 gives up;\nreally", "7: rank 0 gives up, really"},
-		{"pmi2 without reason", "MD_PMI=2", "", "7: " + noAbortReason},
+	for _, tt := range []struct {
+		name, env string
+		code      int
+		reason    string
+		want      string
+	}{
+		{"pmi1", "MD_PMI=1", 7, "rank 0 gives up;\nreally", "7"},
+		{"pmi1 code 0", "MD_PMI=1", 0, "", "1"},
+		{"pmi1 code 256", "MD_PMI=1", 256, "", "1"},
+		{"pmi2", "MD_PMI=2", 7, "rank 0 gives up;\nreally", "7: rank 0 gives up, really"},
+		{"pmi2 without reason", "MD_PMI=2", 7, "", "7: " + noAbortReason},
+		{"pmi2 code 0", "MD_PMI=2", 0, "why", "1: why"},
+		{"pmi2 code 256", "MD_PMI=2", 256, "why", "1: why"},
+		{"pmi2 code -1", "MD_PMI=2", -1, "why", "1: why"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := newFakePMI(t, 2, nil)
 			ranks := openPMIRanks(t, f, tt.env)
-			if err := ranks[0].Abort(7, tt.reason); err != nil {
+			if err := ranks[0].Abort(tt.code, tt.reason); err != nil {
 				t.Fatal(err)
 			}
 			deadline := time.Now().Add(10 * time.Second)

@@ -210,8 +210,11 @@ func openPMIx(ctx context.Context, logger hclog.Logger, st *openState) (Bootstra
 // would need the launcher's variables back in the environment for
 // PMIx_Init, where a child started meanwhile would inherit them and join
 // as a second copy of the rank, and a server that saw the rank leave mid
-// fence refuses it anyway (PMIX_ERR_PARTIAL_SUCCESS). An Open whose
-// PMIx_Init failed leaves the client as it was: a later Open may try.
+// fence refuses it anyway (PMIX_ERR_PARTIAL_SUCCESS). A PMIx_Init that
+// failed uses the client up too, also one that an Open abandoned: libpmix
+// keeps state from it, under which a later PMIx_Init succeeds as rank 0
+// of a job of 1, splitting the world without a word; Open then fails with
+// [errPMIxJoinedOnce], naming the first failure.
 var pmixClient = &pmixClientState{}
 
 // errPMIxInUse is what an Open returns while this process's PMIx client
@@ -219,7 +222,7 @@ var pmixClient = &pmixClientState{}
 var errPMIxInUse = errors.New("bootstrap: pmix: one PMIx client per process")
 
 // errPMIxJoinedOnce is what an Open returns once this process's PMIx
-// client was finalized.
+// client was finalized, or a PMIx_Init failed.
 var errPMIxJoinedOnce = errors.New("a process joins a PMIx job once")
 
 type pmixClientState struct {
@@ -230,6 +233,18 @@ type pmixClientState struct {
 	// spent is the rank whose client was finalized, "" before: from then
 	// on Open fails.
 	spent string
+	// initErr is the first PMIx_Init that failed, nil before: from then
+	// on Open fails.
+	initErr error
+}
+
+// initFailed records that a PMIx_Init failed with err.
+func (c *pmixClientState) initFailed(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.initErr == nil {
+		c.initErr = err
+	}
 }
 
 // finalized records that the client of rank of namespace nspace was
@@ -258,6 +273,11 @@ func (c *pmixClientState) acquire() error {
 			"Close that Bootstrap before opening another", errPMIxInUse, c.job.rank, c.job.nspace, how)
 	case c.spent != "":
 		return fmt.Errorf("bootstrap: pmix: this process was %s and closed its PMIx client; %w", c.spent, errPMIxJoinedOnce)
+	case c.initErr != nil:
+		// %v: the earlier failure is history, not this Open's cause,
+		// and must not make it match ErrClosed.
+		return fmt.Errorf("bootstrap: pmix: an earlier Open's PMIx_Init failed (%v), after which libpmix would "+
+			"join this process as a job of its own; %w", c.initErr, errPMIxJoinedOnce)
 	case c.abandoned:
 		return fmt.Errorf("%w: the PMIx_Init of an earlier Open, abandoned when its ctx ended, is still running "+
 			"(its server does not answer); it finalizes if it ever succeeds", errPMIxInUse)
@@ -295,7 +315,8 @@ func (c *pmixClientState) closed(j *pmixJob) {
 // own and ctx bounds the wait: when ctx ends first, init returns ctx's
 // error, the client stays taken (abandoned) until PMIx_Init returns, and
 // a PMIx_Init that then succeeds is finalized at once. On error the
-// client is released, unless abandoned.
+// client is released, unless abandoned; after a PMIx_Init that returned,
+// succeeded or not, no later Open gets it (see [pmixClient]).
 func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc_t, error) {
 	// A rank's child ends here.
 	if err := pmixChildErr(env); err != nil {
@@ -310,7 +331,7 @@ func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc
 	res := make(chan result, 1)
 	go func() {
 		var r result
-		r.err = c.runInit(&r.me)
+		r.err = c.runInit(&r.me, launchDesc)
 		c.mu.Lock()
 		if !c.abandoned {
 			res <- r
@@ -342,7 +363,7 @@ func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc
 	}
 	if r.err != nil {
 		c.opened(nil)
-		return C.pmix_proc_t{}, fmt.Errorf("%w (started with %s)", r.err, launchDesc)
+		return C.pmix_proc_t{}, r.err
 	}
 	return r.me, nil
 }
@@ -356,9 +377,12 @@ func (c *pmixClientState) init(ctx context.Context, env lookupFunc) (C.pmix_proc
 // (PMI_FD is close-on-exec). A PMI_FD goes too: beside PMIx variables it is
 // a stale number the PMI backends stepped aside from, and a child would
 // write a handshake into whatever file has it (staleFDError). A PMIx_Init
-// that failed leaves them.
-func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
+// that failed leaves them, and uses up the client. Errors say how the
+// launcher started the process (launchDesc).
+func (c *pmixClientState) runInit(me *C.pmix_proc_t, launchDesc string) error {
 	if err := pmixCallErr("PMIx_Init", C.md_init(me)); err != nil {
+		err = fmt.Errorf("%w (started with %s)", err, launchDesc)
+		c.initFailed(err)
 		return err
 	}
 	// EnvPMIParent: a PMI rank above this one set it, but this process's
@@ -369,7 +393,7 @@ func (c *pmixClientState) runInit(me *C.pmix_proc_t) error {
 		// Joined, but children could join too: leave.
 		C.md_finalize()
 		c.finalized(C.GoString(&me.nspace[0]), int(me.rank))
-		return fmt.Errorf("bootstrap: pmix: %w", err)
+		return fmt.Errorf("bootstrap: pmix: %w (started with %s)", err, launchDesc)
 	}
 	return nil
 }
@@ -664,6 +688,7 @@ func (j *pmixJob) Abort(code int, reason string) error {
 	time.Sleep(abortGrace)
 	msg := C.CString(strings.ToValidUTF8(reason, "?"))
 	defer C.free(unsafe.Pointer(msg))
+	code = exitCode(code)
 	// Open MPI 4.1's mpirun ends the job only once the aborting rank has
 	// exited, and its PMIx_Abort now and then never returns.
 	backstop := time.AfterFunc(abortExit, func() { os.Exit(code) })
@@ -686,10 +711,19 @@ func (j *pmixJob) Abort(code int, reason string) error {
 const abortExit = time.Second
 
 // Close finalizes with the server. It is idempotent, and does nothing
-// after Abort. A Fence still under way is abandoned: its waiters return
-// ErrClosed.
+// after Abort, but during one returns only once PMIx_Abort has (which
+// usually ends the process first), as a Fence or Get does: a program
+// that exits once Close returned must not end the job with its own
+// status before the abort reached the server. A Fence still under way is
+// abandoned: its waiters return ErrClosed.
 func (j *pmixJob) Close() error {
 	if !j.refuse(false) {
+		j.mu.Lock()
+		aborting := j.aborted
+		j.mu.Unlock()
+		if aborting {
+			<-j.dead
+		}
 		return nil
 	}
 	j.release()

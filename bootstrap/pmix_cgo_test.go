@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"slices"
@@ -113,9 +114,40 @@ func openAborter(t *testing.T, ctx context.Context) Bootstrap {
 	return bs
 }
 
+// inOwnProcess runs the calling test again in a process of its own and
+// reports whether the caller is that process, which then runs the test's
+// body: a PMIx_Init, even one that failed, uses up the process's PMIx
+// client, so each test that calls one needs a new process.
+func inOwnProcess(t *testing.T) bool {
+	t.Helper()
+	if os.Getenv(pmixHelperEnv) == t.Name() {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pmixWatchdog)
+	defer cancel()
+	args := []string{"-test.run=^" + t.Name() + "$", "-test.count=1", "-test.v"}
+	if testing.Short() {
+		args = append(args, "-test.short")
+	}
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), pmixHelperEnv+"="+t.Name())
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s in a process of its own: %v\n%s", t.Name(), err, out)
+	}
+	t.Logf("%s in a process of its own:\n%s", t.Name(), out)
+	return false
+}
+
 // TestPMIxInitFails: a PMIx environment whose server is not there makes
-// Open fail, naming the call and the variable.
+// Open fail, naming the call and the variable; and a PMIx_Init that
+// failed uses up the process's client (libpmix keeps state from it, under
+// which a later PMIx_Init joins a world of its own): a second Open fails
+// without one, naming the first failure.
 func TestPMIxInitFails(t *testing.T) {
+	if !inOwnProcess(t) {
+		return
+	}
 	for _, kv := range openMPIEnv {
 		k, v, _ := strings.Cut(kv, "=")
 		if strings.HasPrefix(k, "PMIX_SERVER_URI") {
@@ -134,6 +166,14 @@ func TestPMIxInitFails(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("open error %q lacks %q", err, want)
 		}
+	}
+	bs, err2 := open(ctx, testLogger(t), os.LookupEnv, nil)
+	if err2 == nil {
+		bs.Close()
+		t.Fatal("a second open succeeded")
+	}
+	if !errors.Is(err2, errPMIxJoinedOnce) || !strings.Contains(err2.Error(), err.Error()) {
+		t.Errorf("second open: %v, want errPMIxJoinedOnce naming the first failure %q", err2, err)
 	}
 }
 
@@ -570,6 +610,161 @@ func TestPMIxCallAfterAbortRank(t *testing.T) {
 	os.Exit(1)
 }
 
+// TestPMIxAbortCode: an Abort whose code is no failing exit status (0,
+// or 256, whose low 8 bits are 0) still fails the job, with status 1, as
+// mdrun's does: PMIx_Abort's code becomes mpirun's status and the rank's
+// own exit status, and either would report the aborted job a success.
+func TestPMIxAbortCode(t *testing.T) {
+	for _, tt := range []struct{ code, want int }{{0, 1}, {256, 1}} {
+		t.Run(strconv.Itoa(tt.code), func(t *testing.T) {
+			status, _ := mpirunJob(t, 2, "TestPMIxAbortCodeRank", "-x", pmixCodeEnv+"="+strconv.Itoa(tt.code))
+			if status != tt.want {
+				t.Errorf("Abort(%d, ...): mpirun exited %d, want %d", tt.code, status, tt.want)
+			}
+		})
+	}
+}
+
+// pmixCodeEnv is the code TestPMIxAbortCodeRank aborts with.
+const pmixCodeEnv = "MD_PMIX_TEST_CODE"
+
+func TestPMIxAbortCodeRank(t *testing.T) {
+	ctx := asRank(t)
+	bs := openAborter(t, ctx)
+	if bs == nil {
+		return
+	}
+	code, err := strconv.Atoi(os.Getenv(pmixCodeEnv))
+	if err != nil {
+		t.Fatalf("%s: %v", pmixCodeEnv, err)
+	}
+	// Abort returns only if PMIx_Abort failed.
+	err = bs.Abort(code, "rank 1 gives up")
+	t.Fatalf("abort returned: %v", err)
+}
+
+// TestPMIxCloseDuringAbort: a Close (a main that returns, say) while
+// another goroutine aborts does not return before the abort went out: a
+// program that exits once Close returned must not end the job with its
+// own status, 0, before the abort's, losing its code and reason.
+func TestPMIxCloseDuringAbort(t *testing.T) {
+	status, _ := mpirunJob(t, 3, "TestPMIxCloseDuringAbortRank")
+	if status != 3 {
+		t.Errorf("mpirun exited %d, want the abort's 3", status)
+	}
+}
+
+func TestPMIxCloseDuringAbortRank(t *testing.T) {
+	ctx := asRank(t)
+	bs := openAborter(t, ctx)
+	if bs == nil {
+		return
+	}
+	go bs.Abort(3, "rank 1 gives up")
+	// Wait for Abort to have begun: the Close below then comes while
+	// Abort pauses before PMIx_Abort.
+	j := bs.(*pmixJob)
+	for {
+		j.mu.Lock()
+		closing := j.closing
+		j.mu.Unlock()
+		if closing {
+			break
+		}
+		runtime.Gosched()
+	}
+	err := bs.Close()
+	fmt.Fprintf(os.Stderr, "rank 1: close during abort: %v; exiting 0\n", err)
+	os.Exit(0)
+}
+
+// TestPMIxCloseWaitsForAbort: Close on an aborting job returns only once
+// the abort went out (dead closed: PMIx_Abort returned), and then nil.
+func TestPMIxCloseWaitsForAbort(t *testing.T) {
+	aborting := &pmixJob{size: 2, dead: make(chan struct{}), closing: true, aborted: true}
+	done := make(chan error, 1)
+	go func() { done <- aborting.Close() }()
+	// Not a bound on speed: a Close that returned before dead closed is
+	// wrong whenever it is seen.
+	runtime.Gosched()
+	select {
+	case err := <-done:
+		t.Fatalf("returned before the abort went out: %v", err)
+	default:
+	}
+	close(aborting.dead)
+	if err := <-done; err != nil {
+		t.Errorf("close once the abort went out: %v, want nil", err)
+	}
+}
+
+// TestPMIxReopenAfterFailedInit: after an Open whose PMIx_Init failed,
+// an Open under a reachable server fails too, naming the first failure:
+// libpmix keeps state from the failed PMIx_Init, under which a second one
+// succeeds into a job that is not the launcher's (rank 0 of 1 while
+// mpirun started 2, a world split without a word; or a fence that never
+// ends). Rank 1 does not open, as rank 0 never joins; it waits until rank
+// 0 is done, since mpirun ends the job when a rank that never called
+// PMIx_Init exits while another has.
+func TestPMIxReopenAfterFailedInit(t *testing.T) {
+	done := filepath.Join(t.TempDir(), "done")
+	mpirunEach(t, 2, "TestPMIxReopenAfterFailedInitRank", "pmix reopen after failed init refused", "-x", pmixDoneEnv+"="+done)
+}
+
+// pmixDoneEnv names the file whose creation tells
+// TestPMIxReopenAfterFailedInitRank's rank 1 that rank 0 is done.
+const pmixDoneEnv = "MD_PMIX_TEST_DONE"
+
+func TestPMIxReopenAfterFailedInitRank(t *testing.T) {
+	ctx := asRank(t)
+	done := os.Getenv(pmixDoneEnv)
+	if os.Getenv("OMPI_COMM_WORLD_RANK") != "0" {
+		for {
+			if _, err := os.Stat(done); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("rank 0 was not done within %v", pmixWatchdog)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		fmt.Println("pmix reopen after failed init refused")
+		return
+	}
+	defer os.WriteFile(done, nil, 0o600)
+	var first error
+	func() {
+		for _, kv := range os.Environ() {
+			if k, v, _ := strings.Cut(kv, "="); strings.HasPrefix(k, "PMIX_SERVER_URI") {
+				if err := os.Setenv(k, "1.0;tcp4://127.0.0.1:1"); err != nil { // nobody listens on port 1
+					t.Fatal(err)
+				}
+				defer os.Setenv(k, v)
+			}
+		}
+		bs, err := Open(ctx, testLogger(t))
+		if err == nil {
+			bs.Close()
+			t.Fatal("open with an unreachable server succeeded")
+		}
+		first = err
+	}()
+	// Bounded: an Open that joins waits in its fence for rank 1.
+	retryCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	bs, err := Open(retryCtx, testLogger(t))
+	if err == nil {
+		defer bs.Close()
+		t.Fatalf("open after a failed PMIx_Init succeeded: rank %d of %d, where mpirun started %s ranks",
+			bs.Rank(), bs.Size(), os.Getenv("OMPI_COMM_WORLD_SIZE"))
+	}
+	if !errors.Is(err, errPMIxJoinedOnce) || !strings.Contains(err.Error(), first.Error()) {
+		t.Fatalf("open after a failed PMIx_Init: %v, want errPMIxJoinedOnce naming the first failure %q", err, first)
+	}
+	fmt.Println("pmix reopen after failed init refused")
+}
+
 // TestPMIxOneClient: a process has one PMIx Bootstrap at a time (a PMIx
 // server admits a process once), and joins the job once: a second Open
 // while the first is open fails, and so does an Open after Close (the
@@ -715,8 +910,8 @@ func TestPMIxOneClientRank(t *testing.T) {
 }
 
 // TestPMIxClientState: the process's PMIx client goes to one Open at a
-// time; an Open that failed before joining gives it back, and once a
-// client was finalized no Open gets it again.
+// time; an Open that failed before PMIx_Init gives it back, and once a
+// client was finalized, or a PMIx_Init failed, no Open gets it again.
 func TestPMIxClientState(t *testing.T) {
 	j := &pmixJob{nspace: "389349377", rank: 2}
 	tests := []struct {
@@ -733,6 +928,12 @@ func TestPMIxClientState(t *testing.T) {
 			"bootstrap: pmix: this process was rank 2 of namespace 389349377 and closed its PMIx client; a process joins a PMIx job once"},
 		{"open failed after joining", func(c *pmixClientState) { c.acquire(); c.closed(j); c.opened(nil) }, errPMIxJoinedOnce, "was rank 2"},
 		{"abandoned init finalized", func(c *pmixClientState) { c.acquire(); c.finalized("389349377", 2); c.opened(nil) }, errPMIxJoinedOnce, "was rank 2"},
+		{"init failed", func(c *pmixClientState) {
+			c.acquire()
+			c.initFailed(errors.New("PMIx_Init: PMIX_ERR_UNREACH"))
+			c.opened(nil)
+		},
+			errPMIxJoinedOnce, "an earlier Open's PMIx_Init failed (PMIx_Init: PMIX_ERR_UNREACH)"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -751,9 +952,13 @@ func TestPMIxClientState(t *testing.T) {
 
 // TestPMIxInitCtx: Open's ctx bounds PMIx_Init, which blocks in C while a
 // server that accepted the connection says nothing; while that PMIx_Init
-// still runs, another Open fails saying so, and once it has failed, the
-// process may Open again (a PMIx_Init that failed spends nothing).
+// still runs, another Open fails saying so, and once it has failed, it
+// has used up the client as any failed PMIx_Init does: a later Open fails
+// naming that failure.
 func TestPMIxInitCtx(t *testing.T) {
+	if !inOwnProcess(t) {
+		return
+	}
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -816,7 +1021,8 @@ func TestPMIxInitCtx(t *testing.T) {
 	if !errors.Is(err, errPMIxInUse) || !strings.Contains(err.Error(), "abandoned") {
 		t.Errorf("open while the abandoned PMIx_Init runs: %v, want errPMIxInUse naming it", err)
 	}
-	// Hang up: the abandoned PMIx_Init fails and lets go of the client.
+	// Hang up: the abandoned PMIx_Init fails and lets go of the client,
+	// used up.
 	ln.Close()
 	for c := range conns {
 		c.Close()
@@ -832,5 +1038,13 @@ func TestPMIxInitCtx(t *testing.T) {
 			t.Fatalf("the abandoned PMIx_Init still holds the client %v after the server hung up", pmixWatchdog)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	bs, err = open(context.Background(), testLogger(t), os.LookupEnv, nil)
+	if err == nil {
+		bs.Close()
+		t.Fatal("open after the abandoned PMIx_Init failed succeeded")
+	}
+	if !errors.Is(err, errPMIxJoinedOnce) || !strings.Contains(err.Error(), "PMIx_Init failed (bootstrap: pmix: PMIx_Init: PMIX_ERR_") {
+		t.Errorf("open after the abandoned PMIx_Init failed: %v, want errPMIxJoinedOnce naming that failure", err)
 	}
 }
