@@ -249,7 +249,9 @@ func (w *World) Finalize(ctx context.Context) error {
 // Abort ends the whole job with code, telling the launcher why. Like
 // MPI_Abort it may not return: the launcher ends this process with the
 // others, and under PMIx the process exits with code itself once the
-// launcher took the abort. An error means the launcher was not told.
+// launcher took the abort. A code outside 1..255, which an exit status
+// cannot carry or would read as success, is taken as 1. An error means
+// the launcher was not told.
 func (w *World) Abort(code int, reason string) error { return w.boot.Abort(code, reason) }
 
 // LinkStats counts what one subdevice carried from this rank to one peer.
