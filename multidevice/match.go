@@ -586,6 +586,13 @@ func (d *Device) Improbe(src, tag int, context uint64) (*Message, Status, bool, 
 			return nil, Status{}, false, fmt.Errorf("multidevice: matched probe: a message held by subdevice %q, which matches on its own: %w", d.subs[idx].name, errors.ErrUnsupported)
 		}
 	}
+	// As Iprobe: a lost source whose matching subdevice holds nothing of
+	// it fails the probe, or Mprobe would wait for it for ever.
+	if src != AnySource && d.matchSub[src] >= 0 {
+		if err := d.peerErr(int32(src)); err != nil {
+			return nil, Status{}, false, err
+		}
+	}
 	return nil, Status{}, false, nil
 }
 
