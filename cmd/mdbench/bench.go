@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/adi"
@@ -76,6 +77,29 @@ const (
 	tagAck = 3
 	tagIdl = 6
 )
+
+// bufLens returns the lengths of the send and receive buffers a rank
+// allocates to run tests at sizes with window messages in flight. Only
+// bw, bibw and mr keep a window of receives posted; lat needs one
+// message of each size, and idle and the acknowledgements 8 bytes. The
+// collectives allocate buffers of their own. A window of the largest
+// messages for every test put ranks measuring latency at 256 MiB out of
+// memory.
+func bufLens(tests []string, sizes []int, window int) (send, recv int) {
+	send = 8
+	if slices.ContainsFunc(tests, func(t string) bool { return t == "lat" || isStreaming(t) }) {
+		for _, s := range sizes {
+			send = max(send, s)
+		}
+	}
+	if slices.ContainsFunc(tests, isStreaming) {
+		return send, send * max(1, window)
+	}
+	return send, send
+}
+
+// isStreaming reports whether test keeps a window of messages in flight.
+func isStreaming(test string) bool { return test == "bw" || test == "bibw" || test == "mr" }
 
 // mdRank runs the benchmarks over the multidevice, through adi as an
 // application would.

@@ -122,11 +122,8 @@ func runMultidevice(ctx context.Context, j childJob, logger hclog.Logger, emit f
 		return err
 	}
 	c := w.Comm()
-	maxSize := 8
-	for _, s := range j.Sizes {
-		maxSize = max(maxSize, s)
-	}
-	m := &mdRank{c: c, scale: j.Scale, sbuf: make([]byte, maxSize), rbuf: make([]byte, maxSize*max(1, j.Window))}
+	send, recv := bufLens(j.Tests, j.Sizes, j.Window)
+	m := &mdRank{c: c, scale: j.Scale, sbuf: make([]byte, send), rbuf: make([]byte, recv)}
 	for i := range m.sbuf {
 		m.sbuf[i] = byte(i)
 	}

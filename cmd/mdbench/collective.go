@@ -26,8 +26,9 @@ func collSizes(test string, sizes []int) []int {
 	return sizes
 }
 
-// maxRankBytes bounds what one rank allocates for a collective: alltoall
-// at size s on p ranks needs two buffers of s*p bytes.
+// maxRankBytes bounds what one rank allocates for its buffers (see
+// bufLens) or for a collective: alltoall at size s on p ranks needs two
+// buffers of s*p bytes.
 const maxRankBytes = 1 << 30
 
 // collective times test at size OSU style: after untimed warm-up calls,

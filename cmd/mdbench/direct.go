@@ -117,10 +117,10 @@ func (h *directHandler) SendDone(_ uint64, err error) {
 func (h *directHandler) PeerDown(_ sdi.Rank, err error) { h.down.CompareAndSwap(nil, &err) }
 
 // faultIn touches every page of b and returns it. The handler walks
-// through its whole receive buffer (a window of the largest messages) in
-// every test, so without this a latency run pays a page fault per 4 KiB
-// received (the multidevice series reuses one buffer there), and direct
-// would not be the floor under the multidevice it is meant to be.
+// through the span of its receive buffer a test uses (a window of
+// messages for bw and bibw), so without this a run pays a page fault per
+// 4 KiB received the first time round, and direct would not be the
+// floor under the multidevice it is meant to be.
 func faultIn(b []byte) []byte {
 	for i := 0; i < len(b); i += 4096 {
 		b[i] = 1
@@ -150,12 +150,9 @@ func runDirect(ctx context.Context, j childJob, logger hclog.Logger, emit func(s
 		}
 		factory = machineHostFactory(factory, host)
 	}
-	maxSize := 8
-	for _, s := range j.Sizes {
-		maxSize = max(maxSize, s)
-	}
+	send, recv := bufLens(j.Tests, j.Sizes, j.Window)
 	d := &directRank{sd: factory(logger.Named(j.Sub)), rank: boot.Rank(), peer: sdi.Rank(1 - boot.Rank()), scale: j.Scale,
-		sbuf: make([]byte, maxSize), hdr: [2][]byte{{frameData}, {frameAck}}, frame: new(sdi.Frame)}
+		sbuf: make([]byte, send), hdr: [2][]byte{{frameData}, {frameAck}}, frame: new(sdi.Frame)}
 	// Written like the multidevice's and the baseline's send buffers: an
 	// untouched one is the kernel's zero page throughout, one physical
 	// page always in cache, and copying from it (process_vm_readv of a
@@ -163,7 +160,7 @@ func runDirect(ctx context.Context, j childJob, logger hclog.Logger, emit func(s
 	for i := range d.sbuf {
 		d.sbuf[i] = byte(i)
 	}
-	d.h = &directHandler{r: d, rbuf: faultIn(make([]byte, maxSize*max(1, j.Window)))}
+	d.h = &directHandler{r: d, rbuf: faultIn(make([]byte, recv))}
 	local, err := d.sd.Open(ctx, sdi.OpenParams{
 		Rank: sdi.Rank(boot.Rank()), Size: 2, Host: boot.Host(), JobID: boot.JobID(), Secret: boot.Secret(),
 		APIVersion: sdi.APIVersion, Handler: d.h, Logger: logger.Named(j.Sub),

@@ -18,7 +18,8 @@ const linksPrefix = "MDBENCH-LINKS "
 // placement puts the ranks of one launch on pretend hosts of this
 // machine in blocks, as mpiexec places them by default: rank r of n on
 // host r*hosts/n, so a host's ranks are contiguous and the hosts hold
-// n/hosts ranks each, the first ones one fewer when that does not divide.
+// n/hosts ranks each, the first ones one more when that does not divide
+// (5 ranks on 2 hosts: 0-2 on the first, 3-4 on the second).
 // Ranks on one pretend host share memory; ranks on different ones see
 // each other only through the network (the shm subdevice reaches only
 // ranks whose host name is its own; tcp uses loopback only between ranks

@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"encoding/xml"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -779,7 +780,7 @@ func TestRepeatLeavesFailedRepetitionsOut(t *testing.T) {
 	t.Run("one fails", func(t *testing.T) {
 		col, rep := newCollector(), &report{}
 		var log bytes.Buffer
-		failed, err := repeat(context.Background(), 4, time.Minute, []step{fake(ours), fake("direct", 2)}, col, rep, &log)
+		failed, err := repeat(context.Background(), 4, []step{fake(ours), fake("direct", 2)}, col, rep, &log)
 		if err != nil || len(failed) != 1 || !strings.Contains(failed[0].Error(), "repetition 2, direct: launch 2 of direct failed") {
 			t.Fatalf("failed %v, err %v", failed, err)
 		}
@@ -798,15 +799,205 @@ func TestRepeatLeavesFailedRepetitionsOut(t *testing.T) {
 		}
 	})
 	t.Run("two in a row", func(t *testing.T) {
-		_, err := repeat(context.Background(), 5, time.Minute, []step{fake(ours, 2, 3), fake("direct")}, newCollector(), &report{}, io.Discard)
-		if err == nil || !strings.Contains(err.Error(), "launch 2 of") || !strings.Contains(err.Error(), "launch 3 of") {
-			t.Fatalf("err %v, want both failures", err)
+		failed, err := repeat(context.Background(), 5, []step{fake(ours, 2, 3), fake("direct")}, newCollector(), &report{}, io.Discard)
+		if all := errors.Join(failed...); err == nil || all == nil || !strings.Contains(all.Error(), "launch 2 of") || !strings.Contains(all.Error(), "launch 3 of") {
+			t.Fatalf("failed %v, err %v, want both failures and an error", failed, err)
 		}
 	})
 	t.Run("the only one", func(t *testing.T) {
-		_, err := repeat(context.Background(), 1, time.Minute, []step{fake(ours, 1)}, newCollector(), &report{}, io.Discard)
+		_, err := repeat(context.Background(), 1, []step{fake(ours, 1)}, newCollector(), &report{}, io.Discard)
 		if err == nil {
 			t.Fatal("a run whose every repetition failed succeeded")
+		}
+	})
+}
+
+// TestRankBuffers: a rank's buffers are sized from the tests its launch
+// runs. Only bw, bibw and mr keep a window of receives posted; lat once
+// got a window of the largest messages too (direct mode faulted every
+// page of it in), and at -sizes 256M -window 128 every rank died of
+// OOM after parseArgs, which checks the window only for those three, had
+// let it through.
+func TestRankBuffers(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		args       []string
+		send, recv int
+	}{
+		{[]string{"-sizes", "8,256M", "-window", "128", "lat"}, 256 * mib, 256 * mib},
+		{[]string{"-direct", "-sub", "shm", "-sizes", "4M", "lat"}, 4 * mib, 4 * mib},
+		{[]string{"-sizes", "8,4M", "-window", "8", "bw"}, 4 * mib, 32 * mib},
+		{[]string{"-sizes", "4M", "-window", "8", "lat", "bibw"}, 4 * mib, 32 * mib},
+		{[]string{"-sizes", "4M", "-window", "8", "mr"}, 4 * mib, 32 * mib},
+		// idle sends and receives 8 bytes; the collectives allocate
+		// buffers of their own.
+		{[]string{"-sizes", "4M", "idle"}, 8, 8},
+		{[]string{"-sizes", "8,1M", "-n", "2", "allreduce", "bcast", "barrier", "alltoall"}, 8, 8},
+	} {
+		o, ok := parseCase(t, tc.args, "")
+		if !ok {
+			continue
+		}
+		if send, recv := bufLens(o.tests, o.sizes, o.window); send != tc.send || recv != tc.recv {
+			t.Errorf("%q: a rank allocates %d bytes to send and %d to receive, want %d and %d", tc.args, send, recv, tc.send, tc.recv)
+		}
+	}
+}
+
+// TestRankBuffersGuard: parseArgs refuses a run whose ranks would
+// allocate more than maxRankBytes, counting what they really allocate
+// (a window to receive into and one message to send), and a window so
+// large that the product wrapped around and slipped through.
+func TestRankBuffersGuard(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		err  string
+	}{
+		{[]string{"-window", "3", "-sizes", "256M", "bw"}, ""}, // 1 GiB exactly
+		{[]string{"-window", "4", "-sizes", "256M", "bibw"}, "-window 4 at -sizes 256 MiB"},
+		{[]string{"-window", "4", "-sizes", "256M", "lat", "idle"}, ""},
+		{[]string{"-window", "9223372036854775807", "-sizes", "8", "mr"}, "-window 9223372036854775807"},
+	} {
+		parseCase(t, tc.args, tc.err)
+	}
+}
+
+// lastLine is the last line of s, where a failed run says why.
+func lastLine(s string) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return l[len(l)-1]
+}
+
+// TestRunTimeoutPerLaunch: -timeout bounds each launch, as its help and
+// the README say; it once bounded a whole step, so that a baseline,
+// which launches mpiexec once per test, failed a long list of tests
+// whose every launch was well within the limit, and the error blamed
+// whichever launch happened to be running.
+func TestRunTimeoutPerLaunch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	// Each launch takes 0.7 s, the three of a repetition 2.1 s.
+	fakeMPICH(t, `sleep 0.7
+while [ $# -gt 0 ]; do case "$1" in */osu_mpich) shift; break;; esac; shift; done
+test=$1; shift; [ "$test" = lat ] || shift
+for s in "$@"; do echo "$test $s 1.0"; done
+`)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	start := time.Now()
+	code := run(ctx, []string{"-baseline", "-mpi", "mpich", "-reps", "1", "-scale", "0.01", "-sizes", "8", "-timeout", "1500ms", "lat", "bw", "bibw"}, &out, &errOut)
+	if code != 0 {
+		t.Errorf("every baseline launch took 0.7 s, under -timeout 1.5s, yet exit %d after %v: %s", code, time.Since(start).Round(100*time.Millisecond), lastLine(errOut.String()))
+	}
+}
+
+// TestRunKeepsFiguresOnLateFailure: a failure that ends the run after
+// some figures were measured (a failed idle launch, or a second failed
+// repetition in a row) prints those figures, with the error; they were
+// thrown away and nothing was printed, though a run that goes on after a
+// failed repetition prints "the figures of the others".
+func TestRunKeepsFiguresOnLateFailure(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	// The fake mpiexec fails an idle launch, and every launch from the
+	// failfrom-th on; the others report a latency.
+	dir := fakeMPICH(t, `d=$(dirname "$0"); n=$(cat "$d/n" 2>/dev/null || echo 0); n=$((n+1)); echo $n > "$d/n"
+case " $* " in *" idle "*) exit 1;; esac
+[ $n -ge $(cat "$d/failfrom") ] && exit 1
+echo "lat 8 1.0"
+`)
+	for _, tc := range []struct {
+		name     string
+		failFrom string
+		args     []string
+	}{
+		{"idle fails", "99", []string{"-reps", "2", "-seconds", "0.2", "lat", "idle"}},
+		{"repetitions 2 and 3 fail", "2", []string{"-reps", "3", "lat"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := os.Remove(filepath.Join(dir, "n")); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "failfrom"), []byte(tc.failFrom), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var out, errOut bytes.Buffer
+			args := append([]string{"-baseline", "-mpi", "mpich", "-scale", "0.01", "-sizes", "8", "-format", "csv"}, tc.args...)
+			code := run(ctx, args, &out, &errOut)
+			if code == 0 || !strings.Contains(out.String(), "lat,us,8,"+ours) {
+				t.Errorf("exit %d, output %q: want a failure, with the latency of repetition 1; stderr ends: %s", code, out.String(), lastLine(errOut.String()))
+			}
+		})
+	}
+}
+
+// TestRunOutputFilesFirst: the -o and -svg files are opened before
+// anything is measured, so that a path that cannot be written fails the
+// run at once; it was found only after every launch had run, and the
+// figures were lost. A run that measured nothing leaves no file behind
+// and does not touch one that was there.
+func TestRunOutputFilesFirst(t *testing.T) {
+	if testing.Short() {
+		t.Skip("launches ranks")
+	}
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "missing", "r.json")
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"-o", []string{"-o", bad}},
+		{"-svg", []string{"-svg", bad}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var out, errOut bytes.Buffer
+			args := append(tc.args, "-reps", "2", "-scale", "0.01", "-sizes", "8", "lat")
+			code := run(ctx, args, &out, &errOut)
+			if code == 0 || !strings.Contains(errOut.String(), bad) || strings.Contains(errOut.String(), "repetition") {
+				t.Errorf("exit %d: want a failure naming %s before any repetition; stderr:\n%s", code, bad, errOut.String())
+			}
+		})
+	}
+	t.Run("nothing measured", func(t *testing.T) {
+		created, kept := filepath.Join(dir, "new.csv"), filepath.Join(dir, "old.svg")
+		if err := os.WriteFile(kept, []byte("old"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var out, errOut bytes.Buffer
+		// Every launch gives up at once.
+		code := run(ctx, []string{"-o", created, "-svg", kept, "-reps", "1", "-timeout", "1ns", "-sizes", "8", "lat"}, &out, &errOut)
+		if code == 0 {
+			t.Fatalf("a run whose launches all gave up succeeded: %s", errOut.String())
+		}
+		if _, err := os.Stat(created); !os.IsNotExist(err) {
+			t.Errorf("the -o file the failed run created is left behind (stat: %v)", err)
+		}
+		if b, err := os.ReadFile(kept); err != nil || string(b) != "old" {
+			t.Errorf("the -svg file that was there holds %q (%v), want it untouched", b, err)
+		}
+	})
+	t.Run("earlier report replaced", func(t *testing.T) {
+		path := filepath.Join(dir, "r.csv")
+		if err := os.WriteFile(path, bytes.Repeat([]byte("an earlier, longer report\n"), 1000), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		var out, errOut bytes.Buffer
+		if code := run(ctx, []string{"-o", path, "-format", "csv", "-reps", "1", "-scale", "0.01", "-sizes", "8", "lat"}, &out, &errOut); code != 0 {
+			t.Fatalf("exit %d: %s", code, errOut.String())
+		}
+		if b, err := os.ReadFile(path); err != nil || !strings.Contains(string(b), "lat,us,8,"+ours) || strings.Contains(string(b), "earlier") {
+			t.Errorf("-o file after the run (%v):\n%s", err, b)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -206,11 +207,12 @@ func parseArgs(args []string, stderr io.Writer) (*options, error) {
 	if err := o.checkHosts(); err != nil {
 		return nil, err
 	}
-	if slices.ContainsFunc(o.tests, func(t string) bool { return t == "bw" || t == "bibw" || t == "mr" }) {
-		if size := o.sizes[len(o.sizes)-1]; int64(size)*int64(o.window+1) > maxRankBytes {
-			return nil, fmt.Errorf("-window %d at -sizes %s: each rank needs a receive buffer of %d x %s, more than %s; give a smaller window or sizes",
-				o.window, formatSize(size), o.window, formatSize(size), formatSize(maxRankBytes))
-		}
+	// What the ranks allocate, the window capped so that the product
+	// cannot wrap around. Sizes stop at 256 MiB: only a window can take
+	// it past the bound.
+	if send, recv := bufLens(o.tests, o.sizes, min(o.window, maxRankBytes)); send+recv > maxRankBytes {
+		return nil, fmt.Errorf("-window %d at -sizes %s: each rank needs a receive buffer of %d x %s, more than %s; give a smaller window or sizes",
+			o.window, formatSize(send), o.window, formatSize(send), formatSize(maxRankBytes))
 	}
 	if slices.Contains(o.tests, "alltoall") {
 		if size := o.sizes[len(o.sizes)-1]; 2*size*o.ranks > maxRankBytes {
@@ -304,57 +306,127 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "mdbench: %v\n", err)
 		return 2
 	}
+	// The files are opened before anything is measured: a path that
+	// cannot be written fails the run at once, not after hours of
+	// launches whose figures it would lose.
+	files, err := o.openOutputs()
+	if err != nil {
+		fmt.Fprintf(stderr, "mdbench: %v\n", err)
+		return 1
+	}
 	rep, err := measure(ctx, o, stderr)
 	if rep == nil {
+		files.discard()
 		fmt.Fprintf(stderr, "mdbench: %v\n", err)
 		return 1
 	}
 	rep.Command = "mdbench " + strings.Join(args, " ")
-	if werr := o.write(rep, stdout); werr != nil {
+	if werr := o.write(rep, stdout, files); werr != nil {
 		fmt.Fprintf(stderr, "mdbench: %v\n", werr)
 		return 1
 	}
-	if err != nil { // some repetitions failed: the figures are of the others
+	if err != nil { // the figures are of the launches that did not fail
 		fmt.Fprintf(stderr, "mdbench: %v\n", err)
 		return 1
 	}
 	return 0
 }
 
-func (o *options) write(rep *report, stdout io.Writer) error {
-	w := stdout
+// outputs are the -o and -svg files of a run; nil where not given.
+type outputs struct {
+	out, svg *outFile
+}
+
+// outFile is a file a report is written to.
+type outFile struct {
+	f       *os.File
+	created bool // by this run, so removed if the run writes nothing
+}
+
+// openOutputs opens the -o and -svg files.
+func (o *options) openOutputs() (files outputs, err error) {
 	if o.out != "" {
-		f, err := os.Create(o.out)
-		if err != nil {
-			return err
+		if files.out, err = openOutFile(o.out); err != nil {
+			return outputs{}, fmt.Errorf("-o: %w", err)
 		}
-		defer f.Close()
-		w = f
-	}
-	var err error
-	switch o.format {
-	case "csv":
-		err = rep.writeCSV(w)
-	case "json":
-		err = rep.writeJSON(w)
-	default:
-		err = rep.writeTable(w)
-	}
-	if err != nil {
-		return err
 	}
 	if o.svg != "" {
-		f, err := os.Create(o.svg)
-		if err != nil {
-			return err
+		if files.svg, err = openOutFile(o.svg); err != nil {
+			files.discard()
+			return outputs{}, fmt.Errorf("-svg: %w", err)
 		}
-		if err := rep.writeSVG(f); err != nil {
-			f.Close()
-			return err
-		}
-		return f.Close()
 	}
-	return nil
+	return files, nil
+}
+
+// discard closes the files, removing those the run created.
+func (files outputs) discard() {
+	for _, of := range []*outFile{files.out, files.svg} {
+		if of == nil {
+			continue
+		}
+		_ = of.f.Close() // nothing was written
+		if of.created {
+			_ = os.Remove(of.f.Name()) // empty, and the run failed anyway
+		}
+	}
+}
+
+// openOutFile opens path for writing, creating it if need be. A file
+// that exists keeps what it holds until replace writes the report: a
+// run that fails leaves an earlier report where it was.
+func openOutFile(path string) (*outFile, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o666)
+	if err == nil {
+		return &outFile{f: f, created: true}, nil
+	}
+	if !errors.Is(err, fs.ErrExist) {
+		return nil, err
+	}
+	if f, err = os.OpenFile(path, os.O_WRONLY, 0); err != nil {
+		return nil, err
+	}
+	return &outFile{f: f}, nil
+}
+
+// replace writes what write writes in place of what the file held, and
+// closes it.
+func (of *outFile) replace(write func(io.Writer) error) error {
+	// Only a regular file can be truncated (-o /dev/stdout is a device
+	// or a pipe), and only a regular file holds an earlier report.
+	if fi, err := of.f.Stat(); err == nil && fi.Mode().IsRegular() {
+		if err := of.f.Truncate(0); err != nil {
+			_ = of.f.Close() // the truncation's error says what went wrong
+			return err
+		}
+	}
+	if err := write(of.f); err != nil {
+		_ = of.f.Close() // the write's error says what went wrong
+		return fmt.Errorf("%s: %w", of.f.Name(), err)
+	}
+	return of.f.Close()
+}
+
+// write writes rep in o's format to stdout or the -o file, and the plot
+// to the -svg file.
+func (o *options) write(rep *report, stdout io.Writer, files outputs) error {
+	text := rep.writeTable
+	switch o.format {
+	case "csv":
+		text = rep.writeCSV
+	case "json":
+		text = rep.writeJSON
+	}
+	var err error
+	if files.out != nil {
+		err = files.out.replace(text)
+	} else {
+		err = text(stdout)
+	}
+	if files.svg != nil {
+		err = errors.Join(err, files.svg.replace(rep.writeSVG))
+	}
+	return err
 }
 
 // measure runs every repetition, interleaving the series.
@@ -427,7 +499,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 				}
 				j := base
 				j.Tests = run.tests
-				l, err := launch(ctx, run.ranks, j, o.bind, o.hosts, logger)
+				var l launched
+				err := o.perLaunch(ctx, false, func(ctx context.Context) (err error) {
+					l, err = launch(ctx, run.ranks, j, o.bind, o.hosts, logger)
+					return err
+				})
 				if err != nil {
 					return nil, nil, err
 				}
@@ -460,7 +536,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			steps = append(steps, step{"direct", func(ctx context.Context) ([]sample, []traffic, error) {
 				j := job
 				j.Tests, j.Direct = d, true
-				l, err := launch(ctx, 2, j, o.bind, o.hosts, logger)
+				var l launched
+				err := o.perLaunch(ctx, false, func(ctx context.Context) (err error) {
+					l, err = launch(ctx, 2, j, o.bind, o.hosts, logger)
+					return err
+				})
 				return l.samples, nil, err
 			}})
 		}
@@ -477,7 +557,11 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 					for _, s := range collSizes(t, o.sizes) {
 						args = append(args, strconv.Itoa(s))
 					}
-					s, err := m.runBaseline(ctx, g.ranks, o.sub, o.bind, o.scale, args...)
+					var s []sample
+					err := o.perLaunch(ctx, false, func(ctx context.Context) (err error) {
+						s, err = m.runBaseline(ctx, g.ranks, o.sub, o.bind, o.scale, args...)
+						return err
+					})
 					if err != nil {
 						return nil, nil, err
 					}
@@ -487,40 +571,42 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 			return all, nil, nil
 		}})
 	}
-	var failed []error
-	if len(two)+len(rate)+len(coll) > 0 {
-		var err error
-		if failed, err = repeat(ctx, o.reps, o.timeout, steps, col, rep, stderr); err != nil {
-			return nil, err
-		}
-	}
-	if slices.Contains(o.tests, "idle") {
+	idle := func() error {
 		fmt.Fprintf(stderr, "mdbench: idle: a rank blocks in Recv for %gs\n", o.seconds)
 		j := job
 		j.Tests = []string{"idle"}
-		idleTimeout := o.timeout + time.Duration(o.seconds*float64(time.Second))
-		ictx, cancel := context.WithTimeout(ctx, idleTimeout)
-		defer cancel()
-		l, err := launch(ictx, 2, j, o.bind, o.hosts, logger)
+		var l launched
+		err := o.perLaunch(ctx, true, func(ctx context.Context) (err error) {
+			l, err = launch(ctx, 2, j, o.bind, o.hosts, logger)
+			return err
+		})
 		if err != nil {
-			return nil, fmt.Errorf("idle: %w", err)
+			return fmt.Errorf("idle: %w", err)
 		}
 		col.add(ours, 0, l.samples)
 		for _, m := range mpis {
-			mctx, cancel := context.WithTimeout(ctx, idleTimeout)
-			s, err := m.runBaseline(mctx, 2, o.sub, o.bind, 1, "idle", strconv.FormatFloat(o.seconds, 'g', -1, 64))
-			if mctx.Err() == context.DeadlineExceeded {
-				err = fmt.Errorf("gave up after -timeout %v plus -seconds: %w", o.timeout, err)
-			}
-			cancel()
+			var s []sample
+			err := o.perLaunch(ctx, true, func(ctx context.Context) (err error) {
+				s, err = m.runBaseline(ctx, 2, o.sub, o.bind, 1, "idle", strconv.FormatFloat(o.seconds, 'g', -1, 64))
+				return err
+			})
 			if err != nil {
-				return nil, fmt.Errorf("idle: %w", err)
+				return fmt.Errorf("idle: %w", err)
 			}
 			for i := range s {
 				s[i].Size = 8
 			}
 			col.add(m.name, 0, s)
 		}
+		return nil
+	}
+	var failed []error
+	var stop error // what ended the run early
+	if len(two)+len(rate)+len(coll) > 0 {
+		failed, stop = repeat(ctx, o.reps, steps, col, rep, stderr)
+	}
+	if stop == nil && slices.Contains(o.tests, "idle") {
+		stop = idle()
 	}
 	col.summarize(rep)
 	rep.LoadAfter = loadAvg()
@@ -528,11 +614,42 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	if cpu1, ok1 := readCPUTimes(); ok0 && ok1 {
 		rep.Steal = cpu1.stealShare(cpu0)
 	}
+	if stop != nil && len(rep.Stats) == 0 { // nothing to report
+		return nil, errors.Join(append(failed, stop)...)
+	}
+	// A run that ended early still reports what it measured before, as
+	// one that left failed repetitions out reports the others: hours of
+	// figures are not thrown away for the last launch.
+	var errs []error
 	if len(failed) > 0 {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("%d of %d repetitions failed and are left out of the figures; the first: %v", len(failed), o.reps, failed[0]))
-		return rep, fmt.Errorf("%d of %d repetitions failed (left out of the figures above): %w", len(failed), o.reps, errors.Join(failed...))
+		errs = append(errs, fmt.Errorf("%d of %d repetitions failed (left out of the figures above): %w", len(failed), o.reps, errors.Join(failed...)))
 	}
-	return rep, nil
+	if stop != nil {
+		rep.Notes = append(rep.Notes, fmt.Sprintf("the run ended early, and the figures are of what it measured before: %v", stop))
+		errs = append(errs, fmt.Errorf("the run ended early (the figures above are of what it measured before): %w", stop))
+	}
+	return rep, errors.Join(errs...)
+}
+
+// perLaunch runs fn, one launch, under a deadline of its own: -timeout,
+// plus -seconds for an idle launch, which blocks that long on purpose.
+// -timeout bounds every launch and not a step, which may launch many (a
+// baseline launches once per test), so that a step may take as long as
+// its tests need and an error blames the launch that hung.
+func (o *options) perLaunch(ctx context.Context, idle bool, fn func(ctx context.Context) error) error {
+	limit, what := o.timeout, fmt.Sprintf("-timeout %v", o.timeout)
+	if idle {
+		limit += time.Duration(o.seconds * float64(time.Second))
+		what += " plus -seconds"
+	}
+	lctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	err := fn(lctx)
+	if err != nil && ctx.Err() == nil && lctx.Err() == context.DeadlineExceeded {
+		return fmt.Errorf("gave up after %s: %w", what, err)
+	}
+	return err
 }
 
 // step is one launch of a repetition: a series' ranks running the tests.
@@ -541,14 +658,15 @@ type step struct {
 	fn   func(ctx context.Context) ([]sample, []traffic, error)
 }
 
-// repeat runs reps repetitions of steps, alternating their order, each
-// step bounded by timeout, and adds what they measured to col and rep.
+// repeat runs reps repetitions of steps, alternating their order, and
+// adds what they measured to col and rep.
 // A repetition in which a launch fails is left out whole, so that the
 // series stay paired within every repetition kept, and the run goes on:
 // one launch that failed (a port taken, a rank killed by the host)
-// does not cost the others. Two failing in a row, or all, end the run
-// with their errors; otherwise repeat returns the failures.
-func repeat(ctx context.Context, reps int, timeout time.Duration, steps []step, col *collector, rep *report, stderr io.Writer) ([]error, error) {
+// does not cost the others. Two failing in a row, or all, end the run:
+// repeat returns the failures, and an error that says why it ended early
+// (or ctx's error) when it did.
+func repeat(ctx context.Context, reps int, steps []step, col *collector, rep *report, stderr io.Writer) ([]error, error) {
 	type result struct {
 		name    string
 		samples []sample
@@ -569,12 +687,7 @@ func repeat(ctx context.Context, reps int, timeout time.Duration, steps []step, 
 		var got []result
 		var repErr error
 		for _, st := range order {
-			sctx, cancel := context.WithTimeout(ctx, timeout)
-			s, tr, err := st.fn(sctx)
-			if sctx.Err() == context.DeadlineExceeded {
-				err = fmt.Errorf("gave up after -timeout %v: %w", timeout, err)
-			}
-			cancel()
+			s, tr, err := st.fn(ctx)
 			if err != nil {
 				repErr = fmt.Errorf("repetition %d, %s: %w", i+1, st.name, err)
 				break
@@ -582,12 +695,16 @@ func repeat(ctx context.Context, reps int, timeout time.Duration, steps []step, 
 			got = append(got, result{st.name, s, tr})
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return failed, err
 		}
 		if repErr != nil {
 			failed = append(failed, repErr)
-			if streak++; streak == 2 || len(failed) == reps {
-				return nil, errors.Join(failed...)
+			streak++
+			switch {
+			case len(failed) == reps:
+				return failed, errors.New("every repetition failed")
+			case streak == 2:
+				return failed, errors.New("two repetitions in a row failed")
 			}
 			fmt.Fprintf(stderr, "mdbench: %v; the repetition is left out\n", repErr)
 			continue
