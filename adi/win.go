@@ -432,7 +432,7 @@ func (w *Win) waitMissed(ctx context.Context, pending []pendingOp, ranks []int) 
 	for i, p := range pending {
 		qs[i] = p.q
 	}
-	_, err = w.waitAll(ctx, qs...)
+	err = w.waitAll(ctx, qs...)
 	done := make(map[*Request]bool, len(pending))
 	w.mu.Lock()
 	for _, p := range pending {
@@ -473,7 +473,10 @@ func (w *Win) waitMissed(ctx context.Context, pending []pendingOp, ranks []int) 
 	w.mu.Unlock()
 	// The answers that calls whose ctx ended left, those come by now.
 	left, err := w.settle(ctx, leftovers, false)
-	return errors.Join(append(errs, left)...), err
+	if left != nil { // a nil appended cost every wait an allocation
+		errs = append(errs, left)
+	}
+	return errors.Join(errs...), err
 }
 
 // report is the error of f, the failures of operations on rank t.
@@ -484,20 +487,45 @@ func (f opFailures) report(t int) error {
 	return fmt.Errorf("%d operations on rank %d failed, the first: %w", f.n, t, f.err)
 }
 
-// waitAll is WaitAll for this rank's waits on the window: it ends as
-// well, with the server's error, once this rank's server has stopped.
-// The requests the other ranks send here are no longer applied then,
-// and what this rank waits for, which may hang on them, may never come:
-// such a wait said only "context deadline exceeded" once its ctx ended.
-func (w *Win) waitAll(ctx context.Context, qs ...*Request) ([]Status, error) {
+// waitAll is WaitAll for this rank's waits on the window, the statuses
+// not kept: it ends as well, with the server's error, once this rank's
+// server has stopped. The requests the other ranks send here are no
+// longer applied then, and what this rank waits for, which may hang on
+// them, may never come: such a wait said only "context deadline
+// exceeded" once its ctx ended.
+func (w *Win) waitAll(ctx context.Context, qs ...*Request) error {
+	// Most waits end while polling, as every Fence's does: watching the
+	// server costs a context and an AfterFunc, which made a Fence-based
+	// Get of 8 bytes twice as slow, so only a wait that parks pays it.
+	if w.polled(qs) {
+		return WaitAllInto(ctx, nil, qs...)
+	}
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(w.stopped, cancel)()
-	sts, err := WaitAll(wctx, qs...)
+	err := WaitAllInto(wctx, nil, qs...)
 	if err != nil && ctx.Err() == nil && wctx.Err() != nil {
-		return sts, context.Cause(w.stopped)
+		return context.Cause(w.stopped)
 	}
-	return sts, err
+	return err
+}
+
+// polled drives progress, as WaitAll does before it parks, until every
+// request of qs is done, and reports whether they are. If not, the spin
+// budget is spent, and WaitAll spends it once more before it parks: a
+// wait that parks, a long one, polls up to 2 ms longer, which is the
+// price of the short ones not watching the server.
+func (w *Win) polled(qs []*Request) bool {
+	next := 0
+	return w.c.w.dev.Progress(func() bool {
+		for next < len(qs) {
+			if q := qs[next]; q != nil && q.c != nil && !q.done() {
+				return false
+			}
+			next++
+		}
+		return true
+	})
 }
 
 // Put writes origin into target's window at offset (bytes). It completes
@@ -1076,7 +1104,7 @@ func (w *Win) Lock(ctx context.Context, target int, exclusive bool) error {
 // target too, and the lock is released. Without a lock on target from
 // Lock it fails with ErrRMASync and sends nothing. If it fails before
 // the release is sent (ctx ended), the lock is still held and Unlock may
-// be called again.
+// be called again; if target is lost, the lock is gone with it.
 func (w *Win) Unlock(ctx context.Context, target int) error {
 	if target == ProcNull {
 		return nil
@@ -1097,9 +1125,9 @@ func (w *Win) Unlock(ctx context.Context, target int) error {
 	if grant != nil {
 		grants = []*Request{grant}
 	}
-	sent, err := w.release(ctx, "unlock", []int{target}, grants)
+	released, err := w.release(ctx, "unlock", []int{target}, grants)
 	w.mu.Lock()
-	if err != nil && !sent {
+	if err != nil && !released {
 		w.locks[target] = was
 		if grant != nil {
 			w.lockGrants[target] = grant
@@ -1113,9 +1141,11 @@ func (w *Win) Unlock(ctx context.Context, target int) error {
 
 // release waits for the grants of locks on targets still coming, if any,
 // completes this rank's operations and releases its locks on targets. It
-// reports whether it sent a release: if not, the locks are still held.
-func (w *Win) release(ctx context.Context, what string, targets []int, grants []*Request) (sent bool, err error) {
-	if _, err := w.waitAll(ctx, grants...); err != nil {
+// reports whether the locks are released: a release went out, or none
+// could as the targets are lost, and their locks with them. If not, the
+// locks are still held.
+func (w *Win) release(ctx context.Context, what string, targets []int, grants []*Request) (released bool, err error) {
+	if err := w.waitAll(ctx, grants...); err != nil {
 		return false, fmt.Errorf("adi: %s: waiting for the lock's grant: %w", what, err)
 	}
 	// FlushLocal, but operations that failed or, on a dynamic window,
@@ -1132,7 +1162,10 @@ func (w *Win) release(ctx context.Context, what string, targets []int, grants []
 	// targets applied this rank's puts and accumulates (settle).
 	answers, reported, err := w.roundTripsMissed(ctx, rmaHeader{kind: rmaUnlock}, targets)
 	if err != nil {
-		return len(answers) > 0, fmt.Errorf("adi: %s: %w", what, errors.Join(missed, reported, err))
+		// Kept, a lost target's lock would fail every later Unlock with
+		// the loss again, and Fence with ErrRMASync: reported here, once.
+		lost := ctx.Err() == nil && errors.Is(err, ErrPeerDown)
+		return len(answers) > 0 || lost, fmt.Errorf("adi: %s: %w", what, errors.Join(missed, reported, err))
 	}
 	if err := errors.Join(missed, reported); err != nil {
 		return true, fmt.Errorf("adi: %s: %w", what, err)
@@ -1188,16 +1221,15 @@ func (w *Win) roundTripsMissed(ctx context.Context, h rmaHeader, targets []int) 
 	}
 	if h.kind == rmaLock { // Lock and LockAll keep their grants themselves
 		if err == nil {
-			_, err = w.waitAll(ctx, answers...)
+			err = w.waitAll(ctx, answers...)
 		}
 		return answers, nil, err
 	}
-	if err != nil {
-		w.keep(asked) // those sent are answered, with their reports, all the same
-		return answers, nil, err
-	}
-	missed, err = w.settle(ctx, append(w.takeLeftovers(targets), asked...), true)
-	return answers, missed, err
+	// A request that could not be sent fails the call, but those sent
+	// are read all the same: the live targets answer them, and a flush
+	// that left them unread completed nothing there.
+	missed, werr := w.settle(ctx, append(w.takeLeftovers(targets), asked...), true)
+	return answers, missed, errors.Join(err, werr)
 }
 
 // leftover is the answer to a flush or unlock request, or a target's
@@ -1225,8 +1257,7 @@ func (w *Win) waitLeftovers(ctx context.Context, ls []leftover) error {
 	for i, l := range ls {
 		qs[i] = l.q
 	}
-	_, err := w.waitAll(ctx, qs...)
-	return err
+	return w.waitAll(ctx, qs...)
 }
 
 // what names l in errors.
@@ -1316,6 +1347,9 @@ func (w *Win) read(l leftover) (done bool, miss error, epoch uint64, err error) 
 	case !done:
 		return false, nil, 0, nil
 	case err != nil:
+		if l.kind != 0 {
+			w.giveUp(l.target, l.writes, err)
+		}
 		return true, nil, 0, fmt.Errorf("rank %d's %s: %w", l.target, l.what(), err)
 	}
 	var m missReport
@@ -1368,11 +1402,25 @@ func (w *Win) ask(h rmaHeader, targets []int) ([]leftover, error) {
 			if h.kind == rmaLock {
 				break
 			}
+			w.giveUp(t, writes, err)
 			continue
 		}
 		asked = append(asked, leftover{q: q, report: dst, target: t, kind: h.kind, writes: writes})
 	}
 	return asked, errors.Join(errs...)
+}
+
+// giveUp takes writes, the puts and accumulates sent to target before a
+// flush or unlock request that failed with err, as acknowledged if err
+// says target is lost: it never will acknowledge them, and every later
+// flush would ask it again and fail with the loss this err reports.
+func (w *Win) giveUp(target int, writes uint64, err error) {
+	if !errors.Is(err, ErrPeerDown) {
+		return
+	}
+	w.mu.Lock()
+	w.acked[target] = max(w.acked[target], writes)
+	w.mu.Unlock()
 }
 
 // ack records that the puts and accumulates to targets counted in

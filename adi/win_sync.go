@@ -93,9 +93,9 @@ func (w *Win) UnlockAll(ctx context.Context) error {
 	}
 	w.all, w.allGrants, w.allTargets = lockReleasing, nil, nil
 	w.mu.Unlock()
-	sent, err := w.release(ctx, "unlock all", targets, grants)
+	released, err := w.release(ctx, "unlock all", targets, grants)
 	w.mu.Lock()
-	if err != nil && !sent {
+	if err != nil && !released {
 		w.all, w.allGrants, w.allTargets = was, grants, kept
 	} else {
 		w.all = lockNone
@@ -134,15 +134,21 @@ func (w *Win) flush(ctx context.Context, what string, only int) error {
 	// the wait for this rank's own sends; the wait includes them. Each
 	// acknowledgement records, as it is read, that its target applied
 	// what this rank wrote there (settle), whatever else fails: a miss
-	// reported here leaves nothing for the next flush to ask.
-	if _, err := w.roundTrips(ctx, rmaHeader{kind: rmaFlush}, targets); err != nil {
-		return fmt.Errorf("adi: %s: %w", what, err)
+	// reported here leaves nothing for the next flush to ask. A target
+	// lost fails the flush, once (giveUp), but the operations on the
+	// others are completed all the same.
+	_, err := w.roundTrips(ctx, rmaHeader{kind: rmaFlush}, targets)
+	if err != nil {
+		err = fmt.Errorf("adi: %s: %w", what, err)
+		if ctx.Err() != nil {
+			return err
+		}
 	}
 	var ranks []int // whose failed operations fail the flush: nil, every rank's
 	if only >= 0 {
 		ranks = []int{only}
 	}
-	return w.flushLocal(ctx, what, ranks)
+	return errors.Join(err, w.flushLocal(ctx, what, ranks))
 }
 
 // FlushLocal completes every operation this rank started on the window

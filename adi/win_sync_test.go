@@ -459,3 +459,91 @@ func TestWinLostTargetSparesLiveTargets(t *testing.T) {
 		})
 	}
 }
+
+// TestWinFlushAllAfterLoss: a flush whose targets include a rank lost
+// with writes of this rank's unacknowledged reports the loss once and
+// completes the rest: the live targets' acknowledgements are read and
+// this rank's operations completed, and later flushes of live work
+// succeed. The flush once gave up at the lost rank's failed request, so
+// the lost rank's writes stayed unacknowledged and every later FlushAll
+// failed with it, without completing anything, while the live ranks'
+// acknowledgements piled up unread.
+func TestWinFlushAllAfterLoss(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		live  bool                                        // rank 0 wrote to live rank 1 too before rank 2 was lost
+		flush func(ctx context.Context, w *adi.Win) error // the flush that meets the loss
+	}{
+		{"flush all of the lost rank only", false, func(ctx context.Context, w *adi.Win) error { return w.FlushAll(ctx) }},
+		{"flush all of a live and the lost rank", true, func(ctx context.Context, w *adi.Win) error { return w.FlushAll(ctx) }},
+		{"flush of the lost rank", true, func(ctx context.Context, w *adi.Win) error { return w.Flush(ctx, 2) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ws, f := loopWorlds(t, 3)
+			cs := comms(ws)
+			ctx := ctxT(t)
+			wins := windows(t, ctx, cs, 64)
+			w := wins[0]
+			if err := errors.Join(w.LockAll(ctx), w.Put([]byte("abcdefgh"), 2, 0)); err != nil {
+				t.Fatal(err)
+			}
+			if tc.live {
+				if err := w.Put([]byte("abcdefgh"), 1, 0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.Sever(2)
+			time.Sleep(50 * time.Millisecond)
+			if err := tc.flush(ctx, w); !errors.Is(err, adi.ErrPeerDown) {
+				t.Errorf("flush with rank 2 lost: %v, want ErrPeerDown", err)
+			}
+			for i := range 3 {
+				if err := errors.Join(w.Put([]byte("ijklmnop"), 1, 8*i), w.FlushAll(ctx)); err != nil {
+					t.Errorf("FlushAll #%d of a put to live rank 1, rank 2's loss reported already: %v", i+1, err)
+				}
+			}
+			var got [24]byte
+			if err := errors.Join(w.Get(got[:], 1, 0), w.FlushAll(ctx)); err != nil {
+				t.Fatal(err)
+			}
+			if want := strings.Repeat("ijklmnop", 3); string(got[:]) != want {
+				t.Errorf("rank 1's window after the flushes: %q, want %q", got[:], want)
+			}
+		})
+	}
+}
+
+// TestWinUnlockOfLostTarget: Unlock of a target lost while this rank held
+// its lock reports the loss once and ends the epoch: the lock went with
+// the target. No release could be sent, so the lock was kept as if ctx
+// had ended, and every later Unlock failed with the loss again while
+// Fence, Free and LockAll failed with ErrRMASync, the rank stuck in the
+// epoch for good.
+func TestWinUnlockOfLostTarget(t *testing.T) {
+	ws, f := loopWorlds(t, 3)
+	cs := comms(ws)
+	ctx := ctxT(t)
+	wins := windows(t, ctx, cs, 64)
+	w := wins[0]
+	if err := errors.Join(w.Lock(ctx, 2, true), w.Put([]byte("abcdefgh"), 2, 0)); err != nil {
+		t.Fatal(err)
+	}
+	f.Sever(2)
+	time.Sleep(50 * time.Millisecond)
+	if err := w.Unlock(ctx, 2); !errors.Is(err, adi.ErrPeerDown) {
+		t.Errorf("Unlock of lost rank 2: %v, want ErrPeerDown", err)
+	}
+	if err := w.Unlock(ctx, 2); !errors.Is(err, adi.ErrRMASync) {
+		t.Errorf("Unlock of lost rank 2 again, the loss reported: %v, want ErrRMASync (no lock held)", err)
+	}
+	// The other ranks' Fence fails on the lost rank, but not for a lock
+	// rank 0 still thinks it holds.
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	errs := make(chan error, 1)
+	go func() { errs <- wins[1].Fence(short) }()
+	if err := w.Fence(short); errors.Is(err, adi.ErrRMASync) {
+		t.Errorf("Fence after the Unlock of lost rank 2: %v, want no ErrRMASync", err)
+	}
+	<-errs
+}
