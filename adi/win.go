@@ -156,6 +156,9 @@ type Win struct {
 	expected  []int64 // what the Fences so far announced from each origin
 	arrived   chan struct{}
 	serverErr error
+	// stopCause is why the server stopped, kept for its last word
+	// (markStopped): a Fence that returns serverErr clears it.
+	stopCause error
 
 	// stopped ends once the server has stopped, its cause saying why:
 	// requests to this rank are no longer applied, so this rank's waits
@@ -708,8 +711,10 @@ func (w *Win) applyWaiting(ctx context.Context) error {
 // operation, which is lost: every later Fence fails with err. The window
 // is still Free's or, if never freed, Finalize's to end.
 func (w *Win) halt(err error) {
+	err = fmt.Errorf("the window stopped: %w", err)
 	w.smu.Lock()
-	w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window stopped: %w", err))
+	w.serverErr = errors.Join(w.serverErr, err)
+	w.stopCause = errors.Join(w.stopCause, err)
 	w.smu.Unlock()
 	w.c.w.bg.stop(w)
 }
@@ -753,7 +758,7 @@ func (w *Win) Free(ctx context.Context) error {
 func (w *Win) serve(ctx context.Context) {
 	defer func() {
 		w.smu.Lock()
-		why := w.serverErr
+		why := w.stopCause
 		w.smu.Unlock()
 		if why == nil {
 			why = fmt.Errorf("the window's server stopped: %w", ErrFinalized)
@@ -775,8 +780,10 @@ func (w *Win) serve(ctx context.Context) {
 		}
 		if err != nil {
 			if ctx.Err() == nil { // not Free or Finalize: Fence says why
+				err = fmt.Errorf("the window's server stopped: %w", err)
 				w.smu.Lock()
-				w.serverErr = errors.Join(w.serverErr, fmt.Errorf("the window's server stopped: %w", err))
+				w.serverErr = errors.Join(w.serverErr, err)
+				w.stopCause = errors.Join(w.stopCause, err)
 				w.smu.Unlock()
 			}
 			return
