@@ -897,7 +897,9 @@ for s in "$@"; do echo "$test $s 1.0"; done
 // some figures were measured (a failed idle launch, or a second failed
 // repetition in a row) prints those figures, with the error; they were
 // thrown away and nothing was printed, though a run that goes on after a
-// failed repetition prints "the figures of the others".
+// failed repetition prints "the figures of the others". They go to
+// standard output even with -o, whose earlier, complete report stays: a
+// partial CSV, which has no room for the note, replaced it.
 func TestRunKeepsFiguresOnLateFailure(t *testing.T) {
 	if testing.Short() {
 		t.Skip("launches ranks")
@@ -926,11 +928,19 @@ echo "lat 8 1.0"
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
+			earlier := filepath.Join(t.TempDir(), "r.csv")
+			const complete = "an earlier run's complete report\n"
+			if err := os.WriteFile(earlier, []byte(complete), 0o644); err != nil {
+				t.Fatal(err)
+			}
 			var out, errOut bytes.Buffer
-			args := append([]string{"-baseline", "-mpi", "mpich", "-scale", "0.01", "-sizes", "8", "-format", "csv"}, tc.args...)
+			args := append([]string{"-baseline", "-mpi", "mpich", "-scale", "0.01", "-sizes", "8", "-format", "csv", "-o", earlier}, tc.args...)
 			code := run(ctx, args, &out, &errOut)
 			if code == 0 || !strings.Contains(out.String(), "lat,us,8,"+ours) {
 				t.Errorf("exit %d, output %q: want a failure, with the latency of repetition 1; stderr ends: %s", code, out.String(), lastLine(errOut.String()))
+			}
+			if b, err := os.ReadFile(earlier); err != nil || string(b) != complete {
+				t.Errorf("-o after a run that ended early: %q, %v; want the earlier report untouched", b, err)
 			}
 		})
 	}

@@ -321,6 +321,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	rep.Command = "mdbench " + strings.Join(args, " ")
+	if errors.Is(err, errEndedEarly) && (files.out != nil || files.svg != nil) {
+		// A partial report must not replace a complete one from an
+		// earlier run, and CSV and SVG have no room for the note
+		// saying it is partial: it goes to standard output instead.
+		files.discard()
+		files = outputs{}
+		fmt.Fprintln(stderr, "mdbench: the run ended early: its partial report follows on standard output; -o and -svg are left as they were")
+	}
 	if werr := o.write(rep, stdout, files); werr != nil {
 		fmt.Fprintf(stderr, "mdbench: %v\n", werr)
 		return 1
@@ -627,10 +635,14 @@ func measure(ctx context.Context, o *options, stderr io.Writer) (*report, error)
 	}
 	if stop != nil {
 		rep.Notes = append(rep.Notes, fmt.Sprintf("the run ended early, and the figures are of what it measured before: %v", stop))
-		errs = append(errs, fmt.Errorf("the run ended early (the figures above are of what it measured before): %w", stop))
+		errs = append(errs, fmt.Errorf("%w (the figures above are of what it measured before): %w", errEndedEarly, stop))
 	}
 	return rep, errors.Join(errs...)
 }
+
+// errEndedEarly marks a report of a run that stopped before its last
+// repetition: its figures are of what it measured before.
+var errEndedEarly = errors.New("the run ended early")
 
 // perLaunch runs fn, one launch, under a deadline of its own: -timeout,
 // plus -seconds for an idle launch, which blocks that long on purpose.
