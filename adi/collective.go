@@ -146,31 +146,25 @@ func (k *collective) who(r int) int {
 	return r
 }
 
-// poison is what a rank that met a mismatch sends in place of a message:
-// its first byte, or in place of a one-byte message all three. The
-// receiver's length is not known, so poison takes one no receiver is
-// likely to expect: not the replaced message's, which a receiver that
-// agrees with the sender expects; not empty, which a rank passing an
-// empty vector expects (an empty poison once let such a rank succeed
-// while the others got ErrMismatch); and odd, which no vector of 2-, 4-
-// or 8-byte elements is. Small, so that it goes eagerly and the sender
-// need not wait for a receiver that may have given up already. Never
-// written: sends in flight read it.
-var poison = []byte{0, 0, 0}
-
-// poisonFor is the poison sent in place of an n-byte message.
-func poisonFor(n int) []byte {
-	if n == 1 {
-		return poison
-	}
-	return poison[:1]
-}
+// poison is what a rank that met a mismatch sends in place of an empty
+// message; in place of any other, it sends an empty one. Small, so that it
+// goes eagerly and the sender need not wait for a receiver that may have
+// given up already. A length that changes with the replaced message's
+// (one byte, or three in place of a one-byte message) was tried: a rank
+// that agrees with the root took it for its data where it expected one
+// or three bytes (a []bool flag), a worse gap than the empty poison's,
+// which only a rank that itself passed an empty vector can take.
+var poison = []byte{0}
 
 // send starts sending buf to rank r of the communicator, or after a
 // mismatch a message of another length (poison).
 func (k *collective) send(buf []byte, r int) error {
 	if k.mismatch != nil {
-		buf = poisonFor(len(buf))
+		if len(buf) == 0 {
+			buf = poison
+		} else {
+			buf = nil
+		}
 	}
 	req, err := k.start(func(q *multidevice.Request) error {
 		return k.c.w.dev.IsendRequest(q, buf, k.c.ranks[r], k.tag, k.c.context|1, false)
@@ -223,16 +217,16 @@ func (k *collective) wait() error {
 
 // mismatchFrom describes a receive from p.peer that brought count bytes
 // where p.want were expected, or more than that (truncated). A message of
-// poison's shape (one or three bytes, or more than a buffer shorter than
-// three holds) may be poison, and then its sender only passes on a
-// mismatch it met from another rank: the error says so rather than
-// blaming the sender's arguments.
+// poison's shape (empty, or poison itself: more than an empty buffer
+// holds) may be poison, and then its sender only passes on a mismatch it
+// met from another rank: the error says so rather than blaming the
+// sender's arguments.
 func (k *collective) mismatchFrom(p pending, count int, truncated bool) error {
 	what := fmt.Sprintf("%d bytes where %d were expected", count, p.want)
 	if truncated {
 		what = fmt.Sprintf("more than the %d bytes expected", p.want)
 	}
-	if !truncated && (count == 1 || count == len(poison)) || truncated && p.want < len(poison) {
+	if !truncated && (count == 0 || count == len(poison)) || truncated && p.want == 0 {
 		what += fmt.Sprintf(" (rank %d passed another length, or passes on a mismatch it met)", p.peer)
 	}
 	return k.errorf("from rank %d: %w: %s", p.peer, ErrMismatch, what)

@@ -81,19 +81,29 @@ func TestCollectiveFailedAllreduceLeavesScratch(t *testing.T) {
 	}
 }
 
-// TestCollectivePoisonReachesEmpty: a rank that met a mismatch sends
-// poison in place of its messages, and poison must not have a length its
-// receiver may expect. Poison used to be an empty message in place of a
-// non-empty one, which a rank passing an empty vector took for its data:
-// it returned nil while the others got ErrMismatch. The off-by-one Bcast
-// guards the other side: poison one byte longer than the message it
-// replaces would pass for the data of a rank one byte longer.
-func TestCollectivePoisonReachesEmpty(t *testing.T) {
+// TestCollectivePoison: a rank that met a mismatch sends poison, a message
+// of another length, in place of its messages, and every rank that agrees
+// with the root must get ErrMismatch from it, not take it for data. Poison
+// of one byte, or three in place of a one-byte message, passed for the
+// data of ranks expecting one or three bytes (a 3-byte Allreduce with one
+// rank passing one, Bcasts of 1 and 3 bytes); the empty poison's own gap
+// is a rank that passed an empty vector itself (rank 3 in "3 bytes then
+// 0", rank 0 in "rank 0 empty"), which the doc names.
+func TestCollectivePoison(t *testing.T) {
 	allreduce := func(odd int) func(ctx context.Context, c *adi.Comm) error {
 		return func(ctx context.Context, c *adi.Comm) error {
 			v := make([]int64, 4)
 			if c.Rank() == odd {
 				v = nil
+			}
+			return adi.Allreduce(ctx, c, v, v, adi.Sum)
+		}
+	}
+	bytes3 := func(odd int) func(ctx context.Context, c *adi.Comm) error {
+		return func(ctx context.Context, c *adi.Comm) error {
+			v := []uint8{1, 1, 1}
+			if c.Rank() == odd {
+				v = []uint8{1}
 			}
 			return adi.Allreduce(ctx, c, v, v, adi.Sum)
 		}
@@ -110,12 +120,15 @@ func TestCollectivePoisonReachesEmpty(t *testing.T) {
 		f     func(ctx context.Context, c *adi.Comm) error
 		want  []int // ranks that must get ErrMismatch
 	}{
-		{"allreduce, rank 0 empty", "", 3, allreduce(0), []int{0, 1, 2}},
-		{"allreduce by hosts, rank 4 empty", "aaabbb", 6, allreduce(4), []int{0, 1, 2, 3, 4, 5}},
+		{"allreduce, rank 0 empty", "", 3, allreduce(0), []int{1, 2}},
+		{"allreduce by hosts, rank 4 empty", "aaabbb", 6, allreduce(4), []int{0, 1, 2, 3, 5}},
+		{"allreduce of 3 bytes, rank 3 one", "", 4, bytes3(3), []int{0, 1, 2, 3}},
 		// The tree from 0: 0 -> 2 -> 3. Rank 2 meets the mismatch and
-		// passes it on to rank 3, which expects nothing.
-		{"bcast, 3 bytes then 0", "", 4, bcast(5, 5, 3, 0), []int{2, 3}},
+		// passes it on to rank 3.
+		{"bcast, 3 bytes then 0", "", 4, bcast(5, 5, 3, 0), []int{2}},
 		{"bcast, one byte short", "", 4, bcast(5, 5, 4, 5), []int{2, 3}},
+		{"bcast of 1 byte, rank 2 four", "", 4, bcast(1, 1, 4, 1), []int{2, 3}},
+		{"bcast of 3 bytes, rank 2 one", "", 4, bcast(3, 3, 1, 3), []int{2, 3}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var cs []*adi.Comm

@@ -348,7 +348,7 @@ func TestCollectiveMismatchText(t *testing.T) {
 		// The tree from 0: 0 sends to 4, 2, 1; 2 passes poison on to 3.
 		{"bcast, one short", 2, [2]int{32, 64}, bcast, map[int]string{
 			2: "from rank 0: " + mm + ": more than the 32 bytes expected",
-			3: "from rank 2: " + mm + ": 1 bytes where 64 were expected (rank 2 passed another length, or passes on a mismatch it met)"}},
+			3: "from rank 2: " + mm + ": 0 bytes where 64 were expected (rank 2 passed another length, or passes on a mismatch it met)"}},
 		{"bcast, one empty", 2, [2]int{0, 64}, bcast, map[int]string{
 			3: "from rank 2: " + mm + ": 1 bytes where 64 were expected (rank 2 passed another length, or passes on a mismatch it met)"}},
 		{"bcast, all empty but the root", 0, [2]int{64, 0}, bcast, map[int]string{

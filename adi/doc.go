@@ -97,12 +97,11 @@
 // algorithms (Allreduce, Reduce and ReduceScatter change at 64 KiB,
 // Bcast at 12 KiB on 8 ranks or more): of two ranks calling [Allreduce]
 // with 9000 and 4000 float64s, the first waits until its ctx ends.
-// The message of another length is one byte long, three in place of a
-// one-byte message: never what a receiver that agrees with its sender
-// expects, nor empty, nor the length of any vector of 2-, 4- or 8-byte
-// elements; a peer that expects exactly that length (a one-element
-// []byte or []bool against a longer or an empty one) takes it for its
-// data. A rank whose arguments fail its own checks (a root out of range,
+// The message of another length is empty, or one byte in place of an
+// empty message: never what a receiver that agrees with its sender
+// expects. A peer that expects exactly that length takes it for its data
+// and returns nil: a rank that itself passed an empty vector, or a
+// one-element []byte or []bool against an empty one. A rank whose arguments fail its own checks (a root out of range,
 // counts that do not fit its slices) returns that error at once and
 // sends nothing, so its peers wait for it until their ctx ends. A
 // collective that fails otherwise (a peer lost, ctx ending) returns at
