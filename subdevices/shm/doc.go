@@ -97,10 +97,15 @@
 // complete, reading the line it reads the record from anyway (MPICH's
 // fastboxes and Open MPI's vader poll the data the same way), instead of a
 // producer cursor on a line of its own, which cost a second cache miss on
-// every small message. A stamp left from an earlier lap is a ring's length
-// too low and the zeroed ring holds none, so neither is taken for a record.
-// The sender keeps its cursor to itself and stores it in the ring's tail
-// word only when it lets go of the ring, for a later connection to resume.
+// every small message. The zeroed ring holds no stamp, and one left from
+// an earlier lap is a ring's length too low, but any other word of an
+// earlier lap, payload included, may hold any value, and the receiver
+// reads the word where the next record starts before the sender wrote
+// there. So before it stamps a record the sender clears that word, unless
+// the record fills the ring: the word is then the stamp of the receiver's
+// unread record at its head, a lap too low. The sender keeps its cursor
+// to itself and stores it in the ring's tail word only when it lets go of
+// the ring, for a later connection to resume.
 //
 // Two fast slots beside each ring carry small frames (a record of at most
 // 1 KiB) while the conversation is a back and forth: the ring walks
@@ -124,9 +129,10 @@
 // Go's sync/atomic operations are sequentially consistent. Two edges make
 // the ring safe:
 //
-//   - the sender writes the record bytes, then stores its stamp; the
-//     receiver loads the stamp, then reads the bytes (stamp store -> stamp
-//     load);
+//   - the sender writes the record bytes and clears the word where the
+//     next record starts, then stores its stamp; the receiver loads the
+//     stamp, then reads the bytes and, at the next record, that word
+//     (stamp store -> stamp load);
 //   - the receiver returns from Deliver, then stores head; the sender loads
 //     head, then overwrites bytes before it (head store -> head load).
 //

@@ -71,7 +71,11 @@ func (p *peer) sendFast(hdr, payload []byte) bool {
 	if st := word64(slot, 0).Load(); st != 0 && (k < fastSlots || st != fastTaken(k-fastSlots)) {
 		return false // its previous frame is not taken yet
 	}
-	putParts(slot, k*fastSlotSize, 0, hdr, nil, payload)
+	// Limit 0, nothing cleared after the record: the receiver reads a
+	// slot's stamp at its start only, a word that holds a stamp, a taken
+	// mark or zero, never payload, and none of an earlier frame reads as
+	// this one's.
+	putParts(slot, k*fastSlotSize, 0, 0, hdr, nil, payload)
 	p.fastSent = k + 1
 	return true
 }

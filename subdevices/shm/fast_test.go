@@ -141,7 +141,7 @@ func TestCorruptFastSlot(t *testing.T) {
 	}{
 		{"a descriptor in a slot", func(p *peer) {
 			k := p.fastSent
-			putFlagged(p.ring.fast[k%fastSlots], k*fastSlotSize, flagDesc, []byte("h"), make([]byte, descBytes))
+			putFlagged(p.ring.fast[k%fastSlots], k*fastSlotSize, 0, flagDesc, []byte("h"), make([]byte, descBytes))
 		}},
 		{"garbage in a slot", func(p *peer) {
 			k := p.fastSent
@@ -151,10 +151,10 @@ func TestCorruptFastSlot(t *testing.T) {
 		}},
 		{"a fast count in a slot", func(p *peer) {
 			k := p.fastSent
-			putFlagged(p.ring.fast[k%fastSlots], k*fastSlotSize, fastBits(1), []byte("h"), []byte("x"))
+			putFlagged(p.ring.fast[k%fastSlots], k*fastSlotSize, 0, fastBits(1), []byte("h"), []byte("x"))
 		}},
 		{"a ring record after fast frames never sent", func(p *peer) {
-			p.tail = putFlagged(p.ring.data, p.tail, fastBits(p.fastSent+1), []byte("h"), []byte("x"))
+			p.tail = putFlagged(p.ring.data, p.tail, 0, fastBits(p.fastSent+1), []byte("h"), []byte("x"))
 		}},
 	}
 	for _, tt := range tests {

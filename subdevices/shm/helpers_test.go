@@ -263,7 +263,9 @@ func waitGoroutines(want int) int {
 // to, as a buggy or hostile sender could: write gets the ring and the
 // sender's cursor and returns the new cursor, then the receiver's
 // doorbell rings. It holds the sender's side of the ring meanwhile, so
-// nothing honest is written between.
+// nothing honest is written between. Writers pass the put functions limit
+// 0, clearing no stamp word ahead (putParts): they write what a broken
+// sender could, and the ring tests check the clearing.
 func scribble(t testing.TB, j *job, from, to sdi.Rank, write func(data []byte, tail uint64) uint64) {
 	t.Helper()
 	p := j.sds[from].(*device).peers[to].Load()

@@ -346,9 +346,9 @@ func (p *peer) send(f *sdi.Frame) (bool, error) {
 		start = monoNow()
 	}
 	if split {
-		p.tail = putFragments(p.ring.data, p.tail, fast, hdr, payload, chunk, p.wake)
+		p.tail = putFragments(p.ring.data, p.tail, p.head+capacity, fast, hdr, payload, chunk, p.wake)
 	} else {
-		p.tail = putFlagged(p.ring.data, p.tail, flags|fast, hdr, body)
+		p.tail = putFlagged(p.ring.data, p.tail, p.head+capacity, flags|fast, hdr, body)
 	}
 	if timed {
 		p.choose.in.add(len(payload), monoNow()-start)

@@ -97,12 +97,12 @@ func TestPeerDownEndsPlace(t *testing.T) {
 			var lenField [fragLenBytes]byte
 			binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
 			scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
-				return putParts(d, tail, flagFirst, hdr, lenField[:], payload[:chunk])
+				return putParts(d, tail, 0, flagFirst, hdr, lenField[:], payload[:chunk])
 			})
 			return func() {
 				scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
 					for off := chunk; off < len(payload); off += chunk {
-						tail = putParts(d, tail, flagNext, nil, nil, payload[off:off+chunk])
+						tail = putParts(d, tail, 0, flagNext, nil, nil, payload[off:off+chunk])
 					}
 					return tail
 				})
@@ -193,7 +193,7 @@ func TestDisconnectedSenderDiesMidFrame(t *testing.T) {
 	var lenField [fragLenBytes]byte
 	binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
 	scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
-		return putParts(d, tail, flagFirst, []byte("place me"), lenField[:], payload[:chunk])
+		return putParts(d, tail, 0, flagFirst, []byte("place me"), lenField[:], payload[:chunk])
 	})
 	for deadline := time.Now().Add(20 * time.Second); ; {
 		log.mu.Lock()
@@ -217,7 +217,7 @@ func TestDisconnectedSenderDiesMidFrame(t *testing.T) {
 	// What a sender writes after its report goes nowhere.
 	scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
 		for off := chunk; off < len(payload); off += chunk {
-			tail = putParts(d, tail, flagNext, nil, nil, payload[off:off+chunk])
+			tail = putParts(d, tail, 0, flagNext, nil, nil, payload[off:off+chunk])
 		}
 		return tail
 	})

@@ -79,7 +79,9 @@ const (
 	// the sender's cursor on a line of its own: one cache miss per small
 	// message instead of two. Plus one, so that the zeroed ring holds no
 	// valid stamp; a stamp left from an earlier lap is a cursor a ring's
-	// length lower, so it never matches either.
+	// length lower, so it never matches either. Any other word of an
+	// earlier lap, payload included, could: the sender clears the word
+	// where the next record starts before it stamps one (putParts).
 	stampBytes = 8
 
 	// flagPad in a wire header marks a padding record: the rest of the ring
@@ -215,25 +217,40 @@ func spaceNeeded(capacity, tail, n uint64) uint64 {
 }
 
 // putRecord writes one frame at tail and returns the new tail. The caller
-// has checked, with spaceNeeded, that the space is free. The record becomes
-// visible to the consumer when its stamp is stored, its last step.
-func putRecord(data []byte, tail uint64, hdr, payload []byte) uint64 {
-	return putFlagged(data, tail, 0, hdr, payload)
+// has checked, with spaceNeeded, that the space is free, against the
+// consumer cursor head, and passes limit = head + the ring's length (see
+// putParts). The record becomes visible to the consumer when its stamp is
+// stored, its last step.
+func putRecord(data []byte, tail, limit uint64, hdr, payload []byte) uint64 {
+	return putFlagged(data, tail, limit, 0, hdr, payload)
 }
 
 // putFlagged is putRecord for a record with wire-header flags: the body
 // is a payload (flags 0) or a descriptor (flagDesc).
-func putFlagged(data []byte, tail uint64, flags uint8, hdr, payload []byte) uint64 {
-	return putParts(data, tail, flags, hdr, nil, payload)
+func putFlagged(data []byte, tail, limit uint64, flags uint8, hdr, payload []byte) uint64 {
+	return putParts(data, tail, limit, flags, hdr, nil, payload)
 }
 
-// putParts writes a record whose body is pre followed by payload.
-func putParts(data []byte, tail uint64, flags uint8, hdr, pre, payload []byte) uint64 {
+// putParts writes a record whose body is pre followed by payload. limit
+// is the consumer cursor the caller checked the space against plus the
+// ring's length: the receiver's unread records start there, a lap on.
+//
+// A receiver done with a record reads the word where the next one starts
+// as its stamp before the sender wrote there, and that word holds what an
+// earlier lap left, which may be payload that reads as the stamp it
+// waits for: it would take the bytes after it for a frame. So before a
+// record (padding too) is stamped, the word where the next one starts is
+// cleared, unless that is limit: the ring is then exactly full and the
+// word is the stamp of the receiver's unread record at its head, a cursor
+// a lap lower. A fast slot passes limit 0, clearing nothing: its receiver
+// reads only the stamp at the slot's start (fast.go).
+func putParts(data []byte, tail, limit uint64, flags uint8, hdr, pre, payload []byte) uint64 {
 	capacity := uint64(len(data))
 	off := tail & (capacity - 1)
 	n := recordLen(len(hdr), len(pre)+len(payload))
 	if contig := capacity - off; n > contig {
 		sdi.WireHeader{Flags: flagPad}.Put(data[off+stampBytes:])
+		clearStamp(data, tail+contig, limit)
 		stamp(data, tail)
 		tail += contig
 		off = 0
@@ -243,8 +260,19 @@ func putParts(data []byte, tail uint64, flags uint8, hdr, pre, payload []byte) u
 	b += uint64(copy(data[b:], hdr))
 	b += uint64(copy(data[b:], pre))
 	copy(data[b:], payload)
+	clearStamp(data, tail+n, limit)
 	stamp(data, tail)
 	return tail + n
+}
+
+// clearStamp zeroes the stamp word of the record to come at cursor when
+// it lies before limit, in free space. A plain store: the stamp stored
+// after it is the release that makes it visible to a receiver that gets
+// as far as cursor, and none reads it before.
+func clearStamp(data []byte, cursor, limit uint64) {
+	if cursor < limit {
+		binary.LittleEndian.PutUint64(data[cursor&uint64(len(data)-1):], 0)
+	}
 }
 
 // stamp publishes the record written at cursor. Release: pairs with the
@@ -282,17 +310,18 @@ func fragmentsSpace(capacity, tail uint64, hlen, plen, chunk int) uint64 {
 // at tail, fast (fastBits) in the flags of each, each visible to the
 // receiver once written (its stamp), and calls wake after each, so that
 // the receiver copies one out while the sender copies the next in. The
-// caller has checked with fragmentsSpace that the space is free and holds
-// the ring's producer side.
-func putFragments(data []byte, tail uint64, fast uint8, hdr, payload []byte, chunk int, wake func()) uint64 {
+// caller has checked with fragmentsSpace that the space is free, against
+// the consumer cursor limit less the ring's length (see putParts), and
+// holds the ring's producer side.
+func putFragments(data []byte, tail, limit uint64, fast uint8, hdr, payload []byte, chunk int, wake func()) uint64 {
 	var lenField [fragLenBytes]byte
 	binary.LittleEndian.PutUint64(lenField[:], uint64(len(payload)))
 	for off, first := 0, true; off < len(payload); first = false {
 		n := min(chunk, len(payload)-off)
 		if first {
-			tail = putParts(data, tail, flagFirst|fast, hdr, lenField[:], payload[:n])
+			tail = putParts(data, tail, limit, flagFirst|fast, hdr, lenField[:], payload[:n])
 		} else {
-			tail = putParts(data, tail, flagNext|fast, nil, nil, payload[off:off+n])
+			tail = putParts(data, tail, limit, flagNext|fast, nil, nil, payload[off:off+n])
 		}
 		off += n
 		wake()

@@ -264,25 +264,25 @@ func TestBadFragments(t *testing.T) {
 		write func(data []byte, tail uint64) uint64
 	}{
 		{"fragment of no frame", func(d []byte, t uint64) uint64 {
-			return putParts(d, t, flagNext, nil, nil, []byte("orphan"))
+			return putParts(d, t, 0, flagNext, nil, nil, []byte("orphan"))
 		}},
 		{"whole frame inside a fragmented one", func(d []byte, t uint64) uint64 {
-			t = putParts(d, t, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
-			return putRecord(d, t, []byte("h"), []byte("intruder"))
+			t = putParts(d, t, 0, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
+			return putRecord(d, t, 0, []byte("h"), []byte("intruder"))
 		}},
 		{"fragment overruns its frame", func(d []byte, t uint64) uint64 {
-			t = putParts(d, t, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
-			return putParts(d, t, flagNext, nil, nil, make([]byte, 60))
+			t = putParts(d, t, 0, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
+			return putParts(d, t, 0, flagNext, nil, nil, make([]byte, 60))
 		}},
 		{"first fragment announces less than it carries", func(d []byte, t uint64) uint64 {
-			return putParts(d, t, flagFirst, []byte("h"), lenField(10), make([]byte, 50))
+			return putParts(d, t, 0, flagFirst, []byte("h"), lenField(10), make([]byte, 50))
 		}},
 		{"first fragment beyond MaxFrame", func(d []byte, t uint64) uint64 {
-			return putParts(d, t, flagFirst, []byte("h"), lenField(1<<40), make([]byte, 50))
+			return putParts(d, t, 0, flagFirst, []byte("h"), lenField(1<<40), make([]byte, 50))
 		}},
 		{"later fragment with a header", func(d []byte, t uint64) uint64 {
-			t = putParts(d, t, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
-			return putParts(d, t, flagNext, []byte("h"), nil, make([]byte, 50))
+			t = putParts(d, t, 0, flagFirst, []byte("h"), lenField(100), make([]byte, 50))
+			return putParts(d, t, 0, flagNext, []byte("h"), nil, make([]byte, 50))
 		}},
 	}
 	for _, tt := range tests {
@@ -334,7 +334,7 @@ func TestBadDescriptor(t *testing.T) {
 				body = body[:tt.body]
 			}
 			scribble(t, j, 0, 1, func(d []byte, tail uint64) uint64 {
-				return putFlagged(d, tail, flagDesc, []byte("hdr"), body)
+				return putFlagged(d, tail, 0, flagDesc, []byte("hdr"), body)
 			})
 			expectRejected(t, j, "a bad descriptor")
 		})
@@ -393,7 +393,7 @@ func TestDescriptorRecord(t *testing.T) {
 	want := descriptor{addr: 0x7f0012345678, n: 70000}
 	body := make([]byte, descBytes)
 	want.put(body)
-	next := putFlagged(data, 0, flagDesc, []byte("header"), body)
+	next := putFlagged(data, 0, 0, flagDesc, []byte("header"), body)
 	if !published(data, 0) {
 		t.Fatal("the record is not stamped")
 	}
