@@ -43,6 +43,8 @@ type txLine struct {
 	waiting  []pendingFrame // frames not admitted yet, in send order
 	load     []int          // unacknowledged bytes per trunk, by trunk.slot
 	ways     []trunk        // the trunks of load's slots; set during Open
+	stats    []wayStat      // what each slot's trunk delivers (delivery.go)
+	report   []uint64       // a credit's report as decoded, for reuse
 	failed   error          // every trunk died; the line takes nothing more
 	// cut is, per trunk slot, until when the slot carries nothing: a
 	// gateway beyond its first hop lost a block of this line (lost.go).
@@ -50,11 +52,11 @@ type txLine struct {
 	cut    []time.Time
 	cutFor []time.Duration
 	cutWhy error // the reason of the latest cut, for the line's failure
-	// nudged is the block number plus one of the oldest block when a
-	// line through gateways was last nudged, and nudgedVia the trunk
-	// slots (bit per slot) that carried a copy of it: a later nudge of
-	// that block takes only another trunk, so that each gateway holds at
-	// most one copy beyond the window.
+	// nudged is the block number plus one of the oldest block when the
+	// line was last nudged, and nudgedVia the trunk slots (bit per slot)
+	// that carried a copy of it: a later nudge of that block takes only
+	// another trunk, so that each gateway holds at most one copy beyond
+	// the window, and a slow direct route gets no pile of copies.
 	nudged    uint64
 	nudgedVia uint64
 
@@ -89,6 +91,8 @@ type block struct {
 	class  int
 	msgLen int
 	t      trunk   // the trunk it was last sent through; guarded by txLine.mu
+	end    uint64  // where it ends in the bytes sent through t (wayStat.sent)
+	copied bool    // the watch sent a copy of it: its credit does not say t delivered it
 	urgent bool    // the destination should credit it at once
 	inner  []byte  // the inner header
 	data   []byte  // the data
@@ -132,6 +136,14 @@ type rxLine struct {
 	queued bool                // a credit for this line waits in the outbox
 	sent   uint64              // the newest credit sent, alone or on a block
 	timer  bool                // a late credit is due
+	// got counts the bytes of the blocks that arrived through each of the
+	// source's trunk slots, copies too, and news says whether one grew
+	// since the last report (delivery.go).
+	got  []uint64
+	news bool
+	// lost says a credit of the line may have been lost: the next takes
+	// the next trunk in turn (creditWay).
+	lost bool
 }
 
 type sendItem struct {
@@ -174,8 +186,9 @@ func (d *Device) fwdSend(peer int32, class, msgLen int, of *outFrame, direct boo
 	d.finishBatch(bt, direct)
 }
 
-// admitLocked copies pf into a block and sends it through the least loaded
-// live trunk, unless the window is full (false: pf must wait).
+// admitLocked copies pf into a block and sends it through the live trunk
+// that would deliver it first, unless the window is full (false: pf must
+// wait).
 func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatch) bool {
 	if l.failed != nil {
 		bt.failed, bt.err = append(bt.failed, pf.of), l.failed
@@ -185,14 +198,14 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	if l.inflight > 0 && l.inflight+n > d.fwd.opts.Window {
 		return false
 	}
-	t, ok := d.pickTrunkLocked(l, peer, pf.class)
+	t, ok := d.pickTrunkLocked(l, peer, pf.class, n)
 	if !ok {
 		d.failLineLocked(l, peer, bt, l.cutWhy)
 		bt.failed = append(bt.failed, pf.of)
 		return true
 	}
 	b := blocks.Get().(*block)
-	b.seq, b.class, b.msgLen, b.t = l.next, pf.class, pf.msgLen, t
+	b.seq, b.class, b.msgLen, b.t, b.copied = l.next, pf.class, pf.msgLen, t, false
 	b.urgent = l.inflight+n > d.fwd.opts.Window/2
 	hb := pf.of.f.Header
 	if d.fwd.split[peer][pf.class] && pf.of.req != nil && isData(hb) {
@@ -212,10 +225,14 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	l.next++
 	l.inflight += n
 	l.load[t.slot] += n
+	b.end = l.sending(t.slot, n, true)
 	l.retained = append(l.retained, b)
 	bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 	if !l.watching {
-		l.watching, l.pause = true, d.watchPause(peer)
+		l.watching, l.pause = true, gatedWatch
+		if !d.fwd.gated[peer] {
+			l.pause = l.patience(l.retained[0])
+		}
 		time.AfterFunc(l.pause, func() { d.watch(peer) })
 	}
 	return true
@@ -223,8 +240,14 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 
 // watch looks at a line while it retains blocks. If no credit released
 // any since it last looked, it sends the oldest block again (nudge) and
-// looks again after twice the pause, up to watchMax, or eight first
-// pauses through gateways.
+// looks again after twice the pause, up to watchMax (or the first pause
+// if longer), or eight first pauses through gateways.
+// On a direct line the first pause is what the trunk of the oldest block
+// was measured to need (txLine.patience), and that trunk delivering more
+// of what it carries up to the block is no stall: with a fixed nudgeAfter
+// a healthy route that needs longer to deliver a block was taken for a
+// lost frame, and its blocks went twice. Each trunk carries one copy of a
+// block at most, as through gateways, until the pause is at its longest.
 // Resending relies on a trunk's subdevice reporting the peer down; a
 // frame lost without that report (a credit on a connection that broke as
 // it was replaced, say) would otherwise stall the line until Close, the
@@ -243,21 +266,42 @@ func (d *Device) watch(peer int32) {
 		l.mu.Unlock()
 		return
 	}
+	gated, b := d.fwd.gated[peer], l.retained[0]
 	stalled := l.acked == l.seen
 	l.seen = l.acked
-	if stalled && d.fwd.gated[peer] {
-		if _, ok := d.nudgeWayLocked(l, peer, l.retained[0], true); !ok {
-			stalled = false // its copies may sit in the gateways still
+	base, longest := gatedWatch, max(watchMax, gatedWatch*8)
+	if !gated {
+		if w := &l.stats[b.t.slot]; w.recv != w.looked && w.looked < b.end {
+			stalled = false
+		}
+		for s := range l.stats {
+			l.stats[s].looked = l.stats[s].recv
+		}
+		base = l.patience(b)
+		longest = max(watchMax, base)
+	}
+	nudge := stalled
+	if stalled {
+		if _, ok := d.nudgeWayLocked(l, peer, b, true); !ok {
+			// Every live trunk carries a copy of b.
+			switch {
+			case gated:
+				stalled, nudge = false, false // its copies may sit in the gateways still
+			case l.pause >= longest:
+				l.nudgedVia = 0 // each copy had the longest pause: another round
+			default:
+				nudge = false
+			}
 		}
 	}
 	if stalled {
-		l.pause = min(2*l.pause, max(watchMax, d.watchPause(peer)*8))
+		l.pause = min(2*l.pause, longest)
 	} else {
-		l.pause = d.watchPause(peer)
+		l.pause = base
 	}
 	pause := l.pause
 	l.mu.Unlock()
-	if stalled {
+	if nudge {
 		d.fwd.nudged.Add(1)
 		d.log.Debug("no credit for a while: sending the oldest block again", "to", peer, "next_look", pause)
 		d.nudge(peer, true)
@@ -265,21 +309,14 @@ func (d *Device) watch(peer int32) {
 	time.AfterFunc(pause, func() { d.watch(peer) })
 }
 
-// watchMax is the longest pause of a line's watch: a destination that is
-// slow rather than cut off gets at most a copy of one block this often;
-// through gateways every eight gatedWatch.
+// watchMax is the longest pause of a line's watch, unless its first pause
+// is longer: a destination that is slow rather than cut off gets at most
+// a copy of one block this often; through gateways every eight
+// gatedWatch.
 const watchMax = time.Second
 
 // gatedWatch is the first pause of the watch of a line through gateways.
 const gatedWatch = time.Second
-
-// watchPause is the first pause of the watch of the line to peer.
-func (d *Device) watchPause(peer int32) time.Duration {
-	if d.fwd.gated[peer] {
-		return gatedWatch
-	}
-	return nudgeAfter
-}
 
 // blockFrame wraps a retained block for one trip through trunk t: to a
 // gateway, or to the peer itself over a failover route.
@@ -364,8 +401,9 @@ func (bt *fwdBatch) recycle() {
 
 // onCredit runs at the source of a line when its destination peer
 // acknowledges every block below cum: they are released and waiting
-// frames admitted.
-func (d *Device) onCredit(peer int32, cum uint64) {
+// frames admitted. rep is the credit message's report of the bytes
+// received per trunk slot (delivery.go); empty for none.
+func (d *Device) onCredit(peer int32, cum uint64, rep []byte) {
 	l := d.fwd.tx[peer]
 	if l == nil {
 		d.log.Warn("dropping credit from a rank this one does not reach through gateways", "from", peer)
@@ -379,12 +417,16 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		d.log.Warn("dropping credit for blocks never sent", "from", peer, "credit", cum)
 		return
 	}
+	now := time.Now()
 	i := 0
 	for ; i < len(l.retained) && l.retained[i].seq < cum; i++ {
 		b := l.retained[i]
 		n := b.size()
 		l.inflight -= n
 		l.load[b.t.slot] -= n
+		if !b.copied {
+			l.delivered(b.t.slot, b.end, now) // trunks deliver in order
+		}
 		bt.release = append(bt.release, b)
 	}
 	if i > 0 {
@@ -393,6 +435,17 @@ func (d *Device) onCredit(peer int32, cum uint64) {
 		clear(l.retained[rest:])
 		l.retained = l.retained[:rest]
 	}
+	if len(rep) > 0 {
+		counts, err := decodeReport(l.report[:0], rep)
+		if err != nil {
+			d.log.Warn("ignoring a credit's delivery report", "from", peer, "error", err)
+		}
+		l.report = counts[:0]
+		for s, c := range counts[:min(len(counts), len(l.stats))] {
+			l.delivered(s, c, now)
+		}
+	}
+	l.settle()
 	j := 0
 	for j < len(l.waiting) && d.admitLocked(l, peer, l.waiting[j], bt) {
 		j++
@@ -431,6 +484,7 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	}
 	f.rxMu.Lock()
 	l := &f.rx[h.src]
+	l.count(h.sreq, h.length)
 	dup, far, expected := true, false, l.cum
 	switch {
 	case h.seq >= l.cum+maxAhead:
@@ -456,7 +510,7 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 	if dup && !far {
 		// The source sent it again, so it lacks a credit this rank
 		// counts as sent: the one that covered it was lost.
-		l.sent = 0
+		l.sent, l.lost = 0, true
 	}
 	f.rxMu.Unlock()
 	var own placedBlock
@@ -483,7 +537,7 @@ func (d *Device) onForward(sub int, from int32, h *header, ib, data []byte) {
 		return
 	}
 	if h.flags&flagCredit != 0 {
-		d.onCredit(h.src, h.rreq)
+		d.onCredit(h.src, h.rreq, nil)
 	}
 	if dup {
 		f.dups.Add(1)
@@ -519,12 +573,13 @@ func (f *forwarder) rideCredit(src int32) uint64 {
 }
 
 // creditLater makes sure the line from src gets its credit within
-// creditDelay, unless a block to src carries it first.
+// creditDelay, unless a block to src carries it first, and its report
+// (which no block carries) within creditDelay too.
 func (d *Device) creditLater(src int32) {
 	f := &d.fwd
 	f.rxMu.Lock()
 	l := &f.rx[src]
-	arm := !l.timer && l.cum > l.sent
+	arm := !l.timer && (l.cum > l.sent || l.reportDue())
 	l.timer = l.timer || arm
 	f.rxMu.Unlock()
 	if !arm {
@@ -534,7 +589,7 @@ func (d *Device) creditLater(src int32) {
 		f.rxMu.Lock()
 		l := &f.rx[src]
 		l.timer = false
-		due := l.cum > l.sent
+		due := l.cum > l.sent || l.reportDue()
 		f.rxMu.Unlock()
 		if due {
 			d.queueCredit(src)
@@ -555,35 +610,74 @@ func (d *Device) queueCredit(src int32) {
 	}
 }
 
-// sendCredit runs in the outbox: it sends the line's newest credit.
+// sendCredit runs in the outbox: it sends the line's newest credit, with
+// its report if one is due.
 func (d *Device) sendCredit(src int32) {
 	f := &d.fwd
 	f.rxMu.Lock()
-	f.rx[src].queued = false
+	l := &f.rx[src]
+	l.queued = false
+	due := l.cum > l.sent
+	var rep []byte
+	if l.reportDue() {
+		due, rep, l.news = true, appendReport(make([]byte, 0, 8*len(l.got)), l.got), false
+	}
+	l.sent = max(l.sent, l.cum)
+	cum, again := l.cum, l.lost
+	l.lost = false
 	f.rxMu.Unlock()
-	cum := f.rideCredit(src)
-	if d.closed.Load() || cum == 0 {
+	if d.closed.Load() || !due {
 		return
 	}
-	// Spread over the trunks by count, not by cum: a credit sent again
-	// for the same blocks must not take the same dead trunk again.
-	t, ok := d.nextHop(src, 0, f.credits.Add(1))
+	t, ok := d.creditWay(src, again)
 	if !ok {
 		d.log.Warn("cannot return credit: no live route", "to", src)
 		return
 	}
-	of := d.creditFrame(src, cum, t)
+	of := d.creditFrame(src, cum, rep, t)
 	if !d.trySend(t.sub, of, false) {
 		d.out.push(outItem{sub: t.sub, frame: of})
 	}
 }
 
-// creditFrame is a credit message for the line from src, through t. If
-// it is lost with its trunk, trunkDown sends every line's credit again
-// through the others.
-func (d *Device) creditFrame(src int32, cum uint64, t trunk) *outFrame {
-	h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: src, seq: cum}
-	of := d.frame(t.via, &h, nil)
+// creditWay picks the trunk a credit to src takes: the live one this
+// rank's own line to src measured to deliver fastest (least srtt), so
+// that a credit does not queue behind a slow route's traffic (the source
+// then took a block of a fast trunk, whose credit it was, for lost).
+// After a credit went missing (again), or with nothing measured, the
+// trunks take credits in turn, spread by count, not by cum: a credit sent
+// again for the same blocks must not take the same dead trunk again.
+func (d *Device) creditWay(src int32, again bool) (trunk, bool) {
+	f := &d.fwd
+	if !again && f.paths[src][0] != nil { // then setPath made f.tx[src]
+		l := f.tx[src]
+		var best trunk
+		var fastest time.Duration
+		l.mu.Lock()
+		for _, standby := range [2]bool{false, true} {
+			for _, t := range f.paths[src][0] {
+				if rtt := l.stats[t.slot].srtt; t.standby == standby && !f.isDead(t) && rtt > 0 && (fastest == 0 || rtt < fastest) {
+					best, fastest = t, rtt
+				}
+			}
+			if fastest > 0 {
+				break
+			}
+		}
+		l.mu.Unlock()
+		if fastest > 0 {
+			return best, true
+		}
+	}
+	return d.nextHop(src, 0, f.credits.Add(1))
+}
+
+// creditFrame is a credit message for the line from src, with report rep
+// (nil for none), through t. If it is lost with its trunk, trunkDown
+// sends every line's credit again through the others.
+func (d *Device) creditFrame(src int32, cum uint64, rep []byte, t trunk) *outFrame {
+	h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: src, seq: cum, length: uint64(len(rep))}
+	of := d.frame(t.via, &h, rep)
 	of.trunk = t // trunkSent
 	return of
 }
@@ -605,7 +699,7 @@ func (d *Device) flushCredits() {
 			}
 		}
 		for _, t := range ways {
-			d.out.push(outItem{sub: t.sub, frame: d.creditFrame(int32(src), cum, t)})
+			d.out.push(outItem{sub: t.sub, frame: d.creditFrame(int32(src), cum, nil, t)})
 		}
 	}
 }
@@ -619,7 +713,7 @@ func (d *Device) recredit() {
 	for src := range f.rx {
 		if f.rx[src].cum > 0 || len(f.rx[src].above) > 0 {
 			srcs = append(srcs, int32(src))
-			f.rx[src].sent = 0 // it may have been lost with the trunk
+			f.rx[src].sent, f.rx[src].lost = 0, true // it may have been lost with the trunk
 		}
 	}
 	f.rxMu.Unlock()
@@ -662,8 +756,8 @@ func (d *Device) fwdDrain(ctx context.Context) error {
 	return nil
 }
 
-// nudgeAfter is how long fwdDrain, and a line's watch, wait for credit
-// before nudging.
+// nudgeAfter is how long fwdDrain waits for credit before nudging, and
+// the least a direct line's watch waits (txLine.patience).
 const nudgeAfter = 50 * creditDelay
 
 // nudge sends the oldest unacknowledged block to peer again. It or its
@@ -671,9 +765,8 @@ const nudgeAfter = 50 * creditDelay
 // noticing; the destination drops a copy it has and answers it with a
 // credit at once, sent over the next of its trunks. Nudges take the live
 // trunks in turn, so that one that loses frames unnoticed does not take
-// them all. With once (the watch), a block of a line through gateways
-// takes each trunk at most once (see txLine.nudged); Close's drain nudges
-// without that bound.
+// them all. With once (the watch), a block takes each trunk at most once
+// (see txLine.nudged); Close's drain nudges without that bound.
 func (d *Device) nudge(peer int32, once bool) {
 	l := d.fwd.tx[peer]
 	bt := newBatch()
@@ -681,15 +774,15 @@ func (d *Device) nudge(peer int32, once bool) {
 	if len(l.retained) > 0 {
 		b := l.retained[0]
 		if t, ok := d.nudgeWayLocked(l, peer, b, once); ok {
-			if d.fwd.gated[peer] {
-				if l.nudged != b.seq+1 {
-					l.nudged, l.nudgedVia = b.seq+1, 0
-				}
-				if t.slot < 64 {
-					l.nudgedVia |= 1 << t.slot
-				}
+			if l.nudged != b.seq+1 {
+				l.nudged, l.nudgedVia = b.seq+1, 0
+			}
+			if t.slot < 64 {
+				l.nudgedVia |= 1 << t.slot
 			}
 			l.nudges++
+			b.copied = true
+			l.sending(t.slot, b.size(), false)
 			bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 		}
 	}
@@ -698,15 +791,14 @@ func (d *Device) nudge(peer int32, once bool) {
 }
 
 // nudgeWayLocked picks the trunk a nudge of b, the oldest block of l, the
-// line to peer, takes: the live trunks in turn, and with once on a line
-// through gateways only one that carried no copy of b yet. A copy through
-// a gateway that lost its link unknowing is lost as the block was; the
-// next goes through another.
+// line to peer, takes: the live trunks in turn, and with once only one
+// that carried no copy of b yet. A copy through a gateway that lost its
+// link unknowing is lost as the block was; the next goes through another.
 func (d *Device) nudgeWayLocked(l *txLine, peer int32, b *block, once bool) (trunk, bool) {
 	live := d.fwd.live(int(peer), b.class)
 	for i := range uint64(len(live)) {
 		t := live[(l.nudges+i)%uint64(len(live))]
-		if once && d.fwd.gated[peer] && l.nudged == b.seq+1 && (t.slot >= 64 || l.nudgedVia&(1<<t.slot) != 0) {
+		if once && l.nudged == b.seq+1 && (t.slot >= 64 || l.nudgedVia&(1<<t.slot) != 0) {
 			continue
 		}
 		return t, true

@@ -88,6 +88,7 @@ func FuzzDeliver(f *testing.F) {
 		{h: header{kind: kindSys, tag: sysFwd, src: 0, dst: 1, seq: 0, length: headerSize + 4, offset: 4}, from: 2, split: true,
 			payload: append(inner[:headerSize:headerSize], "abcd"...)},
 		{h: header{kind: kindSys, tag: sysCredit, src: 0, dst: 1, seq: 1}, from: 2},
+		{h: header{kind: kindSys, tag: sysCredit, src: 0, dst: 1, seq: 1, length: 16}, from: 2, payload: appendReport(nil, []uint64{100, 1 << 20})},
 		{h: header{kind: kindSys, tag: sysFwd, src: 1, dst: 0, seq: 3, length: headerSize}, from: 2, payload: make([]byte, headerSize)},
 		{raw: []fuzzFrame{{from: 0, hdr: short, payload: []byte("abcd")}, {from: 2, hdr: append(block[:headerSize:headerSize], inner...), payload: []byte("abcd")}}},
 	} {

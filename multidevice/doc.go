@@ -132,7 +132,8 @@
 // A connection-table entry with "failover": true sends its peers' traffic
 // the same way, with each route of the list, direct ones included, as a
 // trunk whose first hop is the peer itself: blocks spread over the live
-// routes, each is kept until the peer's credit covers it, and those a
+// routes by the rates the peer reports they deliver at (a slow route
+// takes few), each is kept until the peer's credit covers it, and those a
 // route carried when its subdevice lost the peer go again over the others;
 // the peer drops the copies it had; a route on standby carries nothing
 // while one that is not lives. So a network that fails loses no

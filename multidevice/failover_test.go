@@ -2,6 +2,7 @@ package multidevice
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -486,5 +487,84 @@ func TestFailoverGatewayReportedBeforeFailure(t *testing.T) {
 	reports := rb.got()
 	if len(reports) == 0 || !strings.HasPrefix(reports[0], "rank 2: ") || strings.Contains(reports[0], "after") {
 		t.Fatalf("reports %q: want rank 2's loss reported before the receive from 1 (through gateway 2) failed", reports)
+	}
+}
+
+// slowSub delays every frame its rank receives over this subdevice, as a
+// route that is healthy but slow does.
+type slowSub struct {
+	sdi.SubDevice
+	pause time.Duration
+}
+
+func (s slowSub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	p.Handler = slowHandler{Handler: p.Handler, pause: s.pause}
+	return s.SubDevice.Open(ctx, p)
+}
+
+// unevenJob opens n ranks over a failover entry of two live routes, a
+// fast "a" and a "b" whose every frame takes slow to arrive. sends counts
+// the frames each network's subdevices were given.
+func unevenJob(t *testing.T, n int, slow time.Duration, caps sdi.Caps, fwd ForwardOptions) ([]*Device, map[string]*atomic.Int64) {
+	sends := map[string]*atomic.Int64{}
+	factories := map[string]sdi.Factory{}
+	for _, name := range []string{"a", "b"} {
+		fab, count := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: caps}), new(atomic.Int64)
+		sends[name] = count
+		factories[name] = func(log hclog.Logger) sdi.SubDevice {
+			var s sdi.SubDevice = countingSub{fab.New(log), count}
+			if name == "b" {
+				s = slowSub{s, slow}
+			}
+			return s
+		}
+	}
+	table := &conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{
+		To: conntable.SelectAll, Failover: true,
+		Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b"}}},
+	}}}
+	return openJob(t, jobSpec{n: n, subs: []string{"a", "b"}, factories: factories, table: table, forward: fwd}), sends
+}
+
+// TestUnevenRoutes: rank 0 streams to rank 1 over a fast route and a
+// healthy one that takes slow a frame. Striping must follow measured
+// delivery: with small blocks (stripe) the slow route carries under a
+// quarter of the fast one's frames. Trunks were picked by
+// unacknowledged bytes, but credit is cumulative: while an early block
+// crawled over the slow route, the blocks the fast one had delivered
+// stayed unacknowledged too, and the slow route got half the blocks.
+// And nothing failed, so nothing may go twice: a route that needs longer
+// than the watch's first pause to deliver a block (slow, 256 KiB blocks)
+// was taken for a lost frame, and its blocks were sent again.
+func TestUnevenRoutes(t *testing.T) {
+	bigCaps := sdi.Caps{MaxHeader: 128, MaxEager: 4096, MaxFrame: 1 << 20, Reach: sdi.ReachNetwork, Flags: sdi.FlagReliable | sdi.FlagOrdered, Exclusivity: 1}
+	for _, tc := range []struct {
+		name        string
+		slow        time.Duration
+		caps        sdi.Caps
+		fwd         ForwardOptions
+		size, count int
+		stripe      bool // the slow route must carry under a quarter of the fast one's frames
+	}{
+		{name: "stripe", slow: 2 * time.Millisecond, caps: fwdCaps, fwd: ForwardOptions{BlockSize: 2000, Window: 64 << 10}, size: 2 << 20, count: 1, stripe: true},
+		{name: "slow-blocks", slow: 100 * time.Millisecond, caps: bigCaps, size: 256 << 10, count: 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			devs, sends := unevenJob(t, 2, tc.slow, tc.caps, tc.fwd)
+			var reqs []*Request
+			for i := range tc.count {
+				reqs = append(reqs, must(t)(devs[1].Irecv(make([]byte, tc.size), 0, 1, 0)), must(t)(devs[0].Isend(numbered(tc.size, 0, i), 1, 1, 0, false)))
+			}
+			waitAll(t, reqs)
+			s0, s1 := devs[0].ForwardStats(), devs[1].ForwardStats()
+			a, b := sends["a"].Load(), sends["b"].Load()
+			t.Logf("frames a %d b %d; sender %+v receiver %+v", a, b, s0, s1)
+			if s0.Nudged+s1.Nudged > 0 || s0.Dropped+s1.Dropped > 0 {
+				t.Errorf("no route failed, yet %d blocks were sent again and %d copies dropped", s0.Nudged+s1.Nudged, s0.Dropped+s1.Dropped)
+			}
+			if tc.stripe && 4*b > a {
+				t.Errorf("the slow route (%v a frame) carried %d frames, the fast one %d: striping ignores delivery times", tc.slow, b, a)
+			}
+		})
 	}
 }

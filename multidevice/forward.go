@@ -53,10 +53,11 @@ import (
 // its own block numbers. The source keeps every block until the
 // destination acknowledges it with a credit message (sysCredit, a
 // cumulative block number, not wrapped, forwarded like sysFwd along the
-// reverse route) and stops admitting blocks while ForwardOptions.Window
-// bytes are unacknowledged: that bounds what all gateways of the line hold
-// together (credit.go). Several gateways to one destination are trunks;
-// blocks go to the least loaded one, and the blocks a dead gateway held are
+// reverse route, its payload the bytes received per trunk: delivery.go)
+// and stops admitting blocks while ForwardOptions.Window bytes are
+// unacknowledged: that bounds what all gateways of the line hold together
+// (credit.go). Several gateways to one destination are trunks; blocks go
+// to the one that would deliver them first, and the blocks a dead gateway held are
 // sent again through the others (trunk.go); the destination drops the
 // duplicates by block number. A gateway that cannot pass a block on tells
 // its source with a sysLost message, forwarded like a credit (lost.go).
@@ -65,7 +66,7 @@ import (
 // others).
 const (
 	sysFwd    int32 = -4 // a forwarded block: inner header + data
-	sysCredit int32 = -5 // the destination acknowledges blocks: seq = every block below is received
+	sysCredit int32 = -5 // the destination acknowledges blocks: seq = every block below is received; payload: a report (delivery.go)
 	// sysLost: a gateway could not pass a block on (lost.go). seq = the
 	// block, offset = its line's destination, sreq = the block's trunk
 	// slot plus one, as the source stamped it; payload: why.
@@ -185,7 +186,7 @@ type trunk struct {
 	sub     *subdev
 	via     int32
 	standby bool
-	// slot indexes the peer's txLine.load: one per distinct trunk of the
+	// slot indexes the peer's txLine.load and stats: one per distinct trunk of the
 	// peer's classes, set by setPath. A map keyed by trunk cost a hash of
 	// the struct on every block admitted and acknowledged.
 	slot int
@@ -292,6 +293,7 @@ func (f *forwarder) setPath(peer, ci int, trunks []trunk) {
 			t.slot = len(l.ways)
 			l.ways = append(l.ways, t)
 			l.load = append(l.load, 0)
+			l.stats = append(l.stats, wayStat{})
 		}
 		trunks[i] = t
 	}
@@ -431,6 +433,10 @@ func (d *Device) onIndirect(sub int, from int32, h *header, inner, data []byte) 
 		d.log.Warn("dropping forwarded block whose payload disagrees with its header", "from", from, "payload", len(inner)+len(data), "length", h.length)
 		return
 	}
+	if h.tag == sysCredit && uint64(len(inner)+len(data)) != h.length {
+		d.log.Warn("dropping credit whose report disagrees with its header", "from", from, "payload", len(inner)+len(data), "length", h.length)
+		return
+	}
 	switch {
 	case h.src == d.rank:
 		// Passed on, it would reach its destination as a block of this
@@ -445,7 +451,11 @@ func (d *Device) onIndirect(sub int, from int32, h *header, inner, data []byte) 
 	case h.tag == sysLost:
 		d.onLost(h, string(inner)+string(data))
 	default:
-		d.onCredit(h.src, h.seq)
+		rep := inner
+		if len(data) > 0 { // a report of more than eight slots
+			rep = append(slices.Clip(inner), data...)
+		}
+		d.onCredit(h.src, h.seq, rep)
 	}
 }
 

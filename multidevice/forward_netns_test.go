@@ -710,3 +710,74 @@ func rateBytes(rate string) (float64, error) {
 	}
 	return 0, fmt.Errorf("rate %q: want <n>kbit, mbit or gbit", rate)
 }
+
+// TestNetnsUnevenStripe: two hosts joined by a 200mbit network and a
+// second one, a failover entry over both. Striping weights follow
+// measured delivery, so streaming 16 MiB over both takes at most maxRatio
+// times as long as over the fast network alone: with a 5mbit second
+// network not much longer (it took 25 times as long when trunks were
+// picked by unacknowledged bytes: the cumulative credit kept both trunks'
+// loads equal, and the slow one got half the blocks), with a second
+// 200mbit one clearly less (striping scales with the paths), unless the
+// ranks rather than the network set the pace (the race detector, a busy
+// machine). Timing is noisy, so the bounds are generous.
+func TestNetnsUnevenStripe(t *testing.T) {
+	run := func(second, table string) time.Duration {
+		bed := netns.New(t)
+		h1, h2 := bed.Host("u1"), bed.Host("u2")
+		a1, a2 := bed.Wire(h1, "etha", h2, "etha", []string{"10.41.0.1/24"}, []string{"10.41.0.2/24"})
+		b1, b2 := bed.Wire(h1, "ethb", h2, "ethb", []string{"10.42.0.1/24"}, []string{"10.42.0.2/24"})
+		for nic, rate := range map[*netns.Iface]string{a1: "200mbit", a2: "200mbit", b1: second, b2: second} {
+			if err := nic.Limit(rate); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sb := &siteBed{bed: bed, dir: t.TempDir(), hosts: []*netns.Host{h1, h2}, names: []string{"u1", "u2"}}
+		plugins := `subdevice "tcp" {
+  config {
+    include = ["10.41.0.0/24"]
+  }
+}
+subdevice "tcpb" {
+  builtin = "tcp"
+  config {
+    include = ["10.42.0.0/24"]
+  }
+}
+`
+		for name, content := range map[string]string{"plugins.hcl": plugins, "table.json": table} {
+			if err := os.WriteFile(filepath.Join(sb.dir, name), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		bed.Settle()
+		start := time.Now()
+		outs := sb.run(t, []int{0, 1}, 0, "stream", envBytes+"="+strconv.Itoa(16<<20), envTable+"="+filepath.Join(sb.dir, "table.json"))
+		if !strings.Contains(outs[1], "ok received=") {
+			t.Fatalf("destination did not finish: %q", outs[1])
+		}
+		t.Logf("%s", strings.TrimSpace(outs[0]))
+		return time.Since(start)
+	}
+	alone := run("200mbit", `{"version": 1, "peers": [{"to": "*", "routes": {"*": [{"subdevice": "tcp"}]}}]}`)
+	// 16 MiB take 0.67 s on the wire at 200mbit.
+	paced := alone < 2*time.Duration(float64(16<<20)/(200e6/8)*float64(time.Second))
+	for _, tc := range []struct {
+		second   string
+		maxRatio float64
+		paced    bool // the bound holds only if the network sets the pace
+	}{{"5mbit", 2, false}, {"200mbit", 0.9, true}} {
+		t.Run(tc.second, func(t *testing.T) {
+			if tc.paced && !paced {
+				t.Skipf("the fast network alone took %v, twice its wire time: the ranks set the pace, more paths cannot help", alone.Round(time.Millisecond))
+			}
+			striped := run(tc.second, `{"version": 1, "peers": [{"to": "*", "failover": true, "routes": {"*": [{"subdevice": "tcp"}, {"subdevice": "tcpb"}]}}]}`)
+			ratio := float64(striped) / float64(alone)
+			t.Logf("16 MiB: 200mbit alone %v, striped over 200mbit+%s %v (%.2fx the time alone)",
+				alone.Round(time.Millisecond), tc.second, striped.Round(time.Millisecond), ratio)
+			if ratio > tc.maxRatio {
+				t.Fatalf("striping over 200mbit and %s took %.2fx the time of 200mbit alone, want at most %.2fx", tc.second, ratio, tc.maxRatio)
+			}
+		})
+	}
+}

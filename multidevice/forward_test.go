@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -936,5 +937,120 @@ func TestForwardFromEnv(t *testing.T) {
 		case got != tt.want:
 			t.Errorf("%v: %+v, want %+v", tt.env, got, tt.want)
 		}
+	}
+}
+
+// TestSlowGatewayTrunk: a line through two gateways, one of which takes
+// 2 ms to receive each frame. Blocks carry their trunk's slot through
+// the gateways, so the destination's reports tell the source what each
+// trunk delivers, and the slow gateway carries clearly fewer blocks than
+// the fast one. Picked by unacknowledged bytes, the two carried about as
+// many (798 and 760), and 2 MiB took 1.7 s instead of 0.1 s.
+func TestSlowGatewayTrunk(t *testing.T) {
+	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1, -1}, relays: 2, slowRank: 3, slow: 2 * time.Millisecond,
+		forward: ForwardOptions{BlockSize: 2000, Window: 64 << 10}})
+	const size = 2 << 20
+	rr := must(t)(devs[1].Irecv(make([]byte, size), 0, 1, 0))
+	sr := must(t)(devs[0].Isend(numbered(size, 0, 0), 1, 1, 0, false))
+	waitAll(t, []*Request{rr, sr})
+	fast, slow, src, dst := devs[2].ForwardStats(), devs[3].ForwardStats(), devs[0].ForwardStats(), devs[1].ForwardStats()
+	t.Logf("fast gateway %+v, slow gateway %+v, source %+v, destination %+v", fast, slow, src, dst)
+	if 4*slow.Forwarded > fast.Forwarded {
+		t.Errorf("the slow gateway passed on %d frames, the fast one %d: trunking ignores delivery", slow.Forwarded, fast.Forwarded)
+	}
+	if src.Nudged+dst.Nudged > 0 || src.Dropped+dst.Dropped > 0 {
+		t.Errorf("no gateway failed, yet %d blocks were sent again and %d copies dropped", src.Nudged+dst.Nudged, src.Dropped+dst.Dropped)
+	}
+}
+
+// TestDecodeReport: a credit's delivery report is a whole number of
+// 8-byte counts, at most one per trunk slot; anything else is refused
+// (it comes from the network) and says why.
+func TestDecodeReport(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    []byte
+		want []uint64 // nil: refused
+	}{
+		{"empty", nil, []uint64{}},
+		{"two slots", appendReport(nil, []uint64{5, 1 << 40}), []uint64{5, 1 << 40}},
+		{"every slot", appendReport(nil, make([]uint64, maxSlots)), make([]uint64, maxSlots)},
+		{"ragged", make([]byte, 12), nil},
+		{"one byte", []byte{1}, nil},
+		{"more slots than a line has", make([]byte, 8*(maxSlots+1)), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := decodeReport([]uint64{}, tc.b)
+			switch {
+			case tc.want == nil && !errors.Is(err, errBadReport):
+				t.Fatalf("decodeReport = %v, %v; want errBadReport", got, err)
+			case tc.want != nil && (err != nil || !slices.Equal(got, tc.want)):
+				t.Fatalf("decodeReport = %v, %v; want %v", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzDecodeReport: reports come from the network; decoding one never
+// panics, and one it takes encodes back to the same bytes.
+func FuzzDecodeReport(f *testing.F) {
+	f.Add(appendReport(nil, []uint64{1, 2, 3}))
+	f.Add([]byte{})
+	f.Add(make([]byte, 7))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		counts, err := decodeReport(nil, b)
+		if err != nil {
+			return
+		}
+		if len(counts) > maxSlots || string(appendReport(nil, counts)) != string(b) {
+			t.Fatalf("took %d bytes as %d counts that encode otherwise", len(b), len(counts))
+		}
+	})
+}
+
+// TestDeliveryEstimates: what a line measured of its trunks decides where
+// a block goes and how long the watch waits for it. A trunk not measured
+// yet takes one block at a time (it may be the slow one) and counts as
+// the average when idle; a measured one finishes by what it carries at
+// its rate. The watch waits a second before any measure, then the
+// measured delivery time, or longer for a long queue ahead of the block,
+// never less than nudgeAfter.
+func TestDeliveryEstimates(t *testing.T) {
+	l := &txLine{load: make([]int, 2), stats: make([]wayStat, 2)}
+	send := func(s, n int) *block {
+		l.load[s] += n
+		return &block{t: trunk{slot: s}, end: l.sending(s, n, true)}
+	}
+	if got := l.finish(0, 1000, 0); got != 1000 {
+		t.Errorf("an idle trunk, nothing measured: finish = %v, want the bytes alone", got)
+	}
+	b := send(0, 4000)
+	if got := l.finish(0, 1000, 0); !math.IsInf(got, 1) {
+		t.Errorf("a busy trunk not measured yet: finish = %v, want never (one block at a time)", got)
+	}
+	if got := l.patience(b); got != initialRTO {
+		t.Errorf("patience before any measure = %v, want %v", got, initialRTO)
+	}
+	l.delivered(0, b.end, l.stats[0].busy.Add(2*time.Millisecond))
+	l.settle()
+	if w := l.stats[0]; w.srtt != 2*time.Millisecond || w.rate != 0 || !w.busy.IsZero() {
+		t.Errorf("after 4000 bytes in 2 ms: srtt %v, rate %v (want none: too few bytes), busy %v (want idle)", w.srtt, w.rate, w.busy)
+	}
+	if got := l.patience(send(0, 100)); got != nudgeAfter {
+		t.Errorf("patience with a 2 ms delivery time = %v, want the least, %v", got, nudgeAfter)
+	}
+	b = send(0, rateSample)
+	l.delivered(0, b.end, l.stats[0].busy.Add(100*time.Millisecond))
+	w := l.stats[0]
+	if w.rate <= 0 || w.rate > float64(rateSample+4100)/0.1 {
+		t.Fatalf("rate after %d bytes in 100 ms = %v", rateSample, w.rate)
+	}
+	const queued = 1 << 20
+	if got, least := l.patience(send(0, queued)), time.Duration(2*queued/w.rate*float64(time.Second)); got < least {
+		t.Errorf("patience behind %d bytes at %.0f bytes/s = %v, want at least twice their time, %v", queued, w.rate, got, least)
+	}
+	l.load[0] = 0
+	if got0, got1 := l.finish(0, 1000, w.rate), l.finish(1, 1000, w.rate); got0 != got1 {
+		t.Errorf("an idle trunk not measured counts as the average: finish %v, measured one %v", got1, got0)
 	}
 }

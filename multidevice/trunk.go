@@ -10,7 +10,8 @@ import (
 
 // Trunking (GridMPI's relay pairs, here per block rather than per
 // destination): when several trunks lead to one destination, each block
-// goes through the live trunk with the fewest unacknowledged bytes, so
+// goes through the live trunk that would deliver it first, by what it
+// carries and the rate it was measured to deliver at (delivery.go), so
 // faster trunks take more and the blocks of one large message spread over
 // all of them; the destination puts them back by offset. A trunk is a
 // subdevice and the rank it reaches first: a gateway, or, on a failover
@@ -41,19 +42,30 @@ import (
 // route, loses what it held, and the source notices only that credit
 // stops coming.
 
-// pickTrunkLocked returns the live trunk of (peer, class) with the least
-// unacknowledged bytes on line l, first in route order on a tie; trunks on
-// standby only when no other lives.
-func (d *Device) pickTrunkLocked(l *txLine, peer int32, class int) (trunk, bool) {
+// pickTrunkLocked returns the live trunk of (peer, class) that would
+// deliver n more bytes of line l first (txLine.finish), first in route
+// order on a tie; trunks on standby only when no other lives.
+func (d *Device) pickTrunkLocked(l *txLine, peer int32, class, n int) (trunk, bool) {
 	var best trunk
-	found := false
+	found, bestAt := false, 0.0
+	usable := func(t trunk, standby bool) bool {
+		return t.standby == standby && !d.fwd.isDead(t) && (l.cut == nil || !l.cut[t.slot].After(time.Now()))
+	}
 	for _, standby := range [2]bool{false, true} {
+		// A trunk not measured yet counts as the average of those that were.
+		sum, measured := 0.0, 0
 		for _, t := range d.fwd.paths[peer][class] {
-			if t.standby != standby || d.fwd.isDead(t) || l.cut != nil && l.cut[t.slot].After(time.Now()) {
+			if r := l.stats[t.slot].rate; r > 0 && usable(t, standby) {
+				sum, measured = sum+r, measured+1
+			}
+		}
+		avg := sum / float64(max(measured, 1))
+		for _, t := range d.fwd.paths[peer][class] {
+			if !usable(t, standby) {
 				continue
 			}
-			if !found || l.load[t.slot] < l.load[best.slot] {
-				best, found = t, true
+			if at := l.finish(t.slot, n, avg); !found || at < bestAt {
+				best, bestAt, found = t, at, true
 			}
 		}
 		if found {
@@ -167,15 +179,16 @@ func (d *Device) resendLocked(l *txLine, peer int32, bt *fwdBatch, gone func(tru
 		if !gone(b.t) {
 			continue
 		}
-		t, ok := d.pickTrunkLocked(l, peer, b.class)
+		n := b.size()
+		t, ok := d.pickTrunkLocked(l, peer, b.class, n)
 		if !ok {
 			d.failLineLocked(l, peer, bt, why)
 			break
 		}
-		n := b.size()
 		l.load[b.t.slot] -= n
+		l.moved(b.t.slot, n)
 		l.load[t.slot] += n
-		b.t = t
+		b.t, b.end = t, l.sending(t.slot, n, true)
 		bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 		resent++
 	}
