@@ -90,6 +90,10 @@ type Comm struct {
 	// of maps a view's ranks to those of the communicator it is a view
 	// of, for error messages; nil on a communicator.
 	of []int
+	// remoteGroup marks an intercommunicator's remote group, whose ranks
+	// its point-to-point calls take: errors say so, since the remote
+	// group's size is not the Intercomm's Size.
+	remoteGroup bool
 }
 
 func newComm(w *World, context uint64, ranks []int) *Comm {
@@ -123,7 +127,15 @@ func (c *Comm) dest(r int) (int, error) {
 		return c.ranks[r], nil
 	}
 	_, err := c.WorldRank(r)
-	return 0, fmt.Errorf("adi: destination: %w", err)
+	return 0, fmt.Errorf("adi: destination%s: %w", c.groupNote(), err)
+}
+
+// groupNote names the remote group in errors about c's ranks.
+func (c *Comm) groupNote() string {
+	if c.remoteGroup {
+		return " (a rank of the intercommunicator's remote group)"
+	}
+	return ""
 }
 
 func (c *Comm) source(r int) (int, error) {
@@ -134,7 +146,7 @@ func (c *Comm) source(r int) (int, error) {
 		return AnySource, nil
 	}
 	_, err := c.WorldRank(r)
-	return 0, fmt.Errorf("adi: source: %w", err)
+	return 0, fmt.Errorf("adi: source%s: %w", c.groupNote(), err)
 }
 
 // status converts a device status (world source) to one of c.

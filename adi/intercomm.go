@@ -63,7 +63,7 @@ type Intercomm struct {
 // remote on context id, where low says whether the local leader has the
 // lower world rank of the two leaders. It sends nothing.
 func newIntercomm(w *World, id uint64, local, remote []int, low bool) *Intercomm {
-	r := &Comm{w: w, context: id, ranks: remote, index: make(map[int]int, len(remote))}
+	r := &Comm{w: w, context: id, ranks: remote, index: make(map[int]int, len(remote)), remoteGroup: true}
 	for i, wr := range remote {
 		r.index[wr] = i
 	}

@@ -19,7 +19,7 @@ func (ic *Intercomm) nonblocking(name string, run func(ctx context.Context, x *I
 		r, l := ic.remote, ic.coll
 		seq := r.collSeq.Add(1) - 1
 		x = &Intercomm{
-			remote: &Comm{w: r.w, context: r.context, rank: r.rank, ranks: r.ranks, index: r.index},
+			remote: &Comm{w: r.w, context: r.context, rank: r.rank, ranks: r.ranks, index: r.index, remoteGroup: true},
 			coll: &Comm{w: l.w, context: deriveContext(l.context, seq+1, 5), rank: l.rank, ranks: l.ranks, index: l.index,
 				identity: l.identity, hosts: l.hosts, ordered: l.ordered},
 			local:     ic.local,

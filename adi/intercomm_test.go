@@ -900,3 +900,24 @@ func TestIntercommCollectiveErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestIntercommBadRankSaysRemote: a rank out of range in an Intercomm's
+// point-to-point call is one of the remote group, whose size is not the
+// Intercomm's Size, and the error says so; it read only "destination: 3
+// not in [0,3)" on a 2-rank group talking to a 3-rank one.
+func TestIntercommBadRankSaysRemote(t *testing.T) {
+	xs := intercomms(t, split{"2|3", 5, below(2), nil})
+	ic := xs[0].ic
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"send", func() error { return ic.Send(ctxT(t), []byte("x"), 3, 1) }},
+		{"irecv", func() error { _, err := ic.Irecv(make([]byte, 1), 3, 1); return err }},
+	} {
+		err := tc.call()
+		if !errors.Is(err, adi.ErrRank) || !strings.Contains(fmt.Sprint(err), "remote group") {
+			t.Errorf("%s of rank 3 with 3 remote ranks: %v; want ErrRank naming the remote group", tc.name, err)
+		}
+	}
+}
