@@ -433,7 +433,7 @@ func TestWinLostTargetSparesLiveTargets(t *testing.T) {
 			if err := w.Lock(ctx, 2, true); err != nil {
 				t.Fatal(err)
 			}
-			if err := w.Put(make([]byte, 1<<13), 2, 0); err != nil { // rendezvous: in flight as rank 2 is lost
+			if err := w.Put(make([]byte, 1<<13), 2, 0); err != nil { // rendezvous: mostly in flight as rank 2 is lost
 				t.Fatal(err)
 			}
 			f.Sever(2)
@@ -450,8 +450,11 @@ func TestWinLostTargetSparesLiveTargets(t *testing.T) {
 			if err := errors.Join(wins[1].Lock(short, 1, true), wins[1].Unlock(short, 1)); err != nil {
 				t.Errorf("rank 1's Lock of its own window after rank 0's Unlock: %v", err)
 			}
-			if err := w.FlushLocal(ctx); !errors.Is(err, adi.ErrPeerDown) {
-				t.Errorf("FlushLocal after the put to lost rank 2 failed: %v, want ErrPeerDown", err)
+			// The put may have completed before the sever (rank 2's
+			// server answers within microseconds in process: about one
+			// run in ten under -race): then there is nothing to report.
+			if err := w.FlushLocal(ctx); err != nil && !errors.Is(err, adi.ErrPeerDown) {
+				t.Errorf("FlushLocal after the put to lost rank 2: %v, want nil or ErrPeerDown", err)
 			}
 			if err := w.FlushLocal(ctx); err != nil {
 				t.Errorf("FlushLocal again, the failure reported: %v", err)
