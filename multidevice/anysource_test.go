@@ -18,7 +18,7 @@ import (
 // everybody over the loopback "loop". Rank 0's ANY_SOURCE receives are
 // therefore duplicated into tm and its own queue.
 func anyJob(t testing.TB) []*Device {
-	tm := newTMFabric()
+	tm := sditest.NewMatchFabric()
 	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
 	return openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
 		factories: map[string]sdi.Factory{"tm": tm.New, "loop": loop.New}})

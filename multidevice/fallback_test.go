@@ -133,7 +133,7 @@ func TestTableMixedList(t *testing.T) {
 // unmatched forever. Open fails with the reason instead.
 func TestTableLaterMatcherNotStandIn(t *testing.T) {
 	x := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "x", Caps: fwdCaps}), cut: func(a, b int) bool { return a == 0 && b == 1 }}
-	tm := newTMFabric()
+	tm := sditest.NewMatchFabric()
 	tab := &conntable.Table{Version: 1, Peers: []conntable.Entry{{To: "*", Routes: map[string][]conntable.Route{
 		"*": {{SubDevice: "x"}, {SubDevice: "tm"}}}}}}
 	boots, err := bootstrap.InProcess(2, nil)

@@ -32,25 +32,25 @@ type tmHooks struct {
 }
 
 type tmHooked struct {
-	*tmDev
+	*sditest.MatchDev
 	hooks *tmHooks
 	gated atomic.Bool
 }
 
 func (h *tmHooked) PostRecv(p *sdi.PostedRecv) error {
-	if h.hooks.gate != nil && h.rank == 0 && p.Claim == nil && h.gated.CompareAndSwap(false, true) {
+	if h.hooks.gate != nil && h.Rank() == 0 && p.Claim == nil && h.gated.CompareAndSwap(false, true) {
 		h.hooks.entered <- struct{}{}
 		<-h.hooks.gate
 	}
 	if h.hooks.hold && p.Claim != nil {
-		p.Claim.TryClaim(h.claimID)
+		p.Claim.TryClaim(h.ClaimID())
 		return nil
 	}
-	return h.tmDev.PostRecv(p)
+	return h.MatchDev.PostRecv(p)
 }
 
 func (h *tmHooked) Close(ctx context.Context) error {
-	err := h.tmDev.Close(ctx)
+	err := h.MatchDev.Close(ctx)
 	if h.hooks.failClose {
 		return errors.Join(err, errors.New("tm: close: a transfer still under way"))
 	}
@@ -60,9 +60,11 @@ func (h *tmHooked) Close(ctx context.Context) error {
 // hookedJob is anyJob with hooks on tm: ranks 0..2 talk over tm, rank 3
 // over the loopback.
 func hookedJob(t testing.TB, hooks *tmHooks) []*Device {
-	tm := newTMFabric()
+	tm := sditest.NewMatchFabric()
 	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-	newTM := func(l hclog.Logger) sdi.SubDevice { return &tmHooked{tmDev: tm.New(l).(*tmDev), hooks: hooks} }
+	newTM := func(l hclog.Logger) sdi.SubDevice {
+		return &tmHooked{MatchDev: tm.New(l).(*sditest.MatchDev), hooks: hooks}
+	}
 	devs := openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
 		factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
 	if devs[0].matchSub[1] < 0 || devs[0].matchSub[2] < 0 || devs[0].matchSub[3] >= 0 {
@@ -344,9 +346,9 @@ func TestHeldRecvCtxEndsWhileFilled(t *testing.T) {
 		}
 		// tm's goroutine, which fills matched receives, is kept busy, so
 		// the receive matches at once but is filled only once gate closes.
-		tm := devs[0].subs[devs[0].matchSub[1]].sd.(*tmHooked).tmDev
+		tm := devs[0].subs[devs[0].matchSub[1]].sd.(*tmHooked).MatchDev
 		gate := make(chan struct{})
-		tm.post(func() { <-gate })
+		tm.Post(func() { <-gate })
 		ended, cancel := context.WithCancel(context.Background())
 		cancel()
 		go func() {
@@ -382,15 +384,15 @@ func sendCounted(t *testing.T, d *Device, n int) {
 // before a message matched it (zero envelope), or after writing half of
 // one (mid).
 type failingTM struct {
-	*tmDev
+	*sditest.MatchDev
 	mid bool
 }
 
 func (f failingTM) PostRecv(p *sdi.PostedRecv) error {
 	if p.Claim != nil {
-		return f.tmDev.PostRecv(p)
+		return f.MatchDev.PostRecv(p)
 	}
-	f.post(func() {
+	f.Post(func() {
 		if !f.mid {
 			p.Done(sdi.Envelope{}, 0, errors.New("tm: receive failed"))
 			return
@@ -407,9 +409,9 @@ func (f failingTM) PostRecv(p *sdi.PostedRecv) error {
 func TestMatcherFailsHeldRecv(t *testing.T) {
 	for _, mid := range []bool{false, true} {
 		t.Run(fmt.Sprintf("mid=%v", mid), func(t *testing.T) {
-			tm := newTMFabric()
+			tm := sditest.NewMatchFabric()
 			loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-			newTM := func(l hclog.Logger) sdi.SubDevice { return failingTM{tm.New(l).(*tmDev), mid} }
+			newTM := func(l hclog.Logger) sdi.SubDevice { return failingTM{tm.New(l).(*sditest.MatchDev), mid} }
 			devs := openJob(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
 				factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
 			r := must(t)(devs[0].Irecv(make([]byte, 8), 1, 5, 2))
@@ -425,21 +427,21 @@ func TestMatcherFailsHeldRecv(t *testing.T) {
 // PeerDown (the SDI does not require one): at once, by SendTagged's
 // error, or, with later, in the SendDone that follows.
 type sendFailingTM struct {
-	*tmDev
+	*sditest.MatchDev
 	fail  *atomic.Bool
 	later bool
 }
 
 func (f sendFailingTM) SendTagged(m *sdi.TaggedMessage) (bool, error) {
 	if !f.fail.Load() || m.Peer != 1 {
-		return f.tmDev.SendTagged(m)
+		return f.MatchDev.SendTagged(m)
 	}
 	err := fmt.Errorf("tm: link to rank 1 broke: %w", sdi.ErrPeerUnreachable)
 	if !f.later {
 		return false, err
 	}
 	token := m.Token
-	f.post(func() { f.h.SendDone(token, err) })
+	f.Post(func() { f.Handler().SendDone(token, err) })
 	return false, nil
 }
 
@@ -458,10 +460,12 @@ func TestMatcherSendFailureLosesPeer(t *testing.T) {
 		{name: "failed in SendDone", later: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			tm := newTMFabric()
+			tm := sditest.NewMatchFabric()
 			loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
 			fail := new(atomic.Bool)
-			newTM := func(l hclog.Logger) sdi.SubDevice { return sendFailingTM{tm.New(l).(*tmDev), fail, tt.later} }
+			newTM := func(l hclog.Logger) sdi.SubDevice {
+				return sendFailingTM{tm.New(l).(*sditest.MatchDev), fail, tt.later}
+			}
 			devs, rb := reportingOpen(t, jobSpec{n: 4, subs: []string{"tm", "loop"}, tableOf: anyTables,
 				factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
 			if devs[0].matchSub[1] < 0 {
@@ -489,13 +493,13 @@ func TestMatcherSendFailureLosesPeer(t *testing.T) {
 
 // limitTM is the matching subdevice refusing, as sdi.ErrTooLarge, a tagged
 // message larger than its MaxFrame (1 MiB), as Send refuses such a frame.
-type limitTM struct{ *tmDev }
+type limitTM struct{ *sditest.MatchDev }
 
 func (f limitTM) SendTagged(m *sdi.TaggedMessage) (bool, error) {
 	if len(m.Payload) > 1<<20 {
 		return false, fmt.Errorf("tm: message of %d bytes: %w", len(m.Payload), sdi.ErrTooLarge)
 	}
-	return f.tmDev.SendTagged(m)
+	return f.MatchDev.SendTagged(m)
 }
 
 // TestMatcherTooLargeKeepsPeer: a send the matching subdevice refuses as
@@ -504,9 +508,9 @@ func (f limitTM) SendTagged(m *sdi.TaggedMessage) (bool, error) {
 // sendTagged marked it down, reported it lost to the launcher and failed
 // every later send to it.
 func TestMatcherTooLargeKeepsPeer(t *testing.T) {
-	tm := newTMFabric()
+	tm := sditest.NewMatchFabric()
 	loop := sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: smallCaps})
-	newTM := func(l hclog.Logger) sdi.SubDevice { return limitTM{tm.New(l).(*tmDev)} }
+	newTM := func(l hclog.Logger) sdi.SubDevice { return limitTM{tm.New(l).(*sditest.MatchDev)} }
 	devs, rb := reportingOpen(t, jobSpec{n: 2, subs: []string{"tm", "loop"}, tableOf: anyTables,
 		factories: map[string]sdi.Factory{"tm": newTM, "loop": loop.New}})
 	if devs[0].matchSub[1] < 0 {

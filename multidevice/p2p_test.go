@@ -196,7 +196,7 @@ func TestSendCtxEndsFrameQueued(t *testing.T) {
 	var stall atomic.Bool
 	mk := func(l hclog.Logger) sdi.SubDevice { return stalledSub{f.New(l), &stall, 64} }
 	loop := openJob(t, jobSpec{n: 2, subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": mk}})
-	tm := newTMFabric()
+	tm := sditest.NewMatchFabric()
 	matching := openJob(t, jobSpec{n: 2, subs: []string{"tm"}, factories: map[string]sdi.Factory{"tm": tm.New}})
 	for i, tc := range []struct {
 		name string

@@ -1,6 +1,7 @@
 // Package sditest is the conformance suite for [sdi.SubDevice]
-// implementations, and an in-memory loopback subdevice ([Fabric]) for tests
-// of code that sits on top of subdevices.
+// implementations, and in-memory fakes for tests of code that sits on top
+// of subdevices: a loopback subdevice ([Fabric]) and one that matches on
+// its own ([MatchFabric]).
 //
 // # Running the suite against your subdevice
 //
