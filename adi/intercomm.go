@@ -414,6 +414,7 @@ func (ic *Intercomm) Dup(ctx context.Context) (*Intercomm, error) {
 func (ic *Intercomm) Merge(ctx context.Context, high bool) (*Comm, error) {
 	n := ic.derived.Add(1)
 	var other [1]byte
+	localAgreed := false
 	err := ic.collective(ctx, "intercomm merge", func(k *collective) error {
 		highs := []int64{0}
 		if high {
@@ -422,7 +423,9 @@ func (ic *Intercomm) Merge(ctx context.Context, high bool) (*Comm, error) {
 		if err := k.carry(Allreduce(ctx, ic.coll, highs, highs, Sum[int64])); err != nil {
 			return err
 		}
-		if h := int(highs[0]); h != 0 && h != ic.Size() && k.mismatch == nil {
+		h := int(highs[0])
+		localAgreed = k.mismatch == nil && (h == 0 || h == ic.Size())
+		if !localAgreed && k.mismatch == nil {
 			k.mismatch = k.errorf("%w: %d of the local group's %d ranks pass high", ErrMismatch, h, ic.Size())
 		}
 		if ic.Rank() == 0 {
@@ -436,6 +439,11 @@ func (ic *Intercomm) Merge(ctx context.Context, high bool) (*Comm, error) {
 		}
 		return ic.localBcast(k, other[:])
 	})
+	if err != nil && localAgreed && errors.Is(err, ErrMismatch) {
+		// What failed is the remote group's high, which came here as a
+		// message of another length: say so, not "another length".
+		err = fmt.Errorf("adi: intercomm merge: the remote group's ranks disagree on high: %w", err)
+	}
 	if err != nil {
 		return nil, err
 	}

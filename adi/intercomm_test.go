@@ -921,3 +921,28 @@ func TestIntercommBadRankSaysRemote(t *testing.T) {
 		}
 	}
 }
+
+// TestIntercommMergeMismatchSaysHigh: when one group's ranks disagree on
+// Merge's high, the other group, whose ranks agreed, learns it as a
+// message of another length from its leader; its error names high and
+// the remote group, where it read "0 bytes where 1 were expected (rank 0
+// passed another length...)" on a call that passes no length.
+func TestIntercommMergeMismatchSaysHigh(t *testing.T) {
+	xs := intercomms(t, split{"2|3", 5, below(2), nil})
+	ctx := ctxT(t)
+	errs := make([]error, len(xs))
+	eachIC(t, xs, func(x *icRank) error { // world 0 passes true, world 1 false; 2..4 all false
+		_, errs[x.me] = x.ic.Merge(ctx, x.me == 0)
+		return nil
+	})
+	for r := range errs {
+		if !errors.Is(errs[r], adi.ErrMismatch) {
+			t.Errorf("world %d: %v, want ErrMismatch", r, errs[r])
+		}
+	}
+	for r := 2; r < 5; r++ {
+		if !strings.Contains(fmt.Sprint(errs[r]), "remote group's ranks disagree on high") {
+			t.Errorf("world %d (its group agreed on high): %v", r, errs[r])
+		}
+	}
+}
