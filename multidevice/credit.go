@@ -59,6 +59,12 @@ type txLine struct {
 	// the window, and a slow direct route gets no pile of copies.
 	nudged    uint64
 	nudgedVia uint64
+	// revived is when a trunk of the line last came back (revive).
+	revived time.Time
+	// creditSlot is the slot plus one of the trunk the last credit to the
+	// peer took for its srtt (0: it took its trunk in turn), for
+	// creditWay to find the trunk that may have lost it.
+	creditSlot int
 
 	// The watch (see watch): armed while blocks are retained on a line
 	// whose trunks all go straight to the peer.
@@ -141,8 +147,8 @@ type rxLine struct {
 	// since the last report (delivery.go).
 	got  []uint64
 	news bool
-	// lost says a credit of the line may have been lost: the next takes
-	// the next trunk in turn (creditWay).
+	// lost says a credit of the line may have been lost: creditWay then
+	// stops preferring the trunk the last one took.
 	lost bool
 }
 
@@ -640,35 +646,81 @@ func (d *Device) sendCredit(src int32) {
 	}
 }
 
-// creditWay picks the trunk a credit to src takes: the live one this
-// rank's own line to src measured to deliver fastest (least srtt), so
-// that a credit does not queue behind a slow route's traffic (the source
-// then took a block of a fast trunk, whose credit it was, for lost).
-// After a credit went missing (again), or with nothing measured, the
-// trunks take credits in turn, spread by count, not by cum: a credit sent
-// again for the same blocks must not take the same dead trunk again.
+// creditWay picks the trunk a credit to src takes, among those that
+// carry this rank's own line to src now (live and not cut: a gateway that
+// loses the line's blocks loses its credits too; on standby only while
+// no other does, as pickTrunkLocked): the one the line measured to deliver fastest
+// (least srtt), so that a credit does not queue behind a slow route's
+// traffic (the source then took a block of a fast trunk, whose credit it
+// was, for lost). After a credit taken that way went missing (again), the
+// trunks take credits in turn, skipping that one, until its delivery time
+// is measured again: a trunk can deliver blocks fast and yet lose every
+// credit (its gateway lost its link to src). With nothing measured, or
+// a trunk not measured since one of the line last came back, they take
+// credits in turn too, spread by count, not by cum: a credit sent again
+// for the same blocks must not take the same dead trunk again.
 func (d *Device) creditWay(src int32, again bool) (trunk, bool) {
 	f := &d.fwd
-	if !again && f.paths[src][0] != nil { // then setPath made f.tx[src]
-		l := f.tx[src]
+	if f.paths[src][0] == nil { // a direct route
+		return d.nextHop(src, 0, f.credits.Add(1))
+	}
+	l := f.tx[src] // setPath made it
+	now := time.Now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if again && l.creditSlot > 0 {
+		l.stats[l.creditSlot-1].missed = true
+	}
+	l.creditSlot = 0
+	for _, standby := range [2]bool{false, true} {
 		var best trunk
 		var fastest time.Duration
-		l.mu.Lock()
-		for _, standby := range [2]bool{false, true} {
-			for _, t := range f.paths[src][0] {
-				if rtt := l.stats[t.slot].srtt; t.standby == standby && !f.isDead(t) && rtt > 0 && (fastest == 0 || rtt < fastest) {
-					best, fastest = t, rtt
-				}
+		n, trusted, turns := 0, 0, again
+		for _, t := range f.paths[src][0] {
+			if !d.carriesLocked(l, t, standby, now) {
+				continue
 			}
-			if fastest > 0 {
-				break
+			n++
+			w := &l.stats[t.slot]
+			if w.missed {
+				turns = true
+			} else {
+				trusted++
+			}
+			// Since a trunk of the line came back, delivery times
+			// measured before say nothing of it, which may be the faster
+			// now: until every trunk was measured again, in turn.
+			if w.measured.Before(l.revived) {
+				turns = true
+			}
+			if w.srtt > 0 && (fastest == 0 || w.srtt < fastest) {
+				best, fastest = t, w.srtt
 			}
 		}
-		l.mu.Unlock()
-		if fastest > 0 {
+		if n == 0 {
+			continue
+		}
+		if !turns && fastest > 0 {
+			l.creditSlot = best.slot + 1
 			return best, true
 		}
+		// In turn, skipping the trunks that missed a credit while others
+		// did not: they may well lose the next one too.
+		pool := n
+		if trusted > 0 {
+			pool = trusted
+		}
+		k := f.credits.Add(1) % uint64(pool)
+		for _, t := range f.paths[src][0] {
+			if d.carriesLocked(l, t, standby, now) && (trusted == 0 || !l.stats[t.slot].missed) {
+				if k == 0 {
+					return t, true
+				}
+				k--
+			}
+		}
 	}
+	// Every live trunk is cut: a credit through one may still arrive.
 	return d.nextHop(src, 0, f.credits.Add(1))
 }
 

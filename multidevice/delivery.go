@@ -101,11 +101,11 @@ func (l *rxLine) reportDue() bool { return l.news && len(l.above) > 0 }
 
 // wayStat is what the source of a line measured of one of its trunks.
 type wayStat struct {
-	sent uint64 // bytes sent through it, copies too, less blocks moved away
+	sent uint64 // bytes sent through it, copies and blocks moved away too
 	recv uint64 // bytes the destination received through it, at most sent
-	// rate is the delivery rate in bytes per second, averaged; 0 until
-	// the first sample.
-	rate float64
+	// rate is the delivery rate in bytes per second, averaged, and last
+	// the latest sample's; 0 until the first sample.
+	rate, last float64
 	// busy is when the sample under way began: when the trunk got
 	// something in flight, or its last delivery since; zero while idle.
 	// accBytes and accTime are what the sample spans so far.
@@ -118,7 +118,12 @@ type wayStat struct {
 	timed        uint64
 	timedAt      time.Time
 	srtt, rttvar time.Duration
-	looked       uint64 // recv when the watch last looked at the trunk
+	measured     time.Time // when srtt was last sampled
+	looked       uint64    // recv when the watch last looked at the trunk
+	// missed says a credit to the peer that took this trunk for its srtt
+	// went missing since the trunk's delivery time was last measured: the
+	// trunk may deliver blocks and lose credits (creditWay).
+	missed bool
 }
 
 // carrying returns the bytes of line l that trunk slot s carries: sent
@@ -147,12 +152,15 @@ func (l *txLine) sending(s, n int, timed bool) uint64 {
 	return w.sent
 }
 
-// moved takes n bytes of a block that goes again through another trunk
-// off slot s: they are as good as lost there, and so is its timing.
-func (l *txLine) moved(s, n int) {
-	w := &l.stats[s]
-	w.sent -= min(w.sent-w.recv, uint64(n))
-	w.timed = 0
+// moved records that a block sent through slot s goes again through
+// another trunk: its timing there is void. Its bytes stay in the slot's
+// sent: the block may have arrived (only its credit lost), and then the
+// destination's reports count it; taken off, they ran ahead of sent for
+// good and a block on its way looked delivered. If it was lost, reports
+// stay behind sent, but credits still release what the slot carries
+// (onCredit), and carrying is bounded by the slot's load.
+func (l *txLine) moved(s int) {
+	l.stats[s].timed = 0
 }
 
 // delivered records that slot s delivered its first recv bytes, known at
@@ -174,7 +182,7 @@ func (l *txLine) delivered(s int, recv uint64, now time.Time) {
 			} else {
 				w.rate += (sample - w.rate) / 4
 			}
-			w.accBytes, w.accTime = 0, 0
+			w.last, w.accBytes, w.accTime = sample, 0, 0
 		}
 	}
 	w.recv = recv
@@ -186,7 +194,7 @@ func (l *txLine) delivered(s int, recv uint64, now time.Time) {
 			w.rttvar += (max(w.srtt-r, r-w.srtt) - w.rttvar) / 4
 			w.srtt += (r - w.srtt) / 8
 		}
-		w.timed = 0
+		w.timed, w.missed, w.measured = 0, false, now
 	}
 }
 
@@ -200,14 +208,20 @@ func (l *txLine) settle() {
 	}
 }
 
+// rateNow is the rate the trunk delivers at now, as far as measured:
+// the average, or the latest sample if lower (0: none yet). Each sample
+// moves the average by a quarter only, and a route measured fast that
+// turned slow kept taking blocks at the rate it had for many samples.
+func (w *wayStat) rateNow() float64 { return min(w.rate, w.last) }
+
 // finish returns when, in seconds from now, trunk slot s would deliver n
-// more bytes: what it has in flight and them, at its measured rate; avg
+// more bytes: what it has in flight and them, at its rate (rateNow); avg
 // stands in for a rate not measured yet (0: none is, all count alike). A
 // trunk not measured yet that has something in flight would finish never:
 // it carries one block at a time until its first sample, so that a slow
 // route takes one block, not half of them, before it is known.
 func (l *txLine) finish(s, n int, avg float64) float64 {
-	in, rate := l.carrying(s), l.stats[s].rate
+	in, rate := l.carrying(s), l.stats[s].rateNow()
 	if rate == 0 {
 		if in > 0 {
 			return math.Inf(1)

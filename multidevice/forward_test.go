@@ -1012,9 +1012,10 @@ func FuzzDecodeReport(f *testing.F) {
 // a block goes and how long the watch waits for it. A trunk not measured
 // yet takes one block at a time (it may be the slow one) and counts as
 // the average when idle; a measured one finishes by what it carries at
-// its rate. The watch waits a second before any measure, then the
-// measured delivery time, or longer for a long queue ahead of the block,
-// never less than nudgeAfter.
+// its rate, or at its latest sample's if lower (it may have turned slow).
+// The watch waits a second before any measure, then the measured
+// delivery time, or longer for a long queue ahead of the block, never
+// less than nudgeAfter.
 func TestDeliveryEstimates(t *testing.T) {
 	l := &txLine{load: make([]int, 2), stats: make([]wayStat, 2)}
 	send := func(s, n int) *block {
@@ -1052,5 +1053,11 @@ func TestDeliveryEstimates(t *testing.T) {
 	l.load[0] = 0
 	if got0, got1 := l.finish(0, 1000, w.rate), l.finish(1, 1000, w.rate); got0 != got1 {
 		t.Errorf("an idle trunk not measured counts as the average: finish %v, measured one %v", got1, got0)
+	}
+	// The trunk turns slow: its next sample caps its rate at once.
+	b = send(0, rateSample)
+	l.delivered(0, b.end, l.stats[0].busy.Add(100*time.Second))
+	if got, avg := l.stats[0].rateNow(), l.stats[0].rate; got >= avg/2 {
+		t.Errorf("rate after a sample 1000 times slower = %v, want far below the average %v", got, avg)
 	}
 }

@@ -3,6 +3,7 @@ package multidevice
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
@@ -48,14 +49,13 @@ import (
 func (d *Device) pickTrunkLocked(l *txLine, peer int32, class, n int) (trunk, bool) {
 	var best trunk
 	found, bestAt := false, 0.0
-	usable := func(t trunk, standby bool) bool {
-		return t.standby == standby && !d.fwd.isDead(t) && (l.cut == nil || !l.cut[t.slot].After(time.Now()))
-	}
+	now := time.Now()
+	usable := func(t trunk, standby bool) bool { return d.carriesLocked(l, t, standby, now) }
 	for _, standby := range [2]bool{false, true} {
 		// A trunk not measured yet counts as the average of those that were.
 		sum, measured := 0.0, 0
 		for _, t := range d.fwd.paths[peer][class] {
-			if r := l.stats[t.slot].rate; r > 0 && usable(t, standby) {
+			if r := l.stats[t.slot].rateNow(); r > 0 && usable(t, standby) {
 				sum, measured = sum+r, measured+1
 			}
 		}
@@ -73,6 +73,28 @@ func (d *Device) pickTrunkLocked(l *txLine, peer int32, class, n int) (trunk, bo
 		}
 	}
 	return best, found
+}
+
+// carriesLocked reports whether trunk t of line l, on standby or not as
+// standby says, may carry the line's traffic at now: it lives and is not
+// cut from the line.
+func (d *Device) carriesLocked(l *txLine, t trunk, standby bool, now time.Time) bool {
+	return t.standby == standby && !d.fwd.isDead(t) && (l.cut == nil || !l.cut[t.slot].After(now))
+}
+
+// revivedLines notes on every line with trunk k that a trunk came back
+// now: the delivery times its other trunks measured while k was dead say
+// nothing of k (creditWay).
+func (d *Device) revivedLines(k trunkKey) {
+	now := time.Now()
+	for _, l := range d.fwd.tx {
+		if l == nil || !slices.ContainsFunc(l.ways, func(t trunk) bool { return t.key() == k }) {
+			continue
+		}
+		l.mu.Lock()
+		l.revived = now
+		l.mu.Unlock()
+	}
 }
 
 // trunksLive reports whether every size class of peer that goes through
@@ -186,7 +208,7 @@ func (d *Device) resendLocked(l *txLine, peer int32, bt *fwdBatch, gone func(tru
 			break
 		}
 		l.load[b.t.slot] -= n
-		l.moved(b.t.slot, n)
+		l.moved(b.t.slot)
 		l.load[t.slot] += n
 		b.t, b.end = t, l.sending(t.slot, n, true)
 		bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
@@ -250,6 +272,7 @@ func (d *Device) revive(k trunkKey, card []byte) {
 		cancel()
 		if err == nil {
 			f.dead[k.via][k.sub].Store(false)
+			d.revivedLines(k)
 			d.log.Info("route back", "via", k.via, "subdevice", s.name, "attempts", attempt)
 			return
 		}
