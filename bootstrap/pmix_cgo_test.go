@@ -574,25 +574,30 @@ func TestPMIxClosedJobCalls(t *testing.T) {
 // pmixCallEnv names the call TestPMIxCallAfterAbortRank makes.
 const pmixCallEnv = "MD_PMIX_TEST_CALL"
 
-func TestPMIxCallAfterAbortRank(t *testing.T) {
-	ctx := asRank(t)
-	bs := openAborter(t, ctx)
-	if bs == nil {
-		return
-	}
+// startAbort starts bs.Abort(3, ...) on a goroutine of its own and
+// returns once the abort has begun.
+func startAbort(bs Bootstrap) {
 	go bs.Abort(3, "rank 1 gives up")
-	// Wait for Abort to have begun: the call below then starts while
-	// Abort pauses before PMIx_Abort.
 	j := bs.(*pmixJob)
 	for {
 		j.mu.Lock()
 		closing := j.closing
 		j.mu.Unlock()
 		if closing {
-			break
+			return
 		}
 		runtime.Gosched()
 	}
+}
+
+func TestPMIxCallAfterAbortRank(t *testing.T) {
+	ctx := asRank(t)
+	bs := openAborter(t, ctx)
+	if bs == nil {
+		return
+	}
+	// The call below then starts while Abort pauses before PMIx_Abort.
+	startAbort(bs)
 	call := os.Getenv(pmixCallEnv)
 	fmt.Fprintf(os.Stderr, "rank 1: %s after abort began\n", call)
 	var err error
@@ -660,19 +665,8 @@ func TestPMIxCloseDuringAbortRank(t *testing.T) {
 	if bs == nil {
 		return
 	}
-	go bs.Abort(3, "rank 1 gives up")
-	// Wait for Abort to have begun: the Close below then comes while
-	// Abort pauses before PMIx_Abort.
-	j := bs.(*pmixJob)
-	for {
-		j.mu.Lock()
-		closing := j.closing
-		j.mu.Unlock()
-		if closing {
-			break
-		}
-		runtime.Gosched()
-	}
+	// The Close below then comes while Abort pauses before PMIx_Abort.
+	startAbort(bs)
 	err := bs.Close()
 	fmt.Fprintf(os.Stderr, "rank 1: close during abort: %v; exiting 0\n", err)
 	os.Exit(0)
