@@ -517,14 +517,18 @@ func (d *Device) Iprobe(src, tag int, context uint64) (Status, bool, error) {
 			return Status{Source: int(env.Source), Tag: int(env.Tag), Count: env.Len}, true, nil
 		}
 	}
-	// Nor does one whose messages a matching subdevice holds: what it
-	// sent before is there, and was found above.
+	return Status{}, false, d.matchedSourceLost(src)
+}
+
+// matchedSourceLost is the error of a probe of src that found nothing
+// when a matching subdevice carries src's messages: src's loss, if it is
+// lost (what it sent before was found already), else nil. A probe of a
+// source the device matches itself checks that before its subdevices.
+func (d *Device) matchedSourceLost(src int) error {
 	if src != AnySource && d.matchSub[src] >= 0 {
-		if err := d.peerErr(int32(src)); err != nil {
-			return Status{}, false, err
-		}
+		return d.peerErr(int32(src))
 	}
-	return Status{}, false, nil
+	return nil
 }
 
 // checkRecv checks the source and tag of a receive or probe.
@@ -586,14 +590,8 @@ func (d *Device) Improbe(src, tag int, context uint64) (*Message, Status, bool, 
 			return nil, Status{}, false, fmt.Errorf("multidevice: matched probe: a message held by subdevice %q, which matches on its own: %w", d.subs[idx].name, errors.ErrUnsupported)
 		}
 	}
-	// As Iprobe: a lost source whose matching subdevice holds nothing of
-	// it fails the probe, or Mprobe would wait for it for ever.
-	if src != AnySource && d.matchSub[src] >= 0 {
-		if err := d.peerErr(int32(src)); err != nil {
-			return nil, Status{}, false, err
-		}
-	}
-	return nil, Status{}, false, nil
+	// As Iprobe: or Mprobe would wait for a lost source for ever.
+	return nil, Status{}, false, d.matchedSourceLost(src)
 }
 
 var (
