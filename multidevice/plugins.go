@@ -102,7 +102,9 @@ var checksumRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 // which carry file, line and column, and to resolve paths: a relative
 // plugin_dir is taken from the file's directory, a command without a slash
 // is looked up in plugin_dir (by default the file's directory), and a
-// relative command with a slash is taken from the file's directory.
+// relative command with a slash is taken from the file's directory. The
+// resolved paths are absolute; a relative filename is taken from the
+// working directory.
 func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 	f, diags := hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
 	if diags.HasErrors() {
@@ -113,7 +115,10 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 		return nil, fmt.Errorf("multidevice: plugins: %w", diags)
 	}
 	cfg := &PluginsConfig{PluginDir: raw.PluginDir}
-	base := filepath.Dir(filename)
+	// Relative to an absolute directory: exec looks a bare "sdi-x" up in
+	// $PATH, not next to the file. Only a relative command needs base, so
+	// a working directory that is gone fails only a file that has one.
+	base, baseErr := filepath.Abs(filepath.Dir(filename))
 	dir := raw.PluginDir
 	if dir == "" {
 		dir = base
@@ -162,6 +167,9 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 			spec.Path = filepath.Join(base, s.Command)
 		default:
 			spec.Path = filepath.Join(dir, s.Command)
+		}
+		if spec.Path != "" && !filepath.IsAbs(spec.Path) {
+			return nil, fmt.Errorf("multidevice: plugins: %s: command %q: resolving it from the directory of %s: %w", where, s.Command, filename, baseErr)
 		}
 		if s.Timeout != "" {
 			d, err := time.ParseDuration(s.Timeout)

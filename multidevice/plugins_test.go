@@ -96,6 +96,10 @@ func FuzzParsePlugins(f *testing.F) {
 // are found, the timeout, the data plane choice, and their errors.
 func TestParsePluginsExternal(t *testing.T) {
 	sum := "sha256:" + strings.Repeat("0f", 32)
+	wd, err := os.Getwd() // a relative file's directory
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, file, src string
 		want            SubDeviceSpec // Name, Path, Timeout, SharedMemory, Checksum checked
@@ -118,7 +122,7 @@ func TestParsePluginsExternal(t *testing.T) {
 			want: SubDeviceSpec{Name: "a", Path: "/usr/lib/sdi-a", SharedMemory: true}},
 		{name: "every key", file: "p.hcl",
 			src:  "subdevice \"a\" {\n command = \"sdi-a\"\n checksum = \"" + sum + "\"\n timeout = \"1m30s\"\n shared_memory = false\n}",
-			want: SubDeviceSpec{Name: "a", Path: "sdi-a", Timeout: 90 * time.Second, Checksum: sum}},
+			want: SubDeviceSpec{Name: "a", Path: filepath.Join(wd, "sdi-a"), Timeout: 90 * time.Second, Checksum: sum}},
 		{name: "bad timeout", file: "p.hcl", src: "subdevice \"a\" {\n command = \"x\"\n timeout = \"soon\"\n}",
 			wantErr: `p.hcl:1,1-14: timeout "soon": want a positive duration`},
 		{name: "negative timeout", file: "p.hcl", src: "subdevice \"a\" {\n command = \"x\"\n timeout = \"-1s\"\n}",
@@ -148,6 +152,48 @@ func TestParsePluginsExternal(t *testing.T) {
 			}
 			if tc.want.Checksum != "" && len(s.ChecksumBytes()) != 32 {
 				t.Fatalf("ChecksumBytes = %x", s.ChecksumBytes())
+			}
+		})
+	}
+}
+
+// TestPluginsRelativeFile: with a relative plugins.hcl (MD_PLUGINS=plugins.hcl,
+// the common case) commands still resolve to absolute paths from the file's
+// directory, as docs/plugins.hcl.md promises. A bare command once resolved
+// to "sdi-mine", which exec looks up in $PATH instead.
+func TestPluginsRelativeFile(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, src, binary string // binary: where the command is, from the test's directory
+	}{
+		{"bare name", "plugins.hcl", `subdevice "mine" { command = "sdi-mine" }`, "sdi-mine"},
+		{"bare name, file in a subdirectory", "etc/plugins.hcl", `subdevice "mine" { command = "sdi-mine" }`, "etc/sdi-mine"},
+		{"relative plugin_dir", "plugins.hcl", "plugin_dir = \"bin\"\nsubdevice \"mine\" { command = \"sdi-mine\" }", "bin/sdi-mine"},
+		{"dot-slash path", "./plugins.hcl", `subdevice "mine" { command = "./sdi-mine" }`, "sdi-mine"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Chdir(t.TempDir())
+			for _, f := range []struct {
+				path, body string
+				mode       os.FileMode
+			}{{tc.file, tc.src, 0o644}, {tc.binary, "#!/bin/sh\n", 0o755}} {
+				if err := os.MkdirAll(filepath.Dir(f.path), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(f.path, []byte(f.body), f.mode); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg, err := LoadPlugins(tc.file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := cfg.SubDevices[0].Path
+			want, err := os.Stat(tc.binary)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := os.Stat(p); !filepath.IsAbs(p) || err != nil || !os.SameFile(got, want) {
+				t.Fatalf("command resolved to %q (stat: %v), want the absolute path of %s next to the file", p, err, tc.binary)
 			}
 		})
 	}

@@ -41,6 +41,9 @@ type Client struct {
 	pc      *goplugin.Client
 	sockDir string   // the plugin's socket directory; removed once it has ended
 	hostEnd *os.File // closed once the plugin has ended; see envHostFD
+	// release ends exec's watch of Start's abort context (start.go), once
+	// the plugin has ended and there is nothing left for it to kill.
+	release context.CancelFunc
 	rpc     sdiv1.SubDeviceClient
 	exit    context.Context // done when the plugin process has exited
 
@@ -49,11 +52,16 @@ type Client struct {
 
 	mu     sync.Mutex // serializes Open and Close
 	opened bool
-	st     atomic.Pointer[openState]
-	closed atomic.Bool
-	dead   atomic.Pointer[error] // why the plugin was taken out
-	wg     sync.WaitGroup        // the watcher and heartbeat goroutines
-	once   sync.Once
+	// abortMu guards closing and abortOpen, with which Close cuts short an
+	// Open it would otherwise wait for on mu, up to Open's whole timeout.
+	abortMu   sync.Mutex
+	closing   bool
+	abortOpen context.CancelCauseFunc
+	st        atomic.Pointer[openState]
+	closed    atomic.Bool
+	dead      atomic.Pointer[error] // why the plugin was taken out
+	wg        sync.WaitGroup        // the watcher and heartbeat goroutines
+	once      sync.Once
 
 	pinging  atomic.Bool
 	nameOnce sync.Once // logs a subdevice name other than cfg.Name
@@ -69,8 +77,8 @@ type openState struct {
 	sendMu    sync.Mutex    // orders the count with the plane's order
 }
 
-func newClient(c Config, pc *goplugin.Client, d *dispensed, sockDir string, hostEnd *os.File) *Client {
-	cl := &Client{cfg: c, log: c.Logger, pc: pc, rpc: d.rpc, exit: d.done, sockDir: sockDir, hostEnd: hostEnd}
+func newClient(c Config, pc *goplugin.Client, d *dispensed, sockDir string, hostEnd *os.File, release context.CancelFunc) *Client {
+	cl := &Client{cfg: c, log: c.Logger, pc: pc, rpc: d.rpc, exit: d.done, sockDir: sockDir, hostEnd: hostEnd, release: release}
 	cl.life, cl.cancel = context.WithCancel(context.Background())
 	cl.wg.Add(1)
 	go cl.watch()
@@ -98,8 +106,10 @@ func (c *Client) call(ctx context.Context, op string, fn func(ctx context.Contex
 	if e := c.dead.Load(); e != nil {
 		return fmt.Errorf("sdi/plugin: %q: %s: %w", c.cfg.Name, op, *e)
 	}
-	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
-		// Our timeout fired, not the caller's: the plugin hangs.
+	if errors.Is(err, context.DeadlineExceeded) && expired(cctx) && !expired(ctx) {
+		// Our timeout fired, not the caller's: the plugin hangs. A
+		// deadline error while ours still ran is the subdevice's own (one
+		// peer's handshake bounded, say): that call fails, nothing more.
 		c.takeOut(fmt.Errorf("%w: %s did not answer within %v", ErrPluginExited, op, c.cfg.Timeout))
 		return fmt.Errorf("sdi/plugin: %q: %w", c.cfg.Name, *c.dead.Load())
 	}
@@ -107,6 +117,17 @@ func (c *Client) call(ctx context.Context, op string, fn func(ctx context.Contex
 		c.takeOut(err)
 	}
 	return fmt.Errorf("sdi/plugin: %q: %w", c.cfg.Name, err)
+}
+
+// expired reports whether ctx is done or its deadline has passed: gRPC
+// reports a deadline exceeded as soon as it has passed, which may be before
+// ctx's own timer has fired.
+func expired(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
 
 // Info returns the plugin's subdevice's identity.
@@ -146,15 +167,32 @@ func (c *Client) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) 
 	case p.Size <= 0:
 		return sdi.Local{}, fmt.Errorf("sdi/plugin: %q: open: job size %d must be positive", c.cfg.Name, p.Size)
 	}
+	octx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	c.abortMu.Lock()
+	closing := c.closing
+	if !closing {
+		c.abortOpen = abort
+	}
+	c.abortMu.Unlock()
+	if closing {
+		return sdi.Local{}, fmt.Errorf("sdi/plugin: %q: open: %w", c.cfg.Name, sdi.ErrClosed)
+	}
 	var resp *sdiv1.Open_Response
-	err := c.call(ctx, "open", func(ctx context.Context) (err error) {
+	err := c.call(octx, "open", func(ctx context.Context) (err error) {
 		resp, err = c.rpc.Open(ctx, &sdiv1.Open_Request{
 			Rank: int32(p.Rank), Size: int64(p.Size), Host: p.Host, Site: p.Site, JobId: p.JobID, Secret: p.Secret,
 			ApiVersion: p.APIVersion, Config: p.Config,
 		})
 		return err
 	})
+	c.abortMu.Lock()
+	c.abortOpen = nil
+	c.abortMu.Unlock()
 	if err != nil {
+		if errors.Is(context.Cause(octx), sdi.ErrClosed) {
+			return sdi.Local{}, fmt.Errorf("sdi/plugin: %q: open: cut short by Close: %w", c.cfg.Name, sdi.ErrClosed)
+		}
 		return sdi.Local{}, err
 	}
 	c.opened = true
@@ -436,10 +474,19 @@ func (c *Client) Idle() {
 }
 
 // Close closes the plugin's subdevice, stops the data plane and ends the
-// plugin process. It is idempotent.
+// plugin process. An Open in flight is cut short and fails with
+// sdi.ErrClosed. It is idempotent.
 func (c *Client) Close(ctx context.Context) error {
 	var err error
 	c.once.Do(func() {
+		// An Open in flight holds mu for as long as the plugin's subdevice
+		// takes, up to the timeout: it ends now instead.
+		c.abortMu.Lock()
+		c.closing = true
+		if c.abortOpen != nil {
+			c.abortOpen(sdi.ErrClosed)
+		}
+		c.abortMu.Unlock()
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		if c.opened && c.dead.Load() == nil {
@@ -523,6 +570,7 @@ func (c *Client) watch() {
 // that does not hold the plugin's output open, which go-plugin would wait
 // for, outlives the shell otherwise.
 func (c *Client) kill(force bool) {
+	defer c.release()
 	defer c.hostEnd.Close()
 	defer os.RemoveAll(c.sockDir)
 	pid := 0

@@ -21,7 +21,8 @@
 // secures the connection with automatically generated mutual TLS. The
 // plugin's log lines, JSON on its stderr, are re-logged through the host's
 // logger; the plugin formats nothing below the host's level. Other text it
-// writes to os.Stderr is logged at info. The plugin runs in a process
+// writes to os.Stderr is logged at info; the last lines it wrote there
+// before a failed handshake end Start's error. The plugin runs in a process
 // group of its own, killed as a whole, so that a wrapper script that runs
 // it without exec leaves nothing behind.
 //
@@ -74,7 +75,10 @@
 // call or the periodic liveness check within the timeout is taken out:
 // the process is killed, every connected peer is reported down through the
 // Handler, and every later call fails with an error wrapping
-// ErrPluginExited (and sdi.ErrPeerUnreachable for sends). The plugin, for
+// ErrPluginExited (and sdi.ErrPeerUnreachable for sends). An error the
+// subdevice returns, a deadline of its own included, fails that call only,
+// and a frame it delivers from a rank outside the job is dropped with a
+// warning, as the multidevice drops it from a built-in one. The plugin, for
 // its part, closes its subdevice and exits when the host goes away: at
 // once when its data stream breaks, and when a host that never opened it
 // ends: at once through a pipe only the host holds open, which a wrapper

@@ -51,6 +51,12 @@ func serveHelper(behaviour string) {
 		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return crashInOpen{tcp.New(l)} })
 	case "echo-open":
 		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return echoOpen{tcp.New(l)} })
+	case "own-timeout":
+		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return ownTimeout{echoOpen{tcp.New(l)}} })
+	case "bad-rank":
+		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return &badRank{SubDevice: echoOpen{tcp.New(l)}} })
+	case "slow-open":
+		plugin.Serve(func(l hclog.Logger) sdi.SubDevice { return slowOpen{tcp.New(l)} })
 	}
 }
 
@@ -67,13 +73,22 @@ func startHelper(t *testing.T, behaviour string, checksum []byte) (*plugin.Clien
 
 func startHelperTimeout(t *testing.T, behaviour string, checksum []byte, timeout time.Duration) (*plugin.Client, error) {
 	t.Helper()
+	return startHelperConfig(t, behaviour, func(c *plugin.Config) { c.Checksum, c.Timeout = checksum, timeout })
+}
+
+// startHelperConfig starts the test binary as a plugin with behaviour, and
+// a Config that adjust may change.
+func startHelperConfig(t *testing.T, behaviour string, adjust func(*plugin.Config)) (*plugin.Client, error) {
+	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
+	cfg := plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, behaviour}, Timeout: 5 * time.Second}
+	adjust(&cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	c, err := plugin.Start(ctx, plugin.Config{Name: "fab", Path: exe, Args: []string{helperArg, behaviour}, Checksum: checksum, Timeout: timeout})
+	c, err := plugin.Start(ctx, cfg)
 	if c != nil {
 		t.Cleanup(func() { c.Close(context.Background()) })
 	}

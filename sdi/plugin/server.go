@@ -437,6 +437,12 @@ type serverHandler server
 
 func (h *serverHandler) Deliver(from sdi.Rank, header, payload []byte) {
 	s := (*server)(h)
+	if int(from) < 0 || int(from) >= s.lim.size {
+		// The host would take the record for a broken plugin and report
+		// every peer down; built in, the multidevice drops such a frame.
+		s.log.Warn("dropping a frame from a rank outside the job", "from", from, "size", s.lim.size)
+		return
+	}
 	if pl := s.placer.Load(); pl != nil && len(header) <= s.lim.maxHeader {
 		slot, ok := pl.claim(from, payload)
 		if !ok && len(payload) > s.lim.maxPayload && pl.carries(len(payload)) {
