@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,12 +30,16 @@ const (
 	ProcNull = -2
 )
 
-// checkTag checks the tag of an operation with ProcNull, which the
-// multidevice never sees; wild allows AnyTag.
+// checkTag checks a tag the multidevice does not check first: an
+// operation's with ProcNull, which it never sees, or a Sendrecv's, which
+// must be refused before its receive is posted. wild allows AnyTag.
 func checkTag(tag int, wild bool) error {
 	if tag < 0 || tag > MaxTag {
-		if !wild || tag != AnyTag {
+		switch {
+		case !wild:
 			return fmt.Errorf("adi: %w: %d (tags are 0..%d)", ErrTag, tag, MaxTag)
+		case tag != AnyTag:
+			return fmt.Errorf("adi: %w: %d (tags are 0..%d, or AnyTag)", ErrTag, tag, MaxTag)
 		}
 	}
 	return nil
@@ -149,6 +154,33 @@ func (c *Comm) source(r int) (int, error) {
 	return 0, fmt.Errorf("adi: source%s: %w", c.groupNote(), err)
 }
 
+// rankName names rank r of c in an error. The device's errors (a lost
+// peer's, a failed send's) number ranks in the world; where c's ranks are
+// not the world's, the world rank is named too, so that those words can be
+// matched with c's.
+func (c *Comm) rankName(r int) string {
+	switch {
+	case r == AnySource:
+		return "any source"
+	case r == ProcNull:
+		return "ProcNull"
+	case c.identity || uint(r) >= uint(len(c.ranks)):
+		return "rank " + strconv.Itoa(r)
+	}
+	return fmt.Sprintf("rank %d (world rank %d)", r, c.ranks[r])
+}
+
+// fromName names, in the error of a receive on c from source (or
+// AnySource) that reported st, the rank its message came from, as
+// Status.Source does, or before a match (st cancelled, or its source
+// still the wildcard) the one the receive was posted for.
+func (c *Comm) fromName(source int, st Status) string {
+	if !st.Cancelled && st.Source != AnySource {
+		source = st.Source
+	}
+	return c.rankName(source)
+}
+
 // status converts a device status (world source) to one of c.
 func (c *Comm) status(st multidevice.Status) Status {
 	src := st.Source
@@ -220,9 +252,9 @@ func (c *Comm) isendInto(q *Request, buf []byte, dest, tag int, sync bool) error
 	}
 	if err := c.w.dev.IsendRequest(&q.r, buf, d, tag, c.context, sync); err != nil {
 		q.failedStart(err)
-		return fmt.Errorf("adi: send to rank %d: %w", dest, err)
+		return fmt.Errorf("adi: send to %s: %w", c.rankName(dest), err)
 	}
-	q.c = c
+	q.c, q.peer, q.recv = c, dest, false
 	return nil
 }
 
@@ -251,7 +283,7 @@ func (c *Comm) send(ctx context.Context, buf []byte, dest, tag int, sync bool) e
 		return err
 	}
 	if err := c.w.dev.Send(ctx, buf, d, tag, c.context, sync); err != nil {
-		return fmt.Errorf("adi: send to rank %d: %w", dest, err)
+		return fmt.Errorf("adi: send to %s: %w", c.rankName(dest), err)
 	}
 	return nil
 }
@@ -292,9 +324,9 @@ func (c *Comm) irecvInto(q *Request, buf []byte, source, tag int) error {
 	}
 	if err := c.w.dev.IrecvRequest(&q.r, buf, s, tag, c.context); err != nil {
 		q.failedStart(err)
-		return fmt.Errorf("adi: receive from rank %d: %w", source, err)
+		return fmt.Errorf("adi: receive from %s: %w", c.rankName(source), err)
 	}
-	q.c = c
+	q.c, q.peer, q.recv = c, source, true
 	return nil
 }
 
@@ -314,7 +346,8 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, e
 	}
 	st, err := c.w.dev.Recv(ctx, buf, s, tag, c.context)
 	if err != nil {
-		return c.status(st), fmt.Errorf("adi: receive from rank %d: %w", source, err)
+		cst := c.status(st)
+		return cst, fmt.Errorf("adi: receive from %s: %w", c.fromName(source, cst), err)
 	}
 	return c.status(st), nil
 }
@@ -334,7 +367,7 @@ func (c *Comm) Iprobe(source, tag int) (Status, bool, error) {
 	}
 	st, ok, err := c.w.dev.Iprobe(s, tag, c.context)
 	if err != nil {
-		return Status{}, false, fmt.Errorf("adi: probe: %w", err)
+		return Status{}, false, fmt.Errorf("adi: probe of %s: %w", c.rankName(source), err)
 	}
 	return c.status(st), ok, nil
 }
@@ -405,20 +438,22 @@ func (c *Comm) awaitProbeOr(ctx context.Context, try func() (bool, error), other
 // around a ring, cannot wait for each other as two blocking Sends can.
 // send and recv must not overlap (SendrecvReplace exchanges in place).
 // When ctx ends first, or the send fails, the receive is cancelled, or
-// given up as Recv's is.
+// given up as Recv's is. Ranks and tags are checked before anything
+// starts: a call refused for them sends nothing and takes no message.
 func (c *Comm) Sendrecv(ctx context.Context, send []byte, dest, sendTag int, recv []byte, source, recvTag int) (Status, error) {
+	// Here, not in the device: it posts the receive before its send
+	// checks the send's tag, so a bad one found there would have taken a
+	// waiting message. The ranks are checked below, before it too.
+	if checkTag(sendTag, false) != nil {
+		return Status{}, fmt.Errorf("adi: sendrecv: send tag %d: %w (tags are 0..%d)", sendTag, ErrTag, MaxTag)
+	}
+	if checkTag(recvTag, true) != nil {
+		return Status{}, fmt.Errorf("adi: sendrecv: receive tag %d: %w (tags are 0..%d, or AnyTag)", recvTag, ErrTag, MaxTag)
+	}
 	switch {
 	case source == ProcNull:
-		// Checked before anything is sent, as Isendrecv does: a refused
-		// call sends nothing.
-		if err := checkTag(recvTag, true); err != nil {
-			return Status{}, err
-		}
 		return nullStatus, c.Send(ctx, send, dest, sendTag)
 	case dest == ProcNull:
-		if err := checkTag(sendTag, false); err != nil {
-			return Status{}, err
-		}
 		return c.Recv(ctx, recv, source, recvTag)
 	}
 	d, err := c.dest(dest)
@@ -431,7 +466,8 @@ func (c *Comm) Sendrecv(ctx context.Context, send []byte, dest, sendTag int, rec
 	}
 	st, err := c.w.dev.Sendrecv(ctx, send, d, sendTag, recv, s, recvTag, c.context)
 	if err != nil {
-		return c.status(st), fmt.Errorf("adi: sendrecv with ranks %d and %d: %w", dest, source, err)
+		cst := c.status(st)
+		return cst, fmt.Errorf("adi: sendrecv to %s and from %s: %w", c.rankName(dest), c.fromName(source, cst), err)
 	}
 	return c.status(st), nil
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -672,5 +674,293 @@ func TestIntoRefusesPersistent(t *testing.T) {
 	}
 	if st, err := q.Wait(ctx); err != nil || st.Tag != 3 || st.Count != 4 {
 		t.Fatalf("the persistent receive after the refused calls: %+v, %v", st, err)
+	}
+}
+
+// TestSendrecvRefusedTakesNothing: a Sendrecv refused for a tag touches
+// no message waiting for it. The device once posted the receive before
+// it checked the send's tag, so a refused call took the message: an eager
+// one was delivered into recv under the error, a rendezvous one matched
+// and given up, its data lost while its sender completed as if received.
+func TestSendrecvRefusedTakesNothing(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name             string
+		size             int // loopJob's eager limit is below 3000
+		sendTag, recvTag int
+	}{
+		{"eager/send tag negative", 5, -5, 4},
+		{"eager/send tag AnyTag", 5, adi.AnyTag, 4},
+		{"rendezvous/send tag AnyTag", 3000, adi.AnyTag, 4},
+		{"rendezvous/send tag above MaxTag", 3000, adi.MaxTag + 1, adi.AnyTag},
+		{"eager/receive tag negative", 5, 4, -5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := pattern(0, 1, tc.size)
+			s := must(cs[0].Isend(msg, 1, 4))
+			if _, err := cs[1].Probe(ctx, 0, 4); err != nil {
+				t.Fatal(err)
+			}
+			recv := make([]byte, tc.size)
+			if _, err := cs[1].Sendrecv(ctx, []byte("x"), 0, tc.sendTag, recv, 0, tc.recvTag); !errors.Is(err, adi.ErrTag) {
+				t.Fatalf("Sendrecv with tags %d and %d: %v, want ErrTag", tc.sendTag, tc.recvTag, err)
+			}
+			if tc.size > 0 && bytes.Equal(recv, msg) {
+				t.Error("the refused Sendrecv wrote the waiting message into its buffer")
+			}
+			if _, ok, err := cs[1].Iprobe(0, 4); err != nil || !ok {
+				t.Fatalf("the refused Sendrecv took the waiting message (probe: %v %v)", ok, err)
+			}
+			got := make([]byte, tc.size)
+			if st, err := cs[1].Recv(ctx, got, 0, 4); err != nil || st.Count != tc.size || !bytes.Equal(got, msg) {
+				t.Fatalf("receive of the message after the refused Sendrecv: %+v %v", st, err)
+			}
+			if _, err := s.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestWaitAllEndedCtxReportsAll: WaitAll and WaitAllInto of requests that
+// have all completed, under a ctx that has ended, report every status and
+// every request's own error with its index. They once stopped at the
+// first request error whenever ctx had ended, as if it were ctx's: the
+// error came back without its request's index, and the later statuses
+// stayed zero.
+func TestWaitAllEndedCtxReportsAll(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		call func(ctx context.Context, reqs ...*adi.Request) ([]adi.Status, error)
+	}{
+		{"WaitAll", adi.WaitAll},
+		{"WaitAllInto", func(ctx context.Context, reqs ...*adi.Request) ([]adi.Status, error) {
+			sts := make([]adi.Status, len(reqs))
+			return sts, adi.WaitAllInto(ctx, sts, reqs...)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			short := must(cs[1].Irecv(make([]byte, 2), 0, 1)) // truncated
+			fits := must(cs[1].Irecv(make([]byte, 8), 0, 2))
+			if err := cs[0].Send(ctx, []byte("toolong"), 1, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := cs[0].Send(ctx, []byte("fine"), 1, 2); err != nil {
+				t.Fatal(err)
+			}
+			for {
+				if done, _ := adi.TestAll(nil, short, fits); done {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			ended, cancel := context.WithCancel(ctx)
+			cancel()
+			sts, err := tc.call(ended, short, fits)
+			if !errors.Is(err, adi.ErrTruncated) || errors.Is(err, context.Canceled) || sts[1] != (adi.Status{Source: 0, Tag: 2, Count: 4}) {
+				t.Fatalf("statuses %+v, error %v; want the second request's status and the first's ErrTruncated", sts, err)
+			}
+			if !strings.HasPrefix(err.Error(), "request 0: ") {
+				t.Errorf("the error does not name its request: %v", err)
+			}
+		})
+	}
+}
+
+// TestAllNilEntryStatus: TestAll writes the zero status for a nil entry,
+// as WaitAllInto does, rather than leave what the caller's slice held
+// there (a status from an earlier round of a reused slice).
+func TestAllNilEntryStatus(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	q := must(cs[1].Irecv(make([]byte, 8), 0, 3))
+	if err := cs[0].Send(ctx, []byte("x"), 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	stale := adi.Status{Source: 1, Tag: 9, Count: 5}
+	for _, tc := range []struct {
+		name string
+		call func(sts []adi.Status) error
+	}{
+		{"TestAll", func(sts []adi.Status) error { _, err := adi.TestAll(sts, nil, q); return err }},
+		{"WaitAllInto", func(sts []adi.Status) error { return adi.WaitAllInto(ctx, sts, nil, q) }},
+	} {
+		sts := []adi.Status{stale, stale}
+		if err := tc.call(sts); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if sts[0] != (adi.Status{}) {
+			t.Errorf("%s: status of the nil entry %+v, want the zero status", tc.name, sts[0])
+		}
+	}
+}
+
+// TestTagErrorNamesAnyTag: a tag refused where AnyTag is allowed (a
+// receive's) says AnyTag would do, and one refused where it is not (a
+// send's) does not.
+func TestTagErrorNamesAnyTag(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		name string
+		call func() error
+		any  bool
+	}{
+		{"Recv from ProcNull", func() error { _, err := cs[0].Recv(ctx, nil, adi.ProcNull, -5); return err }, true},
+		{"Iprobe of ProcNull", func() error { _, _, err := cs[0].Iprobe(adi.ProcNull, -5); return err }, true},
+		{"Sendrecv receive tag", func() error { _, err := cs[0].Sendrecv(ctx, nil, 1, 0, nil, 1, -5); return err }, true},
+		{"Send to ProcNull", func() error { return cs[0].Send(ctx, nil, adi.ProcNull, -5) }, false},
+		{"Sendrecv send tag", func() error { _, err := cs[0].Sendrecv(ctx, nil, 1, -5, nil, 1, 0); return err }, false},
+	} {
+		err := tc.call()
+		if !errors.Is(err, adi.ErrTag) {
+			t.Fatalf("%s with tag -5: %v, want ErrTag", tc.name, err)
+		}
+		if got := strings.Contains(err.Error(), "AnyTag"); got != tc.any {
+			t.Errorf("%s: %q mentions AnyTag: %v, want %v", tc.name, err, got, tc.any)
+		}
+	}
+}
+
+// rankMention finds the ranks an error message names: "rank N", unless
+// it is "world rank N", which names a world rank as such.
+var rankMention = regexp.MustCompile(`(world )?rank (-?[0-9]+)`)
+
+// namesOnlyRank reports whether msg names, apart from world ranks said to
+// be world ranks, rank r and no other.
+func namesOnlyRank(msg string, r int) bool {
+	found := false
+	for _, m := range rankMention.FindAllStringSubmatch(msg, -1) {
+		switch {
+		case m[1] != "":
+		case m[2] != strconv.Itoa(r):
+			return false
+		default:
+			found = true
+		}
+	}
+	return found
+}
+
+// TestTruncationErrorNamesCommRank: on a communicator whose ranks are not
+// the world's, a truncated receive's error names the sender by its rank
+// there, the one Status.Source gives, on every way a receive reports it.
+// The device names ranks in the world, and its truncation error once came
+// out naming the sender by its world rank, wrapped by adi with the rank
+// the receive was posted for: "rank -1" for AnySource.
+func TestTruncationErrorNamesCommRank(t *testing.T) {
+	ws, _ := loopWorlds(t, 3)
+	ctx := ctxT(t)
+	comms := rotatedComms(t, ws) // world rank 1 is rank 2 there, world rank 0 rank 1
+	recver, sender := comms[0], comms[1]
+	const from, tag = 2, 1
+	small := make([]byte, 10)
+	for _, tc := range []struct {
+		name string
+		recv func(size int) (adi.Status, error)
+	}{
+		{"Recv", func(int) (adi.Status, error) { return recver.Recv(ctx, small, from, tag) }},
+		{"Recv from AnySource", func(int) (adi.Status, error) { return recver.Recv(ctx, small, adi.AnySource, tag) }},
+		{"Irecv and Wait", func(int) (adi.Status, error) {
+			return must(recver.Irecv(small, adi.AnySource, tag)).Wait(ctx)
+		}},
+		{"Irecv and WaitAll", func(int) (adi.Status, error) {
+			q := must(recver.Irecv(small, adi.AnySource, tag))
+			for {
+				if done, _ := adi.TestAll(nil, q); done {
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+			sts, err := adi.WaitAll(ctx, q) // completed: read without a Wait
+			return sts[0], err
+		}},
+		{"Sendrecv", func(int) (adi.Status, error) {
+			st, err := recver.Sendrecv(ctx, nil, from, 9, small, adi.AnySource, tag)
+			if _, rerr := sender.Recv(ctx, nil, 1, 9); rerr != nil {
+				t.Error(rerr)
+			}
+			return st, err
+		}},
+		{"Isendrecv", func(int) (adi.Status, error) {
+			st, err := must(recver.Isendrecv(nil, from, 9, small, adi.AnySource, tag)).Wait(ctx)
+			if _, rerr := sender.Recv(ctx, nil, 1, 9); rerr != nil {
+				t.Error(rerr)
+			}
+			return st, err
+		}},
+		{"Mprobe and Recv", func(int) (adi.Status, error) {
+			m, _, err := recver.Mprobe(ctx, adi.AnySource, tag)
+			if err != nil {
+				return adi.Status{}, err
+			}
+			return m.Recv(ctx, small)
+		}},
+	} {
+		for _, size := range []int{100, 3000} { // eager, rendezvous
+			t.Run(fmt.Sprintf("%s/bytes=%d", tc.name, size), func(t *testing.T) {
+				sent := make(chan error, 1)
+				go func() { sent <- sender.Send(ctx, make([]byte, size), 1, tag) }()
+				st, err := tc.recv(size)
+				if serr := <-sent; serr != nil {
+					t.Fatal(serr)
+				}
+				if !errors.Is(err, adi.ErrTruncated) || st.Source != from {
+					t.Fatalf("status %+v, error %v; want ErrTruncated from rank %d", st, err, from)
+				}
+				if !namesOnlyRank(err.Error(), from) {
+					t.Errorf("the status says rank %d sent it; the error names another rank: %v", from, err)
+				}
+			})
+		}
+	}
+}
+
+// TestPeerDownErrorNamesCommRank: on a communicator whose ranks are not
+// the world's, the error of a receive or probe whose source was lost
+// names that source by its rank there, and by its world rank, which the
+// device's own words about the loss use.
+func TestPeerDownErrorNamesCommRank(t *testing.T) {
+	ws, f := loopWorlds(t, 3)
+	ctx := ctxT(t)
+	comms := rotatedComms(t, ws) // world rank 1 is rank 2 there
+	c := comms[0]
+	q := must(c.Irecv(make([]byte, 8), 2, 7))
+	f.Sever(1)
+	const want = "rank 2 (world rank 1)"
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"Irecv and Wait", func() error { _, err := q.Wait(ctx); return err }},
+		{"Recv", func() error { _, err := c.Recv(ctx, nil, 2, 7); return err }},
+		{"Probe", func() error { _, err := c.Probe(ctx, 2, 7); return err }},
+		{"Mprobe", func() error { _, _, err := c.Mprobe(ctx, 2, 7); return err }},
+	} {
+		err := tc.call()
+		if !errors.Is(err, adi.ErrPeerDown) {
+			t.Fatalf("%s: %v, want ErrPeerDown", tc.name, err)
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v; want it to name %s", tc.name, err, want)
+		}
+	}
+}
+
+// TestRecvErrorNamesAnySource: a receive from AnySource that fails before
+// it matched says so; its error once named "rank -1".
+func TestRecvErrorNamesAnySource(t *testing.T) {
+	cs := loopJob(t, 2)
+	short, cancel := context.WithTimeout(ctxT(t), 10*time.Millisecond)
+	defer cancel()
+	_, err := cs[0].Recv(short, nil, adi.AnySource, 3)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "any source") || strings.Contains(err.Error(), "-1") {
+		t.Fatalf("receive from AnySource whose ctx ended: %v; want the deadline's error naming any source", err)
 	}
 }

@@ -36,7 +36,7 @@ func (c *Comm) Improbe(source, tag int) (*Message, Status, bool, error) {
 	}
 	m, st, ok, err := c.w.dev.Improbe(s, tag, c.context)
 	if err != nil {
-		return nil, Status{}, false, fmt.Errorf("adi: matched probe: %w", err)
+		return nil, Status{}, false, fmt.Errorf("adi: matched probe of %s: %w", c.rankName(source), err)
 	}
 	if !ok {
 		return nil, Status{}, false, nil
@@ -73,7 +73,8 @@ func (m *Message) Recv(ctx context.Context, buf []byte) (Status, error) {
 	}
 	st, err := m.c.w.dev.Mrecv(ctx, m.m, buf)
 	if err != nil {
-		return m.c.status(st), fmt.Errorf("adi: receive of a probed message: %w", err)
+		cst := m.c.status(st)
+		return cst, fmt.Errorf("adi: receive of a probed message from %s: %w", m.c.fromName(AnySource, cst), err)
 	}
 	return m.c.status(st), nil
 }
@@ -106,6 +107,6 @@ func (m *Message) IrecvInto(q *Request, buf []byte) error {
 		q.failedStart(err)
 		return fmt.Errorf("adi: receive of a probed message: %w", err)
 	}
-	q.c = m.c
+	q.c, q.peer, q.recv = m.c, AnySource, true
 	return nil
 }

@@ -16,6 +16,12 @@ import (
 type Request struct {
 	r multidevice.Request // by value: one allocation per operation
 	c *Comm
+	// peer and recv describe the operation r carries, for its errors:
+	// the rank of c it was started with (a send's destination, a
+	// receive's source; AnySource for a probed message's receive) and
+	// whether it is a receive.
+	peer int
+	recv bool
 	// local is set for an operation that the multidevice does not carry
 	// (a nonblocking collective, nbcoll.go; one with ProcNull; a
 	// persistent request not started), which uses no r.
@@ -207,7 +213,23 @@ func (q *Request) wait(ctx context.Context) (Status, error) {
 	if _, done, _ := q.r.Test(); !done {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
 	}
-	return q.c.status(st), err
+	return q.result(st, err)
+}
+
+// result is the result of the operation r carries, in c's ranks: the
+// status's source translated, and an error that names the rank of c the
+// operation was with, where the device's own words number ranks in the
+// world.
+func (q *Request) result(st multidevice.Status, err error) (Status, error) {
+	cst := q.c.status(st)
+	switch {
+	case err == nil:
+	case q.recv:
+		err = fmt.Errorf("adi: receive from %s: %w", q.c.fromName(q.peer, cst), err)
+	default:
+		err = fmt.Errorf("adi: send to %s: %w", q.c.rankName(q.peer), err)
+	}
+	return cst, err
 }
 
 // Test reports whether the request completed, with its status if so.
@@ -242,7 +264,8 @@ func (q *Request) test() (Status, bool, error) {
 	if !done {
 		return Status{}, false, nil
 	}
-	return q.c.status(st), true, err
+	cst, err := q.result(st, err)
+	return cst, true, err
 }
 
 // reusable refuses a request an Into call may not take: a one-sided
@@ -344,14 +367,16 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 		switch {
 		case q.c == nil || q.local != nil || q.sr != nil || q.restartable() || !done:
 			st, err = q.Wait(ctx)
-		case sts != nil:
-			st = q.c.status(mst)
+		case sts != nil || err != nil:
+			st, err = q.result(mst, err)
 		}
 		if sts != nil {
 			sts[i] = st
 		}
 		if err != nil {
-			if ctx.Err() != nil {
+			// Only ctx's end stops the wait: a request's own error under
+			// an ended ctx (it had completed) is reported as any other.
+			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 				return err
 			}
 			errs = append(errs, &requestError{i, err})
@@ -463,7 +488,7 @@ func TestSome(reqs ...*Request) ([]int, []Status, error) {
 // TestAll reports whether every request has completed (MPI_Testall); if
 // so, it writes their statuses into sts (one per request, or none kept
 // when sts is nil) and returns their errors joined, each naming its
-// request's index. Nil entries count as completed.
+// request's index. Nil entries count as completed, with the zero status.
 func TestAll(sts []Status, reqs ...*Request) (bool, error) {
 	if sts != nil && len(sts) != len(reqs) {
 		return false, fmt.Errorf("adi: test all: %d statuses for %d requests", len(sts), len(reqs))
@@ -475,7 +500,10 @@ func TestAll(sts []Status, reqs ...*Request) (bool, error) {
 	}
 	var errs requestErrors
 	for i, q := range reqs {
-		if q == nil {
+		if q == nil { // as WaitAllInto: the caller's slice may hold an old status
+			if sts != nil {
+				sts[i] = Status{}
+			}
 			continue
 		}
 		st, _, err := q.Test()

@@ -118,12 +118,12 @@ func (c *Comm) isendrecv(name string, send []byte, dest, sendTag int, recv []byt
 	q, p, dev := &x.q, &x.op, c.w.dev
 	if p.hasRecv {
 		if err := dev.IrecvRequest(&q.r, recv, s, recvTag, c.context); err != nil {
-			return nil, fmt.Errorf("adi: %s: receive from rank %d: %w", name, source, err)
+			return nil, fmt.Errorf("adi: %s: receive from %s: %w", name, c.rankName(source), err)
 		}
 	}
 	if err := dev.IsendRequest(&p.send, send, d, sendTag, c.context, false); err != nil {
 		if !p.hasRecv { // nothing started
-			return nil, fmt.Errorf("adi: %s: send to rank %d: %w", name, dest, err)
+			return nil, fmt.Errorf("adi: %s: send to %s: %w", name, c.rankName(dest), err)
 		}
 		p.startErr = err
 		dev.Cancel(&q.r) // unless it matched: then the request hands it over
@@ -149,7 +149,7 @@ func (p *sendrecvOp) test(q *Request) (Status, bool, error) {
 		return Status{}, false, nil
 	}
 	if !p.hasRecv {
-		return nullStatus, true, p.result(serr, nil)
+		return nullStatus, true, p.result(q.c, nullStatus, serr, nil)
 	}
 	if serr != nil {
 		q.c.w.dev.Cancel(&q.r)
@@ -158,7 +158,8 @@ func (p *sendrecvOp) test(q *Request) (Status, bool, error) {
 	if !rdone {
 		return Status{}, false, nil
 	}
-	return q.c.status(st), true, p.result(serr, rerr)
+	cst := q.c.status(st)
+	return cst, true, p.result(q.c, cst, serr, rerr)
 }
 
 // wait is Wait of q, which holds p: it drives the send, then the
@@ -173,7 +174,7 @@ func (p *sendrecvOp) wait(ctx context.Context, q *Request) (Status, error) {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
 	}
 	if !p.hasRecv {
-		return nullStatus, p.result(serr, nil)
+		return nullStatus, p.result(q.c, nullStatus, serr, nil)
 	}
 	if serr != nil {
 		q.c.w.dev.Cancel(&q.r)
@@ -182,20 +183,24 @@ func (p *sendrecvOp) wait(ctx context.Context, q *Request) (Status, error) {
 	if _, done, _ := q.r.Test(); !done {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
 	}
-	return q.c.status(st), p.result(serr, rerr)
+	cst := q.c.status(st)
+	return cst, p.result(q.c, cst, serr, rerr)
 }
 
 // result is the request's error from its halves': both when both
 // failed (a failed send cancels the receive, and ErrCanceled must show
-// then too), else the one that did.
-func (p *sendrecvOp) result(serr, rerr error) error {
+// then too), else the one that did. The ranks are named as c numbers
+// them, the source as st, the request's status, gives it.
+func (p *sendrecvOp) result(c *Comm, st Status, serr, rerr error) error {
+	if serr == nil && rerr == nil {
+		return nil
+	}
+	with := fmt.Sprintf("adi: %s to %s and from %s", p.name, c.rankName(p.dest), c.fromName(p.source, st))
 	switch {
 	case serr != nil && rerr != nil:
-		return fmt.Errorf("adi: %s with ranks %d and %d: send: %w; receive: %w", p.name, p.dest, p.source, serr, rerr)
+		return fmt.Errorf("%s: send: %w; receive: %w", with, serr, rerr)
 	case serr != nil:
-		return fmt.Errorf("adi: %s with ranks %d and %d: send: %w", p.name, p.dest, p.source, serr)
-	case rerr != nil:
-		return fmt.Errorf("adi: %s with ranks %d and %d: receive: %w", p.name, p.dest, p.source, rerr)
+		return fmt.Errorf("%s: send: %w", with, serr)
 	}
-	return nil
+	return fmt.Errorf("%s: receive: %w", with, rerr)
 }

@@ -381,7 +381,9 @@ func (d *Device) deliverLocked(r *Request, h *header, payload []byte) {
 	st := Status{Source: int(h.src), Tag: int(h.tag)}
 	var err error
 	if h.length > uint64(len(r.buf)) {
-		err = fmt.Errorf("%w: message of %d bytes from rank %d, buffer of %d", ErrTruncated, h.length, h.src, len(r.buf))
+		// The sender is not named: the status names it, and a layer
+		// above numbers ranks otherwise (a communicator's) and says so.
+		err = fmt.Errorf("%w: message of %d bytes, buffer of %d", ErrTruncated, h.length, len(r.buf))
 	}
 	if h.kind == kindEager {
 		st.Count = copy(r.buf, payload)

@@ -493,8 +493,18 @@ func (d *Device) Abandon(r *Request, err error) {
 // from src (or AnySource) with rtag, both at once: the receive is posted
 // before the send starts, so two ranks that exchange with each other (or
 // a ring of them) never wait for each other. It returns when both are
-// done, with the receive's status. A send that fails cancels the receive.
+// done, with the receive's status. A send that fails cancels the receive;
+// one refused for its arguments is refused before the receive is posted.
 func (d *Device) Sendrecv(ctx context.Context, sbuf []byte, dst, stag int, rbuf []byte, src, rtag int, cid uint64) (Status, error) {
+	// Checked before the receive is posted: a posted receive may match a
+	// waiting message at once, which the call would then take under the
+	// send's error (a large one matched, given up, and lost).
+	if dst < 0 || dst >= d.appSize {
+		return Status{}, fmt.Errorf("send: %w: destination %d not in [0,%d)", ErrRank, dst, d.appSize)
+	}
+	if stag < 0 || stag > maxTag {
+		return Status{}, fmt.Errorf("send: %w: %d (tags are 0..%d)", ErrTag, stag, maxTag)
+	}
 	r, err := d.irecv(d.getRequest(false, int32(src)), rbuf, src, rtag, cid)
 	if err != nil {
 		return Status{}, err
