@@ -726,9 +726,14 @@ func (d *Device) creditWay(src int32, again bool) (trunk, bool) {
 
 // creditFrame is a credit message for the line from src, with report rep
 // (nil for none), through t. If it is lost with its trunk, trunkDown
-// sends every line's credit again through the others.
+// sends every line's credit again through the others; through gateways
+// it carries t's slot plus one in sreq, as a block does, for a gateway
+// that drops it to name (lost.go).
 func (d *Device) creditFrame(src int32, cum uint64, rep []byte, t trunk) *outFrame {
 	h := header{kind: kindSys, tag: sysCredit, src: d.rank, dst: src, seq: cum, length: uint64(len(rep))}
+	if d.fwd.paths[src][0] != nil {
+		h.sreq = uint64(t.slot) + 1
+	}
 	of := d.frame(t.via, &h, rep)
 	of.trunk = t // trunkSent
 	return of
@@ -833,8 +838,7 @@ func (d *Device) nudge(peer int32, once bool) {
 				l.nudgedVia |= 1 << t.slot
 			}
 			l.nudges++
-			b.copied = true
-			l.sending(t.slot, b.size(), false)
+			l.copying(b, t.slot)
 			bt.sends = append(bt.sends, sendItem{t.sub, d.blockFrame(peer, b, t)})
 		}
 	}

@@ -112,6 +112,12 @@ type wayStat struct {
 	busy     time.Time
 	accBytes uint64
 	accTime  time.Duration
+	// base is sent when the trunk last got something in flight after
+	// standing idle: bytes below it were sent before the sample under way
+	// began, and never count as delivered in it (blocks moved away when
+	// the trunk died may be among them, lost, and the first credit for a
+	// block sent after its revival took them for delivered with it).
+	base uint64
 	// timed is the end (in sent) of the one block being timed, 0 for
 	// none, sent at timedAt; srtt and rttvar are the delivery time
 	// measured so far (0: none yet).
@@ -136,10 +142,19 @@ func (l *txLine) carrying(s int) int {
 
 // sending counts n bytes sent through slot s now and returns the end of
 // them in the slot's bytes; a block sent for the first time on the slot
-// (not a copy) may be timed.
+// (not a copy) may be timed. A copy voids the slot's timing, as TCP's
+// retransmission does (Karn): the credit it brings may be the copy's or
+// the original's, and counted from the original's send it includes the
+// watch's wait, which then grew with each lost credit, up to maxPatience.
 func (l *txLine) sending(s, n int, timed bool) uint64 {
 	w := &l.stats[s]
+	if w.busy.IsZero() {
+		w.base = w.sent
+	}
 	w.sent += uint64(n)
+	if !timed {
+		w.timed = 0
+	}
 	if w.busy.IsZero() || timed && w.timed == 0 {
 		now := time.Now()
 		if w.busy.IsZero() {
@@ -150,6 +165,18 @@ func (l *txLine) sending(s, n int, timed bool) uint64 {
 		}
 	}
 	return w.sent
+}
+
+// copying records that a copy of b, still retained, goes through slot s
+// (a nudge) and counts its bytes there. Neither trunk times a delivery
+// across it (Karn): on b's own trunk, the credit for the blocks after b
+// waits for the copy now.
+func (l *txLine) copying(b *block, s int) {
+	b.copied = true
+	if s != b.t.slot {
+		l.moved(b.t.slot)
+	}
+	l.sending(s, b.size(), false)
 }
 
 // moved records that a block sent through slot s goes again through
@@ -171,8 +198,8 @@ func (l *txLine) delivered(s int, recv uint64, now time.Time) {
 	if recv <= w.recv {
 		return
 	}
-	if !w.busy.IsZero() {
-		w.accBytes += recv - w.recv
+	if !w.busy.IsZero() && recv > w.base {
+		w.accBytes += recv - max(w.recv, w.base)
 		w.accTime += now.Sub(w.busy)
 		w.busy = now
 		if w.accBytes >= rateSample && w.accTime > 0 {
@@ -217,13 +244,16 @@ func (w *wayStat) rateNow() float64 { return min(w.rate, w.last) }
 // finish returns when, in seconds from now, trunk slot s would deliver n
 // more bytes: what it has in flight and them, at its rate (rateNow); avg
 // stands in for a rate not measured yet (0: none is, all count alike). A
-// trunk not measured yet that has something in flight would finish never:
-// it carries one block at a time until its first sample, so that a slow
-// route takes one block, not half of them, before it is known.
+// trunk not measured yet carries at most about a sample's bytes
+// (rateSample): with that in flight it would finish never, so that a slow
+// route takes little before it is known, and on a tie the first in route
+// order takes the block. It once carried one block at a time: with small
+// blocks, a fast trunk then took eight round trips to be measured, while
+// a slow one first in route order took nearly every block of a new line.
 func (l *txLine) finish(s, n int, avg float64) float64 {
 	in, rate := l.carrying(s), l.stats[s].rateNow()
 	if rate == 0 {
-		if in > 0 {
+		if in >= rateSample {
 			return math.Inf(1)
 		}
 		rate = max(avg, 1)
@@ -235,16 +265,17 @@ func (l *txLine) finish(s, n int, avg float64) float64 {
 // block, before it takes b or its credit for lost: the delivery time its
 // trunk measured (srtt plus four rttvar, or initialRTO before the first
 // measure), or twice the time to deliver what the trunk carries up to b
-// at its rate if that is longer; never below nudgeAfter.
+// at its rate if that is longer (from the sample's base: what it sent
+// before it last stood idle is not ahead of b); never below nudgeAfter.
 func (l *txLine) patience(b *block) time.Duration {
 	w := &l.stats[b.t.slot]
 	p := initialRTO
 	if w.srtt > 0 {
 		p = w.srtt + 4*w.rttvar
 	}
-	if w.rate > 0 && b.end > w.recv {
+	if from := max(w.recv, w.base); w.rate > 0 && b.end > from {
 		// In seconds first: a rate measured tiny must not overflow.
-		q := 2 * float64(b.end-w.recv) / w.rate
+		q := 2 * float64(b.end-from) / w.rate
 		p = max(p, time.Duration(min(q, maxPatience.Seconds())*float64(time.Second)))
 	}
 	return min(max(p, nudgeAfter), maxPatience)

@@ -38,32 +38,44 @@ func (h toggleSlowHandler) Deliver(from sdi.Rank, hdr, payload []byte) {
 	h.Handler.Deliver(from, hdr, payload)
 }
 
-// TestCreditWayAvoidsLosingTrunk protects credits from a trunk that
-// swallows them: ranks 0 and 1 are in different sites, linked by relays 2
-// (slow) and 3. Rank 1's line to 0 measured the trunk through 3 fastest;
-// then relay 3 can no longer pass frames on to rank 0. Credits from rank 1
-// that kept taking the trunk with the least srtt all vanished, and a
-// 256 KiB message from 0 to 1 crawled on nudges (over 5 s, 1 MiB took
-// 116 s). Once a nudge's copy shows a credit missing (after about a
-// second through gateways), credits must avoid that trunk.
-func TestCreditWayAvoidsLosingTrunk(t *testing.T) {
+// relayCutJob opens ranks 0 and 1 in different sites, linked by relays 2
+// (slow: 2 ms a frame) and 3, and sends 256 KiB from rank 1 to 0, so that
+// rank 1's line to 0 measured the trunk through 3 fastest and its credits
+// take it. cut then makes relay 3 fail every frame it passes on to rank
+// 0, without PeerDown: credits from rank 1 that take it are lost there.
+func relayCutJob(t *testing.T) (devs []*Device, cut func()) {
 	at, to := new(atomic.Int32), new(atomic.Int32)
 	at.Store(-1)
 	to.Store(-1)
+	t.Cleanup(func() { at.Store(-1) })
 	net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: fwdCaps}),
 		cut: siteCut([]int{0, 1, -1, -1}), slowRank: 2, slow: 2 * time.Millisecond}
-	devs := openJob(t, jobSpec{n: 4, subs: []string{"loop"}, relays: 2,
+	devs = openJob(t, jobSpec{n: 4, subs: []string{"loop"}, relays: 2,
 		factories: map[string]sdi.Factory{"loop": func(log hclog.Logger) sdi.SubDevice {
 			return &linkCut{SubDevice: net.New(log), at: at, to: to}
 		}},
 		forward: ForwardOptions{BlockSize: 2000, Window: 64 << 10}})
 	const size = 256 << 10
 	waitAll(t, []*Request{must(t)(devs[0].Irecv(make([]byte, size), 1, 1, 0)), must(t)(devs[1].Isend(numbered(size, 1, 0), 0, 1, 0, false))})
-	at.Store(3)
-	to.Store(0)
-	defer at.Store(-1)
+	return devs, func() {
+		to.Store(0)
+		at.Store(3)
+	}
+}
+
+// TestCreditWayAvoidsLosingTrunk protects credits from a trunk that
+// swallows them (relayCutJob). Credits from rank 1 that kept taking the
+// trunk with the least srtt all vanished, and a 256 KiB message from 0
+// to 1 crawled on nudges (over 5 s, 1 MiB took 116 s). Relay 3 now tells
+// rank 1 of each credit it loses (lost.go); before that, once a nudge's
+// copy showed a credit missing (after about a second through gateways),
+// credits avoided that trunk.
+func TestCreditWayAvoidsLosingTrunk(t *testing.T) {
+	devs, cut := relayCutJob(t)
+	cut()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	const size = 256 << 10
 	start := time.Now()
 	rr := must(t)(devs[1].Irecv(make([]byte, size), 0, 2, 0))
 	sr := must(t)(devs[0].Isend(numbered(size, 0, 1), 1, 2, 0, false))
@@ -210,5 +222,121 @@ func TestStaleRate(t *testing.T) {
 	t.Logf("frames a %d b %d; 2 MiB in %v", a, b, time.Since(start).Round(time.Millisecond))
 	if 2*a > b {
 		t.Errorf("the slow route (2 ms a frame) carried %d frames, the fast one %d", a, b)
+	}
+}
+
+// TestFreshLineSpreadsBlocks protects a new line from its first trunk in
+// route order: ranks 0 and 1 in different sites, linked by relays 2
+// (slow: 2 ms a frame) and 3. While no trunk of rank 0's line to 1 was
+// measured, every trunk with a block in flight would finish never
+// (txLine.finish), all tied, and the slow relay, first, took 258 frames
+// of the first 256 KiB against the fast one's 8.
+func TestFreshLineSpreadsBlocks(t *testing.T) {
+	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1, -1}, relays: 2, slowRank: 2, slow: 2 * time.Millisecond,
+		forward: ForwardOptions{BlockSize: 2000, Window: 64 << 10}})
+	const size = 256 << 10
+	start := time.Now()
+	waitAll(t, []*Request{must(t)(devs[1].Irecv(make([]byte, size), 0, 1, 0)), must(t)(devs[0].Isend(numbered(size, 0, 1), 1, 1, 0, false))})
+	slow, fast := devs[2].ForwardStats().Forwarded, devs[3].ForwardStats().Forwarded
+	t.Logf("256 KiB in %v; slow relay passed %d frames, fast one %d", time.Since(start).Round(time.Millisecond), slow, fast)
+	if slow > 2*fast {
+		t.Errorf("the slow relay (2 ms a frame) passed %d frames, the fast one %d", slow, fast)
+	}
+}
+
+// TestCopyNotTimed protects the watch's patience from its own waits
+// (Karn's rule, as TCP's): a failover line's trunk delivers every block
+// 1 ms after it leaves, but now and then the credit for the last two
+// blocks sent is lost, so the watch waits its patience and sends the
+// oldest again (nudge), through the same trunk or the other. Counted from
+// the original's send to the credit the copy brought, a delivery time
+// absorbed the watch's wait, and each loss made the next wait longer:
+// after 8, the watch waited 3 s for a trunk that delivers in 1 ms.
+func TestCopyNotTimed(t *testing.T) {
+	const n = 2064
+	for _, tc := range []struct {
+		name string
+		via  int // the slot the copy takes; the originals take 0
+	}{
+		{"copy through the same trunk", 0},
+		{"copy through another trunk", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := &txLine{load: make([]int, 2), stats: make([]wayStat, 2)}
+			clock := time.Now()
+			send := func() *block {
+				l.load[0] += n
+				return &block{t: trunk{slot: 0}, data: make([]byte, n-headerSize), end: l.sending(0, n, true)}
+			}
+			round := func(lose bool) {
+				clock = clock.Add(10 * time.Millisecond)
+				bs := []*block{send(), send()}
+				l.stats[0].timedAt, l.stats[0].busy = clock, clock
+				if lose { // the watch waits, then sends a copy of the oldest
+					clock = clock.Add(l.patience(bs[0]))
+					l.copying(bs[0], tc.via)
+					l.load[tc.via] += n
+				}
+				clock = clock.Add(time.Millisecond)
+				for _, b := range bs { // a credit for both, as onCredit takes it
+					if !b.copied {
+						l.delivered(b.t.slot, b.end, clock)
+					}
+					l.load[b.t.slot] -= n
+				}
+				if lose {
+					l.load[tc.via] -= n
+				}
+				l.settle()
+			}
+			for range 5 {
+				round(false)
+			}
+			var ps []time.Duration
+			for range 8 {
+				round(true)
+				ps = append(ps, l.patience(&block{t: trunk{slot: 0}, end: l.stats[0].sent + n}).Round(time.Millisecond))
+			}
+			if p := ps[len(ps)-1]; p > 4*nudgeAfter {
+				t.Errorf("trunk delivers in 1 ms, yet after 8 lost credits the watch waits %v for a block (patience after each: %v; srtt %v rttvar %v)", p, ps, l.stats[0].srtt, l.stats[0].rttvar)
+			}
+		})
+	}
+}
+
+// TestRevivedTrunkMeasuresNewBytes protects a trunk that came back from
+// the blocks it lost when it died: resendLocked moves them away, but their
+// bytes stay in the slot's sent (moved), so the first credit for a block
+// sent after the revival took them for delivered along with it. One block
+// of 2064 bytes delivered in 10 ms was a sample of 4.3 MB/s (20 times the
+// trunk's rate), and the watch waited for the lost bytes' delivery too.
+func TestRevivedTrunkMeasuresNewBytes(t *testing.T) {
+	const n, lost = 2064, 20
+	l := &txLine{load: make([]int, 2), stats: make([]wayStat, 2)}
+	// Slot 0 was measured: n bytes every 10 ms, delivered in 10 ms.
+	l.stats[0].rate, l.stats[0].last = n/0.01, n/0.01
+	l.stats[0].srtt, l.stats[0].rttvar = 10*time.Millisecond, time.Millisecond
+	for range lost { // sent through slot 0, lost as its trunk dies
+		l.load[0] += n
+		l.sending(0, n, true)
+	}
+	for range lost { // resendLocked moves them to slot 1, which delivers
+		l.load[0] -= n
+		l.moved(0)
+		l.load[1] += n
+		l.delivered(1, l.sending(1, n, true), time.Now())
+		l.load[1] -= n
+	}
+	l.settle()
+	// Slot 0 is back and takes a block, delivered 10 ms later.
+	l.load[0] += n
+	b := &block{t: trunk{slot: 0}, end: l.sending(0, n, true)}
+	if p := l.patience(b); p > 2*nudgeAfter {
+		t.Errorf("patience for the first block after the revival = %v, want about the trunk's delivery time (10 ms, at least %v)", p, nudgeAfter)
+	}
+	l.stats[0].rate, l.stats[0].last = 0, 0 // the next sample alone
+	l.delivered(0, b.end, l.stats[0].busy.Add(10*time.Millisecond))
+	if w := l.stats[0]; w.rate > 2*n/0.01 || w.accBytes > n {
+		t.Errorf("after one block of %d bytes in 10 ms: rate %.0f bytes/s, %d bytes toward the next sample", n, w.rate, w.accBytes)
 	}
 }

@@ -69,7 +69,8 @@ const (
 	sysCredit int32 = -5 // the destination acknowledges blocks: seq = every block below is received; payload: a report (delivery.go)
 	// sysLost: a gateway could not pass a block on (lost.go). seq = the
 	// block, offset = its line's destination, sreq = the block's trunk
-	// slot plus one, as the source stamped it; payload: why.
+	// slot plus one, as the source stamped it; payload: why. Of a credit
+	// it could not pass on: sreq 0, rreq = the credit's trunk slot plus one.
 	sysLost int32 = -6
 )
 

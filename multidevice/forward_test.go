@@ -1010,8 +1010,8 @@ func FuzzDecodeReport(f *testing.F) {
 
 // TestDeliveryEstimates: what a line measured of its trunks decides where
 // a block goes and how long the watch waits for it. A trunk not measured
-// yet takes one block at a time (it may be the slow one) and counts as
-// the average when idle; a measured one finishes by what it carries at
+// yet takes about a sample's bytes at most (it may be the slow one) and
+// counts as the average until then; a measured one finishes by what it carries at
 // its rate, or at its latest sample's if lower (it may have turned slow).
 // The watch waits a second before any measure, then the measured
 // delivery time, or longer for a long queue ahead of the block, never
@@ -1026,9 +1026,14 @@ func TestDeliveryEstimates(t *testing.T) {
 		t.Errorf("an idle trunk, nothing measured: finish = %v, want the bytes alone", got)
 	}
 	b := send(0, 4000)
-	if got := l.finish(0, 1000, 0); !math.IsInf(got, 1) {
-		t.Errorf("a busy trunk not measured yet: finish = %v, want never (one block at a time)", got)
+	if got := l.finish(0, 1000, 0); got != 5000 {
+		t.Errorf("a trunk not measured yet with less than a sample in flight: finish = %v, want its bytes in flight and the new ones", got)
 	}
+	send(1, rateSample)
+	if got := l.finish(1, 1000, 1e6); !math.IsInf(got, 1) {
+		t.Errorf("a trunk not measured yet with a sample's bytes in flight: finish = %v, want never", got)
+	}
+	l.load[1] = 0 // its blocks were acknowledged: idle again
 	if got := l.patience(b); got != initialRTO {
 		t.Errorf("patience before any measure = %v, want %v", got, initialRTO)
 	}

@@ -15,30 +15,51 @@ import (
 // The notice names the trunk slot the block left the source by (the
 // source stamps it into the block's sreq), so the source knows which of
 // its trunks leads to the gateway that lost it, however far along.
+//
+// A credit message through gateways carries its trunk slot likewise
+// (creditFrame), and a gateway that drops it tells the credit's sender
+// the same way: without it the sender kept returning credits through
+// that gateway, all lost, until the source's watch sent a block again (a
+// second or more later), and an eager stream crawled. Such a notice
+// names the slot in rreq and leaves sreq 0: a rank that knows only block
+// notices takes it for one of a block sent through no trunk and drops
+// it, where the slot in sreq would have had it cut the trunk and send
+// blocks again by a credit's number taken for a block's.
 
 // maxLostReason bounds the reason a notice carries.
 const maxLostReason = 512
 
 // lost tells the source of forwarded frame h, which this gateway drops,
-// why. Only blocks get a notice: a lost credit is sent again (recredit),
-// and a lost notice would only loop.
+// why: of a block, or of a credit that names its trunk slot. A lost notice
+// gets none: notices about notices would only loop.
 func (d *Device) lost(h *header, why string) {
-	if h.tag != sysFwd || h.src == d.rank {
+	credit := h.tag == sysCredit && h.sreq > 0
+	if h.tag != sysFwd && !credit || h.src == d.rank {
 		return
 	}
-	d.fwd.lostBlocks.Add(1)
+	what := "a block"
+	if credit {
+		what = "a credit"
+	} else {
+		d.fwd.lostBlocks.Add(1)
+	}
 	t, ok := d.nextHop(h.src, 0, h.seq)
 	if !ok {
-		d.log.Warn("cannot tell the source of a lost block: no live route to it", "source", h.src, "destination", h.dst)
+		d.log.Warn("cannot tell the source of a lost frame: no live route to it", "frame", what, "source", h.src, "destination", h.dst)
 		return
 	}
-	why = fmt.Sprintf("gateway rank %d lost a block: %s", d.rank, why)
+	why = fmt.Sprintf("gateway rank %d lost %s: %s", d.rank, what, why)
 	if len(why) > maxLostReason {
 		why = why[:maxLostReason]
 	}
 	var n header
 	n.kind, n.tag, n.src, n.dst = kindSys, sysLost, d.rank, h.src
-	n.seq, n.offset, n.sreq, n.length = h.seq, uint64(h.dst), h.sreq, uint64(len(why))
+	n.seq, n.offset, n.length = h.seq, uint64(h.dst), uint64(len(why))
+	if credit {
+		n.rreq = h.sreq
+	} else {
+		n.sreq = h.sreq
+	}
 	d.out.push(outItem{sub: t.sub, frame: d.frame(t.via, &n, []byte(why))})
 }
 
@@ -50,6 +71,7 @@ const lostPause = time.Second
 // it lost (h from lost): the trunk the block took carries nothing of the
 // line for a while, what the line sent through it goes again through its
 // other trunks, and a line left with none fails with the gateway's reason.
+// A notice of a lost credit goes to onLostCredit.
 func (d *Device) onLost(h *header, why string) {
 	dst := int32(min(h.offset, uint64(d.size)))
 	if dst >= int32(d.size) || d.fwd.tx[dst] == nil {
@@ -57,6 +79,10 @@ func (d *Device) onLost(h *header, why string) {
 		return
 	}
 	l := d.fwd.tx[dst]
+	if h.sreq == 0 && h.rreq > 0 {
+		d.onLostCredit(l, dst, h.rreq-1, why)
+		return
+	}
 	bt := newBatch()
 	l.mu.Lock()
 	slot := int(h.sreq) - 1
@@ -88,4 +114,35 @@ func (d *Device) onLost(h *header, why string) {
 	d.fwd.resent.Add(uint64(n))
 	l.mu.Unlock()
 	d.finishBatch(bt, false)
+}
+
+// onLostCredit runs at the destination of the line from src when a
+// gateway reports a credit for it lost, sent through slot of l, this
+// rank's own line to src, whose trunks credits take (creditWay): the slot
+// is cut from l, for credits and blocks alike (the gateway cannot reach
+// src), and the credit goes again through another trunk. A burst of lost
+// credits cuts the slot once: only a notice that finds it carrying again
+// lengthens the pause.
+func (d *Device) onLostCredit(l *txLine, src int32, slot uint64, why string) {
+	l.mu.Lock()
+	if slot >= uint64(len(l.ways)) || l.failed != nil {
+		l.mu.Unlock()
+		return
+	}
+	if now := time.Now(); l.cut == nil || !l.cut[slot].After(now) {
+		d.log.Warn("a gateway lost a credit; returning the line's credits through its other routes", "source", src, "gateway", l.ways[slot].via, "reason", why)
+		if l.cut == nil {
+			l.cut, l.cutFor = make([]time.Time, len(l.ways)), make([]time.Duration, len(l.ways))
+		}
+		l.cutFor[slot] = min(max(2*l.cutFor[slot], lostPause), retryMax)
+		l.cut[slot] = now.Add(l.cutFor[slot])
+		l.cutWhy = errors.New(why)
+	}
+	l.mu.Unlock()
+	f := &d.fwd
+	f.rxMu.Lock()
+	// What the lost credit said, its report too, is due again.
+	f.rx[src].sent, f.rx[src].news = 0, true
+	f.rxMu.Unlock()
+	d.queueCredit(src)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -352,4 +354,60 @@ func (s *quietSub) Send(f *sdi.Frame) (bool, error) {
 	err := fmt.Errorf("link to rank %d timed out: %w", s.link.to, sdi.ErrPeerUnreachable)
 	s.once.Do(func() { s.h.PeerDown(s.link.to, err) })
 	return false, err
+}
+
+// TestEagerCreditsLostAtRelay protects a line's credits from a gateway
+// that drops them (relayCutJob): rank 0 sends 400 eager messages of 400
+// bytes (three windows) to rank 1, which sends no block back whose loss
+// relay 3 could report, only credits. Relay 3 dropped them without a
+// word, and rank 1 kept returning credits through it until rank 0's watch
+// sent a block again a second later: 2.3 s, against 0.16 s with relay 3
+// whole. Told of each lost credit, rank 1 returns them through relay 2,
+// whose pace (2 ms a frame) then sets the time: about 0.9 s, 1.1 s with
+// the race detector.
+func TestEagerCreditsLostAtRelay(t *testing.T) {
+	devs, cut := relayCutJob(t)
+	cut()
+	start := time.Now()
+	var reqs []*Request
+	for i := range 400 {
+		reqs = append(reqs, must(t)(devs[1].Irecv(make([]byte, 400), 0, 2, 0)), must(t)(devs[0].Isend(numbered(400, 0, i), 1, 2, 0, false)))
+	}
+	waitAll(t, reqs)
+	el := time.Since(start)
+	t.Logf("400 eager messages in %v; source nudged %d times", el.Round(time.Millisecond), devs[0].ForwardStats().Nudged)
+	if el > 1500*time.Millisecond {
+		t.Errorf("400 eager messages of 400 bytes took %v after relay 3 lost its link to rank 0 (source nudged %d times)", el.Round(time.Millisecond), devs[0].ForwardStats().Nudged)
+	}
+}
+
+// TestLostCreditNotice: a notice of a lost credit (lost.go) cuts the trunk
+// it names from the line its receiver returns credits on, and a burst of
+// them cuts it once, not for ever longer; one that names no trunk of the
+// line, as a faulty or hostile gateway may send, changes nothing.
+func TestLostCreditNotice(t *testing.T) {
+	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1, -1}, relays: 2})
+	d, l := devs[1], devs[1].fwd.tx[0]
+	notice := func(slot uint64) {
+		d.onLost(&header{kind: kindSys, tag: sysLost, src: 3, dst: 1, offset: 0, rreq: slot}, "a test's")
+	}
+	cuts := func() []time.Time {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return slices.Clone(l.cut)
+	}
+	for _, rreq := range []uint64{uint64(len(l.ways)) + 1, 1 << 63, math.MaxUint64} {
+		if notice(rreq); cuts() != nil {
+			t.Errorf("a notice naming slot %d of a line with %d cut %v", rreq-1, len(l.ways), cuts())
+		}
+	}
+	notice(2)
+	first := cuts()
+	if now := time.Now(); len(first) != len(l.ways) || !first[1].After(now) || first[0].After(now) {
+		t.Fatalf("after a notice naming slot 1, cuts are %v, want slot 1 alone", first)
+	}
+	notice(2)
+	if again := cuts(); !again[1].Equal(first[1]) {
+		t.Errorf("a second notice while slot 1 is cut moved its end from %v to %v", first[1], again[1])
+	}
 }
