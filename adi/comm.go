@@ -171,12 +171,16 @@ func (c *Comm) rankName(r int) string {
 }
 
 // fromName names, in the error of a receive on c from source (or
-// AnySource) that reported st, the rank its message came from, as
-// Status.Source does, or before a match (st cancelled, or its source
-// still the wildcard) the one the receive was posted for.
-func (c *Comm) fromName(source int, st Status) string {
-	if !st.Cancelled && st.Source != AnySource {
-		source = st.Source
+// AnySource) whose device status is st, the rank its message came from,
+// as Status.Source does, or before a match the one the receive was posted
+// for. Before a match st is cancelled, its source still the wildcard, or
+// zero: a call refused at once (the device closed, a probed message
+// received already) reports no status, whose source 0 is nobody's. A
+// zero-byte message from world rank 0 with tag 0 whose receive fails is
+// named by the posted source too.
+func (c *Comm) fromName(source int, st multidevice.Status) string {
+	if st != (multidevice.Status{}) && !st.Cancelled && st.Source != AnySource {
+		source = c.status(st).Source
 	}
 	return c.rankName(source)
 }
@@ -346,8 +350,7 @@ func (c *Comm) Recv(ctx context.Context, buf []byte, source, tag int) (Status, e
 	}
 	st, err := c.w.dev.Recv(ctx, buf, s, tag, c.context)
 	if err != nil {
-		cst := c.status(st)
-		return cst, fmt.Errorf("adi: receive from %s: %w", c.fromName(source, cst), err)
+		return c.status(st), fmt.Errorf("adi: receive from %s: %w", c.fromName(source, st), err)
 	}
 	return c.status(st), nil
 }
@@ -466,8 +469,7 @@ func (c *Comm) Sendrecv(ctx context.Context, send []byte, dest, sendTag int, rec
 	}
 	st, err := c.w.dev.Sendrecv(ctx, send, d, sendTag, recv, s, recvTag, c.context)
 	if err != nil {
-		cst := c.status(st)
-		return cst, fmt.Errorf("adi: sendrecv to %s and from %s: %w", c.rankName(dest), c.fromName(source, cst), err)
+		return c.status(st), fmt.Errorf("adi: sendrecv to %s and from %s: %w", c.rankName(dest), c.fromName(source, st), err)
 	}
 	return c.status(st), nil
 }

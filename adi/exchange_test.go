@@ -964,3 +964,78 @@ func TestRecvErrorNamesAnySource(t *testing.T) {
 		t.Fatalf("receive from AnySource whose ctx ended: %v; want the deadline's error naming any source", err)
 	}
 }
+
+// TestWaitAllEndedCtxKeepsCompletedError: a persistent receive that
+// completed with ErrTruncated, waited for with an ended ctx beside a
+// request still pending. WaitAllInto's Wait claims the persistent
+// request's round, so a later Wait reports nothing: the truncation must
+// come back from WaitAllInto, with the ctx's end of the pending one.
+func TestWaitAllEndedCtxKeepsCompletedError(t *testing.T) {
+	cs := loopJob(t, 2)
+	ctx := ctxT(t)
+	p, err := cs[1].RecvInit(make([]byte, 2), 0, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pending := must(cs[1].Irecv(make([]byte, 8), 0, 5)) // never sent
+	defer pending.Cancel()
+	marker := must(cs[1].Irecv(make([]byte, 8), 0, 2))
+	if err := cs[0].Send(ctx, []byte("toolong"), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := cs[0].Send(ctx, []byte("m"), 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := marker.Wait(ctx); err != nil { // delivered in order: p has completed
+		t.Fatal(err)
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	err = adi.WaitAllInto(ended, make([]adi.Status, 2), p, pending)
+	if !errors.Is(err, adi.ErrTruncated) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("WaitAllInto = %v, want the persistent receive's ErrTruncated and the pending one's ctx end", err)
+	}
+}
+
+// TestEarlyErrorNamesPostedRank: a call the device refuses at once
+// reports no status; its error must name the rank the call was for, not
+// the zero status's rank 0.
+func TestEarlyErrorNamesPostedRank(t *testing.T) {
+	t.Run("closed", func(t *testing.T) {
+		ws, _ := loopWorlds(t, 3)
+		ctx := ctxT(t)
+		c := ws[1].Comm()
+		var wg sync.WaitGroup
+		for _, w := range ws {
+			wg.Go(func() { w.Finalize(ctx) })
+		}
+		wg.Wait()
+		_, err := c.Recv(ctx, make([]byte, 8), 2, 3)
+		_, err2 := c.Sendrecv(ctx, []byte("x"), 2, 3, make([]byte, 8), 2, 3)
+		for _, e := range []error{err, err2} {
+			if e == nil || strings.Contains(e.Error(), "rank 0") || !strings.Contains(e.Error(), "rank 2") {
+				t.Errorf("an operation with rank 2 on a finalized world: %v", e)
+			}
+		}
+	})
+	t.Run("probed message received twice", func(t *testing.T) {
+		cs := loopJob(t, 3)
+		ctx := ctxT(t)
+		if err := cs[2].Send(ctx, []byte("hi"), 1, 4); err != nil {
+			t.Fatal(err)
+		}
+		m, _, err := cs[1].Mprobe(ctx, adi.AnySource, 4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Recv(ctx, make([]byte, 8)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Recv(ctx, make([]byte, 8)); err == nil || strings.Contains(err.Error(), "rank 0") {
+			t.Fatalf("second Recv of one probed message: %v", err)
+		}
+	})
+}

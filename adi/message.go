@@ -73,8 +73,7 @@ func (m *Message) Recv(ctx context.Context, buf []byte) (Status, error) {
 	}
 	st, err := m.c.w.dev.Mrecv(ctx, m.m, buf)
 	if err != nil {
-		cst := m.c.status(st)
-		return cst, fmt.Errorf("adi: receive of a probed message from %s: %w", m.c.fromName(AnySource, cst), err)
+		return m.c.status(st), fmt.Errorf("adi: receive of a probed message from %s: %w", m.c.fromName(AnySource, st), err)
 	}
 	return m.c.status(st), nil
 }

@@ -225,7 +225,7 @@ func (q *Request) result(st multidevice.Status, err error) (Status, error) {
 	switch {
 	case err == nil:
 	case q.recv:
-		err = fmt.Errorf("adi: receive from %s: %w", q.c.fromName(q.peer, cst), err)
+		err = fmt.Errorf("adi: receive from %s: %w", q.c.fromName(q.peer, st), err)
 	default:
 		err = fmt.Errorf("adi: send to %s: %w", q.c.rankName(q.peer), err)
 	}
@@ -377,7 +377,12 @@ func WaitAllInto(ctx context.Context, sts []Status, reqs ...*Request) error {
 			// Only ctx's end stops the wait: a request's own error under
 			// an ended ctx (it had completed) is reported as any other.
 			if ctx.Err() != nil && errors.Is(err, ctx.Err()) {
-				return err
+				if len(errs) == 0 {
+					return err
+				}
+				// The errors before it are reported once: a persistent
+				// request's Wait above claimed its round's.
+				return append(errs, &requestError{i, err})
 			}
 			errs = append(errs, &requestError{i, err})
 		}

@@ -149,7 +149,7 @@ func (p *sendrecvOp) test(q *Request) (Status, bool, error) {
 		return Status{}, false, nil
 	}
 	if !p.hasRecv {
-		return nullStatus, true, p.result(q.c, nullStatus, serr, nil)
+		return nullStatus, true, p.result(q.c, multidevice.Status{}, serr, nil)
 	}
 	if serr != nil {
 		q.c.w.dev.Cancel(&q.r)
@@ -158,8 +158,7 @@ func (p *sendrecvOp) test(q *Request) (Status, bool, error) {
 	if !rdone {
 		return Status{}, false, nil
 	}
-	cst := q.c.status(st)
-	return cst, true, p.result(q.c, cst, serr, rerr)
+	return q.c.status(st), true, p.result(q.c, st, serr, rerr)
 }
 
 // wait is Wait of q, which holds p: it drives the send, then the
@@ -174,7 +173,7 @@ func (p *sendrecvOp) wait(ctx context.Context, q *Request) (Status, error) {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
 	}
 	if !p.hasRecv {
-		return nullStatus, p.result(q.c, nullStatus, serr, nil)
+		return nullStatus, p.result(q.c, multidevice.Status{}, serr, nil)
 	}
 	if serr != nil {
 		q.c.w.dev.Cancel(&q.r)
@@ -183,15 +182,14 @@ func (p *sendrecvOp) wait(ctx context.Context, q *Request) (Status, error) {
 	if _, done, _ := q.r.Test(); !done {
 		return Status{}, fmt.Errorf("adi: wait: %w", ctx.Err())
 	}
-	cst := q.c.status(st)
-	return cst, p.result(q.c, cst, serr, rerr)
+	return q.c.status(st), p.result(q.c, st, serr, rerr)
 }
 
 // result is the request's error from its halves': both when both
 // failed (a failed send cancels the receive, and ErrCanceled must show
 // then too), else the one that did. The ranks are named as c numbers
-// them, the source as st, the request's status, gives it.
-func (p *sendrecvOp) result(c *Comm, st Status, serr, rerr error) error {
+// them, the source as st, the receive's device status, gives it.
+func (p *sendrecvOp) result(c *Comm, st multidevice.Status, serr, rerr error) error {
 	if serr == nil && rerr == nil {
 		return nil
 	}

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
@@ -98,6 +99,29 @@ type configHCL struct {
 
 var checksumRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 
+// pluginsBase returns the directory of the plugins file filename as an
+// absolute path, found as the kernel found the file: from the physical
+// working directory, not $PWD, and through symlinks, so that a ".." after
+// one leads where it led open(2). filepath.Abs cleans ".." as text from
+// $PWD: with the working directory reached through a symlink,
+// "../plugins.hcl" was read from one directory and its commands looked
+// for in another.
+func pluginsBase(filename string) (string, error) {
+	dir := filepath.Dir(filename)
+	if !filepath.IsAbs(dir) {
+		wd, err := syscall.Getwd()
+		if err != nil {
+			return "", err
+		}
+		dir = wd + string(filepath.Separator) + dir
+	}
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		return real, nil
+	}
+	// A file not on disk (ParsePlugins of bytes): nothing to follow.
+	return filepath.Clean(dir), nil
+}
+
 // ParsePlugins decodes plugins.hcl source. filename is used in diagnostics,
 // which carry file, line and column, and to resolve paths: a relative
 // plugin_dir is taken from the file's directory, a command without a slash
@@ -118,7 +142,7 @@ func ParsePlugins(src []byte, filename string) (*PluginsConfig, error) {
 	// Relative to an absolute directory: exec looks a bare "sdi-x" up in
 	// $PATH, not next to the file. Only a relative command needs base, so
 	// a working directory that is gone fails only a file that has one.
-	base, baseErr := filepath.Abs(filepath.Dir(filename))
+	base, baseErr := pluginsBase(filename)
 	dir := raw.PluginDir
 	if dir == "" {
 		dir = base

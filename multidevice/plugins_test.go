@@ -97,6 +97,9 @@ func FuzzParsePlugins(f *testing.F) {
 func TestParsePluginsExternal(t *testing.T) {
 	sum := "sha256:" + strings.Repeat("0f", 32)
 	wd, err := os.Getwd() // a relative file's directory
+	if err == nil {
+		wd, err = filepath.EvalSymlinks(wd) // as the kernel finds it
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,4 +236,42 @@ type refusingSub struct{ sdi.SubDevice }
 
 func (refusingSub) Open(context.Context, sdi.OpenParams) (sdi.Local, error) {
 	return sdi.Local{}, errors.New("picky: config: ring_bytes 1000 must be a power of two")
+}
+
+// TestPluginsRelativeThroughSymlink: with the working directory reached
+// through a symlink ($PWD logical, as a shell sets it) and
+// MD_PLUGINS=../plugins.hcl, the kernel reads the physical parent's
+// file; a bare command must be found next to that file, not next to the
+// logical parent, where filepath.Abs put it.
+func TestPluginsRelativeThroughSymlink(t *testing.T) {
+	root := t.TempDir()
+	phys := filepath.Join(root, "phys")
+	work := filepath.Join(phys, "work")
+	if err := os.MkdirAll(work, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(phys, "plugins.hcl"), []byte("subdevice \"x\" {\n  command = \"sdi-x\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(phys, "sdi-x"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(root, "link")
+	if err := os.Symlink(work, link); err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(link)
+	t.Setenv("PWD", link)
+	cfg, err := LoadPlugins("../plugins.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := cfg.SubDevices[0].Path
+	want, err := os.Stat(filepath.Join(phys, "sdi-x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(got); err != nil || !os.SameFile(fi, want) {
+		t.Fatalf("command resolved to %s (%v); the plugins.hcl read is %s, its sdi-x %s", got, err, filepath.Join(phys, "plugins.hcl"), filepath.Join(phys, "sdi-x"))
+	}
 }
