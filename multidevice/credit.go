@@ -52,6 +52,14 @@ type txLine struct {
 	cut    []time.Time
 	cutFor []time.Duration
 	cutWhy error // the reason of the latest cut, for the line's failure
+	// creditCut is, per trunk slot, until when the slot takes none of
+	// this rank's credits to the peer: a gateway beyond its first hop lost
+	// one (onLostCredit). Only creditWay reads it: cut for blocks too, a
+	// rank that had only returned credits found its line failed, and its
+	// peer lost, once the pause had doubled past a network's outage. Nil
+	// until then; creditCutFor is the slot's pause, doubling as cutFor.
+	creditCut    []time.Time
+	creditCutFor []time.Duration
 	// nudged is the block number plus one of the oldest block when the
 	// line was last nudged, and nudgedVia the trunk slots (bit per slot)
 	// that carried a copy of it: a later nudge of that block takes only
@@ -193,8 +201,9 @@ func (d *Device) fwdSend(peer int32, class, msgLen int, of *outFrame, direct boo
 }
 
 // admitLocked copies pf into a block and sends it through the live trunk
-// that would deliver it first, unless the window is full (false: pf must
-// wait).
+// that would deliver it first, unless the window is full or every trunk
+// carries a sample's bytes not measured yet (false: pf must wait for a
+// credit).
 func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatch) bool {
 	if l.failed != nil {
 		bt.failed, bt.err = append(bt.failed, pf.of), l.failed
@@ -204,7 +213,12 @@ func (d *Device) admitLocked(l *txLine, peer int32, pf pendingFrame, bt *fwdBatc
 	if l.inflight > 0 && l.inflight+n > d.fwd.opts.Window {
 		return false
 	}
-	t, ok := d.pickTrunkLocked(l, peer, pf.class, n)
+	t, unknown, ok := d.pickTrunkLocked(l, peer, pf.class, n)
+	if unknown && l.inflight > 0 {
+		// Until a credit measures one of the trunks, more would go
+		// blindly: a slow one might take half of a new line's window.
+		return false
+	}
 	if !ok {
 		d.failLineLocked(l, peer, bt, l.cutWhy)
 		bt.failed = append(bt.failed, pf.of)
@@ -647,15 +661,17 @@ func (d *Device) sendCredit(src int32) {
 }
 
 // creditWay picks the trunk a credit to src takes, among those that
-// carry this rank's own line to src now (live and not cut: a gateway that
-// loses the line's blocks loses its credits too; on standby only while
-// no other does, as pickTrunkLocked): the one the line measured to deliver fastest
+// take this rank's credits to src now (takesCreditsLocked; on standby
+// only while no other does, as pickTrunkLocked): the one the line
+// measured to deliver fastest
 // (least srtt), so that a credit does not queue behind a slow route's
 // traffic (the source then took a block of a fast trunk, whose credit it
 // was, for lost). After a credit taken that way went missing (again), the
 // trunks take credits in turn, skipping that one, until its delivery time
-// is measured again: a trunk can deliver blocks fast and yet lose every
-// credit (its gateway lost its link to src). With nothing measured, or
+// is measured again or a while passed (wayStat.miss): a trunk can deliver
+// blocks fast and yet lose every credit (its gateway lost its link to
+// src), but a rank that only receives measures nothing, and a trunk it
+// once blamed took none of its credits again. With nothing measured, or
 // a trunk not measured since one of the line last came back, they take
 // credits in turn too, spread by count, not by cum: a credit sent again
 // for the same blocks must not take the same dead trunk again.
@@ -669,7 +685,7 @@ func (d *Device) creditWay(src int32, again bool) (trunk, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if again && l.creditSlot > 0 {
-		l.stats[l.creditSlot-1].missed = true
+		l.stats[l.creditSlot-1].miss(now)
 	}
 	l.creditSlot = 0
 	for _, standby := range [2]bool{false, true} {
@@ -677,12 +693,12 @@ func (d *Device) creditWay(src int32, again bool) (trunk, bool) {
 		var fastest time.Duration
 		n, trusted, turns := 0, 0, again
 		for _, t := range f.paths[src][0] {
-			if !d.carriesLocked(l, t, standby, now) {
+			if !d.takesCreditsLocked(l, t, standby, now) {
 				continue
 			}
 			n++
 			w := &l.stats[t.slot]
-			if w.missed {
+			if w.missed.After(now) {
 				turns = true
 			} else {
 				trusted++
@@ -712,7 +728,7 @@ func (d *Device) creditWay(src int32, again bool) (trunk, bool) {
 		}
 		k := f.credits.Add(1) % uint64(pool)
 		for _, t := range f.paths[src][0] {
-			if d.carriesLocked(l, t, standby, now) && (trusted == 0 || !l.stats[t.slot].missed) {
+			if d.takesCreditsLocked(l, t, standby, now) && (trusted == 0 || !l.stats[t.slot].missed.After(now)) {
 				if k == 0 {
 					return t, true
 				}
@@ -722,6 +738,25 @@ func (d *Device) creditWay(src int32, again bool) (trunk, bool) {
 	}
 	// Every live trunk is cut: a credit through one may still arrive.
 	return d.nextHop(src, 0, f.credits.Add(1))
+}
+
+// takesCreditsLocked reports whether trunk t of line l, on standby or not
+// as standby says, takes credits to the line's peer at now: it carries
+// the line (carriesLocked) and no gateway beyond it lost a credit lately.
+func (d *Device) takesCreditsLocked(l *txLine, t trunk, standby bool, now time.Time) bool {
+	return d.carriesLocked(l, t, standby, now) && (l.creditCut == nil || !l.creditCut[t.slot].After(now))
+}
+
+// creditTrunkLocked reports whether some trunk of l, the line to src,
+// takes credits at now, so that creditWay need not fall back on a trunk
+// that is cut.
+func (d *Device) creditTrunkLocked(l *txLine, src int32, now time.Time) bool {
+	for _, t := range d.fwd.paths[src][0] {
+		if d.takesCreditsLocked(l, t, t.standby, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // creditFrame is a credit message for the line from src, with report rep
@@ -761,20 +796,32 @@ func (d *Device) flushCredits() {
 	}
 }
 
-// recredit queues a credit on every line that has seen a block, in case a
-// dead gateway swallowed the last one.
-func (d *Device) recredit() {
+// recredit queues a credit on every line that has seen a block, in case
+// trunk k, which died, swallowed the last one. Only k is blamed for it
+// (wayStat.miss), and only where the last credit took k: blaming the
+// trunk the last credit took whichever died, a rank whose route b broke
+// for 50 ms returned its credits through b, the slow one, for good.
+func (d *Device) recredit(k trunkKey) {
 	f := &d.fwd
 	var srcs []int32
 	f.rxMu.Lock()
 	for src := range f.rx {
 		if f.rx[src].cum > 0 || len(f.rx[src].above) > 0 {
 			srcs = append(srcs, int32(src))
-			f.rx[src].sent, f.rx[src].lost = 0, true // it may have been lost with the trunk
+			f.rx[src].sent = 0 // it may have been lost with the trunk
 		}
 	}
 	f.rxMu.Unlock()
+	now := time.Now()
 	for _, src := range srcs {
+		// Not under rxMu: a line's lock is taken before it (blockFrame).
+		if l := f.tx[src]; l != nil && f.paths[src][0] != nil {
+			l.mu.Lock()
+			if s := l.creditSlot - 1; s >= 0 && l.ways[s].key() == k {
+				l.stats[s].miss(now)
+			}
+			l.mu.Unlock()
+		}
 		d.queueCredit(src)
 	}
 }

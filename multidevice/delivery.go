@@ -126,10 +126,26 @@ type wayStat struct {
 	srtt, rttvar time.Duration
 	measured     time.Time // when srtt was last sampled
 	looked       uint64    // recv when the watch last looked at the trunk
-	// missed says a credit to the peer that took this trunk for its srtt
-	// went missing since the trunk's delivery time was last measured: the
-	// trunk may deliver blocks and lose credits (creditWay).
-	missed bool
+	// missed is until when the trunk takes credits only in turn with
+	// the others, if they are not blamed too: a credit to the peer that
+	// took it for its srtt went missing since the trunk's delivery time
+	// was last measured, and the trunk may deliver blocks and lose
+	// credits (creditWay). missedFor is its pause, doubling as a cut's.
+	missed    time.Time
+	missedFor time.Duration
+}
+
+// miss blames the trunk for a credit that went missing at now: until a
+// measure of its delivery time says otherwise, or its pause ends, it
+// takes credits in turn if others are not blamed. The pause bounds the
+// blame: a rank that only receives measures nothing, and its credits
+// took the other trunks for good, the slow one too.
+func (w *wayStat) miss(now time.Time) {
+	if w.missed.After(now) {
+		return // a burst of lost credits blames the trunk once
+	}
+	w.missedFor = min(max(2*w.missedFor, lostPause), retryMax)
+	w.missed = now.Add(w.missedFor)
 }
 
 // carrying returns the bytes of line l that trunk slot s carries: sent
@@ -221,7 +237,7 @@ func (l *txLine) delivered(s int, recv uint64, now time.Time) {
 			w.rttvar += (max(w.srtt-r, r-w.srtt) - w.rttvar) / 4
 			w.srtt += (r - w.srtt) / 8
 		}
-		w.timed, w.missed, w.measured = 0, false, now
+		w.timed, w.missed, w.missedFor, w.measured = 0, time.Time{}, 0, now
 	}
 }
 
@@ -246,8 +262,9 @@ func (w *wayStat) rateNow() float64 { return min(w.rate, w.last) }
 // stands in for a rate not measured yet (0: none is, all count alike). A
 // trunk not measured yet carries at most about a sample's bytes
 // (rateSample): with that in flight it would finish never, so that a slow
-// route takes little before it is known, and on a tie the first in route
-// order takes the block. It once carried one block at a time: with small
+// route takes little before it is known; with every trunk at that, the
+// line waits for a credit to measure one (pickTrunkLocked, admitLocked).
+// It once carried one block at a time: with small
 // blocks, a fast trunk then took eight round trips to be measured, while
 // a slow one first in route order took nearly every block of a new line.
 func (l *txLine) finish(s, n int, avg float64) float64 {

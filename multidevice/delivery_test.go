@@ -230,17 +230,178 @@ func TestStaleRate(t *testing.T) {
 // (slow: 2 ms a frame) and 3. While no trunk of rank 0's line to 1 was
 // measured, every trunk with a block in flight would finish never
 // (txLine.finish), all tied, and the slow relay, first, took 258 frames
-// of the first 256 KiB against the fast one's 8.
+// of the first 256 KiB against the fast one's 8. With the default 64 KiB
+// blocks through gateways, a sample's bytes or more each, one block in
+// flight still made a trunk finish never, and the slow relay took 15 of
+// 16 blocks (and taken in turn, a slow network got half of a new line's
+// window): with every trunk at that, the line waits for a credit.
 func TestFreshLineSpreadsBlocks(t *testing.T) {
-	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1, -1}, relays: 2, slowRank: 2, slow: 2 * time.Millisecond,
-		forward: ForwardOptions{BlockSize: 2000, Window: 64 << 10}})
-	const size = 256 << 10
-	start := time.Now()
-	waitAll(t, []*Request{must(t)(devs[1].Irecv(make([]byte, size), 0, 1, 0)), must(t)(devs[0].Isend(numbered(size, 0, 1), 1, 1, 0, false))})
-	slow, fast := devs[2].ForwardStats().Forwarded, devs[3].ForwardStats().Forwarded
-	t.Logf("256 KiB in %v; slow relay passed %d frames, fast one %d", time.Since(start).Round(time.Millisecond), slow, fast)
-	if slow > 2*fast {
-		t.Errorf("the slow relay (2 ms a frame) passed %d frames, the fast one %d", slow, fast)
+	for _, tc := range []struct {
+		name     string
+		forward  ForwardOptions
+		maxFrame int
+		size     int
+	}{
+		{"2000-byte blocks", ForwardOptions{BlockSize: 2000, Window: 64 << 10}, 0, 256 << 10},
+		{"default blocks", ForwardOptions{}, 1 << 20, 1 << 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1, -1}, relays: 2, slowRank: 2, slow: 2 * time.Millisecond,
+				forward: tc.forward, maxFrame: tc.maxFrame})
+			start := time.Now()
+			waitAll(t, []*Request{must(t)(devs[1].Irecv(make([]byte, tc.size), 0, 1, 0)), must(t)(devs[0].Isend(numbered(tc.size, 0, 1), 1, 1, 0, false))})
+			slow, fast := devs[2].ForwardStats(), devs[3].ForwardStats()
+			t.Logf("%d KiB in %v; slow relay passed %d frames, fast one %d", tc.size>>10, time.Since(start).Round(time.Millisecond), slow.Forwarded, fast.Forwarded)
+			if slow.Bytes > 2*fast.Bytes {
+				t.Errorf("the slow relay (2 ms a frame) passed %d bytes (%d frames), the fast one %d (%d frames)", slow.Bytes, slow.Forwarded, fast.Bytes, fast.Forwarded)
+			}
+		})
+	}
+}
+
+// rankCountSub counts the frames rank 1 sends over it and delays every
+// frame its rank receives by *pause.
+type rankCountSub struct {
+	sdi.SubDevice
+	rank  sdi.Rank
+	pause *atomic.Int64
+	sends *atomic.Int64
+}
+
+func (s *rankCountSub) Open(ctx context.Context, p sdi.OpenParams) (sdi.Local, error) {
+	s.rank = p.Rank
+	p.Handler = toggleSlowHandler{p.Handler, s.pause}
+	return s.SubDevice.Open(ctx, p)
+}
+
+func (s *rankCountSub) Send(f *sdi.Frame) (bool, error) {
+	if s.rank == 1 {
+		s.sends.Add(1)
+	}
+	return s.SubDevice.Send(f)
+}
+
+// TestCreditBlamesDeadTrunkOnly protects a rank that only receives from
+// blaming the wrong trunk for a lost credit: failover routes a (fast) and
+// b (5 ms a frame), both active. Rank 1 sends to 0 first, so its line
+// measures a fastest and its credits take a; then route b dies for 50 ms
+// and comes back. The credit resent for fear of b's loss blamed a, the
+// trunk the previous credit took, and rank 1, which measures nothing
+// while it only receives, never cleared that: its credits took b for
+// good, and 3000 eager messages ran 15-20 times slower.
+func TestCreditBlamesDeadTrunkOnly(t *testing.T) {
+	fabs, sends := map[string]*sditest.Fabric{}, map[string]*atomic.Int64{}
+	factories := map[string]sdi.Factory{}
+	for _, name := range []string{"a", "b"} {
+		fab, count, pause := sditest.NewFabric(sditest.LoopbackOptions{Name: name, Caps: fwdCaps}), new(atomic.Int64), new(atomic.Int64)
+		if name == "b" {
+			pause.Store(int64(5 * time.Millisecond))
+		}
+		fabs[name], sends[name] = fab, count
+		factories[name] = func(log hclog.Logger) sdi.SubDevice {
+			return &rankCountSub{SubDevice: fab.New(log), pause: pause, sends: count}
+		}
+	}
+	table := &conntable.Table{Version: conntable.Version, Peers: []conntable.Entry{{
+		To: conntable.SelectAll, Failover: true,
+		Routes: map[string][]conntable.Route{conntable.AllClasses: {{SubDevice: "a"}, {SubDevice: "b"}}},
+	}}}
+	devs := openJob(t, jobSpec{n: 2, subs: []string{"a", "b"}, factories: factories, table: table,
+		forward: ForwardOptions{BlockSize: 2000, Window: 64 << 10, Retry: 20 * time.Millisecond}})
+	for i := range 3 { // rank 1's line to 0 measures both trunks
+		waitAll(t, []*Request{must(t)(devs[0].Irecv(make([]byte, 64<<10), 1, 1, 0)), must(t)(devs[1].Isend(numbered(64<<10, 1, i), 0, 1, 0, false))})
+	}
+	stream := func(tag, n int) {
+		var reqs []*Request
+		for i := range n { // eager: rank 1 returns only credits
+			reqs = append(reqs, must(t)(devs[1].Irecv(make([]byte, 400), 0, tag, 0)), must(t)(devs[0].Isend(numbered(400, 0, i), 1, tag, 0, false)))
+		}
+		waitAll(t, reqs)
+	}
+	stream(2, 200) // rank 1's credits take a, the fastest
+	// Rank 0 sends nothing again when b dies, so that no copy (onForward's
+	// duplicate) blames a for a lost credit before the blame expires.
+	for deadline, l := time.Now().Add(5*time.Second), devs[0].fwd.tx[1]; ; time.Sleep(time.Millisecond) {
+		l.mu.Lock()
+		n := len(l.retained)
+		l.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rank 0 still retains %d blocks to rank 1", n)
+		}
+	}
+	tx := devs[1].fwd.tx[0]
+	fabs["b"].Sever(1)
+	time.Sleep(50 * time.Millisecond)
+	fabs["b"].Mend(1)
+	for deadline := time.Now().Add(10 * time.Second); devs[1].fwd.isDead(tx.ways[1]) || devs[0].fwd.isDead(devs[0].fwd.tx[1].ways[1]); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("route b never came back")
+		}
+	}
+	a0, b0, start := sends["a"].Load(), sends["b"].Load(), time.Now()
+	stream(3, 1000)
+	a, b := sends["a"].Load()-a0, sends["b"].Load()-b0
+	tx.mu.Lock()
+	missed := []time.Time{tx.stats[0].missed, tx.stats[1].missed}
+	tx.mu.Unlock()
+	t.Logf("after b came back: rank 1 sent a %d frames, b %d; 1000 messages in %v", a, b, time.Since(start).Round(time.Millisecond))
+	if a*4 < b {
+		t.Errorf("after b came back, rank 1's credits took the fast route a %d times, the slow b %d (a missed until %v, b until %v)", a, b, missed[0], missed[1])
+	}
+}
+
+// TestCreditBlameExpires: a trunk blamed for a lost credit (wayStat.miss)
+// takes credits again after its pause, or once its delivery time is
+// measured; a rank that only receives measures nothing, and a trunk it
+// blamed once took none of its credits again. A burst of losses blames
+// it once; a loss after the pause doubles it.
+func TestCreditBlameExpires(t *testing.T) {
+	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1, -1}, relays: 2})
+	d, l := devs[1], devs[1].fwd.tx[0]
+	l.mu.Lock()
+	for s := range l.stats { // slot 0 delivers fastest
+		l.stats[s].srtt = time.Duration(s+1) * time.Millisecond
+	}
+	now := time.Now()
+	w := &l.stats[0]
+	w.miss(now)
+	until := w.missed
+	w.miss(now.Add(time.Millisecond))
+	l.mu.Unlock()
+	if want := now.Add(lostPause); !until.Equal(want) || !w.missed.Equal(until) {
+		t.Fatalf("blamed twice in a burst: missed until %v (after the first: %v), want %v", w.missed, until, want)
+	}
+	way := func() int {
+		t, ok := d.creditWay(0, false)
+		if !ok {
+			return -1
+		}
+		return t.slot
+	}
+	if s := way(); s == 0 {
+		t.Errorf("while slot 0 is blamed, a credit took it")
+	}
+	l.mu.Lock()
+	w.missed = time.Now().Add(-time.Millisecond) // its pause is over
+	l.mu.Unlock()
+	if s := way(); s != 0 {
+		t.Errorf("after slot 0's pause, a credit took slot %d, want the fastest, 0", s)
+	}
+	l.mu.Lock()
+	w.miss(time.Now())
+	l.mu.Unlock()
+	if w.missedFor != 2*lostPause {
+		t.Errorf("blamed again after its pause: pause %v, want %v", w.missedFor, 2*lostPause)
+	}
+	l.mu.Lock()
+	w.sent, w.timed, w.timedAt = 100, 100, time.Now()
+	l.delivered(0, 100, time.Now())
+	l.mu.Unlock()
+	if s := way(); s != 0 || !w.missed.IsZero() || w.missedFor != 0 {
+		t.Errorf("after slot 0's delivery time was measured: a credit took slot %d, missed until %v, pause %v", s, w.missed, w.missedFor)
 	}
 }
 

@@ -88,10 +88,15 @@ type siteJob struct {
 	slowRank   int
 	slow       time.Duration
 	tableOf    func(rank int) *conntable.Table
+	maxFrame   int // the subdevice's largest frame; 0: fwdCaps's
 }
 
 func openSites(t testing.TB, sj siteJob) ([]*Device, *cutNet) {
-	net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: fwdCaps, QueueLimit: sj.queueLimit}),
+	caps := fwdCaps
+	if sj.maxFrame > 0 {
+		caps.MaxFrame = sj.maxFrame
+	}
+	net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: caps, QueueLimit: sj.queueLimit}),
 		cut: siteCut(sj.sites), slowRank: sj.slowRank, slow: sj.slow}
 	devs := openJob(t, jobSpec{n: len(sj.sites), subs: []string{"loop"}, factories: map[string]sdi.Factory{"loop": net.New},
 		relays: sj.relays, forward: sj.forward, tableOf: sj.tableOf})

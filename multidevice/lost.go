@@ -119,26 +119,38 @@ func (d *Device) onLost(h *header, why string) {
 // onLostCredit runs at the destination of the line from src when a
 // gateway reports a credit for it lost, sent through slot of l, this
 // rank's own line to src, whose trunks credits take (creditWay): the slot
-// is cut from l, for credits and blocks alike (the gateway cannot reach
-// src), and the credit goes again through another trunk. A burst of lost
-// credits cuts the slot once: only a notice that finds it carrying again
-// lengthens the pause.
+// takes no credits for a while (txLine.creditCut), and the credit goes
+// again through another trunk if one takes credits. A burst of lost
+// credits cuts the slot once: only a notice that finds it taking credits
+// again lengthens the pause.
+//
+// The slot still carries blocks, and a lost credit never fails the line:
+// cut for blocks too, a rank that had only returned credits found its
+// line failed and its peer lost once the network healed. With no other
+// trunk, the credit is not sent again: it went back through the cut
+// trunk, to be lost and noticed again, thousands of frames in a fraction
+// of a second; the source's watch sends a block again instead, and the
+// copy's credit goes then (onForward).
 func (d *Device) onLostCredit(l *txLine, src int32, slot uint64, why string) {
 	l.mu.Lock()
 	if slot >= uint64(len(l.ways)) || l.failed != nil {
 		l.mu.Unlock()
 		return
 	}
-	if now := time.Now(); l.cut == nil || !l.cut[slot].After(now) {
+	now := time.Now()
+	if l.creditCut == nil || !l.creditCut[slot].After(now) {
 		d.log.Warn("a gateway lost a credit; returning the line's credits through its other routes", "source", src, "gateway", l.ways[slot].via, "reason", why)
-		if l.cut == nil {
-			l.cut, l.cutFor = make([]time.Time, len(l.ways)), make([]time.Duration, len(l.ways))
+		if l.creditCut == nil {
+			l.creditCut, l.creditCutFor = make([]time.Time, len(l.ways)), make([]time.Duration, len(l.ways))
 		}
-		l.cutFor[slot] = min(max(2*l.cutFor[slot], lostPause), retryMax)
-		l.cut[slot] = now.Add(l.cutFor[slot])
-		l.cutWhy = errors.New(why)
+		l.creditCutFor[slot] = min(max(2*l.creditCutFor[slot], lostPause), retryMax)
+		l.creditCut[slot] = now.Add(l.creditCutFor[slot])
 	}
+	again := d.creditTrunkLocked(l, src, now)
 	l.mu.Unlock()
+	if !again {
+		return
+	}
 	f := &d.fwd
 	f.rxMu.Lock()
 	// What the lost credit said, its report too, is due again.

@@ -382,9 +382,10 @@ func TestEagerCreditsLostAtRelay(t *testing.T) {
 }
 
 // TestLostCreditNotice: a notice of a lost credit (lost.go) cuts the trunk
-// it names from the line its receiver returns credits on, and a burst of
-// them cuts it once, not for ever longer; one that names no trunk of the
-// line, as a faulty or hostile gateway may send, changes nothing.
+// it names from the credits its receiver returns on the line, and a burst
+// of them cuts it once, not for ever longer; one that names no trunk of
+// the line, as a faulty or hostile gateway may send, changes nothing. It
+// never cuts the trunk for blocks: a lost credit must not fail the line.
 func TestLostCreditNotice(t *testing.T) {
 	devs, _ := openSites(t, siteJob{sites: []int{0, 1, -1, -1}, relays: 2})
 	d, l := devs[1], devs[1].fwd.tx[0]
@@ -394,7 +395,10 @@ func TestLostCreditNotice(t *testing.T) {
 	cuts := func() []time.Time {
 		l.mu.Lock()
 		defer l.mu.Unlock()
-		return slices.Clone(l.cut)
+		if l.cut != nil {
+			t.Errorf("a lost credit cut the line's blocks too: %v", l.cut)
+		}
+		return slices.Clone(l.creditCut)
 	}
 	for _, rreq := range []uint64{uint64(len(l.ways)) + 1, 1 << 63, math.MaxUint64} {
 		if notice(rreq); cuts() != nil {
@@ -409,5 +413,81 @@ func TestLostCreditNotice(t *testing.T) {
 	notice(2)
 	if again := cuts(); !again[1].Equal(first[1]) {
 		t.Errorf("a second notice while slot 1 is cut moved its end from %v to %v", first[1], again[1])
+	}
+}
+
+// frameCountSub counts the frames rank from sends to rank to (linkCut
+// does the cut).
+type frameCountSub struct {
+	*linkCut
+	from, to int32
+	n        *atomic.Int64
+}
+
+func (c frameCountSub) Send(f *sdi.Frame) (bool, error) {
+	if int32(c.rank) == c.from && int32(f.Peer) == c.to {
+		c.n.Add(1)
+	}
+	return c.linkCut.Send(f)
+}
+
+// oneRelayCutJob opens ranks 0 and 1 in two sites joined by one relay
+// (2), and has 1 receive a message from 0, so that rank 1 returns credits
+// on its line to 0, whose only trunk is relay 2. cut(true) makes relay 2
+// fail every frame it passes on to rank 0 (no PeerDown), cut(false) ends
+// that; n counts the frames rank 1 sends to relay 2.
+func oneRelayCutJob(t *testing.T) (devs []*Device, cut func(bool), n *atomic.Int64) {
+	at, to := new(atomic.Int32), new(atomic.Int32)
+	at.Store(-1)
+	to.Store(0)
+	t.Cleanup(func() { at.Store(-1) })
+	n = new(atomic.Int64)
+	net := &cutNet{fab: sditest.NewFabric(sditest.LoopbackOptions{Name: "loop", Caps: fwdCaps}), cut: siteCut([]int{0, 1, -1})}
+	devs = openJob(t, jobSpec{n: 3, subs: []string{"loop"}, relays: 1,
+		factories: map[string]sdi.Factory{"loop": func(log hclog.Logger) sdi.SubDevice {
+			return frameCountSub{linkCut: &linkCut{SubDevice: net.New(log), at: at, to: to}, from: 1, to: 2, n: n}
+		}},
+		forward: ForwardOptions{BlockSize: 2000, Window: 64 << 10}})
+	waitAll(t, []*Request{must(t)(devs[1].Irecv(make([]byte, 3000), 0, 1, 0)), must(t)(devs[0].Isend(numbered(3000, 0, 0), 1, 1, 0, false))})
+	time.Sleep(50 * time.Millisecond) // its credits settle
+	return devs, func(on bool) { at.Store(map[bool]int32{true: 2, false: -1}[on]) }, n
+}
+
+// TestLostCreditNoLoop protects the network from a credit and its loss
+// notice chasing each other (oneRelayCutJob): with no other trunk left,
+// the credit a notice had sent again went back through the relay that
+// lost it, which noticed again: 16651 frames in 200 ms for one credit.
+func TestLostCreditNoLoop(t *testing.T) {
+	devs, cut, n := oneRelayCutJob(t)
+	cut(true)
+	defer cut(false) // before Close
+	waitAll(t, []*Request{must(t)(devs[1].Irecv(make([]byte, 100), 0, 2, 0)), must(t)(devs[0].Isend(numbered(100, 0, 1), 1, 2, 0, false))})
+	before := n.Load()
+	time.Sleep(200 * time.Millisecond)
+	if sent := n.Load() - before; sent > 50 {
+		t.Errorf("in 200 ms with one credit to return, rank 1 sent relay 2 %d frames", sent)
+	}
+}
+
+// TestLostCreditKeepsPeer: a lost credit alone must not cost a rank its
+// peer (oneRelayCutJob). Rank 1 only returned credits while relay 2 could
+// not reach rank 0; the notices cut relay 2 from rank 1's line for blocks
+// too, for a pause doubling with each, so rank 1's line failed at its next
+// send, 200 ms after relay 2 reached 0 again, and rank 0 was lost for good.
+func TestLostCreditKeepsPeer(t *testing.T) {
+	devs, cut, _ := oneRelayCutJob(t)
+	cut(true)
+	waitAll(t, []*Request{must(t)(devs[1].Irecv(make([]byte, 100), 0, 2, 0)), must(t)(devs[0].Isend(numbered(100, 0, 1), 1, 2, 0, false))})
+	time.Sleep(20 * time.Millisecond)
+	cut(false)
+	time.Sleep(200 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rr := must(t)(devs[0].Irecv(make([]byte, 100), 1, 3, 0))
+	if _, err := must(t)(devs[1].Isend(numbered(100, 1, 0), 0, 3, 0, false)).Wait(ctx); err != nil {
+		t.Fatalf("rank 1's send to 0, 200 ms after relay 2 reaches 0 again: %v", err)
+	}
+	if _, err := rr.Wait(ctx); err != nil {
+		t.Fatal(err)
 	}
 }

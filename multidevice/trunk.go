@@ -3,6 +3,7 @@ package multidevice
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -45,10 +46,17 @@ import (
 
 // pickTrunkLocked returns the live trunk of (peer, class) that would
 // deliver n more bytes of line l first (txLine.finish), first in route
-// order on a tie; trunks on standby only when no other lives.
-func (d *Device) pickTrunkLocked(l *txLine, peer int32, class, n int) (trunk, bool) {
+// order on a tie; trunks on standby only when no other lives. Among
+// trunks that would finish never (not measured yet, and busy), the one
+// with the fewest bytes in flight. unknown reports that more than one
+// trunk could take the bytes and every one would finish never: no trunk
+// is known better, and with blocks of a sample's size or more (a
+// gateway's 64 KiB) each unmeasured trunk finishes never after one; by
+// route order the slow relay took 15 of a new line's 16 blocks, taken in
+// turn a slow network half of a new line's window.
+func (d *Device) pickTrunkLocked(l *txLine, peer int32, class, n int) (t trunk, unknown, ok bool) {
 	var best trunk
-	found, bestAt := false, 0.0
+	found, bestAt, usables := false, 0.0, 0
 	now := time.Now()
 	usable := func(t trunk, standby bool) bool { return d.carriesLocked(l, t, standby, now) }
 	for _, standby := range [2]bool{false, true} {
@@ -64,7 +72,9 @@ func (d *Device) pickTrunkLocked(l *txLine, peer int32, class, n int) (trunk, bo
 			if !usable(t, standby) {
 				continue
 			}
-			if at := l.finish(t.slot, n, avg); !found || at < bestAt {
+			usables++
+			at := l.finish(t.slot, n, avg)
+			if !found || at < bestAt || math.IsInf(at, 1) && math.IsInf(bestAt, 1) && l.carrying(t.slot) < l.carrying(best.slot) {
 				best, bestAt, found = t, at, true
 			}
 		}
@@ -72,7 +82,7 @@ func (d *Device) pickTrunkLocked(l *txLine, peer int32, class, n int) (trunk, bo
 			break
 		}
 	}
-	return best, found
+	return best, found && usables > 1 && math.IsInf(bestAt, 1), found
 }
 
 // carriesLocked reports whether trunk t of line l, on standby or not as
@@ -188,7 +198,7 @@ func (d *Device) trunkDown(via int32, sub int, cause error) {
 		d.reviveLater(trunkKey{via, sub})
 	}
 	// Credits this rank returned through it may be lost too.
-	d.recredit()
+	d.recredit(trunkKey{via, sub})
 }
 
 // resendLocked sends the blocks of line l that last went through a trunk
@@ -202,7 +212,7 @@ func (d *Device) resendLocked(l *txLine, peer int32, bt *fwdBatch, gone func(tru
 			continue
 		}
 		n := b.size()
-		t, ok := d.pickTrunkLocked(l, peer, b.class, n)
+		t, _, ok := d.pickTrunkLocked(l, peer, b.class, n)
 		if !ok {
 			d.failLineLocked(l, peer, bt, why)
 			break
