@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // maxExpand bounds what one host pattern may expand to, and maxHosts a
@@ -60,7 +61,11 @@ func expandHosts(pattern string) ([]string, error) {
 			}
 			i = j
 		default:
-			return nil, fmt.Errorf("%q: character %d (%q) cannot be part of a host name; use letters, digits, '.', '-', '_' and '#'", pattern, i+1, c)
+			// One byte of a multi-byte character would print as
+			// mojibake ('Ã' for 'ö'): name the whole character. Every
+			// byte before it is ASCII, so i+1 counts characters.
+			r, _ := utf8.DecodeRuneInString(pattern[i:])
+			return nil, fmt.Errorf("%q: character %d (%q) cannot be part of a host name; use letters, digits, '.', '-', '_' and '#'", pattern, i+1, r)
 		}
 	}
 	return out, nil

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hpc-multidevice/multidevice/conntable"
@@ -369,7 +370,10 @@ func checkName(s string) error {
 	}
 	for i := 0; i < len(s); i++ {
 		if !isNameByte(s[i]) {
-			return fmt.Errorf("%q contains %q; use letters, digits, '.', '-' and '_'", s, s[i])
+			// The whole character, not its first byte: 'Ã' for 'ä'
+			// would name a character the user never wrote.
+			r, _ := utf8.DecodeRuneInString(s[i:])
+			return fmt.Errorf("%q contains %q; use letters, digits, '.', '-' and '_'", s, r)
 		}
 	}
 	return nil

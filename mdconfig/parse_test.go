@@ -350,3 +350,21 @@ func TestPMIHostNames(t *testing.T) {
 		t.Errorf("dot output does not name host node1#0:\n%s", dot)
 	}
 }
+
+// A name with a character outside what tables carry is refused naming
+// that character as the user wrote it. The messages once quoted one byte
+// of it, 'Ã' for both 'ä' and 'ö', pointing at a character nowhere in the
+// file.
+func TestParseNamesNonASCIICharacter(t *testing.T) {
+	src := "subdevice \"tcp\" {\n latency = \"1us\"\n bandwidth = \"1GB/s\"\n}\nnetwork \"län\" {\n subdevice = \"tcp\"\n hosts = [\"knötchen\", \"b\"]\n}\n"
+	_, diags := Parse([]byte(src), "u.hcl")
+	msg := FormatDiagnostics(diags, []byte(src))
+	for _, want := range []string{`"län" contains 'ä'`, `"knötchen": character 3 ('ö')`} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("diagnostics lack %q:\n%s", want, msg)
+		}
+	}
+	if strings.Contains(msg, "Ã") {
+		t.Errorf("diagnostics quote a byte of a character:\n%s", msg)
+	}
+}

@@ -129,6 +129,11 @@ func TestExpandHosts(t *testing.T) {
 		{in: "a[1-]", err: "not a number"},
 		{in: "a b", err: "cannot be part of a host name"},
 		{in: "a@b", err: "cannot be part of a host name"},
+		// A non-ASCII character is named whole: the message once
+		// quoted its first byte, 'Ã' for 'ö', 'ä' and many more.
+		{in: "knötchen", err: "character 3 ('ö') cannot"},
+		{in: "ä", err: "character 1 ('ä') cannot"},
+		{in: "a[1-2]€", err: "character 7 ('€') cannot"},
 		{in: "n[1-999999999]", err: "more than"},
 		{in: "a[1-1000]b[1-1000]", err: "more than"},
 	} {

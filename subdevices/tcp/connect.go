@@ -65,23 +65,26 @@ func (sd *subDevice) Connect(ctx context.Context, rank sdi.Rank, addr []byte) er
 	// connect_timeout, not one per pair.
 	id := laneID{session: rand.Uint64(), lanes: uint16(len(pairs))}
 	conns := make([]net.Conn, len(pairs))
-	errs := make([]error, len(pairs))
+	used := make([]addrsel.Pair, len(pairs))
+	failed := make([][]string, len(pairs))
 	var wg sync.WaitGroup
 	for i, pr := range pairs {
 		lid := id
 		lid.lane = uint16(i)
-		wg.Go(func() { conns[i], errs[i] = sd.dial(ctx, rank, pr, c.Port, lid) })
+		wg.Go(func() { used[i], conns[i], failed[i] = sd.dialLane(ctx, rank, pr, c.Port, lid) })
 	}
 	wg.Wait()
 
 	var reasons []string
 	var links []Link
 	var ok []net.Conn
-	for i, pr := range pairs {
-		if errs[i] != nil {
-			sd.log.Debug("connect attempt failed", "peer", rank, "local_addr", pr.LocalAddr, "addr", pr.PeerAddr, "error", errs[i])
-			reasons = append(reasons, fmt.Sprintf("%s %v -> %s %v: %v", pr.LocalName, pr.LocalAddr, pr.PeerName, netip.AddrPortFrom(pr.PeerAddr, c.Port), errs[i]))
+	for i, pr := range used {
+		if conns[i] == nil {
+			reasons = append(reasons, failed[i]...)
 			continue
+		}
+		if len(failed[i]) > 0 {
+			sd.log.Debug("connected over an alternate address pair", "peer", rank, "local_addr", pr.LocalAddr, "addr", pr.PeerAddr, "failed", strings.Join(failed[i], "; "))
 		}
 		la, _ := netip.ParseAddrPort(conns[i].LocalAddr().String())
 		ra, _ := netip.ParseAddrPort(conns[i].RemoteAddr().String())
@@ -155,10 +158,90 @@ func (sd *subDevice) choose(rank sdi.Rank, c card) ([]addrsel.Pair, bool, error)
 	return pairs, res.Fallback, nil
 }
 
+// alternateDelay is how long a lane's address pair has to connect and
+// complete the handshake before the next of its alternates is dialed beside
+// it; a pair that fails outright hands over at once. It is Go's dialer's
+// FallbackDelay between IPv6 and IPv4: a pair that a firewall drops costs
+// each lane this much, not connect_timeout, while one that answers, even
+// from across a loaded cluster, almost never starts a second dial.
+const alternateDelay = 300 * time.Millisecond
+
+// errConnectTimeout is the cause of a lane's context when connect_timeout
+// ran out, which the handshake names apart from a cancelled Connect.
+var errConnectTimeout = errors.New("connect_timeout ran out")
+
+// dialLane opens lane id to rank over pair or, where that fails, over its
+// alternates (see [addrsel.Pair]): the next is dialed as soon as the one
+// before failed, or once it has taken alternateDelay, and the first to
+// complete the handshake is the lane; any later one is closed, and as it
+// carried nothing its acceptor lets it go. connect_timeout bounds the
+// whole lane, not each pair. It returns the pair used and its connection,
+// or a nil connection, and why each pair tried failed.
+func (sd *subDevice) dialLane(parent context.Context, rank sdi.Rank, pair addrsel.Pair, port uint16, id laneID) (addrsel.Pair, net.Conn, []string) {
+	ctx, cancel := context.WithTimeoutCause(parent, sd.cfg.connectTimeout, errConnectTimeout)
+	defer cancel()
+	cands := append([]addrsel.Pair{pair}, pair.Alternates...)
+	type attempt struct {
+		k    int
+		conn net.Conn
+		err  error
+	}
+	done := make(chan attempt, len(cands))
+	next, running := 0, 0
+	var failed []string
+	var won *attempt
+	start := func() {
+		k := next
+		next++
+		running++
+		go func() {
+			conn, err := sd.dial(ctx, rank, cands[k], port, id)
+			done <- attempt{k, conn, err}
+		}()
+	}
+	start()
+	more := func() bool { return next < len(cands) && won == nil && ctx.Err() == nil }
+	head := time.NewTimer(alternateDelay)
+	defer head.Stop()
+	for running > 0 {
+		select {
+		case a := <-done:
+			running--
+			switch {
+			case a.err == nil && won == nil:
+				won = &a
+				cancel() // the rest are no longer needed
+				continue
+			case a.err == nil:
+				a.conn.Close()
+				continue
+			case won != nil:
+				continue // cancelled for the winner: not a failure
+			}
+			pr := cands[a.k]
+			sd.log.Debug("connect attempt failed", "peer", rank, "local_addr", pr.LocalAddr, "addr", pr.PeerAddr, "alternates_left", len(cands)-next, "error", a.err)
+			failed = append(failed, fmt.Sprintf("%s %v -> %s %v: %v", pr.LocalName, pr.LocalAddr, pr.PeerName, netip.AddrPortFrom(pr.PeerAddr, port), a.err))
+			if more() {
+				start()
+				head.Reset(alternateDelay)
+			}
+		case <-head.C:
+			if more() {
+				start()
+				head.Reset(alternateDelay)
+			}
+		}
+	}
+	if won == nil {
+		return pair, nil, failed
+	}
+	return cands[won.k], won.conn, failed
+}
+
 // dial connects from pair's local address to its peer address and runs the
 // connector's handshake, within connect_timeout and ctx.
 func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, pair addrsel.Pair, port uint16, id laneID) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(parent, sd.cfg.connectTimeout)
+	ctx, cancel := context.WithTimeoutCause(parent, sd.cfg.connectTimeout, errConnectTimeout)
 	defer cancel()
 	d := net.Dialer{
 		LocalAddr: &net.TCPAddr{IP: pair.LocalAddr.AsSlice(), Zone: pair.LocalAddr.Zone()},
@@ -186,10 +269,10 @@ func (sd *subDevice) dial(parent context.Context, rank sdi.Rank, pair addrsel.Pa
 		if err == nil {
 			err = errors.New("handshake completed as the connect was abandoned")
 		}
-		if parent.Err() == nil {
+		if errors.Is(context.Cause(ctx), errConnectTimeout) {
 			return nil, fmt.Errorf("handshake: no answer within connect_timeout %v: %w", sd.cfg.connectTimeout, err)
 		}
-		return nil, fmt.Errorf("handshake: %w (%w)", parent.Err(), err)
+		return nil, fmt.Errorf("handshake: %w (%w)", ctx.Err(), err)
 	}
 	if err != nil {
 		conn.Close()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"reflect"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hpc-multidevice/multidevice/sdi"
+	"github.com/hpc-multidevice/multidevice/subdevices/tcp/addrsel"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -448,5 +450,85 @@ func TestSitesChooseInClusterLAN(t *testing.T) {
 		case tt.want != "" && (err != nil || fmt.Sprint(pairs) != tt.want):
 			t.Errorf("%s -> %s: pairs %v, error %v; want %s", from, to, pairs, err, tt.want)
 		}
+	}
+}
+
+// A lane whose address pair does not connect goes on to the pair's
+// alternates (addrsel keeps every pair of the interfaces that would do):
+// at once when the first is refused, after alternateDelay when it stalls,
+// all within one connect_timeout. Connect once dialed the chosen pair
+// only, so a host that firewalls the link-local pair addrsel prefers was
+// unreachable although its IPv4 pair worked.
+func TestDialLaneFallsBackToAlternates(t *testing.T) {
+	a := openNode(t, 0, jobOpts{size: 2, config: loopbackConfig("connect_timeout", patientTimeout.String())})
+	b := openNode(t, 1, jobOpts{size: 2, config: loopbackConfig("connect_timeout", patientTimeout.String())})
+	sd := a.sd.(*subDevice)
+	c, err := decodeCard(b.local.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pairs, _, err := sd.choose(b.rank, c)
+	if err != nil || len(pairs) != 1 {
+		t.Fatalf("pairs %v, %v; want one", pairs, err)
+	}
+	works := pairs[0]
+	// A listener that accepts and never speaks, on b's port, stands for
+	// a pair whose handshake hangs (a peer behind a firewall that drops
+	// the answer, a stranger's socket).
+	silent, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), c.Port).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			conn, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+		}
+	}()
+	via := func(peer string) addrsel.Pair {
+		p := works
+		p.PeerAddr = netip.MustParseAddr(peer)
+		return p
+	}
+	for _, tc := range []struct {
+		name       string
+		first      addrsel.Pair
+		alts       []addrsel.Pair
+		connects   bool
+		failed     int           // pairs reported failed
+		atLeast    time.Duration // the head start a stalled pair gets
+		errMention string
+	}{
+		{name: "refused, then the working pair", first: via("127.0.0.2"), alts: []addrsel.Pair{works}, connects: true, failed: 1},
+		{name: "stalled, then the working pair", first: via("127.0.0.3"), alts: []addrsel.Pair{works}, connects: true, atLeast: alternateDelay},
+		{name: "every pair refused", first: via("127.0.0.2"), alts: []addrsel.Pair{via("127.0.0.4")}, failed: 2, errMention: "127.0.0.4"},
+		{name: "working pair first", first: works, alts: []addrsel.Pair{via("127.0.0.2")}, connects: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tc.first
+			p.Alternates = tc.alts
+			start := time.Now()
+			used, conn, failed := sd.dialLane(t.Context(), b.rank, p, c.Port, laneID{session: rand.Uint64(), lanes: 1})
+			took := time.Since(start)
+			if conn != nil {
+				conn.Close()
+			}
+			if (conn != nil) != tc.connects || len(failed) != tc.failed {
+				t.Fatalf("connected %v over %v, failed %q; want connected %v, %d failed", conn != nil, used, failed, tc.connects, tc.failed)
+			}
+			if tc.connects && used.PeerAddr != works.PeerAddr {
+				t.Errorf("connected over %v, want %v", used, works)
+			}
+			if took < tc.atLeast || took > patientTimeout/2 {
+				t.Errorf("took %v, want at least %v and well within connect_timeout", took, tc.atLeast)
+			}
+			if !strings.Contains(strings.Join(failed, "; "), tc.errMention) {
+				t.Errorf("failures %q do not mention %s", failed, tc.errMention)
+			}
+		})
 	}
 }

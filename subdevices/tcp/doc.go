@@ -55,7 +55,11 @@
 // Between hosts that name different sites a private network is only a
 // fallback, even without a collision. IPv6 link-local addresses are used
 // only on a link that another network on the same two interfaces shows to
-// be shared, and are dialed with the local interface as zone. Loopback is
+// be shared, and are dialed with the local interface as zone. A connection
+// whose address pair fails, or has not completed the handshake within
+// 300 ms, goes on to the other pairs of the same two interfaces that would
+// do (IPv4 where a firewall drops IPv6, say), all within one
+// connect_timeout. Loopback is
 // used only between ranks with the same [sdi.OpenParams.Host], and then
 // alone. When no pair qualifies, the fallbacks (private addresses on
 // different networks, facing a public one, or across named sites) are

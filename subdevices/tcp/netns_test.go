@@ -737,3 +737,45 @@ func TestStripeBench(t *testing.T) {
 	fmt.Printf("stripe bench: one pair %.1f MB/s, two pairs %.1f MB/s (medians of %d interleaved runs, tbf %s per NIC): ratio %.2f\n",
 		med["one"], med["two"], reps, rate, med["two"]/med["one"])
 }
+
+// Two hosts on one IPv4 LAN, one of which firewalls IPv6 as a host whose
+// admin opens the cluster subnet in iptables and leaves ip6tables at DROP
+// does. Their cards also list the fe80:: address Linux gives every
+// interface, and the link-local pair wins the tie at weight 1 against the
+// IPv4 one, which works. Connect dialed the chosen pair only and failed
+// with ErrPeerUnreachable; it must fall back to the IPv4 pair, at once
+// where IPv6 is refused and after a head start where it is dropped.
+func TestNetnsLinkLocalBlockedFallsBack(t *testing.T) {
+	for _, action := range []string{"prohibit", "blackhole"} {
+		t.Run(action, func(t *testing.T) {
+			bed := netns.New(t)
+			s1 := bed.Switch("s1")
+			h0, h1 := bed.Host("h0"), bed.Host("h1")
+			bed.Attach(h0, "eth0", s1, "10.1.0.1/24")
+			bed.Attach(h1, "eth0", s1, "10.1.0.2/24")
+			// Inbound IPv6 TCP on h1's eth0 meets the rule before the
+			// local table (prohibit answers with an ICMP error,
+			// blackhole says nothing), so neither direction connects
+			// over IPv6: h0's SYN is stopped on arrival, h1's
+			// SYN-ACKs back from h0 are.
+			for _, args := range [][]string{
+				{"ip", "-6", "rule", "add", "pref", "100", "lookup", "local"},
+				{"ip", "-6", "rule", "del", "pref", "0"},
+				{"ip", "-6", "rule", "add", "pref", "50", "iif", "eth0", "ipproto", "tcp", action},
+			} {
+				if out, err := h1.Run(args...); err != nil {
+					t.Fatalf("%v: %v %s", args, err, out)
+				}
+			}
+			reps := scenario(t, []*netns.Host{h0, h1}, envRole+"=exchange", envBytes+"="+strconv.Itoa(1<<16),
+				envConfig+`={"connect_timeout": "3s"}`)
+			for _, rep := range reps {
+				for peer, ls := range rep.Links {
+					if len(ls) != 1 || !ls[0].PeerAddr.Addr().Is4() {
+						t.Errorf("rank %d -> %d: links %s, want the IPv4 pair", rep.Rank, peer, linkDesc(ls))
+					}
+				}
+			}
+		})
+	}
+}

@@ -27,7 +27,10 @@
 //	3  public IPv4 or global IPv6 on different networks (routed)
 //
 // An edge's weight is the best over the address pairs of the two interfaces
-// (one of each family), and that pair's addresses are the ones dialed.
+// (one of each family), and that pair's addresses are the ones dialed first;
+// the edge's other pairs that qualify follow, best first, as its
+// alternates ([Pair.Alternates]), since the cards cannot show a firewall
+// that drops one family.
 //
 // Collisions are found from every rank's interfaces ([NewJob]). As in the
 // thesis a private network with a collision is refused, with one refinement
@@ -56,6 +59,8 @@
 // IPv6 link-local address is dialed with the local interface as its zone,
 // which pins the connection to that interface; two interfaces on one subnet
 // would otherwise both send through whichever the routing table lists first.
+// Where IPv6 is firewalled, the pair that showed the link is shared is the
+// link-local pair's alternate.
 // Loopback is used only between ranks on one host, and then it is the only
 // pair.
 //
@@ -163,6 +168,14 @@ type Pair struct {
 	// Speed is the slower end's link speed in Mbit/s, 0 when either end
 	// does not report one.
 	Speed uint32
+	// Alternates are the other address pairs of the same two interfaces,
+	// best first: the other pairs that qualify when this one does, the
+	// other fallbacks of any rank when this one is a fallback. Each is a
+	// Pair like this one but for LocalAddr, PeerAddr and Weight, and has
+	// no Alternates of its own. A caller tries them in turn when this
+	// pair does not connect: the cards cannot show a firewall that drops
+	// IPv6, or a route that is missing.
+	Alternates []Pair
 }
 
 func (p Pair) String() string {
@@ -221,6 +234,15 @@ type edge struct {
 	// refused address pairs.
 	noFamily [2]string
 	notes    []note
+	// alts are the other address pairs that qualify (w > 0) or, where
+	// none does, that may route, best first.
+	alts []altAddrs
+}
+
+// altAddrs is one address pair of an edge, weighed.
+type altAddrs struct {
+	l, r        netip.Addr
+	w, fallback Weight
 }
 
 // Select chooses the pairs between local and peer. localLeft says whether
@@ -228,6 +250,7 @@ type edge struct {
 // rank); both ends must get opposite answers so they solve the same problem.
 // job holds the collisions; nil means none are known beyond these two.
 func Select(job *Job, local, peer Endpoint, localLeft bool) Result {
+	local, peer = unmapped(local), unmapped(peer)
 	if job == nil {
 		job = NewJob([]Endpoint{local, peer})
 	}
@@ -282,13 +305,35 @@ func Select(job *Job, local, peer Endpoint, localLeft bool) Result {
 		if li.Speed > 0 && ri.Speed > 0 {
 			p.Speed = min(li.Speed, ri.Speed)
 		}
+		for _, a := range e.alts {
+			alt := p
+			alt.LocalAddr, alt.PeerAddr, alt.Weight = a.l, a.r, a.w
+			p.Alternates = append(p.Alternates, alt)
+		}
 		res.Pairs = append(res.Pairs, p)
 	}
-	if !localLeft {
-		for k, p := range res.Pairs {
-			res.Pairs[k] = Pair{Local: p.Peer, Peer: p.Local, LocalName: p.PeerName, PeerName: p.LocalName,
-				LocalAddr: p.PeerAddr, PeerAddr: p.LocalAddr, Weight: p.Weight, Speed: p.Speed}
+	// From the left side to the local end's: the local end first, and a
+	// link-local address with the interface it leaves from as its zone,
+	// as it means nothing without one; the local end's name is that zone
+	// for both addresses.
+	toLocal := func(p Pair) Pair {
+		if !localLeft {
+			p = Pair{Local: p.Peer, Peer: p.Local, LocalName: p.PeerName, PeerName: p.LocalName,
+				LocalAddr: p.PeerAddr, PeerAddr: p.LocalAddr, Weight: p.Weight, Speed: p.Speed, Alternates: p.Alternates}
 		}
+		if ScopeOf(p.PeerAddr) == ScopeLinkLocal && p.PeerAddr.Is6() {
+			p.LocalAddr = p.LocalAddr.WithZone(p.LocalName)
+			p.PeerAddr = p.PeerAddr.WithZone(p.LocalName)
+		}
+		return p
+	}
+	for k, p := range res.Pairs {
+		for a, alt := range p.Alternates {
+			p.Alternates[a] = toLocal(alt)
+		}
+		res.Pairs[k] = toLocal(p)
+	}
+	if !localLeft {
 		for k, f := range res.Refused {
 			res.Refused[k] = Refusal{Local: f.Peer, Peer: f.Local, LocalName: f.PeerName, PeerName: f.LocalName, Reason: f.Reason}
 		}
@@ -298,14 +343,6 @@ func Select(job *Job, local, peer Endpoint, localLeft bool) Result {
 			}
 			return a.Peer - b.Peer
 		})
-	}
-	// A link-local address means nothing without the interface it leaves
-	// from; the local end's name is that zone for both addresses.
-	for k, p := range res.Pairs {
-		if ScopeOf(p.PeerAddr) == ScopeLinkLocal && p.PeerAddr.Is6() {
-			res.Pairs[k].LocalAddr = p.LocalAddr.WithZone(p.LocalName)
-			res.Pairs[k].PeerAddr = p.PeerAddr.WithZone(p.LocalName)
-		}
 	}
 	return res
 }

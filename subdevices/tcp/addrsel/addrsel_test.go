@@ -520,3 +520,98 @@ func BenchmarkAssign16(b *testing.B) {
 		Assign(w)
 	}
 }
+
+// An IPv4-mapped IPv6 address (::ffff:10.0.0.1) is the IPv4 address it
+// maps, for collisions as for scopes: a private network on which two hosts
+// publish one address is refused in either form. The collision check once
+// looked the mapped form up among owners that NewJob had recorded unmapped,
+// found none, and chose the colliding network.
+func TestMappedAddressesCollide(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		a, b, c string // c publishes a's address
+	}{
+		{"IPv4", "eth0 10.0.0.1/24", "eth0 10.0.0.2/24", "eth0 10.0.0.1/24"},
+		{"IPv4-mapped", "eth0 ::ffff:10.0.0.1/120", "eth0 ::ffff:10.0.0.2/120", "eth0 ::ffff:10.0.0.1/120"},
+		{"mixed", "eth0 ::ffff:10.0.0.1/120", "eth0 10.0.0.2/24", "eth0 10.0.0.1/24"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, b, c := ep("a", tc.a), ep("b", tc.b), ep("c", tc.c)
+			for _, job := range []*Job{NewJob([]Endpoint{a, b, c}), NewJob([]Endpoint{ep("a", "eth0 10.0.0.1/24"), b, c})} {
+				res := Select(job, a, b, true)
+				if len(res.Pairs) != 0 || !strings.Contains(res.Explain(), "collides across the job") {
+					t.Errorf("chose %v on a network where 10.0.0.1 is on two hosts; refusals: %s", res.Pairs, res.Explain())
+				}
+			}
+			// Unmapping leaves the caller's endpoints as they were.
+			if got := a.Ifaces[0].Addrs[0].String(); got != strings.Fields(tc.a)[1] {
+				t.Errorf("Select changed the caller's address to %s", got)
+			}
+		})
+	}
+}
+
+// Every address pair of a chosen interface pair that would do is kept,
+// best first, as the pair's alternates, for Connect to try when the first
+// does not connect. On an IPv4 LAN every Linux interface also has an fe80::
+// address, and the link-local pair wins the tie; a host that drops IPv6
+// then left Connect with nothing to fall back on, although the IPv4 pair
+// works.
+func TestAlternates(t *testing.T) {
+	tests := []struct {
+		name   string
+		a, b   Endpoint
+		others []Endpoint
+		want   string // the first pair, then its alternates, from a
+	}{
+		{
+			name: "link-local backed by the IPv4 LAN",
+			a:    ep("a", "eth0 10.1.0.1/24 fe80::1/64"), b: ep("b", "eth0 10.1.0.2/24 fe80::2/64"),
+			want: "eth0 fe80::1%eth0 -> eth0 fe80::2%eth0 (weight 1) | eth0 10.1.0.1 -> eth0 10.1.0.2 (weight 1)",
+		},
+		{
+			name: "best first",
+			a:    ep("a", "eth0 10.1.0.1/24 fd00::1/64 2001:db8:1::1/64"), b: ep("b", "eth0 10.1.0.2/24 fd00::2/64 2001:db8:2::2/64"),
+			want: "eth0 2001:db8:1::1 -> eth0 2001:db8:2::2 (weight 3) | eth0 10.1.0.1 -> eth0 10.1.0.2 (weight 1), eth0 fd00::1 -> eth0 fd00::2 (weight 1)",
+		},
+		{
+			name: "only pairs that qualify back one that does",
+			a:    ep("a", "eth0 10.1.0.1/24 192.168.1.1/24"), b: ep("b", "eth0 10.1.0.2/24 192.168.2.2/24"),
+			want: "eth0 10.1.0.1 -> eth0 10.1.0.2 (weight 1) | ",
+		},
+		{
+			name: "refused pairs are never alternates",
+			a:    ep("a", "eth0 10.1.0.1/24 fe80::1/64"), b: ep("b", "eth0 10.1.0.2/24 fe80::2/64"),
+			others: []Endpoint{ep("c", "eth0 10.1.0.1/24")},
+			want:   "",
+		},
+		{
+			// Across named sites the shared private network is the
+			// likelier fallback; the routed one is still tried when it
+			// fails.
+			name: "fallbacks of every rank",
+			a:    Endpoint{Host: "a", Site: "x", Ifaces: []Interface{ifc("eth0 fd00:1::1/64 10.1.0.1/24")}},
+			b:    Endpoint{Host: "b", Site: "y", Ifaces: []Interface{ifc("eth0 fd00:2::2/64 10.1.0.2/24")}},
+			want: "eth0 10.1.0.1 -> eth0 10.1.0.2 (weight 0) | eth0 fd00:1::1 -> eth0 fd00:2::2 (weight 0)",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			job := NewJob(append([]Endpoint{tc.a, tc.b}, tc.others...))
+			for _, aLeft := range []bool{true, false} {
+				res := Select(job, tc.a, tc.b, aLeft)
+				got := ""
+				if len(res.Pairs) > 0 {
+					var alts []string
+					for _, a := range res.Pairs[0].Alternates {
+						alts = append(alts, a.String())
+					}
+					got = res.Pairs[0].String() + " | " + strings.Join(alts, ", ")
+				}
+				if got != tc.want {
+					t.Errorf("aLeft=%v: got %q, want %q", aLeft, got, tc.want)
+				}
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package addrsel
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -35,6 +36,7 @@ func NewJob(eps []Endpoint) *Job {
 	named := map[string][]string{} // host -> the sites its ranks name
 	var order []string
 	for _, ep := range eps {
+		ep = unmapped(ep)
 		if _, seen := hosts[ep.Host]; !seen {
 			order = append(order, ep.Host)
 			hosts[ep.Host] = nil
@@ -44,7 +46,7 @@ func NewJob(eps []Endpoint) *Job {
 		}
 		for _, ifc := range ep.Ifaces {
 			for _, p := range ifc.Addrs {
-				a := p.Addr().Unmap()
+				a := p.Addr()
 				if !a.IsValid() || ScopeOf(a) == ScopeLoopback {
 					continue
 				}
@@ -122,6 +124,37 @@ func NewJob(eps []Endpoint) *Job {
 	return j
 }
 
+// unmapped returns ep with every IPv4-mapped IPv6 address (::ffff:a.b.c.d)
+// written as the IPv4 address it is. The owners, collisions and networks
+// are looked up by address and prefix, so one form must hold throughout:
+// a mapped address once escaped the collision check, NewJob counting it
+// under one form and the weighing looking it up under the other. ep's
+// slices are copied, not changed, when there is anything to unmap.
+func unmapped(ep Endpoint) Endpoint {
+	mapped := func(p netip.Prefix) bool { return p.Addr().Is4In6() }
+	if !slices.ContainsFunc(ep.Ifaces, func(ifc Interface) bool { return slices.ContainsFunc(ifc.Addrs, mapped) }) {
+		return ep
+	}
+	ifaces := slices.Clone(ep.Ifaces)
+	for i, ifc := range ifaces {
+		addrs := slices.Clone(ifc.Addrs)
+		for k, p := range addrs {
+			if mapped(p) {
+				// A prefix shorter than /96 is no IPv4 network; the
+				// address alone is all it says.
+				bits := p.Bits() - 96
+				if bits < 0 {
+					bits = 32
+				}
+				addrs[k] = netip.PrefixFrom(p.Addr().Unmap(), bits)
+			}
+		}
+		ifaces[i].Addrs = addrs
+	}
+	ep.Ifaces = ifaces
+	return ep
+}
+
 // collidingNet returns whether several hosts publish some address in n.
 func (j *Job) collidingNet(n netip.Prefix) bool {
 	return j.collisionIn(n, nil).IsValid()
@@ -177,6 +210,7 @@ func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 
 	var best edge
 	var notes []note
+	var tried []altAddrs // every pair that qualifies or may route, in the order weighed
 	common := false
 	// Non-link-local pairs first: a link-local pair is only usable when one
 	// of them shows that the two interfaces share a link.
@@ -196,12 +230,23 @@ func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 				if pass == 0 && (w == WeightPrivateSame || w == WeightPublicSame) {
 					shared = true
 				}
+				if w > 0 || fb > 0 {
+					tried = append(tried, altAddrs{l: x.Addr(), r: y.Addr(), w: w, fallback: fb})
+				}
 				switch {
 				// Ties keep the first pair in card order, except that a
 				// link-local pair beats the pair that showed its link is
 				// shared: with its zone it is pinned to this interface,
 				// whereas two interfaces on one subnet would both send
-				// through whichever the routing table lists first.
+				// through whichever the routing table lists first. It
+				// stays first although a host that firewalls IPv6 (on
+				// an IPv4 LAN every Linux interface still has fe80::)
+				// cannot use it: the pair that showed the link is shared
+				// is its alternate, tried when it fails or stalls, which
+				// costs a refused connect or the alternate's head start
+				// (see the tcp subdevice's Connect), whereas a lane that
+				// leaves by the wrong interface costs its bandwidth for
+				// as long as it lives.
 				case w > best.w || (pass == 1 && w > 0 && w == best.w && x.Addr().Is6()):
 					best = edge{w: w, l: x.Addr(), r: y.Addr()}
 				case w == 0:
@@ -213,6 +258,19 @@ func (j *Job) weigh(left Endpoint, i int, right Endpoint, k int) edge {
 			}
 		}
 	}
+	// The rest, best first, as the alternates of the pair chosen: a pair
+	// the cards say works may not (a firewall, a route the cards do not
+	// show), and another pair of the same interfaces may. A qualifying
+	// pair is backed only by qualifying ones, a fallback by fallbacks of
+	// every rank.
+	for _, t := range tried {
+		if (t.l != best.l || t.r != best.r) && (best.w > 0) == (t.w > 0) {
+			best.alts = append(best.alts, t)
+		}
+	}
+	slices.SortStableFunc(best.alts, func(a, b altAddrs) int {
+		return cmp.Or(cmp.Compare(b.w, a.w), cmp.Compare(b.fallback, a.fallback))
+	})
 	switch {
 	case best.w > 0:
 	case !common:
