@@ -292,6 +292,43 @@ func TestSecondAbortSeesFirstsError(t *testing.T) {
 	}
 }
 
+// TestCloseWaitsForAbort: a Close made while another goroutine's Abort
+// is still going out returns only once that Abort is done. A program
+// whose main returns (Close, then exit 0) while the Abort is being
+// written otherwise ends before the service has it, and mdrun reports an
+// exit without finalizing instead of the abort's code. The PMIx backend
+// waits likewise (TestPMIxCloseWaitsForAbort).
+func TestCloseWaitsForAbort(t *testing.T) {
+	cc, sc := net.Pipe() // synchronous: a write completes only when the service reads it
+	defer sc.Close()
+	c := newClient(hclog.NewNullLogger(), mdrunEnv{addr: "unix:/x", size: 2}, cc)
+	go c.Abort(3, "bad input")
+	for closing := false; !closing; runtime.Gosched() {
+		c.mu.Lock()
+		closing = c.closing
+		c.mu.Unlock()
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	// Not a bound on speed: a Close that returns before the service read
+	// the abort is wrong whenever it is seen.
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) before the service read the abort: a main that exits now loses it", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	m, err := readMessage(sc, maxMessage)
+	if err != nil || m.Op != opAbort {
+		t.Fatalf("service got %+v, %v; want the abort", m, err)
+	}
+	if err := writeMessage(sc, &message{Op: opOK, ID: m.ID}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("close once the abort was acknowledged: %v, want nil", err)
+	}
+}
+
 // TestCloseDuringAbortKeepsLeash: a Close made while an Abort waits for
 // the service (from another goroutine) leaves the leash on, so a rank
 // that mdrun started on another host still ends when the service does;
@@ -324,12 +361,22 @@ func TestCloseDuringAbortKeepsLeash(t *testing.T) {
 			} else {
 				close(aborted)
 			}
-			c.Close()
+			closed := make(chan struct{})
+			go func() { c.Close(); close(closed) }()
+			if tc.abort {
+				// A Close during an Abort waits for it
+				// (TestCloseWaitsForAbort): the leash is looked at
+				// while it does, as the service may end meanwhile.
+				time.Sleep(10 * time.Millisecond)
+			} else {
+				<-closed
+			}
 			c.mu.Lock()
 			off := c.leashOff
 			c.mu.Unlock()
 			sc.Close() // the service ends without an acknowledgement
 			<-aborted
+			<-closed
 			if off != tc.leashOff {
 				t.Errorf("leash off %v, want %v", off, tc.leashOff)
 			}

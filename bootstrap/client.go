@@ -322,8 +322,9 @@ func (c *client) Abort(code int, reason string) error {
 
 // Close says goodbye to the service and releases the connection. It is
 // idempotent; only the first call reports an error. A Close during an
-// Abort (from another goroutine) leaves the leash on: the rank is still
-// ending with the job.
+// Abort (from another goroutine) returns once the abort is out (see
+// lateFinish), and leaves the leash on: the rank is still ending with the
+// job.
 func (c *client) Close() error {
 	return c.finish(opFinalize, &message{Op: opFinalize})
 }
@@ -367,21 +368,38 @@ func (c *client) finish(op string, m *message) error {
 
 // lateFinish is a Close or Abort (op) after an earlier one; done is the
 // earlier one's if it was an Abort (nil for a Close), closed once *abortErr
-// holds its outcome, which the close publishes. A Close does nothing. An
-// Abort after Close fails: the launcher was not told. An Abort while
-// another runs waits for it, so that a caller who exits on its return
-// does not end the job with its own status before the abort is out, and
-// returns its outcome.
+// holds its outcome, which the close publishes. A Close after a Close
+// does nothing. An Abort after Close fails: the launcher was not told.
+// Either while an Abort runs waits for it, so that a caller who exits on
+// its return does not end the job with its own status before the abort
+// is out; an Abort returns its outcome, a Close nil (the abort was not
+// its to report), or an error once it gave up after closeAbortWait.
 func lateFinish(op string, done <-chan struct{}, abortErr *error) error {
 	switch {
-	case op != opAbort:
-		return nil
-	case done == nil:
+	case done == nil && op == opAbort:
 		return fmt.Errorf("bootstrap: abort after Close: %w", ErrClosed)
+	case done == nil:
+		return nil
+	case op == opAbort:
+		<-done
+		return *abortErr
 	}
-	<-done
-	return *abortErr
+	t := time.NewTimer(closeAbortWait)
+	defer t.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-t.C:
+		return fmt.Errorf("bootstrap: close: the Abort under way did not finish within %v", closeAbortWait)
+	}
 }
+
+// closeAbortWait bounds how long a Close waits for an Abort under way:
+// longer than an Abort takes (the PMI backend's pause before it writes
+// the abort; the mdrun service's acknowledgement, awaited at most
+// ackTimeout), so that only a stuck one is left behind, and the program
+// that is closing still gets to exit.
+const closeAbortWait = abortGrace + ackTimeout + time.Second
 
 // shutdown closes the connection and waits for the goroutines.
 func (c *client) shutdown() {

@@ -772,12 +772,14 @@ func (j *pmiJob) aborted(err error) error {
 }
 
 // Close finalizes with the manager (waiting at most ackTimeout) and
-// releases the connection. It is idempotent.
+// releases the connection. It is idempotent; during an Abort (from
+// another goroutine) it returns once the abort is out (see lateFinish).
 func (j *pmiJob) Close() error {
 	j.mu.Lock()
 	if j.closing {
+		done := j.abortDone
 		j.mu.Unlock()
-		return nil
+		return lateFinish(opFinalize, done, &j.abortErr)
 	}
 	j.closing = true
 	j.mu.Unlock()

@@ -310,9 +310,9 @@ func TestPMIAbort(t *testing.T) {
 }
 
 // TestPMILateAbort: an Abort after Close fails with ErrClosed (the
-// manager was not told), and one while another Abort runs returns only
-// once that one's abort is out: a caller who exits on its return must
-// not end the job with its own status first.
+// manager was not told), and an Abort or a Close while another Abort runs
+// returns only once that one's abort is out: a caller who exits on its
+// return must not end the job with its own status first.
 func TestPMILateAbort(t *testing.T) {
 	t.Run("after Close", func(t *testing.T) {
 		f := newFakePMI(t, 1, nil)
@@ -325,25 +325,35 @@ func TestPMILateAbort(t *testing.T) {
 			t.Errorf("manager saw aborts %q", got)
 		}
 	})
-	t.Run("during another", func(t *testing.T) {
-		f := newFakePMI(t, 2, nil)
-		j := openPMIRanks(t, f)[0].(*pmiJob)
-		go j.Abort(7, "first")
-		for closing := false; !closing; runtime.Gosched() {
-			j.mu.Lock()
-			closing = j.closing
-			j.mu.Unlock()
-		}
-		err := j.Abort(8, "second")
-		select {
-		case <-j.abortDone:
-		default:
-			t.Fatal("the second Abort returned before the first's abort went out")
-		}
-		if err != nil {
-			t.Errorf("second abort: %v, want the first's outcome, nil", err)
-		}
-	})
+	// A second Abort, or a Close (main returning, then exiting 0), while
+	// an Abort is under way returns only once its abort is out.
+	for _, tt := range []struct {
+		name string
+		late func(*pmiJob) error
+	}{
+		{"Abort during another", func(j *pmiJob) error { return j.Abort(8, "second") }},
+		{"Close during Abort", (*pmiJob).Close},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFakePMI(t, 2, nil)
+			j := openPMIRanks(t, f)[0].(*pmiJob)
+			go j.Abort(7, "first")
+			for closing := false; !closing; runtime.Gosched() {
+				j.mu.Lock()
+				closing = j.closing
+				j.mu.Unlock()
+			}
+			err := tt.late(j)
+			select {
+			case <-j.abortDone:
+			default:
+				t.Fatal("returned before the first Abort's abort went out")
+			}
+			if err != nil {
+				t.Errorf("%v, want nil (the first abort's outcome)", err)
+			}
+		})
+	}
 }
 
 // TestPMI2MissingKey: a kvs-get of a key nobody put is "not found"

@@ -2,10 +2,16 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -20,6 +26,7 @@ const (
 	leaveInInit = "leave-in-init"
 	dieKilled   = "die-killed"
 	dieExit0    = "die-exit0"
+	abortLate   = "abort-late"
 )
 
 // leavingRank is a rank of a library job whose rank 1 joins it and exits
@@ -136,5 +143,83 @@ func TestDeadRankNamed(t *testing.T) {
 				t.Errorf("in %d of %d jobs mdrun did not name rank 3, which died first, with its status %d", wrong, jobs, tc.status)
 			}
 		})
+	}
+}
+
+// lateAbortingRank is a rank that joins the job and exits 0, and whose
+// abort (code 3) reaches the service only after its exit: a child it
+// leaves holding the connection (args[0] == "child", on descriptor 3)
+// sends it. So it is, in a real job, when main closes and exits while
+// another goroutine's Abort is still being written. It speaks the
+// service's protocol itself, as the library cannot hand its connection
+// to another process.
+func lateAbortingRank(args []string) int {
+	if len(args) > 0 && args[0] == "child" {
+		conn := os.NewFile(3, "service")
+		time.Sleep(300 * time.Millisecond) // mdrun has reaped the rank by now
+		if err := sendToService(conn, map[string]any{"op": "abort", "id": 2, "code": 3, "reason": "late"}); err != nil {
+			return 9
+		}
+		conn.Read(make([]byte, 4096))
+		return 0
+	}
+	conn, err := net.Dial("unix", strings.TrimPrefix(os.Getenv(bootstrap.EnvAddr), "unix:"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 9
+	}
+	rank, _ := strconv.Atoi(os.Getenv(bootstrap.EnvRank))
+	size, _ := strconv.Atoi(os.Getenv(bootstrap.EnvSize))
+	hello := map[string]any{"op": "hello", "id": 1, "version": 2, "rank": rank, "size": size,
+		"jobid": os.Getenv(bootstrap.EnvJobID), "secret": os.Getenv(bootstrap.EnvSecret)}
+	if err := sendToService(conn, hello); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 9
+	}
+	if _, err := conn.Read(make([]byte, 4096)); err != nil {
+		fmt.Fprintln(os.Stderr, "hello:", err)
+		return 9
+	}
+	f, err := conn.(*net.UnixConn).File()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 9
+	}
+	// Its output goes to /dev/null: mdrun must not wait for it to reap
+	// the rank.
+	child := exec.Command(os.Args[0], abortLate, "child")
+	child.ExtraFiles = []*os.File{f}
+	if err := child.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 9
+	}
+	return 0
+}
+
+// sendToService writes m as one message of the rendezvous protocol.
+func sendToService(w io.Writer, m map[string]any) error {
+	body, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(binary.BigEndian.AppendUint32(nil, uint32(len(body))))
+	if err == nil {
+		_, err = w.Write(body)
+	}
+	return err
+}
+
+// TestAbortDuringDepartureWaitNamed: a rank that exits 0 while its abort
+// is not yet out (main closed and exited as another goroutine's Abort
+// was written) is reaped first; the abort then reaches the service while
+// mdrun waits for the rank's departure (up to blameWait). The abort is
+// the cause, and its code the job's status: mdrun once reported "exited
+// with status 0 without finalizing" and exited 1, logging the abort only
+// as an event while terminating.
+func TestAbortDuringDepartureWaitNamed(t *testing.T) {
+	headline := regexp.MustCompile(`^mdrun: rank 0 \(pid \d+\) aborted with code 3: late; terminating the job$`)
+	status, _, stderr := runMdrun(t, []string{"-n", "1", helper, abortLate}, nil, nil)
+	if got := firstMdrunLine(stderr); !headline.MatchString(got) || status != 3 {
+		t.Errorf("mdrun said %q and exited %d; want a line matching %v and 3", got, status, headline)
 	}
 }

@@ -172,10 +172,7 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 		}
 		select {
 		case e := <-exits:
-			// A rank that aborted usually exits right after; its abort,
-			// already queued, is the better explanation.
-			aborts = j.drainAborts(aborts)
-			j.exited(e)
+			aborts = j.exited(e, aborts)
 			if j.running == 0 && lost != nil {
 				// The last ranks' last lines were written as they were
 				// reaped; a failed write must still fail the job.
@@ -597,7 +594,9 @@ func (j *job) start(r int, srv *bootstrap.Server, b binding) (*rank, error) {
 	return rk, nil
 }
 
-func (j *job) exited(e exitEvent) {
+// exited handles the exit of a rank, and returns the channel of aborts to
+// keep receiving from (see drainAborts).
+func (j *job) exited(e exitEvent, aborts <-chan *bootstrap.AbortError) <-chan *bootstrap.AbortError {
 	rk := e.rank
 	j.running--
 	rk.reaped = true
@@ -612,12 +611,17 @@ func (j *job) exited(e exitEvent) {
 	} else {
 		j.noteDepartures()
 	}
+	// A rank that aborted usually exits right after; its abort is the
+	// better explanation. The service queues it before the departure, so
+	// it is in now even if it came while the departure was awaited (the
+	// rank exited as its Abort was being written).
+	aborts = j.drainAborts(aborts)
 	rk.out.Flush()
 	rk.errOut.Flush()
 	ws, ok := e.state.Sys().(syscall.WaitStatus)
 	j.logger.Debug("rank exited", "rank", rk.id, "pid", e.state.Pid(), "state", e.state.String(), "wait_error", e.err)
 	if !ok {
-		return
+		return aborts
 	}
 	status, what := j.exitFailure(rk, ws, e.state.Pid(), joined)
 	switch {
@@ -629,6 +633,7 @@ func (j *job) exited(e exitEvent) {
 	case status != 0:
 		j.failRank(rk.id, status, what)
 	}
+	return aborts
 }
 
 // exitFailure is the job's exit status that rk's exit (ws, of process

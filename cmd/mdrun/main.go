@@ -18,9 +18,9 @@
 // passes it on unchanged instead, binary output included, each piece
 // mdrun reads from a rank written whole, so that ranks' lines may mix.
 // The ranks' standard input is /dev/null. Each
-// rank runs in its own process group, so SIGINT and SIGTERM reach it once,
-// passed on by mdrun, together with any process it started; a second
-// signal kills the ranks at once.
+// rank runs in its own process group, so SIGINT, SIGTERM, SIGHUP and
+// SIGQUIT reach it once, passed on by mdrun, together with any process it
+// started; a second signal kills the ranks at once.
 //
 // # Several hosts
 //
@@ -247,7 +247,11 @@ import (
 
 func main() {
 	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	// A closed terminal (SIGHUP) or Ctrl-\ (SIGQUIT) reaches mdrun alone,
+	// the ranks being in process groups of their own: by their default
+	// action mdrun would die, and Pdeathsig end only the rank processes,
+	// orphaning what they started.
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	// Caught rather than ignored, so that a write to a closed stdout
 	// (mdrun ... | head) fails with EPIPE instead of killing mdrun before
 	// it ended the job, and the ranks still start with SIGPIPE's default

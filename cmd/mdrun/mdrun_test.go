@@ -54,9 +54,20 @@ shift # the host
 exec env -i PATH="$PATH" HOME="$HOME" setsid -w sh -c "$*"
 `
 
+// mdrunName is the name the test binary runs under when it plays mdrun
+// itself, main and all: which signals mdrun takes is main's doing, out of
+// reach of the tests that call run.
+const mdrunName = "mdrun-test-mdrun"
+
+// mdrunExe is the path of a symlink to the test binary named mdrunName.
+var mdrunExe string
+
 func TestMain(m *testing.M) {
-	if b := filepath.Base(os.Args[0]); b == helperName || b == helperName2 {
+	switch filepath.Base(os.Args[0]) {
+	case helperName, helperName2:
 		os.Exit(rankMain(os.Args[1:]))
+	case mdrunName:
+		main()
 	}
 	os.Exit(runTests(m))
 }
@@ -85,7 +96,8 @@ func runTests(m *testing.M) int {
 	}
 	helper = filepath.Join(dir, helperName)
 	helper2 = filepath.Join(dir, helperName2)
-	for _, link := range []string{helper, helper2} {
+	mdrunExe = filepath.Join(dir, mdrunName)
+	for _, link := range []string{helper, helper2, mdrunExe} {
 		if err := os.Symlink(exe, link); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -117,6 +129,8 @@ func rankMain(args []string) int {
 		return leavingRank()
 	case dieKilled, dieExit0:
 		return dyingRank(args[0])
+	case abortLate:
+		return lateAbortingRank(args[1:])
 	case "noinit": // rank 1 ends before it joins; the others' fence must fail
 		if os.Getenv("MDRUN_RANK") == "1" {
 			return 0
@@ -1061,6 +1075,56 @@ func TestSignalForwarding(t *testing.T) {
 				t.Fatalf("%d ranks printed their pid, want %d", len(got), n)
 			}
 			checkGone(t, got)
+		})
+	}
+}
+
+// TestTerminalSignalsEndJob: mdrun takes the signals a terminal sends
+// when it closes (SIGHUP) or on Ctrl-\ (SIGQUIT) as it takes SIGTERM: it
+// passes them on to the ranks' process groups, SIGKILLs what is left
+// after the grace period, and exits 128+S. The terminal's signal reaches
+// only mdrun, the ranks being in process groups of their own; mdrun
+// once died of it, and Pdeathsig ended the rank process alone, orphaning
+// what it started (here a sleep, which sh starts ignoring SIGQUIT).
+func TestTerminalSignalsEndJob(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			cmd := exec.Command(mdrunExe, "-n", "1", "sh", "-c", `sleep 300 </dev/null >/dev/null 2>&1 & echo child $!; wait`)
+			var stderr lockedBuffer
+			cmd.Stderr = &stderr
+			stdout, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			line, err := bufio.NewReader(stdout).ReadString('\n')
+			if err != nil {
+				t.Fatalf("no word from rank 0: %v", err)
+			}
+			child, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "[0] child ")))
+			if err != nil {
+				t.Fatalf("rank 0 said %q: %v", line, err)
+			}
+			defer syscall.Kill(child, syscall.SIGKILL)
+			cmd.Process.Signal(sig)
+			cmd.Wait()
+			if got, want := cmd.ProcessState.String(), fmt.Sprintf("exit status %d", 128+int(sig)); got != want {
+				t.Errorf("mdrun ended with %s, want %s", got, want)
+			}
+			if want := fmt.Sprintf("mdrun: received %v; passing it on to the ranks", sig); !strings.Contains(stderr.String(), want) {
+				t.Errorf("stderr does not say %q; mdrun's first line is %q", want, firstMdrunLine(stderr.String()))
+			}
+			// SIGKILL was sent before mdrun returned; dying takes a
+			// moment. An orphan's zombie counts as gone.
+			for deadline := time.Now().Add(2 * time.Second); running(child); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("rank 0's child %d still runs after mdrun ended (orphaned)", child)
+				}
+			}
 		})
 	}
 }
