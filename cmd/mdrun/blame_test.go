@@ -21,12 +21,13 @@ import (
 	"github.com/hpc-multidevice/multidevice/bootstrap"
 )
 
-// The helper behaviours of leavingRank and dyingRank.
+// The helper behaviours of the ranks in this file.
 const (
-	leaveInInit = "leave-in-init"
-	dieKilled   = "die-killed"
-	dieExit0    = "die-exit0"
-	abortLate   = "abort-late"
+	leaveInInit    = "leave-in-init"
+	dieKilled      = "die-killed"
+	dieExit0       = "die-exit0"
+	abortLate      = "abort-late"
+	abortAfterLoss = "abort-after-loss"
 )
 
 // leavingRank is a rank of a library job whose rank 1 joins it and exits
@@ -163,37 +164,81 @@ func lateAbortingRank(args []string) int {
 		conn.Read(make([]byte, 4096))
 		return 0
 	}
-	conn, err := net.Dial("unix", strings.TrimPrefix(os.Getenv(bootstrap.EnvAddr), "unix:"))
+	conn, _, err := joinService()
+	if err == nil {
+		err = handOff(conn, abortLate)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 9
+	}
+	return 0
+}
+
+// lossAbortingRank: rank 1 joins and exits 0 without finalizing, a child
+// holding its connection a while (args[0] == "child"), so that mdrun
+// awaits its departure; meanwhile rank 0 reports rank 1 lost and aborts
+// with code 3.
+func lossAbortingRank(args []string) int {
+	if len(args) > 0 && args[0] == "child" {
+		time.Sleep(800 * time.Millisecond)
+		return 0
+	}
+	conn, rank, err := joinService()
+	if err == nil && rank == 1 {
+		err = handOff(conn, abortAfterLoss)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 9
+	}
+	if rank == 1 {
+		return 0
+	}
+	time.Sleep(300 * time.Millisecond) // rank 1 has exited; mdrun awaits its departure
+	if err := sendToService(conn, map[string]any{"op": "lost", "rank": 1, "reason": "its links ended"}); err != nil {
+		return 9
+	}
+	if err := sendToService(conn, map[string]any{"op": "abort", "id": 2, "code": 3, "reason": "lost rank 1"}); err != nil {
+		return 9
+	}
+	conn.Read(make([]byte, 4096))
+	time.Sleep(2 * time.Second) // mdrun ends the job meanwhile
+	return 3
+}
+
+// joinService connects to mdrun's service and says hello, for a rank
+// that speaks the protocol itself, as the library cannot hand its
+// connection to another process; it returns the connection and the rank.
+func joinService() (net.Conn, int, error) {
+	conn, err := net.Dial("unix", strings.TrimPrefix(os.Getenv(bootstrap.EnvAddr), "unix:"))
+	if err != nil {
+		return nil, 0, err
 	}
 	rank, _ := strconv.Atoi(os.Getenv(bootstrap.EnvRank))
 	size, _ := strconv.Atoi(os.Getenv(bootstrap.EnvSize))
 	hello := map[string]any{"op": "hello", "id": 1, "version": 2, "rank": rank, "size": size,
 		"jobid": os.Getenv(bootstrap.EnvJobID), "secret": os.Getenv(bootstrap.EnvSecret)}
 	if err := sendToService(conn, hello); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 9
+		return nil, 0, err
 	}
 	if _, err := conn.Read(make([]byte, 4096)); err != nil {
-		fmt.Fprintln(os.Stderr, "hello:", err)
-		return 9
+		return nil, 0, fmt.Errorf("hello: %w", err)
 	}
+	return conn, rank, nil
+}
+
+// handOff starts this helper as behaviour's child with conn on its
+// descriptor 3, to outlive the rank on it. The child's output goes to
+// /dev/null: mdrun must not wait for it to reap the rank.
+func handOff(conn net.Conn, behaviour string) error {
 	f, err := conn.(*net.UnixConn).File()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 9
+		return err
 	}
-	// Its output goes to /dev/null: mdrun must not wait for it to reap
-	// the rank.
-	child := exec.Command(os.Args[0], abortLate, "child")
+	child := exec.Command(os.Args[0], behaviour, "child")
 	child.ExtraFiles = []*os.File{f}
-	if err := child.Start(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 9
-	}
-	return 0
+	return child.Start()
 }
 
 // sendToService writes m as one message of the rendezvous protocol.
@@ -221,5 +266,18 @@ func TestAbortDuringDepartureWaitNamed(t *testing.T) {
 	status, _, stderr := runMdrun(t, []string{"-n", "1", helper, abortLate}, nil, nil)
 	if got := firstMdrunLine(stderr); !headline.MatchString(got) || status != 3 {
 		t.Errorf("mdrun said %q and exited %d; want a line matching %v and 3", got, status, headline)
+	}
+}
+
+// TestAbortAfterLossBlamesLostRank: rank 0 reports rank 1 lost and
+// aborts while mdrun awaits rank 1's departure, rank 1 having exited 0
+// without finalizing. The loss is the cause: mdrun names rank 1, as it
+// does whichever it reaps first. Draining the abort there once charged it
+// to rank 0, rank 1 being marked reaped already.
+func TestAbortAfterLossBlamesLostRank(t *testing.T) {
+	headline := regexp.MustCompile(`^mdrun: rank 1 \(pid \d+\) exited with status 0 without finalizing; terminating the job$`)
+	status, _, stderr := runMdrun(t, []string{"-n", "2", helper, abortAfterLoss}, nil, nil)
+	if got := firstMdrunLine(stderr); !headline.MatchString(got) || status != exitFailed {
+		t.Errorf("mdrun said %q and exited %d; want a line matching %v and %d", got, status, headline, exitFailed)
 	}
 }

@@ -76,8 +76,12 @@ type job struct {
 	// blamed is the rank a failure was charged to before it was reaped,
 	// -1 if none: its exit makes the job's message and status, and
 	// followed, the failure that came after it, is told then.
-	blamed    int
-	followed  string
+	blamed   int
+	followed string
+	// exiting is the rank whose exit is being handled, -1 if none: reaped
+	// already, but its exit not yet told, so that a failure charged to it
+	// meanwhile (an abort of a rank that lost it) is told with it.
+	exiting   int
 	killTimer <-chan time.Time
 	// killed says the ranks' groups got SIGKILL: nothing is left to wait
 	// for.
@@ -129,7 +133,7 @@ func (j *job) run(ctx context.Context, sigs <-chan os.Signal) int {
 	j.srv = srv
 	j.departures = srv.Departures()
 	j.left = make([]*bootstrap.Departure, j.size())
-	j.firstLost, j.blamed = -1, -1
+	j.firstLost, j.blamed, j.exiting = -1, -1, -1
 	if err := j.checkWdirs(); err != nil {
 		fmt.Fprintf(j.stderr, "mdrun: %v\n", err)
 		return exitUsage
@@ -614,8 +618,11 @@ func (j *job) exited(e exitEvent, aborts <-chan *bootstrap.AbortError) <-chan *b
 	// A rank that aborted usually exits right after; its abort is the
 	// better explanation. The service queues it before the departure, so
 	// it is in now even if it came while the departure was awaited (the
-	// rank exited as its Abort was being written).
+	// rank exited as its Abort was being written). An abort of a rank
+	// that lost this one is charged to this one's exit, told below.
+	j.exiting = rk.id
 	aborts = j.drainAborts(aborts)
+	j.exiting = -1
 	rk.out.Flush()
 	rk.errOut.Flush()
 	ws, ok := e.state.Sys().(syscall.WaitStatus)
@@ -765,7 +772,7 @@ func (j *job) failRank(r, status int, what string) {
 	if !j.terminating {
 		d = j.culprit(r)
 	}
-	if d == r || j.ranks[d].reaped {
+	if d == r || j.ranks[d].reaped && d != j.exiting {
 		j.fail(status, "mdrun: "+what+"; terminating the job")
 		return
 	}
@@ -808,8 +815,15 @@ func (j *job) aborted(a *bootstrap.AbortError) {
 }
 
 // signalled passes a signal mdrun received on to the ranks. A second one
-// means the user is out of patience: SIGKILL at once.
+// means the user is out of patience: SIGKILL at once. A second SIGHUP
+// does not: a closing terminal sends it twice (the shell to its jobs,
+// then the kernel to the foreground group as the shell exits), and the
+// ranks keep their grace to clean up.
 func (j *job) signalled(sig os.Signal) {
+	if j.terminating && sig == syscall.SIGHUP {
+		j.logger.Debug("hangup again; the ranks keep their grace", "signal", sig)
+		return
+	}
 	if j.terminating {
 		j.logger.Debug("second signal, killing the ranks", "signal", sig)
 		j.signalAll(syscall.SIGKILL)

@@ -131,6 +131,8 @@ func rankMain(args []string) int {
 		return dyingRank(args[0])
 	case abortLate:
 		return lateAbortingRank(args[1:])
+	case abortAfterLoss:
+		return lossAbortingRank(args[1:])
 	case "noinit": // rank 1 ends before it joins; the others' fence must fail
 		if os.Getenv("MDRUN_RANK") == "1" {
 			return 0
@@ -1260,5 +1262,35 @@ func TestNoPrefixPassesOutputThrough(t *testing.T) {
 				t.Errorf("stderr %q, want %q", stderr, tt.stderr)
 			}
 		})
+	}
+}
+
+// TestRepeatedHangupKeepsGrace: a closing terminal hangs mdrun up twice
+// (the shell passes SIGHUP to its jobs, and the kernel sends the
+// foreground group another as the shell, the session leader, exits).
+// That is no impatient user: the ranks keep killGrace to clean up. mdrun
+// took the second for one and killed them at once, so a rank's SIGHUP
+// handler never finished.
+func TestRepeatedHangupKeepsGrace(t *testing.T) {
+	done := filepath.Join(t.TempDir(), "cleaned")
+	cmd := exec.Command(mdrunExe, "-n", "1", "sh", "-c",
+		`trap "sleep 0.5; echo cleaned > `+done+`; exit 0" HUP; echo ready; while :; do sleep 0.05; done`)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	if _, err := bufio.NewReader(stdout).ReadString('\n'); err != nil {
+		t.Fatalf("no word from rank 0: %v", err)
+	}
+	cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(50 * time.Millisecond)
+	cmd.Process.Signal(syscall.SIGHUP)
+	cmd.Wait()
+	if _, err := os.Stat(done); err != nil {
+		t.Errorf("the rank's SIGHUP handler did not finish after two hangups (%v); mdrun ended with %s", err, cmd.ProcessState)
 	}
 }
