@@ -172,7 +172,8 @@ var errConnectTimeout = errors.New("connect_timeout ran out")
 
 // dialLane opens lane id to rank over pair or, where that fails, over its
 // alternates (see [addrsel.Pair]): the next is dialed as soon as the one
-// before failed, or once it has taken alternateDelay, and the first to
+// before failed, or once it has taken its head start (alternateDelay, or
+// an even share of connect_timeout if that is shorter), and the first to
 // complete the handshake is the lane; any later one is closed, and as it
 // carried nothing its acceptor lets it go. connect_timeout bounds the
 // whole lane, not each pair. It returns the pair used and its connection,
@@ -201,7 +202,10 @@ func (sd *subDevice) dialLane(parent context.Context, rank sdi.Rank, pair addrse
 	}
 	start()
 	more := func() bool { return next < len(cands) && won == nil && ctx.Err() == nil }
-	head := time.NewTimer(alternateDelay)
+	// A connect_timeout below alternateDelay once went to the first pair
+	// whole: stalled, it left the working alternates undialed.
+	delay := min(alternateDelay, sd.cfg.connectTimeout/time.Duration(len(cands)+1))
+	head := time.NewTimer(delay)
 	defer head.Stop()
 	for running > 0 {
 		select {
@@ -223,12 +227,12 @@ func (sd *subDevice) dialLane(parent context.Context, rank sdi.Rank, pair addrse
 			failed = append(failed, fmt.Sprintf("%s %v -> %s %v: %v", pr.LocalName, pr.LocalAddr, pr.PeerName, netip.AddrPortFrom(pr.PeerAddr, port), a.err))
 			if more() {
 				start()
-				head.Reset(alternateDelay)
+				head.Reset(delay)
 			}
 		case <-head.C:
 			if more() {
 				start()
-				head.Reset(alternateDelay)
+				head.Reset(delay)
 			}
 		}
 	}

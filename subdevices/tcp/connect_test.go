@@ -532,3 +532,44 @@ func TestDialLaneFallsBackToAlternates(t *testing.T) {
 		})
 	}
 }
+
+// TestShortConnectTimeoutTriesAlternate: with connect_timeout shorter
+// than alternateDelay, a stalled first pair must still leave time for the
+// working alternate; it once took the lane's whole timeout.
+func TestShortConnectTimeoutTriesAlternate(t *testing.T) {
+	cfg := loopbackConfig("connect_timeout", "250ms")
+	a := openNode(t, 0, jobOpts{size: 2, config: cfg})
+	b := openNode(t, 1, jobOpts{size: 2, config: cfg})
+	sd := a.sd.(*subDevice)
+	c, err := decodeCard(b.local.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pairs, _, err := sd.choose(b.rank, c)
+	if err != nil || len(pairs) != 1 {
+		t.Fatalf("pairs %v, %v", pairs, err)
+	}
+	works := pairs[0]
+	silent, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), c.Port).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() { // accepts and never answers the handshake
+		for {
+			conn, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+		}
+	}()
+	first := works
+	first.PeerAddr = netip.MustParseAddr("127.0.0.3")
+	first.Alternates = []addrsel.Pair{works}
+	used, conn, failed := sd.dialLane(t.Context(), b.rank, first, c.Port, laneID{session: rand.Uint64(), lanes: 1})
+	if conn == nil {
+		t.Fatalf("lane failed over %v although its alternate %v works; failures: %q", used, works, failed)
+	}
+	conn.Close()
+}

@@ -57,9 +57,9 @@
 // only on a link that another network on the same two interfaces shows to
 // be shared, and are dialed with the local interface as zone. A connection
 // whose address pair fails, or has not completed the handshake within
-// 300 ms, goes on to the other pairs of the same two interfaces that would
-// do (IPv4 where a firewall drops IPv6, say), all within one
-// connect_timeout. Loopback is
+// 300 ms (less where connect_timeout is short), goes on to the other pairs
+// of the same two interfaces that would do (IPv4 where a firewall drops
+// IPv6, say), all within one connect_timeout. Loopback is
 // used only between ranks with the same [sdi.OpenParams.Host], and then
 // alone. When no pair qualifies, the fallbacks (private addresses on
 // different networks, facing a public one, or across named sites) are
@@ -258,8 +258,9 @@
 //	                 families ("[::]:0", dual-stack), or "0.0.0.0:0" where
 //	                 the host has no IPv6. "127.0.0.1:0" or "[::1]:0" keep a
 //	                 job on one host off the network.
-//	connect_timeout  Go duration bounding each address's dial plus handshake
-//	                 in Connect, and a stranger's handshake on the listener.
+//	connect_timeout  Go duration bounding each lane's dials plus handshake
+//	                 in Connect, its alternate address pairs included, and a
+//	                 stranger's handshake on the listener.
 //	                 Default "10s". A shorter link_timeout bounds the dial
 //	                 too: the kernel gives up the connection attempt then.
 //	queue_bytes      send queue bound in bytes per connection, 1 to 1 GiB.

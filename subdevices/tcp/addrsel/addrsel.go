@@ -305,8 +305,8 @@ func Select(job *Job, local, peer Endpoint, localLeft bool) Result {
 		if li.Speed > 0 && ri.Speed > 0 {
 			p.Speed = min(li.Speed, ri.Speed)
 		}
+		alt := p // before any alternates: they have none of their own
 		for _, a := range e.alts {
-			alt := p
 			alt.LocalAddr, alt.PeerAddr, alt.Weight = a.l, a.r, a.w
 			p.Alternates = append(p.Alternates, alt)
 		}

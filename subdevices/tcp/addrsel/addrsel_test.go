@@ -615,3 +615,27 @@ func TestAlternates(t *testing.T) {
 		})
 	}
 }
+
+// TestAlternatesHaveNoAlternates: as Pair.Alternates says, an alternate
+// has none of its own; built from the pair as its alternates grew, each
+// carried those before it, and a caller following them dialed those
+// pairs twice.
+func TestAlternatesHaveNoAlternates(t *testing.T) {
+	a := ep("a", "eth0 10.1.0.1/24 fd00::1/64 2001:db8:1::1/64")
+	b := ep("b", "eth0 10.1.0.2/24 fd00::2/64 2001:db8:2::2/64")
+	for _, left := range []bool{true, false} {
+		res := Select(nil, a, b, left)
+		alts := 0
+		for _, p := range res.Pairs {
+			alts += len(p.Alternates)
+			for k, alt := range p.Alternates {
+				if len(alt.Alternates) != 0 {
+					t.Errorf("localLeft=%v: alternate %d (%v) has %d alternates of its own: %v", left, k, alt, len(alt.Alternates), alt.Alternates)
+				}
+			}
+		}
+		if alts < 2 {
+			t.Errorf("localLeft=%v: %d alternates in %v; the test wants several", left, alts, res.Pairs)
+		}
+	}
+}
