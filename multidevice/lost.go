@@ -127,10 +127,12 @@ func (d *Device) onLost(h *header, why string) {
 // The slot still carries blocks, and a lost credit never fails the line:
 // cut for blocks too, a rank that had only returned credits found its
 // line failed and its peer lost once the network healed. With no other
-// trunk, the credit is not sent again: it went back through the cut
-// trunk, to be lost and noticed again, thousands of frames in a fraction
-// of a second; the source's watch sends a block again instead, and the
-// copy's credit goes then (onForward).
+// trunk, the credit goes again only once the cut ends (recreditAfter):
+// sent at once, it went back through the cut trunk, to be lost and
+// noticed again, thousands of frames in a fraction of a second; and left
+// to the source's watch, which sends a block through each trunk once, it
+// was never sent after an outage longer than that, and a send waiting for
+// it hung after the network healed.
 func (d *Device) onLostCredit(l *txLine, src int32, slot uint64, why string) {
 	l.mu.Lock()
 	if slot >= uint64(len(l.ways)) || l.failed != nil {
@@ -138,7 +140,8 @@ func (d *Device) onLostCredit(l *txLine, src int32, slot uint64, why string) {
 		return
 	}
 	now := time.Now()
-	if l.creditCut == nil || !l.creditCut[slot].After(now) {
+	fresh := l.creditCut == nil || !l.creditCut[slot].After(now)
+	if fresh {
 		d.log.Warn("a gateway lost a credit; returning the line's credits through its other routes", "source", src, "gateway", l.ways[slot].via, "reason", why)
 		if l.creditCut == nil {
 			l.creditCut, l.creditCutFor = make([]time.Time, len(l.ways)), make([]time.Duration, len(l.ways))
@@ -146,15 +149,45 @@ func (d *Device) onLostCredit(l *txLine, src int32, slot uint64, why string) {
 		l.creditCutFor[slot] = min(max(2*l.creditCutFor[slot], lostPause), retryMax)
 		l.creditCut[slot] = now.Add(l.creditCutFor[slot])
 	}
-	again := d.creditTrunkLocked(l, src, now)
+	again, pause := d.creditTrunkLocked(l, src, now), l.creditCutFor[slot]
 	l.mu.Unlock()
-	if !again {
-		return
+	switch {
+	case again:
+		d.creditAgain(src)
+	case fresh: // a burst of notices waits for one cut's end
+		d.recreditAfter(src, pause)
 	}
+}
+
+// creditAgain makes the newest credit of the line from src, and its report,
+// due again, and queues it.
+func (d *Device) creditAgain(src int32) {
 	f := &d.fwd
 	f.rxMu.Lock()
-	// What the lost credit said, its report too, is due again.
 	f.rx[src].sent, f.rx[src].news = 0, true
 	f.rxMu.Unlock()
 	d.queueCredit(src)
+}
+
+// recreditAfter queues the credit of the line from src again once pause,
+// the cut of the only trunk that took it, has passed, unless the Device
+// shuts down first (which waits for it, as for revive).
+func (d *Device) recreditAfter(src int32, pause time.Duration) {
+	f := &d.fwd
+	f.lifeMu.Lock()
+	defer f.lifeMu.Unlock()
+	if f.life.Err() != nil {
+		return
+	}
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		t := time.NewTimer(pause)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			d.creditAgain(src)
+		case <-f.life.Done():
+		}
+	}()
 }

@@ -491,3 +491,29 @@ func TestLostCreditKeepsPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestLostCreditSentAfterHeal: relay 2, the only route, cannot pass
+// frames on to rank 0 for a while, so rank 1's credit for rank 0's block
+// is lost there and noticed. It must go again once the relay reaches rank
+// 0: the source's watch sends a block through each trunk once, and after
+// an outage longer than that the block stayed uncredited for good (a
+// send waiting for it hung).
+func TestLostCreditSentAfterHeal(t *testing.T) {
+	devs, cut, _ := oneRelayCutJob(t)
+	cut(true)
+	waitAll(t, []*Request{must(t)(devs[1].Irecv(make([]byte, 100), 0, 2, 0)), must(t)(devs[0].Isend(numbered(100, 0, 1), 1, 2, 0, false))})
+	time.Sleep(2500 * time.Millisecond) // past the watch's one copy per trunk
+	cut(false)
+	l := devs[0].fwd.tx[1]
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		l.mu.Lock()
+		n, nudges := len(l.retained), l.nudges
+		l.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("5 s after relay 2 reaches rank 0 again, rank 0 still retains %d block(s) to rank 1, never credited (%d nudges)", n, nudges)
+		}
+	}
+}
