@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -1092,21 +1093,8 @@ func TestTerminalSignalsEndJob(t *testing.T) {
 	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT} {
 		t.Run(sig.String(), func(t *testing.T) {
 			t.Parallel()
-			cmd := exec.Command(mdrunExe, "-n", "1", "sh", "-c", `sleep 300 </dev/null >/dev/null 2>&1 & echo child $!; wait`)
 			var stderr lockedBuffer
-			cmd.Stderr = &stderr
-			stdout, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer cmd.Process.Kill()
-			line, err := bufio.NewReader(stdout).ReadString('\n')
-			if err != nil {
-				t.Fatalf("no word from rank 0: %v", err)
-			}
+			cmd, line := startJob(t, &stderr, "-n", "1", "sh", "-c", `sleep 300 </dev/null >/dev/null 2>&1 & echo child $!; wait`)
 			child, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(line, "[0] child ")))
 			if err != nil {
 				t.Fatalf("rank 0 said %q: %v", line, err)
@@ -1273,19 +1261,8 @@ func TestNoPrefixPassesOutputThrough(t *testing.T) {
 // handler never finished.
 func TestRepeatedHangupKeepsGrace(t *testing.T) {
 	done := filepath.Join(t.TempDir(), "cleaned")
-	cmd := exec.Command(mdrunExe, "-n", "1", "sh", "-c",
+	cmd, _ := startJob(t, nil, "-n", "1", "sh", "-c",
 		`trap "sleep 0.5; echo cleaned > `+done+`; exit 0" HUP; echo ready; while :; do sleep 0.05; done`)
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-	if _, err := bufio.NewReader(stdout).ReadString('\n'); err != nil {
-		t.Fatalf("no word from rank 0: %v", err)
-	}
 	cmd.Process.Signal(syscall.SIGHUP)
 	time.Sleep(50 * time.Millisecond)
 	cmd.Process.Signal(syscall.SIGHUP)
@@ -1293,4 +1270,26 @@ func TestRepeatedHangupKeepsGrace(t *testing.T) {
 	if _, err := os.Stat(done); err != nil {
 		t.Errorf("the rank's SIGHUP handler did not finish after two hangups (%v); mdrun ended with %s", err, cmd.ProcessState)
 	}
+}
+
+// startJob starts mdrun with args, its stderr to stderr, and returns it
+// once rank 0 has written its first line, which it returns too. The job
+// is killed when the test ends.
+func startJob(t *testing.T, stderr io.Writer, args ...string) (*exec.Cmd, string) {
+	t.Helper()
+	cmd := exec.Command(mdrunExe, args...)
+	cmd.Stderr = stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no word from rank 0: %v", err)
+	}
+	return cmd, line
 }

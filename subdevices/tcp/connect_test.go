@@ -460,35 +460,7 @@ func TestSitesChooseInClusterLAN(t *testing.T) {
 // only, so a host that firewalls the link-local pair addrsel prefers was
 // unreachable although its IPv4 pair worked.
 func TestDialLaneFallsBackToAlternates(t *testing.T) {
-	a := openNode(t, 0, jobOpts{size: 2, config: loopbackConfig("connect_timeout", patientTimeout.String())})
-	b := openNode(t, 1, jobOpts{size: 2, config: loopbackConfig("connect_timeout", patientTimeout.String())})
-	sd := a.sd.(*subDevice)
-	c, err := decodeCard(b.local.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pairs, _, err := sd.choose(b.rank, c)
-	if err != nil || len(pairs) != 1 {
-		t.Fatalf("pairs %v, %v; want one", pairs, err)
-	}
-	works := pairs[0]
-	// A listener that accepts and never speaks, on b's port, stands for
-	// a pair whose handshake hangs (a peer behind a firewall that drops
-	// the answer, a stranger's socket).
-	silent, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), c.Port).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	go func() {
-		for {
-			conn, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			defer conn.Close()
-		}
-	}()
+	sd, b, c, works := laneJob(t, patientTimeout.String())
 	via := func(peer string) addrsel.Pair {
 		p := works
 		p.PeerAddr = netip.MustParseAddr(peer)
@@ -537,33 +509,7 @@ func TestDialLaneFallsBackToAlternates(t *testing.T) {
 // than alternateDelay, a stalled first pair must still leave time for the
 // working alternate; it once took the lane's whole timeout.
 func TestShortConnectTimeoutTriesAlternate(t *testing.T) {
-	cfg := loopbackConfig("connect_timeout", "250ms")
-	a := openNode(t, 0, jobOpts{size: 2, config: cfg})
-	b := openNode(t, 1, jobOpts{size: 2, config: cfg})
-	sd := a.sd.(*subDevice)
-	c, err := decodeCard(b.local.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pairs, _, err := sd.choose(b.rank, c)
-	if err != nil || len(pairs) != 1 {
-		t.Fatalf("pairs %v, %v", pairs, err)
-	}
-	works := pairs[0]
-	silent, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), c.Port).String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	go func() { // accepts and never answers the handshake
-		for {
-			conn, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			defer conn.Close()
-		}
-	}()
+	sd, b, c, works := laneJob(t, "250ms")
 	first := works
 	first.PeerAddr = netip.MustParseAddr("127.0.0.3")
 	first.Alternates = []addrsel.Pair{works}
@@ -572,4 +518,39 @@ func TestShortConnectTimeoutTriesAlternate(t *testing.T) {
 		t.Fatalf("lane failed over %v although its alternate %v works; failures: %q", used, works, failed)
 	}
 	conn.Close()
+}
+
+// laneJob opens two loopback ranks with connect_timeout timeout and
+// returns rank 0's subdevice, rank 1's node and card, and the one pair
+// between them. 127.0.0.3 on rank 1's port holds a listener that accepts
+// and never speaks, for a pair whose handshake hangs (a peer behind a
+// firewall that drops the answer, a stranger's socket).
+func laneJob(t *testing.T, timeout string) (*subDevice, *node, card, addrsel.Pair) {
+	t.Helper()
+	a := openNode(t, 0, jobOpts{size: 2, config: loopbackConfig("connect_timeout", timeout)})
+	b := openNode(t, 1, jobOpts{size: 2, config: loopbackConfig("connect_timeout", timeout)})
+	sd := a.sd.(*subDevice)
+	c, err := decodeCard(b.local.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pairs, _, err := sd.choose(b.rank, c)
+	if err != nil || len(pairs) != 1 {
+		t.Fatalf("pairs %v, %v; want one", pairs, err)
+	}
+	silent, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.3"), c.Port).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		for {
+			conn, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer conn.Close() // once the listener closes
+		}
+	}()
+	return sd, b, c, pairs[0]
 }
