@@ -106,8 +106,9 @@ func (d *Device) onLost(h *header, why string) {
 	if l.cut == nil {
 		l.cut, l.cutFor = make([]time.Time, len(l.ways)), make([]time.Duration, len(l.ways))
 	}
-	l.cutFor[slot] = min(max(2*l.cutFor[slot], lostPause), retryMax)
-	l.cut[slot] = time.Now().Add(l.cutFor[slot])
+	now := time.Now()
+	l.cutFor[slot] = nextPause(l.cutFor[slot], l.cut[slot], now)
+	l.cut[slot] = now.Add(l.cutFor[slot])
 	cause := errors.New(why)
 	l.cutWhy = cause
 	n := d.resendLocked(l, dst, bt, func(t trunk) bool { return t.slot == slot }, cause)
@@ -146,7 +147,7 @@ func (d *Device) onLostCredit(l *txLine, src int32, slot uint64, why string) {
 		if l.creditCut == nil {
 			l.creditCut, l.creditCutFor = make([]time.Time, len(l.ways)), make([]time.Duration, len(l.ways))
 		}
-		l.creditCutFor[slot] = min(max(2*l.creditCutFor[slot], lostPause), retryMax)
+		l.creditCutFor[slot] = nextPause(l.creditCutFor[slot], l.creditCut[slot], now)
 		l.creditCut[slot] = now.Add(l.creditCutFor[slot])
 	}
 	again, pause := d.creditTrunkLocked(l, src, now), l.creditCutFor[slot]
@@ -190,4 +191,16 @@ func (d *Device) recreditAfter(src int32, pause time.Duration) {
 		case <-f.life.Done():
 		}
 	}()
+}
+
+// nextPause returns the pause of a cut beginning at now, after one that
+// lasted last and ended at end: twice the last while losses follow each
+// other, from lostPause again after a quiet spell as long as the last
+// pause, up to retryMax. Doubled for good, a few brief outages once left
+// every later one waiting up to 30 s after the network healed.
+func nextPause(last time.Duration, end, now time.Time) time.Duration {
+	if now.Sub(end) > last {
+		last = 0
+	}
+	return min(max(2*last, lostPause), retryMax)
 }

@@ -414,6 +414,40 @@ func TestLostCreditNotice(t *testing.T) {
 	if again := cuts(); !again[1].Equal(first[1]) {
 		t.Errorf("a second notice while slot 1 is cut moved its end from %v to %v", first[1], again[1])
 	}
+	// A loss long after the last cut ended starts from lostPause again:
+	// doubled for good, brief outages left later ones waiting 30 s.
+	l.mu.Lock()
+	l.creditCut[1], l.creditCutFor[1] = time.Now().Add(-time.Hour), 16*time.Second
+	l.mu.Unlock()
+	notice(2)
+	l.mu.Lock()
+	pause := l.creditCutFor[1]
+	l.mu.Unlock()
+	if pause != lostPause {
+		t.Errorf("a lost credit an hour after a 16 s cut ended cuts for %v, want %v", pause, lostPause)
+	}
+}
+
+// TestNextPause: cuts double while losses follow each other, and start
+// over after a quiet spell.
+func TestNextPause(t *testing.T) {
+	now := time.Now()
+	for _, tc := range []struct {
+		name string
+		last time.Duration
+		end  time.Time
+		want time.Duration
+	}{
+		{"first", 0, time.Time{}, lostPause},
+		{"during the last", 2 * time.Second, now.Add(time.Second), 4 * time.Second},
+		{"right after the last", 2 * time.Second, now.Add(-time.Second), 4 * time.Second},
+		{"capped", retryMax, now, retryMax},
+		{"after a quiet spell", 8 * time.Second, now.Add(-9 * time.Second), lostPause},
+	} {
+		if got := nextPause(tc.last, tc.end, now); got != tc.want {
+			t.Errorf("%s: nextPause(%v, end %v ago) = %v, want %v", tc.name, tc.last, now.Sub(tc.end), got, tc.want)
+		}
+	}
 }
 
 // frameCountSub counts the frames rank from sends to rank to (linkCut
