@@ -173,7 +173,8 @@ var errConnectTimeout = errors.New("connect_timeout ran out")
 // dialLane opens lane id to rank over pair or, where that fails, over its
 // alternates (see [addrsel.Pair]): the next is dialed as soon as the one
 // before failed, or once it has taken its head start (alternateDelay, or
-// an even share of connect_timeout if that is shorter), and the first to
+// less where connect_timeout is short: the last starts within its first
+// half), and the first to
 // complete the handshake is the lane; any later one is closed, and as it
 // carried nothing its acceptor lets it go. connect_timeout bounds the
 // whole lane, not each pair. It returns the pair used and its connection,
@@ -202,9 +203,11 @@ func (sd *subDevice) dialLane(parent context.Context, rank sdi.Rank, pair addrse
 	}
 	start()
 	more := func() bool { return next < len(cands) && won == nil && ctx.Err() == nil }
-	// A connect_timeout below alternateDelay once went to the first pair
-	// whole: stalled, it left the working alternates undialed.
-	delay := min(alternateDelay, sd.cfg.connectTimeout/time.Duration(len(cands)+1))
+	// The last pair starts within connect_timeout's first half, and has
+	// its second at least: one below alternateDelay once went to the
+	// first pair whole, and a share of it per pair left the sixth of six
+	// pairs too little to answer in.
+	delay := min(alternateDelay, sd.cfg.connectTimeout/time.Duration(2*len(cands)))
 	head := time.NewTimer(delay)
 	defer head.Stop()
 	for running > 0 {

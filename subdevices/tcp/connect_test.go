@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
@@ -553,4 +554,60 @@ func laneJob(t *testing.T, timeout string) (*subDevice, *node, card, addrsel.Pai
 		}
 	}()
 	return sd, b, c, pairs[0]
+}
+
+// TestLastOfManyAlternatesConnects: a lane of six address pairs of which
+// only the last answers, and takes 400 ms to (a loaded peer), within a
+// connect_timeout of 1 s it connects in alone. Each pair's head start was
+// once a sixth of connect_timeout and more, so the last was dialed at 5/7
+// of it and cut off mid-handshake.
+func TestLastOfManyAlternatesConnects(t *testing.T) {
+	sd, b, c, works := laneJob(t, "1s") // 127.0.0.3 never answers
+	listen := func(ip string, serve func(net.Conn)) {
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr(ip), c.Port).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		go func() {
+			for {
+				conn, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go serve(conn)
+			}
+		}()
+	}
+	listen("127.0.0.9", func(conn net.Conn) { // passes the connection on to b after 400 ms
+		defer conn.Close()
+		time.Sleep(400 * time.Millisecond)
+		up, err := net.Dial("tcp", netip.AddrPortFrom(works.PeerAddr, c.Port).String())
+		if err != nil {
+			return
+		}
+		defer up.Close()
+		go io.Copy(up, conn)
+		io.Copy(conn, up)
+	})
+	pair := func(ip string) addrsel.Pair {
+		p := works
+		p.PeerAddr = netip.MustParseAddr(ip)
+		return p
+	}
+	first := pair("127.0.0.3")
+	for _, ip := range []string{"127.0.0.4", "127.0.0.5", "127.0.0.6", "127.0.0.7"} {
+		listen(ip, func(conn net.Conn) { defer conn.Close(); <-t.Context().Done() }) // never answers
+		first.Alternates = append(first.Alternates, pair(ip))
+	}
+	first.Alternates = append(first.Alternates, pair("127.0.0.9"))
+	start := time.Now()
+	used, conn, failed := sd.dialLane(t.Context(), b.rank, first, c.Port, laneID{session: rand.Uint64(), lanes: 1})
+	if conn == nil {
+		t.Fatalf("lane failed after %v, though its last alternate connects in 400 ms of the 1 s connect_timeout: %q", time.Since(start).Round(time.Millisecond), failed)
+	}
+	conn.Close()
+	if used.PeerAddr != netip.MustParseAddr("127.0.0.9") {
+		t.Errorf("connected over %v, want 127.0.0.9", used)
+	}
 }
