@@ -91,6 +91,21 @@ type pendingFrame struct {
 	msgLen int
 }
 
+// copyWaiting gives the frame of r, an eager send to peer whose caller's
+// ctx ended, a copy of its payload if it still waits for credit on the
+// line: admitted, it is copied into its block already (admitLocked), and
+// the caller's buffer is free either way once it returns.
+func (d *Device) copyWaiting(peer int32, r *Request) {
+	l := d.fwd.tx[peer]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, pf := range l.waiting {
+		if pf.of.req == r {
+			pf.of.f.Payload = slices.Clone(pf.of.f.Payload)
+		}
+	}
+}
+
 // block is an admitted frame: its inner header and data, kept until the
 // destination acknowledges it.
 //
