@@ -73,6 +73,9 @@ type lineWriter struct {
 	// ranks mix only between pieces.
 	raw bool
 	buf []byte
+	// cut says a full piece of a long line went out last: a newline
+	// right after it ends that line, and is no empty line of its own.
+	cut bool
 	// start holds the beginning of the current line when raw, at most
 	// markRoom bytes, to find a panic mark written in pieces.
 	start []byte
@@ -88,19 +91,32 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		_, err := w.out.Write(p)
 		return n, err
 	}
+	// A line goes out in pieces of maxLine bytes, its last piece at its
+	// newline. Cut only once a write left maxLine bytes waiting, a line
+	// of up to maxLine plus a read's bytes once came out whole.
+	if w.cut && len(p) > 0 {
+		if p[0] == '\n' {
+			p = p[1:]
+		}
+		w.cut = false
+	}
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
+		end := i
 		if i < 0 {
-			w.buf = append(w.buf, p...)
-			if len(w.buf) >= maxLine {
-				if err := w.emit(); err != nil {
-					return n, err
-				}
-			}
-			return n, nil
+			end = len(p)
 		}
-		w.buf = append(w.buf, p[:i]...)
-		p = p[i+1:]
+		take := min(end, maxLine-len(w.buf))
+		w.buf = append(w.buf, p[:take]...)
+		p = p[take:]
+		switch {
+		case take == end && i >= 0: // the line ends here
+			p = p[1:]
+		case len(w.buf) < maxLine: // the rest of the line is to come
+			return n, nil
+		default: // a full piece; the newline may be the next write's
+			w.cut = len(p) == 0
+		}
 		if err := w.emit(); err != nil {
 			return n, err
 		}
