@@ -169,6 +169,9 @@ func pinned(env lookupFunc, v string) (string, bool) {
 	if !ok || want == "" || want == v {
 		return "", false
 	}
+	if want != "1" && want != "2" {
+		return fmt.Sprintf("%s=%s, want 1 or 2", EnvPMIVersion, want), true
+	}
 	return fmt.Sprintf("%s=%s", EnvPMIVersion, want), true
 }
 

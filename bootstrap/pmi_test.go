@@ -472,7 +472,7 @@ func TestPMIOpenErrors(t *testing.T) {
 		// otherwise is refused by name, before anything is sized by it.
 		{"pmi1 size too large", func(f *fakePMI) []string { return append(f.env(0), "MD_PMI=1") }, hugeJob, "PMI_RANK/PMI_SIZE: job of 70368744177664 ranks"},
 		{"pmi2 size too large", func(f *fakePMI) []string { return f.env(0) }, hugeJob, "fullinit-response: job of 70368744177664 ranks"},
-		{"no version left", func(f *fakePMI) []string { return append(f.env(0), "MD_PMI=3") }, nil, "no backend accepted the launcher: pmi2: MD_PMI=3; pmi1: MD_PMI=3"},
+		{"no version left", func(f *fakePMI) []string { return append(f.env(0), "MD_PMI=3") }, nil, "no backend accepted the launcher: pmi2: MD_PMI=3, want 1 or 2; pmi1: MD_PMI=3, want 1 or 2"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -27,7 +27,7 @@ func TestExternalPlugin(t *testing.T) {
 	}
 	if _, err := os.Stat(path); err != nil && !filepath.IsAbs(path) {
 		wd, _ := os.Getwd()
-		t.Fatalf("SDI_CONFORMANCE_PLUGIN=%s: %v: go test runs this test in %s; give the binary's absolute path (e.g. $PWD/%s)", path, err, wd, filepath.Base(path))
+		t.Fatalf("SDI_CONFORMANCE_PLUGIN=%s: %v: go test runs this test in %s; give the binary's absolute path (e.g. $PWD/%s)", path, err, wd, filepath.Clean(path))
 	}
 	Run(t, Harness{
 		New:    Plugin(plugin.Config{Name: path, Path: path, Args: strings.Fields(os.Getenv("SDI_CONFORMANCE_ARGS"))}),
