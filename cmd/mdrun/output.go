@@ -73,9 +73,12 @@ type lineWriter struct {
 	// ranks mix only between pieces.
 	raw bool
 	buf []byte
-	// cut says a full piece of a long line went out last: a newline
-	// right after it ends that line, and is no empty line of its own.
-	cut bool
+	// mid says a full piece of a long line went out last, without its
+	// newline: the next piece does not start a line, and is no panic
+	// report, whatever it starts with. cut says that piece ended the last
+	// write: a newline right after it ends that line, and is no empty
+	// line of its own.
+	mid, cut bool
 	// start holds the beginning of the current line when raw, at most
 	// markRoom bytes, to find a panic mark written in pieces.
 	start []byte
@@ -109,15 +112,18 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		take := min(end, maxLine-len(w.buf))
 		w.buf = append(w.buf, p[:take]...)
 		p = p[take:]
+		piece := false
 		switch {
 		case take == end && i >= 0: // the line ends here
 			p = p[1:]
 		case len(w.buf) < maxLine: // the rest of the line is to come
 			return n, nil
 		default: // a full piece; the newline may be the next write's
-			w.cut = len(p) == 0
+			piece, w.cut = true, len(p) == 0
 		}
-		if err := w.emit(); err != nil {
+		err := w.emit()
+		w.mid = piece
+		if err != nil {
 			return n, err
 		}
 	}
@@ -129,7 +135,9 @@ func (w *lineWriter) Flush() error {
 	if len(w.buf) == 0 {
 		return nil
 	}
-	return w.emit()
+	err := w.emit()
+	w.mid = false
+	return err
 }
 
 // notePanics looks for a panic report in raw output, p being the next
@@ -149,7 +157,7 @@ func (w *lineWriter) notePanics(p []byte) {
 }
 
 func (w *lineWriter) emit() error {
-	if isPanic(w.buf) {
+	if !w.mid && isPanic(w.buf) {
 		w.panicked = true
 	}
 	line := make([]byte, 0, len(w.prefix)+len(w.buf)+1)

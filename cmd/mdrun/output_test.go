@@ -21,6 +21,8 @@ func TestLineWriterNotesPanic(t *testing.T) {
 		{"after unterminated output", []string{"no newline", "\npanic: boom"}, true},
 		{"not at a line's start", []string{"no panic: here\n"}, false},
 		{"a line cut short", []string{"pan\nic: no\n"}, false},
+		{"a long line's second piece", []string{strings.Repeat("x", maxLine) + "panic: not at a line's start\n"}, false},
+		{"after a long line", []string{strings.Repeat("x", maxLine+3) + "\npanic: boom\n"}, true},
 	}
 	for _, tt := range tests {
 		for _, prefix := range []bool{true, false} {
