@@ -361,10 +361,10 @@ func (s *quietSub) Send(f *sdi.Frame) (bool, error) {
 // bytes (three windows) to rank 1, which sends no block back whose loss
 // relay 3 could report, only credits. Relay 3 dropped them without a
 // word, and rank 1 kept returning credits through it until rank 0's watch
-// sent a block again a second later: 2.3 s, against 0.16 s with relay 3
-// whole. Told of each lost credit, rank 1 returns them through relay 2,
-// whose pace (2 ms a frame) then sets the time: about 0.9 s, 1.1 s with
-// the race detector.
+// sent a block again a second later (2.3 s, against 0.16 s with relay 3
+// whole). Told of each lost credit, rank 1 returns them through relay 2,
+// and rank 0 never has to send a block again: the stall's mark is the
+// watch's copy, counted, not the time, which the machine sets too.
 func TestEagerCreditsLostAtRelay(t *testing.T) {
 	devs, cut := relayCutJob(t)
 	cut()
@@ -374,10 +374,10 @@ func TestEagerCreditsLostAtRelay(t *testing.T) {
 		reqs = append(reqs, must(t)(devs[1].Irecv(make([]byte, 400), 0, 2, 0)), must(t)(devs[0].Isend(numbered(400, 0, i), 1, 2, 0, false)))
 	}
 	waitAll(t, reqs)
-	el := time.Since(start)
-	t.Logf("400 eager messages in %v; source nudged %d times", el.Round(time.Millisecond), devs[0].ForwardStats().Nudged)
-	if el > 1500*time.Millisecond {
-		t.Errorf("400 eager messages of 400 bytes took %v after relay 3 lost its link to rank 0 (source nudged %d times)", el.Round(time.Millisecond), devs[0].ForwardStats().Nudged)
+	nudged := devs[0].ForwardStats().Nudged
+	t.Logf("400 eager messages in %v; source nudged %d times", time.Since(start).Round(time.Millisecond), nudged)
+	if nudged != 0 {
+		t.Errorf("after relay 3 lost its link to rank 0, rank 0 sent blocks again %d times: credits stopped coming", nudged)
 	}
 }
 
