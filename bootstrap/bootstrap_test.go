@@ -377,8 +377,14 @@ func TestCloseDuringAbortKeepsLeash(t *testing.T) {
 			sc.Close() // the service ends without an acknowledgement
 			<-aborted
 			<-closed
-			if off != tc.leashOff {
-				t.Errorf("leash off %v, want %v", off, tc.leashOff)
+			// And once both returned, which holds however the pause
+			// above fell (had Close not begun yet, the look above saw
+			// nothing of it).
+			c.mu.Lock()
+			end := c.leashOff
+			c.mu.Unlock()
+			if off != tc.leashOff || end != tc.leashOff {
+				t.Errorf("leash off %v while Close waited, %v once it returned; want %v", off, end, tc.leashOff)
 			}
 		})
 	}
