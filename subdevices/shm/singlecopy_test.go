@@ -672,7 +672,6 @@ func TestDescriptorReadAfterDisconnectWakesSender(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	payload := pattern(9, defaultSingleCopyMin)
-	before := tx.sleeps.Load()
 	done, err := j.sds[0].Send(&sdi.Frame{Peer: 1, Header: []byte("h"), Payload: payload, Token: 7})
 	if err != nil || done {
 		rx.connMu.Unlock()
@@ -680,8 +679,11 @@ func TestDescriptorReadAfterDisconnectWakesSender(t *testing.T) {
 	}
 	// Rank 0's progress goroutine goes to sleep on its doorbell, waiting
 	// for the read: for good before the fix, for a nap at a time after
-	// it, so once seen asleep is enough.
-	asleep := func() bool { return word32(tx.seg.Bytes(), offSleeping).Load() == 1 && tx.sleeps.Load() > before }
+	// it, so one sleep begun after Send returned is enough. Counted, not
+	// seen: on one CPU the sleeper keeps the processor through a 1 ms nap,
+	// and a look at its sleeping word once missed 5000 naps in a row.
+	sent := tx.sleeps.Load()
+	asleep := func() bool { return tx.sleeps.Load() > sent }
 	for i := 0; !asleep(); i++ {
 		if i > 5000 {
 			rx.connMu.Unlock()
